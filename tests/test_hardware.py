@@ -1,0 +1,232 @@
+"""Peak-throughput lookup, Slurm and git facts, and the version and host reports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scalerepro.hardware import (
+    PEAKS,
+    PRECISIONS,
+    git_info,
+    gpu_model,
+    host_facts,
+    peak_flops,
+    slurm_facts,
+    software_versions,
+)
+
+T = 1e12
+
+
+@pytest.mark.parametrize(
+    ("device_name", "model"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM5"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100 SXM4"),
+        ("NVIDIA A100-SXM4-40GB", "A100 SXM4"),
+        ("NVIDIA A100 80GB PCIe", "A100 PCIe"),
+        ("NVIDIA A100-PCIE-40GB", "A100 PCIe"),
+        ("NVIDIA H100", None),  # form factor unknown: SXM and PCIe peaks differ
+        ("NVIDIA A10", None),  # must not match A100 by prefix
+        ("NVIDIA GeForce RTX 4090", None),
+        ("cpu", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_gpu_model_matches_torch_device_names(device_name: str | None, model: str | None) -> None:
+    assert gpu_model(device_name) == model
+
+
+@pytest.mark.parametrize(
+    ("device_name", "precision", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "fp32", 66.9),
+        ("NVIDIA H100 80GB HBM3", "tf32", 494.7),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "fp32", 51.2),
+        ("NVIDIA H100 PCIe", "tf32", 378.0),
+        ("NVIDIA H100 PCIe", "fp16", 756.0),
+        ("NVIDIA H100 NVL", "tf32", 417.5),  # 835 with sparsity / 2
+        ("NVIDIA H100 NVL", "bf16", 835.5),  # 1671 with sparsity / 2
+        ("NVIDIA H200", "bf16", 989.4),
+        ("NVIDIA H200 NVL", "fp32", 60.0),
+        ("NVIDIA A100-SXM4-80GB", "fp32", 19.5),
+        ("NVIDIA A100-PCIE-40GB", "tf32", 156.0),
+        ("NVIDIA A100 80GB PCIe", "fp16", 312.0),
+    ],
+)
+def test_peak_flops_from_the_table(device_name: str, precision: str, tflops: float) -> None:
+    flops, source = peak_flops(device_name, precision)
+    assert flops == pytest.approx(tflops * T)
+    assert "https://" in source and gpu_model(device_name) in source
+
+
+def test_every_table_row_is_dense_and_ordered_by_precision() -> None:
+    for peak in PEAKS.values():
+        # Tensor-core rates exceed the CUDA-core FP32 rate, and FP16/BF16 run at twice TF32.
+        assert peak.fp32 < peak.tf32 < peak.fp16 == peak.bf16
+        assert peak.fp16 == pytest.approx(2 * peak.tf32, rel=1e-3)
+        assert "https://" in peak.source
+
+
+@pytest.mark.parametrize("device_name", ["cpu", None, "NVIDIA GeForce RTX 4090"])
+def test_peak_flops_unknown_is_none_with_reason(device_name: str | None) -> None:
+    flops, reason = peak_flops(device_name, "bf16")
+    assert flops is None
+    assert reason
+
+
+def test_peak_flops_override_wins_and_is_recorded() -> None:
+    flops, source = peak_flops("NVIDIA H100 80GB HBM3", "bf16", override_tflops=700.0)
+    assert flops == pytest.approx(700.0 * T)
+    assert source.startswith("user override")
+    assert peak_flops("cpu", "fp32", override_tflops=1.5)[0] == pytest.approx(1.5 * T)
+
+
+def test_peak_flops_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="precision"):
+        peak_flops("NVIDIA H100 80GB HBM3", "fp8")
+    with pytest.raises(ValueError, match="override"):
+        peak_flops("NVIDIA H100 80GB HBM3", "bf16", override_tflops=0.0)
+
+
+def test_slurm_facts_outside_slurm_is_none() -> None:
+    assert slurm_facts({"HOME": "/root"}) is None
+
+
+def test_slurm_facts_parses_a_job_environment() -> None:
+    environ = {
+        "SLURM_JOB_ID": "123457",
+        "SLURM_ARRAY_JOB_ID": "123450",
+        "SLURM_ARRAY_TASK_ID": "7",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NAME": "resnet50-scaling",
+        "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_JOB_NODELIST": "gpu[001-004]",
+        "SLURM_STEP_NODELIST": "gpu[001-002]",
+        "SLURM_NNODES": "4",
+        "SLURM_NTASKS": "16",
+        "SLURM_CPUS_PER_TASK": "8",
+        "SLURM_GPUS": "h100:16",
+        "SLURM_GPUS_ON_NODE": "4",
+        "SLURM_JOB_GPUS": "0,1,2,3",
+        "SLURM_RESTART_COUNT": "1",
+    }
+    assert slurm_facts(environ) == {
+        "job_id": 123457,
+        "array_job_id": 123450,
+        "array_task_id": 7,
+        "step_id": 0,
+        "job_name": "resnet50-scaling",
+        "partition": "gpu",
+        "node_list": "gpu[001-004]",
+        "step_node_list": "gpu[001-002]",
+        "num_nodes": 4,  # from SLURM_NNODES when SLURM_JOB_NUM_NODES is absent
+        "ntasks": 16,
+        "cpus_per_task": 8,
+        "gpus": "h100:16",
+        "gpus_on_node": 4,
+        "job_gpus": "0,1,2,3",
+        "restart_count": 1,
+    }
+
+
+def test_slurm_facts_minimal_job_leaves_the_rest_none() -> None:
+    facts = slurm_facts({"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "9"})
+    assert facts is not None
+    assert facts["job_id"] == 42
+    assert facts["num_nodes"] == 2  # SLURM_JOB_NUM_NODES wins
+    assert facts["array_task_id"] is None and facts["restart_count"] is None
+
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.org",
+         "-c", "commit.gpgsign=false", *args],
+        cwd=repo, check=True, capture_output=True,
+    )
+
+
+@needs_git
+def test_git_info_clean_then_dirty(tmp_path: Path) -> None:
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "train.py").write_text("print('v1')\n")
+    _git(tmp_path, "add", "train.py")
+    _git(tmp_path, "commit", "-q", "-m", "v1")
+    sub = tmp_path / "pkg"
+    sub.mkdir()  # an empty directory is invisible to git, so the tree is still clean
+
+    clean = git_info(sub)
+    assert clean["reason"] is None
+    assert isinstance(clean["commit"], str) and len(clean["commit"]) in (40, 64)
+    assert clean["dirty"] is False
+
+    (tmp_path / "train.py").write_text("print('v2')\n")
+    dirty = git_info(tmp_path)
+    assert dirty["commit"] == clean["commit"]
+    assert dirty["dirty"] is True
+
+
+@needs_git
+def test_git_info_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stop git's upward search at tmp_path, in case the temporary directory sits inside a checkout.
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    info = git_info(tmp_path)
+    assert info["commit"] is None and info["dirty"] is None
+    assert info["reason"]
+
+
+def test_git_info_missing_directory(tmp_path: Path) -> None:
+    absent = tmp_path / "absent"
+    assert git_info(absent) == {
+        "commit": None, "dirty": None, "reason": f"{absent} is not a directory"
+    }
+
+
+def test_software_versions_on_this_machine() -> None:
+    versions = software_versions()
+    assert set(versions) == {
+        "python", "torch", "cuda", "cudnn", "nccl", "torchvision", "numpy", "nvidia-ml-py",
+        "scalerepro", "platform",
+    }
+    for key in ("python", "torch", "numpy", "scalerepro", "platform"):
+        assert isinstance(versions[key], str) and versions[key], key
+    assert versions["cudnn"] is None or isinstance(versions["cudnn"], int)
+    for key in ("cuda", "nccl", "torchvision", "nvidia-ml-py"):
+        assert versions[key] is None or isinstance(versions[key], str), key
+    json.dumps(versions)
+
+
+def test_host_facts_on_this_machine() -> None:
+    facts = host_facts()
+    assert isinstance(facts["hostname"], str) and facts["hostname"]
+    assert facts["cpu_model"] is None or isinstance(facts["cpu_model"], str)
+    assert isinstance(facts["logical_cpus"], int) and facts["logical_cpus"] >= 1
+    assert facts["usable_cpus"] is None or 1 <= facts["usable_cpus"] <= facts["logical_cpus"]
+    assert facts["memory_total_bytes"] is None or facts["memory_total_bytes"] > 0
+    gpu = facts["gpu"]
+    assert set(gpu) == {"name", "count", "memory_bytes", "compute_capability", "driver_version",
+                        "reason"}
+    if not gpu["count"]:
+        # A CPU machine: nothing about a GPU is invented, and the record says why.
+        assert gpu["name"] is None and gpu["memory_bytes"] is None
+        assert gpu["compute_capability"] is None
+        assert isinstance(gpu["reason"], str) and gpu["reason"]
+    else:
+        assert isinstance(gpu["name"], str) and gpu["memory_bytes"] > 0
+    if gpu["driver_version"] is None:
+        assert "driver version" in gpu["reason"]
+    json.dumps(facts)

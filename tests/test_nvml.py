@@ -1,0 +1,271 @@
+"""The NVML summary arithmetic on hand-made samples, and the sampler on a machine without a GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from scalerepro.nvml import (
+    ENERGY_COUNTER,
+    ENERGY_POWER_INTEGRAL,
+    MEASURED_KEYS,
+    NvmlSampler,
+    Sample,
+    combine_ranks,
+    format_nvml_uuid,
+    summarise,
+    trapezoid_energy_j,
+    unavailable_summary,
+)
+
+UUID = "5d5b6c2b-1c4a-9e3f-0a21-7b3cdd1e8f40"
+
+
+def _sample(t_s: float, power_w: float | None, **fields: float | None) -> Sample:
+    values: dict[str, float | None] = {
+        "gpu_util_pct": None,
+        "memory_used_bytes": None,
+        "sm_clock_mhz": None,
+        "temperature_c": None,
+    }
+    values.update(fields)
+    return Sample(t_s=t_s, power_w=power_w, **values)  # type: ignore[arg-type]
+
+
+# Power 100 W -> 300 W -> 200 W at t = 0, 1, 3 s (uneven spacing on purpose).
+# Trapezoids: (100 + 300) / 2 * 1 = 200 J, (300 + 200) / 2 * 2 = 500 J; total 700 J.
+TRACE = [
+    _sample(0.0, 100.0, gpu_util_pct=50.0, memory_used_bytes=1_000, sm_clock_mhz=1000.0,
+            temperature_c=40.0),
+    _sample(1.0, 300.0, gpu_util_pct=100.0, memory_used_bytes=3_000, sm_clock_mhz=1980.0,
+            temperature_c=61.0),
+    _sample(3.0, 200.0, gpu_util_pct=90.0, memory_used_bytes=2_000, sm_clock_mhz=1500.0,
+            temperature_c=55.0),
+]
+
+
+def test_trapezoid_integral_of_a_known_power_trace() -> None:
+    assert trapezoid_energy_j(TRACE) == pytest.approx(700.0)
+
+
+def test_trapezoid_bridges_a_missing_power_reading_and_needs_two_readings() -> None:
+    # Without the 300 W reading the line runs 100 W -> 200 W over 3 s: (100 + 200) / 2 * 3 = 450 J.
+    gap = [TRACE[0], _sample(1.0, None), TRACE[2]]
+    assert trapezoid_energy_j(gap) == pytest.approx(450.0)
+    assert trapezoid_energy_j([TRACE[0]]) is None
+    assert trapezoid_energy_j([]) is None
+
+
+def test_summarise_prefers_the_energy_counter_and_reduces_each_field() -> None:
+    summary = summarise(
+        TRACE, (5_000_000, 5_612_345), device_name="NVIDIA H100 80GB HBM3", interval_s=1.0,
+        window_s=3.0,
+    )
+    assert summary["available"] is True and summary["reason"] is None
+    assert summary["samples"] == 3
+    assert summary["energy_method"] == ENERGY_COUNTER
+    assert summary["energy_j"] == pytest.approx(612.345)  # (5_612_345 - 5_000_000) mJ / 1000
+    assert summary["gpu_util_mean_pct"] == pytest.approx(80.0)  # (50 + 100 + 90) / 3
+    assert summary["gpu_util_max_pct"] == 100.0
+    assert summary["memory_used_max_bytes"] == 3_000
+    assert summary["power_mean_w"] == pytest.approx(200.0)  # (100 + 300 + 200) / 3
+    assert summary["power_max_w"] == 300.0
+    assert summary["sm_clock_mean_mhz"] == pytest.approx(1493.333333)  # 4480 / 3
+    assert summary["sm_clock_max_mhz"] == 1980.0
+    assert summary["temperature_max_c"] == 61.0
+    json.dumps(summary)
+
+
+@pytest.mark.parametrize(
+    "counter_mj",
+    [(None, 10_000), (10_000, None), (9_000_000, 1_000)],  # unreadable, or reset by a driver reload
+    ids=["no-start", "no-end", "went-backwards"],
+)
+def test_summarise_falls_back_to_the_power_integral(
+    counter_mj: tuple[int | None, int | None],
+) -> None:
+    summary = summarise(TRACE, counter_mj, device_name=None, interval_s=1.0, window_s=3.0)
+    assert summary["energy_method"] == ENERGY_POWER_INTEGRAL
+    assert summary["energy_j"] == pytest.approx(700.0)
+
+
+def test_summarise_with_unsupported_fields_reports_none_not_zero() -> None:
+    bare = [_sample(0.0, None), _sample(0.1, None)]  # e.g. every query NVMLError_NotSupported
+    summary = summarise(bare, (None, None), device_name="x", interval_s=0.1, window_s=0.1)
+    assert summary["available"] is True
+    assert summary["energy_j"] is None and summary["energy_method"] is None
+    for key in MEASURED_KEYS:
+        if key != "window_s":
+            assert summary[key] is None, key
+
+
+def test_unavailable_summary_has_the_same_keys_as_a_measured_one() -> None:
+    measured = summarise(TRACE, (None, None), device_name=None, interval_s=1.0, window_s=3.0)
+    assert unavailable_summary("why", interval_s=1.0).keys() == measured.keys()
+
+
+def _gpu(power_mean_w: float, energy_j: float | None, **overrides: object) -> dict[str, object]:
+    summary = {
+        "available": True,
+        "reason": None,
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "samples": 10,
+        "interval_s": 0.1,
+        "window_s": 1.0,
+        "gpu_util_mean_pct": 80.0,
+        "gpu_util_max_pct": 95.0,
+        "memory_used_max_bytes": 40_000,
+        "power_mean_w": power_mean_w,
+        "power_max_w": power_mean_w + 50.0,
+        "energy_j": energy_j,
+        "energy_method": ENERGY_COUNTER,
+        "sm_clock_mean_mhz": 1900.0,
+        "sm_clock_max_mhz": 1980.0,
+        "temperature_max_c": 60.0,
+    }
+    summary.update(overrides)
+    return summary
+
+
+def test_combine_ranks_sums_energy_and_power_and_takes_max_of_maxima() -> None:
+    a = _gpu(600.0, 600.0, gpu_util_mean_pct=70.0, memory_used_max_bytes=50_000, window_s=1.02)
+    b = _gpu(400.0, 420.0, gpu_util_mean_pct=90.0, temperature_max_c=71.0, sm_clock_mean_mhz=1700.0)
+    run = combine_ranks([a, b])
+    assert run["available"] is True and run["reason"] is None
+    assert run["gpus"] == 2
+    assert run["samples"] == 20
+    assert run["energy_j"] == pytest.approx(1020.0)  # 600 + 420
+    assert run["energy_method"] == ENERGY_COUNTER
+    assert run["power_mean_w"] == pytest.approx(1000.0)  # total draw: 600 + 400
+    assert run["power_mean_per_gpu_w"] == pytest.approx(500.0)
+    assert run["power_max_per_gpu_w"] == 650.0  # max(600 + 50, 400 + 50)
+    assert run["gpu_util_mean_pct"] == pytest.approx(80.0)  # (70 + 90) / 2
+    assert run["sm_clock_mean_mhz"] == pytest.approx(1800.0)  # (1900 + 1700) / 2
+    assert run["memory_used_max_bytes"] == 50_000
+    assert run["temperature_max_c"] == 71.0
+    assert run["window_s"] == 1.02
+    assert run["device_name"] == "NVIDIA H100 80GB HBM3"
+    json.dumps(run)
+
+
+def test_combine_ranks_does_not_sum_a_partial_set() -> None:
+    mixed_methods = combine_ranks([_gpu(600.0, 600.0), _gpu(400.0, None, energy_method=None)])
+    assert mixed_methods["energy_j"] is None
+    assert mixed_methods["energy_method"] is None
+    assert mixed_methods["power_mean_w"] == pytest.approx(1000.0)
+
+    down = unavailable_summary("NVML could not be initialised: x", interval_s=0.1)
+    run = combine_ranks([_gpu(600.0, 600.0), down])
+    assert run["available"] is False
+    assert run["reason"] == "GPU 1 of 2: NVML could not be initialised: x"
+    assert run["energy_j"] is None and run["power_mean_w"] is None
+
+    assert combine_ranks([])["available"] is False
+
+
+def test_format_nvml_uuid_adds_the_prefix_once() -> None:
+    assert format_nvml_uuid(UUID) == f"GPU-{UUID}"
+    assert format_nvml_uuid(f"GPU-{UUID}") == f"GPU-{UUID}"
+    assert format_nvml_uuid(UUID.upper()) == f"GPU-{UUID}"
+
+
+def _assert_unavailable(summary: dict[str, object]) -> None:
+    assert summary["available"] is False
+    assert isinstance(summary["reason"], str) and summary["reason"]
+    assert summary["energy_method"] is None and summary["device_name"] is None
+    assert all(summary[key] is None for key in MEASURED_KEYS)
+    json.dumps(summary)
+
+
+def test_sampler_without_a_device_reports_why() -> None:
+    sampler = NvmlSampler(None, interval_s=0.01)
+    sampler.start()
+    summary = sampler.stop()
+    _assert_unavailable(summary)
+    assert "device_uuid is None" in summary["reason"]
+    assert sampler.stop() is summary
+
+
+def test_sampler_where_nvml_is_absent_or_has_no_such_gpu_reports_why() -> None:
+    # On this GPU-less machine NVML's library is missing; on a GPU machine this UUID is unknown.
+    sampler = NvmlSampler(f"GPU-{UUID}", interval_s=0.01)
+    sampler.start()
+    summary = sampler.stop()
+    _assert_unavailable(summary)
+    assert "NVML" in summary["reason"] or "pynvml" in summary["reason"]
+
+
+def test_stop_without_start_reports_why() -> None:
+    _assert_unavailable(NvmlSampler(f"GPU-{UUID}").stop())
+
+
+class _FakeNvml:
+    """Just enough of pynvml for the sampling loop: memory and temperature are unsupported."""
+
+    NVML_CLOCK_SM = 1
+    NVML_TEMPERATURE_GPU = 0
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.energy_mj = 1_000_000
+        self.initialised = 0
+
+    def nvmlInit(self) -> None:
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self.initialised -= 1
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        return uuid
+
+    def nvmlDeviceGetName(self, handle: str) -> str:
+        return "Fake GPU"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: str) -> int:
+        self.energy_mj += 2_500  # each read 2.5 J later than the last
+        return self.energy_mj
+
+    def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
+        return 250_000  # mW
+
+    def nvmlDeviceGetUtilizationRates(self, handle: str) -> object:
+        return type("Utilization", (), {"gpu": 75, "memory": 30})()
+
+    def nvmlDeviceGetClockInfo(self, handle: str, clock: int) -> int:
+        return 1980
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> object:
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetTemperature(self, handle: str, sensor: int) -> int:
+        raise self.NVMLError("Not Supported")
+
+
+def test_sampler_loop_tolerates_unsupported_fields_and_keeps_its_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    interval_s = 0.01
+    sampler = NvmlSampler(f"GPU-{UUID}", interval_s=interval_s)
+    sampler.start()
+    time.sleep(0.1)
+    summary = sampler.stop()
+
+    assert summary["available"] is True, summary["reason"]
+    assert summary["device_name"] == "Fake GPU"
+    assert fake.initialised == 0  # every nvmlInit matched by nvmlShutdown
+    # One sample per deadline t0 + k * interval within the window, plus the closing one; never a
+    # catch-up burst, so never more than that.
+    assert 2 <= summary["samples"] <= summary["window_s"] / interval_s + 2
+    assert summary["power_mean_w"] == 250.0 and summary["power_max_w"] == 250.0
+    assert summary["gpu_util_mean_pct"] == 75.0 and summary["sm_clock_max_mhz"] == 1980.0
+    assert summary["memory_used_max_bytes"] is None and summary["temperature_max_c"] is None
+    assert summary["energy_method"] == ENERGY_COUNTER
+    assert summary["energy_j"] == pytest.approx(2.5)  # consecutive counter reads, 2_500 mJ apart

@@ -1,0 +1,249 @@
+"""Typed configuration of one training run, and the command line generated from it.
+
+Every flag of ``python -m scalerepro.train`` is a field below: its type, default and help text
+live in one place, ``--help`` is generated from them, and the run record stores the resolved
+dataclasses verbatim (``dataclasses.asdict``), so a record always says exactly how it was made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Precision = Literal["fp32", "tf32", "fp16", "bf16"]
+CompileMode = Literal[
+    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+]
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem; its message is one line naming the flag and the fix."""
+
+
+def _opt(default: Any, help: str, **argparse_extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **argparse_extra})
+
+
+@dataclass
+class ModelConfig:
+    model: str = _opt("resnet18_cifar", "model to train: cnn, resnet18_cifar, resnet50, vit_b_16, bert_base, gpt2_small")
+    image_size: int | None = _opt(None, "image side in pixels (default: the model's, or 32 for CIFAR-10)")
+    num_classes: int | None = _opt(None, "classifier outputs (default: the model's, or 10 for CIFAR-10)")
+    seq_len: int | None = _opt(None, "sequence length for bert_base/gpt2_small (default 128/1024)")
+    vocab_size: int | None = _opt(None, "vocabulary size for the language models (default 30522/50257)")
+    num_layers: int | None = _opt(None, "transformer layers (default 12)")
+    hidden_size: int | None = _opt(None, "transformer width (default 768)")
+    num_heads: int | None = _opt(None, "attention heads (default 12)")
+    dropout: float = _opt(0.0, "dropout probability in the transformers (0 for throughput studies)")
+
+
+@dataclass
+class DataConfig:
+    data: str = _opt("synthetic", "'synthetic' or a prepared CIFAR-10 directory (written by the workflow's fetch rule)")
+    synthetic_samples: int = _opt(50_000, "training samples in the synthetic dataset (one epoch)")
+    eval_samples: int | None = _opt(None, "held-out samples to evaluate (default: the whole CIFAR-10 test split; 10000 synthetic)")
+    augment: bool = _opt(True, "random crop (4-pixel padding) and horizontal flip on CIFAR-10")
+    loader: Literal["dataloader", "device"] = _opt(
+        "dataloader", "'dataloader': torch DataLoader + DistributedSampler; 'device': whole dataset resident on the device, augmented there"
+    )
+    num_workers: int = _opt(4, "DataLoader worker processes per rank")
+    pin_memory: bool = _opt(True, "DataLoader pin_memory (page-locked host buffers for async copies)")
+    persistent_workers: bool = _opt(True, "keep DataLoader workers alive between epochs")
+    prefetch_factor: int = _opt(2, "batches each DataLoader worker prepares ahead")
+
+
+@dataclass
+class OptimConfig:
+    optimizer: Literal["auto", "sgd", "adamw"] = _opt("auto", "'auto': SGD (momentum, Nesterov) for CNNs, AdamW for transformers")
+    lr: float | None = _opt(None, "learning rate at --lr-base-batch (default 0.1 SGD, 1e-3 AdamW)")
+    lr_base_batch: int = _opt(256, "global batch at which --lr applies; the LR is scaled to the actual global batch")
+    lr_scaling: Literal["auto", "linear", "sqrt", "none"] = _opt("auto", "LR scaling with global batch ('auto': linear for SGD, sqrt for AdamW)")
+    lr_schedule: Literal["cosine", "onecycle", "constant"] = _opt("cosine", "LR decay after warm-up")
+    lr_warmup_steps: int = _opt(0, "linear LR warm-up steps (cosine/constant schedules)")
+    min_lr_ratio: float = _opt(0.0, "final LR of the cosine decay as a fraction of the peak")
+    momentum: float = _opt(0.9, "SGD momentum")
+    nesterov: bool = _opt(True, "Nesterov momentum for SGD")
+    weight_decay: float | None = _opt(None, "weight decay (default 5e-4 SGD, 0.1 AdamW)")
+    adam_beta1: float = _opt(0.9, "AdamW beta1")
+    adam_beta2: float = _opt(0.95, "AdamW beta2")
+    label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy")
+    grad_accum_steps: int = _opt(1, "micro-batches per optimizer step; all-reduce only on the last (DDP no_sync)")
+    clip_grad_norm: float = _opt(0.0, "clip the global gradient norm to this value (0: off)")
+    optimizer_impl: Literal["foreach", "fused", "for-loop"] = _opt("foreach", "optimizer kernel implementation")
+
+
+@dataclass
+class ParallelConfig:
+    device: Literal["auto", "cuda", "cpu"] = _opt("auto", "'auto': CUDA when available, else CPU")
+    bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MiB")
+    gradient_as_bucket_view: bool = _opt(False, "DDP gradients as views into the all-reduce buckets (saves a copy)")
+    static_graph: bool = _opt(False, "DDP static_graph (the graph does not change between steps)")
+    sync_batchnorm: bool = _opt(False, "convert BatchNorm to SyncBatchNorm (batch statistics over all ranks)")
+    dist_timeout_s: float = _opt(300.0, "seconds to wait for every rank to join (and for any collective)")
+
+
+@dataclass
+class PerfConfig:
+    precision: Precision = _opt("fp32", "fp32 (TF32 off), tf32 (TF32 matmuls/convs), fp16 (autocast + loss scaling), bf16 (autocast)")
+    channels_last: bool = _opt(False, "NHWC memory format for image models and their inputs")
+    compile: CompileMode = _opt(
+        "none", "torch.compile the model; '--compile' alone means mode 'default'", nargs="?", const="default"
+    )
+
+
+@dataclass
+class RunConfig:
+    batch_size: int = _opt(32, "samples per rank per micro-batch")
+    steps: int | None = _opt(None, "optimizer steps to run (default 100 unless --epochs is given)")
+    epochs: int | None = _opt(None, "epochs to run instead of --steps")
+    warmup_steps: int = _opt(10, "first steps excluded from the measured window (compilation, allocator and cuDNN warm-up)")
+    seed: int = _opt(0, "seed of model init, data order, synthetic data and augmentation")
+    log_interval: int = _opt(10, "steps between log lines (the loss is read from the device only then)")
+    eval: bool = _opt(True, "evaluate on held-out data after every epoch and at the end")
+    eval_batch_size: int | None = _opt(None, "evaluation batch per rank (default: --batch-size)")
+    comm_probe_steps: int = _opt(8, "after training, steps timed with and without gradient all-reduce to measure exposed communication (0: off)")
+    nvml_interval_s: float = _opt(0.1, "NVML sampling period in seconds")
+    peak_tflops: float | None = _opt(None, "peak dense TFLOP/s per device for MFU (default: from the GPU datasheet table)")
+    record: str | None = _opt(None, "path of the JSON run record (written atomically by rank 0)")
+    run_id: str | None = _opt(None, "identifier stored in the record (default: a random UUID)")
+    checkpoint_dir: str | None = _opt(None, "directory for checkpoints (none written without it)")
+    checkpoint_interval: int = _opt(0, "steps between checkpoints (0: only at the end and on SIGTERM/SIGUSR1)")
+    keep_checkpoints: int = _opt(2, "newest checkpoints kept in --checkpoint-dir")
+    resume: bool = _opt(False, "continue from the newest valid checkpoint in --checkpoint-dir (start fresh if there is none)")
+    progress: Literal["auto", "on", "off"] = _opt("auto", "progress bar on rank 0 ('auto': when stderr is a terminal)")
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> None:
+        """Raise ConfigError for values no run could use; cross-field checks that need the
+        model or the dataset happen where those are resolved."""
+        r, o, d = self.run, self.optim, self.data
+        positive = {
+            "--batch-size": r.batch_size,
+            "--log-interval": r.log_interval,
+            "--grad-accum-steps": o.grad_accum_steps,
+            "--lr-base-batch": o.lr_base_batch,
+            "--synthetic-samples": d.synthetic_samples,
+            "--prefetch-factor": d.prefetch_factor,
+            "--keep-checkpoints": r.keep_checkpoints,
+        }
+        for flag, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        for flag, value in {"--steps": r.steps, "--epochs": r.epochs, "--eval-batch-size": r.eval_batch_size, "--eval-samples": d.eval_samples}.items():
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if r.steps is not None and r.epochs is not None:
+            raise ConfigError("give --steps or --epochs, not both")
+        for flag, value in {
+            "--warmup-steps": r.warmup_steps,
+            "--num-workers": d.num_workers,
+            "--lr-warmup-steps": o.lr_warmup_steps,
+            "--checkpoint-interval": r.checkpoint_interval,
+            "--comm-probe-steps": r.comm_probe_steps,
+            "--clip-grad-norm": o.clip_grad_norm,
+        }.items():
+            if value < 0:
+                raise ConfigError(f"{flag} must not be negative (got {value})")
+        if not 0.0 <= o.label_smoothing < 1.0:
+            raise ConfigError(f"--label-smoothing must be in [0, 1) (got {o.label_smoothing})")
+        if not 0.0 <= self.model.dropout < 1.0:
+            raise ConfigError(f"--dropout must be in [0, 1) (got {self.model.dropout})")
+        if r.nvml_interval_s <= 0:
+            raise ConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
+        if r.resume and not r.checkpoint_dir:
+            raise ConfigError("--resume needs --checkpoint-dir")
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints the whole usage block on a bad flag; print one line instead."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _argparse_kwargs(f: dataclasses.Field, annotation: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"default": f.default, "dest": f.name}
+    meta = dict(f.metadata)
+    help_text = meta.pop("help")
+    kwargs.update(meta)
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (typing.Union, types.UnionType):  # "int | None" -> int
+        annotation = args[0]
+        origin, args = typing.get_origin(annotation), list(typing.get_args(annotation))
+    if annotation is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif origin is Literal:
+        kwargs["choices"] = list(args)
+        kwargs["type"] = str
+    else:
+        kwargs["type"] = annotation
+        kwargs["metavar"] = annotation.__name__.upper()
+    kwargs["help"] = f"{help_text} (default: {f.default})"
+    return kwargs
+
+
+def build_parser(prog: str = "python -m scalerepro.train") -> argparse.ArgumentParser:
+    parser = _OneLineErrorParser(
+        prog=prog,
+        description="Train a model with PyTorch DDP for a measured window and write one JSON run record.",
+    )
+    for section in dataclasses.fields(TrainConfig):
+        section_type = typing.get_type_hints(TrainConfig)[section.name]
+        group = parser.add_argument_group(section.name)
+        hints = typing.get_type_hints(section_type, include_extras=False)
+        for f in dataclasses.fields(section_type):
+            group.add_argument(_flag(f.name), **_argparse_kwargs(f, hints[f.name]))
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    namespace = vars(build_parser().parse_args(sys.argv[1:] if argv is None else argv))
+    hints = typing.get_type_hints(TrainConfig)
+    sections = {
+        section.name: hints[section.name](
+            **{f.name: namespace[f.name] for f in dataclasses.fields(hints[section.name])}
+        )
+        for section in dataclasses.fields(TrainConfig)
+    }
+    config = TrainConfig(**sections)
+    config.validate()
+    return config
+
+
+def to_argv(config: TrainConfig) -> list[str]:
+    """The flags that reproduce ``config`` (non-default values only), for records and reruns."""
+    defaults = TrainConfig()
+    argv: list[str] = []
+    for section in dataclasses.fields(TrainConfig):
+        current, default = getattr(config, section.name), getattr(defaults, section.name)
+        for f in dataclasses.fields(current):
+            value = getattr(current, f.name)
+            if value == getattr(default, f.name):
+                continue
+            if isinstance(value, bool):
+                argv.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                argv += [_flag(f.name), str(value)]
+    return argv

@@ -1,0 +1,194 @@
+"""Process-group setup, in one place.
+
+A rank learns who it is from exactly one of three launchers:
+
+* ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``PORT``);
+* ``srun`` alone, one task per rank (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``; the
+  rendezvous host is the first host of the step's node list, the port derived from the job id);
+* nothing: a single process, no process group and no DDP wrapper.
+
+The backend is NCCL on CUDA and gloo on the CPU. A peer that never arrives turns into a one-line
+``DistributedSetupError`` after ``--dist-timeout-s`` instead of a hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+class DistributedSetupError(RuntimeError):
+    """The process group could not be formed; the message says which peer or address and what to check."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    launcher: str  # "torchrun" | "slurm" | "single"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str | None
+    master_port: int | None
+
+
+@dataclass(frozen=True)
+class DistContext:
+    env: DistEnv
+    device: torch.device
+    backend: str | None  # None when world_size == 1 (no process group)
+    hostnames: tuple[str, ...]  # one per rank, in rank order
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def num_nodes(self) -> int:
+        return len(set(self.hostnames))
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a Slurm hostlist expression, e.g. ``gpu[007-010,012],login1`` -> ``gpu007``.
+
+    Slurm's ``scontrol show hostnames`` does this too, but it is not on every compute node's PATH
+    inside containers; the first host needs only the prefix and the first number of the first range.
+    """
+    match = re.match(r"^([^\[,]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise DistributedSetupError(f"cannot parse the Slurm node list {nodelist!r}")
+    prefix, ranges = match.groups()
+    if ranges is None:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first  # keeps zero padding: "007" stays "007"
+
+
+def detect_env(environ: Mapping[str, str] = os.environ) -> DistEnv:
+    if "RANK" in environ and "WORLD_SIZE" in environ:  # torchrun (or any env:// launcher)
+        return DistEnv(
+            launcher="torchrun",
+            rank=int(environ["RANK"]),
+            world_size=int(environ["WORLD_SIZE"]),
+            local_rank=int(environ.get("LOCAL_RANK", 0)),
+            local_world_size=int(environ.get("LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])),
+            master_addr=environ.get("MASTER_ADDR"),
+            master_port=int(environ["MASTER_PORT"]) if "MASTER_PORT" in environ else None,
+        )
+    if "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1:
+        nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+        if not nodelist:
+            raise DistributedSetupError("SLURM_PROCID is set but no SLURM_STEP_NODELIST: launch with srun")
+        ntasks = int(environ["SLURM_NTASKS"])
+        nnodes = int(environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+        # A port per job, so two jobs sharing a node do not collide; MASTER_PORT wins if set.
+        port = int(environ.get("MASTER_PORT") or 15000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)
+        return DistEnv(
+            launcher="slurm",
+            rank=int(environ["SLURM_PROCID"]),
+            world_size=ntasks,
+            local_rank=int(environ.get("SLURM_LOCALID", 0)),
+            local_world_size=-(-ntasks // nnodes),
+            master_addr=environ.get("MASTER_ADDR") or first_host(nodelist),
+            master_port=port,
+        )
+    return DistEnv("single", 0, 1, 0, 1, None, None)
+
+
+def _select_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise DistributedSetupError("--device cuda was requested but torch sees no CUDA device")
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise DistributedSetupError(
+                f"local rank {local_rank} has no GPU: this node shows {count}; launch at most {count} ranks per node"
+            )
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = os.environ) -> DistContext:
+    """Form the process group (if there is more than one rank) and pick this rank's device."""
+    env = detect_env(environ)
+    device = _select_device(requested_device, env.local_rank)
+    if env.world_size == 1:
+        return DistContext(env, device, None, (socket.gethostname(),))
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    address = f"{env.master_addr}:{env.master_port}"
+    # Under torchrun the agent already serves the store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE),
+    # which only env:// honours; under srun alone, rank 0 serves it at the first host.
+    init_method = "env://" if env.launcher == "torchrun" else f"tcp://{address}"
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method=init_method,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+        # The first collective is where a missing peer shows up; gather host names with it.
+        hostnames: list[str | None] = [None] * env.world_size
+        dist.all_gather_object(hostnames, socket.gethostname())
+    except (RuntimeError, dist.DistError) as error:  # DistStoreError, DistNetworkError, timeouts
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DistributedSetupError(
+            f"rank {env.rank} of {env.world_size} could not form the {backend} process group at {address} "
+            f"within {timeout_s:g} s ({detail}); check that all {env.world_size} ranks were launched, "
+            f"that {env.master_addr} resolves and port {env.master_port} is reachable, or raise --dist-timeout-s"
+        ) from None
+    return DistContext(env, device, backend, tuple(str(h) for h in hostnames))
+
+
+def teardown(ctx: DistContext) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over ranks in place (identity without a process group)."""
+    if ctx.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
+    if ctx.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def gather_objects(ctx: DistContext, obj: object) -> list[object]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not ctx.distributed:
+        return [obj]
+    gathered: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()

@@ -1,0 +1,395 @@
+"""What ran a benchmark: GPU peak throughput, software versions, host, git state, Slurm job.
+
+Everything here is read, never assumed: a fact that cannot be read on this machine is None, with
+the reason beside it. torch is imported inside the functions that need it, so importing this
+module works without torch, and the CPU build of torch is enough to call any of them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import socket
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+TFLOPS = 1e12  # FLOP/s per TFLOP/s
+
+_H100_WHITEPAPER = (
+    "NVIDIA H100 Tensor Core GPU Architecture whitepaper, A100/H100 comparison table, "
+    "dense figures (https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper)"
+)
+_H100_DATASHEET = (
+    "NVIDIA H100 Tensor Core GPU datasheet, H100 NVL column, per GPU "
+    "(https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet)"
+)
+_H200_DATASHEET = (
+    "NVIDIA H200 Tensor Core GPU datasheet / product page technical specifications "
+    "(https://www.nvidia.com/en-us/data-center/h200/)"
+)
+_A100_DATASHEET = (
+    "NVIDIA A100 Tensor Core GPU datasheet; the same figures for 40 GB and 80 GB, SXM4 and PCIe "
+    "(https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
+)
+# Datasheets print tensor-core figures "with sparsity" (2:4 structured); the dense rate, which is
+# what a dense matmul can reach, is half of it (NVIDIA's footnote: "Shown with sparsity.
+# Specifications are one-half lower without sparsity").
+_SPARSE_TO_DENSE = 0.5
+
+
+@dataclass(frozen=True)
+class PeakThroughput:
+    """Dense peak FLOP/s of one GPU (not a node) per precision, and where the numbers come from.
+
+    ``fp32`` is the non-tensor-core (CUDA core) FMA rate; ``tf32``/``fp16``/``bf16`` are tensor
+    core rates with FP32 accumulation, without sparsity.
+    """
+
+    model: str
+    fp32: float
+    tf32: float
+    fp16: float
+    bf16: float
+    source: str
+
+    def flops(self, precision: str) -> float:
+        return float(getattr(self, precision))
+
+
+PEAKS: dict[str, PeakThroughput] = {
+    peak.model: peak
+    for peak in (
+        # Whitepaper dense figures; they agree with 132 SMs * 128 FP32 lanes * 2 FLOP/FMA *
+        # 1.98 GHz = 66.9 T and 132 SMs * 4096 dense FP16 FLOP/clk * 1.83 GHz = 989.4 T.
+        # The datasheet prints the same rounded: 67, TF32 989* / 2, FP16/BF16 1979* / 2.
+        PeakThroughput(
+            "H100 SXM5", 66.9 * TFLOPS, 494.7 * TFLOPS, 989.4 * TFLOPS, 989.4 * TFLOPS,
+            _H100_WHITEPAPER,
+        ),
+        # Whitepaper dense figures (114 SMs); the datasheet's PCIe column: 51, 756* / 2, 1513* / 2.
+        PeakThroughput(
+            "H100 PCIe", 51.2 * TFLOPS, 378.0 * TFLOPS, 756.0 * TFLOPS, 756.0 * TFLOPS,
+            _H100_WHITEPAPER,
+        ),
+        # Datasheet, per GPU: FP32 60; TF32 835*, FP16/BF16 1671* (with sparsity).
+        PeakThroughput(
+            "H100 NVL", 60.0 * TFLOPS, 835.0 * _SPARSE_TO_DENSE * TFLOPS,
+            1671.0 * _SPARSE_TO_DENSE * TFLOPS, 1671.0 * _SPARSE_TO_DENSE * TFLOPS,
+            _H100_DATASHEET + "; tensor figures printed with sparsity, halved",
+        ),
+        # The H200 datasheet prints exactly the H100 SXM datasheet's compute figures (FP32 67;
+        # TF32 989*, FP16/BF16 1979*): same GH100 die, SM count and clocks, more and faster
+        # memory. So the H100 SXM5 whitepaper's unrounded dense figures apply.
+        PeakThroughput(
+            "H200 SXM", 66.9 * TFLOPS, 494.7 * TFLOPS, 989.4 * TFLOPS, 989.4 * TFLOPS,
+            _H200_DATASHEET + "; identical compute figures to H100 SXM, so " + _H100_WHITEPAPER,
+        ),
+        # Datasheet, H200 NVL column: FP32 60; TF32 835*, FP16/BF16 1671* (with sparsity).
+        PeakThroughput(
+            "H200 NVL", 60.0 * TFLOPS, 835.0 * _SPARSE_TO_DENSE * TFLOPS,
+            1671.0 * _SPARSE_TO_DENSE * TFLOPS, 1671.0 * _SPARSE_TO_DENSE * TFLOPS,
+            _H200_DATASHEET + ", H200 NVL column; tensor figures printed with sparsity, halved",
+        ),
+        # Datasheet: FP32 19.5; TF32 156, FP16/BF16 312 (dense; 312*/624* with sparsity).
+        PeakThroughput(
+            "A100 SXM4", 19.5 * TFLOPS, 156.0 * TFLOPS, 312.0 * TFLOPS, 312.0 * TFLOPS,
+            _A100_DATASHEET,
+        ),
+        PeakThroughput(
+            "A100 PCIe", 19.5 * TFLOPS, 156.0 * TFLOPS, 312.0 * TFLOPS, 312.0 * TFLOPS,
+            _A100_DATASHEET,
+        ),
+    )
+}
+
+
+def gpu_model(gpu_name: str | None) -> str | None:
+    """The :data:`PEAKS` key for a device name as torch/NVML report it, or None if not known.
+
+    Names seen in the wild: "NVIDIA H100 80GB HBM3" (SXM5), "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+    "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB",
+    "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB". A bare "H100" with no form factor is not
+    matched, because its SXM and PCIe peaks differ by 30 %.
+    """
+    if not gpu_name:
+        return None
+    tokens = set(re.split(r"[^A-Z0-9]+", gpu_name.upper()))
+    if "H100" in tokens:
+        if "NVL" in tokens:
+            return "H100 NVL"
+        if "PCIE" in tokens:
+            return "H100 PCIe"
+        if "HBM3" in tokens or any(t.startswith("SXM") for t in tokens):
+            return "H100 SXM5"
+        return None
+    if "H200" in tokens:
+        # The SXM part reports plain "NVIDIA H200"; the only other H200 is the NVL (PCIe card).
+        return "H200 NVL" if "NVL" in tokens else "H200 SXM"
+    if "A100" in tokens:
+        if "PCIE" in tokens:
+            return "A100 PCIe"
+        if any(t.startswith("SXM") for t in tokens):
+            return "A100 SXM4"
+        return None
+    return None
+
+
+def peak_flops(
+    gpu_name: str | None, precision: str, override_tflops: float | None = None
+) -> tuple[float | None, str]:
+    """Dense peak FLOP/s of one GPU at ``precision``, and its source; or (None, the reason).
+
+    ``precision`` names the arithmetic the matmuls and convolutions actually run in. Note that
+    torch runs FP32 convolutions on TF32 tensor cores by default on Ampere and newer
+    (``torch.backends.cudnn.allow_tf32`` is True) while FP32 matmuls stay FP32
+    (``torch.backends.cuda.matmul.allow_tf32`` is False): pick "tf32" for an FP32 conv net.
+
+    ``override_tflops`` (TFLOP/s, per GPU) wins over the table, for a GPU it lacks or a clock-
+    capped part, and is recorded as a user override.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if override_tflops is not None:
+        if not override_tflops > 0:
+            raise ValueError(f"override_tflops must be positive, got {override_tflops!r}")
+        return override_tflops * TFLOPS, f"user override ({override_tflops} TFLOP/s per GPU)"
+    if not gpu_name:
+        return None, "no GPU: peak throughput is tabulated for NVIDIA GPUs only"
+    model = gpu_model(gpu_name)
+    if model is None:
+        return None, (
+            f"no peak-throughput entry for {gpu_name!r} (known: {', '.join(PEAKS)}); "
+            "pass a user override"
+        )
+    peak = PEAKS[model]
+    return peak.flops(precision), f"{model}, dense {precision}: {peak.source}"
+
+
+def _distribution_version(name: str) -> str | None:
+    """Installed version of a distribution, read from its metadata without importing it."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def software_versions() -> dict[str, Any]:
+    """Versions of the software a run's numbers depend on; None where not installed or no CUDA.
+
+    ``cudnn`` is torch's integer as is (e.g. 90100): its encoding changed between cuDNN 8 and 9,
+    so decoding it here could mislabel it.
+    """
+    from scalerepro import __version__
+
+    versions: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": None,
+        "cuda": None,
+        "cudnn": None,
+        "nccl": None,
+        # torchvision is read from metadata, not imported: importing it on a CPU torch can fail
+        # (see scalerepro.models._torchvision) and costs seconds.
+        "torchvision": _distribution_version("torchvision"),
+        "numpy": _distribution_version("numpy"),
+        "nvidia-ml-py": _distribution_version("nvidia-ml-py"),
+        "scalerepro": __version__,
+        "platform": platform.platform(),
+    }
+    try:
+        import torch
+    except ImportError:
+        return versions
+    versions["torch"] = torch.__version__
+    versions["cuda"] = torch.version.cuda
+    versions["cudnn"] = torch.backends.cudnn.version()
+    if torch.cuda.is_available():
+        # (major, minor, patch) or (major, minor, patch, suffix) -> "2.21.5" / "2.21.5+cuda12.4"
+        nccl = torch.cuda.nccl.version()
+        versions["nccl"] = ".".join(str(part) for part in nccl[:3]) + "".join(
+            str(part) for part in nccl[3:]
+        )
+    return versions
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _memory_total_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024  # the kernel prints kB (KiB)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _driver_version() -> tuple[str | None, str | None]:
+    """(NVIDIA driver version, None) from NVML, or (None, why not)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "pynvml is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return None, f"NVML could not be initialised: {exc}"
+    try:
+        return pynvml.nvmlSystemGetDriverVersion(), None
+    except pynvml.NVMLError as exc:
+        return None, f"NVML did not report the driver version: {exc}"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _gpu_facts() -> dict[str, Any]:
+    """The visible CUDA devices, described by device 0 (nodes are assumed homogeneous)."""
+    gpu: dict[str, Any] = {
+        "name": None,
+        "count": None,
+        "memory_bytes": None,
+        "compute_capability": None,
+        "driver_version": None,
+        "reason": None,
+    }
+    reasons: list[str] = []
+    try:
+        import torch
+    except ImportError:
+        reasons.append("torch is not installed")
+    else:
+        gpu["count"] = torch.cuda.device_count()
+        if gpu["count"] > 0:
+            props = torch.cuda.get_device_properties(0)
+            gpu["name"] = props.name
+            gpu["memory_bytes"] = props.total_memory
+            gpu["compute_capability"] = f"{props.major}.{props.minor}"
+        else:
+            reasons.append("no CUDA device visible to torch")
+    gpu["driver_version"], driver_reason = _driver_version()
+    if driver_reason is not None:
+        reasons.append(f"driver version: {driver_reason}")
+    gpu["reason"] = "; ".join(reasons) or None
+    return gpu
+
+
+def host_facts() -> dict[str, Any]:
+    """The machine this process runs on: CPU, memory, and its GPUs (``gpu``)."""
+    try:
+        # The CPUs this process may run on (cgroup/cpuset, taskset, Slurm binding), which is what
+        # bounds data-loader workers; os.cpu_count() counts the whole machine.
+        usable_cpus: int | None = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable_cpus = None
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": usable_cpus,
+        "memory_total_bytes": _memory_total_bytes(),
+        "gpu": _gpu_facts(),
+    }
+
+
+# A guard, not an expectation: both commands take milliseconds on a normal checkout.
+_GIT_TIMEOUT_S = 2.0
+
+
+def _git(args: list[str], cwd: Path) -> tuple[str | None, str | None]:
+    """(stdout, None) of a successful git command, or (None, why it failed)."""
+    try:
+        done = subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=_GIT_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:  # cwd is checked by the caller, so this is the executable
+        return None, "git is not installed"
+    except subprocess.TimeoutExpired:
+        return None, f"git {args[0]} took longer than {_GIT_TIMEOUT_S} s"
+    except OSError as exc:
+        return None, f"git could not run: {exc}"
+    if done.returncode != 0:
+        message = done.stderr.strip().splitlines()
+        return None, f"git {' '.join(args)} failed: {message[0] if message else done.returncode}"
+    return done.stdout, None
+
+
+def git_info(start: Path) -> dict[str, Any]:
+    """Commit and dirtiness of the checkout containing ``start``; never raises.
+
+    ``dirty`` counts modified, staged and untracked-but-not-ignored files, since any of them can
+    change what runs.
+    """
+    if not start.is_dir():
+        return {"commit": None, "dirty": None, "reason": f"{start} is not a directory"}
+    commit, reason = _git(["rev-parse", "HEAD"], start)
+    if commit is None:
+        return {"commit": None, "dirty": None, "reason": reason}
+    status, reason = _git(["status", "--porcelain"], start)
+    return {
+        "commit": commit.strip(),
+        "dirty": None if status is None else bool(status.strip()),
+        "reason": reason,
+    }
+
+
+def _int_or_raw(value: str | None) -> int | str | None:
+    """An integer variable as int; anything else as given (None when unset)."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def slurm_facts(environ: Mapping[str, str] = os.environ) -> dict[str, Any] | None:
+    """The Slurm job and step this process belongs to, or None outside Slurm.
+
+    The three GPU variables are kept apart because they mean different things: ``SLURM_GPUS`` is
+    the job's ``--gpus`` request as written (may be typed, "h100:8"), ``SLURM_GPUS_ON_NODE`` the
+    count allocated on this node, ``SLURM_JOB_GPUS`` the allocated GPU indices ("0,1,2,3").
+    """
+    if "SLURM_JOB_ID" not in environ:
+        return None
+    get = environ.get
+    return {
+        "job_id": _int_or_raw(get("SLURM_JOB_ID")),
+        "array_job_id": _int_or_raw(get("SLURM_ARRAY_JOB_ID")),
+        "array_task_id": _int_or_raw(get("SLURM_ARRAY_TASK_ID")),
+        "step_id": _int_or_raw(get("SLURM_STEP_ID")),
+        "job_name": get("SLURM_JOB_NAME"),
+        "partition": get("SLURM_JOB_PARTITION"),
+        "node_list": get("SLURM_JOB_NODELIST"),
+        "step_node_list": get("SLURM_STEP_NODELIST"),
+        "num_nodes": _int_or_raw(get("SLURM_JOB_NUM_NODES", get("SLURM_NNODES"))),
+        "ntasks": _int_or_raw(get("SLURM_NTASKS", get("SLURM_NPROCS"))),
+        "cpus_per_task": _int_or_raw(get("SLURM_CPUS_PER_TASK")),
+        "gpus": get("SLURM_GPUS"),
+        "gpus_on_node": _int_or_raw(get("SLURM_GPUS_ON_NODE")),
+        "job_gpus": get("SLURM_JOB_GPUS"),
+        # Incremented each time the job is requeued; 0 or unset on the first run.
+        "restart_count": _int_or_raw(get("SLURM_RESTART_COUNT")),
+    }

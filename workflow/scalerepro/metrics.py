@@ -1,0 +1,115 @@
+"""What a run measures, and the formula of each figure beside its code.
+
+Step timing never synchronises the host inside the loop: on CUDA each step is bracketed by two
+CUDA events recorded on the current stream and read once, after the loop; on the CPU the work is
+synchronous and ``time.perf_counter`` brackets it. Anything outside the brackets (evaluation,
+checkpointing) is outside every figure below.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StepRecord:
+    epoch: int
+    measured: bool  # inside the measured window (after --warmup-steps)
+
+
+class StepTimer:
+    """Start/end marks per step; durations are read after the loop with one synchronisation."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.steps: list[StepRecord] = []
+        self._marks: list[tuple[object, object]] = []
+        self._open: object | None = None
+
+    def _now(self) -> object:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self._open = self._now()
+
+    def stop(self, epoch: int, measured: bool) -> None:
+        self._marks.append((self._open, self._now()))
+        self.steps.append(StepRecord(epoch, measured))
+
+    def durations_s(self) -> list[float]:
+        """Seconds per step, in step order (synchronises the device once)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [start.elapsed_time(end) / 1e3 for start, end in self._marks]  # elapsed_time is in ms
+        return [end - start for start, end in self._marks]
+
+
+@dataclass
+class WindowStats:
+    """Throughput and step-time figures over the measured window of one rank."""
+
+    steps: int
+    seconds: float
+    step_time_median_s: float | None
+    step_time_p10_s: float | None
+    step_time_p90_s: float | None
+    step_time_mean_s: float | None
+    epoch_seconds: dict[int, float] = field(default_factory=dict)  # every step's time, warm-up included
+
+
+def window_stats(timer: StepTimer) -> WindowStats:
+    durations = timer.durations_s()
+    measured = [d for d, s in zip(durations, timer.steps) if s.measured]
+    epoch_seconds: dict[int, float] = {}
+    for duration, step in zip(durations, timer.steps):
+        epoch_seconds[step.epoch] = epoch_seconds.get(step.epoch, 0.0) + duration
+    if not measured:
+        return WindowStats(0, 0.0, None, None, None, None, epoch_seconds)
+    # Deciles with the 'inclusive' method: p10 and p90 interpolate between observed step times.
+    deciles = statistics.quantiles(measured, n=10, method="inclusive") if len(measured) > 1 else [measured[0]] * 9
+    return WindowStats(
+        steps=len(measured),
+        seconds=sum(measured),
+        step_time_median_s=statistics.median(measured),
+        step_time_p10_s=deciles[0],
+        step_time_p90_s=deciles[8],
+        step_time_mean_s=statistics.fmean(measured),
+        epoch_seconds=epoch_seconds,
+    )
+
+
+def throughput(samples: int, seconds: float) -> float | None:
+    """Samples per second over a window: samples / seconds (None for an empty window)."""
+    return samples / seconds if seconds > 0 else None
+
+
+def model_flops_utilization(flops_per_sample: float, samples_per_s: float | None, peak_flops_per_device: float | None, devices: int) -> float | None:
+    """MFU = achieved model FLOP/s / (devices x peak dense FLOP/s per device), where achieved
+    FLOP/s = analytic training FLOPs per sample x samples/s (Chowdhery et al. 2022, PaLM, App. B)."""
+    if samples_per_s is None or not peak_flops_per_device:
+        return None
+    return flops_per_sample * samples_per_s / (devices * peak_flops_per_device)
+
+
+def peak_memory(device: torch.device) -> dict[str, int | None]:
+    """Peak memory of this process: CUDA caching-allocator peaks on a GPU, peak RSS on the CPU."""
+    if device.type == "cuda":
+        return {
+            "allocated_bytes": torch.cuda.max_memory_allocated(device),
+            "reserved_bytes": torch.cuda.max_memory_reserved(device),
+            "rss_bytes": _peak_rss_bytes(),
+        }
+    return {"allocated_bytes": None, "reserved_bytes": None, "rss_bytes": _peak_rss_bytes()}
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

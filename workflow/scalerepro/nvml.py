@@ -1,0 +1,403 @@
+"""GPU telemetry over a measured window: utilisation, memory, power, energy, SM clock, temperature.
+
+One :class:`NvmlSampler` per rank watches that rank's GPU from a background thread while the
+timed part of a benchmark runs; :func:`combine_ranks` folds the per-GPU summaries into one for
+the run. The reduction from samples to numbers is the pure function :func:`summarise`, so the
+arithmetic is tested without a GPU.
+
+Nothing here raises because NVML or a GPU is missing: the summary then says ``available: False``,
+every measured field is None and ``reason`` says why. That keeps a CPU smoke run and a cluster
+run on the same code path and the same record shape.
+
+What the NVML numbers mean (NVML API reference, "Device Queries"):
+
+* utilisation (``nvmlDeviceGetUtilizationRates().gpu``) is the percentage of the driver's last
+  sample period (1/6 s to 1 s) during which *any* kernel was executing. It says the GPU was busy,
+  not how much of it was busy: one tiny kernel at a time reads 100 %.
+* power (``nvmlDeviceGetPowerUsage``, mW) is an instantaneous reading on GA100 and older, and a
+  1 s moving average on later architectures (Hopper included), so it lags fast load changes.
+* energy (``nvmlDeviceGetTotalEnergyConsumption``, mJ since the driver was last loaded, Volta and
+  newer) is the driver's own integral, so it is preferred to integrating sampled power.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+ENERGY_COUNTER = "total_energy_counter"
+ENERGY_POWER_INTEGRAL = "power_integral"
+
+# Keys of a per-GPU summary whose values are measurements (None when not measured).
+MEASURED_KEYS = (
+    "window_s",
+    "gpu_util_mean_pct",
+    "gpu_util_max_pct",
+    "memory_used_max_bytes",
+    "power_mean_w",
+    "power_max_w",
+    "energy_j",
+    "sm_clock_mean_mhz",
+    "sm_clock_max_mhz",
+    "temperature_max_c",
+)
+
+# How long stop() waits for the sampling thread: generous, because a query can block on a busy
+# driver, but bounded, so a wedged NVML call cannot hang the end of a benchmark.
+_JOIN_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of one GPU. ``t_s`` is ``time.monotonic()``; a field NVML refused is None."""
+
+    t_s: float
+    gpu_util_pct: float | None
+    memory_used_bytes: int | None
+    power_w: float | None
+    sm_clock_mhz: float | None
+    temperature_c: float | None
+
+
+def format_nvml_uuid(cuda_uuid: str) -> str:
+    """NVML's spelling of a GPU UUID, ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``.
+
+    CUDA (and so torch) prints the same 16 bytes as bare lower-case 8-4-4-4-12 hex; NVML prefixes
+    ``GPU-``. Accepts either form so the conversion is idempotent.
+    """
+    bare = cuda_uuid.strip().lower()
+    if bare.startswith("gpu-"):
+        bare = bare[len("gpu-") :]
+    return f"GPU-{bare}"
+
+
+def nvml_uuid_for_torch_device(index: int) -> str:
+    """NVML UUID of the CUDA device torch calls ``cuda:index``.
+
+    Why a UUID and not the index: CUDA numbers devices after ``CUDA_VISIBLE_DEVICES`` (and, by
+    default, fastest first), NVML numbers them by PCI bus id ignoring it, so ``cuda:0`` is often
+    not NVML device 0. The UUID names the same physical GPU in both.
+
+    Under MIG the CUDA UUID names a MIG instance, not the GPU; NVML then either does not find it
+    or cannot report power and energy for it, and the sampler says so in ``reason``.
+    """
+    import torch  # Deferred: importing this module must not need torch.
+
+    return format_nvml_uuid(str(torch.cuda.get_device_properties(index).uuid))
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def _max(values: Sequence[_T]) -> _T | None:
+    return max(values) if values else None  # type: ignore[type-var]
+
+
+def _present(values: Sequence[_T | None]) -> list[_T]:
+    return [v for v in values if v is not None]
+
+
+def trapezoid_energy_j(samples: Sequence[Sample]) -> float | None:
+    """Energy from sampled power: E = sum_i (P_i + P_{i+1}) / 2 * (t_{i+1} - t_i), in J.
+
+    Samples without a power reading are skipped, so a gap is bridged by the straight line
+    between its neighbours. None with fewer than two power readings (no interval to integrate).
+    """
+    powered = [(s.t_s, s.power_w) for s in samples if s.power_w is not None]
+    if len(powered) < 2:
+        return None
+    return math.fsum(
+        (p0 + p1) / 2.0 * (t1 - t0) for (t0, p0), (t1, p1) in zip(powered, powered[1:])
+    )
+
+
+def summarise(
+    samples: Sequence[Sample],
+    energy_counter_mj: tuple[int | None, int | None],
+    *,
+    device_name: str | None,
+    interval_s: float,
+    window_s: float,
+) -> dict[str, Any]:
+    """Reduce one GPU's samples over a window into the summary dict (JSON-serialisable).
+
+    ``energy_counter_mj`` is the total-energy counter read at the start and at the end of the
+    window. Energy is their difference, ``(end - start) / 1000`` J, when both were read and the
+    counter did not go backwards (it restarts at 0 when the driver reloads). Otherwise it is the
+    trapezoid integral of sampled power (:func:`trapezoid_energy_j`), which covers only the span
+    from the first to the last sample, and ``energy_method`` says which one was used.
+
+    Means are plain sample means: the sampler spaces samples evenly in time, so a sample mean is
+    a time average.
+    """
+    util = _present([s.gpu_util_pct for s in samples])
+    memory = _present([s.memory_used_bytes for s in samples])
+    power = _present([s.power_w for s in samples])
+    clock = _present([s.sm_clock_mhz for s in samples])
+    temperature = _present([s.temperature_c for s in samples])
+
+    start_mj, end_mj = energy_counter_mj
+    energy_j: float | None
+    energy_method: str | None
+    if start_mj is not None and end_mj is not None and end_mj >= start_mj:
+        energy_j, energy_method = (end_mj - start_mj) / 1000.0, ENERGY_COUNTER
+    else:
+        energy_j = trapezoid_energy_j(samples)
+        energy_method = ENERGY_POWER_INTEGRAL if energy_j is not None else None
+
+    return {
+        "available": True,
+        "reason": None,
+        "device_name": device_name,
+        "samples": len(samples),
+        "interval_s": interval_s,
+        "window_s": window_s,
+        "gpu_util_mean_pct": _mean(util),
+        "gpu_util_max_pct": _max(util),
+        "memory_used_max_bytes": _max(memory),
+        "power_mean_w": _mean(power),
+        "power_max_w": _max(power),
+        "energy_j": energy_j,
+        "energy_method": energy_method,
+        "sm_clock_mean_mhz": _mean(clock),
+        "sm_clock_max_mhz": _max(clock),
+        "temperature_max_c": _max(temperature),
+    }
+
+
+def unavailable_summary(reason: str, *, interval_s: float) -> dict[str, Any]:
+    """The summary when nothing could be measured: same keys, measurements None, ``reason`` set."""
+    summary: dict[str, Any] = {
+        "available": False,
+        "reason": reason,
+        "device_name": None,
+        "samples": 0,
+        "interval_s": interval_s,
+        "energy_method": None,
+    }
+    summary.update(dict.fromkeys(MEASURED_KEYS))
+    return summary
+
+
+def _sum_or_none(values: Sequence[float | None]) -> float | None:
+    """Sum, or None if any term is missing: a partial total would read as a smaller true total."""
+    if not values or any(v is None for v in values):
+        return None
+    return math.fsum(v for v in values if v is not None)
+
+
+def _mean_or_none(values: Sequence[float | None]) -> float | None:
+    total = _sum_or_none(values)
+    return None if total is None else total / len(values)
+
+
+def _max_or_none(values: Sequence[_T | None]) -> _T | None:
+    """Max, or None if any term is missing: the max of a subset is only a lower bound."""
+    if not values or any(v is None for v in values):
+        return None
+    return max(values)  # type: ignore[type-var]
+
+
+def _common(values: Sequence[_T]) -> _T | None:
+    """The value all entries share, else None."""
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Combine per-GPU summaries (one per rank, each rank on its own GPU) into one for the run.
+
+    Sums and means are over GPUs, and each is None if any GPU lacks the value, so a number in
+    the result always covers every GPU:
+
+    * ``energy_j`` = sum of per-GPU energies (the run's GPU energy);
+    * ``power_mean_w`` = sum of per-GPU mean powers (the total draw of all GPUs);
+      ``power_mean_per_gpu_w`` = their mean;
+    * ``gpu_util_mean_pct``, ``sm_clock_mean_mhz`` = mean of per-GPU means (each per-GPU mean is a
+      time average over nearly the same window, so this is the fleet's time average);
+    * ``*_max_*`` = max of per-GPU maxima. ``power_max_per_gpu_w`` is the highest single-GPU draw,
+      not the peak total draw, because the GPUs' peaks need not coincide.
+
+    Pass one summary per physical GPU: two ranks sampling the same GPU would count it twice.
+    """
+    n = len(summaries)
+    unavailable = [(i, s) for i, s in enumerate(summaries) if not s["available"]]
+    if n == 0:
+        reason: str | None = "no per-GPU summaries to combine"
+    elif unavailable:
+        index, first = unavailable[0]
+        reason = f"GPU {index} of {n}: {first['reason']}"
+    else:
+        reason = None
+
+    def column(key: str) -> list[Any]:
+        return [s[key] for s in summaries]
+
+    power_means = column("power_mean_w")
+    return {
+        "available": n > 0 and not unavailable,
+        "reason": reason,
+        "gpus": n,
+        "device_name": _common(column("device_name")),
+        "samples": sum(column("samples")),
+        "interval_s": _common(column("interval_s")),
+        "window_s": _max_or_none(column("window_s")),
+        "gpu_util_mean_pct": _mean_or_none(column("gpu_util_mean_pct")),
+        "gpu_util_max_pct": _max_or_none(column("gpu_util_max_pct")),
+        "memory_used_max_bytes": _max_or_none(column("memory_used_max_bytes")),
+        "power_mean_w": _sum_or_none(power_means),
+        "power_mean_per_gpu_w": _mean_or_none(power_means),
+        "power_max_per_gpu_w": _max_or_none(column("power_max_w")),
+        "energy_j": _sum_or_none(column("energy_j")),
+        "energy_method": _common(column("energy_method")),
+        "sm_clock_mean_mhz": _mean_or_none(column("sm_clock_mean_mhz")),
+        "sm_clock_max_mhz": _max_or_none(column("sm_clock_max_mhz")),
+        "temperature_max_c": _max_or_none(column("temperature_max_c")),
+    }
+
+
+class NvmlSampler:
+    """Samples one GPU every ``interval_s`` on a background thread between start() and stop().
+
+    ``device_uuid`` is NVML's UUID of the GPU (:func:`nvml_uuid_for_torch_device`), or None when
+    the rank has no GPU, which yields an unavailable summary. pynvml calls NVML through ctypes,
+    which releases the GIL for each call, so sampling does not stall the training thread.
+    """
+
+    def __init__(self, device_uuid: str | None, interval_s: float = 0.1) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+        self.device_uuid = device_uuid
+        self.interval_s = interval_s
+        self._nvml: Any = None  # the pynvml module once NVML is initialised
+        self._handle: Any = None
+        self._device_name: str | None = None
+        self._unavailable_reason: str | None = None
+        self._samples: list[Sample] = []
+        self._energy_start_mj: int | None = None
+        self._t_start = 0.0
+        self._stop_requested = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+        self._summary: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        """Open NVML, read the energy counter, begin sampling. Never raises for a missing GPU."""
+        if self._started:
+            raise RuntimeError("NvmlSampler.start() called twice; use one sampler per window")
+        self._started = True
+        self._unavailable_reason = self._open()
+        if self._unavailable_reason is not None:
+            return
+        self._energy_start_mj = self._energy_counter_mj()
+        self._t_start = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="scalerepro-nvml", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling, close NVML and return the summary (see :func:`summarise`).
+
+        Idempotent: a second call returns the same summary.
+        """
+        if self._summary is None:
+            self._summary = self._finish()
+        return self._summary
+
+    def _finish(self) -> dict[str, Any]:
+        if not self._started:
+            return unavailable_summary("sampler was never started", interval_s=self.interval_s)
+        if self._unavailable_reason is not None:
+            return unavailable_summary(self._unavailable_reason, interval_s=self.interval_s)
+        assert self._thread is not None
+        self._stop_requested.set()
+        self._thread.join(timeout=_JOIN_TIMEOUT_S)
+        window_s = time.monotonic() - self._t_start
+        energy_end_mj = self._energy_counter_mj()
+        samples = list(self._samples)  # a copy, in case a wedged thread is still appending
+        self._close()
+        return summarise(
+            samples,
+            (self._energy_start_mj, energy_end_mj),
+            device_name=self._device_name,
+            interval_s=self.interval_s,
+            window_s=window_s,
+        )
+
+    def _open(self) -> str | None:
+        """Initialise NVML and find the device; the reason it cannot be sampled, or None."""
+        if self.device_uuid is None:
+            return "device_uuid is None (no CUDA device assigned to this rank)"
+        try:
+            import pynvml
+        except ImportError:
+            return "pynvml is not installed (pip install nvidia-ml-py)"
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            # e.g. "NVML Shared Library Not Found" on a machine without the NVIDIA driver.
+            return f"NVML could not be initialised: {exc}"
+        try:
+            self._handle = pynvml.nvmlDeviceGetHandleByUUID(self.device_uuid)
+            self._device_name = pynvml.nvmlDeviceGetName(self._handle)
+        except pynvml.NVMLError as exc:
+            pynvml.nvmlShutdown()
+            return f"NVML has no device with UUID {self.device_uuid}: {exc}"
+        self._nvml = pynvml
+        return None
+
+    def _close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass  # Nothing left to measure; a failed shutdown must not lose the summary.
+
+    def _query(self, read: Callable[[], _T]) -> _T | None:
+        """One NVML query, or None if this GPU does not support it or it failed this time."""
+        try:
+            return read()
+        except self._nvml.NVMLError:
+            return None
+
+    def _energy_counter_mj(self) -> int | None:
+        nvml, handle = self._nvml, self._handle
+        return self._query(lambda: int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)))
+
+    def _read_sample(self) -> Sample:
+        nvml, handle = self._nvml, self._handle
+        power_mw = self._query(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        return Sample(
+            t_s=time.monotonic(),  # taken right after the power reading, which the integral uses
+            gpu_util_pct=self._query(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
+            memory_used_bytes=self._query(lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).used)),
+            power_w=None if power_mw is None else power_mw / 1000.0,
+            sm_clock_mhz=self._query(
+                lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+            ),
+            temperature_c=self._query(
+                lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+            ),
+        )
+
+    def _run(self) -> None:
+        """Sample at t0 + k * interval for k = 0, 1, ..., then once more when stop is requested.
+
+        Deadlines are fixed offsets from t0 on the monotonic clock, so query latency does not
+        accumulate into drift; a deadline already missed (a slow query) is skipped, not made up
+        in a burst. The closing sample makes the samples span the whole window.
+        """
+        t0 = time.monotonic()
+        tick = 0
+        while True:
+            self._samples.append(self._read_sample())
+            elapsed = time.monotonic() - t0
+            tick = max(tick + 1, math.floor(elapsed / self.interval_s) + 1)
+            # A deadline that passed while computing this gives a non-positive wait, which polls.
+            if self._stop_requested.wait(timeout=t0 + tick * self.interval_s - time.monotonic()):
+                break
+        self._samples.append(self._read_sample())

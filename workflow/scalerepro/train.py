@@ -1,0 +1,104 @@
+"""Entry point: ``torchrun --nproc-per-node N -m scalerepro.train ...`` or plain ``python -m scalerepro.train``.
+
+Exit codes: 0 done; 1 the run failed (record status "failed"); 2 bad flags, config or dataset;
+75 stopped by SIGTERM/SIGUSR1 after checkpointing (EX_TEMPFAIL: run again with --resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import traceback
+import uuid
+
+from . import cifar10, distributed, record
+from .checkpoint import CheckpointError
+from .config import ConfigError, TrainConfig, parse_args
+from .distributed import DistContext, DistributedSetupError
+from .trainer import NonFiniteLossError, Trainer
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
+_USAGE_ERRORS = (ConfigError, cifar10.DatasetError)
+_KNOWN_ERRORS = (*_USAGE_ERRORS, CheckpointError, DistributedSetupError, NonFiniteLossError)
+
+
+def _silent(*args: object, **kwargs: object) -> None:
+    pass
+
+
+def _fail(config: TrainConfig, ctx: DistContext | None, trainer: Trainer | None, error: BaseException, **common: object) -> int:
+    rank = ctx.rank if ctx is not None else 0
+    step = trainer.progress.step if trainer is not None else None
+    where = f"rank {rank}" + (f" at step {step}" if step is not None else "")
+    detail = str(error) if isinstance(error, _KNOWN_ERRORS) else f"{type(error).__name__}: {error}"
+    print(f"scalerepro.train: error: {where}: {detail}", file=sys.stderr, flush=True)
+    if config.run.record and rank == 0:
+        measurements = None
+        if trainer is not None:
+            # Other ranks may be gone: reduce nothing, report what this rank measured.
+            try:
+                measurements = trainer.results(local_only=True)
+            except Exception:  # noqa: BLE001 - the failure being reported matters more
+                measurements = None
+        document = record.build(
+            status="failed",
+            config=config,
+            ctx=ctx,
+            trainer=trainer,
+            measurements=measurements,
+            measurements_scope="rank 0 only" if measurements is not None else None,
+            error={
+                "type": type(error).__name__,
+                "message": f"{where}: {detail}",
+                "traceback": "".join(traceback.format_exception(error)),
+            },
+            **common,
+        )
+        record.write_atomically(config.run.record, document)
+    return EXIT_USAGE if isinstance(error, _USAGE_ERRORS) else EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    started_at = record.utc_now()
+    config = parse_args(argv)  # exits 2 with one line on a bad flag
+    run_id = config.run.run_id or str(uuid.uuid4())
+    config = dataclasses.replace(config, run=dataclasses.replace(config.run, run_id=run_id))
+    common = {"run_id": run_id, "started_at": started_at, "argv": argv}
+    ctx: DistContext | None = None
+    trainer: Trainer | None = None
+    try:
+        ctx = distributed.setup(config.parallel.device, config.parallel.dist_timeout_s)
+        log = functools.partial(print, flush=True) if ctx.is_main else _silent
+        trainer = Trainer(config, ctx, log=log)
+        outcome = trainer.fit()
+        measurements = trainer.results()
+        if ctx.is_main and config.run.record:
+            document = record.build(
+                status=outcome.status,
+                config=config,
+                ctx=ctx,
+                trainer=trainer,
+                measurements=measurements,
+                measurements_scope="all ranks",
+                stop_signal=outcome.stop_signal,
+                checkpoint_path=outcome.checkpoint_path,
+                **common,
+            )
+            record.write_atomically(config.run.record, document)
+        if outcome.status == "preempted":
+            log(f"stopped by {outcome.stop_signal} at step {trainer.progress.step}; checkpoint {outcome.checkpoint_path}; rerun with --resume")
+            return EXIT_PREEMPTED
+        if ctx.is_main and measurements["samples_per_s"]:
+            log(f"done: {measurements['samples_per_s']:,.1f} samples/s over {measurements['measured_steps']} measured steps")
+        return EXIT_OK
+    except Exception as error:  # noqa: BLE001 - every failure becomes a record and one line
+        return _fail(config, ctx, trainer, error, **common)
+    finally:
+        if ctx is not None:
+            distributed.teardown(ctx)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,568 @@
+"""The training loop: build everything from a TrainConfig, train for a measured window, report.
+
+Reading order: ``Trainer.__init__`` (model, data, optimizer, DDP, precision, resume), ``fit``
+(the loop), ``_train_step`` (one optimizer step of ``grad_accum_steps`` micro-batches),
+``_evaluate``, ``_probe_exposed_communication``, ``results``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from . import checkpoint, data, hardware, metrics, models, optim
+from .config import ConfigError, TrainConfig
+from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
+from .nvml import NvmlSampler, combine_ranks, nvml_uuid_for_torch_device, unavailable_summary
+
+DEFAULT_STEPS = 100
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+class StopRequest:
+    """SIGTERM / SIGUSR1 (Slurm's preemption warning, ``--signal=USR1@...``) set a flag; the loop
+    finishes the current step, checkpoints and exits with EXIT_PREEMPTED."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+@dataclass
+class Progress:
+    """Where the run is; saved in checkpoints."""
+
+    step: int = 0  # optimizer steps completed
+    epoch: int = 0
+    micro_in_epoch: int = 0  # micro-batches of ``epoch`` already consumed
+    epoch_steps: int = 0  # optimizer steps taken in ``epoch``
+    epoch_loss_sum: float = 0.0  # sum over ranks and steps of ``epoch``'s step losses (at checkpoints)
+    history: list[dict[str, Any]] = field(default_factory=list)  # one entry per evaluated epoch
+
+
+@dataclass
+class _Interval:
+    started: float  # host clock at the previous log point
+    steps: int
+
+
+@dataclass
+class Outcome:
+    status: str  # "ok" | "preempted"
+    stop_signal: str | None = None
+    checkpoint_path: str | None = None
+
+
+def _precision_setup(precision: str) -> torch.dtype | None:
+    """Set the TF32 switches of the matmul and cuDNN paths; return the autocast dtype (or None).
+
+    fp32 turns TF32 off for convolutions too (cuDNN allows it by default), so fp32 means fp32.
+    """
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, ctx: DistContext, log: Any = print):
+        self.config, self.ctx, self.log = config, ctx, log
+        run, perf = config.run, config.perf
+        self.device = ctx.device
+        torch.manual_seed(run.seed)
+
+        # ---- model and data ------------------------------------------------------------
+        self.spec = self._resolve_model()
+        self.train_source, self.eval_source = data.make_sources(config.data, self.spec, run.seed)
+        self.global_batch = run.batch_size * ctx.world_size * config.optim.grad_accum_steps
+        self.loader = data.make_train_loader(
+            config.data,
+            self.train_source,
+            run.batch_size,
+            ctx.world_size,
+            ctx.rank,
+            run.seed,
+            self.device,
+            self._channels_last,
+        )
+        self.steps_per_epoch = self.loader.micro_batches_per_epoch // config.optim.grad_accum_steps
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                f"an epoch of {self.train_source.num_samples} samples over {ctx.world_size} ranks gives no full step of "
+                f"{run.batch_size} x {config.optim.grad_accum_steps}: lower --batch-size or raise --synthetic-samples"
+            )
+        self.total_steps = run.epochs * self.steps_per_epoch if run.epochs else (run.steps or DEFAULT_STEPS)
+        if run.warmup_steps >= self.total_steps:
+            raise ConfigError(f"--warmup-steps ({run.warmup_steps}) must be smaller than the run's {self.total_steps} steps")
+
+        with torch.device("cpu"):
+            module = models.build(self.spec)
+        if config.parallel.sync_batchnorm and ctx.distributed:
+            module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        self.module = module.to(self.device, memory_format=torch.channels_last if self._channels_last else torch.preserve_format)
+
+        # ---- optimizer, schedule, precision ----------------------------------------------
+        self.optim_resolved = optim.resolve(config.optim, self.spec.family, self.global_batch)
+        self.optimizer = optim.build_optimizer(self.module, config.optim, self.optim_resolved)
+        self.scheduler = optim.build_scheduler(self.optimizer, config.optim, self.optim_resolved, self.total_steps)
+        self.autocast_dtype = _precision_setup(perf.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=perf.precision == "fp16")
+
+        # ---- DDP, then compile the wrapped model (Dynamo's DDPOptimizer splits the graph at
+        # bucket boundaries so all-reduce still overlaps backward) -----------------------------
+        self.ddp: DistributedDataParallel | None = None
+        model: torch.nn.Module = self.module
+        if ctx.distributed:
+            p = config.parallel
+            self.ddp = DistributedDataParallel(
+                self.module,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                bucket_cap_mb=p.bucket_cap_mb,
+                gradient_as_bucket_view=p.gradient_as_bucket_view,
+                static_graph=p.static_graph,
+            )
+            model = self.ddp
+        self.model = torch.compile(model, mode=perf.compile) if perf.compile != "none" else model
+
+        # ---- resume ----------------------------------------------------------------------
+        self.progress = Progress()
+        self.resumed_from: str | None = None
+        self.checkpoint_dir = Path(run.checkpoint_dir) if run.checkpoint_dir else None
+        if run.resume and self.checkpoint_dir is not None:
+            self._resume()
+
+        # Measurements of this process's segment of the run.
+        self.timer = metrics.StepTimer(self.device)
+        self.data_wait_s = 0.0
+        self.measured_samples = 0
+        self.loss_log: list[dict[str, float]] = []
+        self.exposed_comm: dict[str, Any] = {}
+        self.nvml_summary: dict[str, Any] = unavailable_summary("no measured steps", interval_s=run.nvml_interval_s)
+        self._checkpoint_path: str | None = None
+
+    # ---- construction helpers -------------------------------------------------------------
+
+    @property
+    def _channels_last(self) -> bool:
+        return self.config.perf.channels_last and self.spec.task == "image_classification"
+
+    def _resolve_model(self) -> models.ModelSpec:
+        m = self.config.model
+        shape = models.ModelShape(
+            image_size=m.image_size,
+            num_classes=m.num_classes,
+            seq_len=m.seq_len,
+            vocab_size=m.vocab_size,
+            num_layers=m.num_layers,
+            hidden_size=m.hidden_size,
+            num_heads=m.num_heads,
+            dropout=m.dropout,
+        )
+        if not data.is_synthetic(self.config.data):  # CIFAR-10: 32x32 images, 10 classes
+            probe = models.resolve(m.model, models.ModelShape())
+            if probe.task != "image_classification":
+                raise ConfigError(f"--data {self.config.data} is CIFAR-10 and needs an image model, not {m.model}")
+            for flag, given, needed in (("--image-size", m.image_size, 32), ("--num-classes", m.num_classes, 10)):
+                if given not in (None, needed):
+                    raise ConfigError(f"{flag} {given} does not fit CIFAR-10 ({needed})")
+            shape = dataclasses.replace(shape, image_size=32, num_classes=10)
+        try:
+            return models.resolve(m.model, shape)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must share with this run to continue it exactly."""
+        c = self.config
+        return {
+            "model": dataclasses.asdict(c.model),
+            "data": c.data.data,
+            "synthetic_samples": c.data.synthetic_samples,
+            "batch_size": c.run.batch_size,
+            "world_size": self.ctx.world_size,
+            "grad_accum_steps": c.optim.grad_accum_steps,
+            "seed": c.run.seed,
+            "total_steps": self.total_steps,
+            "optim": dataclasses.asdict(c.optim),
+            "precision": c.perf.precision,
+        }
+
+    def _resume(self) -> None:
+        state = checkpoint.load_newest(self.checkpoint_dir, self._fingerprint())
+        if state is None:
+            self.log(f"no checkpoint in {self.checkpoint_dir}: starting from step 0")
+            return
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress(**state["progress"])
+        checkpoint.set_rng_state(state["rng"][self.ctx.rank])
+        self.resumed_from = state["path"]
+        self.log(f"resumed from {state['path']} at step {self.progress.step}")
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _train_step(self, micro_batches: Iterator[data.Batch], sync_gradients: bool = True) -> torch.Tensor:
+        """One optimizer step over grad_accum_steps micro-batches; returns the mean loss (on device).
+
+        DDP all-reduces gradients during the backward of the last micro-batch only: the others
+        run under ``no_sync`` and accumulate locally. ``sync_gradients=False`` skips it on every
+        micro-batch (used only to measure exposed communication).
+        """
+        accum = self.config.optim.grad_accum_steps
+        total = torch.zeros((), device=self.device)
+        for micro in range(accum):
+            waited = time.perf_counter()
+            inputs, targets = next(micro_batches)
+            self.data_wait_s += time.perf_counter() - waited
+            skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
+            with self.ddp.no_sync() if skip_sync else contextlib.nullcontext(), self._autocast():
+                logits = self.model(*inputs)
+                loss = F.cross_entropy(
+                    logits.flatten(0, -2), targets.flatten(), label_smoothing=self.config.optim.label_smoothing
+                ) / accum
+            self.scaler.scale(loss).backward()
+            total += loss.detach()
+        if self.config.optim.clip_grad_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.optim.clip_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return total
+
+    def fit(self) -> Outcome:
+        run, p = self.config.run, self.progress
+        accum = self.config.optim.grad_accum_steps
+        micro_per_epoch = self.steps_per_epoch * accum
+        stop = StopRequest()
+        sampler = NvmlSampler(
+            nvml_uuid_for_torch_device(self.device.index) if self.device.type == "cuda" else None,
+            run.nvml_interval_s,
+        )
+        sampling = False
+        bar = self._progress_bar()
+        # Running sums stay on the device and are read only at log points and epoch ends.
+        interval_loss = torch.zeros((), device=self.device)
+        epoch_loss = torch.zeros((), device=self.device)
+        if self.ctx.is_main:
+            epoch_loss += p.epoch_loss_sum  # a resumed epoch continues its global sum
+        first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
+        interval = _Interval(time.perf_counter(), 0)
+        start_step = p.step
+        completed = False
+        try:
+            while p.step < self.total_steps:
+                batches = self.loader.epoch(p.epoch, start=p.micro_in_epoch)
+                while p.micro_in_epoch < micro_per_epoch and p.step < self.total_steps:
+                    # Each process warms up anew, a resumed one too: compilation happens per process.
+                    measured = p.step - start_step >= run.warmup_steps
+                    if measured and not sampling:
+                        sampler.start()
+                        sampling = True
+                    self.timer.start()
+                    loss = self._train_step(batches)
+                    # Bookkeeping on the device: no host synchronisation in the step.
+                    interval_loss += loss
+                    epoch_loss += loss
+                    first_bad_step = torch.where((first_bad_step < 0) & ~torch.isfinite(loss), p.step, first_bad_step)
+                    p.step += 1
+                    p.micro_in_epoch += accum
+                    p.epoch_steps += 1
+                    interval.steps += 1
+                    if p.step % run.log_interval == 0 or p.step == self.total_steps:
+                        stop_now = self._log_point(p, interval, interval_loss, first_bad_step, stop, bar)
+                        interval_loss.zero_()
+                        interval = _Interval(time.perf_counter(), 0)
+                    else:
+                        # Ranks must agree on the step they stop after, so several ranks decide
+                        # only at log points; a single rank can stop at any step.
+                        stop_now = not self.ctx.distributed and stop.signal_name is not None
+                    self.timer.stop(p.epoch, measured)
+                    if measured:
+                        self.measured_samples += self.global_batch
+                    if bar is not None:
+                        bar.update(1)
+                    if stop_now:
+                        p.epoch_loss_sum = self._global_sum(epoch_loss)
+                        self._save_checkpoint()
+                        return Outcome("preempted", stop.signal_name, self._checkpoint_path)
+                    if self.checkpoint_dir and run.checkpoint_interval and p.step % run.checkpoint_interval == 0:
+                        p.epoch_loss_sum = self._global_sum(epoch_loss)
+                        self._save_checkpoint()
+                if p.micro_in_epoch >= micro_per_epoch:
+                    self._finish_epoch(p, self._global_sum(epoch_loss), complete=True)
+                    epoch_loss.zero_()
+            if sampling:  # the energy window ends with the last step, before evaluation
+                self.nvml_summary = sampler.stop()
+                sampling = False
+            if run.eval and (not p.history or p.history[-1]["step"] != p.step):
+                # A run counted in steps usually ends inside an epoch: evaluate there too.
+                self._finish_epoch(p, self._global_sum(epoch_loss), complete=False)
+            p.epoch_loss_sum = self._global_sum(epoch_loss)
+            self._save_checkpoint()
+            completed = True
+            return Outcome("ok", None, self._checkpoint_path)
+        finally:
+            if sampling:
+                self.nvml_summary = sampler.stop()
+            if bar is not None:
+                bar.close()
+            stop.restore()
+            if completed:
+                self._probe_exposed_communication()
+            self.loader.close()
+
+    def _log_point(
+        self,
+        p: Progress,
+        interval: _Interval,
+        interval_loss: torch.Tensor,
+        first_bad_step: torch.Tensor,
+        stop: StopRequest,
+        bar: Any,
+    ) -> bool:
+        """Read the interval's loss (the one host sync of the interval), check it is finite, log a
+        line, and agree across ranks whether to stop now (any rank signalled: all stop)."""
+        flags = torch.tensor([float(first_bad_step.item()), 1.0 if stop.signal_name else 0.0], device=self.device)
+        all_reduce_max(self.ctx, flags)
+        bad_step, stop_now = int(flags[0].item()), bool(flags[1].item())
+        if bad_step >= 0:
+            raise NonFiniteLossError(
+                f"the loss became non-finite at step {bad_step}: lower --lr, add --clip-grad-norm, or use --precision bf16"
+            )
+        # Interval loss = sum over ranks and steps of the step loss / (ranks x steps).
+        mean_loss = self._global_sum(interval_loss) / (interval.steps * self.ctx.world_size)
+        elapsed = time.perf_counter() - interval.started
+        # Logged rate (host clock between log points, both synchronised): samples / seconds.
+        rate = interval.steps * self.global_batch / elapsed
+        self.loss_log.append({"step": p.step, "loss": mean_loss, "samples_per_s": rate})
+        if self.ctx.is_main:
+            memory = metrics.peak_memory(self.device)
+            peak = memory["allocated_bytes"] if memory["allocated_bytes"] is not None else memory["rss_bytes"]
+            line = (
+                f"step {p.step}/{self.total_steps} | epoch {p.epoch} | loss {mean_loss:.4f} | "
+                f"{rate:,.1f} samples/s | lr {self.scheduler.get_last_lr()[0]:.3g} | peak mem {peak / 2**30:.2f} GiB"
+            )
+            (bar.write if bar is not None else self.log)(line)
+        return stop_now
+
+    def _global_sum(self, value: torch.Tensor) -> float:
+        return all_reduce_sum(self.ctx, value.detach().clone()).item()
+
+    def _finish_epoch(self, p: Progress, epoch_loss_sum: float, complete: bool) -> None:
+        """Close the epoch's history entry: mean training loss and, if enabled, evaluation."""
+        entry: dict[str, Any] = {
+            "epoch": p.epoch,
+            "step": p.step,
+            "complete": complete,
+            # mean train loss = sum over ranks and steps of step losses / (ranks x steps)
+            "train_loss": epoch_loss_sum / (p.epoch_steps * self.ctx.world_size) if p.epoch_steps else None,
+        }
+        if self.config.run.eval:
+            entry.update(self._evaluate())
+        p.history.append(entry)
+        summary = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if isinstance(v, float))
+        self.log(f"epoch {p.epoch} {'done' if complete else 'so far'} at step {p.step}: {summary}")
+        if complete:
+            p.epoch += 1
+            p.micro_in_epoch = 0
+            p.epoch_steps = 0
+            p.epoch_loss_sum = 0.0
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict[str, float]:
+        """Loss and top-1 accuracy over the whole held-out split, summed over ranks.
+
+        Runs the plain module (not the DDP or compiled wrapper): evaluation is not measured, and
+        this avoids recompiling for eval mode.
+        """
+        self.module.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
+        batch_size = self.config.run.eval_batch_size or self.config.run.batch_size
+        for inputs, targets in data.eval_batches(self.eval_source.to(self.device), batch_size, self.ctx.world_size, self.ctx.rank, self.device, self._channels_last):
+            with self._autocast():
+                logits = self.module(*inputs)
+            logits, targets = logits.flatten(0, -2).float(), targets.flatten()
+            totals[0] += F.cross_entropy(logits, targets, reduction="sum")
+            totals[1] += (logits.argmax(dim=-1) == targets).sum()
+            totals[2] += targets.numel()
+        all_reduce_sum(self.ctx, totals)
+        self.module.train()
+        loss_sum, correct, count = totals.tolist()
+        # eval_loss = sum of per-target losses / targets; eval_accuracy = correct / targets
+        return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count}
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    def _save_checkpoint(self) -> None:
+        if self.checkpoint_dir is None:
+            return
+        rng = gather_objects(self.ctx, checkpoint.rng_state())  # every rank's, in rank order
+        if self.ctx.is_main:
+            state = {
+                "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "progress": dataclasses.asdict(self.progress),
+                "rng": rng,
+                "fingerprint": self._fingerprint(),
+            }
+            path = checkpoint.save(self.checkpoint_dir, self.progress.step, state, self.config.run.keep_checkpoints)
+            self._checkpoint_path = str(path)
+        barrier(self.ctx)
+
+    # ---- measurements ---------------------------------------------------------------------------
+
+    def _progress_bar(self) -> Any:
+        mode = self.config.run.progress
+        if not self.ctx.is_main or mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.total_steps, initial=self.progress.step, unit="step", dynamic_ncols=True)
+
+    def _probe_exposed_communication(self) -> None:
+        """Exposed communication: the same steps timed with and without the gradient all-reduce.
+
+            exposed_fraction = (t_sync - t_nosync) / t_sync
+
+        with t the median step time over ``comm_probe_steps`` steps on identical, pre-built
+        batches (so the loader is out of the picture), the slowest rank's median taken for each.
+        Model, optimizer, scheduler and scaler states are restored afterwards.
+        """
+        steps = self.config.run.comm_probe_steps
+        if self.ddp is None or steps == 0:
+            reason = "single process: no gradient communication" if self.ddp is None else "--comm-probe-steps 0"
+            self.exposed_comm = {"fraction": 0.0 if self.ddp is None else None, "sync_step_s": None, "nosync_step_s": None, "steps": 0, "reason": reason}
+            return
+        saved = {
+            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "scheduler": copy.deepcopy(self.scheduler.state_dict()),
+            "scaler": copy.deepcopy(self.scaler.state_dict()),
+        }
+        data_wait_s = self.data_wait_s  # the probe's cached batches must not count as loader time
+        micro = self.config.optim.grad_accum_steps
+        batch_iter = self.loader.epoch(self.progress.epoch)
+        groups = [[next(batch_iter) for _ in range(micro)] for _ in range(min(steps, self.steps_per_epoch))]
+        medians = []
+        for sync in (True, False):
+            timer = metrics.StepTimer(self.device)
+            for repeat in range(steps + 1):  # the first step of each mode is a warm-up
+                timer.start()
+                self._train_step(iter(groups[repeat % len(groups)]), sync_gradients=sync)
+                timer.stop(0, measured=repeat > 0)
+            medians.append(metrics.window_stats(timer).step_time_median_s)
+        slowest = all_reduce_max(self.ctx, torch.tensor(medians, dtype=torch.float64, device=self.device)).tolist()
+        self.module.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.scaler.load_state_dict(saved["scaler"])
+        self.data_wait_s = data_wait_s
+        t_sync, t_nosync = slowest
+        self.exposed_comm = {
+            "fraction": max(t_sync - t_nosync, 0.0) / t_sync,
+            "sync_step_s": t_sync,
+            "nosync_step_s": t_nosync,
+            "steps": steps,
+            "reason": None,
+        }
+
+    def results(self, local_only: bool = False) -> dict[str, Any]:
+        """Every figure of the run, reduced over ranks (a collective: all ranks must call it).
+
+        ``local_only`` reports this rank's figures without any collective, for failed runs whose
+        peers may be gone.
+        """
+        ctx = dataclasses.replace(self.ctx, backend=None) if local_only else self.ctx
+        stats = metrics.window_stats(self.timer)
+        slowest_window = all_reduce_max(ctx, torch.tensor([stats.seconds, self.data_wait_s], dtype=torch.float64, device=self.device)).tolist()
+        window_s = slowest_window[0]
+        spec = self.spec
+        samples_per_s = metrics.throughput(self.measured_samples, window_s)
+        peak_flops, peak_source = hardware.peak_flops(
+            torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            self.config.perf.precision,
+            override_tflops=self.config.run.peak_tflops,
+        )
+        memory = gather_objects(ctx, metrics.peak_memory(self.device))
+        nvml = combine_ranks(gather_objects(ctx, self.nvml_summary))
+        if self.device.type == "cpu":
+            nvml.update(gpus=0, reason="CPU run: NVML measures NVIDIA GPUs only")
+        total_time = sum(stats.epoch_seconds.values())
+        return {
+            "measured_steps": stats.steps,
+            "measured_samples": self.measured_samples,
+            "window_s": window_s,
+            # throughput = global samples in the window / window seconds (slowest rank's window)
+            "samples_per_s": samples_per_s,
+            "tokens_per_s": samples_per_s * spec.tokens_per_sample if samples_per_s and spec.tokens_per_sample else None,
+            "step_time_s": {
+                "median": stats.step_time_median_s,
+                "p10": stats.step_time_p10_s,
+                "p90": stats.step_time_p90_s,
+                "mean": stats.step_time_mean_s,
+            },
+            # epoch_time_s = steps per epoch x median step time: the steady-state time of one epoch
+            "epoch_time_s": self.steps_per_epoch * stats.step_time_median_s if stats.step_time_median_s else None,
+            "epoch_wall_times_s": [
+                {"epoch": epoch, "seconds": seconds, "complete": any(h["epoch"] == epoch and h["complete"] for h in self.progress.history)}
+                for epoch, seconds in sorted(stats.epoch_seconds.items())
+            ],
+            "train_time_s": total_time,
+            # data-loader stall = host seconds blocked waiting for the next batch / window seconds
+            "data_stall_fraction": slowest_window[1] / window_s if window_s else None,
+            "mfu": metrics.model_flops_utilization(spec.train_flops_per_sample, samples_per_s, peak_flops, ctx.world_size),
+            "peak_flops_per_device": peak_flops,
+            "peak_flops_source": peak_source,
+            "achieved_flops": spec.train_flops_per_sample * samples_per_s if samples_per_s else None,
+            "memory": {
+                "allocated_bytes_max": _max_or_none(m["allocated_bytes"] for m in memory),
+                "reserved_bytes_max": _max_or_none(m["reserved_bytes"] for m in memory),
+                "rss_bytes_max": _max_or_none(m["rss_bytes"] for m in memory),
+            },
+            "exposed_communication": self.exposed_comm,
+            "nvml": nvml,
+            # energy per sample = GPU energy over the sampled window (all GPUs) / samples measured
+            "energy_per_sample_j": nvml["energy_j"] / self.measured_samples if nvml["energy_j"] is not None and self.measured_samples else None,
+        }
+
+
+def _max_or_none(values: Iterator[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
