@@ -219,7 +219,9 @@ def build_parser(prog: str = "python -m scalerepro.train") -> argparse.ArgumentP
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    namespace = vars(build_parser().parse_args(sys.argv[1:] if argv is None else argv))
+    """Parse and validate the command line; a bad flag or value exits 2 with one line."""
+    parser = build_parser()
+    namespace = vars(parser.parse_args(sys.argv[1:] if argv is None else argv))
     hints = typing.get_type_hints(TrainConfig)
     sections = {
         section.name: hints[section.name](
@@ -228,7 +230,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         for section in dataclasses.fields(TrainConfig)
     }
     config = TrainConfig(**sections)
-    config.validate()
+    try:
+        config.validate()
+    except ConfigError as error:
+        parser.error(str(error))
     return config
 
 

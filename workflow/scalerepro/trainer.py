@@ -161,7 +161,10 @@ class Trainer:
         self.data_wait_s = 0.0
         self.measured_samples = 0
         self.loss_log: list[dict[str, float]] = []
-        self.exposed_comm: dict[str, Any] = {}
+        self.exposed_comm: dict[str, Any] = {
+            "fraction": None, "sync_step_s": None, "nosync_step_s": None, "steps": 0,
+            "reason": "not measured: the run stopped before its end",
+        }  # fmt: skip
         self.nvml_summary: dict[str, Any] = unavailable_summary("no measured steps", interval_s=run.nvml_interval_s)
         self._checkpoint_path: str | None = None
 

@@ -31,6 +31,12 @@ class SmallCNN(nn.Module):
             nn.Flatten(),
         )
         self.classifier = nn.Linear(128, num_classes)
+        # He initialisation: without normalisation layers, PyTorch's default conv init shrinks the
+        # activations layer by layer and the first hundred steps barely move the loss.
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                nn.init.zeros_(module.bias)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(images))

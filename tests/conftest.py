@@ -1,0 +1,73 @@
+"""Shared fixtures: run the trainer in-process or as real processes, validate its records."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from scalerepro import cifar10
+
+REPO = Path(__file__).resolve().parents[1]
+RECORD_SCHEMA = json.loads((REPO / "workflow/schemas/run_record.schema.json").read_text())
+_VALIDATOR = jsonschema.Draft202012Validator(RECORD_SCHEMA, format_checker=jsonschema.FormatChecker())
+
+
+def load_record(path: Path) -> dict:
+    """Read a run record and fail the test unless it validates against the schema."""
+    record = json.loads(Path(path).read_text())
+    errors = sorted(_VALIDATOR.iter_errors(record), key=lambda e: list(e.path))
+    assert not errors, "record does not match the schema:\n" + "\n".join(
+        f"{'/'.join(map(str, e.path))}: {e.message[:300]}" for e in errors
+    )
+    return record
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment for a child trainer: no inherited launcher variables, one thread per rank."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "LOCAL_", "WORLD_", "MASTER_", "TORCHELASTIC"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def torchrun(nproc: int, args: list[str], timeout: float = 240, **popen) -> subprocess.CompletedProcess:
+    """Launch real ranks with torchrun (gloo on the CPU) and wait for them."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "scalerepro.train", *args]
+    return subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=timeout, **popen)
+
+
+def python_train(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "scalerepro.train", *args], env=env or clean_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def learnable_cifar_split(count: int, seed: int) -> cifar10.Split:
+    """CIFAR-10-shaped data with a learnable rule: each class is a fixed 8x8 colour pattern,
+    upsampled to 32x32, plus pixel noise."""
+    templates = np.random.default_rng(1234).integers(0, 256, (10, 8, 8, 3))
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, count).astype(np.int64)
+    images = np.repeat(np.repeat(templates[labels], 4, axis=1), 4, axis=2) + rng.normal(0, 48, (count, 32, 32, 3))
+    return cifar10.Split(np.clip(images, 0, 255).astype(np.uint8), labels)
+
+
+@pytest.fixture(scope="session")
+def prepared_cifar(tmp_path_factory) -> Path:
+    """A small prepared CIFAR-10 directory (2,048 train / 512 test images)."""
+    path = tmp_path_factory.mktemp("data") / "cifar10"
+    cifar10.write(path, {"train": learnable_cifar_split(2048, 1), "test": learnable_cifar_split(512, 2)}, source="tests")
+    return path

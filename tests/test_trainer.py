@@ -1,0 +1,225 @@
+"""The trainer on one process: every model learns, every precision runs, checkpoints resume
+exactly, signals checkpoint and exit with the distinct code, bad input is one line."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import clean_env, load_record, python_train
+from scalerepro import checkpoint
+from scalerepro.train import EXIT_PREEMPTED, main
+
+SMALL_TRANSFORMER = ["--num-layers", "2", "--hidden-size", "64", "--num-heads", "2"]
+# (model flags, steps, batch): small shapes that learn the synthetic task within the steps given.
+LEARNING_RUNS = {
+    "cnn": (["--model", "cnn"], 100, 32),
+    "resnet18_cifar": (["--model", "resnet18_cifar"], 30, 16),
+    "resnet50": (["--model", "resnet50", "--image-size", "32", "--num-classes", "10", "--lr", "0.05"], 30, 16),
+    "vit_b_16": (["--model", "vit_b_16", "--image-size", "32", "--num-classes", "10", "--lr", "3e-3", *SMALL_TRANSFORMER], 40, 16),
+    "bert_base": (["--model", "bert_base", "--seq-len", "32", "--vocab-size", "64", "--lr", "1e-2", *SMALL_TRANSFORMER], 300, 32),
+    "gpt2_small": (["--model", "gpt2_small", "--seq-len", "32", "--vocab-size", "128", "--lr", "3e-3", *SMALL_TRANSFORMER], 40, 16),
+}
+
+
+def small_run(tmp_path: Path, *extra: str, steps: int = 12, name: str = "run") -> list[str]:
+    return [
+        "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "16", "--num-workers", "0",
+        "--synthetic-samples", "1024", "--eval-samples", "128", "--log-interval", "4",
+        "--record", str(tmp_path / f"{name}.json"), *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("model", list(LEARNING_RUNS))
+def test_loss_falls_on_synthetic_data(model, tmp_path):
+    flags, steps, batch = LEARNING_RUNS[model]
+    argv = [
+        *flags, "--steps", str(steps), "--warmup-steps", "2", "--batch-size", str(batch), "--loader", "device",
+        "--synthetic-samples", "8192", "--eval-samples", "256", "--log-interval", str(steps // 4),
+        "--lr-warmup-steps", str(steps // 10), "--record", str(tmp_path / "r.json"),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    record = load_record(tmp_path / "r.json")
+    losses = [entry["loss"] for entry in record["loss_log"]]
+    assert losses[-1] < 0.9 * losses[0], f"{model} did not learn: interval losses {losses}"
+    # (Held-out loss is not compared: after 30 steps BatchNorm's running statistics still lag.)
+    assert record["history"][-1]["eval_accuracy"] >= 0
+    m = record["measurements"]
+    assert m["samples_per_s"] > 0 and m["measured_steps"] == steps - 2
+    if record["model"]["task"] != "image_classification":
+        assert m["tokens_per_s"] == pytest.approx(m["samples_per_s"] * record["model"]["tokens_per_sample"])
+
+
+def test_record_figures_follow_their_formulas(tmp_path):
+    assert main(small_run(tmp_path, "--model", "cnn", "--grad-accum-steps", "2")) == 0
+    r = load_record(tmp_path / "run.json")
+    m = r["measurements"]
+    assert r["batch"] == {"per_rank": 16, "grad_accum_steps": 2, "global": 32}
+    assert m["measured_samples"] == m["measured_steps"] * 32 == 10 * 32
+    assert m["samples_per_s"] == pytest.approx(m["measured_samples"] / m["window_s"])
+    assert m["step_time_s"]["p10"] <= m["step_time_s"]["median"] <= m["step_time_s"]["p90"]
+    assert m["epoch_time_s"] == pytest.approx(r["steps"]["per_epoch"] * m["step_time_s"]["median"])
+    assert r["steps"]["per_epoch"] == 1024 // (16 * 2)
+    assert m["achieved_flops"] == pytest.approx(r["model"]["train_flops_per_sample"] * m["samples_per_s"])
+    # No GPU here: nothing may be invented.
+    assert m["mfu"] is None and "no GPU" in m["peak_flops_source"]
+    assert m["nvml"]["available"] is False and m["nvml"]["reason"] and m["energy_per_sample_j"] is None
+    assert m["memory"]["rss_bytes_max"] > 0 and m["memory"]["allocated_bytes_max"] is None
+    assert m["exposed_communication"]["fraction"] == 0.0  # one process: nothing to communicate
+    assert 0 <= m["data_stall_fraction"] < 1
+    assert r["parallel"]["world_size"] == 1 and r["parallel"]["launcher"] == "single"
+    assert r["status"] == "ok" and r["git"].keys() >= {"commit", "dirty"}
+
+
+def test_peak_flops_override_gives_mfu(tmp_path):
+    assert main(small_run(tmp_path, "--model", "cnn", "--peak-tflops", "0.5")) == 0
+    m = load_record(tmp_path / "run.json")["measurements"]
+    assert m["mfu"] == pytest.approx(m["achieved_flops"] / 0.5e12)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_precisions_run(precision, tmp_path):
+    assert main(small_run(tmp_path, "--model", "cnn", "--precision", precision, "--channels-last")) == 0
+    record = load_record(tmp_path / "run.json")
+    assert record["precision"] == precision and record["knobs"]["channels_last"] is True
+
+
+@pytest.mark.parametrize("schedule", ["onecycle", "constant"])
+def test_schedules_and_clipping(schedule, tmp_path):
+    argv = small_run(tmp_path, "--model", "gpt2_small", "--seq-len", "16", "--vocab-size", "64", *SMALL_TRANSFORMER,
+                     "--lr-schedule", schedule, "--clip-grad-norm", "1.0", "--optimizer-impl", "fused")  # fmt: skip
+    assert main(argv) == 0
+    assert load_record(tmp_path / "run.json")["optimizer"]["kind"] == "adamw"
+
+
+def test_epochs_evaluate_each_epoch(tmp_path, prepared_cifar):
+    argv = small_run(tmp_path, "--model", "cnn", "--data", str(prepared_cifar), "--loader", "device")
+    argv[argv.index("--steps") : argv.index("--steps") + 2] = ["--epochs", "2"]
+    assert main(argv) == 0
+    record = load_record(tmp_path / "run.json")
+    assert [(h["epoch"], h["complete"]) for h in record["history"]] == [(0, True), (1, True)]
+    assert record["data"]["kind"] == "cifar10" and record["data"]["eval_samples"] == 128
+    assert record["steps"]["completed"] == 2 * (2048 // 16)
+
+
+def _params(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def test_sigusr1_checkpoints_then_resume_is_bit_exact(tmp_path):
+    common = small_run(tmp_path, "--model", "cnn", "--num-workers", "1", steps=120)
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    # All three runs are separate processes with the same environment (one thread each): a
+    # different thread count would change floating-point summation order, not the algorithm.
+    assert python_train([*common, "--checkpoint-dir", str(reference)]).returncode == 0
+
+    record_path = tmp_path / "interrupted.json"
+    args = [*common, "--checkpoint-dir", str(interrupted), "--record", str(record_path)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "scalerepro.train", *args], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    for line in process.stdout:  # wait until training is under way, then send the preemption warning
+        if line.startswith("step 20/"):
+            process.send_signal(signal.SIGUSR1)
+            break
+    output = process.stdout.read()
+    assert process.wait(timeout=120) == EXIT_PREEMPTED, output
+    assert "stopped by SIGUSR1" in output
+    preempted = load_record(record_path)
+    assert preempted["status"] == "preempted" and preempted["stop_signal"] == "SIGUSR1"
+    stopped_at = preempted["steps"]["completed"]
+    assert 20 <= stopped_at < 120
+    assert Path(preempted["checkpoint"]).name == f"step-{stopped_at:08d}.pt"
+
+    assert python_train([*args, "--resume"]).returncode == 0
+    resumed = load_record(record_path)
+    assert resumed["status"] == "ok" and resumed["steps"]["resumed_from"].endswith(f"step-{stopped_at:08d}.pt")
+    expected, actual = _params(reference / "step-00000120.pt"), _params(interrupted / "step-00000120.pt")
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+    uninterrupted = torch.load(reference / "step-00000120.pt", weights_only=True)["progress"]["history"]
+    assert resumed["history"] == uninterrupted
+
+
+def test_resume_skips_a_truncated_checkpoint_and_refuses_another_runs(tmp_path):
+    directory = tmp_path / "ckpt"
+    common = small_run(tmp_path, "--model", "cnn", "--checkpoint-dir", str(directory), "--checkpoint-interval", "4")
+    assert main(common) == 0
+    newest = checkpoint.list_checkpoints(directory)[0]
+    newest.write_bytes(newest.read_bytes()[:1000])  # a crash mid-copy
+    with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
+        assert main([*common, "--resume"]) == 0
+    result = python_train([*common, "--resume", "--batch-size", "8"])
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "was made by a different run" in result.stderr
+
+
+def test_non_finite_loss_names_the_step(tmp_path):
+    result = python_train(small_run(tmp_path, "--model", "cnn", "--lr", "1e9", "--lr-scaling", "none"))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "non-finite at step" in result.stderr, result.stderr
+    record = load_record(tmp_path / "run.json")
+    assert record["status"] == "failed" and "non-finite" in record["error"]["message"]
+    assert record["measurements_scope"] == "rank 0 only" and record["measurements"]["measured_steps"] > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--precision", "fp8"], "invalid choice: 'fp8'"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--steps", "5", "--epochs", "1"], "give --steps or --epochs, not both"),
+        (["--model", "alexnet"], "unknown model 'alexnet'"),
+        (["--data", "/nonexistent/cifar10"], "dataset directory '/nonexistent/cifar10' does not exist"),
+        (["--model", "gpt2_small", "--data", "{cifar}"], "needs an image model"),
+        (["--warmup-steps", "50", "--steps", "10"], "--warmup-steps (50) must be smaller"),
+    ],
+)
+def test_bad_input_is_one_line(flags, message, tmp_path, prepared_cifar, capsys):
+    flags = [f.replace("{cifar}", str(prepared_cifar)) for f in flags]
+    try:
+        code = main(["--num-workers", "0", "--record", str(tmp_path / "r.json"), *flags])
+    except SystemExit as exit_:  # argparse's exit for flags that do not parse
+        code = exit_.code
+    stderr = capsys.readouterr().err
+    assert code == 2
+    assert stderr.count("\n") == 1, stderr
+    assert message in stderr
+    if (tmp_path / "r.json").exists():  # errors found after the flags parse still leave a record
+        assert load_record(tmp_path / "r.json")["status"] == "failed"
+
+
+def test_missing_dataset_from_the_command_line(tmp_path):
+    result = python_train(["--data", str(tmp_path / "absent"), "--record", str(tmp_path / "r.json")], timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"scalerepro.train: error: rank 0: dataset directory '{tmp_path / 'absent'}' does not exist: "
+        f"run the workflow's fetch rule to prepare it (snakemake {tmp_path / 'absent'}) or train with --data synthetic\n"
+    )
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "failed" and record["error"]["type"] == "DatasetError"
+
+
+def test_help_documents_every_flag_with_its_default():
+    result = python_train(["--help"], timeout=60)
+    assert result.returncode == 0
+    for flag in ("--model", "--data", "--batch-size", "--steps", "--epochs", "--warmup-steps", "--precision", "--record",
+                 "--checkpoint-dir", "--resume", "--seed", "--channels-last", "--compile", "--bucket-cap-mb",
+                 "--gradient-as-bucket-view", "--static-graph", "--optimizer-impl", "--loader", "--num-workers",
+                 "--pin-memory", "--persistent-workers", "--prefetch-factor"):  # fmt: skip
+        assert flag in result.stdout
+    assert result.stdout.count("(default:") >= 50
+
+
+def test_compile_runs(tmp_path):
+    started = time.monotonic()
+    assert main(small_run(tmp_path, "--model", "cnn", "--compile", "--warmup-steps", "3")) == 0
+    record = load_record(tmp_path / "run.json")
+    assert record["knobs"]["compile"] == "default"
+    print(f"cold torch.compile run of the cnn: {time.monotonic() - started:.1f} s")
