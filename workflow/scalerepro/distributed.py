@@ -162,8 +162,14 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
     return DistContext(env, device, backend, tuple(str(h) for h in hostnames))
 
 
-def teardown(ctx: DistContext) -> None:
+def teardown(ctx: DistContext, clean: bool) -> None:
+    """Destroy the process group. After a clean run, first wait at a barrier: gloo's worker thread
+    must have released every finished collective before the group is destroyed, or its destructor
+    (joining that thread while holding the GIL) can deadlock at interpreter exit. After a failure,
+    peers may be gone, so no barrier."""
     if ctx.distributed and dist.is_initialized():
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 

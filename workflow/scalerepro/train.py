@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     common = {"run_id": run_id, "started_at": started_at, "argv": argv}
     ctx: DistContext | None = None
     trainer: Trainer | None = None
+    code = EXIT_FAILED
     try:
         ctx = distributed.setup(config.parallel.device, config.parallel.dist_timeout_s)
         log = functools.partial(print, flush=True) if ctx.is_main else _silent
@@ -89,15 +90,17 @@ def main(argv: list[str] | None = None) -> int:
             record.write_atomically(config.run.record, document)
         if outcome.status == "preempted":
             log(f"stopped by {outcome.stop_signal} at step {trainer.progress.step}; checkpoint {outcome.checkpoint_path}; rerun with --resume")
-            return EXIT_PREEMPTED
-        if ctx.is_main and measurements["samples_per_s"]:
-            log(f"done: {measurements['samples_per_s']:,.1f} samples/s over {measurements['measured_steps']} measured steps")
-        return EXIT_OK
+            code = EXIT_PREEMPTED
+        else:
+            if measurements["samples_per_s"]:
+                log(f"done: {measurements['samples_per_s']:,.1f} samples/s over {measurements['measured_steps']} measured steps")
+            code = EXIT_OK
     except Exception as error:  # noqa: BLE001 - every failure becomes a record and one line
-        return _fail(config, ctx, trainer, error, **common)
+        code = _fail(config, ctx, trainer, error, **common)
     finally:
         if ctx is not None:
-            distributed.teardown(ctx)
+            distributed.teardown(ctx, clean=code in (EXIT_OK, EXIT_PREEMPTED))
+    return code
 
 
 if __name__ == "__main__":

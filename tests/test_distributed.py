@@ -1,0 +1,163 @@
+"""Several real ranks (gloo over 127.0.0.1): DDP equals one process, accuracy matches, signals
+stop every rank after the same step, a missing peer is a clear error, srun-style launch works."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import clean_env, free_port, load_record, torchrun
+from scalerepro.distributed import DistributedSetupError, detect_env, first_host
+
+
+def _final_params(directory: Path) -> dict[str, torch.Tensor]:
+    files = sorted(directory.glob("step-*.pt"))
+    return torch.load(files[-1], map_location="cpu", weights_only=True)["model"]
+
+
+def _run(tmp_path: Path, name: str, ranks: int, per_rank_batch: int, *extra: str) -> dict:
+    args = [
+        "--model", "cnn", "--batch-size", str(per_rank_batch), "--num-workers", "0", "--synthetic-samples", "512",
+        "--eval-samples", "64", "--warmup-steps", "0", "--comm-probe-steps", "0", "--no-eval",
+        "--checkpoint-dir", str(tmp_path / name), "--record", str(tmp_path / f"{name}.json"), *extra,
+    ]  # fmt: skip
+    if ranks == 1:
+        result = subprocess.run([sys.executable, "-m", "scalerepro.train", *args], env=clean_env(), capture_output=True, text=True, timeout=120)
+    else:
+        result = torchrun(ranks, args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return load_record(tmp_path / f"{name}.json")
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["plain", "grad-accum"])
+def test_two_ranks_equal_one_rank_on_the_same_global_batch(tmp_path, accumulate):
+    """The same global batch of 16 split over 1 or 2 ranks (and, with accumulation, over two
+    micro-batches with no all-reduce on the first) must give the same parameters after a step."""
+    one = _run(tmp_path, "one", 1, 16, "--steps", "1")
+    two_args = ("--steps", "1", "--grad-accum-steps", "2") if accumulate else ("--steps", "1")
+    two = _run(tmp_path, "two", 2, 4 if accumulate else 8, *two_args)
+    assert one["batch"]["global"] == two["batch"]["global"] == 16
+    assert two["parallel"]["world_size"] == 2 and two["parallel"]["backend"] == "gloo"
+    before = _run(tmp_path, "init", 1, 16, "--steps", "1", "--lr", "0")  # the initial weights
+    expected, actual, initial = _final_params(tmp_path / "one"), _final_params(tmp_path / "two"), _final_params(tmp_path / "init")
+    for name in expected:
+        assert not torch.equal(expected[name], initial[name]), f"{name} did not change: the comparison would be empty"
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert one["loss_log"][0]["loss"] == pytest.approx(two["loss_log"][0]["loss"], rel=1e-5)
+
+
+def test_cifar_one_and_two_ranks_reach_matching_accuracy(tmp_path, prepared_cifar):
+    common = ["--model", "cnn", "--data", str(prepared_cifar), "--epochs", "3", "--warmup-steps", "2", "--num-workers", "1"]
+    one = subprocess.run(
+        [sys.executable, "-m", "scalerepro.train", *common, "--batch-size", "64", "--record", str(tmp_path / "one.json")],
+        env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    two = torchrun(2, [*common, "--batch-size", "32", "--record", str(tmp_path / "two.json")])
+    assert two.returncode == 0, two.stderr[-3000:]
+    accuracy_one = load_record(tmp_path / "one.json")["history"][-1]["eval_accuracy"]
+    record_two = load_record(tmp_path / "two.json")
+    accuracy_two = record_two["history"][-1]["eval_accuracy"]
+    assert [h["epoch"] for h in record_two["history"]] == [0, 1, 2]
+    assert accuracy_one > 0.5, f"1 rank learned too little to compare: {accuracy_one}"
+    assert abs(accuracy_one - accuracy_two) <= 0.02, (accuracy_one, accuracy_two)
+    # Exposed communication is measured when there is communication.
+    comm = record_two["measurements"]["exposed_communication"]
+    assert comm["reason"] is None and comm["sync_step_s"] > 0 and comm["nosync_step_s"] > 0
+    assert comm["fraction"] == pytest.approx(max(comm["sync_step_s"] - comm["nosync_step_s"], 0) / comm["sync_step_s"])
+
+
+def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
+    args = [
+        "--model", "cnn", "--batch-size", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
+        "--steps", "400", "--warmup-steps", "2", "--log-interval", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--record", str(tmp_path / "r.json"),
+    ]  # fmt: skip
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.train", *args]
+    launcher = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in launcher.stdout:
+        if line.startswith("step 20/"):
+            break
+    workers = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "scalerepro.train"], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    import os
+
+    os.kill(int(workers[-1]), signal.SIGUSR1)  # the last rank only: rank 0 must learn of it
+    output = launcher.stdout.read()
+    launcher.wait(timeout=120)
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "preempted", output[-2000:]
+    stopped = record["steps"]["completed"]
+    assert stopped % 5 == 0 and stopped < 400  # ranks agree at a log point
+    checkpoint = torch.load(tmp_path / "ckpt" / f"step-{stopped:08d}.pt", weights_only=True)
+    assert len(checkpoint["rng"]) == 2  # every rank's RNG state
+
+    resumed = torchrun(2, [*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = load_record(tmp_path / "r.json")
+    assert final["status"] == "ok" and final["steps"]["completed"] == 400
+
+
+def test_a_peer_that_never_arrives_is_a_one_line_error(tmp_path):
+    env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "scalerepro.train", "--model", "cnn", "--dist-timeout-s", "3", "--record", str(tmp_path / "r.json")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "could not form the gloo process group at 127.0.0.1:" in result.stderr
+    assert "check that all 2 ranks were launched" in result.stderr
+    assert time.monotonic() - started < 60
+    assert load_record(tmp_path / "r.json")["status"] == "failed"
+
+
+def test_srun_style_launch_reads_slurm_variables(tmp_path):
+    """Two processes started the way `srun --ntasks 2` starts them: Slurm's variables only."""
+    port = free_port()
+    args = ["--model", "cnn", "--batch-size", "8", "--num-workers", "0", "--synthetic-samples", "256", "--eval-samples", "32",
+            "--steps", "4", "--warmup-steps", "1", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    processes = []
+    for rank in range(2):
+        env = clean_env(
+            SLURM_JOB_ID="4242", SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_NNODES="1",
+            SLURM_STEP_NODELIST="localhost", SLURM_JOB_NODELIST="localhost", MASTER_PORT=str(port),
+        )  # fmt: skip
+        processes.append(subprocess.Popen([sys.executable, "-m", "scalerepro.train", *args], env=env, stderr=subprocess.PIPE, text=True))
+    for process in processes:
+        assert process.wait(timeout=120) == 0, process.stderr.read()
+    record = load_record(tmp_path / "r.json")
+    assert record["parallel"]["launcher"] == "slurm" and record["parallel"]["world_size"] == 2
+    assert record["slurm"]["job_id"] == 4242
+
+
+def test_detect_env_from_each_launcher():
+    torchrun_env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    assert detect_env(torchrun_env).launcher == "torchrun" and detect_env(torchrun_env).rank == 3
+    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_NODES": "2",
+             "SLURM_STEP_NODELIST": "gpu[007-008]", "SLURM_JOB_ID": "100"}  # fmt: skip
+    env = detect_env(slurm)
+    assert (env.launcher, env.rank, env.world_size, env.local_rank, env.local_world_size) == ("slurm", 5, 8, 1, 4)
+    assert (env.master_addr, env.master_port) == ("gpu007", 15100)
+    assert detect_env({}).launcher == "single"
+    assert detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).launcher == "single"  # a 1-task step
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [("node01", "node01"), ("gpu[007-010,012]", "gpu007"), ("a[3],b[1-2]", "a3"), ("login1,login2", "login1"), ("x-[01-04]", "x-01")],
+)
+def test_first_host_of_a_slurm_node_list(nodelist, first):
+    assert first_host(nodelist) == first
+
+
+def test_unparseable_node_list():
+    with pytest.raises(DistributedSetupError):
+        first_host("[01-02]")
