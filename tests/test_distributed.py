@@ -3,6 +3,7 @@ stop every rank after the same step, a missing peer is a clear error, srun-style
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -86,8 +87,6 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
             break
     workers = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "scalerepro.train"], capture_output=True, text=True).stdout.split()
     assert len(workers) == 2, workers
-    import os
-
     os.kill(int(workers[-1]), signal.SIGUSR1)  # the last rank only: rank 0 must learn of it
     output = launcher.stdout.read()
     launcher.wait(timeout=120)
@@ -102,6 +101,25 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = load_record(tmp_path / "r.json")
     assert final["status"] == "ok" and final["steps"]["completed"] == 400
+
+
+def test_a_crashed_rank_fails_the_run_with_a_record_and_one_line(tmp_path):
+    args = ["--model", "cnn", "--batch-size", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
+            "--steps", "2000", "--warmup-steps", "2", "--log-interval", "5", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.train", *args]
+    launcher = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in launcher.stdout:
+        if line.startswith("step 20/"):
+            break
+    workers = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "scalerepro.train"], capture_output=True, text=True).stdout.split()
+    os.kill(int(workers[-1]), signal.SIGKILL)  # rank 1 dies without a word
+    output = launcher.stdout.read()
+    assert launcher.wait(timeout=120) != 0
+    errors = [line for line in output.splitlines() if line.startswith("scalerepro.train: error:")]
+    assert len(errors) == 1 and "rank 0 at step" in errors[0] and "lost contact with another rank" in errors[0], output[-3000:]
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "failed" and record["measurements_scope"] == "rank 0 only"
+    assert record["measurements"]["measured_steps"] >= 18 and record["loss_log"]
 
 
 def test_a_peer_that_never_arrives_is_a_one_line_error(tmp_path):

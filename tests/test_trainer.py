@@ -176,6 +176,8 @@ def test_non_finite_loss_names_the_step(tmp_path):
         (["--batch-size", "0"], "--batch-size must be at least 1"),
         (["--steps", "5", "--epochs", "1"], "give --steps or --epochs, not both"),
         (["--model", "alexnet"], "unknown model 'alexnet'"),
+        (["--model", "alexnet", "--data", "{cifar}"], "unknown model 'alexnet'"),
+        (["--model", "resnet50", "--seq-len", "64"], "--seq-len"),
         (["--data", "/nonexistent/cifar10"], "dataset directory '/nonexistent/cifar10' does not exist"),
         (["--model", "gpt2_small", "--data", "{cifar}"], "needs an image model"),
         (["--warmup-steps", "50", "--steps", "10"], "--warmup-steps (50) must be smaller"),

@@ -12,6 +12,8 @@ import sys
 import traceback
 import uuid
 
+import torch.distributed
+
 from . import cifar10, distributed, record
 from .checkpoint import CheckpointError
 from .config import ConfigError, TrainConfig, parse_args
@@ -27,11 +29,23 @@ def _silent(*args: object, **kwargs: object) -> None:
     pass
 
 
+def _is_peer_failure(error: BaseException) -> bool:
+    """A collective failed because a peer went away (gloo reports it as a plain RuntimeError)."""
+    markers = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "communicator was aborted")
+    return isinstance(error, torch.distributed.DistBackendError) or any(m in str(error) for m in markers)
+
+
 def _fail(config: TrainConfig, ctx: DistContext | None, trainer: Trainer | None, error: BaseException, **common: object) -> int:
     rank = ctx.rank if ctx is not None else 0
     step = trainer.progress.step if trainer is not None else None
     where = f"rank {rank}" + (f" at step {step}" if step is not None else "")
-    detail = str(error) if isinstance(error, _KNOWN_ERRORS) else f"{type(error).__name__}: {error}"
+    if isinstance(error, _KNOWN_ERRORS):
+        detail = str(error)
+    elif ctx is not None and ctx.distributed and _is_peer_failure(error):
+        first_line = str(error).strip().splitlines()[0]
+        detail = f"lost contact with another rank, which failed or was killed first: see that rank's log for the cause ({first_line})"
+    else:
+        detail = f"{type(error).__name__}: {error}"
     print(f"scalerepro.train: error: {where}: {detail}", file=sys.stderr, flush=True)
     if config.run.record and rank == 0:
         measurements = None

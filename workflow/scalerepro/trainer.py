@@ -175,28 +175,21 @@ class Trainer:
         return self.config.perf.channels_last and self.spec.task == "image_classification"
 
     def _resolve_model(self) -> models.ModelSpec:
+        """The model spec from the flags; CIFAR-10 data fixes 32x32 images and 10 classes."""
         m = self.config.model
-        shape = models.ModelShape(
-            image_size=m.image_size,
-            num_classes=m.num_classes,
-            seq_len=m.seq_len,
-            vocab_size=m.vocab_size,
-            num_layers=m.num_layers,
-            hidden_size=m.hidden_size,
-            num_heads=m.num_heads,
-            dropout=m.dropout,
-        )
-        if not data.is_synthetic(self.config.data):  # CIFAR-10: 32x32 images, 10 classes
-            probe = models.resolve(m.model, models.ModelShape())
-            if probe.task != "image_classification":
-                raise ConfigError(f"--data {self.config.data} is CIFAR-10 and needs an image model, not {m.model}")
-            for flag, given, needed in (("--image-size", m.image_size, 32), ("--num-classes", m.num_classes, 10)):
-                if given not in (None, needed):
-                    raise ConfigError(f"{flag} {given} does not fit CIFAR-10 ({needed})")
-            shape = dataclasses.replace(shape, image_size=32, num_classes=10)
+        shape = models.ModelShape(**{k: v for k, v in dataclasses.asdict(m).items() if k != "model"})
         try:
+            if not data.is_synthetic(self.config.data):
+                if models.resolve(m.model).task != "image_classification":
+                    raise ConfigError(f"--data {self.config.data} is CIFAR-10 and needs an image model, not {m.model}")
+                for flag, given, needed in (("--image-size", m.image_size, 32), ("--num-classes", m.num_classes, 10)):
+                    if given not in (None, needed):
+                        raise ConfigError(f"{flag} {given} does not fit CIFAR-10 ({needed})")
+                shape = dataclasses.replace(shape, image_size=32, num_classes=10)
             return models.resolve(m.model, shape)
-        except ValueError as error:
+        except ConfigError:
+            raise
+        except ValueError as error:  # the model zoo's one-line messages name the flag
             raise ConfigError(str(error)) from None
 
     def _fingerprint(self) -> dict[str, Any]:
