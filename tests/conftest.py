@@ -43,7 +43,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun(nproc: int, args: list[str], timeout: float = 120, **popen) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, args: list[str], timeout: float = 300, **popen) -> subprocess.CompletedProcess:
     """Launch real ranks with torchrun (gloo on the CPU) and wait for them."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "scalerepro.train", *args]
     return subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=timeout, **popen)

@@ -1,0 +1,87 @@
+# Records -> tidy tables -> figures. This side needs no torch: it reads run records only.
+
+
+localrules:
+    study_matrix,
+    study_config,
+
+
+rule study_matrix:
+    output:
+        "results/tables/matrix.csv",
+    log:
+        "results/logs/study_matrix.log",
+    conda:
+        ENV_ANALYSIS
+    params:
+        rows=matrix_rows(),
+    script:
+        "../scripts/write_matrix.py"
+
+
+rule study_config:
+    output:
+        "results/tables/config.json",
+    log:
+        "results/logs/study_config.log",
+    conda:
+        ENV_ANALYSIS
+    params:
+        config={
+            **STUDY,
+            "resolved_device": DEVICE,
+            "resolved_gpu_counts": GPU_COUNTS,
+            "resolved_gpus_per_node": GPUS_PER_NODE,
+        },
+    script:
+        "../scripts/write_json.py"
+
+
+rule aggregate:
+    input:
+        matrix="results/tables/matrix.csv",
+        records=[record_path(run) for run in RUNS.values()],
+        comm=expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS),
+        references="config/references.yaml",
+        code=analysis_sources(),
+    output:
+        tables=expand(
+            "results/tables/{table}.csv",
+            table=[
+                "runs",
+                "epochs",
+                "loss_log",
+                "scaling",
+                "sensitivity",
+                "ablation",
+                "communication",
+                "comparison",
+                "checks",
+                "cost",
+            ],
+        ),
+        summary="results/tables/summary.json",
+    log:
+        "results/logs/aggregate.log",
+    conda:
+        ENV_ANALYSIS
+    params:
+        comm=lambda wc, input: " ".join(input.comm),
+        targets=targets_args(),
+    shell:
+        "python -m scalerepro.analysis.aggregate --matrix {input.matrix} --comm {params.comm}"
+        " --references {input.references} --out results/tables {params.targets} > {log} 2>&1"
+
+
+rule plots:
+    input:
+        tables=rules.aggregate.output.tables,
+        code=analysis_sources(),
+    output:
+        expand("results/plots/{name}.{ext}", name=PLOT_NAMES, ext=["png", "svg"]),
+    log:
+        "results/logs/plots.log",
+    conda:
+        ENV_ANALYSIS
+    shell:
+        "python -m scalerepro.analysis.plots --tables results/tables --out results/plots > {log} 2>&1"

@@ -1,0 +1,26 @@
+# The Apptainer image the training rules run in when container.enabled is true
+# (snakemake --software-deployment-method apptainer). With containers disabled this rule is not
+# in the DAG and apptainer is never needed.
+
+
+rule build_container:
+    input:
+        definition="containers/scalerepro.def",
+        package=trainer_sources(),
+        pyproject="pyproject.toml",
+    output:
+        STUDY["container"]["sif"],
+    log:
+        "results/logs/build_container.log",
+    conda:
+        ENV_TRAIN
+    params:
+        base_image=STUDY["container"]["base_image"],
+    shell:
+        """
+        if ! command -v apptainer >/dev/null; then
+            echo "build_container: apptainer is not installed on $(hostname): install it, build the image elsewhere and copy it to {output}, or set container.enabled: false" | tee {log} >&2
+            exit 1
+        fi
+        apptainer build --force --build-arg BASE_IMAGE={params.base_image} {output} {input.definition} >{log} 2>&1
+        """

@@ -1,0 +1,21 @@
+# CIFAR-10: download (or a pre-staged archive), verify, extract safely, convert to the prepared
+# layout the trainer reads. Synthetic data needs none of this.
+
+
+rule fetch_cifar10:
+    output:
+        directory(DATA_DIR),
+    log:
+        "results/logs/fetch_cifar10.log",
+    conda:
+        ENV_TRAIN
+    params:
+        source=(
+            f"--archive {shlex.quote(STUDY['cifar10']['archive'])}"
+            if STUDY["cifar10"]["archive"]
+            else f"--url {shlex.quote(STUDY['cifar10']['url'])}"
+        ),
+        md5=STUDY["cifar10"]["md5"] or "",
+    shell:
+        "python -m scalerepro.fetch --out {output} {params.source} --md5 '{params.md5}'"
+        " --download-dir results/downloads > {log} 2>&1"

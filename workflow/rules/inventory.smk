@@ -1,0 +1,21 @@
+# What the study ran on, collected on a compute node like the training runs (GPU, topology,
+# InfiniBand, versions).
+
+
+rule system_inventory:
+    input:
+        container_inputs(),
+    output:
+        "results/inventory/system.json",
+    log:
+        "results/logs/system_inventory.log",
+    conda:
+        ENV_TRAIN
+    container:
+        CONTAINER
+    resources:
+        gpus=1 if DEVICE == "cuda" else 0,
+        gpus_per_node=1 if DEVICE == "cuda" else 0,
+        runtime=10,
+    shell:
+        "python -m scalerepro.inventory --out {output} > {log} 2>&1"

@@ -1,0 +1,716 @@
+"""Render the study's report: one self-contained HTML file that opens offline.
+
+Inputs are the aggregation's tidy tables (``--tables``), the figures (``--plots``), the system
+inventory, the resolved workflow config and ``config/references.yaml``. The CSS is inlined and
+every figure is embedded as a base64 ``data:`` URI (the SVG where there is one, else the PNG), so
+the file needs no network, no neighbouring files and no JavaScript.
+
+Nothing is invented: a table that is missing or empty, a column that is absent and a figure
+that was not drawn all show as visible holes ("not measured", "—", "figure missing"), and runs
+that did not finish are listed with their error and the command that reruns them. Every string
+that comes from the config, the records or the inventory is HTML-escaped by Jinja's autoescape.
+
+    python -m scalerepro.analysis.report --tables results/tables --plots results/plots \
+        --inventory results/inventory.json --config results/config.json \
+        --references config/references.yaml --templates report --out results/report/index.html
+
+This module is on the analysis side: it never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+import yaml
+
+# The tables the aggregation writes, by file stem.
+TABLES = ("runs", "scaling", "sensitivity", "ablation", "communication", "comparison", "checks", "cost")
+
+# The figures the plotting rule draws, by file stem (each as .svg and .png).
+FIGURES = (
+    "throughput_vs_gpus",
+    "efficiency_vs_gpus",
+    "weak_epoch_time",
+    "sensitivity_heatmap",
+    "ablation_gain",
+    "loss_curves",
+    "accuracy_curves",
+    "energy_per_sample",
+    "busbw_vs_size",
+)
+
+RUN_STATUSES = ("ok", "failed", "preempted", "missing")
+CHECK_STATUSES = ("pass", "fail", "not measured")
+
+MISSING = "—"  # what every absent or non-finite value renders as
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the inputs
+# --------------------------------------------------------------------------------------------
+
+
+def read_table(tables_dir: Path, name: str) -> pd.DataFrame:
+    """``<tables_dir>/<name>.csv`` as a DataFrame; an empty one when the file is missing, empty
+    or has a header only. Columns are read by name by the callers, never by position."""
+    path = Path(tables_dir) / f"{name}.csv"
+    if not path.is_file():
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+
+
+def read_json(path: Path | None) -> Any:
+    """A JSON document, or None when the path is not given or not a file."""
+    if path is None or not Path(path).is_file():
+        return None
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def read_yaml(path: Path | None) -> Any:
+    if path is None or not Path(path).is_file():
+        return None
+    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+
+
+class Row(dict):
+    """One table row. A column the table does not have reads as None, so the template shows
+    "—" instead of failing when an optional column is absent."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def is_missing(value: Any) -> bool:
+    """None, a Jinja undefined, an empty string or a non-finite float: shown as "—"."""
+    if value is None or isinstance(value, jinja2.Undefined):
+        return True
+    if isinstance(value, str):
+        return value.strip() == ""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _plain(value: Any) -> Any:
+    """numpy/pandas scalars -> Python scalars; NaN/NA -> None."""
+    if is_missing(value):
+        return None
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            return value.item()
+        except (ValueError, AttributeError):
+            return value
+    return value
+
+
+def rows(frame: pd.DataFrame, sort_by: Sequence[str] = ()) -> list[Row]:
+    """The frame's rows as :class:`Row` dicts, sorted by those of ``sort_by`` that it has."""
+    if frame.empty:
+        return []
+    keys = [key for key in sort_by if key in frame.columns]
+    if keys:
+        frame = frame.sort_values(keys, kind="stable", na_position="last")
+    return [Row({column: _plain(value) for column, value in record.items()}) for record in frame.to_dict("records")]
+
+
+def truthy(value: Any) -> bool | None:
+    """A flag as CSV round-trips it (True, "True", "true", 1, "1"), or None when absent."""
+    if is_missing(value):
+        return None
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        return None
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    uri: str | None  # the data: URI, or None when no usable file was found
+    file: str | None  # which file was embedded
+    problem: str | None  # why there is no figure
+
+
+def load_figure(plots_dir: Path | None, name: str) -> Figure:
+    """Embed ``<name>.svg`` (preferred) or ``<name>.png`` as a data URI; a file that is empty or
+    is not what its extension says is skipped, so the report shows a hole, not a broken image."""
+    if plots_dir is None:
+        return Figure(name, None, None, "no plots directory was given")
+    problems = []
+    for extension, mime in (("svg", "image/svg+xml"), ("png", "image/png")):
+        path = Path(plots_dir) / f"{name}.{extension}"
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if extension == "svg" and b"<svg" not in data[:4096]:
+            problems.append(f"{path.name} is not an SVG document")
+            continue
+        if extension == "png" and not data.startswith(_PNG_SIGNATURE):
+            problems.append(f"{path.name} is not a PNG image")
+            continue
+        uri = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+        return Figure(name, uri, path.name, None)
+    if not problems:
+        problems.append(f"neither {name}.svg nor {name}.png is in {plots_dir}")
+    return Figure(name, None, None, "; ".join(problems))
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting (Jinja filters); every one renders a missing value as "—"
+# --------------------------------------------------------------------------------------------
+
+
+def _number(value: Any) -> float | None:
+    if is_missing(value) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def fmt_text(value: Any) -> str:
+    if is_missing(value):
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def fmt_int(value: Any) -> str:
+    number = _number(value)
+    return fmt_text(value) if number is None else f"{round(number):,}"
+
+
+def fmt_number(value: Any, digits: int = 1) -> str:
+    number = _number(value)
+    return fmt_text(value) if number is None else f"{number:,.{digits}f}"
+
+
+def fmt_rate(value: Any) -> str:
+    """A throughput: thousands separators, decimals only where the value is small."""
+    number = _number(value)
+    if number is None:
+        return fmt_text(value)
+    magnitude = abs(number)
+    digits = 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2
+    return f"{number:,.{digits}f}"
+
+
+def fmt_sig(value: Any, digits: int = 4) -> str:
+    number = _number(value)
+    return fmt_text(value) if number is None else f"{number:.{digits}g}"
+
+
+def fmt_percent(fraction: Any, digits: int = 1) -> str:
+    """A fraction (0.931) as a percentage (93.1 %)."""
+    number = _number(fraction)
+    return fmt_text(fraction) if number is None else f"{100 * number:.{digits}f} %"
+
+
+def fmt_percent_value(percent: Any, digits: int = 1) -> str:
+    """A value that is already in percent (GPU utilisation 87.5) as "87.5 %"."""
+    number = _number(percent)
+    return fmt_text(percent) if number is None else f"{number:.{digits}f} %"
+
+
+def fmt_ratio(value: Any) -> str:
+    number = _number(value)
+    return fmt_text(value) if number is None else f"{number:.2f}×"
+
+
+def fmt_bytes(value: Any) -> str:
+    """IEC units; whole multiples (message sizes) without decimals: 4 KiB, 1.5 GiB."""
+    number = _number(value)
+    if number is None:
+        return fmt_text(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(number) < 1024 or unit == "PiB":
+            break
+        number /= 1024
+    if unit == "B" or number.is_integer():
+        return f"{number:,.0f} {unit}"
+    return f"{number:,.1f} {unit}"
+
+
+def fmt_seconds(value: Any) -> str:
+    """A duration with a unit that suits it: 41.2 ms, 3.51 s, 12.4 min, 2.05 h."""
+    number = _number(value)
+    if number is None:
+        return fmt_text(value)
+    magnitude = abs(number)
+    if magnitude < 1:
+        return f"{number * 1e3:.1f} ms"
+    if magnitude < 120:
+        return f"{number:.2f} s"
+    if magnitude < 7200:
+        return f"{number / 60:.1f} min"
+    return f"{number / 3600:.2f} h"
+
+
+def fmt_flag(value: Any) -> str:
+    flag = truthy(value)
+    return fmt_text(value) if flag is None else ("yes" if flag else "no")
+
+
+# Column formats the table macro understands; the numeric ones are right-aligned.
+FORMATS = {
+    "text": fmt_text,
+    "code": fmt_text,
+    "badge": fmt_text,
+    "flag": fmt_flag,
+    "int": fmt_int,
+    "num0": lambda v: fmt_number(v, 0),
+    "num1": lambda v: fmt_number(v, 1),
+    "num2": lambda v: fmt_number(v, 2),
+    "rate": fmt_rate,
+    "sig": fmt_sig,
+    "pct": fmt_percent,
+    "pctv": fmt_percent_value,
+    "ratio": fmt_ratio,
+    "bytes": fmt_bytes,
+    "seconds": fmt_seconds,
+}
+TEXT_FORMATS = {"text", "code", "badge", "flag"}
+
+
+def cell(row: Mapping[str, Any], key: str, fmt: str = "text") -> str:
+    """One table cell as text. Two composite formats read several columns:
+    ``span:<fmt>`` shows ``<key>_min``–``<key>_max``; ``of`` shows ``<key>_ok`` / ``<key>_total``."""
+    if fmt.startswith("span:"):
+        inner = FORMATS[fmt.split(":", 1)[1]]
+        low, high = row.get(f"{key}_min"), row.get(f"{key}_max")
+        if is_missing(low) and is_missing(high):
+            return MISSING
+        return f"{inner(low)} – {inner(high)}"
+    if fmt == "of":
+        done, total = row.get(f"{key}_ok"), row.get(f"{key}_total")
+        return fmt_int(done) if is_missing(total) else f"{fmt_int(done)} / {fmt_int(total)}"
+    return FORMATS[fmt](row.get(key))
+
+
+def is_numeric_format(fmt: str) -> bool:
+    return fmt not in TEXT_FORMATS
+
+
+def css_token(value: Any) -> str:
+    """A status as a CSS class suffix ("not measured" -> "not-measured"); only [a-z0-9-]."""
+    text = fmt_text(value).lower()
+    token = "".join(ch if ch.isalnum() else "-" for ch in text).strip("-")
+    return token or "unknown"
+
+
+def label(key: str) -> str:
+    """A snake_case key as a heading: units and precisions spelled out, the rest as written."""
+    units = {"tflops": "TFLOP/s", "tbps": "TB/s", "gbps": "GB/s", "w": "W", "mhz": "MHz", "pct": "%"}
+    words = [units.get(word, word.upper() if word in ("bf16", "fp16", "fp32", "tf32", "fp8", "hbm", "gpu", "cpu") else word)
+             for word in str(key).split("_")]
+    return " ".join(words)
+
+
+# --------------------------------------------------------------------------------------------
+# What the report says, derived from the tables (small and explicit; the statistics themselves
+# are the aggregation's)
+# --------------------------------------------------------------------------------------------
+
+
+def _unique(frame: pd.DataFrame, column: str) -> list[Any]:
+    if column not in frame.columns:
+        return []
+    values = [_plain(value) for value in frame[column].dropna().unique()]
+    return sorted(values, key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
+
+
+def _ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    if runs.empty or "status" not in runs.columns:
+        return runs.iloc[0:0]
+    return runs[runs["status"] == "ok"]
+
+
+def _dates(runs: pd.DataFrame) -> tuple[str | None, str | None]:
+    if "started_at" not in runs.columns:
+        return None, None
+    stamps = pd.to_datetime(runs["started_at"], utc=True, errors="coerce", format="ISO8601").dropna()
+    if stamps.empty:
+        return None, None
+    return stamps.min().strftime("%Y-%m-%d %H:%M UTC"), stamps.max().strftime("%Y-%m-%d %H:%M UTC")
+
+
+def overview(runs: pd.DataFrame) -> dict[str, Any]:
+    """What was run: models, GPU and node counts, devices, dates, runs by study and status."""
+    statuses = runs["status"].fillna("unknown").astype(str) if "status" in runs.columns else pd.Series(dtype=str)
+    counts = statuses.value_counts().to_dict()
+    ordered = [(status, counts.pop(status)) for status in RUN_STATUSES if status in counts]
+    ordered += sorted(counts.items())
+    by_study = []
+    if "study" in runs.columns:
+        for study, group in runs.groupby(runs["study"].fillna("unknown").astype(str), sort=True):
+            ok = int((group["status"] == "ok").sum()) if "status" in group.columns else 0
+            by_study.append({"study": study, "runs": len(group), "ok": ok})
+    first, last = _dates(runs)
+    return {
+        "runs": len(runs),
+        "by_status": ordered,
+        "by_study": by_study,
+        "models": _unique(runs, "model"),
+        "gpus": [fmt_int(value) for value in _unique(runs, "gpus")],
+        "nodes": [fmt_int(value) for value in _unique(runs, "nodes")],
+        "devices": _unique(runs, "device_name"),
+        "device_types": _unique(runs, "device_type"),
+        "first_started": first,
+        "last_started": last,
+    }
+
+
+# The columns that tell one configuration from another; repeats of a configuration share them.
+CONFIG_COLUMNS = ("study", "variant", "precision", "per_rank_batch", "bucket_cap_mb")
+
+
+def describe_config(row: Mapping[str, Any]) -> str:
+    parts = []
+    for key in ("study", "variant", "precision"):
+        if not is_missing(row.get(key)):
+            parts.append(fmt_text(row.get(key)))
+    if not is_missing(row.get("per_rank_batch")):
+        parts.append(f"batch {fmt_int(row.get('per_rank_batch'))}/GPU")
+    if not is_missing(row.get("bucket_cap_mb")):
+        parts.append(f"bucket {fmt_text(row.get('bucket_cap_mb'))} MB")
+    return " · ".join(parts) or MISSING
+
+
+def headline(runs: pd.DataFrame, scaling: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per model: the fastest configuration at 1 GPU and at the largest GPU count it ran on (the
+    median over that configuration's completed repeats, so one lucky repeat cannot win), and the
+    strong-scaling efficiency at the strong study's largest GPU count."""
+    ok = _ok_runs(runs)
+    needed = {"model", "gpus", "samples_per_s"}
+    out: list[dict[str, Any]] = []
+    if needed <= set(ok.columns):
+        ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
+        keys = ["model", "gpus", *[c for c in CONFIG_COLUMNS if c in ok.columns]]
+        medians = (
+            ok.groupby(keys, dropna=False)["samples_per_s"]
+            .agg(samples_per_s="median", repeats="count")
+            .reset_index()
+        )
+        for model, group in medians.groupby("model", sort=True):
+
+            def best(at: Any) -> dict[str, Any] | None:
+                cells = group[group["gpus"] == at]
+                if cells.empty:
+                    return None
+                top = Row({k: _plain(v) for k, v in cells.loc[cells["samples_per_s"].idxmax()].items()})
+                return {"samples_per_s": top["samples_per_s"], "repeats": top["repeats"], "config": describe_config(top)}
+
+            max_gpus = _plain(group["gpus"].max())
+            out.append({"model": model, "one": best(1), "max_gpus": max_gpus, "at_max": best(max_gpus) if max_gpus != 1 else None})
+    strong = scaling[scaling["study"] == "strong"] if {"study", "model", "gpus"} <= set(scaling.columns) else scaling.iloc[0:0]
+    efficiencies = {}
+    for model, group in strong.groupby("model", sort=True):
+        top = Row({k: _plain(v) for k, v in group.loc[group["gpus"].idxmax()].items()})
+        efficiencies[model] = top
+    for item in out:
+        item["strong"] = efficiencies.pop(item["model"], None)
+    # A model with a strong-scaling row but no usable run rows still gets its efficiency shown.
+    for model, top in efficiencies.items():
+        out.append({"model": model, "one": None, "max_gpus": None, "at_max": None, "strong": top})
+    return out
+
+
+def unfinished(runs: pd.DataFrame) -> list[Row]:
+    """Every run whose status is not ok (including a missing status), worst first."""
+    if runs.empty:
+        return []
+    if "status" not in runs.columns:
+        return rows(runs, ("study", "model", "gpus", "run_id"))
+    frame = runs[runs["status"].fillna("") != "ok"].copy()
+    order = {status: index for index, status in enumerate(("failed", "preempted", "missing"))}
+    frame["_order"] = frame["status"].map(order).fillna(len(order))
+    found = rows(frame, ("_order", "study", "model", "gpus", "repeat", "run_id"))
+    for row in found:
+        row.pop("_order", None)
+    return found
+
+
+def inconsistent(runs: pd.DataFrame) -> list[Row]:
+    """Completed runs whose record disagrees with what the study planned (``consistent`` false)."""
+    if "consistent" not in runs.columns:
+        return []
+    flags = runs["consistent"].map(truthy)
+    status_ok = runs["status"] == "ok" if "status" in runs.columns else True
+    return rows(runs[(flags == False) & status_ok], ("study", "model", "gpus", "run_id"))  # noqa: E712
+
+
+def provenance(runs: pd.DataFrame) -> dict[str, Any]:
+    """Git commits (with dirtiness and how many runs each), torch versions and devices seen."""
+    commits = []
+    if "git_commit" in runs.columns:
+        frame = runs.assign(
+            _commit=runs["git_commit"].fillna("unknown").astype(str),
+            _dirty=runs["git_dirty"].map(truthy) if "git_dirty" in runs.columns else None,
+        )
+        for commit, group in frame.groupby("_commit", sort=True):
+            dirty = {flag for flag in group["_dirty"] if flag is not None}
+            commits.append({
+                "commit": commit,
+                "runs": len(group),
+                "dirty": "yes" if dirty == {True} else "no" if dirty == {False} else "mixed" if dirty else MISSING,
+            })
+    return {"commits": commits, "torch": _unique(runs, "torch_version"), "devices": _unique(runs, "device_name")}
+
+
+def unmatched_references(references: Sequence[Mapping[str, Any]], comparison: pd.DataFrame) -> list[Mapping[str, Any]]:
+    """Published references that no measured cell was compared with."""
+    matched: set[str] = set()
+    if "reference" in comparison.columns:
+        measured = comparison["measured"].notna() if "measured" in comparison.columns else True
+        matched = {str(value) for value in comparison.loc[measured, "reference"].dropna()}
+    return [ref for ref in references if str(ref.get("id")) not in matched]
+
+
+def gpu_peaks(references_doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    peaks = (references_doc or {}).get("gpu_peaks") or {}
+    out = []
+    for key, peak in peaks.items():
+        peak = dict(peak or {})
+        out.append({
+            "key": key,
+            "name": peak.pop("name", key),
+            "source": peak.pop("source", None),
+            "figures": [(label(name), value) for name, value in peak.items()],
+        })
+    return out
+
+
+def describe_inventory(inventory: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Lay the inventory out generically: scalars as one list, each mapping as its own list,
+    lists of mappings as tables (columns = union of keys), multi-line text as preformatted."""
+    if inventory is None:
+        return None
+
+    def value(key: str, item: Any) -> str:
+        if isinstance(item, (dict, list)):
+            return json.dumps(item, sort_keys=True)
+        if str(key).endswith("_bytes") and _number(item) is not None:
+            return f"{fmt_bytes(item)} ({fmt_int(item)} B)"
+        return fmt_text(item)
+
+    scalars, groups, tables, texts = [], [], [], []
+    for key, item in inventory.items():
+        if isinstance(item, str) and "\n" in item:
+            texts.append({"key": key, "title": label(key), "text": item})
+        elif isinstance(item, dict):
+            groups.append({"key": key, "title": label(key), "items": [(label(k), value(k, v)) for k, v in item.items()]})
+        elif isinstance(item, list) and item and all(isinstance(entry, dict) for entry in item):
+            columns = list(dict.fromkeys(k for entry in item for k in entry))
+            tables.append({
+                "key": key,
+                "title": label(key),
+                "columns": [label(column) for column in columns],
+                "rows": [[value(column, entry.get(column)) for column in columns] for entry in item],
+            })
+        elif isinstance(item, list):
+            scalars.append((label(key), ", ".join(value(key, entry) for entry in item) if item else "none"))
+        else:
+            scalars.append((label(key), value(key, item)))
+    return {"scalars": scalars, "groups": groups, "tables": tables, "texts": texts}
+
+
+def cost_total(cost: pd.DataFrame) -> Row | None:
+    if "study" not in cost.columns:
+        return None
+    total = cost[cost["study"].astype(str) == "total"]
+    return rows(total)[0] if not total.empty else None
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------
+
+
+def make_environment(templates_dir: Path) -> jinja2.Environment:
+    """The Jinja environment: templates from ``<templates_dir>/templates``, autoescape on for
+    every template (they are all HTML), filters for the formats above."""
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(templates_dir) / "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    environment.filters.update(
+        text=fmt_text,
+        int=fmt_int,
+        num=fmt_number,
+        rate=fmt_rate,
+        sig=fmt_sig,
+        pct=fmt_percent,
+        pctv=fmt_percent_value,
+        ratio=fmt_ratio,
+        bytes=fmt_bytes,
+        seconds=fmt_seconds,
+        flag=fmt_flag,
+        token=css_token,
+        label=label,
+    )
+    environment.globals.update(cell=cell, is_numeric_format=is_numeric_format, is_missing=is_missing, MISSING=MISSING)
+    environment.tests["missing"] = is_missing
+    return environment
+
+
+def _stylesheet(templates_dir: Path) -> str:
+    """The report's own CSS, inlined into a <style> element (and so not escaped)."""
+    path = Path(templates_dir) / "style.css"
+    css = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if "</style" in css.lower():
+        raise ValueError(f"{path} contains '</style', which would end the inlined stylesheet")
+    return css
+
+
+def build_context(
+    tables_dir: Path,
+    plots_dir: Path | None,
+    inventory_path: Path | None,
+    config_path: Path | None,
+    references_path: Path | None,
+) -> dict[str, Any]:
+    """Everything the templates show, read and derived once."""
+    tables = {name: read_table(Path(tables_dir), name) for name in TABLES}
+    runs, scaling = tables["runs"], tables["scaling"]
+    inventory = read_json(inventory_path)
+    config = read_json(config_path)
+    references_doc = read_yaml(references_path) or {}
+    references = list(references_doc.get("references") or [])
+    summary = read_json(Path(tables_dir) / "summary.json")
+    ok = _ok_runs(runs)
+    measured = {
+        column: bool(column in ok.columns and ok[column].notna().any())
+        for column in ("power_mean_w", "energy_j", "energy_per_sample_j", "gpu_util_mean_pct", "final_eval_accuracy", "final_train_loss")
+    }
+    return {
+        "generated_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "overview": overview(runs),
+        "summary_json": json.dumps(summary, indent=2, sort_keys=True) if summary is not None else None,
+        "checks": rows(tables["checks"]),
+        "check_counts": _counts(tables["checks"], "status", CHECK_STATUSES),
+        "headline": headline(runs, scaling),
+        "inventory": describe_inventory(inventory),
+        "software": (inventory or {}).get("software") if isinstance(inventory, dict) else None,
+        "scaling": {
+            study: rows(group, ("model", "gpus"))
+            for study, group in (scaling.groupby("study", sort=True) if "study" in scaling.columns else [])
+        },
+        "scaling_unlabelled": rows(scaling, ("model", "gpus")) if "study" not in scaling.columns else [],
+        "sensitivity": rows(tables["sensitivity"], ("model", "gpus", "precision", "per_rank_batch", "bucket_cap_mb")),
+        "ablation": rows(tables["ablation"], ("model", "gpus", "variant")),
+        "communication": rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
+        "comparison": rows(tables["comparison"], ("model", "gpus", "metric", "reference")),
+        "unmatched_references": unmatched_references(references, tables["comparison"]),
+        "peaks": gpu_peaks(references_doc),
+        "references_path": str(references_path) if references_path is not None else None,
+        "ok_runs": rows(ok, ("study", "model", "gpus", "variant", "repeat", "run_id")),
+        "measured": measured,
+        "unfinished": unfinished(runs),
+        "inconsistent": inconsistent(runs),
+        "cost": rows(tables["cost"][tables["cost"]["study"].astype(str) != "total"] if "study" in tables["cost"].columns else tables["cost"]),
+        "cost_total": cost_total(tables["cost"]),
+        "provenance": provenance(runs),
+        "all_runs": rows(runs, ("study", "model", "gpus", "variant", "repeat", "run_id")),
+        "config_json": json.dumps(config, indent=2) if config is not None else None,
+        "figures": {name: load_figure(plots_dir, name) for name in FIGURES},
+        "tables_dir": str(tables_dir),
+    }
+
+
+def _counts(frame: pd.DataFrame, column: str, order: Iterable[str]) -> list[tuple[str, int]]:
+    if column not in frame.columns:
+        return []
+    counts = frame[column].fillna("unknown").astype(str).value_counts().to_dict()
+    ordered = [(key, counts.pop(key)) for key in order if key in counts]
+    return ordered + sorted(counts.items())
+
+
+def render(
+    tables_dir: str | os.PathLike[str],
+    plots_dir: str | os.PathLike[str] | None,
+    inventory_path: str | os.PathLike[str] | None,
+    config_path: str | os.PathLike[str] | None,
+    references_path: str | os.PathLike[str] | None,
+    templates_dir: str | os.PathLike[str],
+) -> str:
+    """The report as one HTML string. ``templates_dir`` holds ``templates/report.html.j2`` (and
+    its partials) and ``style.css``. Missing inputs become visible holes, never errors."""
+    environment = make_environment(Path(templates_dir))
+    context = build_context(
+        Path(tables_dir),
+        Path(plots_dir) if plots_dir is not None else None,
+        Path(inventory_path) if inventory_path is not None else None,
+        Path(config_path) if config_path is not None else None,
+        Path(references_path) if references_path is not None else None,
+    )
+    context["css"] = _stylesheet(Path(templates_dir))
+    return environment.get_template("report.html.j2").render(**context)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalerepro.analysis.report",
+        description="Render the scaling study's report as one self-contained HTML file.",
+    )
+    parser.add_argument("--tables", required=True, type=Path, help="directory of the aggregation's CSV tables and summary.json")
+    parser.add_argument("--plots", required=True, type=Path, help="directory of <figure>.svg / <figure>.png")
+    parser.add_argument("--inventory", required=True, type=Path, help="system inventory JSON")
+    parser.add_argument("--config", required=True, type=Path, help="the resolved workflow config as JSON")
+    parser.add_argument("--references", required=True, type=Path, help="config/references.yaml")
+    parser.add_argument("--templates", required=True, type=Path, help="directory holding templates/ and style.css")
+    parser.add_argument("--out", required=True, type=Path, help="the HTML file to write")
+    args = parser.parse_args(argv)
+    html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates)
+    write_atomically(args.out, html)
+    print(f"report: {args.out} ({len(html.encode('utf-8')) / 1024:.0f} KiB)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

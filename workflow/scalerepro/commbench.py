@@ -1,0 +1,120 @@
+"""All-reduce bus bandwidth over message sizes: the table nccl-tests' all_reduce_perf gives,
+measured with torch.distributed and launched exactly like training (torchrun, srun, NCCL/gloo).
+
+    torchrun --nproc-per-node 8 -m scalerepro.commbench --out comm.json
+
+For each size S (bytes) the median time t of one all-reduce over ``--iterations`` (after
+``--warmup``), the slowest rank's median, gives (nccl-tests' definitions, README.md of nccl-tests):
+
+    algbw = S / t                       bytes a rank contributes per second
+    busbw = algbw * 2 (n - 1) / n       bytes per second over the busiest link of a ring all-reduce,
+                                        comparable with the hardware's link bandwidth
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import distributed, hardware
+from .record import utc_now, write_atomically
+
+DEFAULT_SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB, x4
+
+
+def _time_all_reduce(tensor: torch.Tensor, iterations: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    if tensor.is_cuda:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iterations)]
+        torch.cuda.synchronize()
+        dist.barrier()
+        for start, end in events:
+            start.record()
+            dist.all_reduce(tensor)
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in events]
+    dist.barrier()
+    seconds = []
+    for _ in range(iterations):
+        started = time.perf_counter()
+        dist.all_reduce(tensor)  # gloo on the CPU: returns when the reduction is complete
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def run(ctx: distributed.DistContext, sizes: list[int], iterations: int, warmup: int) -> list[dict]:
+    rows = []
+    n = ctx.world_size
+    for size in sizes:
+        tensor = torch.ones(max(size // 4, 1), dtype=torch.float32, device=ctx.device)
+        seconds_each = _time_all_reduce(tensor, iterations, warmup)
+        median, fastest = statistics.median(seconds_each), min(seconds_each)
+        # The slowest rank's median is the collective's time.
+        slowest = distributed.all_reduce_max(ctx, torch.tensor([median, fastest], dtype=torch.float64, device=ctx.device)).tolist()
+        seconds = slowest[0]
+        bytes_ = tensor.numel() * 4
+        algbw = bytes_ / seconds  # bytes/s
+        rows.append(
+            {
+                "size_bytes": bytes_,
+                "dtype": "float32",
+                "iterations": iterations,
+                "time_us_median": seconds * 1e6,
+                "time_us_min": slowest[1] * 1e6,
+                "algbw_gbps": algbw / 1e9,
+                "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9,
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scalerepro.commbench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write (rank 0)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, help="message sizes in bytes (default 1 KiB..256 MiB, x4)")
+    parser.add_argument("--iterations", type=int, default=20, help="timed all-reduces per size")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    parser.add_argument("--dist-timeout-s", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    started_at = utc_now()
+    try:
+        ctx = distributed.setup(args.device, args.dist_timeout_s)
+    except distributed.DistributedSetupError as error:
+        print(f"scalerepro.commbench: error: {error}", file=sys.stderr)
+        return 1
+    if not ctx.distributed:
+        print("scalerepro.commbench: error: an all-reduce needs at least 2 ranks: launch with torchrun --nproc-per-node N (N >= 2) or srun", file=sys.stderr)
+        return 2
+    rows = run(ctx, sorted(args.sizes), args.iterations, args.warmup)
+    if ctx.is_main:
+        write_atomically(
+            args.out,
+            {
+                "world_size": ctx.world_size,
+                "nodes": ctx.num_nodes,
+                "backend": ctx.backend,
+                "device_type": ctx.device.type,
+                "hostnames": sorted(set(ctx.hostnames)),
+                "started_at": started_at,
+                "ended_at": utc_now(),
+                "versions": hardware.software_versions(),
+                "slurm": hardware.slurm_facts(),
+                "results": rows,
+            },
+        )
+        for row in rows:
+            print(f"{row['size_bytes']:>12} B  {row['time_us_median']:>12.1f} us  algbw {row['algbw_gbps']:8.3f} GB/s  busbw {row['busbw_gbps']:8.3f} GB/s", flush=True)
+    distributed.teardown(ctx, clean=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
