@@ -9,8 +9,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import jsonschema
+import yaml
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 REPO = Path(workflow.basedir)
 PACKAGE = REPO / "workflow" / "scalerepro"
@@ -41,17 +42,41 @@ def _merge(base, overrides):
     return merged
 
 
-validate(config, "../schemas/config.schema.yaml")
+CONFIG_SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def validate_config(values):
+    """Check the config against its JSON Schema; the first problem becomes one line naming the key."""
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    errors = sorted(
+        jsonschema.Draft202012Validator(schema).iter_errors(values),
+        key=lambda e: e.path,
+    )
+    if errors:
+        error = jsonschema.exceptions.best_match(errors)
+        where = ".".join(str(part) for part in error.absolute_path) or "top level"
+        message = (
+            f"unknown key {error.instance!r}"
+            if "propertyNames" in error.schema_path
+            else error.message
+        )
+        raise WorkflowError(
+            f"config error at '{where}': {message} (allowed keys and values: {CONFIG_SCHEMA.relative_to(REPO)})"
+        )
+
+
+validate_config(config)
 LOCAL_GPUS = _local_gpu_count()
-# The device every training run uses; on the CPU the small cpu_overrides matrix applies.
+# The device every training run uses. "auto" picks the GPUs when there are any (or the jobs run
+# on a cluster), else the CPU, and only then does the small cpu_overrides matrix apply.
 DEVICE = (
     config["device"]
     if config["device"] != "auto"
     else ("cuda" if LOCAL_GPUS or not workflow.local_exec else "cpu")
 )
-if DEVICE == "cpu":
+if config["device"] == "auto" and DEVICE == "cpu":
     config = _merge(config, config.get("cpu_overrides", {}))
-    validate(config, "../schemas/config.schema.yaml")
+    validate_config(config)
 STUDY = config
 
 
@@ -212,10 +237,11 @@ def _runs():
     if abl["enabled"]:
         batch = STUDY["models"][abl["model"]]["per_gpu_batch"]
         gpus = _resolve_gpus(abl["gpus"])
-        variants = {"baseline": [], **abl["optimisations"]}
-        variants["all"] = [
-            flag for flags in abl["optimisations"].values() for flag in flags
-        ]
+        variants = {
+            "baseline": [],
+            **{o["name"]: o["flags"] for o in abl["optimisations"]},
+        }
+        variants["all"] = [flag for o in abl["optimisations"] for flag in o["flags"]]
         for variant, flags in variants.items():
             add(
                 "ablation",
@@ -238,6 +264,11 @@ DATA_DIR = "results/data/cifar10"
 
 def record_path(run):
     return f"results/runs/{run.run_id}/record.json"
+
+
+# One file standing for the trainer's sources: each training job depends on it rather than on
+# every source file, which keeps DAG construction fast for thousand-run matrices.
+TRAINER_FINGERPRINT = "results/fingerprints/trainer.sha256"
 
 
 def trainer_sources():

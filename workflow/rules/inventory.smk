@@ -4,7 +4,8 @@
 
 rule system_inventory:
     input:
-        container_inputs(),
+        package=TRAINER_FINGERPRINT,
+        image=container_inputs(),
     output:
         "results/inventory/system.json",
     log:

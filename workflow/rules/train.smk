@@ -1,10 +1,27 @@
 # One job per training run of the study matrix, and the all-reduce benchmark per GPU count.
 
 
+localrules:
+    trainer_fingerprint,
+
+
+rule trainer_fingerprint:
+    input:
+        trainer_sources(),
+    output:
+        TRAINER_FINGERPRINT,
+    log:
+        "results/logs/trainer_fingerprint.log",
+    conda:
+        ENV_TRAIN
+    script:
+        "../scripts/fingerprint.py"
+
+
 rule train:
     input:
         data=data_input,
-        package=trainer_sources(),
+        package=TRAINER_FINGERPRINT,
         image=container_inputs(),
     output:
         record="results/runs/{run}/record.json",
@@ -36,7 +53,7 @@ rule train:
 
 rule comm_benchmark:
     input:
-        package=trainer_sources(),
+        package=TRAINER_FINGERPRINT,
         image=container_inputs(),
     output:
         "results/comm/g{gpus}.json",

@@ -11,15 +11,15 @@ disk, then renamed, so a reader never sees half a checkpoint. Loading uses ``wei
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .files import atomic_file
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
@@ -50,18 +50,9 @@ def path_for(directory: Path, step: int) -> Path:
 
 def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` as the checkpoint of ``step`` and keep only the newest ``keep`` files."""
-    directory.mkdir(parents=True, exist_ok=True)
     target = path_for(directory, step)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            torch.save({"format": FORMAT_VERSION, "step": step, **state}, stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_file(target) as stream:
+        torch.save({"format": FORMAT_VERSION, "step": step, **state}, stream)
     for old in list_checkpoints(directory)[keep:]:
         old.unlink(missing_ok=True)
     return target

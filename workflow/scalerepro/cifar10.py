@@ -2,7 +2,7 @@
 
 A prepared directory holds four NumPy arrays and a small manifest:
 
-    train_images.npy  uint8  (50000, 32, 32, 3)   HWC, RGB, as in the official Python batches
+    train_images.npy  uint8  (50000, 32, 32, 3)   HWC, RGB (the official batches store CHW rows)
     train_labels.npy  int64  (50000,)             class index 0..9
     test_images.npy   uint8  (10000, 32, 32, 3)
     test_labels.npy   int64  (10000,)
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .files import current_umask
 
 FORMAT_VERSION = 1
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -105,6 +107,8 @@ def write(path: str | os.PathLike[str], splits: dict[str, Split], source: str) -
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if root.exists():
             raise DatasetError(f"'{root}' already exists; remove it to prepare the dataset again")
+        # mkdtemp makes the directory private (0700); a shared cluster's group must read it.
+        staging.chmod(0o777 & ~current_umask())
         staging.rename(root)
     except BaseException:
         for file in staging.glob("*"):

@@ -31,6 +31,7 @@ import sys
 import tarfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path
@@ -81,10 +82,8 @@ def download(url: str, dest: str | os.PathLike[str], md5: str | None, timeout: f
                 raise FetchError(f"{url} offers {length} bytes, but the CIFAR-10 archive has {size}: check --url")
             digest, received = _stream(url, response, sink, timeout)
         if length is not None and received < length:
-            raise FetchError(
-                f"truncated download from {url}: the connection closed after {received} of {length} bytes; retry"
-            )
-        _compare(dest.name, digest, received, md5, size, fix="the download was corrupt or is not CIFAR-10: retry, or check --url")
+            raise FetchError(f"truncated download from {url}: the connection closed after {received} of {length} bytes; retry")
+        _compare(dest.name, digest, received, md5, size, fix="the download was corrupt or is not CIFAR-10: retry or check --url")
         # No fsync: a kept archive is verified again before it is reused.
         os.replace(part, dest)
     finally:
@@ -93,10 +92,12 @@ def download(url: str, dest: str | os.PathLike[str], md5: str | None, timeout: f
 
 
 def _open_url(url: str, timeout: float) -> http.client.HTTPResponse:
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise FetchError(f"cannot fetch '{url}': not an http(s) URL; pass one to --url, or a local file to --archive")
     request = urllib.request.Request(url, headers={"User-Agent": f"scalerepro/{__version__}"})
     offline = "check the network or pass --archive FILE (a pre-staged copy)"
     try:
-        return urllib.request.urlopen(request, timeout=timeout)
+        response: http.client.HTTPResponse = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as error:
         error.close()
         raise FetchError(
@@ -106,8 +107,7 @@ def _open_url(url: str, timeout: float) -> http.client.HTTPResponse:
         raise FetchError(f"cannot reach {url}: {_reason(error.reason)}; {offline}") from None
     except (OSError, http.client.HTTPException) as error:  # a timeout or a broken reply before the body
         raise FetchError(f"cannot reach {url}: {_reason(error)}; {offline}") from None
-    except ValueError as error:  # urllib's "unknown url type"
-        raise FetchError(f"cannot fetch '{url}': {error}; pass a full http(s) URL to --url") from None
+    return response
 
 
 def _content_length(response: http.client.HTTPResponse) -> int | None:
@@ -123,7 +123,9 @@ def _stream(url: str, response: http.client.HTTPResponse, sink: BinaryIO, timeou
     received = 0
     while True:
         try:
-            chunk = response.read(CHUNK)
+            # read1, not read: it returns what has arrived instead of waiting for a full chunk, so
+            # a stall is reported with the true byte count.
+            chunk = response.read1(CHUNK)
         except TimeoutError:
             raise FetchError(
                 f"download from {url} stalled: no data for {timeout:g} s after {received} bytes; retry, or raise --timeout"
@@ -138,9 +140,7 @@ def _stream(url: str, response: http.client.HTTPResponse, sink: BinaryIO, timeou
         try:
             sink.write(chunk)
         except OSError as error:
-            raise FetchError(
-                f"cannot write '{sink.name}': {_reason(error)}; free space there or pass --download-dir"
-            ) from None
+            raise FetchError(f"cannot write '{sink.name}': {_reason(error)}; free space there or pass --download-dir") from None
         received += len(chunk)
 
 
@@ -171,7 +171,7 @@ def verify_file(path: Path, md5: str | None, size: int | None) -> str:
         digest, length = file_md5(path)
     except OSError as error:
         raise FetchError(f"cannot read the archive '{path}': {_reason(error)}; check the path given to --archive") from None
-    _compare(path.name, digest, length, md5, size, fix="it is corrupt or not the CIFAR-10 python archive: replace it with a good copy")
+    _compare(path.name, digest, length, md5, size, fix="it is corrupt or not CIFAR-10: replace it with a good copy")
     return digest
 
 
@@ -186,7 +186,10 @@ def _compare(name: str, digest: str, length: int, md5: str | None, size: int | N
 
 
 def read_batches(archive: str | os.PathLike[str]) -> dict[str, cifar10.Split]:
-    """The train and test splits of an archive in the official python format, as prepared HWC arrays."""
+    """The train and test splits of an archive in the official python format, as prepared HWC arrays.
+
+    It checks the format, not the checksum: verify the archive first (``verify_file``, ``download``).
+    """
     raw = _read_members(Path(archive))
     names = _unpickle(META, raw.pop(META)).get(b"label_names")
     if names != [name.encode() for name in cifar10.CLASSES]:
@@ -317,7 +320,7 @@ def _seconds(value: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(prog=PROG, description="Download, verify and convert CIFAR-10 into the prepared layout.")
+    parser = _OneLineErrorParser(prog=PROG, description="Download, verify and convert CIFAR-10 to the prepared layout.")
     parser.add_argument("--out", required=True, metavar="DIR", help="the prepared directory to write")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--url", default=OFFICIAL_URL, help="where to download the archive (default: %(default)s)")
@@ -325,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--md5", type=_md5_flag, default=OFFICIAL_MD5, metavar="HEX",
                         help="expected MD5 of the archive; '' skips the check (default: the published one)")  # fmt: skip
     parser.add_argument("--download-dir", metavar="DIR",
-                        help="where the verified download is kept (default: the parent of --out)")  # fmt: skip
+                        help="where the verified download is kept (default: the parent of --out; unused with --archive)")  # fmt: skip
     parser.add_argument("--timeout", type=_seconds, default=60.0, metavar="S",
                         help="seconds to wait for the connection and for each read (default: %(default)g)")  # fmt: skip
     return parser
@@ -395,11 +398,13 @@ def _matches(path: Path, md5: str, size: int | None) -> bool:
 
 def _stop(signum: int, _frame: FrameType | None) -> NoReturn:
     # Slurm and Snakemake stop a job with SIGTERM. Turning it into SystemExit runs the cleanup
-    # (the .part file, cifar10.write's staging directory) that the default action would skip.
+    # (the .part file, cifar10.write's staging directory) that the default action would skip,
+    # and Ctrl-C gets the same one line instead of a traceback.
     print(f"{PROG}: error: stopped by {signal.Signals(signum).name}; nothing partial is kept: run again", file=sys.stderr)
     raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     sys.exit(main())

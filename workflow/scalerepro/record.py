@@ -13,11 +13,11 @@ import json
 import os
 import socket
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from . import hardware
+from .files import atomic_file
 
 SCHEMA_VERSION = 1
 
@@ -27,21 +27,9 @@ def utc_now() -> str:
 
 
 def write_atomically(path: str | os.PathLike[str], document: dict[str, Any]) -> None:
-    """Write JSON to a temporary file beside ``path``, flush it to disk, then rename over ``path``:
-    readers see the old record or the new one, never a torn one."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(document, stream, indent=2, allow_nan=False)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write ``document`` as JSON; readers see the old record or the new one, never a torn one."""
+    with atomic_file(path) as stream:
+        stream.write((json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
 
 
 def build(

@@ -11,7 +11,7 @@ that did not finish are listed with their error and the command that reruns them
 that comes from the config, the records or the inventory is HTML-escaped by Jinja's autoescape.
 
     python -m scalerepro.analysis.report --tables results/tables --plots results/plots \
-        --inventory results/inventory.json --config results/config.json \
+        --inventory results/inventory/system.json --config results/tables/config.json \
         --references config/references.yaml --templates report --out results/report/index.html
 
 This module is on the analysis side: it never imports torch.
@@ -67,7 +67,8 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def read_table(tables_dir: Path, name: str) -> pd.DataFrame:
     """``<tables_dir>/<name>.csv`` as a DataFrame; an empty one when the file is missing, empty
-    or has a header only. Columns are read by name by the callers, never by position."""
+    or has a header only. Columns are read by name by the callers, never by position. A file
+    that is there but is not CSV is an error naming it (a bug upstream, not a hole)."""
     path = Path(tables_dir) / f"{name}.csv"
     if not path.is_file():
         return pd.DataFrame()
@@ -75,13 +76,18 @@ def read_table(tables_dir: Path, name: str) -> pd.DataFrame:
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
+    except pd.errors.ParserError as error:
+        raise ValueError(f"{path}: not a valid CSV table: {error}") from error
 
 
 def read_json(path: Path | None) -> Any:
     """A JSON document, or None when the path is not given or not a file."""
     if path is None or not Path(path).is_file():
         return None
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON: {error}") from error
 
 
 def read_yaml(path: Path | None) -> Any:
@@ -200,8 +206,10 @@ def fmt_text(value: Any) -> str:
         return MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
+    if isinstance(value, float):
+        if value.is_integer():
+            return str(int(value))
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
 
 
@@ -242,6 +250,14 @@ def fmt_percent_value(percent: Any, digits: int = 1) -> str:
     return fmt_text(percent) if number is None else f"{number:.{digits}f} %"
 
 
+def fmt_gain(fraction: Any, digits: int = 1) -> str:
+    """A relative change (0.25 = 25 % faster) with its sign: +25.0 %, −4.0 %."""
+    number = _number(fraction)
+    if number is None:
+        return fmt_text(fraction)
+    return f"{100 * number:+.{digits}f} %".replace("-", "−")
+
+
 def fmt_ratio(value: Any) -> str:
     number = _number(value)
     return fmt_text(value) if number is None else f"{number:.2f}×"
@@ -261,24 +277,10 @@ def fmt_bytes(value: Any) -> str:
     return f"{number:,.1f} {unit}"
 
 
-def fmt_seconds(value: Any) -> str:
-    """A duration with a unit that suits it: 41.2 ms, 3.51 s, 12.4 min, 2.05 h."""
-    number = _number(value)
-    if number is None:
-        return fmt_text(value)
-    magnitude = abs(number)
-    if magnitude < 1:
-        return f"{number * 1e3:.1f} ms"
-    if magnitude < 120:
-        return f"{number:.2f} s"
-    if magnitude < 7200:
-        return f"{number / 60:.1f} min"
-    return f"{number / 3600:.2f} h"
-
-
-def fmt_flag(value: Any) -> str:
-    flag = truthy(value)
-    return fmt_text(value) if flag is None else ("yes" if flag else "no")
+def fmt_milliseconds(seconds: Any) -> str:
+    """Seconds shown in milliseconds, for a column whose header says (ms)."""
+    number = _number(seconds)
+    return fmt_text(seconds) if number is None else f"{number * 1e3:,.1f}"
 
 
 # Column formats the table macro understands; the numeric ones are right-aligned.
@@ -286,7 +288,6 @@ FORMATS = {
     "text": fmt_text,
     "code": fmt_text,
     "badge": fmt_text,
-    "flag": fmt_flag,
     "int": fmt_int,
     "num0": lambda v: fmt_number(v, 0),
     "num1": lambda v: fmt_number(v, 1),
@@ -296,10 +297,11 @@ FORMATS = {
     "pct": fmt_percent,
     "pctv": fmt_percent_value,
     "ratio": fmt_ratio,
+    "gain": fmt_gain,
     "bytes": fmt_bytes,
-    "seconds": fmt_seconds,
+    "ms": fmt_milliseconds,
 }
-TEXT_FORMATS = {"text", "code", "badge", "flag"}
+TEXT_FORMATS = {"text", "code", "badge"}
 
 
 def cell(row: Mapping[str, Any], key: str, fmt: str = "text") -> str:
@@ -310,6 +312,8 @@ def cell(row: Mapping[str, Any], key: str, fmt: str = "text") -> str:
         low, high = row.get(f"{key}_min"), row.get(f"{key}_max")
         if is_missing(low) and is_missing(high):
             return MISSING
+        if inner(low) == inner(high):
+            return inner(low)  # one value (a single repeat): no spread to show
         return f"{inner(low)} – {inner(high)}"
     if fmt == "of":
         done, total = row.get(f"{key}_ok"), row.get(f"{key}_total")
@@ -331,8 +335,10 @@ def css_token(value: Any) -> str:
 def label(key: str) -> str:
     """A snake_case key as a heading: units and precisions spelled out, the rest as written."""
     units = {"tflops": "TFLOP/s", "tbps": "TB/s", "gbps": "GB/s", "w": "W", "mhz": "MHz", "pct": "%"}
-    words = [units.get(word, word.upper() if word in ("bf16", "fp16", "fp32", "tf32", "fp8", "hbm", "gpu", "cpu") else word)
-             for word in str(key).split("_")]
+    words = [
+        units.get(word, word.upper() if word in ("bf16", "fp16", "fp32", "tf32", "fp8", "hbm", "gpu", "cpu") else word)
+        for word in str(key).split("_")
+    ]
     return " ".join(words)
 
 
@@ -406,42 +412,48 @@ def describe_config(row: Mapping[str, Any]) -> str:
     return " · ".join(parts) or MISSING
 
 
+def _fastest(cells: pd.DataFrame) -> dict[str, Any] | None:
+    """The configuration with the highest median throughput among ``cells`` (one row each)."""
+    if cells.empty:
+        return None
+    top = Row({key: _plain(value) for key, value in cells.loc[cells["samples_per_s"].idxmax()].items()})
+    return {"samples_per_s": top["samples_per_s"], "repeats": top["repeats"], "config": describe_config(top)}
+
+
 def headline(runs: pd.DataFrame, scaling: pd.DataFrame) -> list[dict[str, Any]]:
     """Per model: the fastest configuration at 1 GPU and at the largest GPU count it ran on (the
     median over that configuration's completed repeats, so one lucky repeat cannot win), and the
-    strong-scaling efficiency at the strong study's largest GPU count."""
+    strong-scaling row at the strong study's largest GPU count (its efficiency and speedup)."""
     ok = _ok_runs(runs)
-    needed = {"model", "gpus", "samples_per_s"}
     out: list[dict[str, Any]] = []
-    if needed <= set(ok.columns):
+    if {"model", "gpus", "samples_per_s"} <= set(ok.columns):
         ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
-        keys = ["model", "gpus", *[c for c in CONFIG_COLUMNS if c in ok.columns]]
+        keys = ["model", "gpus", *[column for column in CONFIG_COLUMNS if column in ok.columns]]
         medians = (
-            ok.groupby(keys, dropna=False)["samples_per_s"]
-            .agg(samples_per_s="median", repeats="count")
-            .reset_index()
+            ok.groupby(keys, dropna=False)["samples_per_s"].agg(samples_per_s="median", repeats="count").reset_index()
         )
-        for model, group in medians.groupby("model", sort=True):
-
-            def best(at: Any) -> dict[str, Any] | None:
-                cells = group[group["gpus"] == at]
-                if cells.empty:
-                    return None
-                top = Row({k: _plain(v) for k, v in cells.loc[cells["samples_per_s"].idxmax()].items()})
-                return {"samples_per_s": top["samples_per_s"], "repeats": top["repeats"], "config": describe_config(top)}
-
-            max_gpus = _plain(group["gpus"].max())
-            out.append({"model": model, "one": best(1), "max_gpus": max_gpus, "at_max": best(max_gpus) if max_gpus != 1 else None})
-    strong = scaling[scaling["study"] == "strong"] if {"study", "model", "gpus"} <= set(scaling.columns) else scaling.iloc[0:0]
-    efficiencies = {}
-    for model, group in strong.groupby("model", sort=True):
-        top = Row({k: _plain(v) for k, v in group.loc[group["gpus"].idxmax()].items()})
-        efficiencies[model] = top
+        for model, cells in medians.groupby("model", sort=True):
+            max_gpus = _plain(cells["gpus"].max())
+            out.append(
+                {
+                    "model": model,
+                    "one": _fastest(cells[cells["gpus"] == 1]),
+                    "max_gpus": max_gpus,
+                    "at_max": _fastest(cells[cells["gpus"] == max_gpus]) if max_gpus != 1 else None,
+                }
+            )
+    strong_rows: dict[Any, Row] = {}
+    if {"study", "model", "gpus"} <= set(scaling.columns):
+        strong = scaling[(scaling["study"] == "strong") & scaling["gpus"].notna()]
+        for model, group in strong.groupby("model", sort=True):
+            strong_rows[model] = Row({key: _plain(value) for key, value in group.loc[group["gpus"].idxmax()].items()})
     for item in out:
-        item["strong"] = efficiencies.pop(item["model"], None)
-    # A model with a strong-scaling row but no usable run rows still gets its efficiency shown.
-    for model, top in efficiencies.items():
-        out.append({"model": model, "one": None, "max_gpus": None, "at_max": None, "strong": top})
+        item["strong"] = strong_rows.pop(item["model"], None)
+    # A model with a strong-scaling row but no completed run with a throughput still shows it.
+    out += [
+        {"model": model, "one": None, "max_gpus": None, "at_max": None, "strong": row}
+        for model, row in strong_rows.items()
+    ]
     return out
 
 
@@ -470,30 +482,38 @@ def inconsistent(runs: pd.DataFrame) -> list[Row]:
 
 
 def provenance(runs: pd.DataFrame) -> dict[str, Any]:
-    """Git commits (with dirtiness and how many runs each), torch versions and devices seen."""
+    """Git commits (with dirtiness and how many runs each), torch versions and devices seen;
+    runs that recorded no commit are counted apart, not as a commit of their own."""
     commits = []
+    unrecorded = len(runs)
     if "git_commit" in runs.columns:
-        frame = runs.assign(
-            _commit=runs["git_commit"].fillna("unknown").astype(str),
-            _dirty=runs["git_dirty"].map(truthy) if "git_dirty" in runs.columns else None,
-        )
-        for commit, group in frame.groupby("_commit", sort=True):
+        frame = runs[runs["git_commit"].notna()]
+        frame = frame.assign(_dirty=frame["git_dirty"].map(truthy) if "git_dirty" in frame.columns else None)
+        unrecorded = len(runs) - len(frame)
+        for commit, group in frame.groupby("git_commit", sort=True):
             dirty = {flag for flag in group["_dirty"] if flag is not None}
-            commits.append({
-                "commit": commit,
-                "runs": len(group),
-                "dirty": "yes" if dirty == {True} else "no" if dirty == {False} else "mixed" if dirty else MISSING,
-            })
-    return {"commits": commits, "torch": _unique(runs, "torch_version"), "devices": _unique(runs, "device_name")}
+            commits.append(
+                {
+                    "commit": commit,
+                    "runs": len(group),
+                    "dirty": "yes" if dirty == {True} else "no" if dirty == {False} else "mixed" if dirty else MISSING,
+                }
+            )
+    return {
+        "commits": commits,
+        "unrecorded": unrecorded,  # runs with no commit (typically: no record at all)
+        "torch": _unique(runs, "torch_version"),
+        "devices": _unique(runs, "device_name"),
+    }
 
 
 def unmatched_references(references: Sequence[Mapping[str, Any]], comparison: pd.DataFrame) -> list[Mapping[str, Any]]:
-    """Published references that no measured cell was compared with."""
-    matched: set[str] = set()
+    """Published references that have no row in the comparison table (a row whose measurement
+    is missing is shown there as "not measured", so it is not repeated here)."""
+    listed: set[str] = set()
     if "reference" in comparison.columns:
-        measured = comparison["measured"].notna() if "measured" in comparison.columns else True
-        matched = {str(value) for value in comparison.loc[measured, "reference"].dropna()}
-    return [ref for ref in references if str(ref.get("id")) not in matched]
+        listed = {str(value) for value in comparison["reference"].dropna()}
+    return [ref for ref in references if str(ref.get("id")) not in listed]
 
 
 def gpu_peaks(references_doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -501,59 +521,104 @@ def gpu_peaks(references_doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     out = []
     for key, peak in peaks.items():
         peak = dict(peak or {})
-        out.append({
-            "key": key,
-            "name": peak.pop("name", key),
-            "source": peak.pop("source", None),
-            "figures": [(label(name), value) for name, value in peak.items()],
-        })
+        out.append(
+            {
+                "key": key,
+                "name": peak.pop("name", key),
+                "source": peak.pop("source", None),
+                "figures": [(label(name), value) for name, value in peak.items()],
+            }
+        )
     return out
 
 
+# Headings for the inventory keys scalerepro.inventory writes; any other key gets label(key).
+INVENTORY_TITLES = {
+    "cpu": "CPU",
+    "gpus": "GPUs (NVML)",
+    "cuda_visible": "CUDA devices visible to torch",
+    "nvidia_smi_topo": "GPU and NIC topology (nvidia-smi topo -m)",
+    "infiniband": "InfiniBand ports",
+    "software": "Software",
+    "slurm": "Slurm job",
+}
+
+
 def describe_inventory(inventory: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Lay the inventory out generically: scalars as one list, each mapping as its own list,
-    lists of mappings as tables (columns = union of keys), multi-line text as preformatted."""
+    """Lay the inventory out generically, in its own order: top-level scalars as one list
+    ("host"), then each mapping as a list, each list of mappings as a table (columns = union of
+    keys), each multi-line text as preformatted text. Keys ending in ``_bytes`` get IEC units."""
     if inventory is None:
         return None
+    if not isinstance(inventory, Mapping):
+        return {"host": [("inventory", json.dumps(inventory))], "blocks": []}
 
-    def value(key: str, item: Any) -> str:
+    def value(key: str, item: Any, exact: bool = True) -> str:
         if isinstance(item, (dict, list)):
             return json.dumps(item, sort_keys=True)
         if str(key).endswith("_bytes") and _number(item) is not None:
-            return f"{fmt_bytes(item)} ({fmt_int(item)} B)"
+            return f"{fmt_bytes(item)} ({fmt_int(item)} B)" if exact else fmt_bytes(item)
         return fmt_text(item)
 
-    scalars, groups, tables, texts = [], [], [], []
+    def numeric(item: Any) -> bool:
+        return isinstance(item, (int, float)) and not isinstance(item, bool)
+
+    host: list[tuple[str, str]] = []
+    blocks: list[dict[str, Any]] = []
     for key, item in inventory.items():
+        title = INVENTORY_TITLES.get(key, label(key))
         if isinstance(item, str) and "\n" in item:
-            texts.append({"key": key, "title": label(key), "text": item})
-        elif isinstance(item, dict):
-            groups.append({"key": key, "title": label(key), "items": [(label(k), value(k, v)) for k, v in item.items()]})
-        elif isinstance(item, list) and item and all(isinstance(entry, dict) for entry in item):
+            blocks.append({"kind": "text", "key": key, "title": title, "text": item})
+        elif isinstance(item, Mapping):
+            blocks.append(
+                {
+                    "kind": "pairs",
+                    "key": key,
+                    "title": title,
+                    "items": [(label(k), value(k, v)) for k, v in item.items()],
+                }
+            )
+        elif isinstance(item, list) and item and all(isinstance(entry, Mapping) for entry in item):
             columns = list(dict.fromkeys(k for entry in item for k in entry))
-            tables.append({
-                "key": key,
-                "title": label(key),
-                "columns": [label(column) for column in columns],
-                "rows": [[value(column, entry.get(column)) for column in columns] for entry in item],
-            })
+            blocks.append(
+                {
+                    "kind": "table",
+                    "key": key,
+                    "title": title,
+                    "columns": [
+                        (label(column), all(numeric(e.get(column)) for e in item if e.get(column) is not None))
+                        for column in columns
+                    ],
+                    "rows": [[value(column, entry.get(column), exact=False) for column in columns] for entry in item],
+                }
+            )
         elif isinstance(item, list):
-            scalars.append((label(key), ", ".join(value(key, entry) for entry in item) if item else "none"))
+            host.append((title, ", ".join(value(key, entry) for entry in item) if item else "none"))
         else:
-            scalars.append((label(key), value(key, item)))
-    return {"scalars": scalars, "groups": groups, "tables": tables, "texts": texts}
+            host.append((title, value(key, item)))
+    return {"host": host, "blocks": blocks}
 
 
-def cost_total(cost: pd.DataFrame) -> Row | None:
+def split_cost(cost: pd.DataFrame) -> tuple[list[Row], Row | None]:
+    """The per-study rows of ``cost.csv`` and its 'total' row (None when it has none)."""
     if "study" not in cost.columns:
-        return None
-    total = cost[cost["study"].astype(str) == "total"]
-    return rows(total)[0] if not total.empty else None
+        return rows(cost), None
+    is_total = cost["study"].astype(str) == "total"
+    total = rows(cost[is_total])
+    return rows(cost[~is_total]), (total[0] if total else None)
 
 
 # --------------------------------------------------------------------------------------------
 # Rendering
 # --------------------------------------------------------------------------------------------
+
+
+def _counts(frame: pd.DataFrame, column: str, order: Iterable[str]) -> list[tuple[str, int]]:
+    if column not in frame.columns:
+        return []
+    counts = frame[column].fillna("unknown").astype(str).value_counts().to_dict()
+    ordered = [(key, counts.pop(key)) for key in order if key in counts]
+    return ordered + sorted(counts.items())
 
 
 def make_environment(templates_dir: Path) -> jinja2.Environment:
@@ -571,15 +636,9 @@ def make_environment(templates_dir: Path) -> jinja2.Environment:
         int=fmt_int,
         num=fmt_number,
         rate=fmt_rate,
-        sig=fmt_sig,
         pct=fmt_percent,
-        pctv=fmt_percent_value,
         ratio=fmt_ratio,
-        bytes=fmt_bytes,
-        seconds=fmt_seconds,
-        flag=fmt_flag,
         token=css_token,
-        label=label,
     )
     environment.globals.update(cell=cell, is_numeric_format=is_numeric_format, is_missing=is_missing, MISSING=MISSING)
     environment.tests["missing"] = is_missing
@@ -593,6 +652,15 @@ def _stylesheet(templates_dir: Path) -> str:
     if "</style" in css.lower():
         raise ValueError(f"{path} contains '</style', which would end the inlined stylesheet")
     return css
+
+
+MEASURED_COLUMNS = (
+    "power_mean_w",
+    "energy_per_sample_j",
+    "gpu_util_mean_pct",
+    "final_train_loss",
+    "final_eval_accuracy",
+)
 
 
 def build_context(
@@ -611,10 +679,10 @@ def build_context(
     references = list(references_doc.get("references") or [])
     summary = read_json(Path(tables_dir) / "summary.json")
     ok = _ok_runs(runs)
-    measured = {
-        column: bool(column in ok.columns and ok[column].notna().any())
-        for column in ("power_mean_w", "energy_j", "energy_per_sample_j", "gpu_util_mean_pct", "final_eval_accuracy", "final_train_loss")
-    }
+    # Which per-run measurements any completed run has: a section with none says so instead of
+    # showing a table of dashes.
+    measured = {column: bool(column in ok.columns and ok[column].notna().any()) for column in MEASURED_COLUMNS}
+    cost, cost_total = split_cost(tables["cost"])
     return {
         "generated_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "overview": overview(runs),
@@ -630,7 +698,8 @@ def build_context(
         },
         "scaling_unlabelled": rows(scaling, ("model", "gpus")) if "study" not in scaling.columns else [],
         "sensitivity": rows(tables["sensitivity"], ("model", "gpus", "precision", "per_rank_batch", "bucket_cap_mb")),
-        "ablation": rows(tables["ablation"], ("model", "gpus", "variant")),
+        # The aggregation's variant order (baseline first) is kept within a model and GPU count.
+        "ablation": rows(tables["ablation"], ("model", "gpus")),
         "communication": rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
         "comparison": rows(tables["comparison"], ("model", "gpus", "metric", "reference")),
         "unmatched_references": unmatched_references(references, tables["comparison"]),
@@ -640,22 +709,14 @@ def build_context(
         "measured": measured,
         "unfinished": unfinished(runs),
         "inconsistent": inconsistent(runs),
-        "cost": rows(tables["cost"][tables["cost"]["study"].astype(str) != "total"] if "study" in tables["cost"].columns else tables["cost"]),
-        "cost_total": cost_total(tables["cost"]),
+        "cost": cost,
+        "cost_total": cost_total,
         "provenance": provenance(runs),
         "all_runs": rows(runs, ("study", "model", "gpus", "variant", "repeat", "run_id")),
         "config_json": json.dumps(config, indent=2) if config is not None else None,
         "figures": {name: load_figure(plots_dir, name) for name in FIGURES},
         "tables_dir": str(tables_dir),
     }
-
-
-def _counts(frame: pd.DataFrame, column: str, order: Iterable[str]) -> list[tuple[str, int]]:
-    if column not in frame.columns:
-        return []
-    counts = frame[column].fillna("unknown").astype(str).value_counts().to_dict()
-    ordered = [(key, counts.pop(key)) for key in order if key in counts]
-    return ordered + sorted(counts.items())
 
 
 def render(
@@ -698,7 +759,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m scalerepro.analysis.report",
         description="Render the scaling study's report as one self-contained HTML file.",
     )
-    parser.add_argument("--tables", required=True, type=Path, help="directory of the aggregation's CSV tables and summary.json")
+    parser.add_argument(
+        "--tables", required=True, type=Path, help="directory of the aggregation's CSV tables and summary.json"
+    )
     parser.add_argument("--plots", required=True, type=Path, help="directory of <figure>.svg / <figure>.png")
     parser.add_argument("--inventory", required=True, type=Path, help="system inventory JSON")
     parser.add_argument("--config", required=True, type=Path, help="the resolved workflow config as JSON")

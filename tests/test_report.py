@@ -1,0 +1,870 @@
+"""The HTML report: self-contained, escaped, honest about holes, and it renders in a browser.
+
+The fixture is a small but realistic study (8x H100, ResNet-50 and BERT-base, strong and weak
+scaling, sensitivity, ablation, all-reduce benchmark) written as the aggregation's tidy tables,
+with one failed, one preempted and one missing run, and tiny real SVG/PNG figures.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import html.parser
+import json
+import os
+import re
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from scalerepro.analysis import report
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "report"
+REFERENCES = REPO / "config" / "references.yaml"
+CHROMIUM = Path("/usr/bin/chromium")
+EVIL = "<script>alert(1)</script>"
+
+H100 = "NVIDIA H100 80GB HBM3"
+GPU_COUNTS = (1, 2, 4, 8)
+
+
+# --------------------------------------------------------------------------------------------
+# Fixture study
+# --------------------------------------------------------------------------------------------
+
+
+def png_bytes(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A real, minimal PNG (8-bit RGB, one colour) written with zlib."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    raw = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def svg_text(title: str, values: list[float]) -> str:
+    """A small line chart as a standalone SVG with an explicit size (so <img> has one)."""
+    top = max(values)
+    points = " ".join(f"{60 + i * 420 / (len(values) - 1):.1f},{250 - 200 * v / top:.1f}" for i, v in enumerate(values))
+    return (
+        '<?xml version="1.0" encoding="utf-8"?>\n'
+        '<svg xmlns="http://www.w3.org/2000/svg" width="520" height="300" viewBox="0 0 520 300">'
+        '<rect width="520" height="300" fill="#ffffff"/>'
+        '<line x1="60" y1="250" x2="490" y2="250" stroke="#333"/><line x1="60" y1="40" x2="60" y2="250" stroke="#333"/>'
+        f'<polyline points="{points}" fill="none" stroke="#1f5fa8" stroke-width="2.5"/>'
+        f'<text x="260" y="24" font-family="sans-serif" font-size="15" text-anchor="middle">{title}</text>'
+        "</svg>\n"
+    )
+
+
+def _run_rows(evil: bool) -> list[dict]:
+    """runs.csv: one row per planned run, as the aggregation joins records onto the matrix."""
+    per_gpu = {"resnet50": 2900.0, "bert_base": 1500.0}
+    efficiency = {1: 1.0, 2: 0.97, 4: 0.94, 8: 0.91}
+    rows = []
+
+    def add(study, model, gpus, repeat, variant, batch, precision, samples_per_s, status="ok", error=None):
+        run_id = "_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part)
+        record = f"results/runs/{run_id}/record.json"
+        row = {  # the plan: every run has these
+            "run_id": run_id,
+            "study": study,
+            "model": model,
+            "gpus": gpus,
+            "nodes": 1,
+            "gpus_per_node": 8,
+            "repeat": repeat,
+            "variant": variant or None,
+            "precision": precision,
+            "per_rank_batch": batch,
+            "global_batch": batch * gpus,
+            "bucket_cap_mb": 25.0,
+            "runtime_min": 30,
+            "record": record,
+            "rerun": f"snakemake --cores all --forcerun train {record}",
+            "status": status,
+            "error": error,
+        }
+        if status != "missing":  # a record was written
+            row.update(
+                {
+                    "duration_s": 412.0,
+                    "device_type": "cuda",
+                    "device_name": H100,
+                    "world_size_recorded": gpus,
+                    "nodes_recorded": 1,
+                    "slurm_job_id": 4_182_000 + len(rows),
+                    "git_commit": "7333a9c6cdfbdc5a5b41d26536c88629aaf3162c",
+                    "git_dirty": False,
+                    "torch_version": "2.6.0a0+ecf3bae40a.nv25.01",
+                    "started_at": f"2026-11-20T{8 + len(rows) // 10:02d}:{len(rows) * 7 % 60:02d}:00.000+00:00",
+                    "consistent": True,
+                }
+            )
+        if status == "ok":  # ... with measurements
+            step = batch * gpus / samples_per_s
+            row.update(
+                {
+                    "samples_per_s": samples_per_s,
+                    "tokens_per_s": samples_per_s * 128 if model == "bert_base" else None,
+                    "step_time_median_s": step,
+                    "step_time_p10_s": step * 0.98,
+                    "step_time_p90_s": step * 1.04,
+                    "epoch_time_s": step * 1251,
+                    "window_s": step * 170,
+                    "mfu": 0.41 * samples_per_s / (per_gpu[model] * gpus),
+                    "exposed_comm_fraction": 0.02 * (gpus - 1),
+                    "data_stall_fraction": 0.004,
+                    "gpu_util_mean_pct": 96.5,
+                    "power_mean_w": 612.0,
+                    "energy_j": 612.0 * gpus * step * 170,
+                    "energy_per_sample_j": 612.0 * gpus / samples_per_s,
+                    "peak_memory_bytes": 41_573_384_192,
+                    "final_train_loss": 6.21,
+                    "final_eval_loss": 6.35,
+                    "final_eval_accuracy": 0.0021 if model == "resnet50" else None,
+                }
+            )
+        rows.append(row)
+
+    failures = {
+        ("bert_base", 8, 2): (
+            "failed",
+            "DistBackendError: NCCL error in ProcessGroupNCCL.cpp:1970, remote process "
+            "exited or there was a network error, NCCL version 2.21.5",
+        ),
+        ("resnet50", 8, 3): ("preempted", "stopped by SIGTERM at step 143; checkpoint written, rerun resumes"),
+    }
+    for model, batch in (("resnet50", 256), ("bert_base", 128)):
+        for gpus in GPU_COUNTS:
+            for repeat in (1, 2, 3):
+                # Strong scaling: the 1-GPU global batch, split over the GPUs.
+                throughput = per_gpu[model] * gpus * efficiency[gpus] * (1 + 0.004 * (repeat - 2))
+                status, error = failures.get((model, gpus, repeat), ("ok", None))
+                add("strong", model, gpus, repeat, "", batch // gpus, "bf16", throughput, status, error)
+            weak_status = "missing" if (model, gpus) == ("bert_base", 4) else "ok"
+            add("weak", model, gpus, 1, "", batch, "bf16", per_gpu[model] * gpus * efficiency[gpus] * 0.99, weak_status)
+    for variant, speedup in (
+        ("baseline", 1.0),
+        ("bf16", 2.31),
+        ("channels_last", 1.12),
+        ("compile", 1.18),
+        ("all", 2.86),
+    ):
+        name = EVIL if evil and variant == "compile" else variant
+        add("ablation", "resnet50", 8, 1, name, 256, "fp32" if variant == "baseline" else "bf16", 8 * 1020 * speedup)
+    if evil:
+        rows[0]["model"] = f"resnet50{EVIL}"
+        next(row for row in rows if row["status"] == "failed")["error"] = f"RuntimeError: bad input {EVIL}"
+    return rows
+
+
+def _scaling(runs: pd.DataFrame) -> pd.DataFrame:
+    out = []
+    for (study, model, gpus), group in runs[runs.study.isin(["strong", "weak"])].groupby(["study", "model", "gpus"]):
+        ok = group[group.status == "ok"]
+        out.append(
+            {
+                "study": study,
+                "model": model,
+                "gpus": gpus,
+                "nodes": 1,
+                "repeats_ok": len(ok),
+                "repeats_total": len(group),
+                "samples_per_s_median": ok.samples_per_s.median(),
+                "samples_per_s_min": ok.samples_per_s.min(),
+                "samples_per_s_max": ok.samples_per_s.max(),
+                "samples_per_s_per_gpu": ok.samples_per_s.median() / gpus,
+                "step_time_median_s": ok.step_time_median_s.median(),
+                "epoch_time_s": ok.epoch_time_s.median(),
+            }
+        )
+    frame = pd.DataFrame(out)
+    base = frame[frame.gpus == 1].set_index(["study", "model"]).samples_per_s_median
+    frame["speedup"] = [
+        row.samples_per_s_median / base.get((row.study, row.model), float("nan")) for row in frame.itertuples()
+    ]
+    frame["ideal_speedup"] = frame.gpus.astype(float)
+    frame["efficiency"] = frame.speedup / frame.ideal_speedup
+    return frame
+
+
+COMPARISON_CSV = """\
+model,gpus,metric,measured,published,ratio,reference,gpu,precision,source,conditions,measured_device,measured_cell
+bert_base,8,samples_per_s,,8160,,seed-bert-8,H100,unspecified,"scalerepro seed repository, expected-results table",\
+"approximate (~), sequences/s",,
+resnet50,8,samples_per_s,21111,56060,0.37658,mlperf-v3.0-rn50-dgxh100,H100-SXM5-80GB,mixed,\
+"MLPerf Training v3.0 results, closed division, NVIDIA DGX H100 (8x H100 SXM): 13.60 min time-to-train",\
+"MXNet + DALI, LARS, full ImageNet epochs; derived from time-to-train, approximate",NVIDIA H100 80GB HBM3,\
+"strong, bf16, median of 2"
+resnet50,8,samples_per_s,21111,13600,1.55228,seed-resnet50-8,H100,unspecified,\
+"scalerepro seed repository, expected-results table","approximate (~), its own PyTorch trainer",NVIDIA H100 80GB HBM3,\
+"strong, bf16, median of 2"
+"""
+
+CHECKS_CSV = """\
+check,target,value,status,detail
+strong_efficiency_min,>= 70 % at 8 GPUs,91.0 %,pass,"resnet50, bert_base"
+weak_variation_max,<= 10 %,3.2 %,pass,"epoch time, resnet50"
+optimisation_gain_min,>= 20 %,186 %,pass,all vs baseline
+gpu_util_min_pct,>= 80 %,96.5 %,pass,
+exposed_comm_max,<= 20 %,14.0 %,pass,worst: 8 GPUs
+data_stall_max,<= 5 %,,not measured,no run recorded a data-stall fraction
+bert_strong_efficiency,>= 70 %,62.0 %,fail,bert_base at 8 GPUs
+"""
+
+COST_CSV = """\
+study,runs,gpu_hours_used,node_hours_used,gpu_hours_requested,node_hours_requested
+strong,24,10.9,3.1,45.0,12.0
+weak,8,3.5,1.0,15.0,4.0
+ablation,5,4.6,0.6,20.0,2.5
+total,37,19.0,4.7,80.0,18.5
+"""
+
+
+def _sensitivity() -> pd.DataFrame:
+    rows = []
+    for bucket in (5, 25, 100):
+        for batch in (128, 256):
+            for precision in ("tf32", "bf16"):
+                value = 2900 * 8 * (0.84 if precision == "tf32" else 1) * (0.95 if batch == 128 else 1)
+                value *= 0.93 if bucket == 5 else 1
+                rows.append({
+                    "model": "resnet50", "gpus": 8, "bucket_cap_mb": bucket, "per_rank_batch": batch,
+                    "precision": precision, "samples_per_s_median": value, "samples_per_s_min": value,
+                    "samples_per_s_max": value, "step_time_median_s": batch * 8 / value,
+                    "exposed_comm_fraction": 0.9 / bucket**0.5, "repeats_ok": 1,
+                })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _communication() -> pd.DataFrame:
+    rows = []
+    for gpus in (2, 8):
+        for size in (1024, 65536, 4194304, 268435456):
+            seconds = (18 + size / 2.4e5 * (gpus - 1) / gpus) / 1e6
+            algbw = size / seconds / 1e9
+            rows.append({
+                "gpus": gpus, "size_bytes": size, "nodes": 1, "backend": "nccl", "time_us_median": seconds * 1e6,
+                "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (gpus - 1) / gpus,
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sample",)) -> dict[str, Path]:
+    """Tables, figures, inventory and config of the fixture study under ``root``."""
+    tables, plots = root / "tables", root / "plots"
+    tables.mkdir(parents=True)
+    plots.mkdir()
+    runs = pd.DataFrame(_run_rows(evil))
+    runs.to_csv(tables / "runs.csv", index=False)
+    _scaling(runs).to_csv(tables / "scaling.csv", index=False)
+    _sensitivity().to_csv(tables / "sensitivity.csv", index=False)
+    ablation = runs.loc[runs.study == "ablation", ["model", "gpus", "variant", "samples_per_s"]]
+    ablation = ablation.assign(
+        samples_per_s_median=ablation.samples_per_s,
+        samples_per_s_min=ablation.samples_per_s,
+        samples_per_s_max=ablation.samples_per_s,
+        gain=ablation.samples_per_s / ablation.samples_per_s.iloc[0] - 1,  # the baseline comes first
+        repeats_ok=1,
+    ).drop(columns="samples_per_s")
+    ablation.to_csv(tables / "ablation.csv", index=False)
+    _communication().to_csv(tables / "communication.csv", index=False)
+    (tables / "comparison.csv").write_text(COMPARISON_CSV)
+    (tables / "checks.csv").write_text(CHECKS_CSV)
+    (tables / "cost.csv").write_text(COST_CSV)
+    (tables / "summary.json").write_text(json.dumps({"runs": {"ok": 34, "failed": 1, "preempted": 1, "missing": 1}}))
+
+    for index, name in enumerate(report.FIGURES):
+        if name in drop_plots:
+            continue
+        (plots / f"{name}.png").write_bytes(png_bytes(64, 40, (40, 90 + 15 * index, 160)))
+        if name != "loss_curves":  # this one only as PNG: the report falls back to it
+            (plots / f"{name}.svg").write_text(svg_text(name.replace("_", " "), [1, 1.9, 3.6, 6.8 + index / 5]))
+
+    topology = (
+        "\tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tNIC0\tCPU Affinity\tNUMA Affinity\n"
+        + "".join(
+            f"GPU{i}\t"
+            + "\t".join("X" if i == j else "NV18" for j in range(8))
+            + f"\tPIX\t{0 if i < 4 else 56}-{55 if i < 4 else 111}\t{i // 4}\n"
+            for i in range(8)
+        )
+        + "\nLegend:\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLinks\n"
+    )
+    inventory = {
+        "hostname": "dgx-h100-017",
+        "collected_at": "2026-11-20T07:58:12.402+00:00",
+        "cpu": {"model": "Intel(R) Xeon(R) Platinum 8480C", "logical_cpus": 224, "usable_cpus": 112},
+        "memory_total_bytes": 2_164_194_406_400,
+        "gpus": [
+            {
+                "index": i,
+                "name": H100,
+                "uuid": f"GPU-5f0c{i}a1e-0000",
+                "pci_bus_id": f"00000000:{0x18 + 0x11 * i:02X}:00.0",
+                "memory_bytes": 85_520_809_984,
+                "driver": "550.90.07",
+                "max_sm_clock_mhz": 1980,
+                "max_memory_clock_mhz": 2619,
+                "power_limit_w": 700.0,
+            }
+            for i in range(8)
+        ],
+        "gpu_reason": None,
+        "cuda_visible": {
+            "name": H100,
+            "count": 8,
+            "memory_bytes": 85_520_809_984,
+            "compute_capability": "9.0",
+            "driver_version": "550.90.07",
+            "reason": None,
+        },
+        "nvidia_smi_topo": topology,
+        "nvidia_smi_topo_reason": None,
+        "infiniband": [
+            {
+                "device": f"mlx5_{i}",
+                "port": 1,
+                "state": "4: ACTIVE",
+                "rate": "400 Gb/sec (4X NDR)",
+                "link_layer": "InfiniBand",
+            }
+            for i in range(4)
+        ],
+        "software": {
+            "python": "3.12.3",
+            "torch": "2.6.0a0+ecf3bae40a.nv25.01",
+            "cuda": "12.8",
+            "cudnn": 90700,
+            "nccl": "2.25.1",
+            "torchvision": "0.20.0a0",
+            "numpy": "1.26.4",
+            "nvidia-ml-py": "12.560.30",
+            "scalerepro": "0.1.0",
+            "platform": "Linux-5.15.0-124-generic-x86_64-with-glibc2.39",
+        },
+        "slurm": {
+            "job_id": 4181999,
+            "job_name": "scalerepro-inventory" + (EVIL if evil else ""),
+            "partition": "h100",
+            "num_nodes": 1,
+        },
+    }
+    (root / "inventory.json").write_text(json.dumps(inventory))
+    config = {
+        "study_name": "default" + (EVIL if evil else ""),
+        "device": "auto",
+        "data": "synthetic",
+        "repeats": 3,
+        "steps": 200,
+        "warmup_steps": 30,
+        "gpus_per_node": 8,
+        "resolved_device": "cuda",
+        "resolved_gpu_counts": list(GPU_COUNTS),
+        "resolved_gpus_per_node": 8,
+        "resources": {"cpus_per_gpu": 8, "mem_mb_per_gpu": 64000, "runtime_min": 30},
+        "targets": {"strong_efficiency_min": 0.7, "strong_efficiency_gpus": 8},
+    }
+    (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    return {"tables": tables, "plots": plots, "inventory": root / "inventory.json", "config": root / "config.json"}
+
+
+def render_study(paths: dict[str, Path], out: Path) -> str:
+    code = report.main(
+        [
+            "--tables",
+            str(paths["tables"]),
+            "--plots",
+            str(paths["plots"]),
+            "--inventory",
+            str(paths["inventory"]),
+            "--config",
+            str(paths["config"]),
+            "--references",
+            str(REFERENCES),
+            "--templates",
+            str(TEMPLATES),
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    return out.read_text(encoding="utf-8")
+
+
+class Tags(html.parser.HTMLParser):
+    """Every start tag with its attributes, and the text of the document."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def named(self, name: str) -> list[dict[str, str | None]]:
+        return [attrs for tag, attrs in self.tags if tag == name]
+
+
+def section(page: str, section_id: str) -> str:
+    match = re.search(rf'<section id="{section_id}">(.*?)</section>', page, re.S)
+    assert match, f"no section {section_id}"
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> tuple[dict[str, Path], str, Path]:
+    root = tmp_path_factory.mktemp("study")
+    paths = write_study(root)
+    out = root / "report" / "index.html"
+    return paths, render_study(paths, out), out
+
+
+# --------------------------------------------------------------------------------------------
+# Content
+# --------------------------------------------------------------------------------------------
+
+
+def test_report_is_self_contained(study):
+    _, page, _ = study
+    tags = Tags(page)
+    assert not tags.named("link") and not tags.named("script") and not tags.named("iframe")
+    images = tags.named("img")
+    assert len(images) == len(report.FIGURES) - 1  # energy_per_sample is missing on purpose
+    for attrs in images:
+        assert attrs["src"].startswith(("data:image/svg+xml;base64,", "data:image/png;base64,")), attrs["src"][:60]
+        base64.b64decode(attrs["src"].split(",", 1)[1], validate=True)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "@import" not in page and "url(" not in page
+    hrefs = [attrs["href"] for attrs in tags.named("a")]
+    assert hrefs and all(href.startswith("#") for href in hrefs)
+    ids = {attrs["id"] for _, attrs in tags.tags if "id" in attrs}
+    assert {href[1:] for href in hrefs} <= ids  # every table-of-contents link has its target
+
+
+def test_sections_in_order(study):
+    _, page, _ = study
+    order = ["summary", "system", "results", "comparison", "failures", "cost", "reproducibility"]
+    positions = [page.index(f'<section id="{name}">') for name in order]
+    assert positions == sorted(positions)
+
+
+def test_figures_prefer_svg_fall_back_to_png_and_show_holes(study):
+    _, page, _ = study
+    throughput = re.search(r'<figure class="plot" id="fig-throughput_vs_gpus">(.*?)</figure>', page, re.S).group(1)
+    assert 'src="data:image/svg+xml;base64,' in throughput
+    loss = re.search(r'<figure class="plot" id="fig-loss_curves">(.*?)</figure>', page, re.S).group(1)
+    assert 'src="data:image/png;base64,' in loss
+    energy = re.search(r'<figure class="plot" id="fig-energy_per_sample">(.*?)</figure>', page, re.S).group(1)
+    assert "<img" not in energy
+    assert "Figure missing:" in energy and "energy_per_sample.svg" in energy
+
+
+def test_summary_checks_and_headline(study):
+    _, page, _ = study
+    summary = section(page, "summary")
+    # Badges carry the status as text, not only as colour.
+    assert '<span class="badge not-measured">not measured</span>' in summary
+    assert '<span class="badge fail">fail</span>' in summary
+    assert '<span class="badge pass">pass</span>' in summary
+    assert "1 failed" in summary and "1 preempted" in summary and "1 missing" in summary
+    assert H100 in summary
+    resnet = re.search(r"<tr>\s*<td>resnet50</td>(.*?)</tr>", summary, re.S).group(1)
+    # 1 GPU: the strong-scaling cell, median of its three repeats.
+    assert '<td class="num">2,900</td>' in resnet and "(n=3)" in resnet
+    # 8 GPUs: the ablation's "all" variant beats the strong-scaling cell (21,070, median of the
+    # two repeats left after the preemption).
+    assert f'<td class="num">{8 * 1020 * 2.86:,.0f}</td>' in resnet and "ablation · all · bf16" in resnet
+    assert "91.0 %" in summary  # strong efficiency at 8 GPUs
+
+
+def test_results_tables(study):
+    _, page, _ = study
+    results = section(page, "results")
+    strong = re.search(r"<h4>Strong scaling</h4>(.*?)</table>", results, re.S).group(1)
+    resnet8 = re.search(r"<tr><td>resnet50</td><td class=\"num\">8</td>(.*?)</tr>", strong, re.S).group(1)
+    # 2 of 3 repeats (one preempted): flagged; median, range, per GPU, step time (ms), efficiency.
+    assert '<td class="num short">2 / 3</td>' in resnet8
+    for text in ("21,070", "21,028 – 21,112", "2,634", "12.2", "7.27×", "8.00×", "90.8 %"):
+        assert f'<td class="num">{text}</td>' in resnet8, text
+    assert '<td class="num">+186.0 %</td>' in results  # ablation "all": 2.86x the baseline
+    assert '<td class="num">256 MiB</td>' in results and '<td class="num">40.2 %</td>' in results
+    assert "Not measured" not in results
+
+
+def test_headline_takes_the_best_configuration_by_median():
+    runs = pd.DataFrame(
+        {
+            "model": ["m"] * 5,
+            "gpus": [1] * 5,
+            "status": ["ok"] * 5,
+            "study": ["ablation"] * 5,
+            "variant": ["a", "a", "a", "b", "b"],
+            "samples_per_s": [100.0, 100.0, 1000.0, 300.0, 310.0],
+        }
+    )
+    (row,) = report.headline(runs, pd.DataFrame())
+    assert row["one"]["samples_per_s"] == 305.0 and "b" in row["one"]["config"] and row["one"]["repeats"] == 2
+    assert row["at_max"] is None and row["strong"] is None
+
+
+def test_failed_preempted_and_missing_runs_are_listed_with_their_rerun_command(study):
+    paths, page, _ = study
+    failures = section(page, "failures")
+    runs = pd.read_csv(paths["tables"] / "runs.csv")
+    unfinished = runs[runs.status != "ok"]
+    assert set(unfinished.status) == {"failed", "preempted", "missing"}
+    for run in unfinished.itertuples():
+        assert run.run_id in failures
+        assert f"<code>{run.rerun}</code>" in failures
+        assert f'<span class="badge {run.status}">{run.status}</span>' in failures
+    assert "NCCL error in ProcessGroupNCCL.cpp:1970" in failures
+    assert "no error recorded" in failures  # the missing run has none
+    # ... and they are holes in the tables, not dropped: the cell says 2 of 3 repeats.
+    assert "2 / 3" in section(page, "results")
+
+
+def test_escaping(tmp_path):
+    paths = write_study(tmp_path, evil=True)
+    page = render_study(paths, tmp_path / "index.html")
+    assert "<script" not in page.lower()
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    for where in ("summary", "system", "failures", "reproducibility", "results"):
+        assert escaped in section(page, where), where
+    assert not Tags(page).named("script")
+
+
+def test_system_inventory_renders_generically(study):
+    _, page, _ = study
+    system = section(page, "system")
+    assert "dgx-h100-017" in system and "Intel(R) Xeon(R) Platinum 8480C" in system
+    assert "79.6 GiB" in system  # 85,520,809,984 B
+    assert system.count(H100) >= 8
+    assert re.search(r'<pre class="block">\s*GPU0\s+GPU1', system)
+    assert "400 Gb/sec (4X NDR)" in system and "4181999" in system
+
+
+def test_comparison_shows_ratio_source_conditions_and_peaks(study):
+    _, page, _ = study
+    comparison = section(page, "comparison")
+    assert "1.55×" in comparison  # 21,111 / 13,600
+    assert "0.38×" in comparison  # 21,111 / 56,060
+    assert "MXNet + DALI, LARS" in comparison
+    assert "not measured" in comparison  # bert_base at 8 GPUs failed its only other repeat's cell
+    assert "NVIDIA H100 SXM5 80GB" in comparison and "989.4" in comparison and "datasheet" in comparison
+    assert "BF16 dense TFLOP/s" in comparison
+    assert "dle-rn50-a100-1-amp" in comparison  # an unmatched reference is listed, not dropped
+
+
+def test_cost_and_reproducibility(study):
+    _, page, _ = study
+    cost = section(page, "cost")
+    assert "19.0 GPU-hours" in cost and "18.5 node-hours" in cost
+    assert '<th scope="row">Total</th>' in cost
+    repro = section(page, "reproducibility")
+    assert "7333a9c6cdfbdc5a5b41d26536c88629aaf3162c" in repro
+    assert (
+        "<details" in repro
+        and "snakemake --cores all --forcerun train results/runs/strong_resnet50_g1_r1/record.json" in repro
+    )
+    assert "--forcerun &lt;rule&gt;" in repro
+    assert "&#34;resolved_gpu_counts&#34;" in repro or "&quot;resolved_gpu_counts&quot;" in repro  # the config, escaped
+    assert "2.6.0a0+ecf3bae40a.nv25.01" in repro and "2.25.1" in repro
+
+
+def test_number_formats():
+    assert (
+        report.fmt_rate(21111.4) == "21,111" and report.fmt_rate(45.27) == "45.3" and report.fmt_rate(3.14159) == "3.14"
+    )
+    assert report.fmt_percent(0.9312) == "93.1 %" and report.fmt_percent_value(96.54) == "96.5 %"
+    assert report.fmt_gain(0.3104) == "+31.0 %" and report.fmt_gain(-0.04) == "−4.0 %"
+    assert report.fmt_bytes(1024) == "1 KiB" and report.fmt_bytes(268435456) == "256 MiB"
+    assert report.fmt_bytes(1536) == "1.5 KiB" and report.fmt_bytes(85_520_809_984) == "79.6 GiB"
+    assert report.fmt_milliseconds(0.0412) == "41.2" and report.fmt_sig(0.00213) == "0.00213"
+    assert report.fmt_ratio(1.5523) == "1.55×" and report.fmt_int(4182000.0) == "4,182,000"
+    assert report.fmt_text(4182000.0) == "4182000" and report.fmt_text(0.123456) == "0.1235"
+    for missing in (None, float("nan"), float("inf"), "", pd.NA):
+        for fmt in report.FORMATS.values():
+            assert fmt(missing) == "—"
+
+
+def test_missing_and_empty_inputs_are_holes_not_crashes(tmp_path):
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / "runs.csv").write_text("")  # empty file
+    (tables / "scaling.csv").write_text("study,model,gpus,samples_per_s_median\n")  # header only
+    (tables / "checks.csv").write_text("check,target,value,status,detail\n")
+    # sensitivity, ablation, communication, comparison, cost: absent
+    page = report.render(
+        tables, tmp_path / "no-plots", tmp_path / "none.json", tmp_path / "none.json", REFERENCES, TEMPLATES
+    )
+    assert page.count("Figure missing:") == len(report.FIGURES)
+    assert "<img" not in page
+    assert "No runs" in section(page, "summary")
+    assert "not measured" in section(page, "results").lower()
+    assert "No inventory" in section(page, "system")
+    assert "No configuration" in section(page, "reproducibility")
+    assert "Not measured: <code>cost.csv</code>" in section(page, "cost")
+    assert "seed-resnet50-1" in section(page, "comparison")  # every reference is unmatched
+
+
+def test_missing_optional_columns_show_a_dash(tmp_path):
+    paths = write_study(tmp_path)
+    scaling = pd.read_csv(paths["tables"] / "scaling.csv").drop(
+        columns=["epoch_time_s", "ideal_speedup", "repeats_total"]
+    )
+    scaling.to_csv(paths["tables"] / "scaling.csv", index=False)
+    runs = pd.read_csv(paths["tables"] / "runs.csv").drop(columns=["error", "git_dirty", "consistent", "mfu"])
+    runs.to_csv(paths["tables"] / "runs.csv", index=False)
+    page = render_study(paths, tmp_path / "index.html")
+    results = section(page, "results")
+    assert '<td class="num">—</td>' in results
+    assert "no error recorded" in section(page, "failures")
+
+
+def test_runs_without_torch(tmp_path):
+    """The command line works as a module and never imports torch (the analysis env has none)."""
+    paths = write_study(tmp_path)
+    out = tmp_path / "out" / "index.html"
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['torch'] = None  # importing torch now raises ImportError\n"
+        "sys.argv[0] = 'scalerepro.analysis.report'\n"
+        "runpy.run_module('scalerepro.analysis.report', run_name='__main__')\n"
+    )
+    args = [
+        "--tables",
+        paths["tables"],
+        "--plots",
+        paths["plots"],
+        "--inventory",
+        paths["inventory"],
+        "--config",
+        paths["config"],
+        "--references",
+        REFERENCES,
+        "--templates",
+        TEMPLATES,
+        "--out",
+        out,
+    ]
+    done = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert out.is_file() and "report:" in done.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# In a real browser: headless Chromium driven over the DevTools protocol on a pipe (stdlib only)
+# --------------------------------------------------------------------------------------------
+
+
+# Every <img> of the page: loaded (complete) and decoded to a real size (naturalWidth > 0).
+IMAGES_JS = """JSON.stringify([...document.images].map(image => ({
+    src: image.currentSrc.slice(0, 48), complete: image.complete, naturalWidth: image.naturalWidth})))"""
+
+
+class Chromium:
+    """Headless Chromium with ``--remote-debugging-pipe``: DevTools-protocol messages are
+    NUL-terminated JSON on fds 3 (to the browser) and 4 (from it), so no websocket is needed."""
+
+    def __init__(self, profile: Path, log: Path):
+        to_browser_r, self._to_browser = os.pipe()
+        self._from_browser, from_browser_w = os.pipe()
+
+        def wire_fds():  # in the child, before exec: its fds 3 and 4 become the pipe ends
+            high_r = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10)
+            high_w = fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
+            os.dup2(high_r, 3)
+            os.dup2(high_w, 4)
+
+        flags = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--hide-scrollbars",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={profile}",
+        ]
+        with open(log, "w") as stderr:
+            self.process = subprocess.Popen(
+                [str(CHROMIUM), *flags, "about:blank"],
+                stdin=subprocess.DEVNULL,
+                stdout=stderr,
+                stderr=stderr,
+                preexec_fn=wire_fds,
+                close_fds=False,
+            )
+        os.close(to_browser_r)
+        os.close(from_browser_w)
+        self._buffer, self._next_id, self.events = b"", 0, []
+
+    def _read(self, deadline: float) -> dict:
+        while b"\0" not in self._buffer:
+            ready, _, _ = select.select([self._from_browser], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError("no message from Chromium")
+            chunk = os.read(self._from_browser, 1 << 20)
+            if not chunk:
+                raise EOFError("Chromium closed the DevTools pipe")
+            self._buffer += chunk
+        message, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def call(self, method: str, params: dict | None = None, session: str | None = None, timeout: float = 20) -> dict:
+        self._next_id += 1
+        message = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        os.write(self._to_browser, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._read(deadline)
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+            self.events.append(reply)
+
+    def wait_for(self, method: str, timeout: float = 20) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for index, event in enumerate(self.events):
+                if event.get("method") == method:
+                    return self.events.pop(index)
+            self.events.append(self._read(deadline))
+
+    def drain(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        try:
+            while True:
+                self.events.append(self._read(deadline))
+        except TimeoutError:
+            pass
+
+    def open_page(self, url: str, width: int, height: int) -> str:
+        """A fresh tab showing ``url`` after its load event; returns its session id."""
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            self.call(f"{domain}.enable", {}, session)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            session,
+        )
+        self.events.clear()
+        self.call("Page.navigate", {"url": url}, session)
+        self.wait_for("Page.loadEventFired")
+        self.drain(0.3)  # late console or network messages
+        return session
+
+    def problems(self, session: str) -> dict[str, list]:
+        """What a reader's browser would complain about: images that did not load, console
+        errors and exceptions, and requests for anything but the file itself and data: URIs."""
+        images = json.loads(
+            self.call("Runtime.evaluate", {"expression": IMAGES_JS, "returnByValue": True}, session)["result"]["value"]
+        )
+        mine = [event for event in self.events if event.get("sessionId") == session]
+        errors = [
+            event["params"]["entry"]["text"]
+            for event in mine
+            if event.get("method") == "Log.entryAdded" and event["params"]["entry"]["level"] == "error"
+        ]
+        errors += [
+            str(event["params"]["args"])
+            for event in mine
+            if event.get("method") == "Runtime.consoleAPICalled" and event["params"]["type"] in ("error", "assert")
+        ]
+        errors += [
+            event["params"]["exceptionDetails"]["text"]
+            for event in mine
+            if event.get("method") == "Runtime.exceptionThrown"
+        ]
+        requests = [
+            event["params"]["request"]["url"] for event in mine if event.get("method") == "Network.requestWillBeSent"
+        ]
+        return {
+            "images": images,
+            "broken_images": [image for image in images if not image["complete"] or image["naturalWidth"] == 0],
+            "errors": errors,
+            "foreign_requests": [url[:80] for url in requests if not url.startswith(("file://", "data:"))],
+        }
+
+    def screenshot(self, session: str, path: Path, width: int) -> tuple[int, int]:
+        """The whole page as one PNG."""
+        height = int(self.call("Page.getLayoutMetrics", {}, session)["cssContentSize"]["height"])
+        shot = self.call(
+            "Page.captureScreenshot",
+            {
+                "format": "png",
+                "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+            },
+            session,
+            timeout=60,
+        )
+        path.write_bytes(base64.b64decode(shot["data"]))
+        return width, height
+
+    def close(self) -> None:
+        with contextlib.suppress(TimeoutError, EOFError, RuntimeError, OSError):
+            self.call("Browser.close", timeout=5)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.close(self._to_browser)
+        os.close(self._from_browser)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (Debian: apt-get install chromium)")
+def test_report_in_headless_chromium(study, tmp_path):
+    _, page, out = study
+    # A negative control: a copy of the report with a broken image and a console error, to
+    # prove that the checks below can fail.
+    broken = tmp_path / "broken.html"
+    broken.write_text(
+        page.replace("<main>", '<main><img src="no-such-figure.png"><script>console.error("planted")</script>', 1)
+    )
+    browser = Chromium(tmp_path / "profile", tmp_path / "chromium.log")
+    try:
+        session = browser.open_page(out.as_uri(), 1400, 3000)
+        found = browser.problems(session)
+        shot = tmp_path / "report.png"
+        size = browser.screenshot(session, shot, 1400)
+        control = browser.problems(browser.open_page(broken.as_uri(), 1400, 3000))
+    finally:
+        browser.close()
+
+    assert control["broken_images"] and any("planted" in error for error in control["errors"])
+    assert any("no-such-figure.png" in error or "ERR_FILE_NOT_FOUND" in error for error in control["errors"])
+
+    assert len(found["images"]) == len(report.FIGURES) - 1, found["images"]
+    assert not found["broken_images"], found["broken_images"]
+    assert not found["errors"], found["errors"]
+    assert not found["foreign_requests"], found["foreign_requests"]
+    assert shot.read_bytes().startswith(b"\x89PNG") and size[1] > 3000
+    published = REPO / "results" / "report"
+    if published.is_dir():
+        shutil.copyfile(shot, published / "screenshot.png")
+    print(f"\nscreenshot of the rendered report ({size[0]}x{size[1]}): {shot}")

@@ -1,0 +1,209 @@
+"""The Snakemake workflow end to end on the CPU (config/ci.yaml): CIFAR-10 fetched from a local
+HTTP server in the official archive format, 1 and 2 gloo ranks, strong and weak scaling,
+sensitivity, ablation, the all-reduce benchmark, aggregation, plots and the report; then the
+tables are checked against the records, reruns are checked with dry runs, bad configs are refused."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from cifar_archive import Batch, official_files, write_archive
+from conftest import REPO, learnable_cifar_split, load_record
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+COPY_IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "__pycache__", "*.egg-info", ".pytest_cache", ".whl", ".gl")
+
+
+def _env() -> dict[str, str]:
+    # The rules call `python`: make it this interpreter (the environment with every extra).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "LOCAL_", "WORLD_", "MASTER_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, *args], cwd=workdir, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _archive_batches(seed: int) -> dict[str, Batch]:
+    """The five training batches and the test batch, learnable (class patterns), in CHW rows."""
+    def rows(split):
+        return Batch(split.images.transpose(0, 3, 1, 2).reshape(len(split.labels), 3072).copy(), split.labels.tolist())
+
+    batches = {f"data_batch_{i}": rows(learnable_cifar_split(100, seed + i)) for i in range(1, 6)}
+    batches["test_batch"] = rows(learnable_cifar_split(200, seed + 10))
+    return batches
+
+
+@pytest.fixture(scope="module")
+def cifar_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("www")
+    md5 = write_archive(root / "cifar-10-python.tar.gz", official_files(_archive_batches(seed=0)))
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, format, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/cifar-10-python.tar.gz", md5
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, cifar_server):
+    """The CI study run once in a copy of the repository; yields the copy."""
+    workdir = tmp_path_factory.mktemp("study") / "scalerepro"
+    shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
+    url, md5 = cifar_server
+    started = time.monotonic()
+    result = snakemake(workdir, "--cores", "2", "--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}', archive: null}}")
+    elapsed = time.monotonic() - started
+    logs = "\n".join(f"--- {p}\n{p.read_text()[-1500:]}" for p in sorted((workdir / "results").rglob("*.log")) if p.stat().st_size)
+    assert result.returncode == 0, result.stderr[-6000:] + logs[-6000:]
+    print(f"CI study: the whole DAG in {elapsed:.0f} s")
+    workdir.joinpath("study_args").write_text(json.dumps([url, md5]))
+    return workdir
+
+
+def _records(workdir: Path) -> dict[str, dict]:
+    return {p.parent.name: load_record(p) for p in sorted((workdir / "results/runs").glob("*/record.json"))}
+
+
+def test_the_whole_dag_ran_and_every_record_is_valid(study):
+    records = _records(study)
+    matrix = pd.read_csv(study / "results/tables/matrix.csv")
+    assert set(records) == set(matrix.run_id) and len(records) == 14
+    assert all(r["status"] == "ok" for r in records.values()), {k: r["error"] for k, r in records.items() if r["status"] != "ok"}
+    strong2 = records["strong_cnn_g2_r1"]
+    assert strong2["parallel"]["world_size"] == 2 and strong2["parallel"]["backend"] == "gloo"
+    assert strong2["batch"]["global"] == records["strong_cnn_g1_r1"]["batch"]["global"] == 16
+    assert strong2["data"]["kind"] == "cifar10" and strong2["data"]["train_samples"] == 500
+    weak2 = records["weak_cnn_g2_r1"]
+    assert weak2["data"]["kind"] == "synthetic" and weak2["data"]["train_samples"] == 512 and weak2["batch"]["per_rank"] == 16
+    assert records["ablation_cnn_g2_all_r1"]["knobs"]["loader"] == "device"
+    assert records["ablation_cnn_g2_all_r1"]["knobs"]["optimizer_impl"] == "fused"
+    assert records["sensitivity_cnn_g2_bucket1-batch16-fp32_r1"]["knobs"]["bucket_cap_mb"] == 1.0
+    manifest = json.loads((study / "results/data/cifar10/manifest.json").read_text())
+    assert manifest["source"].startswith("http://127.0.0.1:")
+    comm = json.loads((study / "results/comm/g2.json").read_text())
+    assert comm["world_size"] == 2 and [r["size_bytes"] for r in comm["results"]] == [4096, 1048576]
+    inventory = json.loads((study / "results/inventory/system.json").read_text())
+    assert inventory["gpus"] == [] and inventory["gpu_reason"]
+    for name in ("index.html",):
+        assert (study / "results/report" / name).stat().st_size > 10_000
+
+
+def test_tables_match_the_records(study):
+    records = _records(study)
+    runs = pd.read_csv(study / "results/tables/runs.csv").set_index("run_id")
+    for run_id, record in records.items():
+        assert runs.loc[run_id, "samples_per_s"] == pytest.approx(record["measurements"]["samples_per_s"])
+        assert runs.loc[run_id, "status"] == record["status"]
+    scaling = pd.read_csv(study / "results/tables/scaling.csv")
+    for (kind, gpus), cell in scaling.groupby(["study", "gpus"]):
+        values = [records[f"{kind}_cnn_g{gpus}_r{k}"]["measurements"]["samples_per_s"] for k in (1, 2)]
+        assert cell["samples_per_s_median"].item() == pytest.approx(statistics.median(values))
+        assert cell["samples_per_s_min"].item() == pytest.approx(min(values))
+    strong = scaling[scaling.study == "strong"].set_index("gpus")
+    # strong efficiency E = throughput(N) / (N x throughput(1))
+    expected = strong.loc[2, "samples_per_s_median"] / (2 * strong.loc[1, "samples_per_s_median"])
+    assert strong.loc[2, "efficiency"] == pytest.approx(expected)
+    weak = scaling[scaling.study == "weak"].set_index("gpus")
+    assert weak.loc[2, "efficiency"] == pytest.approx(weak.loc[1, "epoch_time_s"] / weak.loc[2, "epoch_time_s"])
+    ablation = pd.read_csv(study / "results/tables/ablation.csv").set_index("variant")
+    base = records["ablation_cnn_g2_baseline_r1"]["measurements"]["samples_per_s"]
+    fused = records["ablation_cnn_g2_fused_optimizer_r1"]["measurements"]["samples_per_s"]
+    assert ablation.loc["fused_optimizer", "gain"] == pytest.approx(fused / base - 1)
+    checks = pd.read_csv(study / "results/tables/checks.csv")
+    assert len(checks) == 6 and set(checks.status) <= {"pass", "fail", "not measured"}
+    assert checks.set_index("check").filter(like="tilisation", axis=0).status.tolist() == ["not measured"]
+    comm = pd.read_csv(study / "results/tables/communication.csv")
+    assert sorted(comm.size_bytes) == [4096, 1048576]
+    assert (comm.busbw_gbps == pytest.approx(comm.algbw_gbps * 2 * (2 - 1) / 2))
+
+
+def test_nothing_left_to_do_and_reruns_are_exact(study):
+    def planned(*args: str) -> dict[str, int]:
+        url, md5 = json.loads((study / "study_args").read_text())
+        result = snakemake(study, "-n", "--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}', archive: null}}", *args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        text = result.stdout + result.stderr
+        if "Nothing to be done" in text:
+            return {}
+        table = text.split("Job stats:")[1].split("\n\n")[0].splitlines()[3:]
+        return {line.split()[0]: int(line.split()[1]) for line in table if line.split() and line.split()[0] != "total"}
+
+    assert planned() == {}
+
+    def touched(path: Path) -> dict[str, int]:
+        before = path.stat()
+        os.utime(path, (time.time() + 5, time.time() + 5))
+        try:
+            return planned()
+        finally:
+            os.utime(path, (before.st_atime, before.st_mtime))
+
+    after_trainer_edit = touched(study / "workflow/scalerepro/trainer.py")
+    assert after_trainer_edit == {"trainer_fingerprint": 1, "train": 14, "comm_benchmark": 1, "system_inventory": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert touched(study / "report/templates/report.html.j2") == {"report": 1, "all": 1}
+    assert touched(study / "workflow/scalerepro/analysis/plots.py") == {"plots": 1, "report": 1, "all": 1}
+    assert planned("--forcerun", "aggregate") == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert planned("--forcerun", "train", "results/runs/strong_cnn_g1_r1/record.json") == {"train": 1}
+
+
+BAD_CONFIGS = [
+    ({"colour": "blue"}, "colour"),
+    ({"scaling": {"models": ["alexnet"]}}, "alexnet"),
+    ({"scaling": {"gpu_counts": [0, 2]}}, "gpu_counts"),
+    ({"repeats": 1.5}, "repeats"),
+    ({"ablation": {"optimisations": [{"name": "bf16"}]}}, "flags"),
+]
+
+
+@pytest.mark.parametrize(("override", "named"), BAD_CONFIGS, ids=[named for _, named in BAD_CONFIGS])
+def test_a_bad_config_is_refused_naming_the_key(tmp_path, override, named):
+    config = yaml.safe_load((REPO / "config/ci.yaml").read_text())
+    for key, value in override.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) and isinstance(config.get(key), dict) else value
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(config))
+    result = snakemake(REPO, "-n", "--configfile", str(bad), timeout=120)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    error = next((line for line in output.splitlines() if line.startswith("config error at")), None)
+    assert error is not None and named in error, output[-3000:]
+
+
+def test_the_workflow_is_lint_clean_and_formatted():
+    lint = snakemake(REPO, "--lint", "--configfile", "config/ci.yaml", timeout=120)
+    assert lint.returncode == 0 and "Congratulations" in lint.stdout + lint.stderr, lint.stdout[-3000:]
+    env = _env()
+    fmt = subprocess.run([str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow/rules"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert fmt.returncode == 0, fmt.stderr
+
+
+def test_plot_names_agree_with_the_rules():
+    from scalerepro.analysis.plots import PLOT_NAMES
+
+    rules = (REPO / "workflow/rules/common.smk").read_text()
+    declared = rules.split("PLOT_NAMES = [")[1].split("]")[0]
+    assert [name.strip().strip('",') for name in declared.split() if name.strip()] == list(PLOT_NAMES)
