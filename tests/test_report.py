@@ -94,7 +94,8 @@ def _run_rows(evil: bool) -> list[dict]:
             "record": record,
             "rerun": f"snakemake --cores all --forcerun train {record}",
             "status": status,
-            "error": error,
+            "error": error if status != "missing" else f"no run record at {record}",
+            "stop_signal": "SIGTERM" if status == "preempted" else None,
         }
         if status != "missing":  # a record was written
             row.update(
@@ -131,6 +132,7 @@ def _run_rows(evil: bool) -> list[dict]:
                     "energy_j": 612.0 * gpus * step * 170,
                     "energy_per_sample_j": 612.0 * gpus / samples_per_s,
                     "peak_memory_bytes": 41_573_384_192,
+                    "peak_memory_kind": "cuda_allocated",
                     "final_train_loss": 6.21,
                     "final_eval_loss": 6.35,
                     "final_eval_accuracy": 0.0021 if model == "resnet50" else None,
@@ -197,31 +199,35 @@ def _scaling(runs: pd.DataFrame) -> pd.DataFrame:
     ]
     frame["ideal_speedup"] = frame.gpus.astype(float)
     frame["efficiency"] = frame.speedup / frame.ideal_speedup
+    frame["note"] = frame.repeats_ok.map(lambda ok: "" if ok else "no completed repeat")
     return frame
 
 
 COMPARISON_CSV = """\
-model,gpus,metric,measured,published,ratio,reference,gpu,precision,source,conditions,measured_device,measured_cell
-bert_base,8,samples_per_s,,8160,,seed-bert-8,H100,unspecified,"scalerepro seed repository, expected-results table",\
-"approximate (~), sequences/s",,
-resnet50,8,samples_per_s,21111,56060,0.37658,mlperf-v3.0-rn50-dgxh100,H100-SXM5-80GB,mixed,\
+reference,model,gpus,metric,measured,published,ratio,measured_cell,measured_device,gpu,precision,source,conditions,note
+seed-bert-8,bert_base,8,samples_per_s,,8160,,,,H100,unspecified,"scalerepro seed repository, expected-results table",\
+"approximate (~), sequences/s","not measured: no completed strong, weak or ablation-all run of this model at this GPU \
+count gives samples_per_s"
+mlperf-v3.0-rn50-dgxh100,resnet50,8,samples_per_s,21111,56060,0.37658,"strong, bf16, batch 32/GPU, median of 2",\
+NVIDIA H100 80GB HBM3,H100-SXM5-80GB,mixed,\
 "MLPerf Training v3.0 results, closed division, NVIDIA DGX H100 (8x H100 SXM): 13.60 min time-to-train",\
-"MXNet + DALI, LARS, full ImageNet epochs; derived from time-to-train, approximate",NVIDIA H100 80GB HBM3,\
-"strong, bf16, median of 2"
-resnet50,8,samples_per_s,21111,13600,1.55228,seed-resnet50-8,H100,unspecified,\
-"scalerepro seed repository, expected-results table","approximate (~), its own PyTorch trainer",NVIDIA H100 80GB HBM3,\
-"strong, bf16, median of 2"
+"MXNet + DALI, LARS, full ImageNet epochs; derived from time-to-train, approximate",
+seed-resnet50-8,resnet50,8,samples_per_s,21111,13600,1.55228,"strong, bf16, batch 32/GPU, median of 2",\
+NVIDIA H100 80GB HBM3,H100,unspecified,"scalerepro seed repository, expected-results table",\
+"approximate (~), its own PyTorch trainer",
 """
 
 CHECKS_CSV = """\
-check,target,value,status,detail
-strong_efficiency_min,>= 70 % at 8 GPUs,91.0 %,pass,"resnet50, bert_base"
-weak_variation_max,<= 10 %,3.2 %,pass,"epoch time, resnet50"
-optimisation_gain_min,>= 20 %,186 %,pass,all vs baseline
-gpu_util_min_pct,>= 80 %,96.5 %,pass,
-exposed_comm_max,<= 20 %,14.0 %,pass,worst: 8 GPUs
-data_stall_max,<= 5 %,,not measured,no run recorded a data-stall fraction
-bert_strong_efficiency,>= 70 %,62.0 %,fail,bert_base at 8 GPUs
+check,target,threshold,measured,value,status,detail
+strong_efficiency_min,>= 70% at 8 GPUs,0.7,0.62,62.0%,fail,"worst model bert_base; \
+efficiency at 8 GPUs: bert_base 62.0%, resnet50 90.8%"
+weak_variation_max,<= 10%,0.1,0.032,3.2%,pass,"worst model resnet50; time-per-epoch variation: resnet50 3.2%"
+optimisation_gain_min,>= 20% (all optimisations vs baseline),0.2,1.86,+186.0%,pass,"worst model resnet50 at 8 GPUs; \
+gain: resnet50 +186.0%"
+gpu_util_min_pct,> 80% (mean over completed runs),80,96.5,96.5%,pass,mean over 34 completed runs with NVML
+exposed_comm_max,< 20%,0.2,0.14,14.0%,pass,"max over 22 completed multi-GPU runs: strong_resnet50_g8_r1; \
+median 6.0%"
+data_stall_max,< 5%,0.05,,,not measured,no data-stall fraction recorded by the 34 completed runs
 """
 
 COST_CSV = """\
@@ -244,7 +250,7 @@ def _sensitivity() -> pd.DataFrame:
                     "model": "resnet50", "gpus": 8, "bucket_cap_mb": bucket, "per_rank_batch": batch,
                     "precision": precision, "samples_per_s_median": value, "samples_per_s_min": value,
                     "samples_per_s_max": value, "step_time_median_s": batch * 8 / value,
-                    "exposed_comm_fraction": 0.9 / bucket**0.5, "repeats_ok": 1,
+                    "exposed_comm_fraction": 0.9 / bucket**0.5, "repeats_ok": 1, "repeats_total": 1, "note": "",
                 })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -278,13 +284,25 @@ def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sampl
         samples_per_s_max=ablation.samples_per_s,
         gain=ablation.samples_per_s / ablation.samples_per_s.iloc[0] - 1,  # the baseline comes first
         repeats_ok=1,
+        repeats_total=1,
+        note="",
     ).drop(columns="samples_per_s")
     ablation.to_csv(tables / "ablation.csv", index=False)
     _communication().to_csv(tables / "communication.csv", index=False)
     (tables / "comparison.csv").write_text(COMPARISON_CSV)
     (tables / "checks.csv").write_text(CHECKS_CSV)
     (tables / "cost.csv").write_text(COST_CSV)
-    (tables / "summary.json").write_text(json.dumps({"runs": {"ok": 34, "failed": 1, "preempted": 1, "missing": 1}}))
+    summary = {
+        "runs": len(runs),
+        "status": runs.status.value_counts().to_dict(),
+        "inconsistent_runs": [],
+        "device_names": [H100],
+        "device_types": ["cuda"],
+        "git_commits": sorted(runs.git_commit.dropna().unique()),
+        "torch_versions": sorted(runs.torch_version.dropna().unique()),
+        "checks": {"pass": 5, "fail": 1, "not measured": 1},
+    }
+    (tables / "summary.json").write_text(json.dumps(summary, indent=2))
 
     for index, name in enumerate(report.FIGURES):
         if name in drop_plots:
@@ -506,19 +524,21 @@ def test_results_tables(study):
 
 
 def test_headline_takes_the_best_configuration_by_median():
-    runs = pd.DataFrame(
-        {
-            "model": ["m"] * 5,
-            "gpus": [1] * 5,
-            "status": ["ok"] * 5,
-            "study": ["ablation"] * 5,
-            "variant": ["a", "a", "a", "b", "b"],
-            "samples_per_s": [100.0, 100.0, 1000.0, 300.0, 310.0],
-        }
-    )
+    """Variant a has one lucky repeat (1000) but median 100; c is faster but failed; d ran with
+    a world size other than planned (consistent false): neither counts, as in the aggregation."""
+    runs = pd.DataFrame({
+        "model": ["m"] * 7,
+        "gpus": [1] * 7,
+        "status": ["ok"] * 5 + ["failed", "ok"],
+        "consistent": [True] * 6 + [False],
+        "study": ["ablation"] * 7,
+        "variant": ["a", "a", "a", "b", "b", "c", "d"],
+        "samples_per_s": [100.0, 100.0, 1000.0, 300.0, 310.0, 5000.0, 9999.0],
+    })  # fmt: skip
     (row,) = report.headline(runs, pd.DataFrame())
     assert row["one"]["samples_per_s"] == 305.0 and "b" in row["one"]["config"] and row["one"]["repeats"] == 2
     assert row["at_max"] is None and row["strong"] is None
+    assert [r["run_id"] for r in report.inconsistent(runs.assign(run_id=list("abcdefg")))] == ["g"]
 
 
 def test_failed_preempted_and_missing_runs_are_listed_with_their_rerun_command(study):
@@ -532,7 +552,8 @@ def test_failed_preempted_and_missing_runs_are_listed_with_their_rerun_command(s
         assert f"<code>{run.rerun}</code>" in failures
         assert f'<span class="badge {run.status}">{run.status}</span>' in failures
     assert "NCCL error in ProcessGroupNCCL.cpp:1970" in failures
-    assert "no error recorded" in failures  # the missing run has none
+    assert "no run record at results/runs/weak_bert_base_g4_r1/record.json" in failures
+    assert "SIGTERM" in failures
     # ... and they are holes in the tables, not dropped: the cell says 2 of 3 repeats.
     assert "2 / 3" in section(page, "results")
 
@@ -582,12 +603,16 @@ def test_cost_and_reproducibility(study):
     )
     assert "--forcerun &lt;rule&gt;" in repro
     assert "&#34;resolved_gpu_counts&#34;" in repro or "&quot;resolved_gpu_counts&quot;" in repro  # the config, escaped
-    assert "2.6.0a0+ecf3bae40a.nv25.01" in repro and "2.25.1" in repro
+    assert "2.6.0a0+ecf3bae40a.nv25.01" in repro and 'href="#inventory-software"' in repro
+    assert 'id="inventory-software"' in section(page, "system") and "2.25.1" in section(page, "system")
 
 
 def test_number_formats():
+    assert report.fmt_rate(21111.4) == "21,111" and report.fmt_rate(45.27) == "45" and report.fmt_rate(3.14159) == "3.1"
     assert (
-        report.fmt_rate(21111.4) == "21,111" and report.fmt_rate(45.27) == "45.3" and report.fmt_rate(3.14159) == "3.14"
+        report.fmt_auto(0.05123) == "0.0512"
+        and report.fmt_auto(20.974) == "20.97"
+        and report.fmt_auto(467.53) == "467.5"
     )
     assert report.fmt_percent(0.9312) == "93.1 %" and report.fmt_percent_value(96.54) == "96.5 %"
     assert report.fmt_gain(0.3104) == "+31.0 %" and report.fmt_gain(-0.04) == "−4.0 %"
@@ -596,6 +621,7 @@ def test_number_formats():
     assert report.fmt_milliseconds(0.0412) == "41.2" and report.fmt_sig(0.00213) == "0.00213"
     assert report.fmt_ratio(1.5523) == "1.55×" and report.fmt_int(4182000.0) == "4,182,000"
     assert report.fmt_text(4182000.0) == "4182000" and report.fmt_text(0.123456) == "0.1235"
+    assert report.breakable(f"strong_g8{EVIL}") == "strong_<wbr>g8&lt;script&gt;alert(1)&lt;/script&gt;"
     for missing in (None, float("nan"), float("inf"), "", pd.NA):
         for fmt in report.FORMATS.values():
             assert fmt(missing) == "—"
@@ -613,12 +639,37 @@ def test_missing_and_empty_inputs_are_holes_not_crashes(tmp_path):
     )
     assert page.count("Figure missing:") == len(report.FIGURES)
     assert "<img" not in page
-    assert "No runs" in section(page, "summary")
-    assert "not measured" in section(page, "results").lower()
+    assert "Not measured: runs.csv has no rows: there are no runs" in section(page, "summary")
+    assert "Not measured: checks.csv has no rows." in section(page, "summary")
+    results = section(page, "results")
+    assert "Not measured: scaling.csv has no rows." in results
+    assert "Not measured: sensitivity.csv is not there." in results
     assert "No inventory" in section(page, "system")
     assert "No configuration" in section(page, "reproducibility")
-    assert "Not measured: <code>cost.csv</code>" in section(page, "cost")
+    assert "Not measured: cost.csv is not there." in section(page, "cost")
     assert "seed-resnet50-1" in section(page, "comparison")  # every reference is unmatched
+
+
+def test_a_cpu_study_says_why_gpu_figures_are_missing(tmp_path):
+    paths = write_study(tmp_path)
+    runs = pd.read_csv(paths["tables"] / "runs.csv")
+    runs[["gpu_util_mean_pct", "power_mean_w", "energy_j", "energy_per_sample_j", "mfu"]] = float("nan")
+    recorded = runs.status != "missing"
+    runs.loc[recorded, "nvml_reason"] = "CPU run: NVML measures NVIDIA GPUs only"
+    runs.loc[recorded, ["device_type", "device_name"]] = ["cpu", "AMD EPYC 7763 64-Core Processor"]
+    runs.to_csv(paths["tables"] / "runs.csv", index=False)
+    inventory = json.loads(paths["inventory"].read_text())
+    inventory.update(
+        gpus=[], gpu_reason="NVML could not be initialised: NVML Shared Library Not Found", nvidia_smi_topo=None
+    )
+    paths["inventory"].write_text(json.dumps(inventory))
+    page = render_study(paths, tmp_path / "index.html")
+    assert "ranks, not GPUs" in section(page, "summary")
+    energy = re.search(r'<h3 id="energy">(.*?)<h3 id="per-run">', page, re.S).group(1)
+    assert "Not measured" in energy and "<q>CPU run: NVML measures NVIDIA GPUs only</q>" in energy
+    assert "<table" not in energy
+    system = section(page, "system")
+    assert "NVML could not be initialised: NVML Shared Library Not Found" in system and "<pre" not in system
 
 
 def test_missing_optional_columns_show_a_dash(tmp_path):

@@ -43,7 +43,7 @@ rule aggregate:
         records=[record_path(run) for run in RUNS.values()],
         comm=expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS),
         references="config/references.yaml",
-        code=analysis_sources(),
+        code=analysis_module("aggregate"),
     output:
         tables=expand(
             "results/tables/{table}.csv",
@@ -76,7 +76,7 @@ rule aggregate:
 rule plots:
     input:
         tables=rules.aggregate.output.tables,
-        code=analysis_sources(),
+        code=analysis_module("plots"),
     output:
         expand("results/plots/{name}.{ext}", name=PLOT_NAMES, ext=["png", "svg"]),
     log:

@@ -276,8 +276,12 @@ def trainer_sources():
     return sorted(str(p) for p in PACKAGE.rglob("*.py") if "analysis" not in p.parts)
 
 
-def analysis_sources():
-    return sorted(str(p) for p in (PACKAGE / "analysis").rglob("*.py"))
+def analysis_module(name):
+    """The source of one analysis step: editing it reruns that step and what follows only."""
+    return [
+        str(PACKAGE / "analysis" / "__init__.py"),
+        str(PACKAGE / "analysis" / f"{name}.py"),
+    ]
 
 
 def data_input(wildcards):

@@ -9,6 +9,7 @@ rule report:
         inventory="results/inventory/system.json",
         config="results/tables/config.json",
         references="config/references.yaml",
+        code=analysis_module("report"),
         templates=sorted(str(p) for p in (REPO / "report").rglob("*") if p.is_file()),
     output:
         "results/report/index.html",

@@ -163,10 +163,9 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
 
 
 def teardown(ctx: DistContext, clean: bool) -> None:
-    """Destroy the process group. After a clean run, first wait at a barrier: gloo's worker thread
-    must have released every finished collective before the group is destroyed, or its destructor
-    (joining that thread while holding the GIL) can deadlock at interpreter exit. After a failure,
-    peers may be gone, so no barrier."""
+    """Destroy the process group. After a clean run all ranks first meet at a barrier, so none
+    leaves while a peer still waits on a collective; after a failure peers may be gone, so no
+    barrier. (The entry points then leave with os._exit: see scalerepro.train.)"""
     if ctx.distributed and dist.is_initialized():
         if clean:
             dist.barrier()

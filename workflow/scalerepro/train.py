@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 import traceback
 import uuid
@@ -118,4 +119,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    # Leave without interpreter finalisation: everything that matters is written and flushed,
+    # and finalisation can deadlock in c10d (gloo's worker thread waits for the GIL to free a
+    # finished collective while the main thread, holding the GIL, joins it from the process
+    # group's destructor), which would keep a finished rank alive forever.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 import pandas as pd
 import yaml
 
@@ -224,13 +225,29 @@ def fmt_number(value: Any, digits: int = 1) -> str:
 
 
 def fmt_rate(value: Any) -> str:
-    """A throughput: thousands separators, decimals only where the value is small."""
+    """A throughput: thousands separators, decimals only below 10 (12,345 · 87 · 4.2 · 0.35)."""
     number = _number(value)
     if number is None:
         return fmt_text(value)
     magnitude = abs(number)
-    digits = 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2
+    digits = 0 if magnitude >= 10 else 1 if magnitude >= 1 else 2
     return f"{number:,.{digits}f}"
+
+
+def fmt_auto(value: Any) -> str:
+    """A measurement spanning orders of magnitude (bandwidths, latencies) with about three
+    significant digits and no exponent: 12,345 · 467.5 · 20.97 · 0.0512."""
+    number = _number(value)
+    if number is None:
+        return fmt_text(value)
+    magnitude = abs(number)
+    if magnitude >= 1000:
+        return f"{number:,.0f}"
+    if magnitude >= 100:
+        return f"{number:.1f}"
+    if magnitude >= 1 or magnitude == 0:
+        return f"{number:.2f}"
+    return f"{number:.3g}"
 
 
 def fmt_sig(value: Any, digits: int = 4) -> str:
@@ -293,6 +310,7 @@ FORMATS = {
     "num1": lambda v: fmt_number(v, 1),
     "num2": lambda v: fmt_number(v, 2),
     "rate": fmt_rate,
+    "auto": fmt_auto,
     "sig": fmt_sig,
     "pct": fmt_percent,
     "pctv": fmt_percent_value,
@@ -321,6 +339,19 @@ def cell(row: Mapping[str, Any], key: str, fmt: str = "text") -> str:
     return FORMATS[fmt](row.get(key))
 
 
+def shown_columns(
+    table_rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple], optional: Iterable[str] = ()
+) -> list:
+    """``columns`` without the ``optional`` ones that no row has a value in (e.g. an all-empty
+    ``note``), so a table does not carry a column of dashes that says nothing."""
+    optional = set(optional)
+    return [
+        column
+        for column in columns
+        if column[0] not in optional or any(not is_missing(row.get(column[0])) for row in table_rows)
+    ]
+
+
 def is_numeric_format(fmt: str) -> bool:
     return fmt not in TEXT_FORMATS
 
@@ -332,14 +363,19 @@ def css_token(value: Any) -> str:
     return token or "unknown"
 
 
+def breakable(value: Any) -> markupsafe.Markup:
+    """Escaped text that may wrap after its underscores (long run ids in narrow columns)."""
+    return markupsafe.escape(fmt_text(value)).replace("_", markupsafe.Markup("_<wbr>"))
+
+
 def label(key: str) -> str:
     """A snake_case key as a heading: units and precisions spelled out, the rest as written."""
-    units = {"tflops": "TFLOP/s", "tbps": "TB/s", "gbps": "GB/s", "w": "W", "mhz": "MHz", "pct": "%"}
-    words = [
-        units.get(word, word.upper() if word in ("bf16", "fp16", "fp32", "tf32", "fp8", "hbm", "gpu", "cpu") else word)
-        for word in str(key).split("_")
-    ]
-    return " ".join(words)
+    spelled = {
+        "tflops": "TFLOP/s", "tbps": "TB/s", "gbps": "GB/s", "w": "W", "mhz": "MHz", "pct": "%",
+        "gpus": "GPUs", "cpus": "CPUs", "id": "ID", "ids": "IDs",
+    }  # fmt: skip
+    upper = {"bf16", "fp16", "fp32", "tf32", "fp8", "hbm", "gpu", "cpu", "pci", "uuid", "cuda", "nccl", "numa"}
+    return " ".join(spelled.get(word, word.upper() if word in upper else word) for word in str(key).split("_"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,9 +392,19 @@ def _unique(frame: pd.DataFrame, column: str) -> list[Any]:
 
 
 def _ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that completed (status ok)."""
     if runs.empty or "status" not in runs.columns:
         return runs.iloc[0:0]
     return runs[runs["status"] == "ok"]
+
+
+def _counting_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs the aggregation's statistics are over: completed, and the record does not
+    disagree with the plan (``consistent`` is not false)."""
+    ok = _ok_runs(runs)
+    if "consistent" not in ok.columns:
+        return ok
+    return ok[~ok["consistent"].map(truthy).eq(False)]  # None (not recorded) counts
 
 
 def _dates(runs: pd.DataFrame) -> tuple[str | None, str | None]:
@@ -370,12 +416,17 @@ def _dates(runs: pd.DataFrame) -> tuple[str | None, str | None]:
     return stamps.min().strftime("%Y-%m-%d %H:%M UTC"), stamps.max().strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _counts(frame: pd.DataFrame, column: str, order: Iterable[str]) -> list[tuple[str, int]]:
+    """How many rows have each value of ``column``: the values in ``order`` first, then the rest."""
+    if column not in frame.columns:
+        return []
+    counts = frame[column].fillna("unknown").astype(str).value_counts().to_dict()
+    ordered = [(key, counts.pop(key)) for key in order if key in counts]
+    return ordered + sorted(counts.items())
+
+
 def overview(runs: pd.DataFrame) -> dict[str, Any]:
     """What was run: models, GPU and node counts, devices, dates, runs by study and status."""
-    statuses = runs["status"].fillna("unknown").astype(str) if "status" in runs.columns else pd.Series(dtype=str)
-    counts = statuses.value_counts().to_dict()
-    ordered = [(status, counts.pop(status)) for status in RUN_STATUSES if status in counts]
-    ordered += sorted(counts.items())
     by_study = []
     if "study" in runs.columns:
         for study, group in runs.groupby(runs["study"].fillna("unknown").astype(str), sort=True):
@@ -384,7 +435,7 @@ def overview(runs: pd.DataFrame) -> dict[str, Any]:
     first, last = _dates(runs)
     return {
         "runs": len(runs),
-        "by_status": ordered,
+        "by_status": _counts(runs, "status", RUN_STATUSES),
         "by_study": by_study,
         "models": _unique(runs, "model"),
         "gpus": [fmt_int(value) for value in _unique(runs, "gpus")],
@@ -424,7 +475,7 @@ def headline(runs: pd.DataFrame, scaling: pd.DataFrame) -> list[dict[str, Any]]:
     """Per model: the fastest configuration at 1 GPU and at the largest GPU count it ran on (the
     median over that configuration's completed repeats, so one lucky repeat cannot win), and the
     strong-scaling row at the strong study's largest GPU count (its efficiency and speedup)."""
-    ok = _ok_runs(runs)
+    ok = _counting_runs(runs)
     out: list[dict[str, Any]] = []
     if {"model", "gpus", "samples_per_s"} <= set(ok.columns):
         ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
@@ -474,11 +525,10 @@ def unfinished(runs: pd.DataFrame) -> list[Row]:
 
 def inconsistent(runs: pd.DataFrame) -> list[Row]:
     """Completed runs whose record disagrees with what the study planned (``consistent`` false)."""
-    if "consistent" not in runs.columns:
+    ok = _ok_runs(runs)
+    if "consistent" not in ok.columns:
         return []
-    flags = runs["consistent"].map(truthy)
-    status_ok = runs["status"] == "ok" if "status" in runs.columns else True
-    return rows(runs[(flags == False) & status_ok], ("study", "model", "gpus", "run_id"))  # noqa: E712
+    return rows(ok[ok["consistent"].map(truthy).eq(False)], ("study", "model", "gpus", "run_id"))
 
 
 def provenance(runs: pd.DataFrame) -> dict[str, Any]:
@@ -613,14 +663,6 @@ def split_cost(cost: pd.DataFrame) -> tuple[list[Row], Row | None]:
 # --------------------------------------------------------------------------------------------
 
 
-def _counts(frame: pd.DataFrame, column: str, order: Iterable[str]) -> list[tuple[str, int]]:
-    if column not in frame.columns:
-        return []
-    counts = frame[column].fillna("unknown").astype(str).value_counts().to_dict()
-    ordered = [(key, counts.pop(key)) for key in order if key in counts]
-    return ordered + sorted(counts.items())
-
-
 def make_environment(templates_dir: Path) -> jinja2.Environment:
     """The Jinja environment: templates from ``<templates_dir>/templates``, autoescape on for
     every template (they are all HTML), filters for the formats above."""
@@ -639,8 +681,15 @@ def make_environment(templates_dir: Path) -> jinja2.Environment:
         pct=fmt_percent,
         ratio=fmt_ratio,
         token=css_token,
+        breakable=breakable,
     )
-    environment.globals.update(cell=cell, is_numeric_format=is_numeric_format, is_missing=is_missing, MISSING=MISSING)
+    environment.globals.update(
+        cell=cell,
+        shown_columns=shown_columns,
+        is_numeric_format=is_numeric_format,
+        is_missing=is_missing,
+        MISSING=MISSING,
+    )
     environment.tests["missing"] = is_missing
     return environment
 
@@ -672,6 +721,13 @@ def build_context(
 ) -> dict[str, Any]:
     """Everything the templates show, read and derived once."""
     tables = {name: read_table(Path(tables_dir), name) for name in TABLES}
+    # What an empty table's section says: the file is absent, or there but without rows (e.g. a
+    # study with no sensitivity runs).
+    empty = {
+        name: f"Not measured: {name}.csv "
+        + ("has no rows" if (Path(tables_dir) / f"{name}.csv").is_file() else "is not there")
+        for name in TABLES
+    }
     runs, scaling = tables["runs"], tables["scaling"]
     inventory = read_json(inventory_path)
     config = read_json(config_path)
@@ -683,7 +739,10 @@ def build_context(
     # showing a table of dashes.
     measured = {column: bool(column in ok.columns and ok[column].notna().any()) for column in MEASURED_COLUMNS}
     cost, cost_total = split_cost(tables["cost"])
+    # Why the runs have no NVML figures, as their records say (e.g. a CPU run).
+    nvml_reasons = _unique(ok, "nvml_reason")
     return {
+        "empty": empty,
         "generated_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "overview": overview(runs),
         "summary_json": json.dumps(summary, indent=2, sort_keys=True) if summary is not None else None,
@@ -707,6 +766,7 @@ def build_context(
         "references_path": str(references_path) if references_path is not None else None,
         "ok_runs": rows(ok, ("study", "model", "gpus", "variant", "repeat", "run_id")),
         "measured": measured,
+        "nvml_reasons": nvml_reasons,
         "unfinished": unfinished(runs),
         "inconsistent": inconsistent(runs),
         "cost": cost,

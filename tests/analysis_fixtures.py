@@ -1,0 +1,387 @@
+"""Hand-made, schema-valid inputs for the analysis tests: run records, a study matrix, all-reduce
+benchmark files and references, with numbers chosen so that every table can be checked by hand.
+
+The GPU study (``write_gpu_study``), resnet50 on "H100" GPUs, 2 GPUs per node:
+
+    strong  g1 samples/s 90, 100, 110        -> median 100 (min 90, max 110)
+            g2 180, 170, 190                 -> median 180: speedup 1.8, efficiency 0.9
+            g4 340, failed, missing          -> 340 from 1 of 3 repeats: efficiency 0.85 (2 nodes)
+    weak    g1 epoch time 10, 10 s           -> T(1) = 10
+            g2 11, 12 s and one run whose record says world size 1 (inconsistent: not counted)
+                                             -> T(2) = 11.5: efficiency 10 / 11.5, variation 0.15
+    sensitivity at 2 GPUs, bf16: (bucket 5, batch 32) 200, (25, 32) 220, (5, 64) 240, (25, 64) 260
+    ablation at 2 GPUs: baseline 100, bf16 150, channels_last preempted, all 130 -> gains 0.5, 0.3
+    exposed communication 0.1 on multi-GPU runs (0.15 on strong g4 r1), 0 on one GPU
+    data stall 0.01 (0.03 on strong g1 r2); GPU utilisation 90 %; every record lasts 360 s
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((REPO / "workflow/schemas/run_record.schema.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
+
+H100 = "NVIDIA H100 80GB HBM3"
+CPU = "AMD EPYC"
+DURATION_S = 360.0
+RUNTIME_MIN = 30
+GPUS_PER_NODE = 2
+CPU_NVML_REASON = "CPU run: NVML measures NVIDIA GPUs only"
+FAILED_MESSAGE = "rank 0 at step 10: the loss became non-finite at step 1: lower --lr"
+
+REFERENCES_YAML = """\
+references:
+  - {id: ref-r50-2, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, gpu: H100, precision: bf16,
+     source: "a paper, table 3", conditions: "batch 256/GPU"}
+  - {id: ref-r50-4-tokens, model: resnet50, gpus: 4, metric: tokens_per_s_per_gpu, value: 1000, gpu: H100,
+     precision: bf16, source: "a blog", conditions: "not an LM"}
+  - {id: ref-gpt2-8, model: gpt2_small, gpus: 8, metric: tokens_per_s_per_gpu, value: 462000, gpu: H100,
+     precision: bf16, source: "modded-nanogpt", conditions: "tuned"}
+"""
+
+
+def validate(record: dict[str, Any]) -> dict[str, Any]:
+    errors = sorted(VALIDATOR.iter_errors(record), key=lambda e: list(e.path))
+    assert not errors, "record does not match the schema:\n" + "\n".join(
+        f"{'/'.join(map(str, e.path))}: {e.message[:300]}" for e in errors
+    )
+    return record
+
+
+def make_record(
+    run_id: str,
+    *,
+    status: str = "ok",
+    model: str = "resnet50",
+    world_size: int = 1,
+    nodes: int = 1,
+    device_type: str = "cuda",
+    precision: str = "bf16",
+    per_rank_batch: int = 32,
+    samples_per_s: float = 100.0,
+    epoch_time_s: float = 10.0,
+    exposed_comm: float = 0.0,
+    data_stall: float = 0.01,
+    gpu_util_pct: float = 90.0,
+    power_w: float = 500.0,
+    error: str | None = None,
+    stop_signal: str | None = None,
+    started_at: datetime.datetime = datetime.datetime(2026, 11, 20, 8, 0, tzinfo=datetime.timezone.utc),
+) -> dict[str, Any]:
+    """A complete run record (every required field) that validates against the schema."""
+    cuda = device_type == "cuda"
+    window_s = 2.0
+    step_s = per_rank_batch * world_size / samples_per_s
+    energy_j = power_w * window_s if cuda else None
+    measurements = {
+        "measured_steps": 20,
+        "measured_samples": int(samples_per_s * window_s),
+        "window_s": window_s,
+        "samples_per_s": samples_per_s,
+        "tokens_per_s": None,
+        "step_time_s": {"median": step_s, "p10": 0.9 * step_s, "p90": 1.2 * step_s, "mean": step_s},
+        "epoch_time_s": epoch_time_s,
+        "epoch_wall_times_s": [{"epoch": 0, "seconds": 3.0, "complete": False}],
+        "train_time_s": 3.0,
+        "data_stall_fraction": data_stall,
+        "mfu": 0.4 if cuda else None,
+        "peak_flops_per_device": 989.4e12 if cuda else None,
+        "peak_flops_source": "table" if cuda else "no GPU",
+        "achieved_flops": 1e12,
+        "memory": {
+            "allocated_bytes_max": 4_000_000_000 if cuda else None,
+            "reserved_bytes_max": 5_000_000_000 if cuda else None,
+            "rss_bytes_max": 300_000_000,
+        },
+        "exposed_communication": {
+            "fraction": exposed_comm,
+            "sync_step_s": step_s if world_size > 1 else None,
+            "nosync_step_s": step_s * (1 - exposed_comm) if world_size > 1 else None,
+            "steps": 8 if world_size > 1 else 0,
+            "reason": None if world_size > 1 else "single process: no gradient communication",
+        },
+        "nvml": {
+            "available": cuda,
+            "reason": None if cuda else CPU_NVML_REASON,
+            "gpus": world_size if cuda else 0,
+            "device_name": H100 if cuda else None,
+            "samples": 20 if cuda else 0,
+            "interval_s": 0.1,
+            "window_s": window_s if cuda else None,
+            "gpu_util_mean_pct": gpu_util_pct if cuda else None,
+            "gpu_util_max_pct": 100.0 if cuda else None,
+            "memory_used_max_bytes": 6_000_000_000 if cuda else None,
+            "power_mean_w": power_w if cuda else None,
+            "power_mean_per_gpu_w": power_w / world_size if cuda else None,
+            "power_max_per_gpu_w": power_w / world_size if cuda else None,
+            "energy_j": energy_j,
+            "energy_method": "total_energy_counter" if cuda else None,
+            "sm_clock_mean_mhz": 1980.0 if cuda else None,
+            "sm_clock_max_mhz": 1980.0 if cuda else None,
+            "temperature_max_c": 60.0 if cuda else None,
+        },
+        "energy_per_sample_j": energy_j / (samples_per_s * window_s) if cuda else None,
+    }
+    stamp = started_at.isoformat(timespec="milliseconds")
+    record = {
+        "schema_version": 1,
+        "run_id": run_id,
+        "status": status,
+        "error": (
+            None if error is None else {"type": "NonFiniteLossError", "message": error, "traceback": "Traceback ..."}
+        ),
+        "stop_signal": stop_signal,
+        "started_at": stamp,
+        "ended_at": (started_at + datetime.timedelta(seconds=DURATION_S)).isoformat(timespec="milliseconds"),
+        "command_line": ["python", "-m", "scalerepro.train"],
+        "seed": 1,
+        "precision": precision,
+        "knobs": {
+            "channels_last": False,
+            "compile": "none",
+            "loader": "dataloader",
+            "optimizer_impl": "foreach",
+            "bucket_cap_mb": 25.0,
+            "gradient_as_bucket_view": False,
+            "static_graph": False,
+            "sync_batchnorm": False,
+            "grad_accum_steps": 1,
+        },
+        "config": {"model": {}, "data": {}, "optim": {}, "parallel": {}, "perf": {}, "run": {}},
+        "git": {"commit": "7333a9c6cdfbdc5a5b41d26536c88629aaf3162c", "dirty": False, "reason": None},
+        "versions": {
+            "python": "3.11.7",
+            "torch": "2.6.0",
+            "cuda": "12.4" if cuda else None,
+            "cudnn": None,
+            "nccl": None,
+            "torchvision": "0.21.0",
+            "scalerepro": "0.1.0",
+        },
+        "hardware": {
+            "hostname": "node1",
+            "cpu_model": CPU,
+            "logical_cpus": 64,
+            "memory_total_bytes": 2**40,
+            "gpu": {"name": H100 if cuda else None, "count": GPUS_PER_NODE if cuda else 0},
+        },
+        "slurm": {"job_id": 4182000} if cuda else None,
+        "model": {
+            "name": model,
+            "task": "image_classification",
+            "family": "cnn",
+            "num_parameters": 25_557_032,
+            "tokens_per_sample": 0,
+            "train_flops_per_sample": 2.45e10,
+            "flops_source": "analytic",
+            "shape": {},
+        },
+        "optimizer": {
+            "kind": "sgd",
+            "base_lr": 0.1,
+            "lr": 0.1,
+            "weight_decay": 5e-5,
+            "lr_scaling": "linear",
+            "schedule": "cosine",
+        },
+        "parallel": {
+            "launcher": "torchrun" if world_size > 1 else "single",
+            "backend": ("nccl" if cuda else "gloo") if world_size > 1 else None,
+            "device_type": device_type,
+            "world_size": world_size,
+            "nodes": nodes,
+            "ranks_per_node": world_size // nodes,
+            "gpus_per_node": world_size // nodes if cuda else 0,
+            "gpus": world_size if cuda else 0,
+            "hostnames": [f"node{i + 1}" for i in range(nodes)],
+        },
+        "batch": {"per_rank": per_rank_batch, "grad_accum_steps": 1, "global": per_rank_batch * world_size},
+        "data": {"kind": "synthetic", "path": None, "train_samples": 4096, "eval_samples": 512, "loader": "dataloader"},
+        "steps": {
+            "total": 24,
+            "completed": 24 if status == "ok" else 10,
+            "warmup": 4,
+            "per_epoch": 64,
+            "resumed_from": None,
+        },
+        "epochs": {"planned": 0.375, "completed": 0},
+        "measurements": measurements,
+        "measurements_scope": "all ranks",
+        "history": [
+            {"epoch": 0, "step": 12, "complete": False, "train_loss": 2.0, "eval_loss": 2.1, "eval_accuracy": 0.2},
+            {"epoch": 0, "step": 24, "complete": False, "train_loss": 1.5, "eval_loss": 1.6, "eval_accuracy": 0.4},
+        ],
+        "loss_log": [
+            {"step": step, "loss": 2.5 - 0.04 * step, "samples_per_s": samples_per_s} for step in range(4, 25, 4)
+        ],
+        "checkpoint": None,
+    }
+    return validate(record)
+
+
+def _nodes(gpus: int) -> int:
+    return -(-gpus // GPUS_PER_NODE)  # ceil(gpus / gpus_per_node)
+
+
+class Study:
+    """Matrix rows and their records, written under ``root``."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.rows: list[dict[str, Any]] = []
+        (root / "runs").mkdir(parents=True, exist_ok=True)
+
+    def add(
+        self,
+        study: str,
+        gpus: int,
+        repeat: int,
+        *,
+        variant: str = "",
+        per_rank_batch: int = 32,
+        precision: str = "bf16",
+        bucket_cap_mb: float = 25.0,
+        model: str = "resnet50",
+        record: dict[str, Any] | None = None,
+        **figures: Any,
+    ) -> str:
+        """One matrix row; its record is made from ``figures`` unless ``status="missing"``."""
+        run_id = "_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part)
+        path = self.root / "runs" / f"{run_id}.json"
+        self.rows.append(
+            {
+                "run_id": run_id,
+                "study": study,
+                "model": model,
+                "gpus": gpus,
+                "nodes": _nodes(gpus),
+                "gpus_per_node": GPUS_PER_NODE,
+                "repeat": repeat,
+                "variant": variant,
+                "precision": precision,
+                "per_rank_batch": per_rank_batch,
+                "global_batch": per_rank_batch * gpus,
+                "bucket_cap_mb": bucket_cap_mb,
+                "runtime_min": RUNTIME_MIN,
+                "record": str(path),
+                "rerun": f"snakemake --cores all --forcerun train {path}",
+            }
+        )
+        if figures.get("status") != "missing":
+            figures.setdefault("world_size", gpus)
+            figures.setdefault("nodes", _nodes(figures["world_size"]))
+            document = record or make_record(
+                run_id, model=model, precision=precision, per_rank_batch=per_rank_batch, **figures
+            )
+            path.write_text(json.dumps(document))
+        return run_id
+
+    def write_matrix(self) -> Path:
+        path = self.root / "matrix.csv"
+        with path.open("w", newline="") as stream:
+            writer = csv.DictWriter(stream, fieldnames=list(self.rows[0]))
+            writer.writeheader()
+            writer.writerows(self.rows)
+        return path
+
+
+def write_comm(path: Path, world_size: int, nodes: int, times_us: dict[int, float], backend: str = "nccl") -> Path:
+    """A commbench file; algbw = size / t, busbw = algbw * 2 (N - 1) / N."""
+    results = []
+    for size, t in times_us.items():
+        algbw = size / (t * 1e-6) / 1e9
+        results.append(
+            {
+                "size_bytes": size,
+                "dtype": "float32",
+                "iterations": 20,
+                "time_us_median": t,
+                "time_us_min": 0.9 * t,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * 2 * (world_size - 1) / world_size,
+            }
+        )
+    document = {"world_size": world_size, "nodes": nodes, "backend": backend, "device_type": "cuda", "results": results}
+    path.write_text(json.dumps(document))
+    return path
+
+
+COMM_TIMES_US = {2: {1024: 20.0, 1048576: 50.0, 67108864: 400.0}, 4: {1024: 30.0, 1048576: 80.0, 67108864: 700.0}}
+
+
+def write_gpu_study(root: Path) -> dict[str, Any]:
+    """The GPU study of the module docstring; returns the aggregate() arguments."""
+    s = Study(root)
+    for repeat, thr in enumerate((90, 100, 110), 1):
+        s.add("strong", 1, repeat, samples_per_s=thr, data_stall=0.03 if repeat == 2 else 0.01)
+    for repeat, thr in enumerate((180, 170, 190), 1):
+        s.add("strong", 2, repeat, per_rank_batch=16, samples_per_s=thr, exposed_comm=0.1)
+    s.add("strong", 4, 1, per_rank_batch=8, samples_per_s=340, exposed_comm=0.15)
+    s.add("strong", 4, 2, per_rank_batch=8, samples_per_s=300, exposed_comm=0.1, status="failed", error=FAILED_MESSAGE)
+    s.add("strong", 4, 3, per_rank_batch=8, status="missing")
+    for repeat in (1, 2):
+        s.add("weak", 1, repeat, epoch_time_s=10.0)
+    s.add("weak", 2, 1, samples_per_s=150, epoch_time_s=11.0, exposed_comm=0.1)
+    s.add("weak", 2, 2, samples_per_s=160, epoch_time_s=12.0, exposed_comm=0.1)
+    s.add("weak", 2, 3, samples_per_s=999, epoch_time_s=100.0, world_size=1)  # record disagrees with the plan
+    for (bucket, batch), thr in {(5, 32): 200, (25, 32): 220, (5, 64): 240, (25, 64): 260}.items():
+        variant = f"bucket{bucket}-batch{batch}-bf16"
+        s.add(
+            "sensitivity",
+            2,
+            1,
+            variant=variant,
+            per_rank_batch=batch,
+            bucket_cap_mb=bucket,
+            samples_per_s=thr,
+            exposed_comm=0.1,
+        )
+    s.add("ablation", 2, 1, variant="baseline", precision="fp32", samples_per_s=100, exposed_comm=0.1)
+    s.add("ablation", 2, 1, variant="bf16", samples_per_s=150, exposed_comm=0.1)
+    s.add(
+        "ablation",
+        2,
+        1,
+        variant="channels_last",
+        precision="fp32",
+        samples_per_s=120,
+        status="preempted",
+        stop_signal="SIGTERM",
+    )
+    s.add("ablation", 2, 1, variant="all", samples_per_s=130, exposed_comm=0.1)
+    comm = [write_comm(root / f"g{n}.json", n, _nodes(n), times) for n, times in COMM_TIMES_US.items()]
+    references = root / "references.yaml"
+    references.write_text(REFERENCES_YAML)
+    return {"matrix_path": s.write_matrix(), "comm_paths": comm, "references_path": references}
+
+
+def write_cpu_study(root: Path) -> dict[str, Any]:
+    """Two CPU runs (1 and 2 ranks): no NVML, no sensitivity, ablation or all-reduce files."""
+    s = Study(root)
+    s.add("strong", 1, 1, device_type="cpu", samples_per_s=600)
+    s.add("strong", 2, 1, per_rank_batch=16, device_type="cpu", samples_per_s=780, exposed_comm=0.4)
+    references = root / "references.yaml"
+    references.write_text(REFERENCES_YAML)
+    return {"matrix_path": s.write_matrix(), "comm_paths": [], "references_path": references}
+
+
+def write_many_records(root: Path, count: int) -> Path:
+    """``count`` strong-scaling records of one template (ids differ), for timing the reader."""
+    s = Study(root)
+    template = make_record("template")
+    for index in range(count):
+        gpus = 2 ** (index % 4)
+        record = copy.deepcopy(template)
+        record["run_id"] = f"strong_resnet50_g{gpus}_r{index}"
+        record["parallel"].update(world_size=gpus, nodes=_nodes(gpus), ranks_per_node=gpus // _nodes(gpus))
+        s.add("strong", gpus, index, record=record)
+    return s.write_matrix()

@@ -1,0 +1,354 @@
+"""The study's figures, drawn from the aggregation's tables (``scalerepro.analysis.aggregate``).
+
+    python -m scalerepro.analysis.plots --tables results/tables --out results/plots
+
+Every figure of ``PLOT_NAMES`` is written as ``<name>.png`` and ``<name>.svg``. A figure whose
+table has no data (sensitivity disabled, a CPU run without NVML energy, ...) is still written,
+as a centred "not measured: <why>" note, so the report shows a hole rather than a missing image.
+The figures show the tables' numbers as they are; only units change (fractions to percent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.axis import Axis
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+from . import aggregate
+
+Tables = Mapping[str, pd.DataFrame]
+# The tables the figures read, with the columns an absent or empty one gets.
+COLUMNS = {
+    "runs": aggregate.RUN_COLUMNS,
+    "epochs": aggregate.EPOCH_COLUMNS,
+    "loss_log": aggregate.LOSS_COLUMNS,
+    "scaling": aggregate.SCALING_COLUMNS,
+    "sensitivity": aggregate.SENSITIVITY_COLUMNS,
+    "ablation": aggregate.ABLATION_COLUMNS,
+    "communication": aggregate.COMM_COLUMNS,
+    "comparison": aggregate.COMPARISON_COLUMNS,
+    "checks": aggregate.CHECK_COLUMNS,
+}
+MARKERS = ("D", "s", "^", "v", "P", "X", "*", "h")
+
+
+class NotMeasured(Exception):
+    """A figure has no data; the message says why."""
+
+
+def read_tables(tables_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
+    """The tables the figures use; a missing or empty CSV reads as an empty frame with its columns."""
+    tables = {}
+    for name, columns in COLUMNS.items():
+        path = Path(tables_dir) / f"{name}.csv"
+        empty = not path.is_file() or path.stat().st_size == 0
+        tables[name] = pd.DataFrame(columns=columns) if empty else pd.read_csv(path, dtype={"variant": str})
+    return tables
+
+
+def _threshold(t: Tables, key: str) -> float | None:
+    """The number a target line is drawn at, when the target ``key`` was given."""
+    values = t["checks"].loc[t["checks"]["check"].eq(key), "threshold"].dropna()
+    return float(values.iloc[0]) if len(values) else None
+
+
+def _gpu_axis(ax: plt.Axes, gpus: Sequence[float]) -> None:
+    """A log2 GPU-count axis, ticked at the counts measured."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(gpus))))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("GPUs")
+
+
+def _plain_log_axis(axis: Axis) -> None:
+    """A log axis labelled 1-2-5 in plain numbers (2,000, not 2 x 10^3)."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.6g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _bytes(value: float, _position: object = None) -> str:
+    """1024 -> "1 KiB"."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    power = min(int(np.log2(max(value, 1)) // 10), len(units) - 1)
+    return f"{value / 1024**power:g} {units[power]}"
+
+
+def _panels(count: int, width: float = 5.2, height: float = 4.2) -> tuple[Figure, np.ndarray]:
+    """``count`` panels side by side, the figure at least 7.5 in wide so that titles fit."""
+    fig, axes = plt.subplots(1, count, figsize=(max(width * count, 7.5), height), squeeze=False, layout="constrained")
+    return fig, axes[0]
+
+
+def _legend_below(fig: Figure, axes: Sequence[plt.Axes], order: Callable[[str], object] = str) -> None:
+    """One legend for all panels, below them; each label once, sorted by ``order``."""
+    entries = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
+    labels = sorted(entries, key=order)
+    fig.legend([entries[label] for label in labels], labels, loc="outside lower center", frameon=False)
+
+
+# --------------------------------------------------------------------------------------------
+# The figures: each returns a Figure or raises NotMeasured
+# --------------------------------------------------------------------------------------------
+
+
+def throughput_vs_gpus(t: Tables) -> Figure:
+    cells = t["scaling"].dropna(subset=["samples_per_s_median"])
+    if cells.empty:
+        raise NotMeasured("no completed strong- or weak-scaling run (scaling.csv has no throughput)")
+    published = t["comparison"][t["comparison"]["metric"].eq("samples_per_s")]
+    markers = dict(zip(sorted(published["source"].unique()), itertools.cycle(MARKERS)))
+    colours = dict(zip(("strong", "weak"), sns.color_palette(n_colors=2)))
+    models = sorted(cells["model"].unique())
+    fig, axes = _panels(len(models))
+    for ax, model in zip(axes, models):
+        for study, group in cells[cells["model"].eq(model)].sort_values("gpus").groupby("study"):
+            median, colour = group["samples_per_s_median"], colours[study]
+            spread = [median - group["samples_per_s_min"], group["samples_per_s_max"] - median]
+            label = f"{study} scaling: median, min-max over repeats"
+            ax.errorbar(group["gpus"], median, yerr=spread, marker="o", capsize=4, color=colour, label=label)
+            one = group.loc[group["gpus"].eq(1), "samples_per_s_median"]
+            if len(one):  # ideal: thr(N) = N thr(1)
+                label = f"{study} scaling: ideal linear from 1 GPU"
+                ax.plot(group["gpus"], one.iloc[0] * group["gpus"], ls="--", color=colour, alpha=0.6, label=label)
+        for source, refs in published[published["model"].eq(model)].groupby("source"):
+            label = f"published: {textwrap.shorten(source, 70, placeholder=' ...')}"
+            ax.scatter(refs["gpus"], refs["published"], marker=markers[source], s=60, color="0.25", label=label)
+        _gpu_axis(ax, [*cells["gpus"], *published.loc[published["model"].eq(model), "gpus"]])
+        ax.set_yscale("log")
+        _plain_log_axis(ax.yaxis)
+        ax.set_ylabel("throughput (samples/s, all GPUs)")
+        ax.set_title(model)
+    _legend_below(fig, axes, order=lambda label: (label.startswith("published"), "ideal" in label, label))
+    fig.suptitle("Training throughput vs GPUs")
+    return fig
+
+
+def efficiency_vs_gpus(t: Tables) -> Figure:
+    cells = t["scaling"].dropna(subset=["efficiency"])
+    if cells.empty:
+        raise NotMeasured("no scaling efficiency: it needs completed 1-GPU and N-GPU runs of a study and model")
+    fig, (ax,) = _panels(1, width=7.5, height=4.8)
+    data = cells.assign(efficiency_pct=100 * cells["efficiency"])
+    style = {"hue": "model", "style": "study", "markers": True, "markersize": 8, "errorbar": None}
+    sns.lineplot(data, x="gpus", y="efficiency_pct", ax=ax, **style)
+    ax.axhline(100, color="0.4", lw=1, label="ideal (100%)")
+    target = _threshold(t, "strong_efficiency_min")
+    if target is not None:
+        ax.axhline(100 * target, color="tab:red", ls="--", lw=1.2, label=f"target, strong ({target:.0%})")
+    _gpu_axis(ax, cells["gpus"])
+    ax.set_ylim(0, max(110, 100 * cells["efficiency"].max() + 10))
+    ax.set_ylabel("scaling efficiency (%)")
+    ax.set_title("Scaling efficiency: strong thr(N)/(N thr(1)), weak T(1)/T(N)")
+    ax.legend(loc="lower left", fontsize="small")
+    return fig
+
+
+def weak_epoch_time(t: Tables) -> Figure:
+    cells = t["scaling"][t["scaling"]["study"].eq("weak")].dropna(subset=["epoch_time_s"])
+    if cells.empty:
+        raise NotMeasured("no completed weak-scaling run (the weak study is disabled or did not finish)")
+    fig, (ax,) = _panels(1, width=7.0, height=4.6)
+    palette = dict(zip(sorted(cells["model"].unique()), sns.color_palette()))
+    style = {"hue": "model", "palette": palette, "marker": "o", "markersize": 8, "errorbar": None}
+    sns.lineplot(cells, x="gpus", y="epoch_time_s", ax=ax, **style)
+    for model, one in cells[cells["gpus"].eq(1)].groupby("model"):  # ideal: T(N) = T(1)
+        ax.axhline(one["epoch_time_s"].iloc[0], color=palette[model], ls="--", lw=1, label=f"{model}: ideal (constant)")
+    _gpu_axis(ax, cells["gpus"])
+    ax.set_ylim(0, 1.15 * cells["epoch_time_s"].max())
+    ax.set_ylabel("time per epoch (s, median)")
+    ax.set_title("Weak scaling: time per epoch (per-GPU batch and data fixed)")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def sensitivity_heatmap(t: Tables) -> Figure:
+    if t["sensitivity"].empty:
+        raise NotMeasured("the sensitivity study is not part of this study (sensitivity.csv is empty)")
+    cells = t["sensitivity"].dropna(subset=["samples_per_s_median"])
+    if cells.empty:
+        raise NotMeasured("no sensitivity run completed")
+    panels = list(cells.groupby(["model", "gpus", "precision"]))
+    fig, axes = _panels(len(panels), width=5.5, height=4.4)
+    scale = {"vmin": cells["samples_per_s_median"].min(), "vmax": cells["samples_per_s_median"].max()}  # shared
+    for ax, ((model, gpus, precision), group) in zip(axes, panels):
+        grid = group.pivot_table(index="per_rank_batch", columns="bucket_cap_mb", values="samples_per_s_median")
+        grid.columns = [f"{bucket:g}" for bucket in grid.columns]
+        colourbar = {"label": "samples/s (median)"}
+        sns.heatmap(grid, annot=True, fmt=".0f", cmap="viridis", cbar_kws=colourbar, ax=ax, **scale)
+        ax.invert_yaxis()
+        ax.set_xlabel("DDP bucket size (MB)")
+        ax.set_ylabel("batch per GPU (samples)")
+        ax.set_title(f"{model}, {gpus:g} GPUs, {precision}")
+    fig.suptitle("Sensitivity: throughput by DDP bucket size and batch per GPU")
+    return fig
+
+
+def ablation_gain(t: Tables) -> Figure:
+    table = t["ablation"]
+    if table.empty:
+        raise NotMeasured("the ablation study is not part of this study (ablation.csv is empty)")
+    if table["gain"].isna().all():
+        raise NotMeasured("no gain over the baseline: " + "; ".join(sorted(set(table["note"].dropna()))))
+    bars = table[table["variant"].ne("baseline")].assign(gain_pct=lambda f: 100 * f["gain"])
+    variants, models = list(dict.fromkeys(bars["variant"])), list(dict.fromkeys(bars["model"]))
+    fig, (ax,) = _panels(1, width=max(6.0, 1.3 * len(variants) + 2), height=4.6)
+    drawn = bars.assign(drawn=bars["gain_pct"].fillna(0))  # a variant without a gain: no bar, a label
+    sns.barplot(drawn, x="variant", y="drawn", hue="model", order=variants, hue_order=models, ax=ax)
+    for container, model in zip(ax.containers, models):
+        gains = bars[bars["model"].eq(model)].set_index("variant")["gain_pct"].reindex(variants)
+        labels = [f"{gain:+.1f}%" if pd.notna(gain) else "not measured" for gain in gains]
+        ax.bar_label(container, labels=labels, fontsize="small")
+    ax.axhline(0, color="0.3", lw=1)
+    target = _threshold(t, "optimisation_gain_min")
+    if target is not None:
+        ax.axhline(100 * target, color="tab:red", ls="--", lw=1.2, label=f"target ({target:+.0%})")
+    ax.set_xlabel('variant ("all": every optimisation together)')
+    ax.set_ylabel("throughput gain over baseline (%)")
+    ax.set_title(f"Ablation at {bars['gpus'].iloc[0]:g} GPUs: gain over the baseline")
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def _curve_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Strong scaling, repeat 1, at 1 GPU and at each model's largest GPU count, with a label."""
+    strong = runs[runs["study"].eq("strong") & runs["repeat"].eq(1) & runs["status"].ne("missing")]
+    chosen = strong[strong["gpus"].eq(1) | strong["gpus"].eq(strong.groupby("model")["gpus"].transform("max"))]
+    label = chosen["gpus"].map(lambda n: f"{n:g} GPU" + ("s" if n > 1 else ""))
+    return chosen.assign(curve=label.where(chosen["status"].eq("ok"), label + " (" + chosen["status"] + ")"))
+
+
+def _curves(t: Tables, table: str, y: str, scale: float, ylabel: str, title: str) -> Figure:
+    chosen = _curve_runs(t["runs"])[["run_id", "model", "gpus", "curve"]]
+    points = t[table].dropna(subset=[y]).merge(chosen, on="run_id")
+    if points.empty:
+        raise NotMeasured(
+            f"no strong-scaling run (repeat 1, 1 GPU or the largest count) recorded {y.replace('_', ' ')}"
+        )
+    models = sorted(points["model"].unique())
+    fig, axes = _panels(len(models))
+    for ax, model in zip(axes, models):
+        group = points[points["model"].eq(model)].sort_values(["gpus", "step"])
+        data = group.assign(value=scale * group[y])
+        sns.lineplot(data, x="step", y="value", hue="curve", marker="o", errorbar=None, ax=ax)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(model)
+        ax.legend(title=None, fontsize="small")
+    fig.suptitle(title)
+    return fig
+
+
+def loss_curves(t: Tables) -> Figure:
+    return _curves(t, "loss_log", "loss", 1.0, "training loss", "Training loss, strong scaling: 1 vs N GPUs (repeat 1)")
+
+
+def accuracy_curves(t: Tables) -> Figure:
+    title = "Evaluation accuracy, strong scaling: 1 vs N GPUs (repeat 1)"
+    return _curves(t, "epochs", "eval_accuracy", 100.0, "evaluation accuracy (%)", title)
+
+
+def energy_per_sample(t: Tables) -> Figure:
+    runs = t["runs"]
+    scaled = runs[runs["study"].isin(["strong", "weak"]) & aggregate.counts(runs)]
+    measured = scaled.dropna(subset=["energy_per_sample_j"])
+    if measured.empty:
+        reasons = "; ".join(sorted(set(scaled["nvml_reason"].dropna())))
+        raise NotMeasured("no completed scaling run recorded GPU energy" + (f" ({reasons})" if reasons else ""))
+    cells = measured.groupby(["study", "model", "gpus"], as_index=False)["energy_per_sample_j"].median()
+    fig, (ax,) = _panels(1, width=7.0, height=4.6)
+    style = {"hue": "model", "style": "study", "markers": True, "markersize": 8, "errorbar": None}
+    sns.lineplot(cells, x="gpus", y="energy_per_sample_j", ax=ax, **style)
+    _gpu_axis(ax, cells["gpus"])
+    ax.set_ylim(0, 1.15 * cells["energy_per_sample_j"].max())
+    ax.set_ylabel("GPU energy per sample (J, median over repeats)")
+    ax.set_title("Energy per training sample vs GPUs")
+    return fig
+
+
+def busbw_vs_size(t: Tables) -> Figure:
+    comm = t["communication"].dropna(subset=["busbw_gbps"]).sort_values(["gpus", "size_bytes"])
+    if comm.empty:
+        raise NotMeasured("no all-reduce benchmark (no multi-GPU count, or the communication benchmark is disabled)")
+    where = comm["nodes"].map("{:g} node(s), ".format) + comm["backend"]
+    comm = comm.assign(series=comm["gpus"].map("{:g} GPUs, ".format) + where)
+    fig, (ax,) = _panels(1, width=7.5, height=4.8)
+    sns.lineplot(comm, x="size_bytes", y="busbw_gbps", hue="series", marker="o", errorbar=None, ax=ax)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(_bytes))
+    ax.set_xlabel("message size (float32 all-reduce)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("All-reduce bus bandwidth vs message size (busbw = size/t x 2(N-1)/N)")
+    ax.legend(title=None, fontsize="small")
+    return fig
+
+
+FIGURES: dict[str, Callable[[Tables], Figure]] = {
+    "throughput_vs_gpus": throughput_vs_gpus,
+    "efficiency_vs_gpus": efficiency_vs_gpus,
+    "weak_epoch_time": weak_epoch_time,
+    "sensitivity_heatmap": sensitivity_heatmap,
+    "ablation_gain": ablation_gain,
+    "loss_curves": loss_curves,
+    "accuracy_curves": accuracy_curves,
+    "energy_per_sample": energy_per_sample,
+    "busbw_vs_size": busbw_vs_size,
+}
+PLOT_NAMES = tuple(FIGURES)  # the workflow declares these as outputs
+
+
+def placeholder(name: str, why: str) -> Figure:
+    fig, ax = plt.subplots(figsize=(7.5, 3.0), layout="constrained")
+    ax.set_axis_off()
+    ax.set_title(name.replace("_", " "))
+    note = textwrap.fill(f"not measured: {why}", 70)
+    ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="0.35")
+    return fig
+
+
+def draw(tables: Tables, out_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """Write every figure as PNG and SVG into ``out_dir``; returns name -> "drawn" or the note."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plt.switch_backend("agg")  # files only, no display
+    sns.set_theme(context="notebook", style="whitegrid")
+    plt.rcParams["svg.hashsalt"] = "scalerepro"  # the same SVG ids on every run
+    outcome = {}
+    for name, figure in FIGURES.items():
+        try:
+            fig, outcome[name] = figure(tables), "drawn"
+        except NotMeasured as hole:
+            fig, outcome[name] = placeholder(name, str(hole)), f"not measured: {hole}"
+        fig.savefig(out / f"{name}.png", dpi=150, metadata={"Software": None})
+        fig.savefig(out / f"{name}.svg", metadata={"Date": None})
+        plt.close(fig)
+    return outcome
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scalerepro.analysis.plots", description=__doc__.split("\n")[0])
+    parser.add_argument("--tables", required=True, type=Path, help="directory of the aggregation's CSV tables")
+    parser.add_argument("--out", required=True, type=Path, help="directory for <figure>.png and <figure>.svg")
+    args = parser.parse_args(argv)
+    for name, outcome in draw(read_tables(args.tables), args.out).items():
+        print(f"plots: {name}: {outcome}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
