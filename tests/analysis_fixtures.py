@@ -273,7 +273,7 @@ class Study:
                 "bucket_cap_mb": bucket_cap_mb,
                 "runtime_min": RUNTIME_MIN,
                 "record": str(path),
-                "rerun": f"snakemake --cores all --forcerun train {path}",
+                "rerun": f"snakemake --cores all --forcerun {path}",
             }
         )
         if figures.get("status") != "missing":

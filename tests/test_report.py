@@ -92,7 +92,7 @@ def _run_rows(evil: bool) -> list[dict]:
             "bucket_cap_mb": 25.0,
             "runtime_min": 30,
             "record": record,
-            "rerun": f"snakemake --cores all --forcerun train {record}",
+            "rerun": f"snakemake --cores all --forcerun {record}",
             "status": status,
             "error": error if status != "missing" else f"no run record at {record}",
             "stop_signal": "SIGTERM" if status == "preempted" else None,
@@ -599,7 +599,7 @@ def test_cost_and_reproducibility(study):
     assert "7333a9c6cdfbdc5a5b41d26536c88629aaf3162c" in repro
     assert (
         "<details" in repro
-        and "snakemake --cores all --forcerun train results/runs/strong_resnet50_g1_r1/record.json" in repro
+        and "snakemake --cores all --forcerun results/runs/strong_resnet50_g1_r1/record.json" in repro
     )
     assert "--forcerun &lt;rule&gt;" in repro
     assert "&#34;resolved_gpu_counts&#34;" in repro or "&quot;resolved_gpu_counts&quot;" in repro  # the config, escaped

@@ -168,7 +168,8 @@ def test_nothing_left_to_do_and_reruns_are_exact(study):
     assert edited(study / "report/templates/report.html.j2") == {"report": 1, "all": 1}
     assert edited(study / "workflow/scalerepro/analysis/plots.py") == {"plots": 1, "report": 1, "all": 1}
     assert planned("--forcerun", "aggregate") == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
-    assert planned("--forcerun", "train", "results/runs/strong_cnn_g1_r1/record.json") == {"train": 1}
+    one_run = {"train": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert planned("--forcerun", "results/runs/strong_cnn_g1_r1/record.json") == one_run
 
 
 BAD_CONFIGS = [
@@ -226,3 +227,29 @@ def test_the_study_report_in_headless_chromium(study, tmp_path):
     assert len(found["images"]) == 9 and not found["broken_images"], found["images"]
     assert not found["errors"] and not found["foreign_requests"], found
     print(f"\nscreenshot of the CI study's report: {shot}")
+
+
+def test_more_gpus_than_the_machine_has_is_an_error_before_anything_runs(tmp_path):
+    config = yaml.safe_load((REPO / "config/ci.yaml").read_text())
+    config.update(device="cuda")  # this machine has no GPU; the CI study asks for 2
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = snakemake(REPO, "-n", "--configfile", str(path), timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "the study asks for 2 GPUs but this machine has 0" in output, output[-2000:]
+
+
+def test_containers_need_apptainer_only_when_enabled(tmp_path):
+    if shutil.which("apptainer"):
+        pytest.skip("apptainer is installed here: the refusal cannot be shown")
+    workdir = tmp_path / "repo"
+    shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
+    disabled = snakemake(workdir, "-n", "--configfile", "config/ci.yaml", timeout=120)
+    assert disabled.returncode == 0 and "build_container" not in disabled.stdout
+    config = yaml.safe_load((REPO / "config/ci.yaml").read_text())
+    config["container"]["enabled"] = True
+    (workdir / "containers.yaml").write_text(yaml.safe_dump(config))
+    enabled = snakemake(workdir, "results/containers/scalerepro.sif", "--cores", "1", "--configfile", "containers.yaml", timeout=300)
+    assert enabled.returncode != 0
+    assert "apptainer is not installed" in (workdir / "results/logs/build_container.log").read_text()

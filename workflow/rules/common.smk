@@ -325,7 +325,7 @@ def run_resources(key):
 
 
 def rerun_command(run):
-    return f"snakemake --cores all --forcerun train {record_path(run)}"
+    return f"snakemake --cores all --forcerun {record_path(run)}"
 
 
 def matrix_rows():
