@@ -74,12 +74,9 @@ def test_cifar_one_and_two_ranks_reach_matching_accuracy(tmp_path, prepared_cifa
     assert comm["fraction"] == pytest.approx(max(comm["sync_step_s"] - comm["nosync_step_s"], 0) / comm["sync_step_s"])
 
 
-def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
-    args = [
-        "--model", "cnn", "--batch-size", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
-        "--steps", "400", "--warmup-steps", "2", "--log-interval", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
-        "--record", str(tmp_path / "r.json"),
-    ]  # fmt: skip
+def _signal_last_rank_at_step_20(args: list[str], signum: int) -> tuple[subprocess.Popen, str]:
+    """Start two ranks under torchrun, wait until step 20 is logged, send ``signum`` to the last
+    rank only; return the launcher (finished) and everything it printed."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.train", *args]
     launcher = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in launcher.stdout:
@@ -87,9 +84,19 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
             break
     workers = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "scalerepro.train"], capture_output=True, text=True).stdout.split()
     assert len(workers) == 2, workers
-    os.kill(int(workers[-1]), signal.SIGUSR1)  # the last rank only: rank 0 must learn of it
+    os.kill(int(workers[-1]), signum)
     output = launcher.stdout.read()
     launcher.wait(timeout=120)
+    return launcher, output
+
+
+def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
+    args = [
+        "--model", "cnn", "--batch-size", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
+        "--steps", "400", "--warmup-steps", "2", "--log-interval", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--record", str(tmp_path / "r.json"),
+    ]  # fmt: skip
+    _, output = _signal_last_rank_at_step_20(args, signal.SIGUSR1)  # rank 0 must learn of it
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "preempted", output[-2000:]
     stopped = record["steps"]["completed"]
@@ -106,15 +113,8 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
 def test_a_crashed_rank_fails_the_run_with_a_record_and_one_line(tmp_path):
     args = ["--model", "cnn", "--batch-size", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
             "--steps", "2000", "--warmup-steps", "2", "--log-interval", "5", "--record", str(tmp_path / "r.json")]  # fmt: skip
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.train", *args]
-    launcher = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in launcher.stdout:
-        if line.startswith("step 20/"):
-            break
-    workers = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "scalerepro.train"], capture_output=True, text=True).stdout.split()
-    os.kill(int(workers[-1]), signal.SIGKILL)  # rank 1 dies without a word
-    output = launcher.stdout.read()
-    assert launcher.wait(timeout=120) != 0
+    launcher, output = _signal_last_rank_at_step_20(args, signal.SIGKILL)  # rank 1 dies without a word
+    assert launcher.returncode != 0
     errors = [line for line in output.splitlines() if line.startswith("scalerepro.train: error:")]
     assert len(errors) == 1 and "rank 0 at step" in errors[0] and "lost contact with another rank" in errors[0], output[-3000:]
     record = load_record(tmp_path / "r.json")

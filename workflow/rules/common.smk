@@ -278,10 +278,8 @@ def trainer_sources():
 
 def analysis_module(name):
     """The source of one analysis step: editing it reruns that step and what follows only."""
-    return [
-        str(PACKAGE / "analysis" / "__init__.py"),
-        str(PACKAGE / "analysis" / f"{name}.py"),
-    ]
+    shared = [PACKAGE / "files.py", PACKAGE / "analysis" / "__init__.py"]
+    return [str(path) for path in (*shared, PACKAGE / "analysis" / f"{name}.py")]
 
 
 def data_input(wildcards):

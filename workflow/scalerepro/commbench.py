@@ -113,16 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         for row in rows:
             print(f"{row['size_bytes']:>12} B  {row['time_us_median']:>12.1f} us  algbw {row['algbw_gbps']:8.3f} GB/s  busbw {row['busbw_gbps']:8.3f} GB/s", flush=True)
-    distributed.teardown(ctx, clean=True)
+    distributed.finish(ctx, clean=True)
     return 0
 
 
 if __name__ == "__main__":
     exit_code = main()
-    # Leave without interpreter finalisation: everything that matters is written and flushed,
-    # and finalisation can deadlock in c10d (gloo's worker thread waits for the GIL to free a
-    # finished collective while the main thread, holding the GIL, joins it from the process
-    # group's destructor), which would keep a finished rank alive forever.
+    # Leave without interpreter finalisation: destroying the process group there can deadlock
+    # (see distributed.finish); the result file is already written.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)

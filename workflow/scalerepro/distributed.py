@@ -162,14 +162,17 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
     return DistContext(env, device, backend, tuple(str(h) for h in hostnames))
 
 
-def teardown(ctx: DistContext, clean: bool) -> None:
-    """Destroy the process group. After a clean run all ranks first meet at a barrier, so none
-    leaves while a peer still waits on a collective; after a failure peers may be gone, so no
-    barrier. (The entry points then leave with os._exit: see scalerepro.train.)"""
-    if ctx.distributed and dist.is_initialized():
-        if clean:
-            dist.barrier()
-        dist.destroy_process_group()
+def finish(ctx: DistContext, clean: bool) -> None:
+    """End of a rank's work. After a clean run all ranks meet at a barrier, so none leaves while a
+    peer still waits on a collective; after a failure peers may be gone, so no barrier.
+
+    The process group is deliberately not destroyed: the entry points leave with ``os._exit``.
+    Destroying a gloo group (or letting DDP's reducer free it) joins gloo's worker thread while
+    holding the GIL, and that thread may still need the GIL to free a finished collective: a
+    deadlock, seen here, that keeps a finished rank alive forever.
+    """
+    if ctx.distributed and clean:
+        dist.barrier()
 
 
 def all_reduce_sum(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:

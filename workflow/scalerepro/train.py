@@ -114,16 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         code = _fail(config, ctx, trainer, error, **common)
     finally:
         if ctx is not None:
-            distributed.teardown(ctx, clean=code in (EXIT_OK, EXIT_PREEMPTED))
+            distributed.finish(ctx, clean=code in (EXIT_OK, EXIT_PREEMPTED))
     return code
 
 
 if __name__ == "__main__":
     exit_code = main()
-    # Leave without interpreter finalisation: everything that matters is written and flushed,
-    # and finalisation can deadlock in c10d (gloo's worker thread waits for the GIL to free a
-    # finished collective while the main thread, holding the GIL, joins it from the process
-    # group's destructor), which would keep a finished rank alive forever.
+    # Leave without interpreter finalisation (records and checkpoints are written and synced):
+    # it would destroy the process group, which can deadlock (see distributed.finish).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)

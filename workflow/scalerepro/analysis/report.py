@@ -26,7 +26,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,8 @@ import jinja2
 import markupsafe
 import pandas as pd
 import yaml
+
+from ..files import atomic_file
 
 # The tables the aggregation writes, by file stem.
 TABLES = ("runs", "scaling", "sensitivity", "ablation", "communication", "comparison", "checks", "cost")
@@ -802,16 +803,8 @@ def render(
 
 
 def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as stream:
+        stream.write(text.encode("utf-8"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
