@@ -19,7 +19,7 @@ from . import cifar10, distributed, record
 from .checkpoint import CheckpointError
 from .config import ConfigError, TrainConfig, parse_args
 from .distributed import DistContext, DistributedSetupError
-from .trainer import NonFiniteLossError, Trainer
+from .trainer import NonFiniteLossError, StopRequest, Trainer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
 _USAGE_ERRORS = (ConfigError, cifar10.DatasetError)
@@ -84,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     ctx: DistContext | None = None
     trainer: Trainer | None = None
     code = EXIT_FAILED
+    stop = StopRequest()
     try:
         ctx = distributed.setup(config.parallel.device, config.parallel.dist_timeout_s)
         log = functools.partial(print, flush=True) if ctx.is_main else _silent
-        trainer = Trainer(config, ctx, log=log)
+        trainer = Trainer(config, ctx, stop, log=log)
         outcome = trainer.fit()
         measurements = trainer.results()
         if ctx.is_main and config.run.record:
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ctx is not None:
             distributed.finish(ctx, clean=code in (EXIT_OK, EXIT_PREEMPTED))
+        stop.restore()
     return code
 
 

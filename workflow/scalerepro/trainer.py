@@ -36,7 +36,11 @@ class NonFiniteLossError(RuntimeError):
 
 class StopRequest:
     """SIGTERM / SIGUSR1 (Slurm's preemption warning, ``--signal=USR1@...``) set a flag; the loop
-    finishes the current step, checkpoints and exits with EXIT_PREEMPTED."""
+    finishes the current step, checkpoints and exits with EXIT_PREEMPTED.
+
+    Installed for the whole life of the process (``scalerepro.train.main``): a launcher that
+    stops the ranks after a peer failed sends SIGTERM, and a rank that is still writing its
+    failure record must not be killed by it half-way."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -90,8 +94,8 @@ def _precision_setup(precision: str) -> torch.dtype | None:
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, ctx: DistContext, log: Any = print):
-        self.config, self.ctx, self.log = config, ctx, log
+    def __init__(self, config: TrainConfig, ctx: DistContext, stop: StopRequest, log: Any = print):
+        self.config, self.ctx, self.stop, self.log = config, ctx, stop, log
         run, perf = config.run, config.perf
         self.device = ctx.device
         torch.manual_seed(run.seed)
@@ -263,7 +267,7 @@ class Trainer:
         run, p = self.config.run, self.progress
         accum = self.config.optim.grad_accum_steps
         micro_per_epoch = self.steps_per_epoch * accum
-        stop = StopRequest()
+        stop = self.stop
         sampler = NvmlSampler(
             nvml_uuid_for_torch_device(self.device.index) if self.device.type == "cuda" else None,
             run.nvml_interval_s,
@@ -336,7 +340,6 @@ class Trainer:
                 self.nvml_summary = sampler.stop()
             if bar is not None:
                 bar.close()
-            stop.restore()
             if completed:
                 self._probe_exposed_communication()
             self.loader.close()
