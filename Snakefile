@@ -21,3 +21,7 @@ rule all:
     default_target: True
     input:
         "results/report/index.html",
+
+
+onsuccess:
+    print(f"report: {Path('results/report/index.html').resolve()}")
