@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from cifar_archive import Batch, official_files, write_archive
-from conftest import REPO, learnable_cifar_split, load_record
+from conftest import REPO, clean_env, learnable_cifar_split, load_record
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 COPY_IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "__pycache__", "*.egg-info", ".pytest_cache", ".whl", ".gl")
@@ -29,10 +29,7 @@ COPY_IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "
 
 def _env() -> dict[str, str]:
     # The rules call `python`: make it this interpreter (the environment with every extra).
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "LOCAL_", "WORLD_", "MASTER_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return clean_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:

@@ -267,7 +267,6 @@ class Trainer:
         run, p = self.config.run, self.progress
         accum = self.config.optim.grad_accum_steps
         micro_per_epoch = self.steps_per_epoch * accum
-        stop = self.stop
         sampler = NvmlSampler(
             nvml_uuid_for_torch_device(self.device.index) if self.device.type == "cuda" else None,
             run.nvml_interval_s,
@@ -303,13 +302,13 @@ class Trainer:
                     p.epoch_steps += 1
                     interval.steps += 1
                     if p.step % run.log_interval == 0 or p.step == self.total_steps:
-                        stop_now = self._log_point(p, interval, interval_loss, first_bad_step, stop, bar)
+                        stop_now = self._log_point(p, interval, interval_loss, first_bad_step, bar)
                         interval_loss.zero_()
                         interval = _Interval(time.perf_counter(), 0)
                     else:
                         # Ranks must agree on the step they stop after, so several ranks decide
                         # only at log points; a single rank can stop at any step.
-                        stop_now = not self.ctx.distributed and stop.signal_name is not None
+                        stop_now = not self.ctx.distributed and self.stop.signal_name is not None
                     self.timer.stop(p.epoch, measured)
                     if measured:
                         self.measured_samples += self.global_batch
@@ -318,7 +317,7 @@ class Trainer:
                     if stop_now:
                         p.epoch_loss_sum = self._global_sum(epoch_loss)
                         self._save_checkpoint()
-                        return Outcome("preempted", stop.signal_name, self._checkpoint_path)
+                        return Outcome("preempted", self.stop.signal_name, self._checkpoint_path)
                     if self.checkpoint_dir and run.checkpoint_interval and p.step % run.checkpoint_interval == 0:
                         p.epoch_loss_sum = self._global_sum(epoch_loss)
                         self._save_checkpoint()
@@ -350,12 +349,11 @@ class Trainer:
         interval: _Interval,
         interval_loss: torch.Tensor,
         first_bad_step: torch.Tensor,
-        stop: StopRequest,
         bar: Any,
     ) -> bool:
         """Read the interval's loss (the one host sync of the interval), check it is finite, log a
         line, and agree across ranks whether to stop now (any rank signalled: all stop)."""
-        flags = torch.tensor([float(first_bad_step.item()), 1.0 if stop.signal_name else 0.0], device=self.device)
+        flags = torch.tensor([float(first_bad_step.item()), 1.0 if self.stop.signal_name else 0.0], device=self.device)
         all_reduce_max(self.ctx, flags)
         bad_step, stop_now = int(flags[0].item()), bool(flags[1].item())
         if bad_step >= 0:
