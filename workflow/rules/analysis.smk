@@ -65,6 +65,8 @@ rule aggregate:
         "results/logs/aggregate.log",
     conda:
         ENV_ANALYSIS
+    resources:
+        **CLUSTER_RESOURCES,
     params:
         comm=lambda wc, input: " ".join(input.comm),
         targets=targets_args(),
@@ -83,5 +85,7 @@ rule plots:
         "results/logs/plots.log",
     conda:
         ENV_ANALYSIS
+    resources:
+        **CLUSTER_RESOURCES,
     shell:
         "python -m scalerepro.analysis.plots --tables results/tables --out results/plots > {log} 2>&1"

@@ -3,9 +3,11 @@
 
 import copy
 import math
+import os
 import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,12 +69,60 @@ def validate_config(values):
 
 validate_config(config)
 LOCAL_GPUS = _local_gpu_count()
+
+
+def _profile_executor(name):
+    """The executor a Snakemake profile names (``--profile NAME``), searched where Snakemake
+    searches: the path itself, then ./, ~/.config/snakemake and /etc/xdg/snakemake."""
+    for base in (
+        Path(),
+        Path.home() / ".config" / "snakemake",
+        Path("/etc/xdg/snakemake"),
+    ):
+        for file in ("config.v9+.yaml", "config.v8+.yaml", "config.yaml"):
+            path = base / name / file
+            if path.is_file():
+                return (yaml.safe_load(path.read_text()) or {}).get("executor")
+    return None
+
+
+def _submits_to_slurm(argv):
+    """Whether this invocation submits its jobs to Slurm. Snakemake reads the Snakefile before it
+    sets up the executor (workflow.local_exec is still True here), and the study's shape depends
+    on the answer (device, GPU counts), so read it where Snakemake does: --executor/-e, else the
+    profile (--profile or $SNAKEMAKE_PROFILE)."""
+    executor, profile = None, os.environ.get("SNAKEMAKE_PROFILE")
+    for flag, value in zip(argv, argv[1:]):
+        if flag in ("--executor", "-e"):
+            executor = value
+        elif flag == "--profile":
+            profile = value
+    for arg in argv:
+        if arg.startswith("--executor="):
+            executor = arg.split("=", 1)[1]
+        elif arg.startswith("--profile="):
+            profile = arg.split("=", 1)[1]
+    if executor is None and profile:
+        executor = _profile_executor(profile)
+    return executor == "slurm"
+
+
+# The jobs run on Slurm: this process submits them (--profile slurm), or it is one of them
+# (Snakemake re-runs the workflow inside each job; there the study must resolve exactly as it
+# did on the login node).
+ON_SLURM = (
+    _submits_to_slurm(sys.argv)
+    if workflow.is_main_process
+    else "SLURM_JOB_ID" in os.environ
+)
+# Where the ranks run: on this machine only when nothing is submitted.
+LOCAL_RUNS = not ON_SLURM
 # The device every training run uses. "auto" picks the GPUs when there are any (or the jobs run
 # on a cluster), else the CPU, and only then does the small cpu_overrides matrix apply.
 DEVICE = (
     config["device"]
     if config["device"] != "auto"
-    else ("cuda" if LOCAL_GPUS or not workflow.local_exec else "cpu")
+    else ("cuda" if LOCAL_GPUS or ON_SLURM else "cpu")
 )
 if config["device"] == "auto" and DEVICE == "cpu":
     config = _merge(config, config.get("cpu_overrides", {}))
@@ -83,7 +133,7 @@ STUDY = config
 def _gpus_per_node():
     if STUDY["gpus_per_node"] != "auto":
         return STUDY["gpus_per_node"]
-    if DEVICE == "cuda" and workflow.local_exec:
+    if DEVICE == "cuda" and LOCAL_RUNS:
         return max(LOCAL_GPUS, 1)
     raise WorkflowError(
         "gpus_per_node is 'auto', which only a local GPU machine can resolve: set gpus_per_node in the config"
@@ -96,18 +146,18 @@ GPUS_PER_NODE = _gpus_per_node()
 def _gpu_counts():
     counts = STUDY["scaling"]["gpu_counts"]
     if counts == "auto":
-        limit = GPUS_PER_NODE if workflow.local_exec else STUDY["scaling"]["max_gpus"]
+        limit = GPUS_PER_NODE if LOCAL_RUNS else STUDY["scaling"]["max_gpus"]
         counts = [2**k for k in range(int(math.log2(limit)) + 1)]
     return sorted(counts)
 
 
 GPU_COUNTS = _gpu_counts()
-if DEVICE == "cuda" and workflow.local_exec and max(GPU_COUNTS) > LOCAL_GPUS:
+if DEVICE == "cuda" and LOCAL_RUNS and max(GPU_COUNTS) > LOCAL_GPUS:
     raise WorkflowError(
         f"the study asks for {max(GPU_COUNTS)} GPUs but this machine has {LOCAL_GPUS}: "
         "lower scaling.gpu_counts, or run on a cluster with --profile slurm"
     )
-if workflow.local_exec and "gpus" not in workflow.global_resources:
+if LOCAL_RUNS and "gpus" not in workflow.global_resources:
     # The local scheduler then never runs more GPU ranks at once than there are GPUs.
     workflow.register_resource("gpus", LOCAL_GPUS)
 
@@ -317,6 +367,7 @@ def run_resources(key):
             "cpus_per_task": run.ranks_per_node * per_gpu["cpus_per_gpu"],
             "mem_mb": run.ranks_per_node * per_gpu["mem_mb_per_gpu"],
             "runtime": per_gpu["runtime_min"],
+            **slurm_resources(run.ranks_per_node, run.nodes, signal=True),
         }[key]
 
     return resource
@@ -362,6 +413,9 @@ wildcard_constraints:
 
 
 CONTAINER = STUDY["container"]["sif"] if STUDY["container"]["enabled"] else None
+# Rules that start ranks run the container themselves on Slurm (inside each node's srun task,
+# since srun is not in the image); elsewhere Snakemake's container: directive does it.
+RANKS_CONTAINER = None if ON_SLURM else CONTAINER
 
 
 def container_inputs():
@@ -369,15 +423,87 @@ def container_inputs():
     return [CONTAINER] if CONTAINER else []
 
 
-def launcher(ranks, nodes=1):
-    """How a job starts its ranks: torchrun, one process per GPU (or CPU rank) of this node."""
-    if nodes > 1:
+SLURM = STUDY["slurm"]
+SLURM_GPUS = DEVICE == "cuda" if SLURM["gpus"] == "auto" else SLURM["gpus"]
+# Account, partition, QoS and constraint of every job the workflow submits (unset ones omitted).
+CLUSTER_RESOURCES = {
+    resource: SLURM[key]
+    for resource, key in (
+        ("slurm_account", "account"),
+        ("slurm_partition", "partition"),
+        ("qos", "qos"),
+        ("constraint", "constraint"),
+    )
+    if SLURM[key] is not None
+}
+
+
+def launch_args(ranks_per_node, nodes, name):
+    """Flags of ``python -m scalerepro.launch`` for a job of ``nodes`` x ``ranks_per_node`` ranks:
+    torchrun on this machine, or (inside a Slurm job) one srun task per node running torchrun.
+    """
+    if nodes > 1 and LOCAL_RUNS:
         raise WorkflowError(
             f"a run over {nodes} nodes needs the Slurm executor: run with --profile slurm "
             f"(locally at most {GPUS_PER_NODE} ranks fit on this machine)"
         )
-    return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    args = [
+        f"--nodes={nodes}", f"--ranks-per-node={ranks_per_node}",
+        f"--cpus-per-node={ranks_per_node * STUDY['resources']['cpus_per_gpu']}",
+        f"--port={SLURM['rendezvous_port']}", f"--name={name}",
+        *(["--slurm-gpus"] if SLURM_GPUS else []),
+        *(f"--env={key}={value}" for key, value in SLURM["env"].items()),
+        *([f"--container={CONTAINER}"] if CONTAINER and ON_SLURM else []),
+    ]  # fmt: skip
+    return args
 
+
+def slurm_resources(ranks_per_node, nodes, signal=False):
+    """sbatch settings of a job that starts ranks: ``nodes`` nodes with ``ranks_per_node`` GPUs
+    each (``--gres=gpu:<n>`` is per node), one task per node holding all its CPUs.
+
+    ``mpi`` (any value) tells the plugin's job step that the rule starts its own srun step:
+    without it the rule would run inside an ``srun -n1`` step, which Slurm's warning signal
+    reaches and kills. Its empty value keeps sbatch's MPI task-count checks out of the way.
+    ``tasks_per_gpu=0`` stops the plugin from asking for one task per GPU."""
+    return {
+        "mpi": "",
+        "tasks_per_gpu": 0,
+        "gres": f"gpu:{ranks_per_node}" if SLURM_GPUS else None,
+        "slurm_extra": " ".join(
+            part
+            for part in (
+                SLURM["extra"],
+                f"--signal=USR1@{SLURM['signal_before_end_s']}" if signal else "",
+            )
+            if part
+        )
+        or None,
+    }
+
+
+def _check_slurm_partition():
+    """On the submitting host: the scheduler answers and the configured partition exists."""
+    if not (ON_SLURM and workflow.is_main_process):
+        return
+    listed = subprocess.run(
+        ["sinfo", "--noheader", "--format=%R"], capture_output=True, text=True
+    )
+    if listed.returncode != 0:
+        raise WorkflowError(
+            "the Slurm controller does not answer (sinfo: "
+            f"{listed.stderr.strip().splitlines()[-1] if listed.stderr.strip() else 'no output'}): "
+            "check `scontrol ping` and that SLURM_CONF points at this cluster"
+        )
+    partitions = sorted(set(listed.stdout.split()))
+    if SLURM["partition"] is not None and SLURM["partition"] not in partitions:
+        raise WorkflowError(
+            f"config error at 'slurm.partition': {SLURM['partition']!r} is not a partition of this "
+            f"cluster (sinfo lists: {', '.join(partitions)}): set slurm.partition in config/config.yaml"
+        )
+
+
+_check_slurm_partition()
 
 # The figures scalerepro.analysis.plots writes (tests check the two lists agree).
 PLOT_NAMES = [

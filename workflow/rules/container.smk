@@ -14,6 +14,8 @@ rule build_container:
         "results/logs/build_container.log",
     conda:
         ENV_TRAIN
+    resources:
+        **CLUSTER_RESOURCES,
     params:
         base_image=STUDY["container"]["base_image"],
     shell:

@@ -1,5 +1,10 @@
 # CIFAR-10: download (or a pre-staged archive), verify, extract safely, convert to the prepared
-# layout the trainer reads. Synthetic data needs none of this.
+# layout the trainer reads. Synthetic data needs none of this. On a cluster it runs on the
+# submitting host: login nodes reach the internet, compute nodes often do not.
+
+
+localrules:
+    fetch_cifar10,
 
 
 rule fetch_cifar10:

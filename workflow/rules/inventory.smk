@@ -15,6 +15,8 @@ rule system_inventory:
     container:
         CONTAINER
     resources:
+        **CLUSTER_RESOURCES,
+        gres="gpu:1" if SLURM_GPUS else None,
         gpus=1 if DEVICE == "cuda" else 0,
         gpus_per_node=1 if DEVICE == "cuda" else 0,
         runtime=10,

@@ -17,6 +17,8 @@ rule report:
         "results/logs/report.log",
     conda:
         ENV_ANALYSIS
+    resources:
+        **CLUSTER_RESOURCES,
     shell:
         "python -m scalerepro.analysis.report --tables results/tables --plots results/plots"
         " --inventory {input.inventory} --config {input.config} --references {input.references}"

@@ -30,9 +30,10 @@ rule train:
     conda:
         ENV_TRAIN
     container:
-        CONTAINER
+        RANKS_CONTAINER
     threads: lambda wc: RUNS[wc.run].ranks_per_node * STUDY["resources"]["cpus_per_gpu"]
     resources:
+        **CLUSTER_RESOURCES,
         nodes=run_resources("nodes"),
         tasks=run_resources("tasks"),
         gpus=run_resources("gpus"),
@@ -40,8 +41,14 @@ rule train:
         cpus_per_task=run_resources("cpus_per_task"),
         mem_mb=run_resources("mem_mb"),
         runtime=run_resources("runtime"),
+        mpi=run_resources("mpi"),
+        tasks_per_gpu=run_resources("tasks_per_gpu"),
+        gres=run_resources("gres"),
+        slurm_extra=run_resources("slurm_extra"),
     params:
-        launcher=lambda wc: launcher(RUNS[wc.run].ranks_per_node, RUNS[wc.run].nodes),
+        launch=lambda wc: launch_args(
+            RUNS[wc.run].ranks_per_node, RUNS[wc.run].nodes, wc.run
+        ),
         args=lambda wc: trainer_args(
             RUNS[wc.run],
             f"results/runs/{wc.run}/record.json",
@@ -62,17 +69,24 @@ rule comm_benchmark:
     conda:
         ENV_TRAIN
     container:
-        CONTAINER
+        RANKS_CONTAINER
     threads: lambda wc: ranks_and_nodes(int(wc.gpus))[0]
     resources:
+        **CLUSTER_RESOURCES,
         nodes=lambda wc: ranks_and_nodes(int(wc.gpus))[1],
         gpus=lambda wc: int(wc.gpus) if DEVICE == "cuda" else 0,
         runtime=15,
+        mpi="",
+        tasks_per_gpu=0,
+        gres=lambda wc: slurm_resources(*ranks_and_nodes(int(wc.gpus)))["gres"],
+        slurm_extra=slurm_resources(1, 1)["slurm_extra"],
     params:
-        launcher=lambda wc: " ".join(launcher(*ranks_and_nodes(int(wc.gpus)))),
+        launch=lambda wc: shlex.join(
+            launch_args(*ranks_and_nodes(int(wc.gpus)), f"comm_g{wc.gpus}")
+        ),
         sizes=" ".join(str(size) for size in STUDY["communication"]["sizes_bytes"]),
         iterations=STUDY["communication"]["iterations"],
         device=DEVICE,
     shell:
-        "python {params.launcher} -m scalerepro.commbench --out {output} --device {params.device}"
-        " --sizes {params.sizes} --iterations {params.iterations} > {log} 2>&1"
+        "python -m scalerepro.launch {params.launch} -- -m scalerepro.commbench --out {output}"
+        " --device {params.device} --sizes {params.sizes} --iterations {params.iterations} > {log} 2>&1"

@@ -44,7 +44,7 @@ class DistContext:
     env: DistEnv
     device: torch.device
     backend: str | None  # None when world_size == 1 (no process group)
-    hostnames: tuple[str, ...]  # one per rank, in rank order
+    hostnames: tuple[str, ...]  # node name of each rank, in rank order (see node_name)
 
     @property
     def rank(self) -> int:
@@ -81,6 +81,12 @@ def first_host(nodelist: str) -> str:
         return prefix
     first = ranges.split(",")[0].split("-")[0]
     return prefix + first  # keeps zero padding: "007" stays "007"
+
+
+def node_name(environ: Mapping[str, str] = os.environ) -> str:
+    """The node this process runs on: Slurm's name for it inside a job step (two slurmd on one
+    host are two nodes), else the host name."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def detect_env(environ: Mapping[str, str] = os.environ) -> DistEnv:
@@ -133,7 +139,7 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
     env = detect_env(environ)
     device = _select_device(requested_device, env.local_rank)
     if env.world_size == 1:
-        return DistContext(env, device, None, (socket.gethostname(),))
+        return DistContext(env, device, None, (node_name(environ),))
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     address = f"{env.master_addr}:{env.master_port}"
@@ -151,7 +157,7 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
         )
         # The first collective is where a missing peer shows up; gather host names with it.
         hostnames: list[str | None] = [None] * env.world_size
-        dist.all_gather_object(hostnames, socket.gethostname())
+        dist.all_gather_object(hostnames, node_name(environ))
     except (RuntimeError, dist.DistError) as error:  # DistStoreError, DistNetworkError, timeouts
         detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DistributedSetupError(

@@ -18,7 +18,8 @@ from pathlib import Path
 EXIT_PREEMPTED = 75
 
 record = Path(snakemake.output.record)  # noqa: F821 - injected by Snakemake
-command = [sys.executable, *snakemake.params.launcher, "-m", "scalerepro.train", *snakemake.params.args]  # noqa: F821
+# scalerepro.launch starts the ranks: torchrun here, or one srun task per node inside a Slurm job.
+command = [sys.executable, "-m", "scalerepro.launch", *snakemake.params.launch, "--", "-m", "scalerepro.train", *snakemake.params.args]  # noqa: F821
 with open(snakemake.log[0], "a") as log:  # noqa: F821
     log.write(f"$ {shlex.join(command)}\n")
     log.flush()

@@ -1,0 +1,161 @@
+"""Start the ranks of one job: torchrun on this machine, or one srun task per node on Slurm.
+
+    python -m scalerepro.launch --nodes 2 --ranks-per-node 4 -- -m scalerepro.train --model cnn ...
+
+Outside Slurm (no ``SLURM_JOB_ID``) this is ``torchrun --standalone`` on this machine (one node).
+Inside a Slurm allocation it runs one step, ``srun --nodes N --ntasks N --ntasks-per-node 1``,
+whose task on each node (``--node-agent``) execs torchrun with c10d rendezvous on the first host
+of the step's node list. Everything the step needs is passed to srun explicitly: Snakemake's
+Slurm job step strips most ``SLURM_*`` variables from a rule's environment, so the allocation's
+defaults cannot be relied on, and the node list is read inside the step, where srun sets it.
+
+Preemption: Slurm's warning signal (``--signal=USR1@T``) goes to every process of every job step
+but not to the batch step, where the rule (and this launcher) runs. The node agent ignores
+SIGUSR1 before exec'ing torchrun, so the agent survives it; the ranks install their own handler
+(``scalerepro.trainer.StopRequest``), checkpoint and exit 75, and the job fails so that Snakemake
+retries it, resuming from the checkpoint.
+
+This module imports no torch: it must start fast and run where only the launch happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+from .distributed import first_host
+
+# The c10d rendezvous port of a multi-node job: a base plus the job id modulo a span, so that two
+# jobs whose first node is the same host rarely meet on one port (single-node runs use torchrun's
+# --standalone, which picks a free port itself).
+RENDEZVOUS_PORT_SPAN = 1000
+
+
+class LaunchError(RuntimeError):
+    """The ranks cannot be started; the message says why and what to change."""
+
+
+def rendezvous_port(base: int, environ: Mapping[str, str]) -> int:
+    job_id = environ.get("SLURM_JOB_ID", "0")
+    return base + (int(job_id) if job_id.isdigit() else 0) % RENDEZVOUS_PORT_SPAN
+
+
+def torchrun_command(python: str, nodes: int, ranks_per_node: int, endpoint: str | None, rdzv_id: str, program: Sequence[str]) -> list[str]:
+    command = [python, "-m", "torch.distributed.run", f"--nproc-per-node={ranks_per_node}"]
+    if nodes == 1:
+        command.append("--standalone")
+    else:
+        command += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
+    return command + list(program)
+
+
+def srun_command(args: argparse.Namespace, python: str) -> list[str]:
+    """The one step of a Slurm job: a node agent per node, every resource named explicitly."""
+    step = [
+        "srun", f"--nodes={args.nodes}", f"--ntasks={args.nodes}", "--ntasks-per-node=1",
+        f"--cpus-per-task={args.cpus_per_node}", "--kill-on-bad-exit=1", "--export=ALL",
+        f"--job-name={args.name}" if args.name else None,
+        f"--gpus-per-node={args.ranks_per_node}" if args.slurm_gpus else None,
+    ]  # fmt: skip
+    container = ["apptainer", "exec", *(["--nv"] if args.slurm_gpus else []), args.container] if args.container else []
+    agent = [
+        "python" if args.container else python, "-m", "scalerepro.launch", "--node-agent", f"--nodes={args.nodes}",
+        f"--ranks-per-node={args.ranks_per_node}", f"--port={args.port}", "--", *args.program,
+    ]  # fmt: skip
+    return [part for part in step if part] + container + agent
+
+
+def resolve_host(host: str) -> str:
+    """An address for ``host``: its name when it resolves, else the NodeAddr Slurm knows it by
+    (clusters, and the test cluster, whose node names are not DNS names)."""
+    try:
+        socket.getaddrinfo(host, None)
+        return host
+    except socket.gaierror:
+        pass
+    if shutil.which("scontrol"):
+        shown = subprocess.run(["scontrol", "show", "node", host, "--oneliner"], capture_output=True, text=True)
+        for field in shown.stdout.split():
+            if field.startswith("NodeAddr="):
+                return field.removeprefix("NodeAddr=")
+    raise LaunchError(f"the rendezvous host {host!r} does not resolve and Slurm gives no NodeAddr for it: check the node's DNS name")
+
+
+def node_agent(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """Inside the step, on each node: the torchrun command for this node."""
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    if args.nodes > 1 and not nodelist:
+        raise LaunchError("--node-agent runs inside an srun step (no SLURM_STEP_NODELIST here): start jobs with scalerepro.launch")
+    endpoint = f"{resolve_host(first_host(nodelist))}:{args.port}" if args.nodes > 1 else None
+    rdzv_id = f"{environ.get('SLURM_JOB_ID', 'local')}.{environ.get('SLURM_STEP_ID', '0')}"
+    return torchrun_command(sys.executable, args.nodes, args.ranks_per_node, endpoint, rdzv_id, args.program)
+
+
+def command(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """The command that starts every rank of the job, from where this launcher runs."""
+    if args.node_agent:
+        return node_agent(args, environ)
+    if "SLURM_JOB_ID" in environ:
+        if shutil.which("srun") is None:
+            raise LaunchError("inside a Slurm job but srun is not on PATH: load the site's Slurm module in the profile's precommand")
+        return srun_command(args, sys.executable)
+    if args.nodes > 1:
+        raise LaunchError(
+            f"a run over {args.nodes} nodes needs Slurm (no SLURM_JOB_ID here): run the workflow with --profile slurm"
+        )
+    # Locally a container is Snakemake's business (the rule's container: directive).
+    return torchrun_command(sys.executable, 1, args.ranks_per_node, None, "local", args.program)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m scalerepro.launch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks (GPUs) per node")
+    parser.add_argument("--cpus-per-node", type=int, default=1, help="CPUs of the node's srun task (Slurm)")
+    parser.add_argument("--slurm-gpus", action="store_true", help="ask the step for --gpus-per-node=<ranks per node>")
+    parser.add_argument("--port", type=int, default=29400, help="rendezvous port base; the job id modulo 1000 is added (Slurm)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="exported to every rank (NCCL_SOCKET_IFNAME=ib0, ...)")
+    parser.add_argument("--container", default=None, help="Apptainer image the ranks run in, inside each node's srun task (Slurm)")
+    parser.add_argument("--name", default=None, help="the step's name in sacct")
+    parser.add_argument("--node-agent", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("program", nargs=argparse.REMAINDER, help="-- then what torchrun starts: -m scalerepro.train ...")
+    args = parser.parse_args(argv)
+    if args.program[:1] == ["--"]:
+        args.program = args.program[1:]
+    if not args.program:
+        parser.error("nothing to launch: give -- -m scalerepro.train ...")
+    for item in args.env:
+        if "=" not in item:
+            parser.error(f"--env {item!r}: expected NAME=VALUE")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.node_agent:
+        args.port = rendezvous_port(args.port, os.environ)
+    os.environ.update(item.split("=", 1) for item in args.env)  # srun --export=ALL carries them on
+    try:
+        argv_out = command(args, os.environ)
+    except LaunchError as error:
+        print(f"scalerepro.launch: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    print(f"scalerepro.launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
+    if args.node_agent:
+        # Survive Slurm's warning signal; the ranks, which torchrun starts from here, install
+        # their own handler over the inherited SIG_IGN.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        os.execvp(argv_out[0], argv_out)
+    # The job-level launcher waits; SIGUSR1 never reaches it (batch step) and SIGTERM ends it.
+    return subprocess.run(argv_out).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
