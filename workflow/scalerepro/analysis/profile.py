@@ -548,13 +548,14 @@ def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[
             parts.append(breakdown(timeline))
             if not top:
                 top = top_calls(timeline.calls)
-    trace = run_dir / "torch" / "trace.json"
-    if not parts and trace.is_file():
+    # torch/ normally; under nsys/ or ncu/ when that tool was missing on the node and the job fell back
+    trace = next(iter(sorted(run_dir.glob("*/trace.json"))), None)
+    if not parts and trace is not None:
         timeline = read_torch_trace(trace)
         parts.append(breakdown(timeline))
         top = top_calls(timeline.calls)
-        if (run_dir / "torch" / "operators.csv").is_file():
-            operators = read_operator_table(run_dir / "torch" / "operators.csv")
+        if (trace.parent / "operators.csv").is_file():
+            operators = read_operator_table(trace.parent / "operators.csv")
     kernels_csv = run_dir / "ncu" / "kernels.csv"
     roof = roofline(read_ncu_csv(kernels_csv), peaks) if kernels_csv.is_file() and peaks else []
     figures = _mean_breakdown(parts) if parts else {}
