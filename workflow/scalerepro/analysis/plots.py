@@ -312,13 +312,14 @@ def profile_breakdown(t: Tables) -> Figure:
     bottom = np.zeros(len(runs))
     for category in profile.CATEGORIES:  # compute + exposed comm + data wait + idle = the whole window
         share = 100 * runs[f"{category}_fraction"].fillna(0).to_numpy()
-        ax.bar(runs.index, share, bottom=bottom, color=colours[category], label=names[category])
+        ax.bar(runs.index, share, width=0.6, bottom=bottom, color=colours[category], label=names[category])
         bottom += share
     for x, row in runs.iterrows():
         overlap = "no comm" if pd.isna(row["overlap_fraction"]) else f"overlap {row['overlap_fraction']:.0%}"
         ax.text(x, 101, f"{row['classification']}\n{overlap}", ha="center", va="bottom", fontsize="x-small")
     ax.set_xticks(runs.index, [f"{r.run_id}\n{r.source}" for r in runs.itertuples()], fontsize="x-small")
     ax.set_ylim(0, 118)
+    ax.set_xlim(-0.7, len(runs) - 0.3)
     ax.set_ylabel("share of the profiling window (%)")
     ax.set_title("Where the profiled steps went (overlap = comm hidden behind compute)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize="small", frameon=False)
@@ -341,7 +342,8 @@ def roofline(t: Tables) -> Figure:
     for (run_id, kind), group in roof.groupby(["run_id", "flops_source"]):
         ax.scatter(group["arithmetic_intensity"], group["achieved_flops_per_s"], s=50, label=f"{run_id}: {kind}")
         for row in group.itertuples():
-            ax.annotate(textwrap.shorten(row.kernel, 28, placeholder="..."), (row.arithmetic_intensity, row.achieved_flops_per_s),
+            short = row.kernel if len(row.kernel) <= 28 else row.kernel[:27] + "…"
+            ax.annotate(short, (row.arithmetic_intensity, row.achieved_flops_per_s),
                         fontsize="xx-small", xytext=(4, 2), textcoords="offset points")  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
