@@ -13,6 +13,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/container.smk"
 include: "workflow/rules/inventory.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/profile.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/report.smk"
 

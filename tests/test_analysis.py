@@ -321,9 +321,35 @@ def _plot(tables_dir: Path, out: Path) -> str:
     return done.stderr
 
 
+def _write_profiling_tables(tables_dir: Path, scratch: Path) -> None:
+    """The profiling tables of one run profiled with nsys and ncu (the tests/fixtures profiles)."""
+    import importlib.util
+    import shutil
+
+    import yaml
+
+    from scalerepro.analysis import profile
+
+    fixtures = Path(__file__).parent / "fixtures"
+    spec = importlib.util.spec_from_file_location("make_nsys_sqlite", fixtures / "nsys" / "make_nsys_sqlite.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    run = scratch / "strong_resnet50_g8_r1"
+    for tool in ("nsys", "ncu"):
+        (run / tool).mkdir(parents=True)
+        (run / tool / "capture.json").write_text(json.dumps({"tool": tool, "fallback_reason": None}))
+    builder.build(run / "nsys" / "rank0.sqlite")
+    shutil.copy(fixtures / "ncu" / "kernels.csv", run / "ncu" / "kernels.csv")
+    peaks = profile.gpu_peaks(yaml.safe_load((Path(__file__).parents[1] / "config/references.yaml").read_text()), "h100_sxm")
+    summary = json.loads(json.dumps(profile.summarize(run, run.name, profile.DEFAULT_THRESHOLDS, peaks), default=str))
+    for name, table in profile.tables([summary]).items():
+        table.to_csv(tables_dir / f"{name}.csv", index=False)
+
+
 def test_plots_gpu_study(gpu, tmp_path):
     tables, _, root = gpu
     aggregate.write_tables(tables, root / "tables")
+    _write_profiling_tables(root / "tables", tmp_path / "profiles")
     log = _plot(root / "tables", tmp_path)
     assert "not measured" not in log, log
     assert (tmp_path / "throughput_vs_gpus.png").read_bytes().startswith(b"\x89PNG")
@@ -335,7 +361,7 @@ def test_plots_cpu_study_shows_holes(cpu, tmp_path):
     aggregate.write_tables(tables, root / "tables")
     log = _plot(root / "tables", tmp_path)
     holes = {line.split(":")[1].strip() for line in log.splitlines() if "not measured" in line}
-    assert holes == {"weak_epoch_time", "sensitivity_heatmap", "ablation_gain", "energy_per_sample", "busbw_vs_size"}
+    assert holes == {"weak_epoch_time", "sensitivity_heatmap", "ablation_gain", "energy_per_sample", "busbw_vs_size", "profile_breakdown", "roofline"}
     assert CPU_NVML_REASON in log
 
 

@@ -109,6 +109,47 @@ def test_the_whole_dag_ran_and_every_record_is_valid(study):
         assert (study / "results/report" / name).stat().st_size > 10_000
 
 
+def test_the_torch_fallback_profiled_the_ci_study_and_the_report_shows_it(study):
+    profiling = pd.read_csv(study / "results/tables/profiling.csv").set_index("run_id")
+    assert sorted(profiling.index) == ["strong_cnn_g1_r1", "strong_cnn_g2_r1"]  # each model at 1 GPU and the largest count
+    assert set(profiling.tools) == {"torch"} and set(profiling.source) == {"torch.profiler (CPU operators)"}
+    shares = profiling[["compute_fraction", "exposed_comm_fraction", "data_wait_fraction", "idle_fraction"]].sum(axis=1)
+    assert shares.tolist() == pytest.approx([1.0, 1.0])
+    assert profiling.loc["strong_cnn_g2_r1", "communication_s"] > 0 and profiling.loc["strong_cnn_g1_r1", "communication_s"] == 0
+    assert profiling.classification.notna().all() and profiling.evidence.str.contains("exposed communication").all()
+    for run_id in profiling.index:
+        raw = study / "results/profiles" / run_id / "torch"
+        assert (raw / "trace.json").stat().st_size > 1000 and (raw / "operators.csv").is_file()
+    html = (study / "results/report/index.html").read_text()
+    assert "Fallback: torch.profiler" in html and 'href="../profiles/strong_cnn_g2_r1/torch/trace.json"' in html
+    assert profiling.loc["strong_cnn_g2_r1", "classification"] in html
+
+
+def _config_with(tmp_path: Path, **profiling) -> Path:
+    config = yaml.safe_load((REPO / "config/ci.yaml").read_text())
+    config["profiling"].update(profiling)
+    path = tmp_path / "profiling.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_profiling_disabled_puts_no_profiling_rule_in_the_dag(tmp_path):
+    result = snakemake(REPO, "-n", "--configfile", str(_config_with(tmp_path, enabled=False)), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = result.stdout.split("Job stats:")[1].split("\n\n")[0]
+    assert "train " in jobs and "profile" not in jobs
+
+
+@pytest.mark.skipif(shutil.which("nsys") is not None, reason="nsys is installed here: its absence cannot be shown")
+def test_profiling_with_nsys_missing_falls_back_or_fails_with_one_line(tmp_path):
+    refused = snakemake(REPO, "-n", "--configfile", str(_config_with(tmp_path, tool="nsys", fallback=False)), timeout=120)
+    assert refused.returncode != 0
+    assert ("profiling.tool is nsys but nsys is not on PATH, and profiling.fallback is false: install Nsight, "
+            "set profiling.tool: torch, or set profiling.fallback: true") in refused.stdout + refused.stderr  # fmt: skip
+    fallback = snakemake(REPO, "-n", "--configfile", str(_config_with(tmp_path, tool="nsys", fallback=True)), timeout=120)
+    assert fallback.returncode == 0 and "results/profiles/strong_cnn_g2_r1/torch/capture.json" in fallback.stdout
+
+
 def test_tables_match_the_records(study):
     records = _records(study)
     runs = pd.read_csv(study / "results/tables/runs.csv").set_index("run_id")
@@ -161,7 +202,9 @@ def test_nothing_left_to_do_and_reruns_are_exact(study):
             path.write_bytes(original)
 
     after_trainer_edit = edited(study / "workflow/scalerepro/trainer.py")
-    assert after_trainer_edit == {"trainer_fingerprint": 1, "train": 14, "comm_benchmark": 1, "system_inventory": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert after_trainer_edit == {"trainer_fingerprint": 1, "train": 14, "comm_benchmark": 1, "system_inventory": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1,
+                                  "profile": 2, "profile_summary": 2, "profile_table": 1}  # fmt: skip
+    assert edited(study / "workflow/scalerepro/analysis/profile.py") == {"profile_summary": 2, "profile_table": 1, "plots": 1, "report": 1, "all": 1}
     assert edited(study / "report/templates/report.html.j2") == {"report": 1, "all": 1}
     assert edited(study / "workflow/scalerepro/analysis/plots.py") == {"plots": 1, "report": 1, "all": 1}
     assert planned("--forcerun", "aggregate") == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
@@ -221,7 +264,7 @@ def test_the_study_report_in_headless_chromium(study, tmp_path):
         browser.screenshot(session, shot, 1400)
     finally:
         browser.close()
-    assert len(found["images"]) == 9 and not found["broken_images"], found["images"]
+    assert len(found["images"]) == 11 and not found["broken_images"], found["images"]
     assert not found["errors"] and not found["foreign_requests"], found
     print(f"\nscreenshot of the CI study's report: {shot}")
 

@@ -78,6 +78,7 @@ rule aggregate:
 rule plots:
     input:
         tables=rules.aggregate.output.tables,
+        profiling=profiling_tables(),
         code=analysis_module("plots"),
     output:
         expand("results/plots/{name}.{ext}", name=PLOT_NAMES, ext=["png", "svg"]),

@@ -516,4 +516,6 @@ PLOT_NAMES = [
     "accuracy_curves",
     "energy_per_sample",
     "busbw_vs_size",
+    "profile_breakdown",
+    "roofline",
 ]

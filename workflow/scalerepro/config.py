@@ -119,6 +119,16 @@ class RunConfig:
 
 
 @dataclass
+class ProfileConfig:
+    profile_mode: Literal["none", "cuda_api", "torch"] = _opt(
+        "none", "'cuda_api': NVTX ranges + cudaProfilerStart/Stop around the window (for nsys/ncu); 'torch': torch.profiler over the window on rank 0 (the fallback)"
+    )
+    profile_window_start: int = _opt(10, "first optimizer step (0-based) inside the profiling window")
+    profile_window_steps: int = _opt(5, "optimizer steps inside the profiling window")
+    profile_dir: str | None = _opt(None, "directory for the torch profiler's trace.json and operators.csv (--profile-mode torch)")
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -126,6 +136,7 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     def validate(self) -> None:
         """Raise ConfigError for values no run could use; cross-field checks that need the
@@ -166,6 +177,11 @@ class TrainConfig:
             raise ConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
         if r.resume and not r.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir")
+        prof = self.profile
+        if prof.profile_window_start < 0 or prof.profile_window_steps < 1:
+            raise ConfigError("--profile-window-start must not be negative and --profile-window-steps must be at least 1")
+        if prof.profile_mode == "torch" and not prof.profile_dir:
+            raise ConfigError("--profile-mode torch needs --profile-dir (where the trace and operator table go)")
 
 
 # ---- command line ---------------------------------------------------------------------------

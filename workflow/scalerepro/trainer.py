@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, data, hardware, metrics, models, optim
+from . import checkpoint, data, hardware, metrics, models, optim, profiling
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, nvml_uuid_for_torch_device, unavailable_summary
@@ -153,6 +153,22 @@ class Trainer:
             model = self.ddp
         self.model = torch.compile(model, mode=perf.compile) if perf.compile != "none" else model
 
+        # ---- profiling (--profile-mode): ranges, the all-reduce hook and the window; with the
+        # default "none" none of it is installed --------------------------------------------------
+        prof = config.profile
+        profiling.enable_ranges(prof.profile_mode, self.device)
+        if self.ddp is not None and prof.profile_mode != "none":
+            self.ddp.register_comm_hook(None, profiling.nvtx_allreduce_hook)
+        self.profile_window = profiling.ProfileWindow(
+            prof.profile_mode, prof.profile_window_start, prof.profile_window_steps,
+            Path(prof.profile_dir) if prof.profile_dir else None, self.device, ctx.is_main,
+        )  # fmt: skip
+        if prof.profile_mode != "none" and self.profile_window.end > self.total_steps:
+            raise ConfigError(
+                f"the profiling window (steps {prof.profile_window_start}..{self.profile_window.end - 1}) ends after the "
+                f"run's {self.total_steps} steps: raise --steps or lower --profile-window-start/--profile-window-steps"
+            )
+
         # ---- resume ----------------------------------------------------------------------
         self.progress = Progress()
         self.resumed_from: str | None = None
@@ -244,23 +260,27 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for micro in range(accum):
             waited = time.perf_counter()
-            inputs, targets = next(micro_batches)
+            with profiling.annotate("data"):
+                inputs, targets = next(micro_batches)
             self.data_wait_s += time.perf_counter() - waited
             skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
-            with self.ddp.no_sync() if skip_sync else contextlib.nullcontext(), self._autocast():
-                logits = self.model(*inputs)
-                loss = F.cross_entropy(
-                    logits.flatten(0, -2), targets.flatten(), label_smoothing=self.config.optim.label_smoothing
-                ) / accum
-            self.scaler.scale(loss).backward()
+            with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
+                with self._autocast(), profiling.annotate("forward"):
+                    logits = self.model(*inputs)
+                    loss = F.cross_entropy(
+                        logits.flatten(0, -2), targets.flatten(), label_smoothing=self.config.optim.label_smoothing
+                    ) / accum
+                with profiling.annotate("backward"):
+                    self.scaler.scale(loss).backward()
             total += loss.detach()
-        if self.config.optim.clip_grad_norm > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.optim.clip_grad_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        with profiling.annotate("optimizer"):
+            if self.config.optim.clip_grad_norm > 0:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.optim.clip_grad_norm)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
         return total
 
     def fit(self) -> Outcome:
@@ -291,8 +311,10 @@ class Trainer:
                     if measured and not sampling:
                         sampler.start()
                         sampling = True
+                    self.profile_window.before_step(p.step)
                     self.timer.start()
-                    loss = self._train_step(batches)
+                    with profiling.annotate("step"):
+                        loss = self._train_step(batches)
                     # Bookkeeping on the device: no host synchronisation in the step.
                     interval_loss += loss
                     epoch_loss += loss
@@ -310,6 +332,7 @@ class Trainer:
                         # only at log points; a single rank can stop at any step.
                         stop_now = not self.ctx.distributed and self.stop.signal_name is not None
                     self.timer.stop(p.epoch, measured)
+                    self.profile_window.after_step(p.step - 1)  # the step just taken
                     if measured:
                         self.measured_samples += self.global_batch
                     if bar is not None:

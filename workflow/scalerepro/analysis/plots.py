@@ -26,7 +26,7 @@ from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from . import aggregate
+from . import aggregate, profile
 
 Tables = Mapping[str, pd.DataFrame]
 # The tables the figures read, with the columns an absent or empty one gets.
@@ -40,6 +40,8 @@ COLUMNS = {
     "communication": aggregate.COMM_COLUMNS,
     "comparison": aggregate.COMPARISON_COLUMNS,
     "checks": aggregate.CHECK_COLUMNS,
+    "profiling": profile.PROFILING_COLUMNS,
+    "profiling_roofline": profile.ROOFLINE_COLUMNS,
 }
 MARKERS = ("D", "s", "^", "v", "P", "X", "*", "h")
 
@@ -298,6 +300,60 @@ def busbw_vs_size(t: Tables) -> Figure:
     return fig
 
 
+def profile_breakdown(t: Tables) -> Figure:
+    if t["profiling"].empty:
+        raise NotMeasured("no run was profiled (profiling.enabled is false, or profiling.runs selects none)")
+    runs = t["profiling"].dropna(subset=["window_s"]).reset_index(drop=True)
+    if runs.empty:
+        raise NotMeasured("no profiled run has a timeline to break down")
+    fig, (ax,) = _panels(1, width=max(6.5, 1.6 * len(runs) + 3), height=5.0)
+    colours = dict(zip(profile.CATEGORIES, ("tab:green", "tab:red", "tab:orange", "0.75")))
+    names = {"compute": "compute", "exposed_comm": "exposed communication", "data_wait": "data wait", "idle": "idle"}
+    bottom = np.zeros(len(runs))
+    for category in profile.CATEGORIES:  # compute + exposed comm + data wait + idle = the whole window
+        share = 100 * runs[f"{category}_fraction"].fillna(0).to_numpy()
+        ax.bar(runs.index, share, width=0.6, bottom=bottom, color=colours[category], label=names[category])
+        bottom += share
+    for x, row in runs.iterrows():
+        overlap = "no comm" if pd.isna(row["overlap_fraction"]) else f"overlap {row['overlap_fraction']:.0%}"
+        ax.text(x, 101, f"{row['classification']}\n{overlap}", ha="center", va="bottom", fontsize="x-small")
+    ax.set_xticks(runs.index, [f"{r.run_id}\n{r.source}" for r in runs.itertuples()], fontsize="x-small")
+    ax.set_ylim(0, 118)
+    ax.set_xlim(-0.7, len(runs) - 0.3)
+    ax.set_ylabel("share of the profiling window (%)")
+    ax.set_title("Where the profiled steps went (overlap = comm hidden behind compute)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize="small", frameon=False)
+    return fig
+
+
+def roofline(t: Tables) -> Figure:
+    roof = t["profiling_roofline"].dropna(subset=["arithmetic_intensity", "achieved_flops_per_s"])
+    roof = roof[(roof["arithmetic_intensity"] > 0) & (roof["achieved_flops_per_s"] > 0)]
+    if roof.empty:
+        raise NotMeasured(
+            "no Nsight Compute kernel profile (the torch.profiler fallback has no hardware counters; "
+            "ncu runs with profiling.tool auto or ncu on a GPU)"
+        )
+    fig, (ax,) = _panels(1, width=7.5, height=5.2)
+    lo, hi = roof["arithmetic_intensity"].min() / 10, roof["arithmetic_intensity"].max() * 10
+    for (peak, bandwidth), _ in roof.groupby(["peak_flops_per_s", "peak_dram_bytes_per_s"]):
+        x = np.logspace(np.log10(min(lo, peak / bandwidth / 10)), np.log10(max(hi, peak / bandwidth * 10)), 200)
+        ax.plot(x, np.minimum(peak, x * bandwidth), color="0.3", lw=1.2, label=f"roof: min({peak / 1e12:g} TFLOP/s, AI x {bandwidth / 1e12:g} TB/s)")
+    for (run_id, kind), group in roof.groupby(["run_id", "flops_source"]):
+        ax.scatter(group["arithmetic_intensity"], group["achieved_flops_per_s"], s=50, label=f"{run_id}: {kind}")
+        for row in group.itertuples():
+            short = row.kernel if len(row.kernel) <= 28 else row.kernel[:27] + "…"
+            ax.annotate(short, (row.arithmetic_intensity, row.achieved_flops_per_s),
+                        fontsize="xx-small", xytext=(4, 2), textcoords="offset points")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte)")
+    ax.set_ylabel("achieved FLOP/s")
+    ax.set_title("Roofline of the top kernels (Nsight Compute)")
+    ax.legend(fontsize="x-small")
+    return fig
+
+
 FIGURES: dict[str, Callable[[Tables], Figure]] = {
     "throughput_vs_gpus": throughput_vs_gpus,
     "efficiency_vs_gpus": efficiency_vs_gpus,
@@ -308,6 +364,8 @@ FIGURES: dict[str, Callable[[Tables], Figure]] = {
     "accuracy_curves": accuracy_curves,
     "energy_per_sample": energy_per_sample,
     "busbw_vs_size": busbw_vs_size,
+    "profile_breakdown": profile_breakdown,
+    "roofline": roofline,
 }
 PLOT_NAMES = tuple(FIGURES)  # the workflow declares these as outputs
 

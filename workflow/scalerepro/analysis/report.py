@@ -52,6 +52,8 @@ FIGURES = (
     "accuracy_curves",
     "energy_per_sample",
     "busbw_vs_size",
+    "profile_breakdown",
+    "roofline",
 )
 
 RUN_STATUSES = ("ok", "failed", "preempted", "missing")
@@ -650,6 +652,26 @@ def describe_inventory(inventory: Mapping[str, Any] | None) -> dict[str, Any] | 
     return {"host": host, "blocks": blocks}
 
 
+def profiling_section(tables_dir: Path, report_dir: Path | None) -> dict[str, Any]:
+    """Per profiled run: its breakdown and classification (profiling.csv), top kernels or
+    operators, Nsight Compute roofline rows, and its raw files with links relative to the report
+    (the files stay in results/profiles/, next to results/report/)."""
+    tables = {name: read_table(tables_dir, name) for name in ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files")}
+
+    def of_run(name: str, run_id: Any) -> list[Row]:
+        frame = tables[name]
+        return rows(frame[frame["run_id"] == run_id]) if "run_id" in frame.columns else []
+
+    runs = []
+    for row in rows(tables["profiling"], ("run_id",)):
+        files = of_run("profiling_files", row["run_id"])
+        for f in files:
+            f["href"] = os.path.relpath(f["path"], report_dir) if report_dir is not None else f["path"]
+        runs.append({"run": row, "kernels": of_run("profiling_kernels", row["run_id"]),
+                     "roofline": of_run("profiling_roofline", row["run_id"]), "files": files})  # fmt: skip
+    return {"planned": (Path(tables_dir) / "profiling.csv").is_file(), "runs": runs}
+
+
 def split_cost(cost: pd.DataFrame) -> tuple[list[Row], Row | None]:
     """The per-study rows of ``cost.csv`` and its 'total' row (None when it has none)."""
     if "study" not in cost.columns:
@@ -719,6 +741,7 @@ def build_context(
     inventory_path: Path | None,
     config_path: Path | None,
     references_path: Path | None,
+    report_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Everything the templates show, read and derived once."""
     tables = {name: read_table(Path(tables_dir), name) for name in TABLES}
@@ -777,6 +800,7 @@ def build_context(
         "config_json": json.dumps(config, indent=2) if config is not None else None,
         "figures": {name: load_figure(plots_dir, name) for name in FIGURES},
         "tables_dir": str(tables_dir),
+        "profiling": profiling_section(Path(tables_dir), report_dir),
     }
 
 
@@ -787,6 +811,7 @@ def render(
     config_path: str | os.PathLike[str] | None,
     references_path: str | os.PathLike[str] | None,
     templates_dir: str | os.PathLike[str],
+    report_dir: str | os.PathLike[str] | None = None,
 ) -> str:
     """The report as one HTML string. ``templates_dir`` holds ``templates/report.html.j2`` (and
     its partials) and ``style.css``. Missing inputs become visible holes, never errors."""
@@ -797,6 +822,7 @@ def render(
         Path(inventory_path) if inventory_path is not None else None,
         Path(config_path) if config_path is not None else None,
         Path(references_path) if references_path is not None else None,
+        Path(report_dir) if report_dir is not None else None,
     )
     context["css"] = _stylesheet(Path(templates_dir))
     return environment.get_template("report.html.j2").render(**context)
@@ -822,7 +848,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--templates", required=True, type=Path, help="directory holding templates/ and style.css")
     parser.add_argument("--out", required=True, type=Path, help="the HTML file to write")
     args = parser.parse_args(argv)
-    html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates)
+    html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates, args.out.parent)
     write_atomically(args.out, html)
     print(f"report: {args.out} ({len(html.encode('utf-8')) / 1024:.0f} KiB)", file=sys.stderr)
     return 0

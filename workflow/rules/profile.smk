@@ -1,0 +1,98 @@
+# Profiling of selected runs (config `profiling`), in jobs of their own: profiling perturbs
+# timing, so the measured runs never run under a profiler. Per run and tool, the training job
+# again over the profiling window only (results/profiles/<run>/<tool>/: raw files and
+# capture.json), then one summary per run (summary.json: breakdown, top kernels, roofline,
+# bottleneck), then the study's profiling tables. With profiling disabled none of it is planned.
+
+
+include: "profile_common.smk"
+
+
+wildcard_constraints:
+    tool=r"nsys|ncu|torch",
+
+
+rule profile:
+    input:
+        profile_inputs,
+        package=TRAINER_FINGERPRINT,
+        image=container_inputs(),
+    output:
+        capture="results/profiles/{run}/{tool}/capture.json",
+    log:
+        "results/profiles/{run}/{tool}/profile.log",
+    conda:
+        ENV_TRAIN
+    container:
+        RANKS_CONTAINER
+    threads: lambda wc: RUNS[wc.run].ranks_per_node * STUDY["resources"]["cpus_per_gpu"]
+    resources:
+        **CLUSTER_RESOURCES,
+        nodes=run_resources("nodes"),
+        tasks=run_resources("tasks"),
+        gpus=run_resources("gpus"),
+        gpus_per_node=run_resources("gpus_per_node"),
+        cpus_per_task=run_resources("cpus_per_task"),
+        mem_mb=run_resources("mem_mb"),
+        runtime=run_resources("runtime"),
+        mpi=run_resources("mpi"),
+        tasks_per_gpu=run_resources("tasks_per_gpu"),
+        gres=run_resources("gres"),
+        slurm_extra=run_resources("slurm_extra"),
+    params:
+        tool=lambda wc: wc.tool,
+        fallback=PROFILING["fallback"],
+        fallback_reason=PROFILING_FALLBACK_REASON,
+        ranks=PROFILING["ranks"],
+        window_start=PROFILING["window_start"],
+        window_steps=PROFILING["window_steps"],
+        ncu_kernels=PROFILING["ncu_kernels"],
+        launch=lambda wc: launch_args(
+            RUNS[wc.run].ranks_per_node, RUNS[wc.run].nodes, f"profile_{wc.run}"
+        ),
+        args=profile_trainer_args,
+    script:
+        "../scripts/run_profile.py"
+
+
+rule profile_summary:
+    input:
+        captures=lambda wc: expand(
+            "results/profiles/{run}/{tool}/capture.json",
+            run=wc.run,
+            tool=PROFILING_TOOLS,
+        ),
+        references="config/references.yaml",
+        code=analysis_module("profile"),
+    output:
+        "results/profiles/{run}/summary.json",
+    log:
+        "results/profiles/{run}/summary.log",
+    conda:
+        ENV_ANALYSIS
+    resources:
+        **CLUSTER_RESOURCES,
+    params:
+        thresholds=json.dumps(PROFILING["classification"]),
+        gpu_peaks=PROFILING["gpu_peaks"],
+    shell:
+        "python -m scalerepro.analysis.profile summarize --run-dir results/profiles/{wildcards.run}"
+        " --run-id {wildcards.run} --references {input.references} --gpu-peaks {params.gpu_peaks}"
+        " --thresholds '{params.thresholds}' --out {output} > {log} 2>&1"
+
+
+rule profile_table:
+    input:
+        summaries=expand("results/profiles/{run}/summary.json", run=PROFILED_RUNS),
+        code=analysis_module("profile"),
+    output:
+        PROFILING_TABLES,
+    log:
+        "results/logs/profile_table.log",
+    conda:
+        ENV_ANALYSIS
+    resources:
+        **CLUSTER_RESOURCES,
+    shell:
+        "python -m scalerepro.analysis.profile table --summaries {input.summaries}"
+        " --out results/tables > {log} 2>&1"

@@ -1,0 +1,655 @@
+"""Profiles -> a few numbers per run, and the run's bottleneck.
+
+    python -m scalerepro.analysis.profile summarize --run-dir results/profiles/<run> --run-id <run> \
+        --references config/references.yaml --gpu-peaks h100_sxm --thresholds '{...}' --out summary.json
+    python -m scalerepro.analysis.profile table --summaries results/profiles/*/summary.json --out results/tables
+
+What a profiling job leaves in ``results/profiles/<run>/<tool>/`` (``workflow/rules/profile.smk``):
+``nsys/rank<R>.sqlite`` (``nsys export --type sqlite``), ``ncu/kernels.csv`` (``ncu --csv``,
+long "details" layout) and ``torch/trace.json`` + ``torch/operators.csv`` (the torch.profiler
+fallback, ``scalerepro.profiling``), each with a ``capture.json`` saying what ran and why.
+
+Definitions. All times are over the profiling window W (the span of the trainer's
+``scalerepro:step`` ranges; steps K .. K+M-1). |X| is the length of the union of intervals X.
+
+    compute C          kernels that are not NCCL's (nsys, CUDA trace) / operators of the training
+                       thread outside data loading (torch fallback on a CPU)
+    communication N    NCCL kernels (nsys, CUDA trace) / gloo or NCCL collective ops (CPU)
+    overlap            |N ∩ C|;  overlap fraction = |N ∩ C| / |N|
+    exposed comm       |N \\ C| = |N| - |N ∩ C|   (communication nothing else hides)
+    data wait          |D \\ (C ∪ N)|, D the host's ``scalerepro:data`` ranges: the device is idle
+                       while the input pipeline is asked for the next batch
+    idle               |W| - |C ∪ N| - data wait
+    busy fraction      |C ∪ N| / |W|   (GPU busy fraction on a GPU)
+    compute + exposed comm + data wait + idle = |W|, and each fraction is that time / |W|.
+
+Roofline (Nsight Compute, per kernel): FLOPs = FADD + FMUL + 2 FFMA (fp32, and likewise fp16 and
+fp64 from the SASS thread-instruction counters), achieved FLOP/s = FLOPs / gpu__time_duration,
+arithmetic intensity AI = FLOPs / dram__bytes, attainable = min(peak FLOP/s, AI x peak DRAM B/s),
+ridge = peak FLOP/s / peak DRAM B/s: a kernel left of the ridge is memory-bound. Kernels whose
+work is on the tensor cores (no SASS FP counts) are placed with FLOP/s estimated as tensor-pipe
+utilisation x the tensor peak, and say so (``flops_source``).
+
+Classification (thresholds from the config, ``profiling.classification``): each candidate has a
+score = fraction / its threshold, communication-bound (exposed comm), input-bound (data wait),
+launch/latency-bound (idle); the largest score of at least 1 names the bottleneck, else the run
+is compute-bound. The evidence lists every fraction against its threshold.
+
+This module is on the analysis side: it never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import sqlite3
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+Interval = tuple[float, float]
+RANGE_PREFIX = "scalerepro:"  # the trainer's range names (scalerepro.profiling.RANGES)
+NCCL_KERNEL = re.compile(r"^nccl", re.IGNORECASE)  # ncclKernel_AllReduce_..., ncclDevKernel_...
+COLLECTIVE_OP = re.compile(r"^(gloo|nccl|mpi|ucc):")  # torch.profiler's collective execution events
+TOP_KERNELS = 10
+CATEGORIES = ("compute", "exposed_comm", "data_wait", "idle")
+CLASSES = ("compute-bound", "communication-bound", "input-bound", "launch/latency-bound")
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be read as what it claims to be; the message names the file."""
+
+
+# --------------------------------------------------------------------------------------------
+# Interval arithmetic (seconds; half-open [start, end))
+# --------------------------------------------------------------------------------------------
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, disjoint intervals covering exactly the given ones (empty ones dropped)."""
+    merged: list[list[float]] = []
+    for start, end in sorted((s, e) for s, e in intervals if e > s):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def length(intervals: Iterable[Interval]) -> float:
+    return sum(e - s for s, e in union(intervals))
+
+
+def intersect(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
+    """The union of ``a`` intersected with the union of ``b``."""
+    a, b = union(a), union(b)
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if end > start:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
+    """The union of ``a`` without the union of ``b``."""
+    out = []
+    b = union(b)
+    for start, end in union(a):
+        cursor = start
+        for s, e in b:
+            if e <= cursor or s >= end:
+                continue
+            if s > cursor:
+                out.append((cursor, s))
+            cursor = max(cursor, e)
+        if cursor < end:
+            out.append((cursor, end))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# One rank's timeline and its breakdown
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Timeline:
+    """What one profiled rank did in the window, as interval sets (seconds)."""
+
+    source: str  # what recorded it: "nsys", "torch.profiler (CUDA kernels)", "torch.profiler (CPU operators)"
+    rank: str
+    window: Interval
+    steps: int
+    compute: list[Interval]
+    communication: list[Interval]
+    data_wait: list[Interval]
+    # name, kind (compute | communication), duration_s: one row per kernel (or operator) call
+    calls: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["name", "kind", "duration_s"]))
+
+
+def breakdown(timeline: Timeline) -> dict[str, Any]:
+    """The window split into compute / exposed comm / data wait / idle (see the module docstring)."""
+    w = [timeline.window]
+    compute = intersect(timeline.compute, w)
+    comm = intersect(timeline.communication, w)
+    busy = union([*compute, *comm])
+    window_s = timeline.window[1] - timeline.window[0]
+    compute_s, comm_s, busy_s = length(compute), length(comm), length(busy)
+    overlap_s = length(intersect(comm, compute))
+    exposed_s = comm_s - overlap_s  # = |N \ C|
+    data_wait_s = length(subtract(intersect(timeline.data_wait, w), busy))
+    idle_s = max(window_s - busy_s - data_wait_s, 0.0)
+    kernel_times = timeline.calls.groupby("kind")["duration_s"].sum() if len(timeline.calls) else {}
+
+    def fraction(seconds: float) -> float | None:
+        return seconds / window_s if window_s > 0 else None
+
+    return {
+        "source": timeline.source,
+        "rank": timeline.rank,
+        "steps": timeline.steps,
+        "window_s": window_s,
+        "compute_s": compute_s,
+        "communication_s": comm_s,
+        "overlap_s": overlap_s,
+        "exposed_comm_s": exposed_s,
+        "data_wait_s": data_wait_s,
+        "idle_s": idle_s,
+        "busy_fraction": fraction(busy_s),
+        "compute_fraction": fraction(compute_s),
+        "exposed_comm_fraction": fraction(exposed_s),
+        "data_wait_fraction": fraction(data_wait_s),
+        "idle_fraction": fraction(idle_s),
+        # overlap fraction = |N ∩ C| / |N|: the share of communication hidden behind compute
+        "overlap_fraction": overlap_s / comm_s if comm_s > 0 else None,
+        # sums over calls (kernels overlapping on several streams count each)
+        "compute_kernel_time_s": float(kernel_times.get("compute", 0.0)),
+        "comm_kernel_time_s": float(kernel_times.get("communication", 0.0)),
+        "median_call_us": float(timeline.calls["duration_s"].median() * 1e6) if len(timeline.calls) else None,
+    }
+
+
+def top_calls(calls: pd.DataFrame, count: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    """The ``count`` kernels (or operators) with the most total time: name, kind, calls, total_s,
+    mean_us, share (of all calls' time)."""
+    if calls.empty:
+        return []
+    grouped = calls.groupby(["name", "kind"], as_index=False)["duration_s"].agg(calls="count", total_s="sum")
+    total = grouped["total_s"].sum()
+    grouped = grouped.assign(mean_us=grouped["total_s"] / grouped["calls"] * 1e6, share=grouped["total_s"] / total)
+    top = grouped.sort_values(["total_s", "name"], ascending=[False, True]).head(count)
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in top.to_dict("records")]
+
+
+# --------------------------------------------------------------------------------------------
+# Nsight Systems: the SQLite export
+# --------------------------------------------------------------------------------------------
+
+# NVTX_EVENTS.eventType of a push/pop range (NvtxPushPopRange), what torch.cuda.nvtx.range writes.
+NVTX_PUSH_POP_RANGE = 59
+
+
+def _pid(global_id: int) -> int:
+    """The process id inside an nsys serialized globalTid/globalPid (bits 24..47)."""
+    return (int(global_id) >> 24) & 0xFFFFFF
+
+
+def read_nsys_sqlite(path: str | os.PathLike[str]) -> list[Timeline]:
+    """One Timeline per (process, GPU) in an ``nsys export --type sqlite`` file. Kernels come from
+    CUPTI_ACTIVITY_KIND_KERNEL (names through StringIds), ranges from NVTX_EVENTS (text, or textId
+    through StringIds) of the same process; timestamps are nanoseconds on the session's clock."""
+    path = Path(path)
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as error:
+        raise ProfileError(f"{path}: not an SQLite export of Nsight Systems ({error})") from None
+    try:
+        if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
+            raise ProfileError(f"{path}: no CUPTI_ACTIVITY_KIND_KERNEL table: the capture recorded no kernel (was --trace=cuda on?)")
+        kernels = pd.read_sql_query(
+            "SELECT k.start, k.end, k.deviceId, k.globalPid, s.value AS name FROM CUPTI_ACTIVITY_KIND_KERNEL AS k "
+            "JOIN StringIds AS s ON s.id = k.shortName",
+            db,
+        )
+        ranges = pd.DataFrame(columns=["start", "end", "globalTid", "name"])
+        if "NVTX_EVENTS" in tables:
+            ranges = pd.read_sql_query(
+                "SELECT n.start, n.end, n.globalTid, COALESCE(n.text, s.value) AS name FROM NVTX_EVENTS AS n "
+                "LEFT JOIN StringIds AS s ON s.id = n.textId WHERE n.eventType = ? AND n.end IS NOT NULL",
+                db,
+                params=(NVTX_PUSH_POP_RANGE,),
+            )
+    finally:
+        db.close()
+    ranges = ranges.assign(pid=ranges["globalTid"].map(_pid))
+    timelines = []
+    for (global_pid, device), group in kernels.groupby(["globalPid", "deviceId"], sort=True):
+        own = ranges[ranges["pid"].eq(_pid(global_pid))]
+        ns = 1e-9
+        steps = own[own["name"].eq(RANGE_PREFIX + "step")]
+        window = (steps["start"].min() * ns, steps["end"].max() * ns) if len(steps) else (group["start"].min() * ns, group["end"].max() * ns)
+        is_comm = group["name"].str.match(NCCL_KERNEL)
+        spans = list(zip(group["start"] * ns, group["end"] * ns))
+        data = own[own["name"].eq(RANGE_PREFIX + "data")]
+        timelines.append(
+            Timeline(
+                source="nsys",
+                rank=f"{path.stem} pid {_pid(global_pid)} GPU {device}",
+                window=window,
+                steps=len(steps),
+                compute=[span for span, comm in zip(spans, is_comm) if not comm],
+                communication=[span for span, comm in zip(spans, is_comm) if comm],
+                data_wait=list(zip(data["start"] * ns, data["end"] * ns)),
+                calls=pd.DataFrame(
+                    {
+                        "name": group["name"].to_numpy(),
+                        "kind": is_comm.map({True: "communication", False: "compute"}).to_numpy(),
+                        "duration_s": ((group["end"] - group["start"]) * ns).to_numpy(),
+                    }
+                ),
+            )
+        )
+    if not timelines:
+        raise ProfileError(f"{path}: CUPTI_ACTIVITY_KIND_KERNEL is empty: no kernel ran inside the capture range")
+    return timelines
+
+
+# --------------------------------------------------------------------------------------------
+# torch.profiler fallback: the Chrome trace and the operator table
+# --------------------------------------------------------------------------------------------
+
+
+def read_torch_trace(path: str | os.PathLike[str]) -> Timeline:
+    """The fallback's Chrome trace (``export_chrome_trace``; times in microseconds). With CUDA
+    kernels in it, kernels are compute and NCCL kernels communication, as with nsys. On a CPU, the
+    training thread's operators outside data loading are compute and the collective ops (gloo's,
+    on its own threads) are communication: host-side figures, labelled so."""
+    path = Path(path)
+    try:
+        events = json.loads(path.read_text())["traceEvents"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ProfileError(f"{path}: not a Chrome trace from torch.profiler ({error})") from None
+    spans = pd.DataFrame(
+        [
+            {"name": e["name"], "cat": e.get("cat", ""), "tid": e.get("tid"), "start": e["ts"] * 1e-6, "end": (e["ts"] + e["dur"]) * 1e-6}
+            for e in events
+            if e.get("ph") == "X" and "dur" in e and "ts" in e
+        ],
+        columns=["name", "cat", "tid", "start", "end"],
+    )
+    steps = spans[spans["name"].eq(RANGE_PREFIX + "step")]
+    if steps.empty:
+        raise ProfileError(f"{path}: no {RANGE_PREFIX}step range: the trace does not come from the trainer's profiling window")
+    window = (steps["start"].min(), steps["end"].max())
+    data = spans[spans["name"].eq(RANGE_PREFIX + "data")]
+    data_wait = list(zip(data["start"], data["end"]))
+    kernels = spans[spans["cat"].eq("kernel")]
+    if len(kernels):
+        source, calls_frame = "torch.profiler (CUDA kernels)", kernels
+        is_comm = kernels["name"].str.match(NCCL_KERNEL)
+    else:
+        main = steps["tid"].iloc[0]
+        collectives = spans[spans["name"].str.match(COLLECTIVE_OP)]
+        ops = spans[spans["cat"].eq("cpu_op") & spans["tid"].eq(main) & ~spans["name"].str.match(COLLECTIVE_OP)]
+        ops = ops[~ops["name"].str.startswith("c10d::")]  # the collective's launch, not its work
+        # outermost operators only: nested ones would count their parents' time twice in the sums
+        outer = union(zip(ops["start"], ops["end"]))
+        starts = {s for s, _ in outer}
+        top_level = ops[ops["start"].isin(starts)].drop_duplicates("start")
+        calls_frame = pd.concat([top_level, collectives])
+        is_comm = calls_frame["name"].str.match(COLLECTIVE_OP)
+        source = "torch.profiler (CPU operators)"
+    spans_list = list(zip(calls_frame["start"], calls_frame["end"]))
+    compute = [span for span, comm in zip(spans_list, is_comm) if not comm]
+    if source.endswith("CPU operators)"):
+        compute = subtract(compute, data_wait)  # the DataLoader's own ops are input, not compute
+    return Timeline(
+        source=source,
+        rank="rank 0",
+        window=window,
+        steps=len(steps),
+        compute=compute,
+        communication=[span for span, comm in zip(spans_list, is_comm) if comm],
+        data_wait=data_wait,
+        calls=pd.DataFrame(
+            {
+                "name": calls_frame["name"].to_numpy(),
+                "kind": is_comm.map({True: "communication", False: "compute"}).to_numpy(),
+                "duration_s": (calls_frame["end"] - calls_frame["start"]).to_numpy(),
+            }
+        ),
+    )
+
+
+def read_operator_table(path: str | os.PathLike[str], count: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    """The fallback's operators.csv (``scalerepro.profiling``): the ``count`` operators with the
+    most self time (device time first, where there is any)."""
+    table = pd.read_csv(path)
+    ranked = table.sort_values(["self_device_time_total_us", "self_cpu_time_total_us"], ascending=False).head(count)
+    return ranked.to_dict("records")
+
+
+# --------------------------------------------------------------------------------------------
+# Nsight Compute: the CSV (long "details" layout: one row per kernel launch and metric)
+# --------------------------------------------------------------------------------------------
+
+NCU_METRICS = {
+    "duration": "gpu__time_duration.sum",
+    "dram_bytes": "dram__bytes.sum",
+    "dram_bytes_per_s": "dram__bytes.sum.per_second",
+    "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "memory_throughput_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "tensor_pipe_pct": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "theoretical_occupancy_pct": "sm__maximum_warps_per_active_cycle_pct",
+}
+# FLOPs per SASS thread instruction: an FMA is two.
+FLOP_COUNTERS = {
+    f"sm__sass_thread_inst_executed_op_{precision}{op}_pred_on.sum": weight
+    for precision in ("f", "h", "d")
+    for op, weight in (("add", 1), ("mul", 1), ("fma", 2))
+}
+# Units ncu prints (without --print-units base it scales them) -> factor to the base unit.
+UNIT_SCALE = {
+    "": 1.0, "%": 1.0, "inst": 1.0, "cycle": 1.0,
+    "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
+    "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
+    "byte/second": 1.0, "Kbyte/second": 1e3, "Mbyte/second": 1e6, "Gbyte/second": 1e9, "Tbyte/second": 1e12,
+}  # fmt: skip
+NCU_COLUMNS = ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")
+
+
+def _ncu_number(text: str, unit: str, path: Path) -> float | None:
+    text = text.replace(",", "").strip()  # ncu groups thousands: "1,048,576"
+    if text in ("", "n/a", "N/A"):
+        return None
+    if unit not in UNIT_SCALE and not unit.endswith("/second"):
+        return float(text)  # a unit not converted (warp, block, ...): read as printed
+    try:
+        return float(text) * UNIT_SCALE.get(unit, 1.0)
+    except ValueError:
+        raise ProfileError(f"{path}: metric value {text!r} ({unit}) is not a number") from None
+
+
+def read_ncu_csv(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """One row per profiled kernel launch: id, kernel, and the metrics of NCU_METRICS (base units:
+    seconds, bytes, bytes/s, percent) plus flops (FADD + FMUL + 2 FFMA over fp32, fp16, fp64)."""
+    path = Path(path)
+    lines = path.read_text(errors="replace").splitlines()
+    # ncu prints its own "==PROF==" lines before the table when they share stdout
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise ProfileError(f"{path}: no ncu CSV header (a line starting with \"ID\"): was it written by ncu --csv?")
+    reader = csv.DictReader(lines[start:])
+    missing = [column for column in NCU_COLUMNS if column not in (reader.fieldnames or [])]
+    if missing:
+        raise ProfileError(f"{path}: not the long ncu CSV layout (--page details): no column {', '.join(missing)}")
+    launches: dict[str, dict[str, Any]] = {}
+    for row in reader:
+        launch = launches.setdefault(row["ID"], {"id": int(row["ID"]), "kernel": row["Kernel Name"], "flops": None})
+        value = _ncu_number(row["Metric Value"], row["Metric Unit"], path)
+        name = row["Metric Name"]
+        for key, metric in NCU_METRICS.items():
+            if name == metric:
+                launch[key] = value
+        if name in FLOP_COUNTERS and value is not None:
+            launch["flops"] = (launch["flops"] or 0.0) + FLOP_COUNTERS[name] * value
+    frame = pd.DataFrame(list(launches.values()), columns=["id", "kernel", "flops", *NCU_METRICS])
+    if frame.empty:
+        raise ProfileError(f"{path}: the ncu CSV holds no kernel")
+    return frame
+
+
+def gpu_peaks(references: Mapping[str, Any], key: str) -> dict[str, float]:
+    """Peaks of ``gpu_peaks.<key>`` in references.yaml, in base units: fp32 (CUDA cores) and
+    tensor (bf16 dense) FLOP/s, DRAM bytes/s."""
+    peaks = (references.get("gpu_peaks") or {}).get(key)
+    if not peaks:
+        raise ProfileError(f"references.yaml has no gpu_peaks.{key}: add it or choose another profiling.gpu_peaks")
+    return {
+        "name": peaks.get("name", key),
+        "fp32_flops": float(peaks["fp32_tflops"]) * 1e12,
+        "tensor_flops": float(peaks["bf16_dense_tflops"]) * 1e12,
+        "dram_bytes_per_s": float(peaks["hbm_bandwidth_tbps"]) * 1e12,
+    }
+
+
+def roofline(launches: pd.DataFrame, peaks: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Per kernel name (launches summed): achieved FLOP/s and DRAM B/s, their fractions of the
+    peaks, arithmetic intensity, the attainable FLOP/s at that intensity and which roof bounds it."""
+    out = []
+    for kernel, group in launches.groupby("kernel", sort=False):
+        seconds = group["duration"].sum()
+        dram_bytes = group["dram_bytes"].sum()
+        counted = group["flops"].notna().all() and group["flops"].sum() > 0
+        if counted:
+            flops, source, peak = group["flops"].sum(), "SASS FP counters (FMA = 2)", peaks["fp32_flops"]
+        elif group["tensor_pipe_pct"].notna().any():
+            # tensor pipe busy share x tensor peak x time: an estimate, named as one
+            flops = (group["tensor_pipe_pct"].fillna(0) / 100 * group["duration"]).sum() * peaks["tensor_flops"]
+            source, peak = "estimate: tensor-pipe utilisation x tensor peak", peaks["tensor_flops"]
+        else:
+            flops, source, peak = 0.0, "no FP work counted", peaks["fp32_flops"]
+        achieved = flops / seconds if seconds else None
+        bandwidth = dram_bytes / seconds if seconds else None
+        intensity = flops / dram_bytes if dram_bytes else None
+        ridge = peak / peaks["dram_bytes_per_s"]  # FLOP/byte where the two roofs meet
+        attainable = min(peak, intensity * peaks["dram_bytes_per_s"]) if intensity is not None else None
+        out.append(
+            {
+                "kernel": kernel,
+                "launches": len(group),
+                "duration_s": seconds,
+                "flops": flops,
+                "flops_source": source,
+                "achieved_flops_per_s": achieved,
+                "peak_flops_per_s": peak,
+                "flops_fraction": achieved / peak if achieved is not None else None,
+                "dram_bytes": dram_bytes,
+                "dram_bytes_per_s": bandwidth,
+                "dram_fraction": bandwidth / peaks["dram_bytes_per_s"] if bandwidth is not None else None,
+                "arithmetic_intensity": intensity,
+                "ridge_intensity": ridge,
+                "attainable_flops_per_s": attainable,
+                "bound": None if intensity is None else ("memory" if intensity < ridge else "compute"),
+                "sm_throughput_pct": group["sm_throughput_pct"].mean(),
+                "memory_throughput_pct": group["memory_throughput_pct"].mean(),
+                "achieved_occupancy_pct": group["achieved_occupancy_pct"].mean(),
+                "theoretical_occupancy_pct": group["theoretical_occupancy_pct"].mean(),
+            }
+        )
+    return sorted(out, key=lambda row: -row["duration_s"])
+
+
+# --------------------------------------------------------------------------------------------
+# Classification
+# --------------------------------------------------------------------------------------------
+
+DEFAULT_THRESHOLDS = {"exposed_comm_min": 0.20, "data_wait_min": 0.10, "idle_min": 0.25}
+_CANDIDATES = (
+    ("communication-bound", "exposed_comm_fraction", "exposed_comm_min", "exposed communication"),
+    ("input-bound", "data_wait_fraction", "data_wait_min", "data wait"),
+    ("launch/latency-bound", "idle_fraction", "idle_min", "idle"),
+)
+
+
+def classify(figures: Mapping[str, Any], thresholds: Mapping[str, float]) -> dict[str, Any]:
+    """The run's bottleneck: the candidate whose fraction / threshold is largest and at least 1,
+    else compute-bound; with the evidence (every fraction against its threshold)."""
+    scores, evidence = {}, []
+    for name, column, key, what in _CANDIDATES:
+        value, limit = figures.get(column), thresholds[key]
+        if value is None:
+            evidence.append(f"{what} not measured")
+            continue
+        scores[name] = float(value / limit)
+        evidence.append(f"{what} {value:.1%} {'≥' if value >= limit else '<'} {limit:.0%}")
+    compute = figures.get("compute_fraction")
+    evidence.append(f"compute {compute:.1%}" if compute is not None else "compute not measured")
+    if figures.get("overlap_fraction") is not None:
+        evidence.append(f"overlap {figures['overlap_fraction']:.1%} of communication")
+    if figures.get("median_call_us") is not None:
+        evidence.append(f"median kernel/op {figures['median_call_us']:.1f} µs")
+    over = {name: score for name, score in scores.items() if score >= 1}
+    verdict = max(over, key=over.get) if over else "compute-bound"
+    return {"class": verdict, "evidence": "; ".join(evidence), "scores": scores, "thresholds": dict(thresholds)}
+
+
+# --------------------------------------------------------------------------------------------
+# One run's summary, and the study's tables
+# --------------------------------------------------------------------------------------------
+
+
+def _mean_breakdown(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The run's figures: the mean over its profiled ranks (numbers), the first rank's labels."""
+    frame = pd.DataFrame(parts)
+    numeric = frame.select_dtypes("number").mean().to_dict()
+    return {**{k: v for k, v in parts[0].items() if k not in numeric}, **numeric, "ranks": len(parts)}
+
+
+def _files(run_dir: Path) -> list[dict[str, Any]]:
+    kinds = {".sqlite": "Nsight Systems SQLite export", ".nsys-rep": "Nsight Systems report", ".ncu-rep": "Nsight Compute report",
+             ".json": "JSON", ".csv": "CSV table", ".log": "log"}  # fmt: skip
+    descriptions = {"trace.json": "Chrome/Perfetto trace (torch.profiler)", "operators.csv": "operator table (torch.profiler)",
+                    "kernels.csv": "Nsight Compute metrics (CSV)", "capture.json": "what the profiling job ran"}  # fmt: skip
+    return [
+        {"path": str(p), "description": descriptions.get(p.name, kinds.get(p.suffix, p.suffix)), "bytes": p.stat().st_size}
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != "summary.json"
+    ]
+
+
+def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[str, float], peaks: Mapping[str, float] | None) -> dict[str, Any]:
+    """Everything one run's profiles say (see the module docstring), as a JSON-ready dict."""
+    run_dir = Path(run_dir)
+    captures = {p.parent.name: json.loads(p.read_text()) for p in sorted(run_dir.glob("*/capture.json"))}
+    if not captures:
+        raise ProfileError(f"{run_dir}: no <tool>/capture.json: the profiling job did not run")
+    parts: list[dict[str, Any]] = []
+    top: list[dict[str, Any]] = []
+    operators: list[dict[str, Any]] = []
+    sqlite_files = sorted((run_dir / "nsys").glob("*.sqlite"))
+    for path in sqlite_files:
+        for timeline in read_nsys_sqlite(path):
+            parts.append(breakdown(timeline))
+            if not top:
+                top = top_calls(timeline.calls)
+    # torch/ normally; under nsys/ or ncu/ when that tool was missing on the node and the job fell back
+    trace = next(iter(sorted(run_dir.glob("*/trace.json"))), None)
+    if not parts and trace is not None:
+        timeline = read_torch_trace(trace)
+        parts.append(breakdown(timeline))
+        top = top_calls(timeline.calls)
+        if (trace.parent / "operators.csv").is_file():
+            operators = read_operator_table(trace.parent / "operators.csv")
+    kernels_csv = run_dir / "ncu" / "kernels.csv"
+    roof = roofline(read_ncu_csv(kernels_csv), peaks) if kernels_csv.is_file() and peaks else []
+    figures = _mean_breakdown(parts) if parts else {}
+    fallback = [c for c in captures.values() if c.get("fallback_reason")]
+    return {
+        "run_id": run_id,
+        "tools": sorted(captures),
+        "fallback": bool(fallback),
+        "fallback_reason": fallback[0]["fallback_reason"] if fallback else None,
+        "captures": captures,
+        "breakdown": figures or None,
+        "per_rank": parts,
+        "top_kernels": top,
+        "operators": operators,
+        "roofline": roof,
+        "gpu_peaks": dict(peaks) if peaks else None,
+        "classification": classify(figures, thresholds) if figures else None,
+        "files": _files(run_dir),
+    }
+
+
+PROFILING_COLUMNS = (
+    "run_id", "tools", "fallback", "fallback_reason", "source", "ranks", "steps", "window_s", "busy_fraction",
+    "compute_fraction", "exposed_comm_fraction", "data_wait_fraction", "idle_fraction", "overlap_fraction",
+    "compute_s", "communication_s", "overlap_s", "exposed_comm_s", "data_wait_s", "idle_s",
+    "compute_kernel_time_s", "comm_kernel_time_s", "median_call_us", "classification", "evidence",
+)  # fmt: skip
+KERNEL_COLUMNS = ("run_id", "rank_in_run", "name", "kind", "calls", "total_s", "mean_us", "share")
+ROOFLINE_COLUMNS = (
+    "run_id", "kernel", "launches", "duration_s", "flops", "flops_source", "achieved_flops_per_s", "peak_flops_per_s",
+    "flops_fraction", "dram_bytes", "dram_bytes_per_s", "dram_fraction", "arithmetic_intensity", "ridge_intensity",
+    "attainable_flops_per_s", "bound", "sm_throughput_pct", "memory_throughput_pct", "achieved_occupancy_pct",
+    "theoretical_occupancy_pct", "peak_dram_bytes_per_s",
+)  # fmt: skip
+FILE_COLUMNS = ("run_id", "path", "description", "bytes")
+
+
+def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
+    """profiling.csv (one row per profiled run), profiling_kernels.csv (its top kernels or
+    operators), profiling_roofline.csv (Nsight Compute kernels), profiling_files.csv (raw files)."""
+    runs, kernels, roof, files = [], [], [], []
+    for s in summaries:
+        b = s.get("breakdown") or {}
+        c = s.get("classification") or {}
+        runs.append(
+            {**{k: b.get(k) for k in PROFILING_COLUMNS}, "run_id": s["run_id"], "tools": " ".join(s["tools"]),
+             "fallback": s["fallback"], "fallback_reason": s["fallback_reason"], "classification": c.get("class"),
+             "evidence": c.get("evidence")}  # fmt: skip
+        )
+        kernels += [{"run_id": s["run_id"], "rank_in_run": i + 1, **k} for i, k in enumerate(s["top_kernels"])]
+        peak_bw = (s.get("gpu_peaks") or {}).get("dram_bytes_per_s")
+        roof += [{"run_id": s["run_id"], **k, "peak_dram_bytes_per_s": peak_bw} for k in s["roofline"]]
+        files += [{"run_id": s["run_id"], **f} for f in s["files"]]
+    return {
+        "profiling": pd.DataFrame(runs, columns=PROFILING_COLUMNS),
+        "profiling_kernels": pd.DataFrame(kernels, columns=KERNEL_COLUMNS),
+        "profiling_roofline": pd.DataFrame(roof, columns=ROOFLINE_COLUMNS),
+        "profiling_files": pd.DataFrame(files, columns=FILE_COLUMNS),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scalerepro.analysis.profile", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("summarize", help="one run's profiles -> summary.json")
+    one.add_argument("--run-dir", required=True, type=Path, help="results/profiles/<run>")
+    one.add_argument("--run-id", required=True)
+    one.add_argument("--references", required=True, type=Path, help="config/references.yaml (gpu_peaks)")
+    one.add_argument("--gpu-peaks", required=True, help="the gpu_peaks entry for roofline fractions")
+    one.add_argument("--thresholds", required=True, type=json.loads, help="classification thresholds as JSON")
+    one.add_argument("--out", required=True, type=Path)
+    many = commands.add_parser("table", help="every run's summary.json -> the profiling tables")
+    many.add_argument("--summaries", nargs="*", default=[], type=Path)
+    many.add_argument("--out", required=True, type=Path, help="directory of the CSV tables")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "summarize":
+            references = yaml.safe_load(args.references.read_text()) or {}
+            needs_peaks = (args.run_dir / "ncu" / "kernels.csv").is_file()
+            peaks = gpu_peaks(references, args.gpu_peaks) if needs_peaks else None
+            summary = summarize(args.run_dir, args.run_id, {**DEFAULT_THRESHOLDS, **args.thresholds}, peaks)
+            args.out.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+            verdict = (summary["classification"] or {}).get("class", "no breakdown")
+            print(f"profile: {args.run_id}: {verdict} ({', '.join(summary['tools'])})", file=sys.stderr)
+        else:
+            args.out.mkdir(parents=True, exist_ok=True)
+            for name, table in tables(json.loads(p.read_text()) for p in args.summaries).items():
+                table.to_csv(args.out / f"{name}.csv", index=False)
+            print(f"profile: {len(args.summaries)} profiled runs -> {args.out}", file=sys.stderr)
+    except ProfileError as error:
+        print(f"scalerepro.analysis.profile: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
