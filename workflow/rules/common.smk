@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import yaml
+from snakemake.cli import get_profile_dir
 from snakemake.exceptions import WorkflowError
 
 REPO = Path(workflow.basedir)
@@ -72,18 +73,9 @@ LOCAL_GPUS = _local_gpu_count()
 
 
 def _profile_executor(name):
-    """The executor a Snakemake profile names (``--profile NAME``), searched where Snakemake
-    searches: the path itself, then ./, ~/.config/snakemake and /etc/xdg/snakemake."""
-    for base in (
-        Path(),
-        Path.home() / ".config" / "snakemake",
-        Path("/etc/xdg/snakemake"),
-    ):
-        for file in ("config.v9+.yaml", "config.v8+.yaml", "config.yaml"):
-            path = base / name / file
-            if path.is_file():
-                return (yaml.safe_load(path.read_text()) or {}).get("executor")
-    return None
+    """The executor a Snakemake profile names, found where Snakemake finds profiles."""
+    found = get_profile_dir(name)
+    return (yaml.safe_load(found[1].read_text()) or {}).get("executor") if found else None
 
 
 def _submits_to_slurm(argv):
@@ -374,7 +366,8 @@ def run_resources(key):
 
 
 def rerun_command(run):
-    return f"snakemake --cores all --forcerun {record_path(run)}"
+    where = "--profile slurm" if ON_SLURM else "--cores all"
+    return f"snakemake {where} --forcerun {record_path(run)}"
 
 
 def matrix_rows():
@@ -462,7 +455,7 @@ def slurm_resources(ranks_per_node, nodes, signal=False):
     """sbatch settings of a job that starts ranks: ``nodes`` nodes with ``ranks_per_node`` GPUs
     each (``--gres=gpu:<n>`` is per node), one task per node holding all its CPUs.
 
-    ``mpi`` (any value) tells the plugin's job step that the rule starts its own srun step:
+    ``mpi`` (any value) tells the plugin's job step that the job starts its own srun step;
     without it the rule would run inside an ``srun -n1`` step, which Slurm's warning signal
     reaches and kills. Its empty value keeps sbatch's MPI task-count checks out of the way.
     ``tasks_per_gpu=0`` stops the plugin from asking for one task per GPU."""

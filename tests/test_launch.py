@@ -1,0 +1,104 @@
+"""scalerepro.launch: the command that starts a job's ranks, here and inside a Slurm job.
+
+The commands are checked as composed (the real Slurm runs are in test_slurm.py); the local
+path is run for real: two gloo ranks through torchrun.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import clean_env, load_record
+from scalerepro import launch
+
+TRAIN = ["-m", "scalerepro.train", "--model", "cnn"]
+
+
+def _args(*argv: str):
+    return launch.parse_args([*argv, "--", *TRAIN])
+
+
+def test_outside_slurm_it_is_torchrun_standalone_on_this_machine():
+    command = launch.command(_args("--ranks-per-node=2"), environ={})
+    assert command == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", *TRAIN]
+
+
+def test_more_than_one_node_outside_slurm_is_refused_with_the_fix():
+    with pytest.raises(launch.LaunchError, match="needs Slurm .*--profile slurm"):
+        launch.command(_args("--nodes=2", "--ranks-per-node=4"), environ={})
+
+
+def test_inside_a_slurm_job_it_is_one_srun_task_per_node_with_everything_explicit(monkeypatch):
+    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/bin/{name}")
+    args = _args("--nodes=2", "--ranks-per-node=4", "--cpus-per-node=32", "--slurm-gpus", "--port=29400", "--name=strong_g8")
+    command = launch.command(args, environ={"SLURM_JOB_ID": "1234"})
+    srun, agent = command[: command.index(sys.executable)], command[command.index(sys.executable) :]
+    assert srun == [
+        "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--kill-on-bad-exit=1",
+        "--export=ALL", "--job-name=strong_g8", "--gpus-per-node=4",
+    ]  # fmt: skip
+    assert agent == [sys.executable, "-m", "scalerepro.launch", "--node-agent", "--nodes=2", "--ranks-per-node=4", "--port=29400", "--", *TRAIN]
+
+
+def test_with_a_container_each_node_task_runs_in_it():
+    args = _args("--nodes=2", "--ranks-per-node=4", "--slurm-gpus", "--container=results/containers/scalerepro.sif")
+    command = launch.srun_command(args, "/venv/bin/python")
+    start = command.index("apptainer")
+    assert command[start : start + 6] == ["apptainer", "exec", "--nv", "results/containers/scalerepro.sif", "python", "-m"]
+
+
+def test_the_node_agent_meets_on_the_first_host_of_the_step():
+    args = _args("--node-agent", "--nodes=2", "--ranks-per-node=4", "--port=29417")
+    environ = {"SLURM_STEP_NODELIST": "localhost,gpu[002-003]", "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0"}
+    command = launch.command(args, environ)
+    assert command == [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--nnodes=2", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:29417", "--rdzv-id=1234.0", *TRAIN,
+    ]  # fmt: skip
+
+
+def test_a_node_name_that_does_not_resolve_without_slurm_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    with pytest.raises(launch.LaunchError, match="'node-that-does-not-exist01' does not resolve"):
+        launch.resolve_host("node-that-does-not-exist01")
+
+
+def test_the_rendezvous_port_moves_with_the_job_id():
+    assert launch.rendezvous_port(29400, {"SLURM_JOB_ID": "123456"}) == 29400 + 456
+    assert launch.rendezvous_port(29400, {}) == 29400
+
+
+def test_env_flags_reach_the_ranks_and_bad_ones_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--env", "NCCL_SOCKET_IFNAME", "--", *TRAIN])
+    assert "expected NAME=VALUE" in capsys.readouterr().err
+
+
+def test_two_local_ranks_train_through_the_launcher(tmp_path):
+    record = tmp_path / "record.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", "--env=SCALEREPRO_TEST_MARK=1", "--",
+         "-m", "scalerepro.train", "--model", "cnn", "--data", "synthetic", "--batch-size", "8", "--steps", "3",
+         "--warmup-steps", "1", "--device", "cpu", "--eval-samples", "16", "--comm-probe-steps", "1", "--record", str(record)],
+        env=clean_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    parallel = load_record(record)["parallel"]
+    assert parallel["world_size"] == 2 and parallel["launcher"] == "torchrun" and parallel["nodes"] == 1
+    assert "--standalone" in result.stderr
+
+
+def test_the_node_agent_survives_slurms_warning_signal_and_its_ranks_inherit_the_choice(tmp_path):
+    """The agent execs torchrun with SIGUSR1 ignored, so the signal Slurm sends to every process
+    of the step cannot kill it; each rank sees SIG_IGN until StopRequest installs its handler."""
+    script = tmp_path / "probe.py"
+    script.write_text("import signal; print('rank sees SIGUSR1 ignored:', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)")
+    result = subprocess.run(
+        [sys.executable, "-m", "scalerepro.launch", "--node-agent", "--nodes=1", "--ranks-per-node=1", "--", str(script)],
+        env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rank sees SIGUSR1 ignored: True" in result.stdout
