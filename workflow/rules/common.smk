@@ -390,4 +390,5 @@ PLOT_NAMES = [
     "accuracy_curves",
     "energy_per_sample",
     "busbw_vs_size",
+    "predicted_vs_measured_efficiency",
 ]
