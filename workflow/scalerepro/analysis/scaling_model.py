@@ -28,6 +28,9 @@ ready and the previous all-reduce is done, overlapping the rest of the backward)
     e_0 = 0;  e_k = max(c r_k, e_(k-1)) + t_ring(S_k, N)            end of bucket k's all-reduce
     other = t(1) - (A (f + b) + o)                                   data wait and loop overhead
                                                                      of the measured 1-GPU step
+    (when the probe's phases add up to more than t(1), its few steps having caught a slower
+    moment than the window's median, f, b, o and every r_k are scaled by t(1) / (A (f + b) + o),
+    so that the model gives t(1) back at one GPU)
     t(N) = other + A c f + (A - 1) c b + max(c b, e_last) + o        (only the last micro-batch
                                                                      all-reduces: no_sync)
 
@@ -272,6 +275,22 @@ def median_profile(profiles: Sequence[StepProfile]) -> StepProfile:
     )
 
 
+def within_step(profile: StepProfile) -> StepProfile:
+    """The profile with its phases scaled down to fit in t(1) when they add up to more (see the
+    module docstring); unchanged otherwise."""
+    phases = profile.micro_batches * (profile.forward_s + profile.backward_s) + profile.optimizer_s
+    scale = min(1.0, profile.step_s / phases)
+    return StepProfile(
+        step_s=profile.step_s,
+        forward_s=scale * profile.forward_s,
+        backward_s=scale * profile.backward_s,
+        optimizer_s=scale * profile.optimizer_s,
+        micro_batches=profile.micro_batches,
+        bucket_bytes=profile.bucket_bytes,
+        bucket_ready_s=tuple(scale * ready for ready in profile.bucket_ready_s),
+    )
+
+
 def _row(**values: Any) -> dict[str, Any]:
     return {column: values.get(column) for column in SCALING_MODEL_COLUMNS}
 
@@ -312,7 +331,7 @@ def scaling_model_table(
                                  step_time_measured_s=cell["step_time_median_s"], efficiency_measured=cell["efficiency"],
                                  per_rank_batch=batches.get(gpus), note=f"no prediction: {why}"))  # fmt: skip
             continue
-        profile = median_profile(profiles)
+        profile = within_step(median_profile(profiles))
         profile_run = ", ".join(one["run_id"][[p is not None for p, _ in found]])
         batch_1 = batches[1]
         measured_max = max(cells.index)
