@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 import torch.distributed as dist
 
 from analysis_fixtures import Study, make_record, validate, write_comm
