@@ -8,7 +8,8 @@ off (compute only: what one GPU does), and times each phase:
 
     forward_s     forward and loss of one micro-batch
     backward_s    backward of one micro-batch (the scaled loss's .backward())
-    optimizer_s   (unscale and clip,) optimizer and scaler step, zero_grad, scheduler step
+    optimizer_s   (unscale and clip,) optimizer and scaler step, zero_grad (not the LR scheduler's
+                  step: microseconds, and OneCycleLR refuses steps past the run's end)
     ready_s[k]    backward start -> the moment every parameter of bucket k has its gradient
                   accumulated (``Tensor.register_post_accumulate_grad_hook``): bucket k's
                   all-reduce could start then
@@ -165,7 +166,6 @@ def probe(trainer: Trainer, steps: int) -> dict[str, Any]:
             trainer.scaler.step(trainer.optimizer)
             trainer.scaler.update()
             trainer.optimizer.zero_grad(set_to_none=True)
-            trainer.scheduler.step()
             recorded.append(_StepMarks(start, forward_end, backward_end, marks.now(), current))
     finally:
         for handle in handles:

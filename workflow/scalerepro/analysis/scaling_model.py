@@ -103,7 +103,9 @@ class RingNetwork:
 
 def fit_ring(sizes_bytes: Sequence[float], times_s: Sequence[float], gpus: int, source: str = "fit") -> RingNetwork:
     """alpha and B of t_ring(S, N) by least squares on the relative error (module docstring).
-    A negative alpha (noise on a link whose latency is below the resolution) is refitted as 0."""
+    A negative alpha (noise on a link whose latency is below the resolution) is refitted as 0; a
+    time that does not grow with the size (noise over a latency-bound range of sizes) leaves B
+    unresolved: it is refitted with alpha alone and B infinite, and ``source`` says so."""
     sizes, times = np.asarray(sizes_bytes, dtype=float), np.asarray(times_s, dtype=float)
     if gpus < 2:
         raise ValueError(f"an all-reduce fit needs at least 2 GPUs (got {gpus})")
@@ -117,7 +119,9 @@ def fit_ring(sizes_bytes: Sequence[float], times_s: Sequence[float], gpus: int, 
         alpha = 0.0
         inverse_b = float(np.sum(x2 / times) / np.sum((x2 / times) ** 2))  # 1-parameter least squares
     if inverse_b <= 0:
-        raise ValueError(f"{source}: the all-reduce time does not grow with the message size: no bandwidth to fit")
+        alpha = float(np.sum(x1 / times) / np.sum((x1 / times) ** 2))  # 1-parameter least squares
+        source += "; the time does not grow with the size: alpha alone, B unresolved (infinite)"
+        return RingNetwork(gpus, alpha, math.inf, source)
     return RingNetwork(gpus, float(alpha), float(1.0 / inverse_b), source)
 
 
