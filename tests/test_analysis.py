@@ -293,7 +293,7 @@ def test_cli_writes_tables_and_summary_without_torch(gpu, tmp_path):
 def test_modules_do_not_import_torch():
     code = (
         "import sys\n"
-        "import scalerepro.analysis, scalerepro.analysis.aggregate, scalerepro.analysis.plots\n"
+        "import scalerepro.analysis, scalerepro.analysis.aggregate, scalerepro.analysis.plots, scalerepro.analysis.scaling_model\n"
         "assert 'torch' not in sys.modules, 'the analysis side imported torch'\n"
         "trainer = {'scalerepro.train', 'scalerepro.trainer', 'scalerepro.models', 'scalerepro.data'} & set(sys.modules)\n"
         "assert not trainer, f'the analysis side imported {trainer}'\n"

@@ -268,6 +268,14 @@ def _communication() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# scaling_model.csv as scalerepro.analysis.scaling_model writes it: a measured cell and a prediction alone.
+SCALING_MODEL_CSV = """\
+study,model,gpus,nodes,basis,network,alpha_step_us,link_gbps,per_rank_batch,compute_scale,buckets,gradient_bytes,allreduce_s,exposed_comm_s,step_time_measured_s,step_time_predicted_s,step_time_error,efficiency_measured,efficiency_predicted,profile_run,note
+strong,resnet50,8,1,measured,fit to g8.json (nccl 11 sizes),4.1,370.5,32,0.125,4,102228128,0.0012,0.0004,0.0122,0.0119,-0.0246,0.908,0.93,strong_resnet50_g1_r1,
+strong,resnet50,64,8,predicted,NDR InfiniBand 400 Gb/s (one ConnectX-7 port per GPU) (references.yaml links.inter_node),9.6,50,4,0.0156,4,102228128,0.0052,0.0049,,0.0066,,,0.26,strong_resnet50_g1_r1,prediction only: beyond the 8 GPUs the study ran on
+"""
+
+
 def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sample",)) -> dict[str, Path]:
     """Tables, figures, inventory and config of the fixture study under ``root``."""
     tables, plots = root / "tables", root / "plots"
@@ -292,6 +300,7 @@ def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sampl
     (tables / "comparison.csv").write_text(COMPARISON_CSV)
     (tables / "checks.csv").write_text(CHECKS_CSV)
     (tables / "cost.csv").write_text(COST_CSV)
+    (tables / "scaling_model.csv").write_text(SCALING_MODEL_CSV)
     summary = {
         "runs": len(runs),
         "status": runs.status.value_counts().to_dict(),
@@ -521,6 +530,15 @@ def test_results_tables(study):
     assert '<td class="num">+186.0 %</td>' in results  # ablation "all": 2.86x the baseline
     assert '<td class="num">256 MiB</td>' in results and '<td class="num">40.2 %</td>' in results
     assert "Not measured" not in results
+
+
+def test_scaling_model_section(study):
+    _, page, _ = study
+    model = section(page, "results").split('id="scaling-model"')[1]
+    for text in ("11.9", "−2.5 %", "93.0 %", "26.0 %", "370.5", "6.6"):
+        assert f'<td class="num">{text}</td>' in model, text
+    assert "prediction only: beyond the 8 GPUs the study ran on" in model and "t_ring(S, N)" in model
+    assert "NVLink 4" in model and "ConnectX-7" in model and "nvidia.com" in model  # the links and their sources
 
 
 def test_headline_takes_the_best_configuration_by_median():

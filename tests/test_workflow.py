@@ -179,6 +179,16 @@ def test_tables_match_the_records(study):
     assert comm.busbw_gbps.tolist() == pytest.approx((comm.algbw_gbps * 2 * (2 - 1) / 2).tolist())
 
 
+def test_the_scaling_model_predicts_the_cpu_runs(study):
+    model = pd.read_csv(study / "results/tables/scaling_model.csv")
+    measured = model[model.basis.eq("measured") & model.gpus.eq(2)].set_index("study")
+    assert set(measured.index) == {"strong", "weak"} and measured.step_time_predicted_s.notna().all(), model.note.tolist()
+    assert measured.network.str.startswith("fit to g2.json").all()
+    beyond = model[model.basis.eq("predicted")]
+    assert sorted(set(beyond.gpus)) == [4, 8, 16] and beyond.efficiency_predicted.notna().all()
+    assert "Scaling model" in (study / "results/report/index.html").read_text()
+
+
 def test_nothing_left_to_do_and_reruns_are_exact(study):
     def planned(*args: str) -> dict[str, int]:
         url, md5 = json.loads((study / "study_args").read_text())
@@ -264,7 +274,7 @@ def test_the_study_report_in_headless_chromium(study, tmp_path):
         browser.screenshot(session, shot, 1400)
     finally:
         browser.close()
-    assert len(found["images"]) == 11 and not found["broken_images"], found["images"]
+    assert len(found["images"]) == 12 and not found["broken_images"], found["images"]
     assert not found["errors"] and not found["foreign_requests"], found
     print(f"\nscreenshot of the CI study's report: {shot}")
 

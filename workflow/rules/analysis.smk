@@ -44,6 +44,7 @@ rule aggregate:
         comm=expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS),
         references="config/references.yaml",
         code=analysis_module("aggregate"),
+        scaling_model=str(PACKAGE / "analysis" / "scaling_model.py"),
     output:
         tables=expand(
             "results/tables/{table}.csv",
@@ -58,6 +59,7 @@ rule aggregate:
                 "comparison",
                 "checks",
                 "cost",
+                "scaling_model",
             ],
         ),
         summary="results/tables/summary.json",
@@ -70,9 +72,11 @@ rule aggregate:
     params:
         comm=lambda wc, input: " ".join(input.comm),
         targets=targets_args(),
+        predict=" ".join(str(n) for n in STUDY["scaling"].get("predict_gpus", [])),
     shell:
         "python -m scalerepro.analysis.aggregate --matrix {input.matrix} --comm {params.comm}"
-        " --references {input.references} --out results/tables {params.targets} > {log} 2>&1"
+        " --references {input.references} --out results/tables {params.targets}"
+        " --predict-gpus {params.predict} > {log} 2>&1"
 
 
 rule plots:

@@ -511,4 +511,5 @@ PLOT_NAMES = [
     "busbw_vs_size",
     "profile_breakdown",
     "roofline",
+    "predicted_vs_measured_efficiency",
 ]

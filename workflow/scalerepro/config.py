@@ -107,6 +107,7 @@ class RunConfig:
     eval: bool = _opt(True, "evaluate on held-out data after every epoch and at the end")
     eval_batch_size: int | None = _opt(None, "evaluation batch per rank (default: --batch-size)")
     comm_probe_steps: int = _opt(8, "after training, steps timed with and without gradient all-reduce to measure exposed communication (0: off)")
+    bucket_probe_steps: int = _opt(5, "after training, steps timing forward, backward with each DDP bucket's ready time, and the optimizer, for the scaling model (0: off)")
     nvml_interval_s: float = _opt(0.1, "NVML sampling period in seconds")
     peak_tflops: float | None = _opt(None, "peak dense TFLOP/s per device for MFU (default: from the GPU datasheet table)")
     record: str | None = _opt(None, "path of the JSON run record (written atomically by rank 0)")
@@ -165,6 +166,7 @@ class TrainConfig:
             "--lr-warmup-steps": o.lr_warmup_steps,
             "--checkpoint-interval": r.checkpoint_interval,
             "--comm-probe-steps": r.comm_probe_steps,
+            "--bucket-probe-steps": r.bucket_probe_steps,
             "--clip-grad-norm": o.clip_grad_norm,
         }.items():
             if value < 0:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, data, hardware, metrics, models, optim, profiling
+from . import buckets, checkpoint, data, hardware, metrics, models, optim, profiling
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, nvml_uuid_for_torch_device, unavailable_summary
@@ -185,6 +185,7 @@ class Trainer:
             "fraction": None, "sync_step_s": None, "nosync_step_s": None, "steps": 0,
             "reason": "not measured: the run stopped before its end",
         }  # fmt: skip
+        self.bucket_profile: dict[str, Any] = buckets.not_measured("the run stopped before its end")
         self.nvml_summary: dict[str, Any] = unavailable_summary("no measured steps", interval_s=run.nvml_interval_s)
         self._checkpoint_path: str | None = None
 
@@ -364,6 +365,7 @@ class Trainer:
                 bar.close()
             if completed:
                 self._probe_exposed_communication()
+                self.bucket_profile = buckets.probe(self, self.config.run.bucket_probe_steps)
             self.loader.close()
 
     def _log_point(
@@ -576,6 +578,7 @@ class Trainer:
                 "rss_bytes_max": _max_or_none(m["rss_bytes"] for m in memory),
             },
             "exposed_communication": self.exposed_comm,
+            "backward_buckets": self.bucket_profile,  # see scalerepro.buckets
             "nvml": nvml,
             # energy per sample = GPU energy over the sampled window (all GPUs) / samples measured
             "energy_per_sample_j": nvml["energy_j"] / self.measured_samples if nvml["energy_j"] is not None and self.measured_samples else None,

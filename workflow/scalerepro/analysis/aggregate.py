@@ -79,6 +79,9 @@ cost.csv -- one row per study plus a ``total`` row: study, runs (matrix rows),
     nodes) / 3600 over the runs with a record, gpu_hours_requested = sum(runtime_min / 60 x
     gpus) and node_hours_requested over every matrix row (what an allocation request states).
     On a CPU study "gpus" are ranks.
+scaling_model.csv -- the alpha-beta model's predicted step time and efficiency beside the
+    measured ones, and predictions alone beyond the study's hardware (``--predict-gpus``): see
+    ``scalerepro.analysis.scaling_model``.
 summary.json -- run counts by status, device names and types, git commits, torch versions,
     inconsistent runs and check counts.
 """
@@ -97,6 +100,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
+
+from . import scaling_model
 
 MATRIX_COLUMNS = (
     "run_id", "study", "model", "gpus", "nodes", "gpus_per_node", "repeat", "variant", "precision", "per_rank_batch",
@@ -579,8 +584,10 @@ def aggregate(
     comm_paths: Iterable[str | os.PathLike[str]],
     references_path: str | os.PathLike[str],
     targets: Mapping[str, float],
+    predict_gpus: Sequence[int] = scaling_model.DEFAULT_PREDICT_GPUS,
 ) -> dict[str, pd.DataFrame]:
     """Every table, by file stem (see the module docstring)."""
+    comm_paths = list(comm_paths)
     runs, epochs, losses = read_runs(read_matrix(matrix_path))
     tables = {
         "runs": runs,
@@ -594,6 +601,9 @@ def aggregate(
         "cost": cost_table(runs),
     }
     tables["checks"] = checks_table(tables, targets)
+    tables["scaling_model"] = scaling_model.scaling_model_table(
+        runs, tables["scaling"], comm_paths, references_path, predict_gpus
+    )
     return tables
 
 
@@ -629,9 +639,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--references", required=True, type=Path, help="config/references.yaml")
     parser.add_argument("--out", required=True, type=Path, help="directory for the CSV tables and summary.json")
     parser.add_argument("--target", action="append", default=[], type=_target, metavar="KEY=VALUE", help="repeatable")
+    parser.add_argument(
+        "--predict-gpus", nargs="*", type=int, default=list(scaling_model.DEFAULT_PREDICT_GPUS), metavar="N",
+        help="GPU counts the scaling model predicts beyond the study's hardware (links from --references)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    tables = aggregate(args.matrix, args.comm, args.references, dict(args.target))
+    tables = aggregate(args.matrix, args.comm, args.references, dict(args.target), args.predict_gpus)
     summary = write_tables(tables, args.out)
     print(
         f"aggregate: {summary['runs']} runs {summary['status']}, checks {summary['checks']}, "

@@ -26,7 +26,7 @@ from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from . import aggregate, profile
+from . import aggregate, profile, scaling_model
 
 Tables = Mapping[str, pd.DataFrame]
 # The tables the figures read, with the columns an absent or empty one gets.
@@ -42,6 +42,7 @@ COLUMNS = {
     "checks": aggregate.CHECK_COLUMNS,
     "profiling": profile.PROFILING_COLUMNS,
     "profiling_roofline": profile.ROOFLINE_COLUMNS,
+    "scaling_model": scaling_model.SCALING_MODEL_COLUMNS,
 }
 MARKERS = ("D", "s", "^", "v", "P", "X", "*", "h")
 
@@ -354,6 +355,40 @@ def roofline(t: Tables) -> Figure:
     return fig
 
 
+def predicted_vs_measured_efficiency(t: Tables) -> Figure:
+    table = t["scaling_model"]
+    predicted = table.dropna(subset=["efficiency_predicted"])
+    if predicted.empty:
+        notes = "; ".join(sorted(set(table["note"].dropna()))) if len(table) else "scaling_model.csv has no rows"
+        raise NotMeasured(f"no scaling-model prediction ({notes})")
+    studies = sorted(predicted["study"].unique())
+    fig, axes = _panels(len(studies), width=6.0, height=4.6)
+    colours = dict(zip(sorted(table["model"].unique()), sns.color_palette()))
+    for ax, study in zip(axes, studies):
+        rows = table[table["study"].eq(study)].sort_values("gpus")
+        for model, group in rows.groupby("model"):
+            colour, line = colours[model], group.dropna(subset=["efficiency_predicted"])
+            # one line through every predicted count: E = t(1) / (N t(N)) strong, t(1) / t(N) weak
+            ax.plot(line["gpus"], 100 * line["efficiency_predicted"], color=colour, ls="--", marker=".", label=f"{model}: predicted (alpha-beta model)")
+            measured = group.dropna(subset=["efficiency_measured"])
+            ax.scatter(measured["gpus"], 100 * measured["efficiency_measured"], color=colour, s=60, zorder=3, label=f"{model}: measured")
+        beyond = rows.loc[rows["basis"].eq("predicted"), "gpus"]
+        if len(beyond):  # the counts beyond the study's hardware: prediction alone
+            low = rows.loc[rows["basis"].eq("measured"), "gpus"].max()
+            ax.axvspan(low * 1.2, beyond.max() * 1.2, color="0.9", zorder=0)
+            ax.text(np.sqrt(low * beyond.max()) * 1.1, 5, "prediction only:\nbeyond the hardware measured,\nlinks from references.yaml",
+                    ha="center", va="bottom", fontsize="small", color="0.3")  # fmt: skip
+        ax.axhline(100, color="0.4", lw=1)
+        _gpu_axis(ax, rows["gpus"])
+        top = 100 * np.nanmax(rows[["efficiency_measured", "efficiency_predicted"]].to_numpy(dtype=float))
+        ax.set_ylim(0, max(110, top + 10))
+        ax.set_ylabel("scaling efficiency (%)")
+        ax.set_title(f"{study} scaling")
+    _legend_below(fig, axes)
+    fig.suptitle("Scaling efficiency: measured vs the alpha-beta model's prediction")
+    return fig
+
+
 FIGURES: dict[str, Callable[[Tables], Figure]] = {
     "throughput_vs_gpus": throughput_vs_gpus,
     "efficiency_vs_gpus": efficiency_vs_gpus,
@@ -366,6 +401,7 @@ FIGURES: dict[str, Callable[[Tables], Figure]] = {
     "busbw_vs_size": busbw_vs_size,
     "profile_breakdown": profile_breakdown,
     "roofline": roofline,
+    "predicted_vs_measured_efficiency": predicted_vs_measured_efficiency,
 }
 PLOT_NAMES = tuple(FIGURES)  # the workflow declares these as outputs
 

@@ -39,7 +39,7 @@ import yaml
 from ..files import atomic_file
 
 # The tables the aggregation writes, by file stem.
-TABLES = ("runs", "scaling", "sensitivity", "ablation", "communication", "comparison", "checks", "cost")
+TABLES = ("runs", "scaling", "sensitivity", "ablation", "communication", "comparison", "checks", "cost", "scaling_model")
 
 # The figures the plotting rule draws, by file stem (each as .svg and .png).
 FIGURES = (
@@ -54,6 +54,7 @@ FIGURES = (
     "busbw_vs_size",
     "profile_breakdown",
     "roofline",
+    "predicted_vs_measured_efficiency",
 )
 
 RUN_STATUSES = ("ok", "failed", "preempted", "missing")
@@ -785,6 +786,8 @@ def build_context(
         "ablation": rows(tables["ablation"], ("model", "gpus")),
         "communication": rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
         "comparison": rows(tables["comparison"], ("model", "gpus", "metric", "reference")),
+        "scaling_model": rows(tables["scaling_model"], ("study", "model", "gpus")),
+        "links": (references_doc.get("links") or {}),
         "unmatched_references": unmatched_references(references, tables["comparison"]),
         "peaks": gpu_peaks(references_doc),
         "references_path": str(references_path) if references_path is not None else None,
