@@ -75,7 +75,9 @@ LOCAL_GPUS = _local_gpu_count()
 def _profile_executor(name):
     """The executor a Snakemake profile names, found where Snakemake finds profiles."""
     found = get_profile_dir(name)
-    return (yaml.safe_load(found[1].read_text()) or {}).get("executor") if found else None
+    return (
+        (yaml.safe_load(found[1].read_text()) or {}).get("executor") if found else None
+    )
 
 
 def _submits_to_slurm(argv):
