@@ -102,3 +102,9 @@ def test_the_node_agent_survives_slurms_warning_signal_and_its_ranks_inherit_the
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rank sees SIGUSR1 ignored: True" in result.stdout
+
+
+def test_a_node_list_the_agent_cannot_read_is_one_clear_error():
+    args = _args("--node-agent", "--nodes=2", "--ranks-per-node=4")
+    with pytest.raises(launch.LaunchError, match="cannot parse the Slurm node list"):
+        launch.command(args, {"SLURM_STEP_NODELIST": "[01-02]", "SLURM_JOB_ID": "1"})

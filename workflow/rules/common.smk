@@ -367,6 +367,11 @@ def run_resources(key):
     return resource
 
 
+def comm_resources(key):
+    """The Slurm resources (``key`` names one) of the all-reduce benchmark over ``wildcards.gpus``."""
+    return lambda wildcards: slurm_resources(*ranks_and_nodes(int(wildcards.gpus)))[key]
+
+
 def rerun_command(run):
     where = "--profile slurm" if ON_SLURM else "--cores all"
     return f"snakemake {where} --forcerun {record_path(run)}"

@@ -76,10 +76,10 @@ rule comm_benchmark:
         nodes=lambda wc: ranks_and_nodes(int(wc.gpus))[1],
         gpus=lambda wc: int(wc.gpus) if DEVICE == "cuda" else 0,
         runtime=15,
-        mpi="",
-        tasks_per_gpu=0,
-        gres=lambda wc: slurm_resources(*ranks_and_nodes(int(wc.gpus)))["gres"],
-        slurm_extra=slurm_resources(1, 1)["slurm_extra"],
+        mpi=comm_resources("mpi"),
+        tasks_per_gpu=comm_resources("tasks_per_gpu"),
+        gres=comm_resources("gres"),
+        slurm_extra=comm_resources("slurm_extra"),
     params:
         launch=lambda wc: shlex.join(
             launch_args(*ranks_and_nodes(int(wc.gpus)), f"comm_g{wc.gpus}")

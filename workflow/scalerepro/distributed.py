@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import datetime
 import os
-import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from .nodelist import first_host as nodelist_first_host
 
 
 class DistributedSetupError(RuntimeError):
@@ -68,19 +69,11 @@ class DistContext:
 
 
 def first_host(nodelist: str) -> str:
-    """First host of a Slurm hostlist expression, e.g. ``gpu[007-010,012],login1`` -> ``gpu007``.
-
-    Slurm's ``scontrol show hostnames`` does this too, but it is not on every compute node's PATH
-    inside containers; the first host needs only the prefix and the first number of the first range.
-    """
-    match = re.match(r"^([^\[,]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not match:
-        raise DistributedSetupError(f"cannot parse the Slurm node list {nodelist!r}")
-    prefix, ranges = match.groups()
-    if ranges is None:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first  # keeps zero padding: "007" stays "007"
+    """First host of a Slurm hostlist expression (``scalerepro.nodelist.first_host``)."""
+    try:
+        return nodelist_first_host(nodelist)
+    except ValueError as error:
+        raise DistributedSetupError(str(error)) from None
 
 
 def node_name(environ: Mapping[str, str] = os.environ) -> str:

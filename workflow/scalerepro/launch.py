@@ -30,7 +30,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from .distributed import first_host
+from . import nodelist as slurm_nodelist
 
 # The c10d rendezvous port of a multi-node job: a base plus the job id modulo a span, so that two
 # jobs whose first node is the same host rarely meet on one port (single-node runs use torchrun's
@@ -93,7 +93,10 @@ def node_agent(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
     if args.nodes > 1 and not nodelist:
         raise LaunchError("--node-agent runs inside an srun step (no SLURM_STEP_NODELIST here): start jobs with scalerepro.launch")
-    endpoint = f"{resolve_host(first_host(nodelist))}:{args.port}" if args.nodes > 1 else None
+    try:
+        endpoint = f"{resolve_host(slurm_nodelist.first_host(nodelist))}:{args.port}" if args.nodes > 1 else None
+    except ValueError as error:  # a node list this launcher cannot read
+        raise LaunchError(str(error)) from None
     rdzv_id = f"{environ.get('SLURM_JOB_ID', 'local')}.{environ.get('SLURM_STEP_ID', '0')}"
     return torchrun_command(sys.executable, args.nodes, args.ranks_per_node, endpoint, rdzv_id, args.program)
 
