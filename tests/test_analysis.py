@@ -17,6 +17,7 @@ from analysis_fixtures import (
     FAILED_MESSAGE,
     H100,
     VALIDATOR,
+    make_record,
     write_comm,
     write_cpu_study,
     write_gpu_study,
@@ -374,3 +375,12 @@ def test_reading_2000_records(tmp_path):
     print(f"aggregated 2,000 records in {seconds:.2f} s")
     assert len(tables["runs"]) == 2000 and tables["runs"]["status"].eq("ok").all()
     assert len(tables["scaling"]) == 4 and tables["scaling"]["repeats_ok"].sum() == 2000
+
+
+def test_a_record_that_says_ok_but_measured_nothing_counts_as_failed(tmp_path):
+    record = make_record("empty")
+    record["measurements"].update(measured_steps=0, samples_per_s=None)
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    fields, _, _ = aggregate.read_record("empty", str(path))
+    assert fields["status"] == "failed" and "measured window is empty" in fields["error"]

@@ -99,6 +99,7 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
     _, output = _signal_last_rank_at_step_20(args, signal.SIGUSR1)  # rank 0 must learn of it
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "preempted", output[-2000:]
+    assert record["stop_signal"] == "SIGUSR1" and "stopped by SIGUSR1" in output  # rank 0 records rank 1's signal
     stopped = record["steps"]["completed"]
     assert stopped % 5 == 0 and stopped < 400  # ranks agree at a log point
     checkpoint = torch.load(tmp_path / "ckpt" / f"step-{stopped:08d}.pt", weights_only=True)

@@ -113,7 +113,7 @@ def _params(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_sigusr1_checkpoints_then_resume_is_bit_exact(tmp_path):
-    common = small_run(tmp_path, "--model", "cnn", "--num-workers", "1", steps=120)
+    common = small_run(tmp_path, "--model", "cnn", "--num-workers", "1", "--keep-final-checkpoint", steps=120)
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     # All three runs are separate processes with the same environment (one thread each): a
     # different thread count would change floating-point summation order, not the algorithm.
@@ -146,17 +146,18 @@ def test_sigusr1_checkpoints_then_resume_is_bit_exact(tmp_path):
     assert resumed["history"] == uninterrupted
 
 
-def test_resume_skips_a_truncated_checkpoint_and_refuses_another_runs(tmp_path):
+def test_resume_passes_over_a_truncated_checkpoint_and_another_runs_naming_each(tmp_path):
     directory = tmp_path / "ckpt"
-    common = small_run(tmp_path, "--model", "cnn", "--checkpoint-dir", str(directory), "--checkpoint-interval", "4")
+    common = small_run(tmp_path, "--model", "cnn", "--checkpoint-dir", str(directory), "--keep-final-checkpoint")
     assert main(common) == 0
-    newest = checkpoint.list_checkpoints(directory)[0]
-    newest.write_bytes(newest.read_bytes()[:1000])  # a crash mid-copy
-    with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
-        assert main([*common, "--resume"]) == 0
-    result = python_train([*common, "--resume", "--batch-size", "8"])
-    assert result.returncode == 1
-    assert result.stderr.count("\n") == 1 and "was made by a different run" in result.stderr
+    final = checkpoint.list_checkpoints(directory)[0]
+    final.write_bytes(final.read_bytes()[:1000])  # a crash mid-copy
+    assert main([*common, "--resume"]) == 0
+    skipped = load_record(tmp_path / "run.json")["steps"]["checkpoints_skipped"]
+    assert [s["path"] for s in skipped] == [str(final)] and skipped[0]["reason"].startswith("unreadable")
+    result = python_train([*common, "--resume", "--batch-size", "8"])  # the finished run's final checkpoint
+    assert result.returncode == 0, result.stderr
+    assert "written by a different configuration (batch_size was 16, now 8" in result.stdout
 
 
 def test_non_finite_loss_names_the_step(tmp_path):

@@ -7,13 +7,21 @@ so the data position is all the loaders need.
 
 Files are ``step-00001234.pt``: written to a temporary file in the same directory, flushed to
 disk, then renamed, so a reader never sees half a checkpoint. Loading uses ``weights_only=True``.
+
+A checkpoint continues a run only if it is *usable* for it (``unusable_reason``): it loads, it is
+a checkpoint of this format, its fingerprint (configuration and the trainer's code hash) is the
+run's, it is not the final checkpoint of a finished run, and enough steps are left after it to
+measure something. Every newer file that is passed over is named with its reason, so a resume
+never goes backwards silently. Cleanup (``keep``) counts only the checkpoints this store knows
+to be usable: a corrupt or foreign file never takes the place of a good one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
-import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +29,21 @@ import torch
 
 from .files import atomic_file
 
-FORMAT_VERSION = 1
+# 2: the fingerprint holds the trainer's code hash and the last checkpoint of a run says "final".
+FORMAT_VERSION = 2
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
+_REQUIRED = ("step", "model", "optimizer", "scheduler", "scaler", "progress", "rng", "fingerprint")
+_PACKAGE = Path(__file__).resolve().parent
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used for this run; the message names the file and the mismatch."""
+def code_hash(package: Path = _PACKAGE) -> str:
+    """SHA-256 over the trainer's source: every ``.py`` file of the package outside ``analysis/``
+    (which never runs in a rank), as (relative path, bytes) in path order. A checkpoint written
+    by other code cannot be trusted to continue this code's run bit for bit, so it is not resumed."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*.py") if "analysis" not in p.relative_to(package).parts):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def rng_state() -> dict[str, Any]:
@@ -48,45 +65,87 @@ def path_for(directory: Path, step: int) -> Path:
     return directory / f"step-{step:08d}.pt"
 
 
-def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write ``state`` as the checkpoint of ``step`` and keep only the newest ``keep`` files."""
-    target = path_for(directory, step)
-    with atomic_file(target) as stream:
-        torch.save({"format": FORMAT_VERSION, "step": step, **state}, stream)
-    for old in list_checkpoints(directory)[keep:]:
-        old.unlink(missing_ok=True)
-    return target
-
-
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoint files in ``directory``, newest step first."""
+    """Files named like checkpoints in ``directory``, newest step first (usable or not)."""
     if not directory.is_dir():
         return []
     found = [p for p in directory.iterdir() if _NAME.match(p.name)]
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)
 
 
-def load_newest(directory: Path, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
-    """The newest checkpoint that loads and belongs to this run, or None if there is none.
+def unusable_reason(state: object, fingerprint: dict[str, Any], last_resumable_step: int) -> str | None:
+    """Why ``state`` cannot continue the run of ``fingerprint`` (None: it can).
 
-    A file that fails to load (truncated by a crash during a copy, say) is skipped with a warning;
-    one that loads but was made by a different configuration is an error, not something to skip.
-    """
-    for path in list_checkpoints(directory):
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # noqa: BLE001 - any unreadable file is skipped, never trusted
-            warnings.warn(f"skipping unreadable checkpoint {path}: {type(error).__name__}: {error}", stacklevel=2)
-            continue
-        if state.get("format") != FORMAT_VERSION:
-            warnings.warn(f"skipping checkpoint {path}: format {state.get('format')!r}", stacklevel=2)
-            continue
-        mismatched = {k: (state["fingerprint"].get(k), v) for k, v in fingerprint.items() if state["fingerprint"].get(k) != v}
-        if mismatched:
-            detail = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in mismatched.items())
-            raise CheckpointError(
-                f"checkpoint {path} was made by a different run ({detail}): use another --checkpoint-dir or drop --resume"
-            )
-        state["path"] = str(path)
-        return state
+    ``last_resumable_step``: a checkpoint after it leaves fewer steps than the warm-up plus one
+    measured step, so a run resumed from it would measure nothing."""
+    if not isinstance(state, dict):
+        return f"not a checkpoint (it holds a {type(state).__name__})"
+    if state.get("format") != FORMAT_VERSION:
+        return f"checkpoint format {state.get('format')!r}, this trainer reads {FORMAT_VERSION}"
+    missing = [key for key in _REQUIRED if key not in state]
+    if missing or not isinstance(state["fingerprint"], dict):
+        return f"incomplete checkpoint (missing {', '.join(missing) or 'a fingerprint'})"
+    theirs = state["fingerprint"]
+    if theirs.get("code") != fingerprint["code"]:
+        return f"written by other trainer code (code hash {str(theirs.get('code'))[:12]}, now {fingerprint['code'][:12]})"
+    changed = [f"{k} was {theirs.get(k)!r}, now {v!r}" for k, v in fingerprint.items() if theirs.get(k) != v]
+    if changed:
+        return "written by a different configuration (" + "; ".join(changed) + ")"
+    if state.get("final"):
+        return "the final checkpoint of a finished run"
+    if state["step"] > last_resumable_step:
+        return f"at step {state['step']} it leaves too few steps for the warm-up and a measured window"
     return None
+
+
+@dataclass
+class CheckpointStore:
+    """The checkpoints of one run in ``directory``; rank 0 alone writes and deletes."""
+
+    directory: Path
+    fingerprint: dict[str, Any]
+    keep: int
+    usable: list[Path] = field(default_factory=list)  # known usable for this run, newest first
+    skipped: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"} of files passed over
+
+    def load_newest(self, last_resumable_step: int) -> dict[str, Any] | None:
+        """The newest usable checkpoint, or None; every newer file passed over is in ``skipped``."""
+        for path in list_checkpoints(self.directory):
+            try:
+                # mmap: telling whether a file is usable must not read gigabytes of tensors
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as error:  # noqa: BLE001 - an unreadable file is skipped, never trusted
+                self.skipped.append({"path": str(path), "reason": f"unreadable ({type(error).__name__}: {_first_line(error)})"})
+                continue
+            reason = unusable_reason(state, self.fingerprint, last_resumable_step)
+            if reason is not None:
+                self.skipped.append({"path": str(path), "reason": reason})
+                continue
+            self.usable.insert(0, path)
+            state["path"] = str(path)
+            return state
+        return None
+
+    def save(self, step: int, state: dict[str, Any], final: bool = False) -> Path:
+        """Write ``state`` as the checkpoint of ``step``; keep the newest ``keep`` usable ones."""
+        target = path_for(self.directory, step)
+        with atomic_file(target) as stream:
+            torch.save({"format": FORMAT_VERSION, "step": step, "final": final, **state}, stream)
+        self.usable = [target, *(p for p in self.usable if p != target)]
+        for old in self.usable[self.keep :]:
+            old.unlink(missing_ok=True)
+        self.usable = self.usable[: self.keep]
+        return target
+
+    def discard(self, keep: Path | None = None) -> list[Path]:
+        """Remove this run's checkpoints but ``keep`` (a finished run needs none to continue)."""
+        removed = [p for p in self.usable if p != keep]
+        for path in removed:
+            path.unlink(missing_ok=True)
+        self.usable = [p for p in self.usable if p == keep]
+        return removed
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else ""

@@ -113,9 +113,10 @@ class RunConfig:
     record: str | None = _opt(None, "path of the JSON run record (written atomically by rank 0)")
     run_id: str | None = _opt(None, "identifier stored in the record (default: a random UUID)")
     checkpoint_dir: str | None = _opt(None, "directory for checkpoints (none written without it)")
-    checkpoint_interval: int = _opt(0, "steps between checkpoints (0: only at the end and on SIGTERM/SIGUSR1)")
-    keep_checkpoints: int = _opt(2, "newest checkpoints kept in --checkpoint-dir")
-    resume: bool = _opt(False, "continue from the newest valid checkpoint in --checkpoint-dir (start fresh if there is none)")
+    checkpoint_interval: int = _opt(0, "steps between checkpoints (0: only on SIGTERM/SIGUSR1)")
+    keep_checkpoints: int = _opt(2, "newest usable checkpoints kept in --checkpoint-dir (unreadable or foreign files never count)")
+    keep_final_checkpoint: bool = _opt(False, "write a final checkpoint (marked final: never resumed) and keep it; otherwise a finished, recorded run removes its checkpoints")
+    resume: bool = _opt(False, "continue from the newest usable checkpoint in --checkpoint-dir, naming every newer one passed over (start fresh if there is none)")
     progress: Literal["auto", "on", "off"] = _opt("auto", "progress bar on rank 0 ('auto': when stderr is a terminal)")
 
 

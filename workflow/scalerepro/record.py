@@ -136,6 +136,8 @@ def build(
             "warmup": config.run.warmup_steps,
             "per_epoch": trainer.steps_per_epoch,
             "resumed_from": trainer.resumed_from,
+            # newer checkpoints passed over on resume, each with why (scalerepro.checkpoint)
+            "checkpoints_skipped": trainer.checkpoints.skipped if trainer.checkpoints is not None else [],
         }
         record["epochs"] = {
             # planned epochs = total steps / steps per epoch (fractional for runs counted in steps)

@@ -16,14 +16,17 @@ import uuid
 import torch.distributed
 
 from . import cifar10, distributed, record
-from .checkpoint import CheckpointError
 from .config import ConfigError, TrainConfig, parse_args
 from .distributed import DistContext, DistributedSetupError
 from .trainer import NonFiniteLossError, StopRequest, Trainer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
 _USAGE_ERRORS = (ConfigError, cifar10.DatasetError)
-_KNOWN_ERRORS = (*_USAGE_ERRORS, CheckpointError, DistributedSetupError, NonFiniteLossError)
+_KNOWN_ERRORS = (*_USAGE_ERRORS, DistributedSetupError, NonFiniteLossError)
+
+
+class EmptyWindowError(RuntimeError):
+    """The run ended without a single measured step."""
 
 
 def _silent(*args: object, **kwargs: object) -> None:
@@ -91,9 +94,19 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(config, ctx, stop, log=log)
         outcome = trainer.fit()
         measurements = trainer.results()
+        error = None
+        if outcome.status == "ok" and not measurements["measured_steps"]:
+            # A run that trained but timed nothing is not a result (the standard of truth).
+            error = EmptyWindowError(
+                f"rank 0: the measured window is empty ({trainer.total_steps} steps, {config.run.warmup_steps} warm-up, "
+                f"started at step {trainer.start_step}): raise --steps or lower --warmup-steps"
+            )
+            if ctx.is_main:
+                print(f"scalerepro.train: error: {error}", file=sys.stderr, flush=True)
+        status = "failed" if error is not None else outcome.status
         if ctx.is_main and config.run.record:
             document = record.build(
-                status=outcome.status,
+                status=status,
                 config=config,
                 ctx=ctx,
                 trainer=trainer,
@@ -101,10 +114,15 @@ def main(argv: list[str] | None = None) -> int:
                 measurements_scope="all ranks",
                 stop_signal=outcome.stop_signal,
                 checkpoint_path=outcome.checkpoint_path,
+                error=None if error is None else {"type": type(error).__name__, "message": str(error), "traceback": ""},
                 **common,
             )
             record.write_atomically(config.run.record, document)
-        if outcome.status == "preempted":
+        if status == "ok":
+            trainer.discard_checkpoints()  # only now that the record is on disk
+        if error is not None:
+            code = EXIT_FAILED
+        elif outcome.status == "preempted":
             log(f"stopped by {outcome.stop_signal} at step {trainer.progress.step}; checkpoint {outcome.checkpoint_path}; rerun with --resume")
             code = EXIT_PREEMPTED
         else:

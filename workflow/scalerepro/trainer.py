@@ -172,9 +172,14 @@ class Trainer:
         # ---- resume ----------------------------------------------------------------------
         self.progress = Progress()
         self.resumed_from: str | None = None
-        self.checkpoint_dir = Path(run.checkpoint_dir) if run.checkpoint_dir else None
-        if run.resume and self.checkpoint_dir is not None:
+        self.checkpoints = (
+            checkpoint.CheckpointStore(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints)
+            if run.checkpoint_dir
+            else None
+        )
+        if run.resume and self.checkpoints is not None:
             self._resume()
+        self.start_step = self.progress.step  # this process's first step (warm-up counts from here)
 
         # Measurements of this process's segment of the run.
         self.timer = metrics.StepTimer(self.device)
@@ -227,12 +232,18 @@ class Trainer:
             "total_steps": self.total_steps,
             "optim": dataclasses.asdict(c.optim),
             "precision": c.perf.precision,
+            "code": checkpoint.code_hash(),
         }
 
     def _resume(self) -> None:
-        state = checkpoint.load_newest(self.checkpoint_dir, self._fingerprint())
+        """Continue from the newest usable checkpoint; name every newer one passed over, so the
+        log and the record say why a run started fresh or went back (checkpoint.unusable_reason)."""
+        last_resumable = self.total_steps - self.config.run.warmup_steps - 1
+        state = self.checkpoints.load_newest(last_resumable)
+        for skipped in self.checkpoints.skipped:
+            self.log(f"passing over checkpoint {skipped['path']}: {skipped['reason']}")
         if state is None:
-            self.log(f"no checkpoint in {self.checkpoint_dir}: starting from step 0")
+            self.log(f"no usable checkpoint in {self.checkpoints.directory}: starting from step 0")
             return
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -301,14 +312,13 @@ class Trainer:
             epoch_loss += p.epoch_loss_sum  # a resumed epoch continues its global sum
         first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
         interval = _Interval(time.perf_counter(), 0)
-        start_step = p.step
         completed = False
         try:
             while p.step < self.total_steps:
                 batches = self.loader.epoch(p.epoch, start=p.micro_in_epoch)
                 while p.micro_in_epoch < micro_per_epoch and p.step < self.total_steps:
                     # Each process warms up anew, a resumed one too: compilation happens per process.
-                    measured = p.step - start_step >= run.warmup_steps
+                    measured = p.step - self.start_step >= run.warmup_steps
                     if measured and not sampling:
                         sampler.start()
                         sampling = True
@@ -325,24 +335,24 @@ class Trainer:
                     p.epoch_steps += 1
                     interval.steps += 1
                     if p.step % run.log_interval == 0 or p.step == self.total_steps:
-                        stop_now = self._log_point(p, interval, interval_loss, first_bad_step, bar)
+                        stop_signal = self._log_point(p, interval, interval_loss, first_bad_step, bar)
                         interval_loss.zero_()
                         interval = _Interval(time.perf_counter(), 0)
                     else:
                         # Ranks must agree on the step they stop after, so several ranks decide
                         # only at log points; a single rank can stop at any step.
-                        stop_now = not self.ctx.distributed and self.stop.signal_name is not None
+                        stop_signal = None if self.ctx.distributed else self.stop.signal_name
                     self.timer.stop(p.epoch, measured)
                     self.profile_window.after_step(p.step - 1)  # the step just taken
                     if measured:
                         self.measured_samples += self.global_batch
                     if bar is not None:
                         bar.update(1)
-                    if stop_now:
+                    if stop_signal is not None:
                         p.epoch_loss_sum = self._global_sum(epoch_loss)
                         self._save_checkpoint()
-                        return Outcome("preempted", self.stop.signal_name, self._checkpoint_path)
-                    if self.checkpoint_dir and run.checkpoint_interval and p.step % run.checkpoint_interval == 0:
+                        return Outcome("preempted", stop_signal, self._checkpoint_path)
+                    if self.checkpoints is not None and run.checkpoint_interval and p.step % run.checkpoint_interval == 0:
                         p.epoch_loss_sum = self._global_sum(epoch_loss)
                         self._save_checkpoint()
                 if p.micro_in_epoch >= micro_per_epoch:
@@ -355,7 +365,11 @@ class Trainer:
                 # A run counted in steps usually ends inside an epoch: evaluate there too.
                 self._finish_epoch(p, self._global_sum(epoch_loss), complete=False)
             p.epoch_loss_sum = self._global_sum(epoch_loss)
-            self._save_checkpoint()
+            # A finished run needs no checkpoint to continue: the final one is written only on
+            # request, marked final so that no rerun resumes from it (checkpoint.unusable_reason).
+            self._checkpoint_path = None
+            if run.keep_final_checkpoint:
+                self._save_checkpoint(final=True)
             completed = True
             return Outcome("ok", None, self._checkpoint_path)
         finally:
@@ -375,12 +389,15 @@ class Trainer:
         interval_loss: torch.Tensor,
         first_bad_step: torch.Tensor,
         bar: Any,
-    ) -> bool:
+    ) -> str | None:
         """Read the interval's loss (the one host sync of the interval), check it is finite, log a
-        line, and agree across ranks whether to stop now (any rank signalled: all stop)."""
-        flags = torch.tensor([float(first_bad_step.item()), 1.0 if self.stop.signal_name else 0.0], device=self.device)
+        line, and agree across ranks whether to stop now: any rank signalled, all stop. Returns
+        the name of the signal that stops the run (the highest-numbered one any rank received,
+        so every rank, rank 0 among them, records it even when it reached another rank only)."""
+        received = signal.Signals[self.stop.signal_name].value if self.stop.signal_name else 0
+        flags = torch.tensor([float(first_bad_step.item()), float(received)], device=self.device)
         all_reduce_max(self.ctx, flags)
-        bad_step, stop_now = int(flags[0].item()), bool(flags[1].item())
+        bad_step, agreed = int(flags[0].item()), int(flags[1].item())
         if bad_step >= 0:
             raise NonFiniteLossError(
                 f"the loss became non-finite at step {bad_step}: lower --lr, add --clip-grad-norm, or use --precision bf16"
@@ -399,7 +416,7 @@ class Trainer:
                 f"{rate:,.1f} samples/s | lr {self.scheduler.get_last_lr()[0]:.3g} | peak mem {peak / 2**30:.2f} GiB"
             )
             (bar.write if bar is not None else self.log)(line)
-        return stop_now
+        return signal.Signals(agreed).name if agreed else None
 
     def _global_sum(self, value: torch.Tensor) -> float:
         return all_reduce_sum(self.ctx, value.detach().clone()).item()
@@ -449,8 +466,8 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
-    def _save_checkpoint(self) -> None:
-        if self.checkpoint_dir is None:
+    def _save_checkpoint(self, final: bool = False) -> None:
+        if self.checkpoints is None:
             return
         rng = gather_objects(self.ctx, checkpoint.rng_state())  # every rank's, in rank order
         if self.ctx.is_main:
@@ -463,9 +480,16 @@ class Trainer:
                 "rng": rng,
                 "fingerprint": self._fingerprint(),
             }
-            path = checkpoint.save(self.checkpoint_dir, self.progress.step, state, self.config.run.keep_checkpoints)
-            self._checkpoint_path = str(path)
+            self._checkpoint_path = str(self.checkpoints.save(self.progress.step, state, final=final))
         barrier(self.ctx)
+
+    def discard_checkpoints(self) -> None:
+        """After the ``ok`` record is written: remove the run's checkpoints (but a final one kept
+        on request). Rank 0 alone; the others hold no files."""
+        if self.checkpoints is not None and self.ctx.is_main:
+            kept = Path(self._checkpoint_path) if self._checkpoint_path else None
+            for path in self.checkpoints.discard(keep=kept):
+                self.log(f"removed checkpoint {path}: the run is finished and recorded")
 
     # ---- measurements ---------------------------------------------------------------------------
 

@@ -230,6 +230,9 @@ def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], li
         final_eval_accuracy=last.get("eval_accuracy"),
         device_name=_dig(document, ("hardware", "gpu", "name")) or _dig(document, ("hardware", "cpu_model")),
     )
+    if fields["status"] == "ok" and not (_dig(document, ("measurements", "measured_steps")) and fields["samples_per_s"]):
+        # A record with no measurements is a failure, whatever it says of itself.
+        fields.update(status="failed", error="the record says ok but its measured window is empty (no steps, no throughput)")
     if fields["slurm_job_id"] is not None:
         fields["slurm_job_id"] = str(fields["slurm_job_id"])  # an integer or a string in the schema
     epochs = [(run_id, *map(entry.get, EPOCH_COLUMNS[1:])) for entry in history]
