@@ -1,8 +1,14 @@
 # scalerepro: a distributed deep-learning scaling study, from config to report.
 # Rules live in workflow/rules/*.smk, helpers in workflow/rules/common.smk.
+import time
+
 from snakemake.utils import min_version
 
 min_version("9.0")
+
+# When this invocation started: the report line below names a report built by it, not one left
+# from an earlier run (or none at all, when only some other target was asked for).
+STARTED = time.time()
 
 
 configfile: "config/config.yaml"
@@ -25,4 +31,6 @@ rule all:
 
 
 onsuccess:
-    print(f"report: {Path('results/report/index.html').resolve()}")
+    report_html = Path("results/report/index.html")
+    if report_html.exists() and report_html.stat().st_mtime >= STARTED:
+        print(f"report: {report_html.resolve()}")

@@ -322,3 +322,26 @@ def test_sigterm_mid_download_removes_the_part_file(server, tmp_path):
     assert process.returncode == 128 + signal.SIGTERM
     assert stderr == "scalerepro.fetch: error: stopped by SIGTERM; nothing partial is kept: run again\n"
     assert tree(tmp_path) == {"system-tmp"}
+
+
+def test_a_fetch_killed_half_way_leaves_staging_that_the_next_run_removes(server, tmp_path, capsys):
+    """SIGKILL skips every cleanup: the next run removes a dead writer's staging directory (and
+    the pid-less ones of earlier versions) but never a live writer's."""
+    out = tmp_path / "cifar10"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys, tempfile, time; "
+         f"d = tempfile.mkdtemp(prefix='.cifar10.%d.' % os.getpid(), dir={str(tmp_path)!r}); "
+         "open(os.path.join(d, 'train_images.npy'), 'wb').write(b'half'); print(d, flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    dead = Path(writer.stdout.readline().strip())
+    writer.kill()
+    writer.wait()
+    legacy = tmp_path / ".cifar10.k3x9q_"
+    live = tmp_path / f".cifar10.{os.getpid()}.abc"
+    for directory in (legacy, live):
+        directory.mkdir()
+    assert main(["--out", str(out), "--archive", str(server.archive), "--md5", server.md5]) == 0
+    assert not dead.exists() and not legacy.exists() and live.is_dir()
+    assert f"removed '{dead}', left half-written by a fetch that was killed" in capsys.readouterr().out
+    assert cifar10.load(out)["train"].labels.size

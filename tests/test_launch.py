@@ -6,8 +6,13 @@ path is run for real: two gloo ranks through torchrun.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,9 +26,13 @@ def _args(*argv: str):
     return launch.parse_args([*argv, "--", *TRAIN])
 
 
-def test_outside_slurm_it_is_torchrun_standalone_on_this_machine():
-    command = launch.command(_args("--ranks-per-node=2"), environ={})
-    assert command == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", *TRAIN]
+def test_outside_slurm_the_launcher_starts_the_ranks_itself_on_loopback():
+    assert launch.command(_args("--ranks-per-node=2"), environ={}) == [sys.executable, *TRAIN]
+    envs = launch.local_rank_environments(2, 4321, 7, {"PATH": "/bin"})
+    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [("0", "0", "2"), ("1", "1", "2")]
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["GLOO_SOCKET_IFNAME"], e["NCCL_SOCKET_IFNAME"]) for e in envs} == {("127.0.0.1", "4321", "lo", "lo")}
+    assert envs[0][launch.STORE_FD_ENV] == "7" and launch.STORE_FD_ENV not in envs[1]
+    assert launch.local_rank_environments(1, 1, 7, {"GLOO_SOCKET_IFNAME": "eth1"})[0]["GLOO_SOCKET_IFNAME"] == "eth1"
 
 
 def test_more_than_one_node_outside_slurm_is_refused_with_the_fix():
@@ -87,8 +96,8 @@ def test_two_local_ranks_train_through_the_launcher(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     parallel = load_record(record)["parallel"]
-    assert parallel["world_size"] == 2 and parallel["launcher"] == "torchrun" and parallel["nodes"] == 1
-    assert "--standalone" in result.stderr
+    assert parallel["world_size"] == 2 and parallel["launcher"] == "local" and parallel["nodes"] == 1
+    assert "2 local rank(s), rendezvous on 127.0.0.1 only" in result.stderr
 
 
 def test_the_node_agent_survives_slurms_warning_signal_and_its_ranks_inherit_the_choice(tmp_path):
@@ -108,3 +117,55 @@ def test_a_node_list_the_agent_cannot_read_is_one_clear_error():
     args = _args("--node-agent", "--nodes=2", "--ranks-per-node=4")
     with pytest.raises(launch.LaunchError, match="cannot parse the Slurm node list"):
         launch.command(args, {"SLURM_STEP_NODELIST": "[01-02]", "SLURM_JOB_ID": "1"})
+
+
+def _listening_sockets(pids: set[int]) -> set[str]:
+    """Local addresses of the TCP sockets the processes ``pids`` listen on (from /proc)."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    found = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                address, port = fields[1].split(":")
+                found.add(f"{ipaddress.ip_address(bytes.fromhex(address)[::-1] if width == 8 else _v6(address))}:{int(port, 16)}")
+    return found
+
+
+def _descendants(pid: int) -> set[int]:
+    children = {int(c) for c in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()}
+    return children.union(*(_descendants(child) for child in children))
+
+
+def _v6(hex_address: str) -> bytes:
+    # /proc prints an IPv6 address as four host-order 32-bit words
+    return b"".join(bytes.fromhex(hex_address[i : i + 8])[::-1] for i in range(0, 32, 8))
+
+
+def test_a_local_run_listens_on_loopback_only(tmp_path):
+    """torchrun --standalone served its rendezvous store on every interface: a connection to the
+    machine's external address was accepted. Every socket the ranks listen on must be loopback."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", "--", "-m", "scalerepro.train", "--model", "cnn",
+         "--data", "synthetic", "--batch-size", "8", "--steps", "400", "--warmup-steps", "1", "--device", "cpu",
+         "--log-interval", "5", "--eval-samples", "16", "--comm-probe-steps", "0"],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        for line in launcher.stdout:
+            if line.startswith("step 10/"):
+                break
+        processes = _descendants(launcher.pid)
+        listening = _listening_sockets(processes)
+    finally:
+        launcher.send_signal(signal.SIGTERM)  # forwarded: the ranks stop at their next log point
+        output = launcher.communicate(timeout=120)[0]
+    assert len(processes) >= 2 and listening, output[-2000:]
+    assert all(address.startswith(("127.", "::1")) for address in listening), listening
+    assert launcher.returncode == 0 or launcher.returncode == 75, output[-2000:]

@@ -77,6 +77,7 @@ def study(tmp_path_factory, cifar_server):
     logs = "\n".join(f"--- {p}\n{p.read_text()[-1500:]}" for p in sorted((workdir / "results").rglob("*.log")) if p.stat().st_size)
     assert result.returncode == 0, result.stderr[-6000:] + logs[-6000:]
     print(f"CI study: the whole DAG in {elapsed:.0f} s")
+    workdir.joinpath("study_output").write_text(result.stdout + result.stderr)
     workdir.joinpath("study_args").write_text(json.dumps([url, md5]))
     return workdir
 
@@ -144,7 +145,7 @@ def test_profiling_disabled_puts_no_profiling_rule_in_the_dag(tmp_path):
 def test_profiling_with_nsys_missing_falls_back_or_fails_with_one_line(tmp_path):
     refused = snakemake(REPO, "-n", "--configfile", str(_config_with(tmp_path, tool="nsys", fallback=False)), timeout=120)
     assert refused.returncode != 0
-    assert ("profiling.tool is nsys but nsys is not on PATH, and profiling.fallback is false: install Nsight, "
+    assert ("config error at 'profiling.tool': nsys was asked for but nsys is not on PATH, and profiling.fallback is false: install Nsight, "
             "set profiling.tool: torch, or set profiling.fallback: true") in refused.stdout + refused.stderr  # fmt: skip
     fallback = snakemake(REPO, "-n", "--configfile", str(_config_with(tmp_path, tool="nsys", fallback=True)), timeout=120)
     assert fallback.returncode == 0 and "results/profiles/strong_cnn_g2_r1/torch/capture.json" in fallback.stdout
@@ -222,29 +223,6 @@ def test_nothing_left_to_do_and_reruns_are_exact(study):
     assert planned("--forcerun", "results/runs/strong_cnn_g1_r1/record.json") == one_run
 
 
-BAD_CONFIGS = [
-    ({"colour": "blue"}, "colour"),
-    ({"scaling": {"models": ["alexnet"]}}, "alexnet"),
-    ({"scaling": {"gpu_counts": [0, 2]}}, "gpu_counts"),
-    ({"repeats": 1.5}, "repeats"),
-    ({"ablation": {"optimisations": [{"name": "bf16"}]}}, "flags"),
-]
-
-
-@pytest.mark.parametrize(("override", "named"), BAD_CONFIGS, ids=[named for _, named in BAD_CONFIGS])
-def test_a_bad_config_is_refused_naming_the_key(tmp_path, override, named):
-    config = yaml.safe_load((REPO / "config/ci.yaml").read_text())
-    for key, value in override.items():
-        config[key] = {**config[key], **value} if isinstance(value, dict) and isinstance(config.get(key), dict) else value
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump(config))
-    result = snakemake(REPO, "-n", "--configfile", str(bad), timeout=120)
-    assert result.returncode != 0
-    output = result.stdout + result.stderr
-    error = next((line for line in output.splitlines() if line.startswith("config error at")), None)
-    assert error is not None and named in error, output[-3000:]
-
-
 def test_the_workflow_is_lint_clean_and_formatted():
     lint = snakemake(REPO, "--lint", "--configfile", "config/ci.yaml", timeout=120)
     assert lint.returncode == 0 and "Congratulations" in lint.stdout + lint.stderr, lint.stdout[-3000:]
@@ -303,3 +281,31 @@ def test_containers_need_apptainer_only_when_enabled(tmp_path):
     enabled = snakemake(workdir, "results/containers/scalerepro.sif", "--cores", "1", "--configfile", "containers.yaml", timeout=300)
     assert enabled.returncode != 0
     assert "apptainer is not installed" in (workdir / "results/logs/build_container.log").read_text()
+
+
+def test_the_report_line_names_a_report_built_by_this_run_only(study, tmp_path):
+    assert f"report: {study / 'results/report/index.html'}" in (study / "study_output").read_text()
+    workdir = tmp_path / "repo"
+    shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
+    matrix_only = snakemake(workdir, "--cores", "1", "--configfile", "config/ci.yaml", "results/tables/matrix.csv", timeout=300)
+    assert matrix_only.returncode == 0, matrix_only.stderr[-2000:]
+    assert (workdir / "results/tables/matrix.csv").exists()
+    assert "report:" not in matrix_only.stdout + matrix_only.stderr
+
+
+def test_after_a_trainer_edit_the_rerun_measures_again(study):
+    """Last in this file: it edits the study's trainer. Every train job reruns (the trainer's
+    fingerprint changed) and each must measure anew, not resume a finished run and record nothing."""
+    before = _records(study)
+    trainer = study / "workflow/scalerepro/trainer.py"
+    trainer.write_text(trainer.read_text() + "\n# an edit: the rerun must measure again\n")
+    url, md5 = json.loads((study / "study_args").read_text())
+    targets = [f"results/runs/{run}/record.json" for run in ("strong_cnn_g1_r1", "strong_cnn_g2_r1")]
+    result = snakemake(study, "--cores", "2", "--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", *targets)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for run in ("strong_cnn_g1_r1", "strong_cnn_g2_r1"):
+        record = load_record(study / f"results/runs/{run}/record.json")
+        assert record["run_id"] == run and record["started_at"] > before[run]["ended_at"]
+        assert record["status"] == "ok" and record["steps"]["resumed_from"] is None
+        assert record["measurements"]["measured_steps"] == 6 and record["measurements"]["samples_per_s"] > 0
+        assert not list((study / f"results/runs/{run}/checkpoints").glob("step-*.pt"))

@@ -48,6 +48,11 @@ def _merge(base, overrides):
 CONFIG_SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 
 
+def config_error(key, message):
+    """The one-line error of a bad config value: where it is, what is wrong, what to do."""
+    return WorkflowError(f"config error at '{key}': {message}")
+
+
 def validate_config(values):
     """Check the config against its JSON Schema; the first problem becomes one line naming the key."""
     schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
@@ -58,13 +63,16 @@ def validate_config(values):
     if errors:
         error = jsonschema.exceptions.best_match(errors)
         where = ".".join(str(part) for part in error.absolute_path) or "top level"
-        message = (
-            f"unknown key {error.instance!r}"
-            if "propertyNames" in error.schema_path
-            else error.message
-        )
-        raise WorkflowError(
-            f"config error at '{where}': {message} (allowed keys and values: {CONFIG_SCHEMA.relative_to(REPO)})"
+        if "propertyNames" in error.schema_path:
+            message = f"unknown key {error.instance!r}"
+        elif error.validator == "pattern" and "description" in error.schema:
+            # the schema says in words what a valid value is; the regex alone says little
+            message = f"{error.instance!r} is not {error.schema['description']}"
+        else:
+            message = error.message
+        raise config_error(
+            where,
+            f"{message} (allowed keys and values: {CONFIG_SCHEMA.relative_to(REPO)})",
         )
 
 
@@ -122,6 +130,11 @@ if config["device"] == "auto" and DEVICE == "cpu":
     config = _merge(config, config.get("cpu_overrides", {}))
     validate_config(config)
 STUDY = config
+if STUDY["warmup_steps"] >= STUDY["steps"]:
+    raise config_error(
+        "warmup_steps",
+        f"{STUDY['warmup_steps']} warm-up steps leave none of the {STUDY['steps']} steps measured: lower it below steps",
+    )
 
 
 def _gpus_per_node():
@@ -129,8 +142,9 @@ def _gpus_per_node():
         return STUDY["gpus_per_node"]
     if DEVICE == "cuda" and LOCAL_RUNS:
         return max(LOCAL_GPUS, 1)
-    raise WorkflowError(
-        "gpus_per_node is 'auto', which only a local GPU machine can resolve: set gpus_per_node in the config"
+    raise config_error(
+        "gpus_per_node",
+        "'auto' only resolves on a local GPU machine: set gpus_per_node in the config",
     )
 
 
@@ -147,21 +161,31 @@ def _gpu_counts():
 
 GPU_COUNTS = _gpu_counts()
 if DEVICE == "cuda" and LOCAL_RUNS and max(GPU_COUNTS) > LOCAL_GPUS:
-    raise WorkflowError(
+    raise config_error(
+        "scaling.gpu_counts",
         f"the study asks for {max(GPU_COUNTS)} GPUs but this machine has {LOCAL_GPUS}: "
-        "lower scaling.gpu_counts, or run on a cluster with --profile slurm"
+        "lower scaling.gpu_counts, or run on a cluster with --profile slurm",
     )
 if LOCAL_RUNS and "gpus" not in workflow.global_resources:
     # The local scheduler then never runs more GPU ranks at once than there are GPUs.
     workflow.register_resource("gpus", LOCAL_GPUS)
 
 
-def ranks_and_nodes(gpus):
-    """(ranks per node, nodes) for a job over ``gpus`` GPUs: nodes = ceil(gpus / gpus_per_node)."""
+def ranks_and_nodes(gpus, key="scaling.gpu_counts"):
+    """(ranks per node, nodes) for a job over ``gpus`` GPUs: nodes = ceil(gpus / gpus_per_node).
+    Checked when the study is built (``key`` names the setting that asked for ``gpus``): locally
+    there is one node, and several nodes must split the ranks evenly."""
     nodes = -(-gpus // GPUS_PER_NODE)
+    if nodes > 1 and LOCAL_RUNS:
+        raise config_error(
+            key,
+            f"a run over {gpus} ranks needs {nodes} nodes of gpus_per_node={GPUS_PER_NODE}, and local runs have one: "
+            f"ask for at most {GPUS_PER_NODE}, raise gpus_per_node, or run with --profile slurm",
+        )
     if gpus % nodes:
-        raise WorkflowError(
-            f"{gpus} GPUs do not split evenly over {nodes} nodes of {GPUS_PER_NODE}: choose a multiple of gpus_per_node"
+        raise config_error(
+            key,
+            f"{gpus} GPUs do not split evenly over {nodes} nodes of {GPUS_PER_NODE}: choose a multiple of gpus_per_node",
         )
     return gpus // nodes, nodes
 
@@ -207,7 +231,10 @@ def _resolve_gpus(choice):
 def _runs():
     runs = []
 
-    def add(study, model, gpus, repeats, variant, per_gpu_batch, args):
+    def add(study, model, gpus, repeats, variant, per_gpu_batch, args, key):
+        ranks_and_nodes(
+            gpus, key
+        )  # a count no machine can run is a config error now, not in a job
         args = (*STUDY["models"].get(model, {}).get("args", []), *args)
         for repeat in range(1, repeats + 1):
             name = "_".join(
@@ -233,8 +260,9 @@ def _runs():
     scaling, repeats = STUDY["scaling"], STUDY["repeats"]
     for model in scaling["models"]:
         if model not in STUDY["models"]:
-            raise WorkflowError(
-                f"scaling.models lists {model}, which has no entry under models: add models.{model}.per_gpu_batch"
+            raise config_error(
+                "scaling.models",
+                f"{model} has no entry under models: add models.{model}.per_gpu_batch",
             )
         batch = STUDY["models"][model]["per_gpu_batch"]
         # Strong scaling: the global batch of the smallest count stays fixed, split over N GPUs.
@@ -242,11 +270,21 @@ def _runs():
         for gpus in GPU_COUNTS:
             if scaling["strong"]["enabled"]:
                 if global_batch % gpus:
-                    raise WorkflowError(
-                        f"strong scaling of {model}: global batch {global_batch} does not split over {gpus} GPUs: "
-                        f"make models.{model}.per_gpu_batch x {GPU_COUNTS[0]} divisible by every GPU count"
+                    raise config_error(
+                        f"models.{model}.per_gpu_batch",
+                        f"strong scaling's global batch {global_batch} does not split over {gpus} GPUs: "
+                        f"make per_gpu_batch x {GPU_COUNTS[0]} divisible by every GPU count",
                     )
-                add("strong", model, gpus, repeats, "", global_batch // gpus, ())
+                add(
+                    "strong",
+                    model,
+                    gpus,
+                    repeats,
+                    "",
+                    global_batch // gpus,
+                    (),
+                    "scaling.gpu_counts",
+                )
             if scaling["weak"]["enabled"]:
                 # Weak scaling: per-GPU batch and per-GPU data fixed, so an epoch grows with N.
                 samples = scaling["weak"]["samples_per_gpu"] * gpus
@@ -258,6 +296,7 @@ def _runs():
                     "",
                     batch,
                     ("--data", "synthetic", "--synthetic-samples", str(samples)),
+                    "scaling.gpu_counts",
                 )
 
     sens = STUDY["sensitivity"]
@@ -275,10 +314,16 @@ def _runs():
                         variant,
                         batch,
                         args,
+                        "sensitivity.gpus",
                     )
 
     abl = STUDY["ablation"]
     if abl["enabled"]:
+        if abl["model"] not in STUDY["models"]:
+            raise config_error(
+                "ablation.model",
+                f"{abl['model']} has no entry under models: add models.{abl['model']}.per_gpu_batch",
+            )
         batch = STUDY["models"][abl["model"]]["per_gpu_batch"]
         gpus = _resolve_gpus(abl["gpus"])
         variants = {
@@ -295,6 +340,7 @@ def _runs():
                 variant,
                 batch,
                 (*abl["baseline"], *flags),
+                "ablation.gpus",
             )
     return {run.run_id: run for run in runs}
 
@@ -442,11 +488,6 @@ def launch_args(ranks_per_node, nodes, name):
     """Flags of ``python -m scalerepro.launch`` for a job of ``nodes`` x ``ranks_per_node`` ranks:
     torchrun on this machine, or (inside a Slurm job) one srun task per node running torchrun.
     """
-    if nodes > 1 and LOCAL_RUNS:
-        raise WorkflowError(
-            f"a run over {nodes} nodes needs the Slurm executor: run with --profile slurm "
-            f"(locally at most {GPUS_PER_NODE} ranks fit on this machine)"
-        )
     args = [
         f"--nodes={nodes}", f"--ranks-per-node={ranks_per_node}",
         f"--cpus-per-node={ranks_per_node * STUDY['resources']['cpus_per_gpu']}",
@@ -470,13 +511,13 @@ def slurm_resources(ranks_per_node, nodes, signal=False):
         "mpi": "",
         "tasks_per_gpu": 0,
         "gres": f"gpu:{ranks_per_node}" if SLURM_GPUS else None,
-        "slurm_extra": " ".join(
-            part
-            for part in (
-                SLURM["extra"],
-                f"--signal=USR1@{SLURM['signal_before_end_s']}" if signal else "",
-            )
-            if part
+        # The plugin pastes slurm_extra into its sbatch shell command: every token is quoted
+        # (and the schema allows only --name[=value] tokens of shell-inert characters).
+        "slurm_extra": shlex.join(
+            [
+                *SLURM["extra"],
+                *([f"--signal=USR1@{SLURM['signal_before_end_s']}"] if signal else []),
+            ]
         )
         or None,
     }

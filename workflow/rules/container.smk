@@ -21,8 +21,8 @@ rule build_container:
     shell:
         """
         if ! command -v apptainer >/dev/null; then
-            echo "build_container: apptainer is not installed on $(hostname): install it, build the image elsewhere and copy it to {output}, or set container.enabled: false" | tee {log} >&2
+            echo "build_container: apptainer is not installed on $(hostname): install it, build the image elsewhere and copy it to "{output:q}", or set container.enabled: false" | tee {log:q} >&2
             exit 1
         fi
-        apptainer build --force --build-arg BASE_IMAGE={params.base_image} {output} {input.definition} >{log} 2>&1
+        apptainer build --force --build-arg BASE_IMAGE={params.base_image:q} {output:q} {input.definition:q} >{log:q} 2>&1
         """

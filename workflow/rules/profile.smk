@@ -77,8 +77,8 @@ rule profile_summary:
         gpu_peaks=PROFILING["gpu_peaks"],
     shell:
         "python -m scalerepro.analysis.profile summarize --run-dir results/profiles/{wildcards.run}"
-        " --run-id {wildcards.run} --references {input.references} --gpu-peaks {params.gpu_peaks}"
-        " --thresholds '{params.thresholds}' --out {output} > {log} 2>&1"
+        " --run-id {wildcards.run} --references {input.references} --gpu-peaks {params.gpu_peaks:q}"
+        " --thresholds {params.thresholds:q} --out {output} > {log} 2>&1"
 
 
 rule profile_table:

@@ -31,8 +31,9 @@ def _profiled_runs():
     if PROFILING["runs"] != "auto":
         unknown = [run for run in PROFILING["runs"] if run not in RUNS]
         if unknown:
-            raise WorkflowError(
-                f"profiling.runs lists {unknown[0]}, which is not a run of this study: see results/tables/matrix.csv"
+            raise config_error(
+                "profiling.runs",
+                f"{unknown[0]} is not a run of this study: see results/tables/matrix.csv",
             )
         return list(PROFILING["runs"])
     study = "strong" if STUDY["scaling"]["strong"]["enabled"] else "weak"
@@ -64,9 +65,10 @@ def _profiling_tools():
         return found, None
     if PROFILING["fallback"]:
         return ["torch"], reason
-    raise WorkflowError(
-        f"profiling.tool is {wanted} but {reason}, and profiling.fallback is false: "
-        "install Nsight, set profiling.tool: torch, or set profiling.fallback: true"
+    raise config_error(
+        "profiling.tool",
+        f"{wanted} was asked for but {reason}, and profiling.fallback is false: "
+        "install Nsight, set profiling.tool: torch, or set profiling.fallback: true",
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,10 @@ def write(path: str | os.PathLike[str], splits: dict[str, Split], source: str) -
     """
     root = Path(path)
     root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    remove_stale_staging(root)
+    # The writer's pid is in the name, so a later run can tell a dead writer's leftovers (SIGKILL
+    # skips the cleanup below) from a live one's.
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.{os.getpid()}.", dir=root.parent))
     try:
         digests = {}
         for name in SPLITS:
@@ -115,6 +119,28 @@ def write(path: str | os.PathLike[str], splits: dict[str, Split], source: str) -
             file.unlink()
         staging.rmdir()
         raise
+
+
+def remove_stale_staging(root: Path) -> list[Path]:
+    """Remove the staging directories of ``write`` calls whose process is gone (killed with
+    SIGKILL, or by the OOM killer, half-way); return them. A live writer's directory is kept."""
+    removed = []
+    for staging in root.parent.glob(f".{root.name}.*"):
+        owner = staging.name.removeprefix(f".{root.name}.").split(".")[0]
+        if staging.is_dir() and not (owner.isdigit() and _alive(int(owner))):
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def _sha256(file: Path) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .launch import LAUNCHER_ENV, STORE_FD_ENV
 from .nodelist import first_host as nodelist_first_host
 
 
@@ -31,7 +32,7 @@ class DistributedSetupError(RuntimeError):
 
 @dataclass(frozen=True)
 class DistEnv:
-    launcher: str  # "torchrun" | "slurm" | "single"
+    launcher: str  # "local" (scalerepro.launch on one machine) | "torchrun" | "slurm" | "single"
     rank: int
     world_size: int
     local_rank: int
@@ -83,9 +84,9 @@ def node_name(environ: Mapping[str, str] = os.environ) -> str:
 
 
 def detect_env(environ: Mapping[str, str] = os.environ) -> DistEnv:
-    if "RANK" in environ and "WORLD_SIZE" in environ:  # torchrun (or any env:// launcher)
+    if "RANK" in environ and "WORLD_SIZE" in environ:  # torchrun, scalerepro.launch or any env:// launcher
         return DistEnv(
-            launcher="torchrun",
+            launcher="local" if environ.get(LAUNCHER_ENV) == "local" else "torchrun",
             rank=int(environ["RANK"]),
             world_size=int(environ["WORLD_SIZE"]),
             local_rank=int(environ.get("LOCAL_RANK", 0)),
@@ -136,17 +137,22 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     address = f"{env.master_addr}:{env.master_port}"
+    timeout = datetime.timedelta(seconds=timeout_s)
     # Under torchrun the agent already serves the store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE),
-    # which only env:// honours; under srun alone, rank 0 serves it at the first host.
+    # which only env:// honours; under srun alone, rank 0 serves it at the first host; a local run
+    # (scalerepro.launch) meets in a store that listens on loopback only.
     init_method = "env://" if env.launcher == "torchrun" else f"tcp://{address}"
+    rendezvous = {"init_method": init_method}
     try:
+        if env.launcher == "local":
+            rendezvous = {"store": _loopback_store(env, timeout, environ)}
         dist.init_process_group(
             backend=backend,
-            init_method=init_method,
             rank=env.rank,
             world_size=env.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
+            **rendezvous,
         )
         # The first collective is where a missing peer shows up; gather host names with it.
         hostnames: list[str | None] = [None] * env.world_size
@@ -159,6 +165,19 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
             f"that {env.master_addr} resolves and port {env.master_port} is reachable, or raise --dist-timeout-s"
         ) from None
     return DistContext(env, device, backend, tuple(str(h) for h in hostnames))
+
+
+def _loopback_store(env: DistEnv, timeout: datetime.timedelta, environ: Mapping[str, str]) -> dist.TCPStore:
+    """The rendezvous store of a local run, reachable from this machine only.
+
+    TCPStore binds its server to every interface whatever host it is given, and torchrun offers
+    no other choice; but it accepts a socket that is already listening. The launcher binds one
+    to 127.0.0.1 and rank 0 inherits it (``pass_fds``); the others connect to it. The libuv
+    server cannot adopt a socket, hence ``use_libuv=False``."""
+    common = {"host_name": "127.0.0.1", "port": env.master_port, "world_size": env.world_size, "timeout": timeout}
+    if env.rank == 0:
+        return dist.TCPStore(**common, is_master=True, master_listen_fd=int(environ[STORE_FD_ENV]), use_libuv=False)
+    return dist.TCPStore(**common, is_master=False)
 
 
 def finish(ctx: DistContext, clean: bool) -> None:

@@ -337,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # exits 2 with one line on a bad flag
     out = Path(args.out)
+    for stale in cifar10.remove_stale_staging(out):
+        print(f"{PROG}: removed '{stale}', left half-written by a fetch that was killed")
     try:
         if out.exists():
             return _already_prepared(out)

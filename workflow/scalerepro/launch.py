@@ -1,11 +1,16 @@
-"""Start the ranks of one job: torchrun on this machine, or one srun task per node on Slurm.
+"""Start the ranks of one job: on this machine, or one srun task per node on Slurm.
 
     python -m scalerepro.launch --nodes 2 --ranks-per-node 4 -- -m scalerepro.train --model cnn ...
 
-Outside Slurm (no ``SLURM_JOB_ID``) this is ``torchrun --standalone`` on this machine (one node).
+Outside Slurm (no ``SLURM_JOB_ID``) the launcher starts the ranks of this one machine itself
+(``run_local``), because torchrun's rendezvous store listens on every interface of the host and
+a local run must be reachable from this machine only: the launcher binds the store's socket to
+127.0.0.1, rank 0 serves the store on it (``scalerepro.distributed``), and gloo and NCCL bind
+their sockets to the loopback interface. Like torchrun it stops the other ranks when one fails.
 Inside a Slurm allocation it runs one step, ``srun --nodes N --ntasks N --ntasks-per-node 1``,
 whose task on each node (``--node-agent``) execs torchrun with c10d rendezvous on the first host
-of the step's node list. Everything the step needs is passed to srun explicitly: Snakemake's
+of the step's node list (the network there is the cluster's: ``slurm.env`` names the interface
+NCCL and gloo use, e.g. NCCL_SOCKET_IFNAME=ib0). Everything the step needs is passed to srun explicitly: Snakemake's
 Slurm job step strips most ``SLURM_*`` variables from a rule's environment, so the allocation's
 defaults cannot be relied on, and the node list is read inside the step, where srun sets it.
 
@@ -28,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 from . import nodelist as slurm_nodelist
@@ -36,6 +42,14 @@ from . import nodelist as slurm_nodelist
 # jobs whose first node is the same host rarely meet on one port (single-node runs use torchrun's
 # --standalone, which picks a free port itself).
 RENDEZVOUS_PORT_SPAN = 1000
+
+
+# The environment of a local run's ranks (read by scalerepro.distributed): who started them, and
+# which inherited file descriptor is the store's listening socket (rank 0 only).
+LAUNCHER_ENV, STORE_FD_ENV = "SCALEREPRO_LAUNCHER", "SCALEREPRO_STORE_FD"
+EXIT_PREEMPTED = 75  # scalerepro.train's code for "stopped by a signal after checkpointing"
+STOP_GRACE_S = 30.0  # after a rank failed, how long the others get to write a record before SIGKILL
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class LaunchError(RuntimeError):
@@ -101,6 +115,73 @@ def node_agent(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str
     return torchrun_command(sys.executable, args.nodes, args.ranks_per_node, endpoint, rdzv_id, args.program)
 
 
+def local_rank_environments(ranks: int, port: int, store_fd: int, environ: Mapping[str, str]) -> list[dict[str, str]]:
+    """The environment of each local rank: the env:// variables torchrun would set, the store's
+    socket for rank 0, and the loopback interface for gloo and NCCL unless the caller chose one."""
+    common = {
+        **environ,
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks),
+        "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0", "NODE_RANK": "0", LAUNCHER_ENV: "local",
+        "GLOO_SOCKET_IFNAME": environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        "NCCL_SOCKET_IFNAME": environ.get("NCCL_SOCKET_IFNAME", "lo"),
+    }  # fmt: skip
+    return [
+        {**common, "RANK": str(rank), "LOCAL_RANK": str(rank), **({STORE_FD_ENV: str(store_fd)} if rank == 0 else {})}
+        for rank in range(ranks)
+    ]
+
+
+def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str]) -> int:
+    """Start ``ranks`` processes of ``program`` here and wait for them; return the job's code.
+
+    The code is that of the first rank to fail (a signal's as 128 + its number), else 75 when a
+    rank was stopped by a signal after checkpointing, else 0. When one rank fails the others get
+    SIGTERM (the trainer writes its record and leaves), then SIGKILL after STOP_GRACE_S seconds.
+    SIGTERM, SIGINT and SIGUSR1 sent to the launcher are passed on to every rank."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # bound and listening before any rank starts
+        environments = local_rank_environments(ranks, listener.getsockname()[1], listener.fileno(), environ)
+        processes = [
+            subprocess.Popen([sys.executable, *program], env=env, pass_fds=(listener.fileno(),) if rank == 0 else ())
+            for rank, env in enumerate(environments)
+        ]
+    previous = {s: signal.signal(s, lambda signum, _frame: _signal_all(processes, signum)) for s in FORWARDED_SIGNALS}
+    try:
+        return _wait_for(processes)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _signal_all(processes: Sequence[subprocess.Popen], signum: int) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signum)
+
+
+def _exit_code(returncode: int) -> int:
+    return returncode if returncode >= 0 else 128 - returncode  # killed by signal N: 128 + N, as a shell says
+
+
+def _wait_for(processes: Sequence[subprocess.Popen]) -> int:
+    first_failure: int | None = None
+    kill_at: float | None = None
+    while True:
+        running = [p for p in processes if p.poll() is None]
+        if first_failure is None:
+            failed = [_exit_code(p.returncode) for p in processes if p.returncode is not None and _exit_code(p.returncode) not in (0, EXIT_PREEMPTED)]
+            if failed:
+                first_failure, kill_at = failed[0], time.monotonic() + STOP_GRACE_S
+                _signal_all(processes, signal.SIGTERM)
+        if not running:
+            break
+        if kill_at is not None and time.monotonic() > kill_at:
+            _signal_all(processes, signal.SIGKILL)
+        time.sleep(0.05)
+    if first_failure is not None:
+        return first_failure
+    return EXIT_PREEMPTED if any(_exit_code(p.returncode) == EXIT_PREEMPTED for p in processes) else 0
+
+
 def command(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
     """The command that starts every rank of the job, from where this launcher runs."""
     if args.node_agent:
@@ -114,7 +195,7 @@ def command(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
             f"a run over {args.nodes} nodes needs Slurm (no SLURM_JOB_ID here): run the workflow with --profile slurm"
         )
     # Locally a container is Snakemake's business (the rule's container: directive).
-    return torchrun_command(sys.executable, 1, args.ranks_per_node, None, "local", args.program)
+    return [sys.executable, *args.program]
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -150,12 +231,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LaunchError as error:
         print(f"scalerepro.launch: error: {error}", file=sys.stderr, flush=True)
         return 2
-    print(f"scalerepro.launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
+    local = not args.node_agent and "SLURM_JOB_ID" not in os.environ
+    where = f"{args.ranks_per_node} local rank(s), rendezvous on 127.0.0.1 only: " if local else ""
+    print(f"scalerepro.launch: {where}{shlex.join(argv_out)}", file=sys.stderr, flush=True)
     if args.node_agent:
         # Survive Slurm's warning signal; the ranks, which torchrun starts from here, install
         # their own handler over the inherited SIG_IGN.
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         os.execvp(argv_out[0], argv_out)
+    if local:
+        return run_local(args.ranks_per_node, args.program, os.environ)
     # The job-level launcher waits; SIGUSR1 never reaches it (batch step) and SIGTERM ends it.
     return subprocess.run(argv_out).returncode
 

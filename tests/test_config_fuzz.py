@@ -1,0 +1,128 @@
+"""Bad configs, through the real workflow: each is refused before any job runs, with one line
+that starts with "config error at '<key>'" and names the key; no string of the config reaches a
+shell unquoted (payloads that would create a file never do)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from test_workflow import snakemake
+
+MARK = "/tmp/scalerepro-injected"  # a payload that ran would create this file
+PAYLOAD = f"$(touch {MARK})"
+
+# (id, dotted key to set, value, text the error line must contain)
+BAD = [
+    ("unknown-top-key", "colour", "blue", "colour"),
+    ("unknown-nested-key", "scaling.strong.enable", True, "enable"),
+    ("study-name-empty", "study_name", "", "study_name"),
+    ("study-name-space", "study_name", "my study", "study_name"),
+    ("device-enum", "device", "tpu", "device"),
+    ("data-enum", "data", "imagenet", "data"),
+    ("gpus-per-node-zero", "gpus_per_node", 0, "gpus_per_node"),
+    ("repeats-float", "repeats", 1.5, "repeats"),
+    ("repeats-zero", "repeats", 0, "repeats"),
+    ("steps-string", "steps", "ten", "steps"),
+    ("warmup-negative", "warmup_steps", -1, "warmup_steps"),
+    ("warmup-not-below-steps", "warmup_steps", 8, "warmup_steps"),
+    ("trainer-args-not-list", "trainer_args", "--precision bf16", "trainer_args"),
+    ("trainer-args-empty-item", "trainer_args", ["--precision", ""], "trainer_args"),
+    ("trainer-args-space", "trainer_args", ["--precision bf16"], "trainer_args"),
+    ("model-unknown", "models.alexnet", {"per_gpu_batch": 8}, "alexnet"),
+    ("model-no-batch", "models.cnn", {"args": []}, "per_gpu_batch"),
+    ("model-batch-zero", "models.cnn.per_gpu_batch", 0, "per_gpu_batch"),
+    ("scaling-model-unknown", "scaling.models", ["alexnet"], "alexnet"),
+    ("sensitivity-model-unknown", "sensitivity.model", "alexnet", "sensitivity.model"),
+    ("scaling-models-empty", "scaling.models", [], "scaling.models"),
+    ("gpu-counts-zero", "scaling.gpu_counts", [0, 2], "gpu_counts"),
+    ("gpu-counts-repeat", "scaling.gpu_counts", [1, 1], "gpu_counts"),
+    ("gpu-counts-beyond-one-node", "scaling.gpu_counts", [1, 2, 4], "scaling.gpu_counts"),
+    ("strong-batch-indivisible", "models.cnn.per_gpu_batch", 15, "models.cnn.per_gpu_batch"),
+    ("weak-samples-zero", "scaling.weak.samples_per_gpu", 0, "samples_per_gpu"),
+    ("sensitivity-gpus-beyond-one-node", "sensitivity.gpus", 4, "sensitivity.gpus"),
+    ("sensitivity-bucket-zero", "sensitivity.bucket_cap_mb", [0], "bucket_cap_mb"),
+    ("sensitivity-precision", "sensitivity.precision", ["fp8"], "precision"),
+    ("ablation-model-without-entry", "ablation.model", "bert_base", "ablation.model"),
+    ("ablation-gpus-string", "ablation.gpus", "all", "ablation.gpus"),
+    ("ablation-name-reserved", "ablation.optimisations", [{"name": "all", "flags": []}], "name"),
+    ("ablation-no-flags", "ablation.optimisations", [{"name": "bf16"}], "flags"),
+    ("comm-size-tiny", "communication.sizes_bytes", [1], "sizes_bytes"),
+    ("cifar-md5-short", "cifar10.md5", "abc", "md5"),
+    ("cifar-url-not-url", "cifar10.url", "cifar.tar.gz", "url"),
+    ("cifar-archive-empty", "cifar10.archive", "", "archive"),
+    ("container-sif-space", "container.sif", "results/my image.sif", "container.sif"),
+    ("container-sif-suffix", "container.sif", "results/image.img", "container.sif"),
+    ("container-image-empty", "container.base_image", "", "container.base_image"),
+    ("slurm-extra-string", "slurm.extra", "--exclusive", "slurm.extra"),
+    ("slurm-extra-not-a-flag", "slurm.extra", ["exclusive"], "slurm.extra"),
+    ("slurm-partition-empty", "slurm.partition", "", "slurm.partition"),
+    ("slurm-account-space", "slurm.account", "my account", "slurm.account"),
+    ("slurm-env-bad-name", "slurm.env", {"NCCL IFNAME": "ib0"}, "NCCL IFNAME"),
+    ("slurm-port-low", "slurm.rendezvous_port", 80, "rendezvous_port"),
+    ("resources-cpus-zero", "resources.cpus_per_gpu", 0, "cpus_per_gpu"),
+    ("target-efficiency-above-one", "targets.strong_efficiency_min", 1.5, "strong_efficiency_min"),
+    ("profiling-tool-enum", "profiling.tool", "vtune", "profiling.tool"),
+    ("profiling-run-unknown", "profiling.runs", ["strong_cnn_g64_r1"], "profiling.runs"),
+    ("profiling-window-zero", "profiling.window_steps", 0, "window_steps"),
+    ("cpu-overrides-slurm", "cpu_overrides.slurm", {"partition": "gpu"}, "slurm"),
+]
+# Every config string that reaches a shell (or the Slurm plugin's sbatch command), with a payload.
+INJECTIONS = [
+    ("inject-gpu-peaks", "profiling.gpu_peaks", f"h100_sxm; touch {MARK}", "profiling.gpu_peaks"),
+    ("inject-base-image", "container.base_image", f"nvcr.io/nvidia/pytorch:25.01-py3 {PAYLOAD}", "container.base_image"),
+    ("inject-sif", "container.sif", f"results/{PAYLOAD}.sif", "container.sif"),
+    ("inject-slurm-extra", "slurm.extra", [f"--comment={PAYLOAD}"], "slurm.extra"),
+    ("inject-slurm-constraint", "slurm.constraint", f"h100`touch {MARK}`", "slurm.constraint"),
+    ("inject-cifar-md5", "cifar10.md5", f"'; touch {MARK}; '", "cifar10.md5"),
+    ("inject-trainer-args", "trainer_args", [f"--seed=1;touch {MARK}"], "trainer_args"),
+]
+
+
+def _config_with(dotted: str, value) -> dict:
+    config = yaml.safe_load((REPO / "config/ci.yaml").read_text())
+    *parents, leaf = dotted.split(".")
+    node = config
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = copy.deepcopy(value)
+    return config
+
+
+def _refusal(tmp_path: Path, case: tuple, *args: str) -> tuple[str, str | None, str]:
+    name, dotted, value, named = case
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(_config_with(dotted, value)))
+    result = snakemake(REPO, *args, "--configfile", str(path), timeout=180)
+    output = result.stdout + result.stderr
+    errors = [line for line in output.splitlines() if line.startswith("config error at '")]
+    return name, (errors[0] if len(errors) == 1 and result.returncode != 0 else None), output[-1500:]
+
+
+def test_at_least_forty_bad_configs_are_each_refused_with_one_line_naming_the_key(tmp_path):
+    assert len(BAD) + len(INJECTIONS) >= 40
+    cases = {case[0]: case for case in BAD + INJECTIONS}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(pool.map(lambda case: _refusal(tmp_path, case, "-n"), cases.values()))
+    wrong = {name: output for name, error, output in outcomes if error is None or cases[name][3] not in error}
+    assert not wrong, "\n\n".join(f"{name}:\n{output}" for name, output in wrong.items())
+
+
+@pytest.mark.parametrize("case", INJECTIONS, ids=[case[0] for case in INJECTIONS])
+def test_no_injected_command_runs(tmp_path, case):
+    """A real run (not a dry run) of the targets that would use each string."""
+    Path(MARK).unlink(missing_ok=True)
+    name, error, output = _refusal(tmp_path, case, "--cores", "1", "results/tables/matrix.csv")
+    assert error is not None and case[3] in error, output
+    assert not Path(MARK).exists(), f"{name}: the payload ran"
+
+
+def test_the_default_and_ci_configs_are_accepted():
+    for extra in ([], ["--configfile", "config/ci.yaml"]):
+        result = snakemake(REPO, "-n", *extra, timeout=180)
+        assert result.returncode == 0, result.stderr[-2000:]
