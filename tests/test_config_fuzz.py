@@ -117,7 +117,7 @@ def test_at_least_forty_bad_configs_are_each_refused_with_one_line_naming_the_ke
 def test_no_injected_command_runs(tmp_path, case):
     """A real run (not a dry run) of the targets that would use each string."""
     Path(MARK).unlink(missing_ok=True)
-    name, error, output = _refusal(tmp_path, case, "--cores", "1", "results/tables/matrix.csv")
+    name, error, output = _refusal(tmp_path, case, "results/tables/matrix.csv", "--cores", "1")
     assert error is not None and case[3] in error, output
     assert not Path(MARK).exists(), f"{name}: the payload ran"
 

@@ -287,7 +287,7 @@ def test_the_report_line_names_a_report_built_by_this_run_only(study, tmp_path):
     assert f"report: {study / 'results/report/index.html'}" in (study / "study_output").read_text()
     workdir = tmp_path / "repo"
     shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
-    matrix_only = snakemake(workdir, "--cores", "1", "--configfile", "config/ci.yaml", "results/tables/matrix.csv", timeout=300)
+    matrix_only = snakemake(workdir, "results/tables/matrix.csv", "--cores", "1", "--configfile", "config/ci.yaml", timeout=300)
     assert matrix_only.returncode == 0, matrix_only.stderr[-2000:]
     assert (workdir / "results/tables/matrix.csv").exists()
     assert "report:" not in matrix_only.stdout + matrix_only.stderr
@@ -301,7 +301,7 @@ def test_after_a_trainer_edit_the_rerun_measures_again(study):
     trainer.write_text(trainer.read_text() + "\n# an edit: the rerun must measure again\n")
     url, md5 = json.loads((study / "study_args").read_text())
     targets = [f"results/runs/{run}/record.json" for run in ("strong_cnn_g1_r1", "strong_cnn_g2_r1")]
-    result = snakemake(study, "--cores", "2", "--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", *targets)
+    result = snakemake(study, *targets, "--cores", "2", "--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}")
     assert result.returncode == 0, result.stderr[-4000:]
     for run in ("strong_cnn_g1_r1", "strong_cnn_g2_r1"):
         record = load_record(study / f"results/runs/{run}/record.json")
