@@ -6,11 +6,18 @@
 
 What a profiling job leaves in ``results/profiles/<run>/<tool>/`` (``workflow/rules/profile.smk``):
 ``nsys/rank<R>.sqlite`` (``nsys export --type sqlite``), ``ncu/kernels.csv`` (``ncu --csv``,
-long "details" layout) and ``torch/trace.json`` + ``torch/operators.csv`` (the torch.profiler
-fallback, ``scalerepro.profiling``), each with a ``capture.json`` saying what ran and why.
+long "details" layout: raw metric names as ``scalerepro.profile_rank`` asks for them, or the
+sections' display names of any ncu version) and ``torch/trace.json`` + ``torch/operators.csv``
+(the torch.profiler fallback, ``scalerepro.profiling``), each with a ``capture.json`` saying what
+ran and why. What a reader cannot read (an unknown unit, a text value where a number belongs, a
+kernel without a duration, a timeline without step ranges) is one line in the summary's
+``warnings``, shown in the report; it never aborts the summary or reads as a figure.
 
-Definitions. All times are over the profiling window W (the span of the trainer's
-``scalerepro:step`` ranges; steps K .. K+M-1). |X| is the length of the union of intervals X.
+Definitions. All times are over the profiling window W: from the start of the trainer's first
+``scalerepro:step`` range (steps K .. K+M-1) to the later of the last step range's end and the end
+of the last kernel launched inside the steps (the ranges are host time; the GPU runs on). An
+export without step ranges gets the whole capture as W, labelled "whole capture (no step
+ranges)", and its classification is provisional. |X| is the length of the union of intervals X.
 
     compute C          kernels that are not NCCL's (nsys, CUDA trace) / operators of the training
                        thread outside data loading (torch fallback on a CPU)
@@ -23,8 +30,10 @@ Definitions. All times are over the profiling window W (the span of the trainer'
     busy fraction      |C ∪ N| / |W|   (GPU busy fraction on a GPU)
     compute + exposed comm + data wait + idle = |W|, and each fraction is that time / |W|.
 
-Roofline (Nsight Compute, per kernel): FLOPs = FADD + FMUL + 2 FFMA (fp32, and likewise fp16 and
+Roofline (Nsight Compute, per kernel, over its launches that have a duration; one without is
+reported as missing, never as 0 s): FLOPs = FADD + FMUL + 2 FFMA (fp32, and likewise fp16 and
 fp64 from the SASS thread-instruction counters), achieved FLOP/s = FLOPs / gpu__time_duration,
+DRAM bytes = dram__bytes.sum (or, from sections only, DRAM bytes/s x duration),
 arithmetic intensity AI = FLOPs / dram__bytes, attainable = min(peak FLOP/s, AI x peak DRAM B/s),
 ridge = peak FLOP/s / peak DRAM B/s: a kernel left of the ridge is memory-bound. Kernels whose
 work is on the tensor cores (no SASS FP counts) are placed with FLOP/s estimated as tensor-pipe
