@@ -54,7 +54,8 @@ def tensor_pipe_metrics(compute_major: int | None) -> tuple[str, ...]:
     kernels then have no FLOP estimate and the summary says so."""
     metrics = TENSOR_PIPE_METRICS.get(compute_major) if compute_major is not None else None
     if metrics is None:
-        print(f"scalerepro.profile_rank: warning: no tensor-pipe metric known for compute capability {compute_major}.x: "
+        gpu = f"compute capability {compute_major}.x" if compute_major is not None else "this GPU (NVML could not tell its compute capability)"
+        print(f"scalerepro.profile_rank: warning: no tensor-pipe metric known for {gpu}: "
               "tensor-core kernels get no FLOP estimate (add one to TENSOR_PIPE_METRICS)", file=sys.stderr)  # fmt: skip
         return ()
     return metrics
