@@ -301,8 +301,10 @@ def read_nsys_sqlite(path: str | os.PathLike[str]) -> list[Timeline]:
         join = ""
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
             launch = "COALESCE(r.start, k.start)"
-            join = ("LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME AS r ON r.correlationId = k.correlationId "
-                    "AND (r.globalTid >> 24) = (k.globalPid >> 24)")  # fmt: skip
+            # one launch per kernel: correlation ids are unique within a process (bits 24+ of the ids)
+            join = ("LEFT JOIN (SELECT correlationId, globalTid >> 24 AS process, MIN(start) AS start "
+                    "FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1, 2) AS r "
+                    "ON r.correlationId = k.correlationId AND r.process = (k.globalPid >> 24)")  # fmt: skip
         kernels = pd.read_sql_query(
             f"SELECT k.start, k.end, {launch} AS launch, k.deviceId, k.globalPid, s.value AS name "
             f"FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN StringIds AS s ON s.id = k.shortName {join}",
