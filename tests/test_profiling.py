@@ -235,6 +235,7 @@ def test_recorded_ncu_2025_ns_units_and_text_values_are_read_not_fatal(peaks):
     assert launch["duration"] == pytest.approx(406_240e-9)  # 406 µs, not 406 240 s
     assert launch["achieved_occupancy_pct"] == 15.53 and launch["theoretical_occupancy_pct"] == 18.75
     assert launch["sm_throughput_pct"] == 23.59 and launch["memory_throughput_pct"] == 21.68 and launch["dram_throughput_pct"] == 0.74
+    assert reading.compute_capabilities == ["10.0"] and profile.read_ncu_csv(V100_2019).compute_capabilities == []  # no CC column in 2019
     (row,) = profile.roofline(reading.launches, peaks)
     assert row["duration_s"] == pytest.approx(406_240e-9) and row["achieved_flops_per_s"] is None
     assert row["missing"] == "FLOP count; DRAM bytes"  # sections only: no SASS counters, no DRAM byte count
@@ -386,7 +387,7 @@ def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, 
         table.to_csv(tables_dir / f"{name}.csv", index=False)
     row = pd.read_csv(tables_dir / "profiling.csv").iloc[0]
     assert "NVIDIA Nsight Systems 2025.3.2.474" in row["tool_versions"] and "Version 2025.3.1.0" in row["tool_versions"]
-    assert row["gpus"] == "NVIDIA H100 80GB HBM3 (compute capability 9.0)" and str(row["driver"]) == "12080"
+    assert row["gpus"] == "NVIDIA H100 80GB HBM3 (compute capability 9.0); compute capability 10.0 (ncu)" and str(row["driver"]) == "12080"
     assert pd.read_csv(tables_dir / "profiling_roofline.csv").loc[0, "missing"].startswith("duration (1 of 1 launches)")
     page = report.render(tables_dir, tmp_path / "no-plots", tmp_path / "none.json", tmp_path / "none.json",
                          REPO / "config/references.yaml", REPO / "report")  # fmt: skip

@@ -512,6 +512,7 @@ class NcuReading:
     launches: pd.DataFrame
     layout: str  # "raw metric names" | "section display names" | "raw and display names"
     problems: list[str]
+    compute_capabilities: list[str] = field(default_factory=list)  # the CSV's "CC" column (ncu 2020.2+)
 
 
 def _ncu_value(text: str) -> float | None:
@@ -539,12 +540,14 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
     launches: dict[str, dict[str, Any]] = {}
     unread: dict[tuple[str, str], set[str]] = {}  # (metric, why) -> launch ids
     names_seen = set()
+    capabilities: set[str] = set()
     display_names = {name for name, _ in NCU_DISPLAY}
     for row in reader:
         name, unit, text = (row.get(key) or "" for key in ("Metric Name", "Metric Unit", "Metric Value"))
         if not row.get("ID") or not name:
             continue  # a rule result row (ncu 2023+: "SOLBottleneck", ...) or a truncated line
         launch = launches.setdefault(row["ID"], {"id": int(row["ID"]), "kernel": row["Kernel Name"]})
+        capabilities.add(row.get("CC") or "")
         if name not in NCU_RAW and name not in FLOP_COUNTERS and name not in display_names:
             continue  # not a figure of the summary: skipped unread, whatever its value
         if unit not in NCU_UNITS:
@@ -587,7 +590,7 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
         problems.append(f"{path.name}: {len(untimed)} of {len(frame)} launches have no duration (gpu__time_duration.sum or Duration): "
                         f"{', '.join(sorted(set(untimed['kernel'].str.slice(0, 60))))}")  # fmt: skip
     layout = {frozenset({"raw"}): "raw metric names", frozenset({"display"}): "section display names"}.get(frozenset(names_seen), "raw and display names")
-    return NcuReading(launches=frame, layout=layout, problems=problems)
+    return NcuReading(launches=frame, layout=layout, problems=problems, compute_capabilities=sorted(capabilities - {""}))
 
 
 def gpu_peaks(references: Mapping[str, Any], key: str) -> dict[str, float]:
@@ -761,7 +764,8 @@ def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[
     roof: list[dict[str, Any]] = []
     if kernels_csv.is_file() and peaks:
         reading = read_ncu_csv(kernels_csv)
-        metadata.append({"file": "ncu/kernels.csv", "layout": reading.layout, "tool_version": (captures.get("ncu") or {}).get("tool_version")})
+        metadata.append({"file": "ncu/kernels.csv", "layout": reading.layout, "tool_version": (captures.get("ncu") or {}).get("tool_version"),
+                         "gpus": [f"compute capability {cc} (ncu)" for cc in reading.compute_capabilities]})  # fmt: skip
         warnings += reading.problems
         roof = roofline(reading.launches, peaks)
         warnings += [f"roofline: {row['kernel'][:80]}: no {row['missing']}" for row in roof if row["missing"]]
