@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 
+import markupsafe
 import pandas as pd
 import pytest
 import yaml
@@ -102,6 +104,59 @@ def test_classification_follows_the_thresholds(nsys_sqlite):
     assert profile.classify(b, {"exposed_comm_min": 0.5, "data_wait_min": 0.5, "idle_min": 0.5})["class"] == "compute-bound"
 
 
+@pytest.fixture(scope="module", params=["2022.1", "2025.3"])
+def nsys_export(request, tmp_path_factory):
+    """The fixture in the column set of a real export of that version (README.md)."""
+    builder = _load(FIXTURES / "nsys" / "make_nsys_sqlite.py")
+    return builder.build(tmp_path_factory.mktemp("nsys") / f"rank0-{request.param}.sqlite", request.param), request.param
+
+
+def test_the_window_ends_with_the_last_kernel_launched_in_the_steps(nsys_export):
+    """The last step's range closes at 20 000 ns on the host; a kernel it launched (at 19 500)
+    runs 20 000-21 000 on the GPU. Window [0, 21 000): compute 11 000 + 1 000, the rest as in
+    the generated fixture."""
+    (timeline,) = profile.read_nsys_sqlite(nsys_export[0])
+    b = profile.breakdown(timeline)
+    assert b["window_s"] == pytest.approx(21_000 * NS) and b["compute_s"] == pytest.approx(12_000 * NS)
+    assert b["exposed_comm_s"] == pytest.approx(3_000 * NS) and b["data_wait_s"] == pytest.approx(3_500 * NS)
+    assert b["idle_s"] == pytest.approx(2_500 * NS) and b["busy_fraction"] == pytest.approx(15_000 / 21_000)
+    assert b["steps"] == 2 and not b["provisional"] and b["window"].startswith("2 scalerepro:step ranges")
+
+
+def test_capture_metadata_is_read_where_the_export_has_it(nsys_export):
+    path, version = nsys_export
+    meta = profile.read_nsys_metadata(path)
+    assert meta["tool_version"].startswith(f"NVIDIA Nsight Systems {version}")
+    assert meta["traced"] == ["Cuda", "NvtxEvents", "OSRuntime"] and meta["cuda_api_calls"] == 7
+    gpu = {"2022.1": "NVIDIA A100-SXM4-80GB (compute capability 8.0)", "2025.3": "NVIDIA H100 80GB HBM3 (compute capability 9.0)"}
+    assert meta["gpus"] == [gpu[version]]
+    assert meta.get("driver") == ("12080" if version == "2025.3" else None)  # 2022.1's export has no TARGET_INFO_SYSTEM_ENV here
+
+
+def test_a_timeline_without_step_ranges_is_labelled_whole_capture_and_provisional(tmp_path, peaks):
+    builder = _load(FIXTURES / "nsys" / "make_nsys_sqlite.py")
+    run = tmp_path / "run"
+    (run / "nsys").mkdir(parents=True)
+    builder.build(run / "nsys" / "rank0.sqlite", "2025.3", steps=False)
+    (run / "nsys" / "capture.json").write_text(json.dumps({"tool": "nsys", "fallback_reason": None}))
+    summary = profile.summarize(run, "run", profile.DEFAULT_THRESHOLDS, peaks)
+    assert summary["breakdown"]["window"] == "whole capture (no step ranges)" and summary["breakdown"]["provisional"]
+    assert summary["classification"]["provisional"] and summary["classification"]["evidence"].startswith("provisional: window is the whole capture")
+    assert any("no scalerepro:step ranges: window: whole capture (no step ranges)" in w for w in summary["warnings"])
+    row = profile.tables([json.loads(json.dumps(summary, default=str))])["profiling"].iloc[0]
+    assert row["window"] == "whole capture (no step ranges)" and row["provisional"]
+
+
+def test_no_kernel_under_cuda_tracing_says_what_the_capture_shows(tmp_path):
+    builder = _load(FIXTURES / "nsys" / "make_nsys_sqlite.py")
+    path = builder.build(tmp_path / "rank0.sqlite", "2025.3", kernels=False)
+    with pytest.raises(profile.ProfileError) as error:
+        profile.read_nsys_sqlite(path)
+    message = str(error.value)
+    assert "no CUPTI_ACTIVITY_KIND_KERNEL table, though CUDA was traced (capture metadata traces Cuda" in message
+    assert "7 CUDA API calls recorded" in message and "--trace=cuda" not in message and "\n" not in message
+
+
 def test_a_file_that_is_not_an_nsys_export_is_one_clear_error(tmp_path):
     bad = tmp_path / "rank0.sqlite"
     bad.write_text("not a database")
@@ -111,20 +166,39 @@ def test_a_file_that_is_not_an_nsys_export_is_one_clear_error(tmp_path):
 
 # ---- Nsight Compute ----------------------------------------------------------------------------
 
+RECORDED = FIXTURES / "ncu" / "recorded"
+V100_2019 = RECORDED / "ncu-2019.5_V100-SXM2_cfd_details-display-names.csv"
+CC100_2025 = RECORDED / "ncu-2025.x_CC10.0-152SM_cublaslt-gemm_details-display-names.csv"
 
-def test_ncu_csv_is_read_per_launch_in_base_units():
-    launches = profile.read_ncu_csv(FIXTURES / "ncu" / "kernels.csv").set_index("id")
+
+@pytest.fixture(scope="module", params=["2022", "2025"])
+def raw_csv(request, tmp_path_factory):
+    """The raw-metric layout scalerepro.profile_rank asks for, as each ncu generation prints it."""
+    builder = _load(FIXTURES / "ncu" / "make_kernels_csv.py")
+    path = tmp_path_factory.mktemp("ncu") / f"kernels-{request.param}.csv"
+    builder.write(str(path), request.param)
+    return path
+
+
+def test_the_committed_ncu_fixture_is_what_its_generator_writes(tmp_path):
+    _load(FIXTURES / "ncu" / "make_kernels_csv.py").write(str(tmp_path / "kernels.csv"), "2025")
+    assert (tmp_path / "kernels.csv").read_text() == (FIXTURES / "ncu" / "kernels.csv").read_text()
+
+
+def test_ncu_raw_metric_layout_is_read_per_launch_in_base_units(raw_csv):
+    reading = profile.read_ncu_csv(raw_csv)
+    assert reading.layout == "raw metric names" and reading.problems == []
+    launches = reading.launches.set_index("id")
     assert list(launches.index) == [0, 1, 2, 3]
     assert launches.loc[0, "duration"] == pytest.approx(10e-6) and launches.loc[1, "duration"] == pytest.approx(2e-3)
     assert launches.loc[0, "dram_bytes"] == 12e6 and launches.loc[1, "dram_bytes"] == pytest.approx(5e8)
-    assert launches.loc[0, "dram_bytes_per_s"] == pytest.approx(1.2e12)
     assert launches.loc[1, "flops"] == pytest.approx(1e9 + 2 * 4e10)  # FADD + 2 FFMA
-    assert launches.loc[2, "flops"] == 0 and launches.loc[2, "tensor_pipe_pct"] == 60
+    assert launches.loc[2, "flops"] == 0 and launches.loc[2, "tensor_pipe_pct"] == 60  # Hopper: the busier of gmma, hmma
     assert launches.loc[1, "achieved_occupancy_pct"] == 45 and launches.loc[1, "theoretical_occupancy_pct"] == 50
 
 
-def test_roofline_positions_match_the_hand_computed_answers(peaks):
-    roof = {row["kernel"][:20]: row for row in profile.roofline(profile.read_ncu_csv(FIXTURES / "ncu" / "kernels.csv"), peaks)}
+def test_roofline_positions_match_the_hand_computed_answers(raw_csv, peaks):
+    roof = {row["kernel"][:20]: row for row in profile.roofline(profile.read_ncu_csv(raw_csv).launches, peaks)}
     add, conv, gemm = roof["void at::native::vec"], roof["implicit_convolve_sg"], roof["sm90_xmma_gemm_bf16b"]
     assert add["achieved_flops_per_s"] == pytest.approx(1e11)
     assert add["flops_fraction"] == pytest.approx(1e11 / 66.9e12)
@@ -136,6 +210,61 @@ def test_roofline_positions_match_the_hand_computed_answers(peaks):
     assert gemm["launches"] == 2 and gemm["flops"] == pytest.approx(1.1e-3 * 989.4e12)
     assert gemm["flops_fraction"] == pytest.approx(0.55) and gemm["flops_source"].startswith("estimate")
     assert gemm["dram_bytes_per_s"] == pytest.approx(1e11) and gemm["bound"] == "compute"
+    assert {row["missing"] for row in roof.values()} == {None}
+
+
+def test_recorded_ncu_2019_section_display_names_give_duration_occupancy_and_dram():
+    """Real V100 output (README.md, source 1): every figure under a display name, "nsecond"."""
+    reading = profile.read_ncu_csv(V100_2019)
+    assert reading.layout == "section display names" and reading.problems == []
+    step, flux = reading.launches.set_index("kernel").loc[["cuda_compute_step_factor", "cuda_compute_flux"]].to_dict("records")
+    assert step["duration"] == pytest.approx(10_720e-9) and flux["duration"] == pytest.approx(39_200e-9)
+    assert step["achieved_occupancy_pct"] == 48.18 and step["theoretical_occupancy_pct"] == 93.75
+    assert step["sm_throughput_pct"] == 18.70 and step["memory_throughput_pct"] == 40.07 and step["dram_throughput_pct"] == 40.07
+    assert step["dram_bytes_per_s"] == pytest.approx(303_122_388_059.70)  # "Memory Throughput" in byte/second
+    assert step["dram_bytes"] == pytest.approx(303_122_388_059.70 * 10_720e-9)  # bandwidth x duration
+    assert step["dram_bytes_source"] == "DRAM bytes/s x duration"
+
+
+def test_recorded_ncu_2025_ns_units_and_text_values_are_read_not_fatal(peaks):
+    """Real sm_100 output (README.md, source 2): "ns", "hz", text-valued launch statistics
+    ("PolicySpread", "CachePreferNone", "all"), rule rows and a trailing comma on metric rows."""
+    reading = profile.read_ncu_csv(CC100_2025)
+    assert reading.layout == "section display names" and reading.problems == []
+    (launch,) = reading.launches.to_dict("records")
+    assert launch["duration"] == pytest.approx(406_240e-9)  # 406 µs, not 406 240 s
+    assert launch["achieved_occupancy_pct"] == 15.53 and launch["theoretical_occupancy_pct"] == 18.75
+    assert launch["sm_throughput_pct"] == 23.59 and launch["memory_throughput_pct"] == 21.68 and launch["dram_throughput_pct"] == 0.74
+    assert reading.compute_capabilities == ["10.0"] and profile.read_ncu_csv(V100_2019).compute_capabilities == []  # no CC column in 2019
+    (row,) = profile.roofline(reading.launches, peaks)
+    assert row["duration_s"] == pytest.approx(406_240e-9) and row["achieved_flops_per_s"] is None
+    assert row["missing"] == "FLOP count; DRAM bytes"  # sections only: no SASS counters, no DRAM byte count
+
+
+def _edited(source, tmp_path, old, new):
+    text = source.read_text()
+    assert text.count(old) == 1
+    path = tmp_path / source.name
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def test_an_unknown_unit_is_one_line_and_leaves_the_launch_untimed(tmp_path, peaks):
+    path = _edited(CC100_2025, tmp_path, '"Duration","ns","406240"', '"Duration","fortnight","406240"')
+    reading = profile.read_ncu_csv(path)
+    assert reading.launches.loc[0, "duration"] != reading.launches.loc[0, "duration"]  # NaN: not read as a number of anything
+    unit_line, untimed_line = reading.problems
+    assert "Duration: unit 'fortnight' not understood" in unit_line and "in 1 of 1 launches: not read" in unit_line
+    assert "\n" not in unit_line and "1 of 1 launches have no duration" in untimed_line
+    (row,) = profile.roofline(reading.launches, peaks)
+    assert row["duration_s"] is None and row["missing"].startswith("duration (1 of 1 launches)")
+
+
+def test_a_metric_value_that_is_not_a_number_is_named_and_not_read(tmp_path):
+    path = _edited(V100_2019, tmp_path, '"Achieved Occupancy","%","48.18"', '"Achieved Occupancy","%","n/a"')
+    reading = profile.read_ncu_csv(path)
+    assert reading.problems == [f"{path.name}: Achieved Occupancy: value 'n/a' is not a number, in 1 of 2 launches: not read"]
+    assert reading.launches["achieved_occupancy_pct"].isna().tolist() == [True, False]
 
 
 def test_an_ncu_file_in_another_layout_is_one_clear_error(tmp_path):
@@ -143,6 +272,67 @@ def test_an_ncu_file_in_another_layout_is_one_clear_error(tmp_path):
     wide.write_text('"ID","Kernel Name","gpu__time_duration.sum"\n"0","k","1"\n')
     with pytest.raises(profile.ProfileError, match="not the long ncu CSV layout"):
         profile.read_ncu_csv(wide)
+
+
+# ---- the ncu command: raw metrics, base units, never an NCCL kernel --------------------------------
+
+NCCL_KERNELS = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_AllReduce_RING_LL_Sum_float",
+                "ncclDevKernel_Generic"]  # fmt: skip
+
+
+def _ncu_command(names=None):
+    from scalerepro import profile_rank
+
+    return profile_rank.command("ncu", "0", "/out", 0, ["python", "-m", "scalerepro.train"], 8, names,
+                                profile_rank.tensor_pipe_metrics(9))  # fmt: skip
+
+
+def _kernel_regex(command):
+    """The --kernel-name filter of a composed ncu command, as a Python regex (ncu's is ECMAScript:
+    the lookahead and anchors used here mean the same in both)."""
+    assert command[command.index("--kernel-name-base") + 1] == "function"
+    value = command[command.index("--kernel-name") + 1]
+    assert value.startswith("regex:")
+    return re.compile(value.removeprefix("regex:"))
+
+
+@pytest.mark.parametrize("names", [None, ["elementwise_kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"]])
+def test_no_ncu_command_the_workflow_builds_can_replay_an_nccl_kernel(names):
+    regex = _kernel_regex(_ncu_command(names))
+    assert not any(regex.search(kernel) for kernel in NCCL_KERNELS)
+    assert regex.search("elementwise_kernel")
+    assert bool(regex.search("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64")) is (names is None)
+
+
+def test_the_top_kernels_for_ncu_leave_out_nccl(nsys_sqlite):
+    from scalerepro import profile_rank
+
+    # by total time: gemm 8000 ns, NCCL 4500, elementwise 2000, vectorized 1000
+    assert profile_rank.top_kernel_names(nsys_sqlite, 2) == ["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "elementwise_kernel"]
+
+
+def test_the_ncu_command_asks_for_raw_metrics_in_base_units():
+    command = _ncu_command()
+    assert "--section" not in command
+    assert command[command.index("--print-metric-name") + 1] == "name"
+    assert command[command.index("--print-units") + 1] == "base"
+    metrics = command[command.index("--metrics") + 1].split(",")
+    needed = {"gpu__time_duration.sum", "dram__bytes.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+              "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+              "sm__warps_active.avg.pct_of_peak_sustained_active", "sm__maximum_warps_per_active_cycle_pct",
+              "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed", *profile.FLOP_COUNTERS}  # fmt: skip
+    assert needed <= set(metrics)
+    assert set(metrics) <= set(profile.NCU_RAW) | set(profile.FLOP_COUNTERS)  # the reader knows every one it asks for
+
+
+def test_the_tensor_pipe_metric_follows_the_gpu_generation(capsys):
+    from scalerepro import profile_rank
+
+    assert profile_rank.tensor_pipe_metrics(8) == ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",)
+    assert "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed" in profile_rank.tensor_pipe_metrics(9)
+    assert profile_rank.tensor_pipe_metrics(12) == ()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "no tensor-pipe metric known for compute capability 12.x" in line
 
 
 # ---- a run's summary and the tables --------------------------------------------------------------
@@ -166,6 +356,45 @@ def test_summary_and_tables_of_an_nsys_and_ncu_run(nsys_sqlite, peaks, tmp_path)
     assert t["profiling"].loc[0, "busy_fraction"] == pytest.approx(0.7)
     assert len(t["profiling_kernels"]) == 4 and len(t["profiling_roofline"]) == 3
     assert set(t["profiling_files"]["description"]) >= {"Nsight Systems SQLite export", "Nsight Compute metrics (CSV)"}
+    assert summary["warnings"] == [] and t["profiling"].loc[0, "window"] == "2 scalerepro:step ranges, to the end of their last kernel"
+
+
+def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, peaks, capsys):
+    from scalerepro.analysis import report
+
+    builder = _load(FIXTURES / "nsys" / "make_nsys_sqlite.py")
+    run = tmp_path / "strong_resnet50_g8_r1"
+    (run / "nsys").mkdir(parents=True)
+    (run / "ncu").mkdir()
+    builder.build(run / "nsys" / "rank0.sqlite", "2025.3")
+    _edited(CC100_2025, run / "ncu", '"Duration","ns","406240"', '"Duration","fortnight","406240"').rename(run / "ncu" / "kernels.csv")
+    (run / "nsys" / "capture.json").write_text(json.dumps({"tool": "nsys", "fallback_reason": None}))
+    (run / "ncu" / "capture.json").write_text(json.dumps({"tool": "ncu", "fallback_reason": None,
+                                                          "tool_version": "Version 2025.3.1.0 (build 36398880) (public-release)"}))  # fmt: skip
+    (tmp_path / "references.yaml").write_text((REPO / "config/references.yaml").read_text())
+    code = profile.main(["summarize", "--run-dir", str(run), "--run-id", run.name, "--references", str(tmp_path / "references.yaml"),
+                         "--gpu-peaks", "h100_sxm", "--thresholds", "{}", "--out", str(tmp_path / "summary.json")])  # fmt: skip
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(summary["warnings"]) == 3 and all("\n" not in w for w in summary["warnings"])
+    assert "unit 'fortnight' not understood" in summary["warnings"][0]
+    assert summary["warnings"][2].startswith("roofline: cutlass3x_sm100_tensorop") and "no duration (1 of 1 launches)" in summary["warnings"][2]
+    printed = [line for line in capsys.readouterr().err.splitlines() if ": warning: " in line]
+    assert [line.split(": warning: ", 1)[1] for line in printed] == summary["warnings"]
+    tables_dir = tmp_path / "tables"
+    tables_dir.mkdir()
+    for name, table in profile.tables([summary]).items():
+        table.to_csv(tables_dir / f"{name}.csv", index=False)
+    row = pd.read_csv(tables_dir / "profiling.csv").iloc[0]
+    assert "NVIDIA Nsight Systems 2025.3.2.474" in row["tool_versions"] and "Version 2025.3.1.0" in row["tool_versions"]
+    assert row["gpus"] == "NVIDIA H100 80GB HBM3 (compute capability 9.0); compute capability 10.0 (ncu)" and str(row["driver"]) == "12080"
+    assert pd.read_csv(tables_dir / "profiling_roofline.csv").loc[0, "missing"].startswith("duration (1 of 1 launches)")
+    page = report.render(tables_dir, tmp_path / "no-plots", tmp_path / "none.json", tmp_path / "none.json",
+                         REPO / "config/references.yaml", REPO / "report")  # fmt: skip
+    shown = page[page.index('id="profile-strong-resnet50-g8-r1"'):]
+    for warning in summary["warnings"]:
+        assert f"<li>{markupsafe.escape(warning)}</li>" in shown
+    assert "Not measured</th>" in shown and "<td>duration (1 of 1 launches)</td>" in shown
 
 
 # ---- the torch.profiler fallback, for real on the CPU ---------------------------------------------

@@ -3,10 +3,21 @@ measured with torch.distributed and launched exactly like training (torchrun, sr
 
     torchrun --nproc-per-node 8 -m scalerepro.commbench --out comm.json
 
-For each size S (bytes) the median time t of one all-reduce over ``--iterations`` (after
-``--warmup``), the slowest rank's median, gives (nccl-tests' definitions, README.md of nccl-tests):
+For each size S (bytes), after ``--warmup`` untimed all-reduces, ``--iterations`` timed ones back
+to back on n ranks. Two times per size, from the same iterations:
 
-    algbw = S / t                       bytes a rank contributes per second
+    t      the slowest rank's median time of one all-reduce (each timed alone: CUDA events
+           around it, or the host clock on gloo). NOT nccl-tests' time: a median is robust
+           to a stray slow iteration, and the slowest rank is the one a collective waits
+           for. time_us_median, algbw_gbps, busbw_gbps, and what the scaling model reads.
+    t_nt   nccl-tests' time (src/common.cu, BenchTime, default -a 1): the wall time of all
+           iterations together divided by their number, averaged over the ranks.
+           nccl_tests_time_us, nccl_tests_algbw_gbps, nccl_tests_busbw_gbps: compare
+           these with an all_reduce_perf log.
+
+Bandwidths, nccl-tests' definitions (its doc/PERFORMANCE.md), for either time T:
+
+    algbw = S / T                       bytes a rank contributes per second
     busbw = algbw * 2 (n - 1) / n       bytes per second over the busiest link of a ring all-reduce,
                                         comparable with the hardware's link bandwidth
 """
@@ -28,7 +39,8 @@ from .record import utc_now, write_atomically
 DEFAULT_SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB, x4
 
 
-def _time_all_reduce(tensor: torch.Tensor, iterations: int, warmup: int) -> list[float]:
+def _time_all_reduce(tensor: torch.Tensor, iterations: int, warmup: int) -> tuple[list[float], float]:
+    """(seconds of each all-reduce, seconds of all of them together: first start to last end)."""
     for _ in range(warmup):
         dist.all_reduce(tensor)
     if tensor.is_cuda:
@@ -40,14 +52,21 @@ def _time_all_reduce(tensor: torch.Tensor, iterations: int, warmup: int) -> list
             dist.all_reduce(tensor)
             end.record()
         torch.cuda.synchronize()
-        return [start.elapsed_time(end) / 1e3 for start, end in events]
+        return [start.elapsed_time(end) / 1e3 for start, end in events], events[0][0].elapsed_time(events[-1][1]) / 1e3
     dist.barrier()
     seconds = []
+    first = time.perf_counter()
     for _ in range(iterations):
         started = time.perf_counter()
         dist.all_reduce(tensor)  # gloo on the CPU: returns when the reduction is complete
         seconds.append(time.perf_counter() - started)
-    return seconds
+    return seconds, time.perf_counter() - first
+
+
+def bandwidths(size_bytes: int, seconds: float, ranks: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s: algbw = S / t, busbw = algbw * 2 (n - 1) / n (nccl-tests)."""
+    algbw = size_bytes / seconds
+    return algbw, algbw * 2 * (ranks - 1) / ranks
 
 
 def run(ctx: distributed.DistContext, sizes: list[int], iterations: int, warmup: int) -> list[dict]:
@@ -55,13 +74,16 @@ def run(ctx: distributed.DistContext, sizes: list[int], iterations: int, warmup:
     n = ctx.world_size
     for size in sizes:
         tensor = torch.ones(max(size // 4, 1), dtype=torch.float32, device=ctx.device)
-        seconds_each = _time_all_reduce(tensor, iterations, warmup)
+        seconds_each, all_seconds = _time_all_reduce(tensor, iterations, warmup)
         median, fastest = statistics.median(seconds_each), min(seconds_each)
         # The slowest rank's median is the collective's time.
         slowest = distributed.all_reduce_max(ctx, torch.tensor([median, fastest], dtype=torch.float64, device=ctx.device)).tolist()
+        # nccl-tests: all iterations' time / iterations, the mean over ranks
+        nccl_tests = distributed.all_reduce_sum(ctx, torch.tensor([all_seconds / iterations], dtype=torch.float64, device=ctx.device)).item() / n
         seconds = slowest[0]
         bytes_ = tensor.numel() * 4
-        algbw = bytes_ / seconds  # bytes/s
+        algbw, busbw = bandwidths(bytes_, seconds, n)
+        nt_algbw, nt_busbw = bandwidths(bytes_, nccl_tests, n)
         rows.append(
             {
                 "size_bytes": bytes_,
@@ -70,7 +92,10 @@ def run(ctx: distributed.DistContext, sizes: list[int], iterations: int, warmup:
                 "time_us_median": seconds * 1e6,
                 "time_us_min": slowest[1] * 1e6,
                 "algbw_gbps": algbw / 1e9,
-                "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9,
+                "busbw_gbps": busbw / 1e9,
+                "nccl_tests_time_us": nccl_tests * 1e6,
+                "nccl_tests_algbw_gbps": nt_algbw / 1e9,
+                "nccl_tests_busbw_gbps": nt_busbw / 1e9,
             }
         )
     return rows
@@ -100,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             args.out,
             {
                 "world_size": ctx.world_size,
+                # what time_us_median and nccl_tests_time_us are (module docstring)
+                "time_definitions": {"time_us_median": "slowest rank's median of single all-reduces",
+                                     "nccl_tests_time_us": "nccl-tests: all iterations' wall time / iterations, mean over ranks"},
                 "nodes": ctx.num_nodes,
                 "backend": ctx.backend,
                 "device_type": ctx.device.type,
@@ -112,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         for row in rows:
-            print(f"{row['size_bytes']:>12} B  {row['time_us_median']:>12.1f} us  algbw {row['algbw_gbps']:8.3f} GB/s  busbw {row['busbw_gbps']:8.3f} GB/s", flush=True)
+            print(f"{row['size_bytes']:>12} B  {row['time_us_median']:>12.1f} us  algbw {row['algbw_gbps']:8.3f} GB/s  busbw {row['busbw_gbps']:8.3f} GB/s"
+                  f"  (nccl-tests' time {row['nccl_tests_time_us']:.1f} us, busbw {row['nccl_tests_busbw_gbps']:.3f} GB/s)", flush=True)
     distributed.finish(ctx, clean=True)
     return 0
 

@@ -12,14 +12,14 @@ profiling.fallback allows it, else the job fails with one line saying so.
 """
 
 import json
-import re
 import shlex
 import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+from scalerepro.profile_rank import top_kernel_names
 
 p = snakemake.params  # noqa: F821 - injected by Snakemake
 out_dir = Path(snakemake.output.capture).parent  # noqa: F821
@@ -36,18 +36,6 @@ window = ["--profile-window-start", str(p.window_start), "--profile-window-steps
 trainer = [*p.args, *window]
 
 
-def top_kernel_regex(nsys_dir: Path, count: int):
-    """The ``count`` kernels with the most time in the nsys export of rank 0, as an ncu regex."""
-    exports = sorted(nsys_dir.glob("rank0*.sqlite"))
-    if not exports:
-        return None
-    with sqlite3.connect(exports[0]) as db:
-        names = [row[0] for row in db.execute(
-            "SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN StringIds AS s ON s.id = k.shortName "
-            "GROUP BY s.value ORDER BY SUM(k.end - k.start) DESC LIMIT ?", (count,))]  # fmt: skip
-    return "^(" + "|".join(re.escape(name) for name in names) + ")$" if names else None
-
-
 if tool == "torch":
     command = [sys.executable, "-m", "scalerepro.launch", *p.launch, "--", "-m", "scalerepro.train", *trainer, "--profile-mode", "torch", "--profile-dir", str(out_dir)]
 else:
@@ -55,8 +43,10 @@ else:
     wrapper = ["-m", "scalerepro.profile_rank", "--tool", tool, "--ranks", ranks, "--out-dir", str(out_dir)]
     if tool == "ncu":
         wrapper += ["--ncu-kernels", str(p.ncu_kernels)]
-        regex = top_kernel_regex(out_dir.parent / "nsys", p.ncu_kernels)
-        wrapper += ["--ncu-kernel-regex", regex] if regex else []
+        # the top kernels of rank 0's nsys export (NCCL's never: ncu must not replay them)
+        exports = sorted((out_dir.parent / "nsys").glob("rank0*.sqlite"))
+        names = top_kernel_names(exports[0], p.ncu_kernels) if exports else []
+        wrapper += ["--ncu-kernel-names", *names] if names else []
     command = [sys.executable, "-m", "scalerepro.launch", *p.launch, "--", *wrapper, "--", *trainer, "--profile-mode", "cuda_api"]
 
 with open(log_path, "a") as log:
@@ -71,6 +61,10 @@ with open(log_path, "a") as log:
             code = code or subprocess.run(export, stdout=log, stderr=subprocess.STDOUT).returncode
 if code != 0:
     sys.exit(f"profiling {out_dir.parent.name} with {tool} failed (exit {code}): see {log_path}")
+# the tool's own version line ("NVIDIA (R) Nsight Compute Command Line Profiler ... Version 2025.3.1.0"):
+# the ncu CSV does not carry it
+version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip().splitlines() if tool != "torch" else []
 capture = {"tool": tool, "requested": p.tool, "fallback_reason": fallback_reason, "command": command,
+           "tool_version": version[-1] if version else None,
            "window_start": p.window_start, "window_steps": p.window_steps}  # fmt: skip
 Path(snakemake.output.capture).write_text(json.dumps(capture, indent=2) + "\n")  # noqa: F821

@@ -64,7 +64,8 @@ ablation.csv -- one row per (model, gpus, variant), in matrix order (baseline fi
     repeats_ok, repeats_total, samples_per_s_median, samples_per_s_min, samples_per_s_max,
     gain (fraction; 0.25 = 25 % faster than the baseline), note.
 communication.csv -- one row per (gpus, size_bytes): gpus, size_bytes, nodes, backend,
-    time_us_median (slowest rank), algbw_gbps, busbw_gbps (GB = 1e9 bytes).
+    time_us_median (slowest rank's median of single all-reduces: not nccl-tests' time, see
+    scalerepro.commbench), algbw_gbps, busbw_gbps (GB = 1e9 bytes).
 comparison.csv -- one row per reference in references.yaml: reference (its id), model, gpus,
     metric (samples_per_s | tokens_per_s_per_gpu), measured (the best median among the
     completed strong, weak and ablation-"all" cells of that model and GPU count; empty when

@@ -317,7 +317,9 @@ def profile_breakdown(t: Tables) -> Figure:
         bottom += share
     for x, row in runs.iterrows():
         overlap = "no comm" if pd.isna(row["overlap_fraction"]) else f"overlap {row['overlap_fraction']:.0%}"
-        ax.text(x, 101, f"{row['classification']}\n{overlap}", ha="center", va="bottom", fontsize="x-small")
+        # a whole-capture window (no step ranges) gives a guess, and the figure says so
+        provisional = " (provisional)" if str(row.get("provisional")).lower() == "true" else ""
+        ax.text(x, 101, f"{row['classification']}{provisional}\n{overlap}", ha="center", va="bottom", fontsize="x-small")
     ax.set_xticks(runs.index, [f"{r.run_id}\n{r.source}" for r in runs.itertuples()], fontsize="x-small")
     ax.set_ylim(0, 118)
     ax.set_xlim(-0.7, len(runs) - 0.3)

@@ -6,11 +6,18 @@
 
 What a profiling job leaves in ``results/profiles/<run>/<tool>/`` (``workflow/rules/profile.smk``):
 ``nsys/rank<R>.sqlite`` (``nsys export --type sqlite``), ``ncu/kernels.csv`` (``ncu --csv``,
-long "details" layout) and ``torch/trace.json`` + ``torch/operators.csv`` (the torch.profiler
-fallback, ``scalerepro.profiling``), each with a ``capture.json`` saying what ran and why.
+long "details" layout: raw metric names as ``scalerepro.profile_rank`` asks for them, or the
+sections' display names of any ncu version) and ``torch/trace.json`` + ``torch/operators.csv``
+(the torch.profiler fallback, ``scalerepro.profiling``), each with a ``capture.json`` saying what
+ran and why. What a reader cannot read (an unknown unit, a text value where a number belongs, a
+kernel without a duration, a timeline without step ranges) is one line in the summary's
+``warnings``, shown in the report; it never aborts the summary or reads as a figure.
 
-Definitions. All times are over the profiling window W (the span of the trainer's
-``scalerepro:step`` ranges; steps K .. K+M-1). |X| is the length of the union of intervals X.
+Definitions. All times are over the profiling window W: from the start of the trainer's first
+``scalerepro:step`` range (steps K .. K+M-1) to the later of the last step range's end and the end
+of the last kernel launched inside the steps (the ranges are host time; the GPU runs on). An
+export without step ranges gets the whole capture as W, labelled "whole capture (no step
+ranges)", and its classification is provisional. |X| is the length of the union of intervals X.
 
     compute C          kernels that are not NCCL's (nsys, CUDA trace) / operators of the training
                        thread outside data loading (torch fallback on a CPU)
@@ -23,8 +30,10 @@ Definitions. All times are over the profiling window W (the span of the trainer'
     busy fraction      |C ∪ N| / |W|   (GPU busy fraction on a GPU)
     compute + exposed comm + data wait + idle = |W|, and each fraction is that time / |W|.
 
-Roofline (Nsight Compute, per kernel): FLOPs = FADD + FMUL + 2 FFMA (fp32, and likewise fp16 and
+Roofline (Nsight Compute, per kernel, over its launches that have a duration; one without is
+reported as missing, never as 0 s): FLOPs = FADD + FMUL + 2 FFMA (fp32, and likewise fp16 and
 fp64 from the SASS thread-instruction counters), achieved FLOP/s = FLOPs / gpu__time_duration,
+DRAM bytes = dram__bytes.sum (or, from sections only, DRAM bytes/s x duration),
 arithmetic intensity AI = FLOPs / dram__bytes, attainable = min(peak FLOP/s, AI x peak DRAM B/s),
 ridge = peak FLOP/s / peak DRAM B/s: a kernel left of the ridge is memory-bound. Kernels whose
 work is on the tensor cores (no SASS FP counts) are placed with FLOP/s estimated as tensor-pipe
@@ -41,6 +50,7 @@ This module is on the analysis side: it never imports torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -52,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -138,6 +149,13 @@ class Timeline:
     data_wait: list[Interval]
     # name, kind (compute | communication), duration_s: one row per kernel (or operator) call
     calls: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["name", "kind", "duration_s"]))
+    # what bounds the window: the trainer's step ranges, or WHOLE_CAPTURE where it has none
+    window_label: str = ""
+
+    @property
+    def provisional(self) -> bool:
+        """A verdict over a window that is not the trainer's steps is a guess, and says so."""
+        return self.window_label == WHOLE_CAPTURE
 
 
 def breakdown(timeline: Timeline) -> dict[str, Any]:
@@ -161,6 +179,8 @@ def breakdown(timeline: Timeline) -> dict[str, Any]:
         "source": timeline.source,
         "rank": timeline.rank,
         "steps": timeline.steps,
+        "window": timeline.window_label,
+        "provisional": timeline.provisional,
         "window_s": window_s,
         "compute_s": compute_s,
         "communication_s": comm_s,
@@ -198,8 +218,10 @@ def top_calls(calls: pd.DataFrame, count: int = TOP_KERNELS) -> list[dict[str, A
 # Nsight Systems: the SQLite export
 # --------------------------------------------------------------------------------------------
 
-# NVTX_EVENTS.eventType of a push/pop range (NvtxPushPopRange), what torch.cuda.nvtx.range writes.
-NVTX_PUSH_POP_RANGE = 59
+# NVTX_EVENTS.eventType (ENUM_NSYS_EVENT_TYPE) of the two kinds of range: push/pop (what
+# torch.cuda.nvtx.range writes) and start/end (nvtxRangeStart/End, torch.cuda.nvtx.range_start).
+NVTX_PUSH_POP_RANGE, NVTX_START_END_RANGE = 59, 60
+WHOLE_CAPTURE = "whole capture (no step ranges)"
 
 
 def _pid(global_id: int) -> int:
@@ -207,41 +229,112 @@ def _pid(global_id: int) -> int:
     return (int(global_id) >> 24) & 0xFFFFFF
 
 
-def read_nsys_sqlite(path: str | os.PathLike[str]) -> list[Timeline]:
-    """One Timeline per (process, GPU) in an ``nsys export --type sqlite`` file. Kernels come from
-    CUPTI_ACTIVITY_KIND_KERNEL (names through StringIds), ranges from NVTX_EVENTS (text, or textId
-    through StringIds) of the same process; timestamps are nanoseconds on the session's clock."""
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+
+
+def read_nsys_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What an export says about its own capture, where it says it: the Nsight Systems version
+    (META_DATA_EXPORT), the traced event types (META_DATA_CAPTURE CAPTURE_EVENT_TYPE), the GPUs
+    (TARGET_INFO_GPU) and the driver (TARGET_INFO_SYSTEM_ENV). Tables and rows an older export
+    lacks are left out, never guessed."""
     path = Path(path)
+    meta: dict[str, Any] = {"file": path.name}
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.DatabaseError as error:
         raise ProfileError(f"{path}: not an SQLite export of Nsight Systems ({error})") from None
-    try:
-        if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
-            raise ProfileError(f"{path}: no CUPTI_ACTIVITY_KIND_KERNEL table: the capture recorded no kernel (was --trace=cuda on?)")
+    with contextlib.closing(db):
+        if "META_DATA_EXPORT" in tables:
+            export = dict(db.execute("SELECT name, value FROM META_DATA_EXPORT"))
+            version = " ".join(v for v in (export.get("EXPORT_PRODUCT_NAME"), export.get("EXPORT_PRODUCT_VERSION")) if v)
+            meta["tool_version"] = version or None
+            meta["schema_version"] = export.get("EXPORT_SCHEMA_VERSION")
+        if "META_DATA_CAPTURE" in tables:
+            meta["traced"] = sorted({v for n, v in db.execute("SELECT name, value FROM META_DATA_CAPTURE") if n == "CAPTURE_EVENT_TYPE"})
+        if "TARGET_INFO_GPU" in tables and "name" in _columns(db, "TARGET_INFO_GPU"):
+            columns = _columns(db, "TARGET_INFO_GPU")
+            cc = "computeMajor || '.' || computeMinor" if {"computeMajor", "computeMinor"} <= columns else "NULL"
+            meta["gpus"] = [f"{name} (compute capability {c})" if c else name
+                            for name, c in db.execute(f"SELECT DISTINCT name, {cc} FROM TARGET_INFO_GPU ORDER BY name")]  # fmt: skip
+        if "TARGET_INFO_SYSTEM_ENV" in tables and {"name", "value"} <= _columns(db, "TARGET_INFO_SYSTEM_ENV"):
+            drivers = [v for (v,) in db.execute("SELECT DISTINCT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CudaDriverVersion'")]
+            meta["driver"] = ", ".join(drivers) or None
+        meta["cuda_api_calls"] = db.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0] if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables else None
+        meta["tables"] = tables
+    return meta
+
+
+def _no_kernel(path: Path, meta: Mapping[str, Any], what: str) -> ProfileError:
+    """The one-line error for an export without kernels, saying what the capture itself shows."""
+    traced, calls = meta.get("traced"), meta.get("cuda_api_calls")
+    if (traced and "Cuda" in traced) or calls:
+        evidence = "; ".join(x for x in (f"capture metadata traces {', '.join(traced)}" if traced else "",
+                                         f"{calls} CUDA API calls recorded" if calls else "") if x)  # fmt: skip
+        return ProfileError(f"{path}: {what}, though CUDA was traced ({evidence}): no kernel ran between cudaProfilerStart "
+                            "and cudaProfilerStop; check that the trainer reached its profiling window (profile.log)")  # fmt: skip
+    if traced is not None:
+        return ProfileError(f"{path}: {what}, and the capture traced {', '.join(traced) or 'nothing'} but not CUDA: profile with nsys --trace=cuda")
+    return ProfileError(f"{path}: {what}, and the export records neither CUDA API calls nor what was traced: was --trace=cuda on?")
+
+
+def read_nsys_sqlite(path: str | os.PathLike[str]) -> list[Timeline]:
+    """One Timeline per (process, GPU) in an ``nsys export --type sqlite`` file. Kernels come from
+    CUPTI_ACTIVITY_KIND_KERNEL (names through StringIds), ranges from NVTX_EVENTS (push/pop or
+    start/end; text, or textId through StringIds) of the same process; timestamps are nanoseconds
+    on the session's clock.
+
+    The window starts at the first ``scalerepro:step`` range and ends at the later of the last
+    step range's end and the end of the last kernel launched inside the steps (the ranges are host
+    time: the last step's kernels run on after its range closes). A kernel's launch is its CUDA
+    API call (CUPTI_ACTIVITY_KIND_RUNTIME, same correlationId and process); without that table,
+    its start (the capture range is the window: the trainer synchronises at both of its edges).
+    Without step ranges the window is the whole capture, labelled so and provisional."""
+    path = Path(path)
+    meta = read_nsys_metadata(path)
+    tables = meta["tables"]
+    if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
+        raise _no_kernel(path, meta, "no CUPTI_ACTIVITY_KIND_KERNEL table")
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        launch = "k.start"
+        join = ""
+        if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+            launch = "COALESCE(r.start, k.start)"
+            # one launch per kernel: correlation ids are unique within a process (bits 24+ of the ids)
+            join = ("LEFT JOIN (SELECT correlationId, globalTid >> 24 AS process, MIN(start) AS start "
+                    "FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1, 2) AS r "
+                    "ON r.correlationId = k.correlationId AND r.process = (k.globalPid >> 24)")  # fmt: skip
         kernels = pd.read_sql_query(
-            "SELECT k.start, k.end, k.deviceId, k.globalPid, s.value AS name FROM CUPTI_ACTIVITY_KIND_KERNEL AS k "
-            "JOIN StringIds AS s ON s.id = k.shortName",
+            f"SELECT k.start, k.end, {launch} AS launch, k.deviceId, k.globalPid, s.value AS name "
+            f"FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN StringIds AS s ON s.id = k.shortName {join}",
             db,
         )
         ranges = pd.DataFrame(columns=["start", "end", "globalTid", "name"])
         if "NVTX_EVENTS" in tables:
+            text = "COALESCE(n.text, s.value)" if "textId" in _columns(db, "NVTX_EVENTS") else "n.text"
+            join_text = "LEFT JOIN StringIds AS s ON s.id = n.textId" if "textId" in _columns(db, "NVTX_EVENTS") else ""
             ranges = pd.read_sql_query(
-                "SELECT n.start, n.end, n.globalTid, COALESCE(n.text, s.value) AS name FROM NVTX_EVENTS AS n "
-                "LEFT JOIN StringIds AS s ON s.id = n.textId WHERE n.eventType = ? AND n.end IS NOT NULL",
+                f"SELECT n.start, n.end, n.globalTid, {text} AS name FROM NVTX_EVENTS AS n {join_text} "
+                "WHERE n.eventType IN (?, ?) AND n.end IS NOT NULL",
                 db,
-                params=(NVTX_PUSH_POP_RANGE,),
+                params=(NVTX_PUSH_POP_RANGE, NVTX_START_END_RANGE),
             )
-    finally:
-        db.close()
+    if kernels.empty:
+        raise _no_kernel(path, meta, "CUPTI_ACTIVITY_KIND_KERNEL is empty")
     ranges = ranges.assign(pid=ranges["globalTid"].map(_pid))
+    ns = 1e-9
     timelines = []
     for (global_pid, device), group in kernels.groupby(["globalPid", "deviceId"], sort=True):
         own = ranges[ranges["pid"].eq(_pid(global_pid))]
-        ns = 1e-9
         steps = own[own["name"].eq(RANGE_PREFIX + "step")]
-        window = (steps["start"].min() * ns, steps["end"].max() * ns) if len(steps) else (group["start"].min() * ns, group["end"].max() * ns)
+        if len(steps):
+            first, last = steps["start"].min(), steps["end"].max()
+            launched = group[group["launch"].between(first, last)]
+            end = max(last, launched["end"].max()) if len(launched) else last
+            window, label = (first * ns, end * ns), f"{len(steps)} {RANGE_PREFIX}step ranges, to the end of their last kernel"
+        else:
+            window, label = (group["start"].min() * ns, group["end"].max() * ns), WHOLE_CAPTURE
         is_comm = group["name"].str.match(NCCL_KERNEL)
         spans = list(zip(group["start"] * ns, group["end"] * ns))
         data = own[own["name"].eq(RANGE_PREFIX + "data")]
@@ -261,10 +354,9 @@ def read_nsys_sqlite(path: str | os.PathLike[str]) -> list[Timeline]:
                         "duration_s": ((group["end"] - group["start"]) * ns).to_numpy(),
                     }
                 ),
+                window_label=label,
             )
         )
-    if not timelines:
-        raise ProfileError(f"{path}: CUPTI_ACTIVITY_KIND_KERNEL is empty: no kernel ran inside the capture range")
     return timelines
 
 
@@ -299,6 +391,10 @@ def read_torch_trace(path: str | os.PathLike[str]) -> Timeline:
     data_wait = list(zip(data["start"], data["end"]))
     kernels = spans[spans["cat"].eq("kernel")]
     if len(kernels):
+        # the step ranges are host time; the profiler stops after a synchronize, so every kernel in
+        # the trace from the first step on belongs to the window, and the window ends with the last
+        window = (window[0], max(window[1], kernels.loc[kernels["start"] >= window[0], "end"].max()))
+    if len(kernels):
         source, calls_frame = "torch.profiler (CUDA kernels)", kernels
         is_comm = kernels["name"].str.match(NCCL_KERNEL)
     else:
@@ -332,6 +428,7 @@ def read_torch_trace(path: str | os.PathLike[str]) -> Timeline:
                 "duration_s": (calls_frame["end"] - calls_frame["start"]).to_numpy(),
             }
         ),
+        window_label=f"{len(steps)} {RANGE_PREFIX}step ranges" + (", to the end of their last kernel" if len(kernels) else ""),
     )
 
 
@@ -347,50 +444,92 @@ def read_operator_table(path: str | os.PathLike[str], count: int = TOP_KERNELS) 
 # Nsight Compute: the CSV (long "details" layout: one row per kernel launch and metric)
 # --------------------------------------------------------------------------------------------
 
-NCU_METRICS = {
-    "duration": "gpu__time_duration.sum",
-    "dram_bytes": "dram__bytes.sum",
-    "dram_bytes_per_s": "dram__bytes.sum.per_second",
-    "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "memory_throughput_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
-    "tensor_pipe_pct": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
-    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "theoretical_occupancy_pct": "sm__maximum_warps_per_active_cycle_pct",
+# What the roofline and the summary read, by raw metric name: the rows of --metrics, and every
+# row under --print-metric-name name (scalerepro.profile_rank asks for that). -> (field, quantity)
+NCU_RAW = {
+    "gpu__time_duration.sum": ("duration", "time"),
+    "dram__bytes.sum": ("dram_bytes", "bytes"),
+    "dram__bytes.sum.per_second": ("dram_bytes_per_s", "bytes/s"),
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": ("sm_throughput_pct", "percent"),
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": ("memory_throughput_pct", "percent"),
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": ("dram_throughput_pct", "percent"),
+    "sm__warps_active.avg.pct_of_peak_sustained_active": ("achieved_occupancy_pct", "percent"),
+    "sm__maximum_warps_per_active_cycle_pct": ("theoretical_occupancy_pct", "percent"),
+    # tensor-pipe utilisation, one metric per GPU generation (scalerepro.profile_rank.TENSOR_PIPE_METRICS)
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed": ("tensor_pipe_pct", "percent"),
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed": ("tensor_pipe_pct", "percent"),
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed": ("tensor_pipe_pct", "percent"),
 }
+# The same figures as the sections print them by default (--print-metric-name label): display
+# names, which differ between versions (2019-2020: "SM [%]", "Memory [%]", "SOL FB"; later
+# "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput"). "Memory Throughput" is a
+# percentage in GPU Speed Of Light and DRAM bytes/s in Memory Workload Analysis, so the key is
+# the name and the quantity of its unit.
+NCU_DISPLAY = {
+    ("Duration", "time"): "duration",
+    ("Compute (SM) Throughput", "percent"): "sm_throughput_pct",
+    ("SM [%]", "percent"): "sm_throughput_pct",
+    ("Memory Throughput", "percent"): "memory_throughput_pct",
+    ("Memory [%]", "percent"): "memory_throughput_pct",
+    ("Memory Throughput", "bytes/s"): "dram_bytes_per_s",
+    ("DRAM Throughput", "percent"): "dram_throughput_pct",
+    ("SOL FB", "percent"): "dram_throughput_pct",
+    ("Achieved Occupancy", "percent"): "achieved_occupancy_pct",
+    ("Theoretical Occupancy", "percent"): "theoretical_occupancy_pct",
+}
+NCU_FIELDS = ("duration", "dram_bytes", "dram_bytes_per_s", "sm_throughput_pct", "memory_throughput_pct",
+              "dram_throughput_pct", "tensor_pipe_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct")  # fmt: skip
 # FLOPs per SASS thread instruction: an FMA is two.
 FLOP_COUNTERS = {
     f"sm__sass_thread_inst_executed_op_{precision}{op}_pred_on.sum": weight
     for precision in ("f", "h", "d")
     for op, weight in (("add", 1), ("mul", 1), ("fma", 2))
 }
-# Units ncu prints (without --print-units base it scales them) -> factor to the base unit.
-UNIT_SCALE = {
-    "": 1.0, "%": 1.0, "inst": 1.0, "cycle": 1.0,
-    "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
-    "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
-    "byte/second": 1.0, "Kbyte/second": 1e3, "Mbyte/second": 1e6, "Gbyte/second": 1e9, "Tbyte/second": 1e12,
+_SI = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}  # ncu's byte prefixes are decimal (Kbyte = 1000 byte)
+# Every unit spelling ncu prints for the quantities read here -> (quantity, factor to the base
+# unit: seconds, bytes, bytes/s, percent, count). Older versions spell time "nsecond", newer
+# "ns"; without --print-units base ncu scales each value to its own prefix (usecond, Mbyte...).
+NCU_UNITS = {
+    **{unit: ("time", scale) for scale, units in ((1e-9, ("ns", "nsecond")), (1e-6, ("us", "usecond")),
+                                                  (1e-3, ("ms", "msecond")), (1.0, ("s", "second"))) for unit in units},
+    **{f"{p}{b}": ("bytes", scale) for p, scale in _SI.items() for b in ("byte", "B")},
+    **{f"{p}{b}{per}": ("bytes/s", scale) for p, scale in _SI.items() for b in ("byte", "B") for per in ("/second", "/s")},
+    "%": ("percent", 1.0),
+    "": ("count", 1.0), "inst": ("count", 1.0),
 }  # fmt: skip
+NCU_UNITS_KNOWN = "ns/nsecond, us/usecond, ms/msecond, s/second, [K|M|G|T]byte (or B), the same per second (/second or /s), %, inst"
 NCU_COLUMNS = ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")
+# a number as ncu prints it (en_US): digits grouped by commas, a decimal point, an exponent
+_NCU_NUMBER = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)(\.\d*)?([eE][-+]?\d+)?$")
 
 
-def _ncu_number(text: str, unit: str, path: Path) -> float | None:
-    text = text.replace(",", "").strip()  # ncu groups thousands: "1,048,576"
-    if text in ("", "n/a", "N/A"):
-        return None
-    if unit not in UNIT_SCALE and not unit.endswith("/second"):
-        return float(text)  # a unit not converted (warp, block, ...): read as printed
-    try:
-        return float(text) * UNIT_SCALE.get(unit, 1.0)
-    except ValueError:
-        raise ProfileError(f"{path}: metric value {text!r} ({unit}) is not a number") from None
+@dataclass
+class NcuReading:
+    """An ncu CSV read: one row per profiled launch (``launches``: id, kernel, flops and
+    NCU_FIELDS in base units), which name layout it used, and one line per thing it could not
+    read (``problems``: a metric with an unknown unit or a value that is not a number)."""
+
+    launches: pd.DataFrame
+    layout: str  # "raw metric names" | "section display names" | "raw and display names"
+    problems: list[str]
+    compute_capabilities: list[str] = field(default_factory=list)  # the CSV's "CC" column (ncu 2020.2+)
 
 
-def read_ncu_csv(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """One row per profiled kernel launch: id, kernel, and the metrics of NCU_METRICS (base units:
-    seconds, bytes, bytes/s, percent) plus flops (FADD + FMUL + 2 FFMA over fp32, fp16, fp64)."""
+def _ncu_value(text: str) -> float | None:
+    """The number in an ncu value cell, None for one that is not a number ("n/a", "PolicySpread")."""
+    text = text.strip()
+    return float(text.replace(",", "")) if _NCU_NUMBER.match(text) else None
+
+
+def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
+    """The launches of an ``ncu --csv`` details page, in either name layout and any unit spelling.
+    Rows the roofline does not use (launch statistics, rule results, text values such as
+    "cudaFuncCachePreferNone") are skipped; a row it uses whose unit is unknown or whose value is
+    not a number is left out of the launch and named in ``problems``. FLOPs = FADD + FMUL + 2 FFMA
+    over fp32, fp16 and fp64, where the SASS counters are present."""
     path = Path(path)
     lines = path.read_text(errors="replace").splitlines()
-    # ncu prints its own "==PROF==" lines before the table when they share stdout
+    # ncu prints its own "==PROF==" lines (and the application's output) before the table
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
         raise ProfileError(f"{path}: no ncu CSV header (a line starting with \"ID\"): was it written by ncu --csv?")
@@ -399,19 +538,59 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> pd.DataFrame:
     if missing:
         raise ProfileError(f"{path}: not the long ncu CSV layout (--page details): no column {', '.join(missing)}")
     launches: dict[str, dict[str, Any]] = {}
+    unread: dict[tuple[str, str], set[str]] = {}  # (metric, why) -> launch ids
+    names_seen = set()
+    capabilities: set[str] = set()
+    display_names = {name for name, _ in NCU_DISPLAY}
     for row in reader:
-        launch = launches.setdefault(row["ID"], {"id": int(row["ID"]), "kernel": row["Kernel Name"], "flops": None})
-        value = _ncu_number(row["Metric Value"], row["Metric Unit"], path)
-        name = row["Metric Name"]
-        for key, metric in NCU_METRICS.items():
-            if name == metric:
-                launch[key] = value
-        if name in FLOP_COUNTERS and value is not None:
-            launch["flops"] = (launch["flops"] or 0.0) + FLOP_COUNTERS[name] * value
-    frame = pd.DataFrame(list(launches.values()), columns=["id", "kernel", "flops", *NCU_METRICS])
+        name, unit, text = (row.get(key) or "" for key in ("Metric Name", "Metric Unit", "Metric Value"))
+        if not row.get("ID") or not name:
+            continue  # a rule result row (ncu 2023+: "SOLBottleneck", ...) or a truncated line
+        launch = launches.setdefault(row["ID"], {"id": int(row["ID"]), "kernel": row["Kernel Name"]})
+        capabilities.add(row.get("CC") or "")
+        if name not in NCU_RAW and name not in FLOP_COUNTERS and name not in display_names:
+            continue  # not a figure of the summary: skipped unread, whatever its value
+        if unit not in NCU_UNITS:
+            unread.setdefault((name, f"unit {unit!r} not understood (known: {NCU_UNITS_KNOWN})"), set()).add(row["ID"])
+            continue
+        quantity, scale = NCU_UNITS[unit]
+        if name in NCU_RAW:
+            field_name, expected = NCU_RAW[name]
+        elif name in FLOP_COUNTERS:
+            field_name, expected = "flop_counter", "count"
+        else:
+            field_name, expected = NCU_DISPLAY.get((name, quantity)), quantity
+            if field_name is None:
+                continue  # a display name in another quantity (e.g. Memory Throughput in bytes/s of L1)
+        if quantity != expected:
+            unread.setdefault((name, f"unit {unit!r} is not a {expected} unit"), set()).add(row["ID"])
+            continue
+        value = _ncu_value(text)
+        if value is None:
+            unread.setdefault((name, f"value {text.strip()!r} is not a number"), set()).add(row["ID"])
+            continue
+        names_seen.add("raw" if name in NCU_RAW or name in FLOP_COUNTERS else "display")
+        if field_name == "flop_counter":
+            launch["flops"] = launch.get("flops", 0.0) + FLOP_COUNTERS[name] * value
+        elif field_name == "tensor_pipe_pct":
+            # Hopper has two tensor pipes (wgmma, mma.sync): the busier one, a lower bound of their sum
+            launch[field_name] = max(launch.get(field_name, 0.0), value * scale)
+        else:
+            launch[field_name] = value * scale
+    frame = pd.DataFrame(list(launches.values()), columns=["id", "kernel", "flops", *NCU_FIELDS])
     if frame.empty:
         raise ProfileError(f"{path}: the ncu CSV holds no kernel")
-    return frame
+    # The display-name layout has DRAM bandwidth but no byte count: bytes = bandwidth x duration.
+    derived = frame["dram_bytes"].isna() & frame["dram_bytes_per_s"].notna() & frame["duration"].notna()
+    frame.loc[derived, "dram_bytes"] = frame.loc[derived, "dram_bytes_per_s"] * frame.loc[derived, "duration"]
+    frame["dram_bytes_source"] = np.where(derived, "DRAM bytes/s x duration", np.where(frame["dram_bytes"].notna(), "dram__bytes.sum", None))
+    problems = [f"{path.name}: {metric}: {why}, in {len(ids)} of {len(frame)} launches: not read" for (metric, why), ids in unread.items()]
+    untimed = frame[frame["duration"].isna()]
+    if len(untimed):
+        problems.append(f"{path.name}: {len(untimed)} of {len(frame)} launches have no duration (gpu__time_duration.sum or Duration): "
+                        f"{', '.join(sorted(set(untimed['kernel'].str.slice(0, 60))))}")  # fmt: skip
+    layout = {frozenset({"raw"}): "raw metric names", frozenset({"display"}): "section display names"}.get(frozenset(names_seen), "raw and display names")
+    return NcuReading(launches=frame, layout=layout, problems=problems, compute_capabilities=sorted(capabilities - {""}))
 
 
 def gpu_peaks(references: Mapping[str, Any], key: str) -> dict[str, float]:
@@ -429,30 +608,43 @@ def gpu_peaks(references: Mapping[str, Any], key: str) -> dict[str, float]:
 
 
 def roofline(launches: pd.DataFrame, peaks: Mapping[str, float]) -> list[dict[str, Any]]:
-    """Per kernel name (launches summed): achieved FLOP/s and DRAM B/s, their fractions of the
-    peaks, arithmetic intensity, the attainable FLOP/s at that intensity and which roof bounds it."""
+    """Per kernel name, over its launches that have a duration: achieved FLOP/s and DRAM B/s,
+    their fractions of the peaks, arithmetic intensity, the attainable FLOP/s at that intensity
+    and which roof bounds it. ``missing`` says what a row lacks (no duration: no rates at all)."""
     out = []
-    for kernel, group in launches.groupby("kernel", sort=False):
-        seconds = group["duration"].sum()
-        dram_bytes = group["dram_bytes"].sum()
-        counted = group["flops"].notna().all() and group["flops"].sum() > 0
-        if counted:
+    for kernel, every in launches.groupby("kernel", sort=False):
+        group = every[every["duration"].notna()]
+        missing = []
+        if len(group) < len(every):
+            missing.append(f"duration ({len(every) - len(group)} of {len(every)} launches)")
+        seconds = group["duration"].sum() if len(group) else None
+        has_counters = len(group) > 0 and group["flops"].notna().all()
+        has_tensor = len(group) > 0 and group["tensor_pipe_pct"].notna().any()
+        if has_counters and group["flops"].sum() > 0:
             flops, source, peak = group["flops"].sum(), "SASS FP counters (FMA = 2)", peaks["fp32_flops"]
-        elif group["tensor_pipe_pct"].notna().any():
+        elif has_tensor:
             # tensor pipe busy share x tensor peak x time: an estimate, named as one
             flops = (group["tensor_pipe_pct"].fillna(0) / 100 * group["duration"]).sum() * peaks["tensor_flops"]
             source, peak = "estimate: tensor-pipe utilisation x tensor peak", peaks["tensor_flops"]
+        elif has_counters:
+            flops, source, peak = 0.0, "SASS FP counters: no FP instruction executed", peaks["fp32_flops"]
         else:
-            flops, source, peak = 0.0, "no FP work counted", peaks["fp32_flops"]
-        achieved = flops / seconds if seconds else None
-        bandwidth = dram_bytes / seconds if seconds else None
-        intensity = flops / dram_bytes if dram_bytes else None
+            flops, source, peak = None, "not measured: no FP counters or tensor-pipe metric", peaks["fp32_flops"]
+            if len(group):
+                missing.append("FLOP count")
+        dram_bytes = group["dram_bytes"].sum() if len(group) and group["dram_bytes"].notna().all() else None
+        if len(group) and dram_bytes is None:
+            missing.append("DRAM bytes")
+        achieved = flops / seconds if seconds and flops is not None else None
+        bandwidth = dram_bytes / seconds if seconds and dram_bytes is not None else None
+        intensity = flops / dram_bytes if dram_bytes and flops is not None else None
         ridge = peak / peaks["dram_bytes_per_s"]  # FLOP/byte where the two roofs meet
         attainable = min(peak, intensity * peaks["dram_bytes_per_s"]) if intensity is not None else None
+        sources = sorted(set(group["dram_bytes_source"].dropna())) if "dram_bytes_source" in group else []
         out.append(
             {
                 "kernel": kernel,
-                "launches": len(group),
+                "launches": len(every),
                 "duration_s": seconds,
                 "flops": flops,
                 "flops_source": source,
@@ -460,19 +652,21 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, float]) -> list[dict[st
                 "peak_flops_per_s": peak,
                 "flops_fraction": achieved / peak if achieved is not None else None,
                 "dram_bytes": dram_bytes,
+                "dram_bytes_source": ", ".join(sources) or None,
                 "dram_bytes_per_s": bandwidth,
                 "dram_fraction": bandwidth / peaks["dram_bytes_per_s"] if bandwidth is not None else None,
                 "arithmetic_intensity": intensity,
                 "ridge_intensity": ridge,
                 "attainable_flops_per_s": attainable,
                 "bound": None if intensity is None else ("memory" if intensity < ridge else "compute"),
-                "sm_throughput_pct": group["sm_throughput_pct"].mean(),
-                "memory_throughput_pct": group["memory_throughput_pct"].mean(),
-                "achieved_occupancy_pct": group["achieved_occupancy_pct"].mean(),
-                "theoretical_occupancy_pct": group["theoretical_occupancy_pct"].mean(),
+                "sm_throughput_pct": every["sm_throughput_pct"].mean(),
+                "memory_throughput_pct": every["memory_throughput_pct"].mean(),
+                "achieved_occupancy_pct": every["achieved_occupancy_pct"].mean(),
+                "theoretical_occupancy_pct": every["theoretical_occupancy_pct"].mean(),
+                "missing": "; ".join(missing) or None,
             }
         )
-    return sorted(out, key=lambda row: -row["duration_s"])
+    return sorted(out, key=lambda row: -(row["duration_s"] or 0.0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -506,7 +700,11 @@ def classify(figures: Mapping[str, Any], thresholds: Mapping[str, float]) -> dic
         evidence.append(f"median kernel/op {figures['median_call_us']:.1f} µs")
     over = {name: score for name, score in scores.items() if score >= 1}
     verdict = max(over, key=over.get) if over else "compute-bound"
-    return {"class": verdict, "evidence": "; ".join(evidence), "scores": scores, "thresholds": dict(thresholds)}
+    provisional = bool(figures.get("provisional"))
+    if provisional:  # the fractions are of a window that is not the trainer's steps
+        evidence.insert(0, f"provisional: window is the {figures.get('window') or WHOLE_CAPTURE}")
+    return {"class": verdict, "provisional": provisional, "evidence": "; ".join(evidence), "scores": scores,
+            "thresholds": dict(thresholds)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -518,7 +716,8 @@ def _mean_breakdown(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The run's figures: the mean over its profiled ranks (numbers), the first rank's labels."""
     frame = pd.DataFrame(parts)
     numeric = frame.select_dtypes("number").mean().to_dict()
-    return {**{k: v for k, v in parts[0].items() if k not in numeric}, **numeric, "ranks": len(parts)}
+    return {**{k: v for k, v in parts[0].items() if k not in numeric}, **numeric, "ranks": len(parts),
+            "provisional": any(p["provisional"] for p in parts)}  # fmt: skip
 
 
 def _files(run_dir: Path) -> list[dict[str, Any]]:
@@ -534,7 +733,8 @@ def _files(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[str, float], peaks: Mapping[str, float] | None) -> dict[str, Any]:
-    """Everything one run's profiles say (see the module docstring), as a JSON-ready dict."""
+    """Everything one run's profiles say (see the module docstring), as a JSON-ready dict, with
+    ``warnings``: one line per thing that makes a figure missing or provisional."""
     run_dir = Path(run_dir)
     captures = {p.parent.name: json.loads(p.read_text()) for p in sorted(run_dir.glob("*/capture.json"))}
     if not captures:
@@ -542,10 +742,14 @@ def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[
     parts: list[dict[str, Any]] = []
     top: list[dict[str, Any]] = []
     operators: list[dict[str, Any]] = []
-    sqlite_files = sorted((run_dir / "nsys").glob("*.sqlite"))
-    for path in sqlite_files:
+    warnings: list[str] = []
+    metadata: list[dict[str, Any]] = []
+    for path in sorted((run_dir / "nsys").glob("*.sqlite")):
+        metadata.append({k: v for k, v in read_nsys_metadata(path).items() if k != "tables"})
         for timeline in read_nsys_sqlite(path):
             parts.append(breakdown(timeline))
+            if timeline.provisional:
+                warnings.append(f"{timeline.rank}: no {RANGE_PREFIX}step ranges: window: {WHOLE_CAPTURE}; its classification is provisional")
             if not top:
                 top = top_calls(timeline.calls)
     # torch/ normally; under nsys/ or ncu/ when that tool was missing on the node and the job fell back
@@ -557,7 +761,14 @@ def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[
         if (trace.parent / "operators.csv").is_file():
             operators = read_operator_table(trace.parent / "operators.csv")
     kernels_csv = run_dir / "ncu" / "kernels.csv"
-    roof = roofline(read_ncu_csv(kernels_csv), peaks) if kernels_csv.is_file() and peaks else []
+    roof: list[dict[str, Any]] = []
+    if kernels_csv.is_file() and peaks:
+        reading = read_ncu_csv(kernels_csv)
+        metadata.append({"file": "ncu/kernels.csv", "layout": reading.layout, "tool_version": (captures.get("ncu") or {}).get("tool_version"),
+                         "gpus": [f"compute capability {cc} (ncu)" for cc in reading.compute_capabilities]})  # fmt: skip
+        warnings += reading.problems
+        roof = roofline(reading.launches, peaks)
+        warnings += [f"roofline: {row['kernel'][:80]}: no {row['missing']}" for row in roof if row["missing"]]
     figures = _mean_breakdown(parts) if parts else {}
     fallback = [c for c in captures.values() if c.get("fallback_reason")]
     return {
@@ -566,6 +777,7 @@ def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[
         "fallback": bool(fallback),
         "fallback_reason": fallback[0]["fallback_reason"] if fallback else None,
         "captures": captures,
+        "capture_metadata": metadata,
         "breakdown": figures or None,
         "per_rank": parts,
         "top_kernels": top,
@@ -573,22 +785,36 @@ def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[
         "roofline": roof,
         "gpu_peaks": dict(peaks) if peaks else None,
         "classification": classify(figures, thresholds) if figures else None,
+        "warnings": warnings,
         "files": _files(run_dir),
     }
+
+
+def _capture_facts(summary: Mapping[str, Any]) -> dict[str, str | None]:
+    """Tool versions, GPUs and driver as the captures record them (profiling.csv columns)."""
+    meta = summary.get("capture_metadata") or []
+    versions = [c.get("tool_version") for c in (summary.get("captures") or {}).values()] + [m.get("tool_version") for m in meta]
+
+    def joined(values: Iterable[Any]) -> str | None:
+        return "; ".join(dict.fromkeys(str(v) for v in values if v)) or None
+
+    return {"tool_versions": joined(versions), "gpus": joined(g for m in meta for g in m.get("gpus") or []),
+            "driver": joined(m.get("driver") for m in meta)}  # fmt: skip
 
 
 PROFILING_COLUMNS = (
     "run_id", "tools", "fallback", "fallback_reason", "source", "ranks", "steps", "window_s", "busy_fraction",
     "compute_fraction", "exposed_comm_fraction", "data_wait_fraction", "idle_fraction", "overlap_fraction",
     "compute_s", "communication_s", "overlap_s", "exposed_comm_s", "data_wait_s", "idle_s",
-    "compute_kernel_time_s", "comm_kernel_time_s", "median_call_us", "classification", "evidence",
+    "compute_kernel_time_s", "comm_kernel_time_s", "median_call_us", "window", "classification", "provisional",
+    "evidence", "tool_versions", "gpus", "driver", "warnings",
 )  # fmt: skip
 KERNEL_COLUMNS = ("run_id", "rank_in_run", "name", "kind", "calls", "total_s", "mean_us", "share")
 ROOFLINE_COLUMNS = (
     "run_id", "kernel", "launches", "duration_s", "flops", "flops_source", "achieved_flops_per_s", "peak_flops_per_s",
     "flops_fraction", "dram_bytes", "dram_bytes_per_s", "dram_fraction", "arithmetic_intensity", "ridge_intensity",
     "attainable_flops_per_s", "bound", "sm_throughput_pct", "memory_throughput_pct", "achieved_occupancy_pct",
-    "theoretical_occupancy_pct", "peak_dram_bytes_per_s",
+    "theoretical_occupancy_pct", "peak_dram_bytes_per_s", "dram_bytes_source", "missing",
 )  # fmt: skip
 FILE_COLUMNS = ("run_id", "path", "description", "bytes")
 
@@ -603,7 +829,8 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
         runs.append(
             {**{k: b.get(k) for k in PROFILING_COLUMNS}, "run_id": s["run_id"], "tools": " ".join(s["tools"]),
              "fallback": s["fallback"], "fallback_reason": s["fallback_reason"], "classification": c.get("class"),
-             "evidence": c.get("evidence")}  # fmt: skip
+             "provisional": c.get("provisional"), "evidence": c.get("evidence"), **_capture_facts(s),
+             "warnings": "\n".join(s.get("warnings") or []) or None}  # fmt: skip
         )
         kernels += [{"run_id": s["run_id"], "rank_in_run": i + 1, **k} for i, k in enumerate(s["top_kernels"])]
         peak_bw = (s.get("gpu_peaks") or {}).get("dram_bytes_per_s")
@@ -638,8 +865,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             peaks = gpu_peaks(references, args.gpu_peaks) if needs_peaks else None
             summary = summarize(args.run_dir, args.run_id, {**DEFAULT_THRESHOLDS, **args.thresholds}, peaks)
             args.out.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+            for warning in summary["warnings"]:
+                print(f"profile: {args.run_id}: warning: {warning}", file=sys.stderr)
             verdict = (summary["classification"] or {}).get("class", "no breakdown")
-            print(f"profile: {args.run_id}: {verdict} ({', '.join(summary['tools'])})", file=sys.stderr)
+            provisional = " (provisional)" if (summary["classification"] or {}).get("provisional") else ""
+            print(f"profile: {args.run_id}: {verdict}{provisional} ({', '.join(summary['tools'])})", file=sys.stderr)
         else:
             args.out.mkdir(parents=True, exist_ok=True)
             for name, table in tables(json.loads(p.read_text()) for p in args.summaries).items():
