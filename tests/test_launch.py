@@ -33,6 +33,8 @@ def test_outside_slurm_the_launcher_starts_the_ranks_itself_on_loopback():
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["GLOO_SOCKET_IFNAME"], e["NCCL_SOCKET_IFNAME"]) for e in envs} == {("127.0.0.1", "4321", "lo", "lo")}
     assert envs[0][launch.STORE_FD_ENV] == "7" and launch.STORE_FD_ENV not in envs[1]
     assert launch.local_rank_environments(1, 1, 7, {"GLOO_SOCKET_IFNAME": "eth1"})[0]["GLOO_SOCKET_IFNAME"] == "eth1"
+    assert launch.threads_per_rank(16, 4) == 4 and launch.threads_per_rank(2, 4) == 1
+    assert {e["OMP_NUM_THREADS"] for e in launch.local_rank_environments(2, 1, 7, {"OMP_NUM_THREADS": "3"})} == {"3"}
 
 
 def test_more_than_one_node_outside_slurm_is_refused_with_the_fix():
@@ -49,7 +51,7 @@ def test_inside_a_slurm_job_it_is_one_srun_task_per_node_with_everything_explici
         "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--kill-on-bad-exit=1",
         "--export=ALL", "--job-name=strong_g8", "--gpus-per-node=4",
     ]  # fmt: skip
-    assert agent == [sys.executable, "-m", "scalerepro.launch", "--node-agent", "--nodes=2", "--ranks-per-node=4", "--port=29400", "--", *TRAIN]
+    assert agent == [sys.executable, "-m", "scalerepro.launch", "--node-agent", "--nodes=2", "--ranks-per-node=4", "--cpus-per-node=32", "--port=29400", "--", *TRAIN]
 
 
 def test_with_a_container_each_node_task_runs_in_it():

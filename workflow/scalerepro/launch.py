@@ -81,7 +81,7 @@ def srun_command(args: argparse.Namespace, python: str) -> list[str]:
     container = ["apptainer", "exec", *(["--nv"] if args.slurm_gpus else []), args.container] if args.container else []
     agent = [
         "python" if args.container else python, "-m", "scalerepro.launch", "--node-agent", f"--nodes={args.nodes}",
-        f"--ranks-per-node={args.ranks_per_node}", f"--port={args.port}", "--", *args.program,
+        f"--ranks-per-node={args.ranks_per_node}", f"--cpus-per-node={args.cpus_per_node}", f"--port={args.port}", "--", *args.program,
     ]  # fmt: skip
     return [part for part in step if part] + container + agent
 
@@ -120,6 +120,8 @@ def local_rank_environments(ranks: int, port: int, store_fd: int, environ: Mappi
     socket for rank 0, and the loopback interface for gloo and NCCL unless the caller chose one."""
     common = {
         **environ,
+        # each rank's intra-op threads: its share of this machine's cores (torch would take all)
+        "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", str(threads_per_rank(len(os.sched_getaffinity(0)), ranks))),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks),
         "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0", "NODE_RANK": "0", LAUNCHER_ENV: "local",
         "GLOO_SOCKET_IFNAME": environ.get("GLOO_SOCKET_IFNAME", "lo"),
@@ -129,6 +131,11 @@ def local_rank_environments(ranks: int, port: int, store_fd: int, environ: Mappi
         {**common, "RANK": str(rank), "LOCAL_RANK": str(rank), **({STORE_FD_ENV: str(store_fd)} if rank == 0 else {})}
         for rank in range(ranks)
     ]
+
+
+def threads_per_rank(cpus: int, ranks: int) -> int:
+    """Intra-op threads of each rank: the job's CPUs split evenly over its ranks (at least one)."""
+    return max(1, cpus // ranks)
 
 
 def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -235,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = f"{args.ranks_per_node} local rank(s), rendezvous on 127.0.0.1 only: " if local else ""
     print(f"scalerepro.launch: {where}{shlex.join(argv_out)}", file=sys.stderr, flush=True)
     if args.node_agent:
+        # torchrun would set one thread per rank; give each its share of the node's task CPUs.
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(args.cpus_per_node, args.ranks_per_node)))
         # Survive Slurm's warning signal; the ranks, which torchrun starts from here, install
         # their own handler over the inherited SIG_IGN.
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import buckets, checkpoint, data, hardware, metrics, models, optim, profiling
+from . import buckets, checkpoint, data, hardware, hostload, metrics, models, optim, profiling
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, nvml_uuid_for_torch_device, unavailable_summary
@@ -192,6 +192,8 @@ class Trainer:
         }  # fmt: skip
         self.bucket_profile: dict[str, Any] = buckets.not_measured("the run stopped before its end")
         self.nvml_summary: dict[str, Any] = unavailable_summary("no measured steps", interval_s=run.nvml_interval_s)
+        self.host_load = hostload.HostLoad()  # what else used this node's CPUs during the window
+        self.host_activity: dict[str, Any] | None = None
         self._checkpoint_path: str | None = None
 
     # ---- construction helpers -------------------------------------------------------------
@@ -321,6 +323,7 @@ class Trainer:
                     measured = p.step - self.start_step >= run.warmup_steps
                     if measured and not sampling:
                         sampler.start()
+                        self.host_load.start()
                         sampling = True
                     self.profile_window.before_step(p.step)
                     self.timer.start()
@@ -360,6 +363,7 @@ class Trainer:
                     epoch_loss.zero_()
             if sampling:  # the energy window ends with the last step, before evaluation
                 self.nvml_summary = sampler.stop()
+                self.host_activity = self.host_load.stop()
                 sampling = False
             if run.eval and (not p.history or p.history[-1]["step"] != p.step):
                 # A run counted in steps usually ends inside an epoch: evaluate there too.
@@ -375,6 +379,7 @@ class Trainer:
         finally:
             if sampling:
                 self.nvml_summary = sampler.stop()
+                self.host_activity = self.host_load.stop()
             if bar is not None:
                 bar.close()
             if completed:
@@ -567,6 +572,11 @@ class Trainer:
         )
         memory = gather_objects(ctx, metrics.peak_memory(self.device))
         nvml = combine_ranks(gather_objects(ctx, self.nvml_summary))
+        # one entry per node (its first rank's view: every rank of a node sees the same host)
+        per_node = {}
+        for host, activity in zip(ctx.hostnames if ctx.distributed else ctx.hostnames[:1], gather_objects(ctx, self.host_activity)):
+            if activity is not None:
+                per_node.setdefault(host, {"node": host, **activity})
         if self.device.type == "cpu":
             nvml.update(gpus=0, reason="CPU run: NVML measures NVIDIA GPUs only")
         total_time = sum(stats.epoch_seconds.values())
@@ -604,6 +614,11 @@ class Trainer:
             "exposed_communication": self.exposed_comm,
             "backward_buckets": self.bucket_profile,  # see scalerepro.buckets
             "nvml": nvml,
+            "host_activity": {
+                "intra_op_threads_per_rank": torch.get_num_threads(),
+                "other_cpu_fraction_max": max((n["other_cpu_fraction"] for n in per_node.values() if n["other_cpu_fraction"] is not None), default=None),
+                "nodes": list(per_node.values()),
+            },
             # energy per sample = GPU energy over the sampled window (all GPUs) / samples measured
             "energy_per_sample_j": nvml["energy_j"] / self.measured_samples if nvml["energy_j"] is not None and self.measured_samples else None,
         }
