@@ -28,7 +28,7 @@ rule study_config:
         ENV_ANALYSIS
     params:
         config={
-            **STUDY,
+            **CONFIG,
             "resolved_device": DEVICE,
             "resolved_gpu_counts": GPU_COUNTS,
             "resolved_gpus_per_node": GPUS_PER_NODE,
@@ -72,7 +72,7 @@ rule aggregate:
     params:
         comm=lambda wc, input: " ".join(input.comm),
         targets=targets_args(),
-        predict=" ".join(str(n) for n in STUDY["scaling"].get("predict_gpus", [])),
+        predict=" ".join(str(n) for n in CONFIG["scaling"].get("predict_gpus", [])),
     shell:
         "python -m scalerepro.analysis.aggregate --matrix {input.matrix} --comm {params.comm}"
         " --references {input.references} --out results/tables {params.targets}"

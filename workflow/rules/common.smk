@@ -18,31 +18,27 @@ from snakemake.exceptions import WorkflowError
 
 REPO = Path(workflow.basedir)
 PACKAGE = REPO / "workflow" / "scalerepro"
+# The study model, from this checkout's package (it imports neither torch nor Snakemake).
+sys.path.insert(0, str(PACKAGE.parent))
+from scalerepro import study
+
 ENV_TRAIN = "../../envs/train.yaml"
 ENV_ANALYSIS = "../../envs/analysis.yaml"
 
 
-def _local_gpu_count():
-    """GPUs on this machine, from nvidia-smi (the workflow's own environment needs no torch)."""
+def _local_gpu_names():
+    """The names of this machine's GPUs, from nvidia-smi (the workflow's own environment needs no
+    torch): "GPU 0: NVIDIA H100 80GB HBM3 (UUID: ...)" -> "NVIDIA H100 80GB HBM3"."""
     if shutil.which("nvidia-smi") is None:
-        return 0
+        return []
     listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return (
-        sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
-        if listed.returncode == 0
-        else 0
-    )
-
-
-def _merge(base, overrides):
-    """Deep-merge two config mappings; lists and scalars in ``overrides`` replace."""
-    merged = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
+    if listed.returncode != 0:
+        return []
+    return [
+        line.split(": ", 1)[1].split(" (UUID")[0]
+        for line in listed.stdout.splitlines()
+        if line.startswith("GPU ")
+    ]
 
 
 CONFIG_SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -77,7 +73,7 @@ def validate_config(values):
 
 
 validate_config(config)
-LOCAL_GPUS = _local_gpu_count()
+LOCAL_GPU_NAMES = _local_gpu_names()
 
 
 def _profile_executor(name):
@@ -121,235 +117,41 @@ ON_SLURM = (
 LOCAL_RUNS = not ON_SLURM
 # The device every training run uses. "auto" picks the GPUs when there are any (or the jobs run
 # on a cluster), else the CPU, and only then does the small cpu_overrides matrix apply.
-DEVICE = (
-    config["device"]
-    if config["device"] != "auto"
-    else ("cuda" if LOCAL_GPUS or ON_SLURM else "cpu")
+DEVICE = study.resolve_device(
+    config, on_slurm=ON_SLURM, local_gpus=len(LOCAL_GPU_NAMES)
 )
 if config["device"] == "auto" and DEVICE == "cpu":
-    config = _merge(config, config.get("cpu_overrides", {}))
+    config = study.merge(config, config.get("cpu_overrides", {}))
     validate_config(config)
-STUDY = config
-if STUDY["warmup_steps"] >= STUDY["steps"]:
-    raise config_error(
-        "warmup_steps",
-        f"{STUDY['warmup_steps']} warm-up steps leave none of the {STUDY['steps']} steps measured: lower it below steps",
-    )
-
-
-def _gpus_per_node():
-    if STUDY["gpus_per_node"] != "auto":
-        return STUDY["gpus_per_node"]
-    if DEVICE == "cuda" and LOCAL_RUNS:
-        return max(LOCAL_GPUS, 1)
-    raise config_error(
-        "gpus_per_node",
-        "'auto' only resolves on a local GPU machine: set gpus_per_node in the config",
-    )
-
-
-GPUS_PER_NODE = _gpus_per_node()
-
-
-def _gpu_counts():
-    counts = STUDY["scaling"]["gpu_counts"]
-    if counts == "auto":
-        limit = GPUS_PER_NODE if LOCAL_RUNS else STUDY["scaling"]["max_gpus"]
-        counts = [2**k for k in range(int(math.log2(limit)) + 1)]
-    return sorted(counts)
-
-
-GPU_COUNTS = _gpu_counts()
-if DEVICE == "cuda" and LOCAL_RUNS and max(GPU_COUNTS) > LOCAL_GPUS:
-    raise config_error(
-        "scaling.gpu_counts",
-        f"the study asks for {max(GPU_COUNTS)} GPUs but this machine has {LOCAL_GPUS}: "
-        "lower scaling.gpu_counts, or run on a cluster with --profile slurm",
-    )
+CONFIG = config
+STUDY = study.build(
+    CONFIG,
+    on_slurm=ON_SLURM,
+    local_gpus=len(LOCAL_GPU_NAMES),
+    local_gpu_name=LOCAL_GPU_NAMES[0] if LOCAL_GPU_NAMES else None,
+    references=yaml.safe_load((REPO / "config" / "references.yaml").read_text()).get(
+        "references", []
+    ),
+)
+GPUS_PER_NODE, GPU_COUNTS, RUNS = (
+    STUDY.gpus_per_node,
+    list(STUDY.gpu_counts),
+    STUDY.runs,
+)
+COMM_GPU_COUNTS = STUDY.comm_gpu_counts
+DATA_DIR = study.DATA_DIR
 if LOCAL_RUNS and "gpus" not in workflow.global_resources:
     # The local scheduler then never runs more GPU ranks at once than there are GPUs.
-    workflow.register_resource("gpus", LOCAL_GPUS)
+    workflow.register_resource("gpus", len(LOCAL_GPU_NAMES))
+if LOCAL_RUNS and STUDY.exclusive() and "measured" not in workflow.global_resources:
+    # One measured job at a time: two on one machine share its cores, memory bandwidth and
+    # GPUs, and each measures the other (resources.exclusive: false packs them).
+    workflow.register_resource("measured", 1)
 
 
-def ranks_and_nodes(gpus, key="scaling.gpu_counts"):
-    """(ranks per node, nodes) for a job over ``gpus`` GPUs: nodes = ceil(gpus / gpus_per_node).
-    Checked when the study is built (``key`` names the setting that asked for ``gpus``): locally
-    there is one node, and several nodes must split the ranks evenly."""
-    nodes = -(-gpus // GPUS_PER_NODE)
-    if nodes > 1 and LOCAL_RUNS:
-        raise config_error(
-            key,
-            f"a run over {gpus} ranks needs {nodes} nodes of gpus_per_node={GPUS_PER_NODE}, and local runs have one: "
-            f"ask for at most {GPUS_PER_NODE}, raise gpus_per_node, or run with --profile slurm",
-        )
-    if gpus % nodes:
-        raise config_error(
-            key,
-            f"{gpus} GPUs do not split evenly over {nodes} nodes of {GPUS_PER_NODE}: choose a multiple of gpus_per_node",
-        )
-    return gpus // nodes, nodes
-
-
-@dataclass(frozen=True)
-class Run:
-    """One training job of the study: a cell of the matrix and one repeat of it."""
-
-    run_id: str
-    study: str  # strong | weak | sensitivity | ablation
-    model: str
-    gpus: int
-    repeat: int
-    variant: str
-    per_gpu_batch: int
-    precision: str
-    bucket_cap_mb: float
-    args: tuple  # trainer flags specific to this run
-
-    @property
-    def ranks_per_node(self):
-        return ranks_and_nodes(self.gpus)[0]
-
-    @property
-    def nodes(self):
-        return ranks_and_nodes(self.gpus)[1]
-
-    @property
-    def global_batch(self):
-        return self.per_gpu_batch * self.gpus
-
-
-def _flag(args, name, default):
-    """The last value given for ``name`` in a flag list (argparse semantics), else ``default``."""
-    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == name]
-    return values[-1] if values else default
-
-
-def _resolve_gpus(choice):
-    return max(GPU_COUNTS) if choice == "max" else choice
-
-
-def _runs():
-    runs = []
-
-    def add(study, model, gpus, repeats, variant, per_gpu_batch, args, key):
-        ranks_and_nodes(
-            gpus, key
-        )  # a count no machine can run is a config error now, not in a job
-        args = (*STUDY["models"].get(model, {}).get("args", []), *args)
-        for repeat in range(1, repeats + 1):
-            name = "_".join(
-                part
-                for part in (study, model, f"g{gpus}", variant, f"r{repeat}")
-                if part
-            )
-            runs.append(
-                Run(
-                    run_id=name,
-                    study=study,
-                    model=model,
-                    gpus=gpus,
-                    repeat=repeat,
-                    variant=variant,
-                    per_gpu_batch=per_gpu_batch,
-                    precision=_flag(list(args), "--precision", "fp32"),
-                    bucket_cap_mb=float(_flag(list(args), "--bucket-cap-mb", 25.0)),
-                    args=tuple(args),
-                )
-            )
-
-    scaling, repeats = STUDY["scaling"], STUDY["repeats"]
-    for model in scaling["models"]:
-        if model not in STUDY["models"]:
-            raise config_error(
-                "scaling.models",
-                f"{model} has no entry under models: add models.{model}.per_gpu_batch",
-            )
-        batch = STUDY["models"][model]["per_gpu_batch"]
-        # Strong scaling: the global batch of the smallest count stays fixed, split over N GPUs.
-        global_batch = batch * GPU_COUNTS[0]
-        for gpus in GPU_COUNTS:
-            if scaling["strong"]["enabled"]:
-                if global_batch % gpus:
-                    raise config_error(
-                        f"models.{model}.per_gpu_batch",
-                        f"strong scaling's global batch {global_batch} does not split over {gpus} GPUs: "
-                        f"make per_gpu_batch x {GPU_COUNTS[0]} divisible by every GPU count",
-                    )
-                add(
-                    "strong",
-                    model,
-                    gpus,
-                    repeats,
-                    "",
-                    global_batch // gpus,
-                    (),
-                    "scaling.gpu_counts",
-                )
-            if scaling["weak"]["enabled"]:
-                # Weak scaling: per-GPU batch and per-GPU data fixed, so an epoch grows with N.
-                samples = scaling["weak"]["samples_per_gpu"] * gpus
-                add(
-                    "weak",
-                    model,
-                    gpus,
-                    repeats,
-                    "",
-                    batch,
-                    ("--data", "synthetic", "--synthetic-samples", str(samples)),
-                    "scaling.gpu_counts",
-                )
-
-    sens = STUDY["sensitivity"]
-    if sens["enabled"]:
-        for bucket in sens["bucket_cap_mb"]:
-            for batch in sens["per_gpu_batch"]:
-                for precision in sens["precision"]:
-                    variant = f"bucket{bucket:g}-batch{batch}-{precision}"
-                    args = ("--bucket-cap-mb", f"{bucket:g}", "--precision", precision)
-                    add(
-                        "sensitivity",
-                        sens["model"],
-                        _resolve_gpus(sens["gpus"]),
-                        sens["repeats"],
-                        variant,
-                        batch,
-                        args,
-                        "sensitivity.gpus",
-                    )
-
-    abl = STUDY["ablation"]
-    if abl["enabled"]:
-        if abl["model"] not in STUDY["models"]:
-            raise config_error(
-                "ablation.model",
-                f"{abl['model']} has no entry under models: add models.{abl['model']}.per_gpu_batch",
-            )
-        batch = STUDY["models"][abl["model"]]["per_gpu_batch"]
-        gpus = _resolve_gpus(abl["gpus"])
-        variants = {
-            "baseline": [],
-            **{o["name"]: o["flags"] for o in abl["optimisations"]},
-        }
-        variants["all"] = [flag for o in abl["optimisations"] for flag in o["flags"]]
-        for variant, flags in variants.items():
-            add(
-                "ablation",
-                abl["model"],
-                gpus,
-                abl["repeats"],
-                variant,
-                batch,
-                (*abl["baseline"], *flags),
-                "ablation.gpus",
-            )
-    return {run.run_id: run for run in runs}
-
-
-RUNS = _runs()
-COMM_GPU_COUNTS = (
-    [n for n in GPU_COUNTS if n > 1] if STUDY["communication"]["enabled"] else []
-)
-DATA_DIR = "results/data/cifar10"
+def ranks_and_nodes(gpus):
+    """(ranks per node, nodes) for a job over ``gpus`` GPUs (scalerepro.study.nodes_for)."""
+    return study.nodes_for(gpus, GPUS_PER_NODE, LOCAL_RUNS, "scaling.gpu_counts")
 
 
 def record_path(run):
@@ -373,24 +175,12 @@ def analysis_module(name):
 
 
 def data_input(wildcards):
-    run = RUNS[wildcards.run]
-    uses_cifar = (
-        STUDY["data"] == "cifar10"
-        and _flag(list(run.args), "--data", None) != "synthetic"
-    )
-    return [DATA_DIR] if uses_cifar else []
+    return [DATA_DIR] if STUDY.uses_cifar(RUNS[wildcards.run]) else []
 
 
 def trainer_args(run, record, checkpoint_dir):
-    """Every flag of one run: the study's, the run's, then where it writes."""
-    data = DATA_DIR if STUDY["data"] == "cifar10" else "synthetic"
-    return [
-        "--model", run.model, "--data", data, "--batch-size", str(run.per_gpu_batch),
-        "--steps", str(STUDY["steps"]), "--warmup-steps", str(STUDY["warmup_steps"]),
-        "--seed", str(run.repeat), "--device", DEVICE, "--run-id", run.run_id,
-        *STUDY["trainer_args"], *run.args,
-        "--record", record, "--checkpoint-dir", checkpoint_dir, "--resume", "--progress", "off",
-    ]  # fmt: skip
+    """Every flag of one run (scalerepro.study.Study.trainer_args)."""
+    return STUDY.trainer_args(run, record, checkpoint_dir)
 
 
 def run_resources(key):
@@ -398,7 +188,7 @@ def run_resources(key):
 
     def resource(wildcards):
         run = RUNS[wildcards.run]
-        per_gpu = STUDY["resources"]
+        per_gpu = CONFIG["resources"]
         return {
             "nodes": run.nodes,
             "tasks": run.nodes,
@@ -407,6 +197,7 @@ def run_resources(key):
             "cpus_per_task": run.ranks_per_node * per_gpu["cpus_per_gpu"],
             "mem_mb": run.ranks_per_node * per_gpu["mem_mb_per_gpu"],
             "runtime": per_gpu["runtime_min"],
+            "measured": 1,
             **slurm_resources(run.ranks_per_node, run.nodes, signal=True),
         }[key]
 
@@ -425,31 +216,12 @@ def rerun_command(run):
 
 def matrix_rows():
     """The study matrix as rows for matrix.csv (what the aggregation joins records onto)."""
-    return [
-        {
-            "run_id": run.run_id,
-            "study": run.study,
-            "model": run.model,
-            "gpus": run.gpus,
-            "nodes": run.nodes,
-            "gpus_per_node": GPUS_PER_NODE,
-            "repeat": run.repeat,
-            "variant": run.variant,
-            "precision": run.precision,
-            "per_rank_batch": run.per_gpu_batch,
-            "global_batch": run.global_batch,
-            "bucket_cap_mb": run.bucket_cap_mb,
-            "runtime_min": STUDY["resources"]["runtime_min"],
-            "record": record_path(run),
-            "rerun": rerun_command(run),
-        }
-        for run in RUNS.values()
-    ]
+    return study.matrix_rows(STUDY, record_path, rerun_command)
 
 
 def targets_args():
     return " ".join(
-        f"--target {key}={value}" for key, value in STUDY["targets"].items()
+        f"--target {key}={value}" for key, value in CONFIG["targets"].items()
     )
 
 
@@ -458,7 +230,7 @@ wildcard_constraints:
     gpus=r"\d+",
 
 
-CONTAINER = STUDY["container"]["sif"] if STUDY["container"]["enabled"] else None
+CONTAINER = CONFIG["container"]["sif"] if CONFIG["container"]["enabled"] else None
 # Rules that start ranks run the container themselves on Slurm (inside each node's srun task,
 # since srun is not in the image); elsewhere Snakemake's container: directive does it.
 RANKS_CONTAINER = None if ON_SLURM else CONTAINER
@@ -469,7 +241,7 @@ def container_inputs():
     return [CONTAINER] if CONTAINER else []
 
 
-SLURM = STUDY["slurm"]
+SLURM = CONFIG["slurm"]
 SLURM_GPUS = DEVICE == "cuda" if SLURM["gpus"] == "auto" else SLURM["gpus"]
 # Account, partition, QoS and constraint of every job the workflow submits (unset ones omitted).
 CLUSTER_RESOURCES = {
@@ -490,7 +262,7 @@ def launch_args(ranks_per_node, nodes, name):
     """
     args = [
         f"--nodes={nodes}", f"--ranks-per-node={ranks_per_node}",
-        f"--cpus-per-node={ranks_per_node * STUDY['resources']['cpus_per_gpu']}",
+        f"--cpus-per-node={ranks_per_node * CONFIG['resources']['cpus_per_gpu']}",
         f"--port={SLURM['rendezvous_port']}", f"--name={name}",
         *(["--slurm-gpus"] if SLURM_GPUS else []),
         *(f"--env={key}={value}" for key, value in SLURM["env"].items()),
@@ -499,14 +271,15 @@ def launch_args(ranks_per_node, nodes, name):
     return args
 
 
-def slurm_resources(ranks_per_node, nodes, signal=False):
+def slurm_resources(ranks_per_node, nodes, signal=False, measured=True):
     """sbatch settings of a job that starts ranks: ``nodes`` nodes with ``ranks_per_node`` GPUs
     each (``--gres=gpu:<n>`` is per node), one task per node holding all its CPUs.
 
     ``mpi`` (any value) tells the plugin's job step that the job starts its own srun step;
     without it the rule would run inside an ``srun -n1`` step, which Slurm's warning signal
     reaches and kills. Its empty value keeps sbatch's MPI task-count checks out of the way.
-    ``tasks_per_gpu=0`` stops the plugin from asking for one task per GPU."""
+    ``tasks_per_gpu=0`` stops the plugin from asking for one task per GPU. A measured job gets
+    whole nodes (``--exclusive``) unless resources.exclusive is false."""
     return {
         "mpi": "",
         "tasks_per_gpu": 0,
@@ -516,6 +289,7 @@ def slurm_resources(ranks_per_node, nodes, signal=False):
         "slurm_extra": shlex.join(
             [
                 *SLURM["extra"],
+                *(["--exclusive"] if measured and STUDY.exclusive() else []),
                 *([f"--signal=USR1@{SLURM['signal_before_end_s']}"] if signal else []),
             ]
         )

@@ -9,7 +9,7 @@ rule build_container:
         package=trainer_sources(),
         pyproject="pyproject.toml",
     output:
-        STUDY["container"]["sif"],
+        CONFIG["container"]["sif"],
     log:
         "results/logs/build_container.log",
     conda:
@@ -17,7 +17,7 @@ rule build_container:
     resources:
         **CLUSTER_RESOURCES,
     params:
-        base_image=STUDY["container"]["base_image"],
+        base_image=CONFIG["container"]["base_image"],
     shell:
         """
         if ! command -v apptainer >/dev/null; then

@@ -16,11 +16,11 @@ rule fetch_cifar10:
         ENV_TRAIN
     params:
         source=(
-            f"--archive {shlex.quote(STUDY['cifar10']['archive'])}"
-            if STUDY["cifar10"]["archive"]
-            else f"--url {shlex.quote(STUDY['cifar10']['url'])}"
+            f"--archive {shlex.quote(CONFIG['cifar10']['archive'])}"
+            if CONFIG["cifar10"]["archive"]
+            else f"--url {shlex.quote(CONFIG['cifar10']['url'])}"
         ),
-        md5=STUDY["cifar10"]["md5"] or "",
+        md5=CONFIG["cifar10"]["md5"] or "",
     shell:
         "python -m scalerepro.fetch --out {output} {params.source} --md5 {params.md5:q}"
         " --download-dir results/downloads > {log} 2>&1"

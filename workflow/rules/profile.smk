@@ -25,7 +25,7 @@ rule profile:
         ENV_TRAIN
     container:
         RANKS_CONTAINER
-    threads: lambda wc: RUNS[wc.run].ranks_per_node * STUDY["resources"]["cpus_per_gpu"]
+    threads: lambda wc: RUNS[wc.run].ranks_per_node * CONFIG["resources"]["cpus_per_gpu"]
     resources:
         **CLUSTER_RESOURCES,
         nodes=run_resources("nodes"),
@@ -39,6 +39,7 @@ rule profile:
         tasks_per_gpu=run_resources("tasks_per_gpu"),
         gres=run_resources("gres"),
         slurm_extra=run_resources("slurm_extra"),
+        measured=run_resources("measured"),
     params:
         tool=lambda wc: wc.tool,
         fallback=PROFILING["fallback"],

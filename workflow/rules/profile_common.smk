@@ -15,13 +15,13 @@ def _schema_defaults(node):
     return defaults
 
 
-PROFILING = _merge(
+PROFILING = study.merge(
     _schema_defaults(
         yaml.safe_load(CONFIG_SCHEMA.read_text())["$defs"]["study"]["properties"][
             "profiling"
         ]
     ),
-    STUDY.get("profiling", {}),
+    CONFIG.get("profiling", {}),
 )
 
 
@@ -36,7 +36,7 @@ def _profiled_runs():
                 f"{unknown[0]} is not a run of this study: see results/tables/matrix.csv",
             )
         return list(PROFILING["runs"])
-    study = "strong" if STUDY["scaling"]["strong"]["enabled"] else "weak"
+    study = "strong" if CONFIG["scaling"]["strong"]["enabled"] else "weak"
     ends = {GPU_COUNTS[0], GPU_COUNTS[-1]}
     return [
         run.run_id

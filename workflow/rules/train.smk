@@ -31,7 +31,7 @@ rule train:
         ENV_TRAIN
     container:
         RANKS_CONTAINER
-    threads: lambda wc: RUNS[wc.run].ranks_per_node * STUDY["resources"]["cpus_per_gpu"]
+    threads: lambda wc: RUNS[wc.run].ranks_per_node * CONFIG["resources"]["cpus_per_gpu"]
     resources:
         **CLUSTER_RESOURCES,
         nodes=run_resources("nodes"),
@@ -45,6 +45,7 @@ rule train:
         tasks_per_gpu=run_resources("tasks_per_gpu"),
         gres=run_resources("gres"),
         slurm_extra=run_resources("slurm_extra"),
+        measured=run_resources("measured"),
     params:
         launch=lambda wc: launch_args(
             RUNS[wc.run].ranks_per_node, RUNS[wc.run].nodes, wc.run
@@ -80,12 +81,13 @@ rule comm_benchmark:
         tasks_per_gpu=comm_resources("tasks_per_gpu"),
         gres=comm_resources("gres"),
         slurm_extra=comm_resources("slurm_extra"),
+        measured=1,
     params:
         launch=lambda wc: shlex.join(
             launch_args(*ranks_and_nodes(int(wc.gpus)), f"comm_g{wc.gpus}")
         ),
-        sizes=" ".join(str(size) for size in STUDY["communication"]["sizes_bytes"]),
-        iterations=STUDY["communication"]["iterations"],
+        sizes=" ".join(str(size) for size in CONFIG["communication"]["sizes_bytes"]),
+        iterations=CONFIG["communication"]["iterations"],
         device=DEVICE,
     shell:
         "python -m scalerepro.launch {params.launch} -- -m scalerepro.commbench --out {output}"

@@ -1,0 +1,102 @@
+"""The study model on its own (no Snakemake): strong-scaling batches, node shapes, reproduction
+runs, and trainer flags read by the trainer's own parser."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from conftest import REPO
+from scalerepro import study
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _config(**changes) -> dict:
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = config
+        for key in parents:
+            node = node[key]
+        node[leaf] = copy.deepcopy(value)
+    return config
+
+
+def _gpu_study(gpus: int = 8, references=(), **changes) -> study.Study:
+    return study.build(_config(gpus_per_node=8, **changes), on_slurm=False, local_gpus=gpus, local_gpu_name=H100, references=list(references))
+
+
+@pytest.mark.parametrize(
+    ("global_batch", "gpus", "per_gpu", "expected"),
+    [(2048, 8, 256, (256, 1)), (2048, 1, 256, (256, 8)), (96, 1, 40, (32, 3)), (100, 1, 30, (25, 4)), (7, 1, 32, (7, 1))],
+)
+def test_a_gpus_share_of_the_global_batch_runs_as_whole_micro_batches(global_batch, gpus, per_gpu, expected):
+    micro, accum = study.strong_batches(global_batch, gpus, per_gpu, "key")
+    assert (micro, accum) == expected and micro * accum * gpus == global_batch and micro <= per_gpu
+
+
+def test_strong_scaling_keeps_the_global_batch_of_the_largest_count_at_every_count():
+    """The global batch was per_gpu_batch x the smallest count while config and README said the
+    largest: at 8 GPUs that is 8x smaller than documented."""
+    runs = _gpu_study().runs
+    strong = [r for r in runs.values() if r.study == "strong" and r.model == "resnet50" and r.repeat == 1]
+    assert [r.gpus for r in strong] == [1, 2, 4, 8]
+    assert {r.global_batch for r in strong} == {256 * 8}
+    assert [(r.per_gpu_batch, r.grad_accum_steps) for r in strong] == [(256, 8), (256, 4), (256, 2), (256, 1)]
+
+
+def test_a_global_batch_that_does_not_split_is_a_config_error_naming_the_key():
+    with pytest.raises(study.StudyError, match=r"config error at 'scaling.strong.global_batch.resnet50': the global batch 2052"):
+        _gpu_study(scaling__strong__global_batch={"resnet50": 2052})
+
+
+def test_more_ranks_than_a_node_holds_is_an_error_locally_and_more_nodes_on_slurm():
+    with pytest.raises(study.StudyError, match=r"config error at 'scaling.gpu_counts': a run over 16 ranks needs 2 nodes"):
+        study.build(_config(gpus_per_node=8, scaling__gpu_counts=[8, 16]), on_slurm=False, local_gpus=16)
+    on_slurm = study.build(_config(gpus_per_node=8, scaling__gpu_counts=[8, 16]), on_slurm=True, local_gpus=0)
+    assert {(r.gpus, r.nodes, r.ranks_per_node) for r in on_slurm.runs.values() if r.study == "strong"} == {(8, 1, 8), (16, 2, 8)}
+
+
+def test_the_precision_and_bucket_of_a_run_are_what_the_trainer_resolves():
+    runs = _gpu_study().runs
+    assert runs["ablation_resnet50_g8_baseline_r1"].precision == "fp32"
+    assert runs["ablation_resnet50_g8_bf16_r1"].precision == "bf16"
+    assert runs["sensitivity_resnet50_g8_bucket100-batch256-bf16_r1"].bucket_cap_mb == 100.0
+
+
+def test_a_flag_the_trainer_refuses_is_a_config_error_before_anything_runs():
+    with pytest.raises(study.StudyError, match=r"config error at 'trainer_args' or 'models.resnet50.args': the trainer refuses these flags: .*--no-such-flag"):
+        _gpu_study(models__resnet50__args=["--no-such-flag"])
+
+
+REFERENCES = [
+    {"id": "lambda-rn50-h100-1", "gpus": 1, "conditions": {"gpu": H100}, "trainer": {"model": "resnet50", "per_gpu_batch": 1280, "flags": ["--precision", "fp16"]}},
+    {"id": "lambda-rn50-h100-16", "gpus": 16, "conditions": {"gpu": H100}, "trainer": {"model": "resnet50", "per_gpu_batch": 1280, "flags": []}},
+    {"id": "dle-rn50-a100-1", "gpus": 1, "conditions": {"gpu": "NVIDIA A100-SXM4-80GB"}, "trainer": {"model": "resnet50", "per_gpu_batch": 256, "flags": []}},
+    {"id": "mlperf-rn50", "gpus": 1, "conditions": {"gpu": H100}, "trainer": None, "unmatched": "MXNet + DALI"},
+]
+
+
+def test_a_reproduce_run_is_scheduled_for_each_reference_this_machine_can_match():
+    runs = _gpu_study(references=REFERENCES).runs
+    reproduce = [r for r in runs.values() if r.study == "reproduce"]
+    assert [(r.reference, r.gpus, r.per_gpu_batch, r.precision) for r in reproduce] == [("lambda-rn50-h100-1", 1, 1280, "fp16")]
+    assert reproduce[0].run_id == "reproduce_resnet50_g1_lambda-rn50-h100-1_r1"
+    cpu = study.build(study.merge(_config(), _config()["cpu_overrides"]), on_slurm=False, local_gpus=0, references=REFERENCES)
+    assert not [r for r in cpu.runs.values() if r.study == "reproduce"]  # on a CPU every reference is another device
+    cluster = study.build(_config(gpus_per_node=8, scaling__max_gpus=16, reproduce__gpu=H100), on_slurm=True, local_gpus=0, references=REFERENCES)
+    assert sorted(r.reference for r in cluster.runs.values() if r.study == "reproduce") == ["lambda-rn50-h100-1", "lambda-rn50-h100-16"]
+
+
+def test_the_gpu_study_runs_the_optimised_trainer_outside_the_ablation():
+    """The study's cells (strong, weak, sensitivity) take the study's trainer_args; only the
+    ablation starts from its baseline."""
+    gpu = _gpu_study()
+    for run in gpu.runs.values():
+        flags = gpu.trainer_args(run, "r.json", "c")
+        parsed = study.parse_trainer_flags(flags, "test")
+        if run.study in ("strong", "weak"):
+            assert parsed.perf.precision != "fp32", run.run_id
