@@ -93,7 +93,10 @@ def test_the_whole_dag_ran_and_every_record_is_valid(study):
     assert all(r["status"] == "ok" for r in records.values()), {k: r["error"] for k, r in records.items() if r["status"] != "ok"}
     strong2 = records["strong_cnn_g2_r1"]
     assert strong2["parallel"]["world_size"] == 2 and strong2["parallel"]["backend"] == "gloo"
-    assert strong2["batch"]["global"] == records["strong_cnn_g1_r1"]["batch"]["global"] == 16
+    # strong scaling: one global batch (per-GPU batch 16 x the largest count, 2) at every count;
+    # one GPU runs it as 2 accumulated micro-batches of 16
+    assert strong2["batch"]["global"] == records["strong_cnn_g1_r1"]["batch"]["global"] == 32
+    assert records["strong_cnn_g1_r1"]["batch"]["grad_accum_steps"] == 2 and strong2["batch"]["grad_accum_steps"] == 1
     assert strong2["data"]["kind"] == "cifar10" and strong2["data"]["train_samples"] == 500
     weak2 = records["weak_cnn_g2_r1"]
     assert weak2["data"]["kind"] == "synthetic" and weak2["data"]["train_samples"] == 512 and weak2["batch"]["per_rank"] == 16
@@ -149,6 +152,16 @@ def test_profiling_with_nsys_missing_falls_back_or_fails_with_one_line(tmp_path)
             "set profiling.tool: torch, or set profiling.fallback: true") in refused.stdout + refused.stderr  # fmt: skip
     fallback = snakemake(REPO, "-n", "--configfile", str(_config_with(tmp_path, tool="nsys", fallback=True)), timeout=120)
     assert fallback.returncode == 0 and "results/profiles/strong_cnn_g2_r1/torch/capture.json" in fallback.stdout
+
+
+def test_measured_runs_never_overlap(study):
+    """Two measured runs at once on two cores measured each other (2-rank cells at 8 % strong
+    efficiency); the local scheduler now runs one measured job at a time."""
+    windows = sorted((r["started_at"], r["ended_at"], run) for run, r in _records(study).items())
+    overlapping = [(a[2], b[2]) for a, b in zip(windows, windows[1:]) if b[0] < a[1]]
+    assert not overlapping, overlapping
+    activity = [r["measurements"]["host_activity"]["other_cpu_fraction_max"] for r in _records(study).values()]
+    assert all(fraction is not None for fraction in activity)
 
 
 def test_tables_match_the_records(study):

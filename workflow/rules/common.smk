@@ -124,15 +124,18 @@ if config["device"] == "auto" and DEVICE == "cpu":
     config = study.merge(config, config.get("cpu_overrides", {}))
     validate_config(config)
 CONFIG = config
-STUDY = study.build(
-    CONFIG,
-    on_slurm=ON_SLURM,
-    local_gpus=len(LOCAL_GPU_NAMES),
-    local_gpu_name=LOCAL_GPU_NAMES[0] if LOCAL_GPU_NAMES else None,
-    references=yaml.safe_load((REPO / "config" / "references.yaml").read_text()).get(
-        "references", []
-    ),
-)
+try:
+    STUDY = study.build(
+        CONFIG,
+        on_slurm=ON_SLURM,
+        local_gpus=len(LOCAL_GPU_NAMES),
+        local_gpu_name=LOCAL_GPU_NAMES[0] if LOCAL_GPU_NAMES else None,
+        references=yaml.safe_load(
+            (REPO / "config" / "references.yaml").read_text()
+        ).get("references", []),
+    )
+except study.StudyError as error:
+    raise WorkflowError(str(error)) from None
 GPUS_PER_NODE, GPU_COUNTS, RUNS = (
     STUDY.gpus_per_node,
     list(STUDY.gpu_counts),

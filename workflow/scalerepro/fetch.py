@@ -233,16 +233,31 @@ def _read_members(archive: Path) -> dict[str, bytes]:
 
 
 def _checked_name(member: tarfile.TarInfo) -> str:
-    """The member's normalised name; FetchError unless it is a plain file or directory that stays inside."""
+    """The member's normalised name; FetchError unless it is a plain file or directory that stays inside.
+
+    What would escape the target or is a special file is decided by the standard library's data
+    extraction filter (``tarfile.data_filter``, PEP 706), as if extracting to a fresh directory.
+    Two refusals go beyond it: links of any kind (a batch is a regular file), and absolute names,
+    which the filter would quietly make relative (no honest archive has one)."""
     if member.issym() or member.islnk():
         problem = f"is a link (to '{member.linkname}')"
-    elif not (member.isfile() or member.isdir()):
-        problem = "is a device, FIFO or other special file"
-    elif member.name.startswith("/") or ".." in member.name.split("/"):
+    elif member.name.startswith("/"):
         problem = "escapes the target"
     else:
-        return posixpath.normpath(member.name)  # "./a/b" -> "a/b"
+        try:
+            tarfile.data_filter(member, _EXTRACTION_ROOT)
+            return posixpath.normpath(member.name)  # "./a/b" -> "a/b"
+        except tarfile.SpecialFileError:
+            problem = "is a device, FIFO or other special file"
+        except (tarfile.AbsolutePathError, tarfile.OutsideDestinationError):
+            problem = "escapes the target"
+        except tarfile.FilterError as error:
+            problem = f"is refused by tarfile's data filter ({error})"
     raise FetchError(f"archive member '{member.name}' {problem}: refusing the archive; {_NOT_CIFAR}")
+
+
+# Nothing is extracted: the filter only needs a directory to judge paths against.
+_EXTRACTION_ROOT = "/nonexistent-scalerepro-extraction-root"
 
 
 class _BatchUnpickler(pickle.Unpickler):
