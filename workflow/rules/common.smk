@@ -15,6 +15,7 @@ import jsonschema
 import yaml
 from snakemake.cli import get_profile_dir
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
 
 REPO = Path(workflow.basedir)
 PACKAGE = REPO / "workflow" / "scalerepro"
@@ -50,14 +51,13 @@ def config_error(key, message):
 
 
 def validate_config(values):
-    """Check the config against its JSON Schema; the first problem becomes one line naming the key."""
-    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
-    errors = sorted(
-        jsonschema.Draft202012Validator(schema).iter_errors(values),
-        key=lambda e: e.path,
-    )
-    if errors:
-        error = jsonschema.exceptions.best_match(errors)
+    """snakemake.utils.validate (which also fills in the schema's defaults), its first problem
+    turned into one line naming the key."""
+    try:
+        validate(values, CONFIG_SCHEMA, set_default=True)
+    except WorkflowError as wrapped:
+        # the jsonschema error that validate() wrapped (it keeps only its text in the message)
+        error = jsonschema.exceptions.best_match([wrapped.__context__])
         where = ".".join(str(part) for part in error.absolute_path) or "top level"
         if "propertyNames" in error.schema_path:
             message = f"unknown key {error.instance!r}"
@@ -69,7 +69,7 @@ def validate_config(values):
         raise config_error(
             where,
             f"{message} (allowed keys and values: {CONFIG_SCHEMA.relative_to(REPO)})",
-        )
+        ) from None
 
 
 validate_config(config)

@@ -3,26 +3,8 @@
 
 import json
 
-
-def _schema_defaults(node):
-    """The `default`s of an object schema's properties, nested objects included."""
-    defaults = {}
-    for key, prop in node.get("properties", {}).items():
-        if "default" in prop:
-            defaults[key] = prop["default"]
-        elif prop.get("type") == "object":
-            defaults[key] = _schema_defaults(prop)
-    return defaults
-
-
-PROFILING = study.merge(
-    _schema_defaults(
-        yaml.safe_load(CONFIG_SCHEMA.read_text())["$defs"]["study"]["properties"][
-            "profiling"
-        ]
-    ),
-    CONFIG.get("profiling", {}),
-)
+# Every key has its schema default (snakemake.utils.validate with set_default, common.smk).
+PROFILING = CONFIG["profiling"]
 
 
 def _profiled_runs():
