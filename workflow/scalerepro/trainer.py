@@ -156,6 +156,11 @@ class Trainer:
         # ---- profiling (--profile-mode): ranges, the all-reduce hook and the window; with the
         # default "none" none of it is installed --------------------------------------------------
         prof = config.profile
+        if prof.profile_mode == "cuda_api" and self.device.type != "cuda":
+            raise ConfigError(
+                f"--profile-mode cuda_api drives the CUDA profiler API for Nsight, and this run is on the {self.device.type}: "
+                "use --profile-mode torch (the torch.profiler fallback) there"
+            )
         profiling.enable_ranges(prof.profile_mode, self.device)
         if self.ddp is not None and prof.profile_mode != "none":
             self.ddp.register_comm_hook(None, profiling.nvtx_allreduce_hook)
