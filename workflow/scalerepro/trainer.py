@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from . import buckets, checkpoint, data, hardware, metrics, models, optim, profiling
+from .objective import ModelWithLoss
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, nvml_uuid_for_torch_device, unavailable_summary
@@ -138,19 +139,23 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=perf.precision == "fp16")
 
         # ---- DDP, then compile the wrapped model (Dynamo's DDPOptimizer splits the graph at
-        # bucket boundaries so all-reduce still overlaps backward) -----------------------------
+        # bucket boundaries so all-reduce still overlaps backward). Both wrap the model with its
+        # loss (scalerepro.objective), so the loss is compiled with the model ------------------
         self.ddp: DistributedDataParallel | None = None
-        model: torch.nn.Module = self.module
+        model: torch.nn.Module = ModelWithLoss(self.module, config.optim.label_smoothing)
         if ctx.distributed:
             p = config.parallel
             self.ddp = DistributedDataParallel(
-                self.module,
+                model,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=p.bucket_cap_mb,
                 gradient_as_bucket_view=p.gradient_as_bucket_view,
                 static_graph=p.static_graph,
             )
             model = self.ddp
+        # model(inputs, targets) -> mean loss. eager_model is the same without compilation: the
+        # bucket probe times it (a compiled backward fires every gradient hook at its end).
+        self.eager_model = model
         self.model = torch.compile(model, mode=perf.compile) if perf.compile != "none" else model
 
         # ---- profiling (--profile-mode): ranges, the all-reduce hook and the window; with the
@@ -272,10 +277,7 @@ class Trainer:
             skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
             with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
                 with self._autocast(), profiling.annotate("forward"):
-                    logits = self.model(*inputs)
-                    loss = F.cross_entropy(
-                        logits.flatten(0, -2), targets.flatten(), label_smoothing=self.config.optim.label_smoothing
-                    ) / accum
+                    loss = self.model(inputs, targets) / accum
                 with profiling.annotate("backward"):
                     self.scaler.scale(loss).backward()
             total += loss.detach()
@@ -329,6 +331,9 @@ class Trainer:
                     p.micro_in_epoch += accum
                     p.epoch_steps += 1
                     interval.steps += 1
+                    # The step ends here: the log point's host syncs, all-reduces and print are
+                    # not part of any step's time.
+                    self.timer.stop(p.epoch, measured)
                     if p.step % run.log_interval == 0 or p.step == self.total_steps:
                         stop_now = self._log_point(p, interval, interval_loss, first_bad_step, bar)
                         interval_loss.zero_()
@@ -337,7 +342,6 @@ class Trainer:
                         # Ranks must agree on the step they stop after, so several ranks decide
                         # only at log points; a single rank can stop at any step.
                         stop_now = not self.ctx.distributed and self.stop.signal_name is not None
-                    self.timer.stop(p.epoch, measured)
                     self.profile_window.after_step(p.step - 1)  # the step just taken
                     if measured:
                         self.measured_samples += self.global_batch
