@@ -253,3 +253,24 @@ def test_log_points_are_outside_the_timed_steps(tmp_path):
     # Steps 2, 4, 6, 8 end at a log point (durations[1], [3], ...); the first step also starts
     # the loader and allocator, so it is left out of the bound.
     assert len(durations) == 8 and max(durations[1:]) < delay_s, durations
+
+
+def test_the_optimised_preset_resolves_once_explicit_flags_win_and_the_record_says_both(tmp_path):
+    """--preset optimised on the CPU: bf16 autocast, channels_last and cudnn.benchmark (a CNN),
+    the device loader, the fused optimizer; --compile none given explicitly wins over the
+    preset's compile, and the record names the preset and that override."""
+    assert main(small_run(tmp_path, "--model", "cnn", "--preset", "optimised", "--compile", "none")) == 0
+    record = load_record(tmp_path / "run.json")
+    knobs = record["knobs"]
+    assert knobs["preset"] == "optimised" and knobs["preset_overrides"] == {"compile": "none"}
+    assert record["precision"] == "bf16" and knobs["compile"] == "none"
+    assert knobs["channels_last"] and knobs["cudnn_benchmark"]
+    assert knobs["loader"] == "device" and knobs["optimizer_impl"] == "fused"
+    assert record["config"]["perf"]["preset"] == "optimised"
+    losses = [entry["loss"] for entry in record["loss_log"]]
+    assert all(loss == loss for loss in losses) and record["measurements"]["samples_per_s"] > 0
+
+    # A transformer gets neither channels_last nor cudnn.benchmark; baseline is the defaults.
+    gpt = parse_args(["--model", "gpt2_small", "--preset", "optimised"])
+    assert (gpt.perf.precision, gpt.perf.compile, gpt.perf.channels_last, gpt.perf.cudnn_benchmark) == ("bf16", "default", False, False)
+    assert parse_args(["--preset", "baseline"]) == parse_args([])

@@ -18,6 +18,10 @@ from snakemake.exceptions import WorkflowError
 
 REPO = Path(workflow.basedir)
 PACKAGE = REPO / "workflow" / "scalerepro"
+# The trainer's presets, from this checkout's package (scalerepro.config imports no torch).
+sys.path.insert(0, str(PACKAGE.parent))
+from scalerepro.config import DEFAULT_PRESET, PRESETS
+
 ENV_TRAIN = "../../envs/train.yaml"
 ENV_ANALYSIS = "../../envs/analysis.yaml"
 
@@ -200,6 +204,12 @@ def _flag(args, name, default):
     return values[-1] if values else default
 
 
+def resolved_precision(flags):
+    """The precision a trainer given ``flags`` runs in: --precision, else its preset's."""
+    preset = _flag(flags, "--preset", DEFAULT_PRESET)
+    return _flag(flags, "--precision", PRESETS.get(preset, {}).get("precision", "fp32"))
+
+
 def _resolve_gpus(choice):
     return max(GPU_COUNTS) if choice == "max" else choice
 
@@ -209,6 +219,7 @@ def _runs():
 
     def add(study, model, gpus, repeats, variant, per_gpu_batch, args):
         args = (*STUDY["models"].get(model, {}).get("args", []), *args)
+        flags = [*STUDY["trainer_args"], *args]  # the order trainer_args() gives them in
         for repeat in range(1, repeats + 1):
             name = "_".join(
                 part
@@ -224,8 +235,8 @@ def _runs():
                     repeat=repeat,
                     variant=variant,
                     per_gpu_batch=per_gpu_batch,
-                    precision=_flag(list(args), "--precision", "fp32"),
-                    bucket_cap_mb=float(_flag(list(args), "--bucket-cap-mb", 25.0)),
+                    precision=resolved_precision(flags),
+                    bucket_cap_mb=float(_flag(flags, "--bucket-cap-mb", 25.0)),
                     args=tuple(args),
                 )
             )

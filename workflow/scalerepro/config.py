@@ -3,6 +3,11 @@
 Every flag of ``python -m scalerepro.train`` is a field below: its type, default and help text
 live in one place, ``--help`` is generated from them, and the run record stores the resolved
 dataclasses verbatim (``dataclasses.asdict``), so a record always says exactly how it was made.
+
+``--preset`` names a whole configuration once (:data:`PRESETS`): ``optimised`` is what the
+study's cells, the throughput benchmark and the README run; ``baseline`` (the defaults) is the
+fp32, eager, DataLoader configuration the ablation starts from. A preset only changes defaults:
+any flag given explicitly wins over it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,32 @@ Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
 ]
+Preset = Literal["baseline", "optimised"]
+
+# The convolutional networks: channels_last and cudnn.benchmark are part of the optimised preset
+# for these only (tests check this set against each model's family in scalerepro.models).
+CONV_NETS = frozenset({"cnn", "resnet18_cifar", "resnet50"})
+# Fields (dest names) each preset sets; those in CONV_NET_ONLY are set True for CONV_NETS only.
+PRESETS: dict[str, dict[str, Any]] = {
+    "baseline": {
+        "precision": "fp32", "channels_last": False, "cudnn_benchmark": False, "compile": "none",
+        "loader": "dataloader", "optimizer_impl": "foreach",
+    },
+    "optimised": {
+        "precision": "bf16", "channels_last": True, "cudnn_benchmark": True, "compile": "default",
+        "loader": "device", "optimizer_impl": "fused",
+    },
+}  # fmt: skip
+CONV_NET_ONLY = ("channels_last", "cudnn_benchmark")
+DEFAULT_PRESET = "baseline"
+
+
+def preset_values(preset: str, model: str) -> dict[str, Any]:
+    """The field values ``preset`` gives a run of ``model`` (dest name -> value)."""
+    values = dict(PRESETS[preset])
+    for name in CONV_NET_ONLY:
+        values[name] = values[name] and model in CONV_NETS
+    return values
 
 
 class ConfigError(ValueError):
@@ -89,11 +120,18 @@ class ParallelConfig:
 
 @dataclass
 class PerfConfig:
+    preset: Preset = _opt(
+        DEFAULT_PRESET,
+        "a named configuration setting the flags below, --loader and --optimizer-impl: 'optimised' = bf16, channels_last and "
+        "cudnn.benchmark (CNNs), torch.compile, device loader, fused optimizer; 'baseline' = fp32, eager, DataLoader, foreach. "
+        "Flags given explicitly win over it",
+    )
     precision: Precision = _opt("fp32", "fp32 (TF32 off), tf32 (TF32 matmuls/convs), fp16 (autocast + loss scaling), bf16 (autocast)")
     channels_last: bool = _opt(False, "NHWC memory format for image models and their inputs")
     compile: CompileMode = _opt(
         "none", "torch.compile the model; '--compile' alone means mode 'default'", nargs="?", const="default"
     )
+    cudnn_benchmark: bool = _opt(False, "torch.backends.cudnn.benchmark: time the convolution algorithms for each shape, keep the fastest")
 
 
 @dataclass
@@ -237,9 +275,16 @@ def build_parser(prog: str = "python -m scalerepro.train") -> argparse.ArgumentP
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """Parse and validate the command line; a bad flag or value exits 2 with one line."""
+    """Parse and validate the command line; a bad flag or value exits 2 with one line.
+
+    The preset (and the model it is applied to) is read first and becomes the parser's
+    defaults, so that every flag given explicitly wins over it.
+    """
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    namespace = vars(parser.parse_args(sys.argv[1:] if argv is None else argv))
+    given, _ = parser.parse_known_args(argv)
+    parser.set_defaults(**preset_values(given.preset, given.model))
+    namespace = vars(parser.parse_args(argv))
     hints = typing.get_type_hints(TrainConfig)
     sections = {
         section.name: hints[section.name](
@@ -253,6 +298,12 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     except ConfigError as error:
         parser.error(str(error))
     return config
+
+
+def preset_overrides(config: TrainConfig) -> dict[str, Any]:
+    """The fields where ``config`` departs from its preset (dest name -> the value it has)."""
+    resolved = {f.name: getattr(section, f.name) for section in vars(config).values() for f in dataclasses.fields(section)}
+    return {name: resolved[name] for name, value in preset_values(config.perf.preset, config.model.model).items() if resolved[name] != value}
 
 
 def to_argv(config: TrainConfig) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hardware
+from .config import preset_overrides
 from .files import atomic_file
 
 SCHEMA_VERSION = 1
@@ -61,6 +62,10 @@ def build(
         "seed": config.run.seed,
         "precision": config.perf.precision,
         "knobs": {
+            "preset": config.perf.preset,
+            # the flags given explicitly on top of the preset, with the values they set
+            "preset_overrides": preset_overrides(config),
+            "cudnn_benchmark": config.perf.cudnn_benchmark,
             "channels_last": config.perf.channels_last,
             "compile": config.perf.compile,
             "loader": config.data.loader,

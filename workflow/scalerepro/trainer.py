@@ -136,6 +136,7 @@ class Trainer:
         self.optimizer = optim.build_optimizer(self.module, config.optim, self.optim_resolved)
         self.scheduler = optim.build_scheduler(self.optimizer, config.optim, self.optim_resolved, self.total_steps)
         self.autocast_dtype = _precision_setup(perf.precision)
+        torch.backends.cudnn.benchmark = perf.cudnn_benchmark
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=perf.precision == "fp16")
 
         # ---- DDP, then compile the wrapped model (Dynamo's DDPOptimizer splits the graph at
