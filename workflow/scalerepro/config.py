@@ -115,7 +115,12 @@ class ParallelConfig:
     gradient_as_bucket_view: bool = _opt(False, "DDP gradients as views into the all-reduce buckets (saves a copy)")
     static_graph: bool = _opt(False, "DDP static_graph (the graph does not change between steps)")
     sync_batchnorm: bool = _opt(False, "convert BatchNorm to SyncBatchNorm (batch statistics over all ranks)")
-    dist_timeout_s: float = _opt(300.0, "seconds to wait for every rank to join (and for any collective)")
+    dist_timeout_s: float = _opt(300.0, "seconds to wait for every rank to join, and for any collective after the warm-up steps")
+    warmup_dist_timeout_s: float = _opt(
+        1800.0,
+        "collective timeout from the process group's forming to the end of the warm-up steps (at least the first step): "
+        "compilation and autotuning run there, and a cold compile cache on one rank must not trip --dist-timeout-s",
+    )
 
 
 @dataclass
@@ -213,6 +218,9 @@ class TrainConfig:
             raise ConfigError(f"--label-smoothing must be in [0, 1) (got {o.label_smoothing})")
         if not 0.0 <= self.model.dropout < 1.0:
             raise ConfigError(f"--dropout must be in [0, 1) (got {self.model.dropout})")
+        for flag, value in {"--dist-timeout-s": self.parallel.dist_timeout_s, "--warmup-dist-timeout-s": self.parallel.warmup_dist_timeout_s}.items():
+            if value <= 0:
+                raise ConfigError(f"{flag} must be positive (got {value})")
         if r.nvml_interval_s <= 0:
             raise ConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
         if r.resume and not r.checkpoint_dir:

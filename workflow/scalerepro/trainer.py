@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import buckets, checkpoint, data, hardware, metrics, models, optim, profiling
-from .objective import ModelWithLoss
+from . import buckets, checkpoint, data, distributed, hardware, metrics, models, optim, profiling
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, nvml_uuid_for_torch_device, unavailable_summary
+from .objective import ModelWithLoss
 
 DEFAULT_STEPS = 100
 
@@ -100,6 +100,9 @@ class Trainer:
         run, perf = config.run, config.perf
         self.device = ctx.device
         torch.manual_seed(run.seed)
+        # Until the warm-up steps are done (fit), collectives may wait for a peer that is still
+        # compiling or autotuning: they get the long warm-up timeout.
+        distributed.set_collective_timeout(ctx, config.parallel.warmup_dist_timeout_s)
 
         # ---- model and data ------------------------------------------------------------
         self.spec = self._resolve_model()
@@ -310,6 +313,8 @@ class Trainer:
         first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
         interval = _Interval(time.perf_counter(), 0)
         start_step = p.step
+        # The first step a process runs compiles (each process warms up anew, a resumed one too).
+        warmup_end = start_step + max(run.warmup_steps, 1)
         completed = False
         try:
             while p.step < self.total_steps:
@@ -329,6 +334,8 @@ class Trainer:
                     epoch_loss += loss
                     first_bad_step = torch.where((first_bad_step < 0) & ~torch.isfinite(loss), p.step, first_bad_step)
                     p.step += 1
+                    if p.step == warmup_end:  # warmed up: the steady-state collective timeout
+                        distributed.set_collective_timeout(self.ctx, self.config.parallel.dist_timeout_s)
                     p.micro_in_epoch += accum
                     p.epoch_steps += 1
                     interval.steps += 1
