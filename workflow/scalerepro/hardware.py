@@ -252,11 +252,12 @@ def _distribution_version(name: str) -> str | None:
         return None
 
 
-def software_versions() -> dict[str, Any]:
+def software_versions(import_torch: bool = True) -> dict[str, Any]:
     """Versions of the software a run's numbers depend on; None where not installed or no CUDA.
 
     ``cudnn`` is torch's integer as is (e.g. 90100): its encoding changed between cuDNN 8 and 9,
-    so decoding it here could mislabel it.
+    so decoding it here could mislabel it. ``import_torch=False`` (the launcher, which must not
+    import torch) reads torch's version from its metadata and leaves CUDA, cuDNN and NCCL None.
     """
     from scalerepro import __version__
 
@@ -274,6 +275,9 @@ def software_versions() -> dict[str, Any]:
         "scalerepro": __version__,
         "platform": platform.platform(),
     }
+    if not import_torch:
+        versions["torch"] = _distribution_version("torch")
+        return versions
     try:
         import torch
     except ImportError:
@@ -331,7 +335,7 @@ def _driver_version() -> tuple[str | None, str | None]:
         pynvml.nvmlShutdown()
 
 
-def _gpu_facts() -> dict[str, Any]:
+def _gpu_facts(import_torch: bool = True) -> dict[str, Any]:
     """The visible CUDA devices, described by device 0 (nodes are assumed homogeneous)."""
     gpu: dict[str, Any] = {
         "name": None,
@@ -343,9 +347,11 @@ def _gpu_facts() -> dict[str, Any]:
     }
     reasons: list[str] = []
     try:
+        if not import_torch:
+            raise ImportError
         import torch
     except ImportError:
-        reasons.append("torch is not installed")
+        reasons.append("torch is not installed" if import_torch else "not read: this process imports no torch")
     else:
         gpu["count"] = torch.cuda.device_count()
         if gpu["count"] > 0:
@@ -362,8 +368,9 @@ def _gpu_facts() -> dict[str, Any]:
     return gpu
 
 
-def host_facts() -> dict[str, Any]:
-    """The machine this process runs on: CPU, memory, and its GPUs (``gpu``)."""
+def host_facts(import_torch: bool = True) -> dict[str, Any]:
+    """The machine this process runs on: CPU, memory, and its GPUs (``gpu``; not read without
+    ``import_torch``)."""
     try:
         # The CPUs this process may run on (cgroup/cpuset, taskset, Slurm binding), which is what
         # bounds data-loader workers; os.cpu_count() counts the whole machine.
@@ -376,7 +383,7 @@ def host_facts() -> dict[str, Any]:
         "logical_cpus": os.cpu_count(),
         "usable_cpus": usable_cpus,
         "memory_total_bytes": _memory_total_bytes(),
-        "gpu": _gpu_facts(),
+        "gpu": _gpu_facts(import_torch),
     }
 
 

@@ -9,6 +9,12 @@ of the step's node list. Everything the step needs is passed to srun explicitly:
 Slurm job step strips most ``SLURM_*`` variables from a rule's environment, so the allocation's
 defaults cannot be relied on, and the node list is read inside the step, where srun sets it.
 
+Failures: every rank's console line carries its local rank (torchrun ``--tee``) and, on Slurm,
+its node task (srun ``--label``); this launcher passes the ranks' output through and keeps the
+tail of each. When the ranks end without writing the run record (a rank killed in a collective
+by NCCL's watchdog, torchrun or the OOM killer), it writes the failed record itself, with each
+failed rank's exit code and those tails (``scalerepro.rank_failure``).
+
 Preemption: Slurm's warning signal (``--signal=USR1@T``) goes to every process of every job step
 but not to the batch step, where the rule (and this launcher) runs. The node agent ignores
 SIGUSR1 before exec'ing torchrun, so the agent survives it; the ranks install their own handler
@@ -28,9 +34,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
 
 from . import nodelist as slurm_nodelist
+from . import rank_failure
+from .record import utc_now
 
 # The c10d rendezvous port of a multi-node job: a base plus the job id modulo a span, so that two
 # jobs whose first node is the same host rarely meet on one port (single-node runs use torchrun's
@@ -47,20 +57,29 @@ def rendezvous_port(base: int, environ: Mapping[str, str]) -> int:
     return base + (int(job_id) if job_id.isdigit() else 0) % RENDEZVOUS_PORT_SPAN
 
 
-def torchrun_command(python: str, nodes: int, ranks_per_node: int, endpoint: str | None, rdzv_id: str, program: Sequence[str]) -> list[str]:
+def torchrun_command(
+    python: str, nodes: int, ranks_per_node: int, endpoint: str | None, rdzv_id: str, program: Sequence[str], log_dir: str | None = None
+) -> list[str]:
     command = [python, "-m", "torch.distributed.run", f"--nproc-per-node={ranks_per_node}"]
     if nodes == 1:
         command.append("--standalone")
     else:
         command += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
-    return command + list(program)
+    return command + rank_output_flags(log_dir) + list(program)
+
+
+def rank_output_flags(log_dir: str | None) -> list[str]:
+    """Each rank's stdout and stderr to the console, every line prefixed with its local rank
+    (``--tee``, which also writes them to files under ``log_dir``; torchrun makes a temporary
+    directory when it is None)."""
+    return ["--tee=3", *([f"--log-dir={log_dir}"] if log_dir else [])]
 
 
 def srun_command(args: argparse.Namespace, python: str) -> list[str]:
     """The one step of a Slurm job: a node agent per node, every resource named explicitly."""
     step = [
         "srun", f"--nodes={args.nodes}", f"--ntasks={args.nodes}", "--ntasks-per-node=1",
-        f"--cpus-per-task={args.cpus_per_node}", "--kill-on-bad-exit=1", "--export=ALL",
+        f"--cpus-per-task={args.cpus_per_node}", "--kill-on-bad-exit=1", "--export=ALL", "--label",
         f"--job-name={args.name}" if args.name else None,
         f"--gpus-per-node={args.ranks_per_node}" if args.slurm_gpus else None,
     ]  # fmt: skip
@@ -114,7 +133,7 @@ def command(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
             f"a run over {args.nodes} nodes needs Slurm (no SLURM_JOB_ID here): run the workflow with --profile slurm"
         )
     # Locally a container is Snakemake's business (the rule's container: directive).
-    return torchrun_command(sys.executable, 1, args.ranks_per_node, None, "local", args.program)
+    return torchrun_command(sys.executable, 1, args.ranks_per_node, None, "local", args.program, args.rank_log_dir)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -129,6 +148,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--name", default=None, help="the step's name in sacct")
     parser.add_argument("--node-agent", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("program", nargs=argparse.REMAINDER, help="-- then what torchrun starts: -m scalerepro.train ...")
+    parser.set_defaults(rank_log_dir=None)  # set by main for local runs: the ranks' log files
     args = parser.parse_args(argv)
     if args.program[:1] == ["--"]:
         args.program = args.program[1:]
@@ -145,19 +165,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.node_agent:
         args.port = rendezvous_port(args.port, os.environ)
     os.environ.update(item.split("=", 1) for item in args.env)  # srun --export=ALL carries them on
+    if args.node_agent:
+        return _exec_node_agent(args)
+    with tempfile.TemporaryDirectory(prefix="scalerepro-ranks-") as rank_log_dir:
+        args.rank_log_dir = rank_log_dir
+        try:
+            argv_out = command(args, os.environ)
+        except LaunchError as error:
+            print(f"scalerepro.launch: error: {error}", file=sys.stderr, flush=True)
+            return 2
+        print(f"scalerepro.launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
+        # The job-level launcher waits; SIGUSR1 never reaches it (batch step) and SIGTERM ends it.
+        started, started_at = time.time(), utc_now()
+        output = rank_failure.RankOutput()
+        code = rank_failure.run_watched(argv_out, output)
+    target = rank_failure.trainer_record(args.program)
+    if code != 0 and target is not None and not rank_failure.written_since(target[0], started):
+        message = rank_failure.write_failed_record(target[0], target[1], started_at, code, output)
+        if message is not None:
+            print(f"scalerepro.launch: error: {message}; failed record written to {target[0]}", file=sys.stderr, flush=True)
+    return code
+
+
+def _exec_node_agent(args: argparse.Namespace) -> int:
     try:
         argv_out = command(args, os.environ)
     except LaunchError as error:
         print(f"scalerepro.launch: error: {error}", file=sys.stderr, flush=True)
         return 2
     print(f"scalerepro.launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
-    if args.node_agent:
-        # Survive Slurm's warning signal; the ranks, which torchrun starts from here, install
-        # their own handler over the inherited SIG_IGN.
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        os.execvp(argv_out[0], argv_out)
-    # The job-level launcher waits; SIGUSR1 never reaches it (batch step) and SIGTERM ends it.
-    return subprocess.run(argv_out).returncode
+    # Survive Slurm's warning signal; the ranks, which torchrun starts from here, install
+    # their own handler over the inherited SIG_IGN.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    os.execvp(argv_out[0], argv_out)
+    raise AssertionError("execvp returned")
 
 
 if __name__ == "__main__":

@@ -47,9 +47,11 @@ def build(
     measurements_scope: str | None = None,
     stop_signal: str | None = None,
     checkpoint_path: str | None = None,
+    import_torch: bool = True,
 ) -> dict[str, Any]:
     """Assemble the record. ``trainer``/``ctx`` are None when the run failed before they existed;
-    the fields they would fill are then null, never invented."""
+    the fields they would fill are then null, never invented. ``import_torch=False`` (the
+    launcher's record of ranks that wrote none) leaves the facts only torch can read null."""
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
@@ -78,8 +80,8 @@ def build(
         },
         "config": dataclasses.asdict(config),
         "git": hardware.git_info(Path(__file__).resolve().parent),
-        "versions": hardware.software_versions(),
-        "hardware": hardware.host_facts(),
+        "versions": hardware.software_versions(import_torch),
+        "hardware": hardware.host_facts(import_torch),
         "slurm": hardware.slurm_facts(),
         "model": None,
         "optimizer": None,
