@@ -219,7 +219,8 @@ def _runs():
 
     def add(study, model, gpus, repeats, variant, per_gpu_batch, args):
         args = (*STUDY["models"].get(model, {}).get("args", []), *args)
-        flags = [*STUDY["trainer_args"], *args]  # the order trainer_args() gives them in
+        # The run's flags in the order trainer_args() gives them to the trainer.
+        flags = [*STUDY["trainer_args"], *args]
         for repeat in range(1, repeats + 1):
             name = "_".join(
                 part
