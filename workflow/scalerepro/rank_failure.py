@@ -9,8 +9,8 @@ then, valid against the run-record schema, with:
 
 * each failed rank's exit code (negative: killed by that signal), rank and host, read from the
   failure report torchrun prints when a worker fails (``ChildFailedError``: blocks of ``host :``,
-  ``rank : R (local_rank: L)``, ``exitcode : C`` lines, one per failed worker; a rank that is
-  not listed ended with 0);
+  ``rank : R (local_rank: L)``, ``exitcode : C`` lines, one per worker it reports as failed,
+  those it stopped after the first failure included);
 * the last lines each rank printed, read from the console stream: torchrun ``--tee`` prefixes
   each rank's lines with ``[default<local rank>]:`` and, on Slurm, srun ``--label`` prefixes each
   node task's lines with ``<task>:``.
