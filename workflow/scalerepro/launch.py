@@ -179,8 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         started, started_at = time.time(), utc_now()
         output = rank_failure.RankOutput()
         code = rank_failure.run_watched(argv_out, output)
-    target = rank_failure.trainer_record(args.program)
-    if code != 0 and target is not None and not rank_failure.written_since(target[0], started):
+    target = rank_failure.trainer_record(args.program) if code != 0 else None
+    if target is not None and not rank_failure.written_since(target[0], started):
         message = rank_failure.write_failed_record(target[0], target[1], started_at, code, output)
         if message is not None:
             print(f"scalerepro.launch: error: {message}; failed record written to {target[0]}", file=sys.stderr, flush=True)

@@ -126,7 +126,11 @@ def trainer_record(program: Sequence[str]) -> tuple[Path, list[str]] | None:
         return None
     from .config import build_parser
 
-    given, _ = build_parser().parse_known_args(list(program[2:]))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            given, _ = build_parser().parse_known_args(list(program[2:]))
+    except SystemExit:  # flags the trainer refused too (it said why)
+        return None
     return (Path(given.record), list(program[2:])) if given.record else None
 
 
