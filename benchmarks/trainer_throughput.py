@@ -5,9 +5,11 @@
     python benchmarks/trainer_throughput.py --models resnet50 gpt2_small --steps 60
 
 Each configuration is a real ``python -m scalerepro.train`` process writing a run record; the
-table is read from those records. Baseline = fp32 (TF32 off), eager, DataLoader with worker
-processes, foreach optimizer. Optimised = bf16 autocast, channels_last (CNNs), torch.compile,
-the device-resident loader and the fused optimizer. Same model, shapes, batch and steps.
+table is read from those records. The two configurations are the trainer's presets
+(``scalerepro.config.PRESETS``), the ones the study uses: ``--preset baseline`` = fp32 (TF32
+off), eager, DataLoader with worker processes, foreach optimizer; ``--preset optimised`` = bf16
+autocast, channels_last and cudnn.benchmark (CNNs), torch.compile, the device-resident loader
+and the fused optimizer. Same model, shapes, batch and steps.
 
     ratio = optimised samples/s / baseline samples/s
 """
@@ -45,14 +47,7 @@ WORKLOADS = (
     Workload("gpt2_small", {"cuda": 32, "cpu": 1}),
 )
 
-BASELINE = ("--precision", "fp32", "--compile", "none", "--loader", "dataloader", "--optimizer-impl", "foreach")
-
-
-def optimised(model: str, device: str) -> tuple[str, ...]:
-    flags = ["--precision", "bf16", "--compile", "default", "--loader", "device", "--optimizer-impl", "fused"]
-    if model in ("cnn", "resnet18_cifar", "resnet50"):
-        flags.append("--channels-last")
-    return tuple(flags)
+PRESETS = ("baseline", "optimised")
 
 
 def detect_device() -> str:
@@ -124,8 +119,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="scalerepro-bench-") as scratch:
         for workload in (w for w in WORKLOADS if w.model in args.models):
             pair = {}
-            for config, flags in (("baseline", BASELINE), ("optimised", optimised(workload.model, device))):
+            for config in PRESETS:
                 name = f"{workload.model}-{config}"
+                flags = ("--preset", config)
                 pair[config] = run_one(workload, device, flags, steps, warmup, args.num_workers, Path(scratch) / f"{name}.json", Path(scratch) / f"{name}.log")
                 r = pair[config]
                 if not r["ok"]:

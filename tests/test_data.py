@@ -92,6 +92,26 @@ def test_synthetic_labels_depend_on_the_input():
     assert labels.bincount(minlength=10).min() > 300  # all classes present
 
 
+def test_synthetic_images_are_read_from_a_uint8_bank_not_rendered_per_batch():
+    """A DataLoader worker must measure loading, not an image generator: each sample is one of
+    the pre-rendered uint8 images, normalised with the bank's per-channel statistics."""
+    source = SyntheticImages(4096, num_classes=10, image_size=32, seed=0)
+    assert source.bank.dtype == torch.uint8 and source.bank.shape == (512, 3, 32, 32)
+    (images,), labels = source.batch(torch.arange(200), epoch=0)
+    normalised_bank = (source.bank.float() - source.mean) / source.std
+    distance = torch.cdist(images.flatten(1), normalised_bank.flatten(1))
+    closest = distance.argmin(dim=1)
+    assert torch.allclose(images, normalised_bank[closest], atol=1e-5)
+    assert torch.equal(labels, source.bank_labels[closest])
+    assert len(set(closest.tolist())) > 150  # the samples spread over the bank
+    # Normalised: about zero mean and unit spread per channel over the bank.
+    assert normalised_bank.mean(dim=(0, 2, 3)).abs().max() < 1e-3
+    assert (normalised_bank.std(dim=(0, 2, 3)) - 1).abs().max() < 1e-3
+    # The held-out split renders its own bank: same class templates, unseen noise.
+    held_out = SyntheticImages(1000, num_classes=10, image_size=32, seed=0, index_offset=4096)
+    assert torch.equal(held_out.templates, source.templates) and not torch.equal(held_out.bank, source.bank)
+
+
 def test_synthetic_language_data():
     causal = SyntheticCausalLM(100, vocab_size=50, seq_len=12, seed=0)
     (tokens,), targets = causal.batch(torch.arange(100), 0)

@@ -180,3 +180,56 @@ def test_first_host_of_a_slurm_node_list(nodelist, first):
 def test_unparseable_node_list():
     with pytest.raises(DistributedSetupError):
         first_host("[01-02]")
+
+
+def test_a_rank_still_compiling_in_warm_up_does_not_trip_the_steady_state_timeout(tmp_path):
+    """Rank 1 compiles cold (torch.compile, caches off) while rank 0 runs eager and waits for it
+    in DDP's first all-reduce for longer than --dist-timeout-s: the warm-up timeout covers that
+    wait; after the warm-up steps the steady-state timeout applies again."""
+    port = str(free_port())
+    common = ["--model", "cnn", "--batch-size", "8", "--num-workers", "0", "--loader", "device", "--synthetic-samples", "256",
+              "--no-eval", "--steps", "6", "--warmup-steps", "2", "--comm-probe-steps", "0", "--bucket-probe-steps", "0",
+              "--dist-timeout-s", "4", "--progress", "off"]  # fmt: skip
+    ranks = []
+    for rank, extra in ((0, ["--compile", "none", "--record", str(tmp_path / "r.json")]), (1, ["--compile", "default"])):
+        env = clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=port, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor{rank}"),
+                        TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")  # fmt: skip
+        ranks.append(subprocess.Popen([sys.executable, "-m", "scalerepro.train", *common, *extra], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    started = time.monotonic()
+    outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    waited = time.monotonic() - started
+    assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "ok" and record["config"]["parallel"]["warmup_dist_timeout_s"] == 1800.0
+    assert waited > 3 * 4, f"the cold compile took {waited:.0f} s: too short to show the steady-state timeout would trip"
+
+
+_TIMEOUT_PROBE = """
+import datetime, socket, sys
+import torch, torch.distributed as dist
+from scalerepro.config import parse_args
+from scalerepro.distributed import DistContext, DistEnv
+from scalerepro.trainer import StopRequest, Trainer
+
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=5))
+ctx = DistContext(DistEnv("torchrun", 0, 1, 0, 1, "127.0.0.1", int(sys.argv[1])), torch.device("cpu"), "gloo", (socket.gethostname(),))
+gloo = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+config = parse_args(sys.argv[2:])
+trainer = Trainer(config, ctx, StopRequest(), log=lambda *a: None)
+print("after setup", gloo.options._timeout.total_seconds())
+trainer.fit()
+print("after warm-up", gloo.options._timeout.total_seconds(), flush=True)
+"""
+
+
+def test_collectives_get_the_warm_up_timeout_then_the_steady_state_one(tmp_path):
+    args = ["--model", "cnn", "--batch-size", "8", "--num-workers", "0", "--loader", "device", "--synthetic-samples", "128",
+            "--no-eval", "--steps", "4", "--warmup-steps", "2", "--comm-probe-steps", "0", "--bucket-probe-steps", "0",
+            "--dist-timeout-s", "17", "--warmup-dist-timeout-s", "900", "--progress", "off"]  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", _TIMEOUT_PROBE, str(free_port()), *args], env=clean_env(),
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "after setup 900.0" in result.stdout and "after warm-up 17.0" in result.stdout, result.stdout

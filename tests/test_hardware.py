@@ -35,7 +35,14 @@ T = 1e12
         ("NVIDIA A100-SXM4-40GB", "A100 SXM4"),
         ("NVIDIA A100 80GB PCIe", "A100 PCIe"),
         ("NVIDIA A100-PCIE-40GB", "A100 PCIe"),
-        ("NVIDIA H100", None),  # form factor unknown: SXM and PCIe peaks differ
+        ("NVIDIA H100", "H100 SXM5"),  # no form factor: the highest H100 peak (MFU never overstated)
+        ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "H100 SXM5"),  # a MIG instance: its GPU's entry
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "A100 SXM4"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("NVIDIA GH200 144G HBM3e", "GH200"),
+        ("NVIDIA H800", "H800 SXM5"),
+        ("NVIDIA H800 PCIe", "H800 PCIe"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
         ("NVIDIA A10", None),  # must not match A100 by prefix
         ("NVIDIA GeForce RTX 4090", None),
         ("cpu", None),
@@ -63,6 +70,12 @@ def test_gpu_model_matches_torch_device_names(device_name: str | None, model: st
         ("NVIDIA A100-SXM4-80GB", "fp32", 19.5),
         ("NVIDIA A100-PCIE-40GB", "tf32", 156.0),
         ("NVIDIA A100 80GB PCIe", "fp16", 312.0),
+        ("NVIDIA H100", "bf16", 989.4),
+        ("NVIDIA GH200 480GB", "bf16", 989.4),
+        ("NVIDIA GH200 480GB", "fp32", 66.9),
+        ("NVIDIA H800", "bf16", 989.4),
+        ("NVIDIA H800 PCIe", "tf32", 378.0),
+        ("NVIDIA H200 NVL", "bf16", 835.5),
     ],
 )
 def test_peak_flops_from_the_table(device_name: str, precision: str, tflops: float) -> None:
@@ -71,15 +84,41 @@ def test_peak_flops_from_the_table(device_name: str, precision: str, tflops: flo
     assert "https://" in source and gpu_model(device_name) in source
 
 
+@pytest.mark.parametrize(
+    ("device_name", "slices", "whole_gpu"),
+    [
+        ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", 3, "NVIDIA H100 80GB HBM3"),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 1, "NVIDIA H100 80GB HBM3"),
+        ("NVIDIA H100 80GB HBM3 MIG 7g.80gb", 7, "NVIDIA H100 80GB HBM3"),
+        ("NVIDIA A100-SXM4-40GB MIG 2g.10gb", 2, "NVIDIA A100-SXM4-40GB"),
+        ("NVIDIA H100 NVL MIG 4g.47gb", 4, "NVIDIA H100 NVL"),
+    ],
+)
+def test_a_mig_instance_gets_its_slices_share_of_the_gpus_peak(device_name: str, slices: int, whole_gpu: str) -> None:
+    for precision in PRECISIONS:
+        flops, source = peak_flops(device_name, precision)
+        whole, _ = peak_flops(whole_gpu, precision)
+        # MIG instance peak = GPU peak x compute slices / 7
+        assert flops == pytest.approx(whole * slices / 7)
+        assert f"{slices}/7" in source and "mig-user-guide" in source
+
+
+def test_a_name_without_form_factor_says_the_sxm_peak_was_assumed() -> None:
+    _, source = peak_flops("NVIDIA H100", "bf16")
+    assert "no form factor" in source and "torchtitan/pull/554" in source
+    _, named = peak_flops("NVIDIA H100 80GB HBM3", "bf16")
+    assert "no form factor" not in named
+
+
 def test_every_table_row_is_dense_and_ordered_by_precision() -> None:
     for peak in PEAKS.values():
         # Tensor-core rates exceed the CUDA-core FP32 rate, and FP16/BF16 run at twice TF32.
         assert peak.fp32 < peak.tf32 < peak.fp16 == peak.bf16
         assert peak.fp16 == pytest.approx(2 * peak.tf32, rel=1e-3)
-        assert "https://" in peak.source
+        assert "https://" in peak.source and ("datasheet" in peak.source.lower() or "whitepaper" in peak.source.lower())
 
 
-@pytest.mark.parametrize("device_name", ["cpu", None, "NVIDIA GeForce RTX 4090"])
+@pytest.mark.parametrize("device_name", ["cpu", None, "NVIDIA GeForce RTX 4090", "NVIDIA H100 80GB HBM3 MIG 9g.90gb"])
 def test_peak_flops_unknown_is_none_with_reason(device_name: str | None) -> None:
     flops, reason = peak_flops(device_name, "bf16")
     assert flops is None

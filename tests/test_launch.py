@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,7 @@ def test_inside_a_slurm_job_it_is_one_srun_task_per_node_with_everything_explici
     srun, agent = command[: command.index(sys.executable)], command[command.index(sys.executable) :]
     assert srun == [
         "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--kill-on-bad-exit=1",
-        "--export=ALL", "--job-name=strong_g8", "--gpus-per-node=4",
+        "--export=ALL", "--label", "--job-name=strong_g8", "--gpus-per-node=4",
     ]  # fmt: skip
     assert agent == [sys.executable, "-m", "scalerepro.launch", "--node-agent", "--nodes=2", "--ranks-per-node=4", "--cpus-per-node=32", "--port=29400", "--", *TRAIN]
 
@@ -67,7 +68,7 @@ def test_the_node_agent_meets_on_the_first_host_of_the_step():
     command = launch.command(args, environ)
     assert command == [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--nnodes=2", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=localhost:29417", "--rdzv-id=1234.0", *TRAIN,
+        "--rdzv-endpoint=localhost:29417", "--rdzv-id=1234.0", "--tee=3", *TRAIN,
     ]  # fmt: skip
 
 
@@ -121,6 +122,71 @@ def test_a_node_list_the_agent_cannot_read_is_one_clear_error():
         launch.command(args, {"SLURM_STEP_NODELIST": "[01-02]", "SLURM_JOB_ID": "1"})
 
 
+def _pid_of_rank(rank: int, mark: str) -> int:
+    """The process of ``rank`` among those carrying ``mark`` in their environment (/proc)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if mark.encode() in environ and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no process of rank {rank} with {mark}")
+
+
+def test_ranks_killed_before_writing_a_record_leave_the_launchers_failed_record(tmp_path):
+    """Rank 0 (the one that writes records) is killed with SIGKILL, as the OOM killer or
+    torchrun would kill it; rank 1 then loses its peer. Neither writes a record: the launcher
+    writes the failed one, with each failed rank's exit code and the tail of each rank's log."""
+    record = tmp_path / "record.json"
+    mark = f"SCALEREPRO_TEST_MARK={uuid.uuid4()}"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", f"--env={mark}", "--",
+         "-m", "scalerepro.train", "--model", "cnn", "--batch-size", "16", "--num-workers", "0", "--synthetic-samples", "1024",
+         "--eval-samples", "64", "--steps", "5000", "--warmup-steps", "2", "--log-interval", "5", "--device", "cpu",
+         "--run-id", "killed", "--record", str(record)],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=open(tmp_path / "launcher.err", "w"), text=True,
+    )  # fmt: skip
+    seen = []
+    for line in launcher.stdout:
+        seen.append(line)
+        if line.startswith("[default0]:step 20/"):
+            break
+    os.kill(_pid_of_rank(0, mark), signal.SIGKILL)
+    seen += launcher.stdout.readlines()
+    assert launcher.wait(timeout=120) != 0
+    errors = [line for line in (tmp_path / "launcher.err").read_text().splitlines() if line.startswith("scalerepro.launch: error:")]
+    assert len(errors) == 1 and "rank 0 (host" in errors[0] and "exit -9 (SIGKILL)" in errors[0], errors
+
+    document = load_record(record)
+    assert document["status"] == "failed" and document["run_id"] == "killed" and document["measurements"] is None
+    error = document["error"]
+    assert error["type"] == "RanksEndedWithoutRecord" and error["launcher_exit_code"] != 0
+    by_rank = {failure["rank"]: failure for failure in error["ranks"]}
+    assert by_rank[0]["exit_code"] == -9 and by_rank[0]["signal"] == "SIGKILL"
+    assert set(error["log_tails"]) == {"local rank 0", "local rank 1"}
+    assert any(line.startswith("step 20/") for line in error["log_tails"]["local rank 0"])
+    assert any("lost contact with another rank" in line for line in error["log_tails"]["local rank 1"]), error["log_tails"]
+    assert document["config"]["run"]["record"] == str(record) and document["seed"] == 0
+    assert document["versions"]["torch"] and document["hardware"]["gpu"]["reason"].startswith("not read: this process imports no torch")
+
+
+def test_a_record_the_ranks_wrote_is_never_replaced(tmp_path):
+    """A run that fails inside the trainer writes its own record (status failed, rank 0's
+    error): the launcher leaves it as it is."""
+    record = tmp_path / "record.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", "--", "-m", "scalerepro.train", "--model", "cnn",
+         "--num-workers", "0", "--synthetic-samples", "256", "--steps", "3", "--warmup-steps", "1", "--device", "cpu",
+         "--lr", "1e9", "--lr-scaling", "none", "--log-interval", "1", "--record", str(record)],
+        env=clean_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    document = load_record(record)
+    assert document["status"] == "failed" and document["error"]["type"] == "NonFiniteLossError"
+    assert "scalerepro.launch: error:" not in result.stderr
+
+
 def _listening_sockets(pids: set[int]) -> set[str]:
     """Local addresses of the TCP sockets the processes ``pids`` listen on (from /proc)."""
     inodes = set()
@@ -161,7 +227,7 @@ def test_a_local_run_listens_on_loopback_only(tmp_path):
     )  # fmt: skip
     try:
         for line in launcher.stdout:
-            if line.startswith("step 10/"):
+            if line.startswith("[default0]:step 10/"):
                 break
         processes = _descendants(launcher.pid)
         listening = _listening_sockets(processes)

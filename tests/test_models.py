@@ -186,3 +186,11 @@ def test_bad_shape(name: str, shape: ModelShape, flag: str) -> None:
     with pytest.raises(ValueError, match=f"^{flag} ") as error:
         resolve(name, shape)
     assert "\n" not in str(error.value)
+
+
+def test_the_presets_conv_nets_are_the_cnn_family() -> None:
+    """scalerepro.config (torch-free) names the conv nets for the optimised preset's
+    channels_last and cudnn.benchmark; they must be exactly the models of the cnn family."""
+    from scalerepro.config import CONV_NETS
+
+    assert CONV_NETS == {name for name in MODEL_NAMES if resolve(name).family == "cnn"}

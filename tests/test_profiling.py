@@ -426,3 +426,17 @@ def test_a_window_past_the_end_of_the_run_is_a_usage_error(tmp_path):
                            "--profile-window-steps", "3", "--profile-dir", str(tmp_path)])  # fmt: skip
     assert result.returncode == 2
     assert "the profiling window (steps 3..5) ends after the run's 4 steps" in result.stderr
+
+
+def test_cuda_api_mode_on_the_cpu_is_a_one_line_usage_error_naming_the_fallback(tmp_path):
+    """It used to fail at the window's first step with torch's "Torch not compiled with CUDA"."""
+    from conftest import load_record, python_train
+
+    result = python_train(["--model", "cnn", "--device", "cpu", "--num-workers", "0", "--steps", "4", "--warmup-steps", "1", "--synthetic-samples", "256",
+                           "--no-eval", "--progress", "off", "--profile-mode", "cuda_api", "--profile-window-start", "1",
+                           "--profile-window-steps", "2", "--record", str(tmp_path / "r.json")])  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "--profile-mode cuda_api" in result.stderr and "use --profile-mode torch" in result.stderr
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "failed" and record["error"]["type"] == "ConfigError"

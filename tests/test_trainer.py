@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from conftest import clean_env, load_record, python_train
-from scalerepro import checkpoint
+from scalerepro import checkpoint, distributed
+from scalerepro.config import parse_args
 from scalerepro.train import EXIT_PREEMPTED, main
+from scalerepro.trainer import StopRequest, Trainer
 
 SMALL_TRANSFORMER = ["--num-layers", "2", "--hidden-size", "64", "--num-heads", "2"]
 # (model flags, steps, batch): small shapes that learn the synthetic task within the steps given.
@@ -226,3 +228,50 @@ def test_compile_runs(tmp_path):
     record = load_record(tmp_path / "run.json")
     assert record["knobs"]["compile"] == "default"
     print(f"cold torch.compile run of the cnn: {time.monotonic() - started:.1f} s")
+
+
+def test_log_points_are_outside_the_timed_steps(tmp_path):
+    """A log point reads the loss from the device, all-reduces and prints: host work that is not
+    part of the step. With a log sink as slow as a congested shared file system (1 s a line),
+    no timed step may contain it."""
+    delay_s = 1.0
+    lines: list[str] = []
+
+    def slow_log(line: str) -> None:
+        lines.append(line)
+        time.sleep(delay_s)
+
+    config = parse_args(small_run(tmp_path, "--model", "cnn", "--steps", "8", "--log-interval", "2", "--no-eval",
+                                  "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--progress", "off"))  # fmt: skip
+    stop = StopRequest()
+    try:
+        trainer = Trainer(config, distributed.setup("cpu", 60, environ={}), stop, log=slow_log)
+        assert trainer.fit().status == "ok"
+    finally:
+        stop.restore()
+    assert sum(line.startswith("step ") for line in lines) == 4  # steps 2, 4, 6, 8 logged
+    durations = trainer.timer.durations_s()
+    # Steps 2, 4, 6, 8 end at a log point (durations[1], [3], ...); the first step also starts
+    # the loader and allocator, so it is left out of the bound.
+    assert len(durations) == 8 and max(durations[1:]) < delay_s, durations
+
+
+def test_the_optimised_preset_resolves_once_explicit_flags_win_and_the_record_says_both(tmp_path):
+    """--preset optimised on the CPU: bf16 autocast, channels_last and cudnn.benchmark (a CNN),
+    the device loader, the fused optimizer; --compile none given explicitly wins over the
+    preset's compile, and the record names the preset and that override."""
+    assert main(small_run(tmp_path, "--model", "cnn", "--preset", "optimised", "--compile", "none")) == 0
+    record = load_record(tmp_path / "run.json")
+    knobs = record["knobs"]
+    assert knobs["preset"] == "optimised" and knobs["preset_overrides"] == {"compile": "none"}
+    assert record["precision"] == "bf16" and knobs["compile"] == "none"
+    assert knobs["channels_last"] and knobs["cudnn_benchmark"]
+    assert knobs["loader"] == "device" and knobs["optimizer_impl"] == "fused"
+    assert record["config"]["perf"]["preset"] == "optimised"
+    losses = [entry["loss"] for entry in record["loss_log"]]
+    assert all(loss == loss for loss in losses) and record["measurements"]["samples_per_s"] > 0
+
+    # A transformer gets neither channels_last nor cudnn.benchmark; baseline is the defaults.
+    gpt = parse_args(["--model", "gpt2_small", "--preset", "optimised"])
+    assert (gpt.perf.precision, gpt.perf.compile, gpt.perf.channels_last, gpt.perf.cudnn_benchmark) == ("bf16", "default", False, False)
+    assert parse_args(["--preset", "baseline"]) == parse_args([])

@@ -102,7 +102,7 @@ def test_the_whole_dag_ran_and_every_record_is_valid(study):
     assert weak2["data"]["kind"] == "synthetic" and weak2["data"]["train_samples"] == 512 and weak2["batch"]["per_rank"] == 16
     assert records["ablation_cnn_g2_all_r1"]["knobs"]["loader"] == "device"
     assert records["ablation_cnn_g2_all_r1"]["knobs"]["optimizer_impl"] == "fused"
-    assert records["sensitivity_cnn_g2_bucket1-batch16-fp32_r1"]["knobs"]["bucket_cap_mb"] == 1.0
+    assert records["sensitivity_cnn_g2_bucket1-batch16-bf16_r1"]["knobs"]["bucket_cap_mb"] == 1.0
     manifest = json.loads((study / "results/data/cifar10/manifest.json").read_text())
     assert manifest["source"].startswith("http://127.0.0.1:")
     comm = json.loads((study / "results/comm/g2.json").read_text())
@@ -170,6 +170,8 @@ def test_tables_match_the_records(study):
     for run_id, record in records.items():
         assert runs.loc[run_id, "samples_per_s"] == pytest.approx(record["measurements"]["samples_per_s"])
         assert runs.loc[run_id, "status"] == record["status"]
+        # The matrix's precision is the trainer's, preset included (the cells run --preset optimised).
+        assert runs.loc[run_id, "precision"] == record["precision"], run_id
     scaling = pd.read_csv(study / "results/tables/scaling.csv")
     for (kind, gpus), cell in scaling.groupby(["study", "gpus"]):
         values = [records[f"{kind}_cnn_g{gpus}_r{k}"]["measurements"]["samples_per_s"] for k in (1, 2)]
@@ -294,6 +296,80 @@ def test_containers_need_apptainer_only_when_enabled(tmp_path):
     enabled = snakemake(workdir, "results/containers/scalerepro.sif", "--cores", "1", "--configfile", "containers.yaml", timeout=300)
     assert enabled.returncode != 0
     assert "apptainer is not installed" in (workdir / "results/logs/build_container.log").read_text()
+
+
+# ---- the study's trainer flags, resolved as the trainer resolves them -------------------------
+
+
+def _machine_with_gpus(tmp_path: Path, gpus: int) -> dict[str, str]:
+    """The environment of a machine whose `nvidia-smi -L` lists ``gpus`` H100s: common.smk counts
+    this machine's GPUs with exactly that command (_local_gpu_names), and a dry run asks the
+    hardware nothing else. The listing is nvidia-smi's format."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    listing = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08x}-5b9d-ab3c-d5c0-8b8b2e5a1d4e)" for i in range(gpus))
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = -L ] || exit 9\ncat <<"LIST"\n{listing}\nLIST\n')
+    fake.chmod(0o755)
+    env = _env()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def _planned_trainer_flags(env: dict[str, str], *args: str) -> dict[str, list[str]]:
+    """run id -> the flags `snakemake -n -p` prints for its trainer."""
+    import shlex
+
+    result = subprocess.run([*SNAKEMAKE, "-n", "-p", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("Shell command: python -m scalerepro.run_job "):
+            argv = shlex.split(line.removeprefix("Shell command: "))
+            flags = argv[argv.index("scalerepro.train") + 1 :]
+            runs[flags[flags.index("--run-id") + 1]] = flags
+    return runs
+
+
+def _resolved(flags: list[str]):
+    from scalerepro.config import parse_args
+
+    return parse_args(flags)
+
+
+def test_the_gpu_study_trains_every_cell_optimised_and_the_baseline_only_in_the_ablation(tmp_path):
+    from scalerepro.config import CONV_NETS, preset_values
+
+    runs = _planned_trainer_flags(_machine_with_gpus(tmp_path, 8))
+    assert "strong_resnet50_g8_r1" in runs and "sensitivity_resnet50_g8_bucket25-batch256-tf32_r1" in runs, sorted(runs)[:20]
+    cells = {run: _resolved(flags) for run, flags in runs.items() if not run.startswith(("ablation_", "reproduce_"))}
+    assert len(cells) >= 100
+    for run, config in cells.items():
+        conv = config.model.model in CONV_NETS
+        assert config.parallel.device == "cuda", run
+        assert config.perf.preset == "optimised" and config.perf.compile == "default", run
+        assert config.data.loader == "device" and config.optim.optimizer_impl == "fused", run
+        assert config.perf.channels_last is conv and config.perf.cudnn_benchmark is conv, run
+        expected_precision = run.split("-")[-1].split("_")[0] if run.startswith("sensitivity_") else "bf16"
+        assert config.perf.precision == expected_precision, run
+
+    baseline = _resolved(runs["ablation_resnet50_g8_baseline_r1"])
+    assert (baseline.perf.preset, baseline.perf.precision, baseline.perf.compile, baseline.data.loader, baseline.optim.optimizer_impl) == (
+        "baseline", "fp32", "none", "dataloader", "foreach",
+    )  # fmt: skip
+    assert not baseline.perf.channels_last and not baseline.perf.cudnn_benchmark
+    # Every lever of the ablation together is the optimised preset.
+    everything = _resolved(runs["ablation_resnet50_g8_all_r1"])
+    resolved = {**vars(everything.perf), **vars(everything.data), **vars(everything.optim)}
+    assert {name: resolved[name] for name in preset_values("optimised", "resnet50")} == preset_values("optimised", "resnet50")
+
+
+def test_the_cpu_study_runs_the_optimised_preset_with_bf16_and_compilation_off():
+    runs = _planned_trainer_flags(_env())  # this machine: no nvidia-smi, so the CPU overrides
+    cells = {run: _resolved(flags) for run, flags in runs.items() if not run.startswith(("ablation_", "reproduce_"))}
+    assert cells and all(c.parallel.device == "cpu" for c in cells.values())
+    for run, config in cells.items():
+        assert (config.perf.preset, config.perf.precision, config.perf.compile, config.data.loader) == ("optimised", "bf16", "none", "device"), run
 
 
 def test_the_report_line_names_a_report_built_by_this_run_only(study, tmp_path):

@@ -55,8 +55,10 @@ rule train:
             f"results/runs/{wc.run}/record.json",
             f"results/runs/{wc.run}/checkpoints",
         ),
-    script:
-        "../scripts/run_training.py"
+    # A shell command (not a script), so that `snakemake -n -p` prints every run's flags.
+    shell:
+        "python -m scalerepro.run_job {output.record:q} {log:q} {params.launch:q}"
+        " -- -m scalerepro.train {params.args:q}"
 
 
 rule comm_benchmark:

@@ -3,6 +3,11 @@
 Every flag of ``python -m scalerepro.train`` is a field below: its type, default and help text
 live in one place, ``--help`` is generated from them, and the run record stores the resolved
 dataclasses verbatim (``dataclasses.asdict``), so a record always says exactly how it was made.
+
+``--preset`` names a whole configuration once (:data:`PRESETS`): ``optimised`` is what the
+study's cells, the throughput benchmark and the README run; ``baseline`` (the defaults) is the
+fp32, eager, DataLoader configuration the ablation starts from. A preset only changes defaults:
+any flag given explicitly wins over it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,32 @@ Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
 ]
+Preset = Literal["baseline", "optimised"]
+
+# The convolutional networks: channels_last and cudnn.benchmark are part of the optimised preset
+# for these only (tests check this set against each model's family in scalerepro.models).
+CONV_NETS = frozenset({"cnn", "resnet18_cifar", "resnet50"})
+# Fields (dest names) each preset sets; those in CONV_NET_ONLY are set True for CONV_NETS only.
+PRESETS: dict[str, dict[str, Any]] = {
+    "baseline": {
+        "precision": "fp32", "channels_last": False, "cudnn_benchmark": False, "compile": "none",
+        "loader": "dataloader", "optimizer_impl": "foreach",
+    },
+    "optimised": {
+        "precision": "bf16", "channels_last": True, "cudnn_benchmark": True, "compile": "default",
+        "loader": "device", "optimizer_impl": "fused",
+    },
+}  # fmt: skip
+CONV_NET_ONLY = ("channels_last", "cudnn_benchmark")
+DEFAULT_PRESET = "baseline"
+
+
+def preset_values(preset: str, model: str) -> dict[str, Any]:
+    """The field values ``preset`` gives a run of ``model`` (dest name -> value)."""
+    values = dict(PRESETS[preset])
+    for name in CONV_NET_ONLY:
+        values[name] = values[name] and model in CONV_NETS
+    return values
 
 
 class ConfigError(ValueError):
@@ -84,16 +115,28 @@ class ParallelConfig:
     gradient_as_bucket_view: bool = _opt(False, "DDP gradients as views into the all-reduce buckets (saves a copy)")
     static_graph: bool = _opt(False, "DDP static_graph (the graph does not change between steps)")
     sync_batchnorm: bool = _opt(False, "convert BatchNorm to SyncBatchNorm (batch statistics over all ranks)")
-    dist_timeout_s: float = _opt(300.0, "seconds to wait for every rank to join (and for any collective)")
+    dist_timeout_s: float = _opt(300.0, "seconds to wait for every rank to join, and for any collective after the warm-up steps")
+    warmup_dist_timeout_s: float = _opt(
+        1800.0,
+        "collective timeout from the process group's forming to the end of the warm-up steps (at least the first step): "
+        "compilation and autotuning run there, and a cold compile cache on one rank must not trip --dist-timeout-s",
+    )
 
 
 @dataclass
 class PerfConfig:
+    preset: Preset = _opt(
+        DEFAULT_PRESET,
+        "a named configuration setting the flags below, --loader and --optimizer-impl: 'optimised' = bf16, channels_last and "
+        "cudnn.benchmark (CNNs), torch.compile, device loader, fused optimizer; 'baseline' = fp32, eager, DataLoader, foreach. "
+        "Flags given explicitly win over it",
+    )
     precision: Precision = _opt("fp32", "fp32 (TF32 off), tf32 (TF32 matmuls/convs), fp16 (autocast + loss scaling), bf16 (autocast)")
     channels_last: bool = _opt(False, "NHWC memory format for image models and their inputs")
     compile: CompileMode = _opt(
         "none", "torch.compile the model; '--compile' alone means mode 'default'", nargs="?", const="default"
     )
+    cudnn_benchmark: bool = _opt(False, "torch.backends.cudnn.benchmark: time the convolution algorithms for each shape, keep the fastest")
 
 
 @dataclass
@@ -176,6 +219,9 @@ class TrainConfig:
             raise ConfigError(f"--label-smoothing must be in [0, 1) (got {o.label_smoothing})")
         if not 0.0 <= self.model.dropout < 1.0:
             raise ConfigError(f"--dropout must be in [0, 1) (got {self.model.dropout})")
+        for flag, value in {"--dist-timeout-s": self.parallel.dist_timeout_s, "--warmup-dist-timeout-s": self.parallel.warmup_dist_timeout_s}.items():
+            if value <= 0:
+                raise ConfigError(f"{flag} must be positive (got {value})")
         if r.nvml_interval_s <= 0:
             raise ConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
         if r.resume and not r.checkpoint_dir:
@@ -238,9 +284,16 @@ def build_parser(prog: str = "python -m scalerepro.train") -> argparse.ArgumentP
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """Parse and validate the command line; a bad flag or value exits 2 with one line."""
+    """Parse and validate the command line; a bad flag or value exits 2 with one line.
+
+    The preset (and the model it is applied to) is read first and becomes the parser's
+    defaults, so that every flag given explicitly wins over it.
+    """
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    namespace = vars(parser.parse_args(sys.argv[1:] if argv is None else argv))
+    given, _ = parser.parse_known_args(argv)
+    parser.set_defaults(**preset_values(given.preset, given.model))
+    namespace = vars(parser.parse_args(argv))
     hints = typing.get_type_hints(TrainConfig)
     sections = {
         section.name: hints[section.name](
@@ -254,6 +307,12 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     except ConfigError as error:
         parser.error(str(error))
     return config
+
+
+def preset_overrides(config: TrainConfig) -> dict[str, Any]:
+    """The fields where ``config`` departs from its preset (dest name -> the value it has)."""
+    resolved = {f.name: getattr(section, f.name) for section in vars(config).values() for f in dataclasses.fields(section)}
+    return {name: resolved[name] for name, value in preset_values(config.perf.preset, config.model.model).items() if resolved[name] != value}
 
 
 def to_argv(config: TrainConfig) -> list[str]:

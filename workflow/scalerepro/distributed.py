@@ -180,6 +180,14 @@ def _loopback_store(env: DistEnv, timeout: datetime.timedelta, environ: Mapping[
     return dist.TCPStore(**common, is_master=False)
 
 
+def set_collective_timeout(ctx: DistContext, timeout_s: float) -> None:
+    """From now on, a collective of the default process group that waits longer than
+    ``timeout_s`` fails (NCCL's watchdog aborts it; gloo raises). Collectives already issued
+    keep the timeout they were issued with."""
+    if ctx.distributed:
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s))
+
+
 def finish(ctx: DistContext, clean: bool) -> None:
     """End of a rank's work. After a clean run all ranks meet at a barrier, so none leaves while a
     peer still waits on a collective; after a failure peers may be gone, so no barrier.

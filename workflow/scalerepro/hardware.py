@@ -34,6 +34,14 @@ _H200_DATASHEET = (
     "NVIDIA H200 Tensor Core GPU datasheet / product page technical specifications "
     "(https://www.nvidia.com/en-us/data-center/h200/)"
 )
+_GH200_DATASHEET = (
+    "NVIDIA GH200 Grace Hopper Superchip datasheet, Hopper GPU column "
+    "(https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip)"
+)
+_H800_DATASHEET = (
+    "NVIDIA H800 Tensor Core GPU datasheet / product page technical specifications "
+    "(https://www.nvidia.cn/data-center/h800/)"
+)
 _A100_DATASHEET = (
     "NVIDIA A100 Tensor Core GPU datasheet; the same figures for 40 GB and 80 GB, SXM4 and PCIe "
     "(https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
@@ -43,6 +51,24 @@ _A100_DATASHEET = (
 # what a dense matmul can reach, is half of it (NVIDIA's footnote: "Shown with sparsity.
 # Specifications are one-half lower without sparsity").
 _SPARSE_TO_DENSE = 0.5
+
+# A MIG instance gets a whole number of the GPU's 7 compute slices ("3g.40gb": 3 of 7; A100,
+# H100, H200 and GH200 all have 7): NVIDIA Multi-Instance GPU User Guide, "Supported MIG
+# Profiles", whose tables give each profile's fraction of the SMs as <slices>/7
+# (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/index.html#supported-mig-profiles).
+# The clock is the whole GPU's, so the instance's peak is that fraction of the GPU's.
+MIG_COMPUTE_SLICES = 7
+_MIG_USER_GUIDE = "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/index.html#supported-mig-profiles"
+_MIG_PROFILE = re.compile(r"\bMIG\s+(\d+)g\.(\d+)gb", re.IGNORECASE)
+# Devices that report "NVIDIA H100" / "NVIDIA H800" with no form factor: the 96 GB HBM2e SXM
+# parts do (pytorch/torchtitan pull request 554, https://github.com/pytorch/torchtitan/pull/554,
+# where a memory-size rule was rejected for exactly that reason), while the PCIe and NVL cards
+# name themselves. Rule: take the SXM part, the variant with the highest peak, so that MFU can
+# only be understated, never overstated; the record's peak source says it was assumed.
+_BARE_NAME_RULE = (
+    "the device name gives no form factor: the SXM part is assumed (the highest peak, so MFU is "
+    "never overstated; PCIe and NVL cards report it in their names; https://github.com/pytorch/torchtitan/pull/554)"
+)
 
 
 @dataclass(frozen=True)
@@ -99,6 +125,23 @@ PEAKS: dict[str, PeakThroughput] = {
             _H200_DATASHEET + ", H200 NVL column; tensor figures printed with sparsity, halved",
         ),
         # Datasheet: FP32 19.5; TF32 156, FP16/BF16 312 (dense; 312*/624* with sparsity).
+        # Datasheet, Hopper GPU column: FP32 67; TF32 494 (989*), FP16/BF16 990 (1979*): the GH100
+        # die with 132 SMs at 1.98 GHz as in H100 SXM, so the whitepaper's unrounded figures apply.
+        PeakThroughput(
+            "GH200", 66.9 * TFLOPS, 494.7 * TFLOPS, 989.4 * TFLOPS, 989.4 * TFLOPS,
+            _GH200_DATASHEET + "; identical compute figures to H100 SXM, so " + _H100_WHITEPAPER,
+        ),
+        # Datasheet, H800 SXM5: FP32 67; TF32 989*, FP16/BF16 1979* (with sparsity): the H100 SXM
+        # compute figures (the H800 differs in FP64 and NVLink bandwidth only).
+        PeakThroughput(
+            "H800 SXM5", 66.9 * TFLOPS, 494.7 * TFLOPS, 989.4 * TFLOPS, 989.4 * TFLOPS,
+            _H800_DATASHEET + ", SXM column; identical compute figures to H100 SXM, so " + _H100_WHITEPAPER,
+        ),
+        # Datasheet, H800 PCIe: FP32 51; TF32 756*, FP16/BF16 1513*: the H100 PCIe figures.
+        PeakThroughput(
+            "H800 PCIe", 51.2 * TFLOPS, 378.0 * TFLOPS, 756.0 * TFLOPS, 756.0 * TFLOPS,
+            _H800_DATASHEET + ", PCIe column; identical compute figures to H100 PCIe, so " + _H100_WHITEPAPER,
+        ),
         PeakThroughput(
             "A100 SXM4", 19.5 * TFLOPS, 156.0 * TFLOPS, 312.0 * TFLOPS, 312.0 * TFLOPS,
             _A100_DATASHEET,
@@ -115,21 +158,24 @@ def gpu_model(gpu_name: str | None) -> str | None:
     """The :data:`PEAKS` key for a device name as torch/NVML report it, or None if not known.
 
     Names seen in the wild: "NVIDIA H100 80GB HBM3" (SXM5), "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
-    "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB",
-    "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB". A bare "H100" with no form factor is not
-    matched, because its SXM and PCIe peaks differ by 30 %.
+    "NVIDIA H100" (96 GB SXM parts, see ``_BARE_NAME_RULE``), "NVIDIA H800", "NVIDIA H800 PCIe",
+    "NVIDIA GH200 480GB", "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB",
+    "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB"; a MIG instance
+    appends its profile ("NVIDIA H100 80GB HBM3 MIG 3g.40gb") and maps to its GPU's entry.
     """
     if not gpu_name:
         return None
-    tokens = set(re.split(r"[^A-Z0-9]+", gpu_name.upper()))
+    tokens = set(re.split(r"[^A-Z0-9]+", _MIG_PROFILE.sub("", gpu_name).upper()))
+    if "GH200" in tokens:
+        return "GH200"
     if "H100" in tokens:
         if "NVL" in tokens:
             return "H100 NVL"
         if "PCIE" in tokens:
             return "H100 PCIe"
-        if "HBM3" in tokens or any(t.startswith("SXM") for t in tokens):
-            return "H100 SXM5"
-        return None
+        return "H100 SXM5"  # "80GB HBM3", "SXM5", or no form factor at all (_BARE_NAME_RULE)
+    if "H800" in tokens:
+        return "H800 PCIe" if "PCIE" in tokens else "H800 SXM5"
     if "H200" in tokens:
         # The SXM part reports plain "NVIDIA H200"; the only other H200 is the NVL (PCIe card).
         return "H200 NVL" if "NVL" in tokens else "H200 SXM"
@@ -140,6 +186,19 @@ def gpu_model(gpu_name: str | None) -> str | None:
             return "A100 SXM4"
         return None
     return None
+
+
+def _names_no_form_factor(gpu_name: str) -> bool:
+    tokens = set(re.split(r"[^A-Z0-9]+", _MIG_PROFILE.sub("", gpu_name).upper()))
+    return bool(tokens & {"H100", "H800"}) and not tokens & {"NVL", "PCIE", "HBM3"} and not any(t.startswith("SXM") for t in tokens)
+
+
+def mig_slices(gpu_name: str | None) -> tuple[int, str] | None:
+    """(compute slices of 7, profile) of a MIG instance's device name, or None for a whole GPU."""
+    found = _MIG_PROFILE.search(gpu_name or "")
+    if found is None:
+        return None
+    return int(found.group(1)), f"{found.group(1)}g.{found.group(2)}gb"
 
 
 def peak_flops(
@@ -170,7 +229,19 @@ def peak_flops(
             "pass a user override"
         )
     peak = PEAKS[model]
-    return peak.flops(precision), f"{model}, dense {precision}: {peak.source}"
+    source = f"{model}, dense {precision}: {peak.source}"
+    if _names_no_form_factor(gpu_name):
+        source += f"; {_BARE_NAME_RULE}"
+    mig = mig_slices(gpu_name)
+    if mig is None:
+        return peak.flops(precision), source
+    # MIG instance peak = GPU peak x compute slices / 7
+    slices, profile = mig
+    if not 1 <= slices <= MIG_COMPUTE_SLICES:
+        return None, f"MIG profile {profile} of {gpu_name!r} claims {slices} of {MIG_COMPUTE_SLICES} compute slices: pass a user override"
+    return peak.flops(precision) * slices / MIG_COMPUTE_SLICES, (
+        f"MIG {profile}: {slices}/{MIG_COMPUTE_SLICES} of the GPU's compute slices ({_MIG_USER_GUIDE}) x {source}"
+    )
 
 
 def _distribution_version(name: str) -> str | None:
@@ -181,11 +252,12 @@ def _distribution_version(name: str) -> str | None:
         return None
 
 
-def software_versions() -> dict[str, Any]:
+def software_versions(import_torch: bool = True) -> dict[str, Any]:
     """Versions of the software a run's numbers depend on; None where not installed or no CUDA.
 
     ``cudnn`` is torch's integer as is (e.g. 90100): its encoding changed between cuDNN 8 and 9,
-    so decoding it here could mislabel it.
+    so decoding it here could mislabel it. ``import_torch=False`` (the launcher, which must not
+    import torch) reads torch's version from its metadata and leaves CUDA, cuDNN and NCCL None.
     """
     from scalerepro import __version__
 
@@ -203,6 +275,9 @@ def software_versions() -> dict[str, Any]:
         "scalerepro": __version__,
         "platform": platform.platform(),
     }
+    if not import_torch:
+        versions["torch"] = _distribution_version("torch")
+        return versions
     try:
         import torch
     except ImportError:
@@ -260,7 +335,7 @@ def _driver_version() -> tuple[str | None, str | None]:
         pynvml.nvmlShutdown()
 
 
-def _gpu_facts() -> dict[str, Any]:
+def _gpu_facts(import_torch: bool = True) -> dict[str, Any]:
     """The visible CUDA devices, described by device 0 (nodes are assumed homogeneous)."""
     gpu: dict[str, Any] = {
         "name": None,
@@ -272,9 +347,11 @@ def _gpu_facts() -> dict[str, Any]:
     }
     reasons: list[str] = []
     try:
+        if not import_torch:
+            raise ImportError
         import torch
     except ImportError:
-        reasons.append("torch is not installed")
+        reasons.append("torch is not installed" if import_torch else "not read: this process imports no torch")
     else:
         gpu["count"] = torch.cuda.device_count()
         if gpu["count"] > 0:
@@ -291,8 +368,9 @@ def _gpu_facts() -> dict[str, Any]:
     return gpu
 
 
-def host_facts() -> dict[str, Any]:
-    """The machine this process runs on: CPU, memory, and its GPUs (``gpu``)."""
+def host_facts(import_torch: bool = True) -> dict[str, Any]:
+    """The machine this process runs on: CPU, memory, and its GPUs (``gpu``; not read without
+    ``import_torch``)."""
     try:
         # The CPUs this process may run on (cgroup/cpuset, taskset, Slurm binding), which is what
         # bounds data-loader workers; os.cpu_count() counts the whole machine.
@@ -305,7 +383,7 @@ def host_facts() -> dict[str, Any]:
         "logical_cpus": os.cpu_count(),
         "usable_cpus": usable_cpus,
         "memory_total_bytes": _memory_total_bytes(),
-        "gpu": _gpu_facts(),
+        "gpu": _gpu_facts(import_torch),
     }
 
 

@@ -14,6 +14,12 @@ NCCL and gloo use, e.g. NCCL_SOCKET_IFNAME=ib0). Everything the step needs is pa
 Slurm job step strips most ``SLURM_*`` variables from a rule's environment, so the allocation's
 defaults cannot be relied on, and the node list is read inside the step, where srun sets it.
 
+Failures: every rank's console line carries its local rank (torchrun ``--tee``) and, on Slurm,
+its node task (srun ``--label``); this launcher passes the ranks' output through and keeps the
+tail of each. When the ranks end without writing the run record (a rank killed in a collective
+by NCCL's watchdog, torchrun or the OOM killer), it writes the failed record itself, with each
+failed rank's exit code and those tails (``scalerepro.rank_failure``).
+
 Preemption: Slurm's warning signal (``--signal=USR1@T``) goes to every process of every job step
 but not to the batch step, where the rule (and this launcher) runs. The node agent ignores
 SIGUSR1 before exec'ing torchrun, so the agent survives it; the ranks install their own handler
@@ -33,10 +39,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
 from . import nodelist as slurm_nodelist
+from . import rank_failure
+from .record import utc_now
 
 # The c10d rendezvous port of a multi-node job: a base plus the job id modulo a span, so that two
 # jobs whose first node is the same host rarely meet on one port (single-node runs use torchrun's
@@ -61,20 +70,29 @@ def rendezvous_port(base: int, environ: Mapping[str, str]) -> int:
     return base + (int(job_id) if job_id.isdigit() else 0) % RENDEZVOUS_PORT_SPAN
 
 
-def torchrun_command(python: str, nodes: int, ranks_per_node: int, endpoint: str | None, rdzv_id: str, program: Sequence[str]) -> list[str]:
+def torchrun_command(
+    python: str, nodes: int, ranks_per_node: int, endpoint: str | None, rdzv_id: str, program: Sequence[str], log_dir: str | None = None
+) -> list[str]:
     command = [python, "-m", "torch.distributed.run", f"--nproc-per-node={ranks_per_node}"]
     if nodes == 1:
         command.append("--standalone")
     else:
         command += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
-    return command + list(program)
+    return command + rank_output_flags(log_dir) + list(program)
+
+
+def rank_output_flags(log_dir: str | None) -> list[str]:
+    """Each rank's stdout and stderr to the console, every line prefixed with its local rank
+    (``--tee``, which also writes them to files under ``log_dir``; torchrun makes a temporary
+    directory when it is None)."""
+    return ["--tee=3", *([f"--log-dir={log_dir}"] if log_dir else [])]
 
 
 def srun_command(args: argparse.Namespace, python: str) -> list[str]:
     """The one step of a Slurm job: a node agent per node, every resource named explicitly."""
     step = [
         "srun", f"--nodes={args.nodes}", f"--ntasks={args.nodes}", "--ntasks-per-node=1",
-        f"--cpus-per-task={args.cpus_per_node}", "--kill-on-bad-exit=1", "--export=ALL",
+        f"--cpus-per-task={args.cpus_per_node}", "--kill-on-bad-exit=1", "--export=ALL", "--label",
         f"--job-name={args.name}" if args.name else None,
         f"--gpus-per-node={args.ranks_per_node}" if args.slurm_gpus else None,
     ]  # fmt: skip
@@ -138,25 +156,54 @@ def threads_per_rank(cpus: int, ranks: int) -> int:
     return max(1, cpus // ranks)
 
 
-def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str]) -> int:
-    """Start ``ranks`` processes of ``program`` here and wait for them; return the job's code.
+def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], output: rank_failure.RankOutput) -> tuple[int, list[dict]]:
+    """Start ``ranks`` processes of ``program`` here and wait for them; return the job's code and
+    the ranks that failed (``rank_failure``'s form: rank, host, exit code, signal).
 
     The code is that of the first rank to fail (a signal's as 128 + its number), else 75 when a
     rank was stopped by a signal after checkpointing, else 0. When one rank fails the others get
     SIGTERM (the trainer writes its record and leaves), then SIGKILL after STOP_GRACE_S seconds.
-    SIGTERM, SIGINT and SIGUSR1 sent to the launcher are passed on to every rank."""
+    SIGTERM, SIGINT and SIGUSR1 sent to the launcher are passed on to every rank. Each rank's
+    lines reach our stdout and stderr prefixed ``[default<rank>]:`` as torchrun ``--tee`` would,
+    and ``output`` keeps their tails."""
     with socket.create_server(("127.0.0.1", 0)) as listener:  # bound and listening before any rank starts
         environments = local_rank_environments(ranks, listener.getsockname()[1], listener.fileno(), environ)
         processes = [
-            subprocess.Popen([sys.executable, *program], env=env, pass_fds=(listener.fileno(),) if rank == 0 else ())
+            subprocess.Popen(
+                [sys.executable, *program], env=env, pass_fds=(listener.fileno(),) if rank == 0 else (),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
+            )  # fmt: skip
             for rank, env in enumerate(environments)
         ]
+    pumps = [
+        threading.Thread(target=_pump, args=(stream, sink, f"[default{rank}]:", output), daemon=True)
+        for rank, process in enumerate(processes)
+        for stream, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))
+    ]
+    for thread in pumps:
+        thread.start()
     previous = {s: signal.signal(s, lambda signum, _frame: _signal_all(processes, signum)) for s in FORWARDED_SIGNALS}
     try:
-        return _wait_for(processes)
+        code = _wait_for(processes)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    for thread in pumps:
+        thread.join()
+    host = socket.gethostname()
+    failures = [
+        {"rank": rank, "local_rank": rank, "host": host, "exit_code": p.returncode, "signal": signal.Signals(-p.returncode).name if p.returncode < 0 else None}
+        for rank, p in enumerate(processes)
+        if _exit_code(p.returncode) not in (0, EXIT_PREEMPTED)
+    ]
+    return code, failures
+
+
+def _pump(source, sink, prefix: str, output: rank_failure.RankOutput) -> None:
+    for line in source:
+        sink.write(prefix + line)
+        sink.flush()
+        output.feed(prefix + line)
 
 
 def _signal_all(processes: Sequence[subprocess.Popen], signum: int) -> None:
@@ -233,25 +280,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.node_agent:
         args.port = rendezvous_port(args.port, os.environ)
     os.environ.update(item.split("=", 1) for item in args.env)  # srun --export=ALL carries them on
+    if args.node_agent:
+        return _exec_node_agent(args)
     try:
         argv_out = command(args, os.environ)
     except LaunchError as error:
         print(f"scalerepro.launch: error: {error}", file=sys.stderr, flush=True)
         return 2
-    local = not args.node_agent and "SLURM_JOB_ID" not in os.environ
+    local = "SLURM_JOB_ID" not in os.environ
     where = f"{args.ranks_per_node} local rank(s), rendezvous on 127.0.0.1 only: " if local else ""
     print(f"scalerepro.launch: {where}{shlex.join(argv_out)}", file=sys.stderr, flush=True)
-    if args.node_agent:
-        # torchrun would set one thread per rank; give each its share of the node's task CPUs.
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(args.cpus_per_node, args.ranks_per_node)))
-        # Survive Slurm's warning signal; the ranks, which torchrun starts from here, install
-        # their own handler over the inherited SIG_IGN.
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        os.execvp(argv_out[0], argv_out)
+    started, started_at = time.time(), utc_now()
+    output = rank_failure.RankOutput()
     if local:
-        return run_local(args.ranks_per_node, args.program, os.environ)
-    # The job-level launcher waits; SIGUSR1 never reaches it (batch step) and SIGTERM ends it.
-    return subprocess.run(argv_out).returncode
+        code, failures = run_local(args.ranks_per_node, args.program, os.environ, output)
+    else:
+        # The job-level launcher waits; SIGUSR1 never reaches it (batch step) and SIGTERM ends it.
+        code, failures = rank_failure.run_watched(argv_out, output), None
+    target = rank_failure.trainer_record(args.program) if code != 0 else None
+    if target is not None and not rank_failure.written_since(target[0], started):
+        message = rank_failure.write_failed_record(target[0], target[1], started_at, code, output, failures)
+        if message is not None:
+            print(f"scalerepro.launch: error: {message}; failed record written to {target[0]}", file=sys.stderr, flush=True)
+    return code
+
+
+def _exec_node_agent(args: argparse.Namespace) -> int:
+    try:
+        argv_out = command(args, os.environ)
+    except LaunchError as error:
+        print(f"scalerepro.launch: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    print(f"scalerepro.launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
+    # torchrun would set one thread per rank; give each its share of the node's task CPUs.
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(args.cpus_per_node, args.ranks_per_node)))
+    # Survive Slurm's warning signal; the ranks, which torchrun starts from here, install
+    # their own handler over the inherited SIG_IGN.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    os.execvp(argv_out[0], argv_out)
+    raise AssertionError("execvp returned")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hardware
+from .config import preset_overrides
 from .files import atomic_file
 
 SCHEMA_VERSION = 1
@@ -46,9 +47,11 @@ def build(
     measurements_scope: str | None = None,
     stop_signal: str | None = None,
     checkpoint_path: str | None = None,
+    import_torch: bool = True,
 ) -> dict[str, Any]:
     """Assemble the record. ``trainer``/``ctx`` are None when the run failed before they existed;
-    the fields they would fill are then null, never invented."""
+    the fields they would fill are then null, never invented. ``import_torch=False`` (the
+    launcher's record of ranks that wrote none) leaves the facts only torch can read null."""
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
@@ -61,6 +64,10 @@ def build(
         "seed": config.run.seed,
         "precision": config.perf.precision,
         "knobs": {
+            "preset": config.perf.preset,
+            # the flags given explicitly on top of the preset, with the values they set
+            "preset_overrides": preset_overrides(config),
+            "cudnn_benchmark": config.perf.cudnn_benchmark,
             "channels_last": config.perf.channels_last,
             "compile": config.perf.compile,
             "loader": config.data.loader,
@@ -73,8 +80,8 @@ def build(
         },
         "config": dataclasses.asdict(config),
         "git": hardware.git_info(Path(__file__).resolve().parent),
-        "versions": hardware.software_versions(),
-        "hardware": hardware.host_facts(),
+        "versions": hardware.software_versions(import_torch),
+        "hardware": hardware.host_facts(import_torch),
         "slurm": hardware.slurm_facts(),
         "model": None,
         "optimizer": None,

@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import buckets, checkpoint, data, hardware, hostload, metrics, models, optim, profiling
+from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, profiling
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, nvml_uuid_for_torch_device, unavailable_summary
+from .objective import ModelWithLoss
 
 DEFAULT_STEPS = 100
 
@@ -99,6 +100,9 @@ class Trainer:
         run, perf = config.run, config.perf
         self.device = ctx.device
         torch.manual_seed(run.seed)
+        # Until the warm-up steps are done (fit), collectives may wait for a peer that is still
+        # compiling or autotuning: they get the long warm-up timeout.
+        distributed.set_collective_timeout(ctx, config.parallel.warmup_dist_timeout_s)
 
         # ---- model and data ------------------------------------------------------------
         self.spec = self._resolve_model()
@@ -135,27 +139,37 @@ class Trainer:
         self.optimizer = optim.build_optimizer(self.module, config.optim, self.optim_resolved)
         self.scheduler = optim.build_scheduler(self.optimizer, config.optim, self.optim_resolved, self.total_steps)
         self.autocast_dtype = _precision_setup(perf.precision)
+        torch.backends.cudnn.benchmark = perf.cudnn_benchmark
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=perf.precision == "fp16")
 
         # ---- DDP, then compile the wrapped model (Dynamo's DDPOptimizer splits the graph at
-        # bucket boundaries so all-reduce still overlaps backward) -----------------------------
+        # bucket boundaries so all-reduce still overlaps backward). Both wrap the model with its
+        # loss (scalerepro.objective), so the loss is compiled with the model ------------------
         self.ddp: DistributedDataParallel | None = None
-        model: torch.nn.Module = self.module
+        model: torch.nn.Module = ModelWithLoss(self.module, config.optim.label_smoothing)
         if ctx.distributed:
             p = config.parallel
             self.ddp = DistributedDataParallel(
-                self.module,
+                model,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=p.bucket_cap_mb,
                 gradient_as_bucket_view=p.gradient_as_bucket_view,
                 static_graph=p.static_graph,
             )
             model = self.ddp
+        # model(inputs, targets) -> mean loss. eager_model is the same without compilation: the
+        # bucket probe times it (a compiled backward fires every gradient hook at its end).
+        self.eager_model = model
         self.model = torch.compile(model, mode=perf.compile) if perf.compile != "none" else model
 
         # ---- profiling (--profile-mode): ranges, the all-reduce hook and the window; with the
         # default "none" none of it is installed --------------------------------------------------
         prof = config.profile
+        if prof.profile_mode == "cuda_api" and self.device.type != "cuda":
+            raise ConfigError(
+                f"--profile-mode cuda_api drives the CUDA profiler API for Nsight, and this run is on the {self.device.type}: "
+                "use --profile-mode torch (the torch.profiler fallback) there"
+            )
         profiling.enable_ranges(prof.profile_mode, self.device)
         if self.ddp is not None and prof.profile_mode != "none":
             self.ddp.register_comm_hook(None, profiling.nvtx_allreduce_hook)
@@ -280,10 +294,7 @@ class Trainer:
             skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
             with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
                 with self._autocast(), profiling.annotate("forward"):
-                    logits = self.model(*inputs)
-                    loss = F.cross_entropy(
-                        logits.flatten(0, -2), targets.flatten(), label_smoothing=self.config.optim.label_smoothing
-                    ) / accum
+                    loss = self.model(inputs, targets) / accum
                 with profiling.annotate("backward"):
                     self.scaler.scale(loss).backward()
             total += loss.detach()
@@ -314,6 +325,8 @@ class Trainer:
             epoch_loss += p.epoch_loss_sum  # a resumed epoch continues its global sum
         first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
         interval = _Interval(time.perf_counter(), 0)
+        # The first step a process runs compiles (each process warms up anew, a resumed one too).
+        warmup_end = self.start_step + max(run.warmup_steps, 1)
         completed = False
         try:
             while p.step < self.total_steps:
@@ -334,9 +347,14 @@ class Trainer:
                     epoch_loss += loss
                     first_bad_step = torch.where((first_bad_step < 0) & ~torch.isfinite(loss), p.step, first_bad_step)
                     p.step += 1
+                    if p.step == warmup_end:  # warmed up: the steady-state collective timeout
+                        distributed.set_collective_timeout(self.ctx, self.config.parallel.dist_timeout_s)
                     p.micro_in_epoch += accum
                     p.epoch_steps += 1
                     interval.steps += 1
+                    # The step ends here: the log point's host syncs, all-reduces and print are
+                    # not part of any step's time.
+                    self.timer.stop(p.epoch, measured)
                     if p.step % run.log_interval == 0 or p.step == self.total_steps:
                         stop_signal = self._log_point(p, interval, interval_loss, first_bad_step, bar)
                         interval_loss.zero_()
@@ -345,7 +363,6 @@ class Trainer:
                         # Ranks must agree on the step they stop after, so several ranks decide
                         # only at log points; a single rank can stop at any step.
                         stop_signal = None if self.ctx.distributed else self.stop.signal_name
-                    self.timer.stop(p.epoch, measured)
                     self.profile_window.after_step(p.step - 1)  # the step just taken
                     if measured:
                         self.measured_samples += self.global_batch

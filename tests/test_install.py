@@ -1,0 +1,62 @@
+"""Installing scalerepro on a machine with no network (a cluster's login or GPU node).
+
+``pip install -e .`` builds in an isolated environment and fetches the build backend
+(setuptools) from the index first, which fails offline. README, "Install without network":
+``--no-build-isolation`` builds with the setuptools already installed, ``--no-index`` keeps pip
+off the network. This test runs exactly that on a copy of the sources.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from conftest import REPO, clean_env
+
+PACKAGE = REPO / "workflow" / "scalerepro"
+
+
+def _offline_env(**extra: str) -> dict[str, str]:
+    """No index, and no user or site pip configuration that could name one."""
+    return clean_env(PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+
+
+def test_the_build_backend_is_installed_so_an_offline_build_can_use_it():
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    for text in requires:
+        requirement = Requirement(text)
+        try:
+            installed = version(requirement.name)
+        except PackageNotFoundError:
+            raise AssertionError(f"build requirement {text} is not installed: an offline build cannot run") from None
+        assert requirement.specifier.contains(installed, prereleases=True), f"{requirement.name} {installed} does not meet {text}"
+
+
+def test_the_package_installs_without_network(tmp_path):
+    source = tmp_path / "src"
+    shutil.copytree(PACKAGE, source / "workflow" / "scalerepro", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    site = tmp_path / "site"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-index", "--no-deps", "--target", str(site), str(source)],
+        env=_offline_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    modules = {path.relative_to(PACKAGE) for path in PACKAGE.rglob("*.py")}
+    installed = {path.relative_to(site / "scalerepro") for path in (site / "scalerepro").rglob("*.py")}
+    assert modules <= installed, f"missing from the installed package: {sorted(map(str, modules - installed))}"
+    # The installed copy imports (the torch-free modules; torch comes from the environment).
+    probe = subprocess.run(
+        [sys.executable, "-c", "import scalerepro.launch, scalerepro.config; print(scalerepro.__file__)"],
+        env=_offline_env(PYTHONPATH=str(site)), capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    assert Path(probe.stdout.strip()).is_relative_to(site)
