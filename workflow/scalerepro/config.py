@@ -20,6 +20,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .cli import OneLineErrorParser
+
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
@@ -236,13 +238,6 @@ class TrainConfig:
 # ---- command line ---------------------------------------------------------------------------
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse prints the whole usage block on a bad flag; print one line instead."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -270,7 +265,7 @@ def _argparse_kwargs(f: dataclasses.Field, annotation: Any) -> dict[str, Any]:
 
 
 def build_parser(prog: str = "python -m scalerepro.train") -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(
+    parser = OneLineErrorParser(
         prog=prog,
         description="Train a model with PyTorch DDP for a measured window and write one JSON run record.",
     )

@@ -41,6 +41,7 @@ from typing import BinaryIO, NoReturn
 import numpy as np
 
 from . import __version__, cifar10
+from .cli import OneLineErrorParser
 
 PROG = "scalerepro.fetch"
 OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -311,13 +312,6 @@ def _to_split(name: str, batch: dict[object, object]) -> cifar10.Split:
 # ---- command line -----------------------------------------------------------------------------
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse prints the whole usage block on a bad flag; print one line, like every other failure."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def _md5_flag(value: str) -> str:
     if value and not re.fullmatch(r"[0-9a-fA-F]{32}", value):
         raise argparse.ArgumentTypeError(f"'{value}' is not an MD5 (32 hex digits, or '' to skip the check)")
@@ -335,7 +329,7 @@ def _seconds(value: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(prog=PROG, description="Download, verify and convert CIFAR-10 to the prepared layout.")
+    parser = OneLineErrorParser(prog=PROG, description="Download, verify and convert CIFAR-10 to the prepared layout.")
     parser.add_argument("--out", required=True, metavar="DIR", help="the prepared directory to write")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--url", default=OFFICIAL_URL, help="where to download the archive (default: %(default)s)")

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 TFLOPS = 1e12  # FLOP/s per TFLOP/s
@@ -307,14 +309,7 @@ def _cpu_model() -> str | None:
 
 
 def _memory_total_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024  # the kernel prints kB (KiB)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return psutil.virtual_memory().total
 
 
 def _driver_version() -> tuple[str | None, str | None]:
