@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 import types
 import typing
@@ -264,6 +265,7 @@ def _argparse_kwargs(f: dataclasses.Field, annotation: Any) -> dict[str, Any]:
     return kwargs
 
 
+@functools.cache  # built from the dataclasses' type hints (~5 ms); parsing does not change it
 def build_parser(prog: str = "python -m scalerepro.train") -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog=prog,

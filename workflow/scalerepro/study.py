@@ -210,11 +210,13 @@ class _Builder:
         if model not in self.config["models"] and study != "reproduce":
             raise StudyError(key, f"{model} has no entry under models: add models.{model}.per_gpu_batch")
         args = (*self.config["models"].get(model, {}).get("args", []), *args)
+        parsed = None
         for repeat in range(1, repeats + 1):
             run_id = "_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part)
-            draft = Run(run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, per_gpu_batch, grad_accum_steps, "", 0.0, tuple(args), reference)
-            # what the trainer will do with these flags, read by the trainer's own parser
-            parsed = parse_trainer_flags(self.study.trainer_args(draft, "record.json", "checkpoints"), flags_key)
+            if parsed is None:  # repeats differ in seed and run id only: the trainer reads them alike
+                draft = Run(run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, per_gpu_batch, grad_accum_steps, "", 0.0, tuple(args), reference)
+                # what the trainer will do with these flags, read by the trainer's own parser
+                parsed = parse_trainer_flags(self.study.trainer_args(draft, "record.json", "checkpoints"), flags_key)
             self.runs[run_id] = Run(
                 run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, parsed.run.batch_size,
                 parsed.optim.grad_accum_steps, parsed.perf.precision, float(parsed.parallel.bucket_cap_mb), tuple(args), reference,
