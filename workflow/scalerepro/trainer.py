@@ -527,7 +527,8 @@ class Trainer:
             exposed_fraction = (t_sync - t_nosync) / t_sync
 
         with t the median step time over ``comm_probe_steps`` steps on identical, pre-built
-        batches (so the loader is out of the picture), the slowest rank's median taken for each.
+        batches (so the loader is out of the picture), the two kinds of step interleaved, the
+        slowest rank's median taken for each.
         Model, optimizer, scheduler and scaler states are restored afterwards.
         """
         steps = self.config.run.comm_probe_steps
@@ -544,14 +545,16 @@ class Trainer:
         micro = self.config.optim.grad_accum_steps
         batch_iter = self.loader.epoch(self.progress.epoch)
         groups = [[next(batch_iter) for _ in range(micro)] for _ in range(min(steps, self.steps_per_epoch))]
-        medians = []
-        for sync in (True, False):
-            timer = metrics.StepTimer(self.device)
-            for repeat in range(steps + 1):  # the first step of each mode is a warm-up
+        timers = {True: metrics.StepTimer(self.device), False: metrics.StepTimer(self.device)}
+        # Interleaved, sync then no-sync on the same batch: a burst of load from elsewhere on the
+        # host or GPU falls on both modes alike, not on one mode's block of steps. The first pair
+        # is a warm-up.
+        for repeat in range(steps + 1):
+            for sync, timer in timers.items():
                 timer.start()
                 self._train_step(iter(groups[repeat % len(groups)]), sync_gradients=sync)
                 timer.stop(0, measured=repeat > 0)
-            medians.append(metrics.window_stats(timer).step_time_median_s)
+        medians = [metrics.window_stats(timers[sync]).step_time_median_s for sync in (True, False)]
         slowest = all_reduce_max(self.ctx, torch.tensor(medians, dtype=torch.float64, device=self.device)).tolist()
         self.module.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
