@@ -534,7 +534,7 @@ def _write_profiling_tables(tables_dir: Path, scratch: Path) -> None:
         (run / tool / "capture.json").write_text(json.dumps({"tool": tool, "fallback_reason": None}))
     builder.build(run / "nsys" / "rank0.sqlite")
     shutil.copy(fixtures / "ncu" / "kernels.csv", run / "ncu" / "kernels.csv")
-    peaks = profile.gpu_peaks(yaml.safe_load((Path(__file__).parents[1] / "config/references.yaml").read_text()), "h100_sxm")
+    peaks = profile.gpu_peaks(yaml.safe_load((Path(__file__).parents[1] / "config/references.yaml").read_text()), "h100_sxm", "bf16")
     summary = json.loads(json.dumps(profile.summarize(run, run.name, profile.DEFAULT_THRESHOLDS, peaks), default=str))
     for name, table in profile.tables([summary]).items():
         table.to_csv(tables_dir / f"{name}.csv", index=False)
