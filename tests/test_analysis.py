@@ -488,6 +488,7 @@ def test_modules_do_not_import_torch():
     code = (
         "import sys\n"
         "import scalerepro.analysis, scalerepro.analysis.aggregate, scalerepro.analysis.plots, scalerepro.analysis.scaling_model\n"
+        "import scalerepro.analysis.repeats, scalerepro.analysis.rebuild, scalerepro.analysis.report\n"
         "assert 'torch' not in sys.modules, 'the analysis side imported torch'\n"
         "trainer = {'scalerepro.train', 'scalerepro.trainer', 'scalerepro.models', 'scalerepro.data'} & set(sys.modules)\n"
         "assert not trainer, f'the analysis side imported {trainer}'\n"
@@ -577,3 +578,31 @@ def test_a_record_that_says_ok_but_measured_nothing_counts_as_failed(tmp_path):
     path.write_text(json.dumps(record))
     fields, _, _ = aggregate.read_record("empty", str(path))
     assert fields["status"] == "failed" and "measured window is empty" in fields["error"]
+
+
+def test_rebuild_regenerates_tables_figures_and_report_from_the_records_alone(tmp_path):
+    # a results folder as the workflow leaves it: the matrix with relative record paths, the
+    # records, the resolved config; the tables, figures and report are not there yet
+    results = tmp_path / "study" / "results"
+    args = write_cpu_study(results / "runs")
+    matrix = pd.read_csv(args["matrix_path"], dtype=str, keep_default_na=False)
+    matrix["record"] = [str(Path(r).relative_to(tmp_path / "study")) for r in matrix["record"]]
+    (results / "tables").mkdir()
+    matrix.to_csv(results / "tables" / "matrix.csv", index=False)
+    config = {"targets": {**TARGETS, "noise_cv_max": 0.05, "reproduce_tolerance": 0.1}, "scaling": {"predict_gpus": [4]}}
+    (results / "tables" / "config.json").write_text(json.dumps(config))
+    code = NO_TORCH + "import runpy; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--results", str(results), "--references", str(args["references_path"]), "--templates", str(REPO / "report")],
+        cwd=tmp_path, check=False, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs = pd.read_csv(results / "tables" / "runs.csv")
+    assert runs["status"].eq("ok").all()  # the relative record paths were found from the results' folder
+    assert (results / "plots" / "throughput_vs_gpus.svg").is_file() and (results / "tables" / "comparison.csv").is_file()
+    page = (results / "report" / "index.html").read_text()
+    assert 'id="cpu-study"' in page and "not comparable: GPU" in page
+    assert "rebuild: 2 runs" in done.stderr and str(results / "report" / "index.html") in done.stderr
+    missing = subprocess.run([sys.executable, "-m", "scalerepro.analysis.rebuild", "--results", str(tmp_path / "nowhere")],
+                             check=False, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no study matrix" in missing.stderr
