@@ -249,6 +249,8 @@ references:
   - {id: noisy, model: resnet50, gpus: 1, metric: samples_per_s, value: 100, kind: published, source: {page: p, table: t}, conditions: *c, trainer: *t}
   - {id: gpt2-tokens, model: gpt2_small, gpus: 2, metric: tokens_per_s_per_gpu, value: 51200, kind: published, source: {page: p, table: t},
      conditions: {<<: *c, seq_len: 1024, memory_format: null, optimizer: AdamW}, trainer: {model: gpt2_small, per_gpu_batch: 32, flags: []}}
+  - {id: no-tokens, model: gpt2_small, gpus: 1, metric: tokens_per_s_per_gpu, value: 51200, kind: published, source: {page: p, table: t},
+     conditions: {<<: *c, seq_len: 1024, memory_format: null}, trainer: {model: gpt2_small, per_gpu_batch: 32, flags: [--seq-len, "1024"]}}
   - {id: a100, model: resnet50, gpus: 2, metric: samples_per_s, value: 150, kind: published, source: {page: p, table: t},
      conditions: {<<: *c, gpu: NVIDIA A100-SXM4-80GB}, trainer: *t}
   - {id: seed, model: resnet50, gpus: 2, metric: samples_per_s, value: 3800, kind: expected (seed document), source: {page: seed, table: expected},
@@ -272,6 +274,7 @@ def _verdict_study(root: Path) -> dict:
         record["model"]["tokens_per_sample"] = 1024
         record["measurements"]["tokens_per_s"] = 100 * 1024
         s.add("reproduce", 2, repeat, model="gpt2_small", reference="gpt2-tokens", record=validate(record))
+    s.add("reproduce", 1, 1, model="gpt2_small", reference="no-tokens")  # a record without tokens/s
     (root / "references.yaml").write_text(VERDICT_REFERENCES)
     return {"matrix_path": s.write_matrix(), "comm_paths": [], "references_path": root / "references.yaml"}
 
@@ -296,6 +299,7 @@ def test_comparison_verdicts(tmp_path):
         "ran-on-pcie": "not comparable: GPU",
         "noisy": "reproduced",  # median 100
         "gpt2-tokens": "reproduced",  # 51,200 tokens/s per GPU
+        "no-tokens": "not measured",  # its run completed but recorded no tokens/s: never read as a result
         "a100": "not comparable: GPU",
         "seed": "not comparable: GPU",  # "H100 (form factor not stated)" is no device the study ran on
     }
@@ -606,3 +610,13 @@ def test_rebuild_regenerates_tables_figures_and_report_from_the_records_alone(tm
     missing = subprocess.run([sys.executable, "-m", "scalerepro.analysis.rebuild", "--results", str(tmp_path / "nowhere")],
                              check=False, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no study matrix" in missing.stderr
+
+
+def test_a_matrix_from_before_the_reference_column_reads_as_no_reference(tmp_path):
+    args = write_cpu_study(tmp_path)
+    old = pd.read_csv(args["matrix_path"]).drop(columns=["reference", "grad_accum_steps"])
+    old.to_csv(args["matrix_path"], index=False)
+    matrix = aggregate.read_matrix(args["matrix_path"])
+    assert matrix["reference"].eq("").all() and matrix["grad_accum_steps"].eq(1).all()
+    tables = aggregate.aggregate(**args, targets={})
+    assert tables["runs"]["status"].eq("ok").all() and tables["comparison"]["verdict"].eq("not comparable: GPU").all()

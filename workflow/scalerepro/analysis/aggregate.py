@@ -676,13 +676,15 @@ def comparison_table(
             differs = str(ref["unmatched"])
         elif planned.empty:
             differs = "no run scheduled for it (the reproduce study has no run naming this reference)"
-        elif len(done):
+        elif len(done) and spread["n"]:  # runs without the metric are "not measured" below, whatever their conditions
             differs = _differing_condition(ref, measured)
         if differs is not None:
             row["verdict"], row["differs"] = f"not comparable: {differs.split(' (')[0].split(':')[0]}", differs
         elif not len(done):
             row["verdict"] = "not measured"
             row["differs"] = f"no completed run: {len(planned)} planned, {int(counts(planned).sum())} counted"
+        elif spread["n"] == 0:
+            row["verdict"], row["differs"] = "not measured", f"its {len(done)} completed runs recorded no {value}"
         else:
             # reproduced when |measured / published - 1| <= tolerance
             ratio = row["ratio"]
