@@ -39,13 +39,50 @@ CPU_NVML_REASON = "CPU run: NVML measures NVIDIA GPUs only"
 FAILED_MESSAGE = "rank 0 at step 10: the loss became non-finite at step 1: lower --lr"
 
 REFERENCES_YAML = """\
+target_gpu: NVIDIA H100 80GB HBM3
 references:
-  - {id: ref-r50-2, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, gpu: H100, precision: bf16,
-     source: "a paper, table 3", conditions: "batch 256/GPU"}
-  - {id: ref-r50-4-tokens, model: resnet50, gpus: 4, metric: tokens_per_s_per_gpu, value: 1000, gpu: H100,
-     precision: bf16, source: "a blog", conditions: "not an LM"}
-  - {id: ref-gpt2-8, model: gpt2_small, gpus: 8, metric: tokens_per_s_per_gpu, value: 462000, gpu: H100,
-     precision: bf16, source: "modded-nanogpt", conditions: "tuned"}
+  - id: ref-r50-2
+    model: resnet50
+    gpus: 2
+    metric: samples_per_s
+    value: 200
+    kind: published
+    source: {page: a paper, table: table 3}
+    conditions: {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_batch: 32, seq_len: null, memory_format: nchw,
+                 data: synthetic, optimizer: null, framework: PyTorch DDP, metric_notes: img/s}
+    trainer: {model: resnet50, per_gpu_batch: 32, flags: [--precision, bf16]}
+  - id: ref-r50-4-tokens
+    model: resnet50
+    gpus: 4
+    metric: tokens_per_s_per_gpu
+    value: 1000
+    kind: published
+    source: {page: a blog, table: the only one}
+    conditions: {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_batch: null, seq_len: null, memory_format: null,
+                 data: null, optimizer: null, framework: unknown, metric_notes: not an LM}
+    trainer: null
+    unmatched: "data: not stated"
+  - id: ref-gpt2-8
+    model: gpt2_small
+    gpus: 8
+    metric: tokens_per_s_per_gpu
+    value: 462000
+    kind: published
+    source: {repository: KellerJordan/modded-nanogpt, commit: f411b3d346aa52d3504324ca93c230fd84c6c07f, path: records/x.txt}
+    conditions: {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_batch: 64, seq_len: 1024, memory_format: null,
+                 data: real, optimizer: Muon, framework: tuned, metric_notes: tokens/s per GPU}
+    trainer: {model: gpt2_small, per_gpu_batch: 64, flags: [--seq-len, "1024", --precision, bf16]}
+    unmatched: "optimizer: Muon"
+  - id: ref-r50-a100-2
+    model: resnet50
+    gpus: 2
+    metric: samples_per_s
+    value: 150
+    kind: published
+    source: {page: another paper, table: table 1}
+    conditions: {gpu: NVIDIA A100-SXM4-80GB, precision: bf16, per_gpu_batch: 32, seq_len: null, memory_format: nchw,
+                 data: synthetic, optimizer: null, framework: PyTorch DDP, metric_notes: img/s}
+    trainer: {model: resnet50, per_gpu_batch: 32, flags: [--precision, bf16]}
 """
 
 
@@ -73,6 +110,10 @@ def make_record(
     data_stall: float = 0.01,
     gpu_util_pct: float = 90.0,
     power_w: float = 500.0,
+    channels_last: bool = False,
+    data_kind: str = "synthetic",
+    optimizer: str = "sgd",
+    device_name: str = H100,
     error: str | None = None,
     stop_signal: str | None = None,
     started_at: datetime.datetime = datetime.datetime(2026, 11, 20, 8, 0, tzinfo=datetime.timezone.utc),
@@ -113,7 +154,7 @@ def make_record(
             "available": cuda,
             "reason": None if cuda else CPU_NVML_REASON,
             "gpus": world_size if cuda else 0,
-            "device_name": H100 if cuda else None,
+            "device_name": device_name if cuda else None,
             "samples": 20 if cuda else 0,
             "interval_s": 0.1,
             "window_s": window_s if cuda else None,
@@ -161,7 +202,7 @@ def make_record(
         "seed": 1,
         "precision": precision,
         "knobs": {
-            "channels_last": False,
+            "channels_last": channels_last,
             "compile": "none",
             "loader": "dataloader",
             "optimizer_impl": "foreach",
@@ -187,7 +228,7 @@ def make_record(
             "cpu_model": CPU,
             "logical_cpus": 64,
             "memory_total_bytes": 2**40,
-            "gpu": {"name": H100 if cuda else None, "count": GPUS_PER_NODE if cuda else 0},
+            "gpu": {"name": device_name if cuda else None, "count": GPUS_PER_NODE if cuda else 0},
         },
         "slurm": {"job_id": 4182000} if cuda else None,
         "model": {
@@ -201,7 +242,7 @@ def make_record(
             "shape": {},
         },
         "optimizer": {
-            "kind": "sgd",
+            "kind": optimizer,
             "base_lr": 0.1,
             "lr": 0.1,
             "weight_decay": 5e-5,
@@ -220,7 +261,7 @@ def make_record(
             "hostnames": [f"node{i + 1}" for i in range(nodes)],
         },
         "batch": {"per_rank": per_rank_batch, "grad_accum_steps": 1, "global": per_rank_batch * world_size},
-        "data": {"kind": "synthetic", "path": None, "train_samples": 4096, "eval_samples": 512, "loader": "dataloader"},
+        "data": {"kind": data_kind, "path": None, "train_samples": 4096, "eval_samples": 512, "loader": "dataloader"},
         "steps": {
             "total": 24,
             "completed": 24 if status == "ok" else 10,
@@ -267,10 +308,13 @@ class Study:
         bucket_cap_mb: float = 25.0,
         model: str = "resnet50",
         record: dict[str, Any] | None = None,
+        reference: str = "",
+        grad_accum_steps: int = 1,
         **figures: Any,
     ) -> str:
-        """One matrix row; its record is made from ``figures`` unless ``status="missing"``."""
-        run_id = "_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part)
+        """One matrix row; its record is made from ``figures`` unless ``status="missing"``.
+        ``reference``: the reference a ``reproduce`` run is for (the matrix's column)."""
+        run_id = "_".join(part for part in (study, model, f"g{gpus}", variant or reference, f"r{repeat}") if part)
         path = self.root / "runs" / f"{run_id}.json"
         self.rows.append(
             {
@@ -289,6 +333,8 @@ class Study:
                 "runtime_min": RUNTIME_MIN,
                 "record": str(path),
                 "rerun": f"snakemake --cores all --forcerun {path}",
+                "reference": reference,
+                "grad_accum_steps": grad_accum_steps,
             }
         )
         if figures.get("status") != "missing":

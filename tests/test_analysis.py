@@ -16,8 +16,11 @@ from analysis_fixtures import (
     CPU_NVML_REASON,
     FAILED_MESSAGE,
     H100,
+    REPO,
     VALIDATOR,
+    Study,
     make_record,
+    validate,
     write_comm,
     write_cpu_study,
     write_gpu_study,
@@ -115,6 +118,45 @@ def test_strong_scaling(gpu):
     assert g2["step_time_median_s"] == pytest.approx(16 * 2 / 180)  # median over repeats of each run's median
 
 
+def test_cells_carry_their_spread(gpu):
+    scaling = gpu[0]["scaling"]
+    g1 = row(scaling, study="strong", gpus=1)  # 90, 100, 110
+    assert g1["repeats_ok"] == 3 and g1["samples_per_s_cv"] == pytest.approx(0.10)  # sample sd 10 / mean 100
+    # bootstrap 95 % interval of the median of 3 values: min..max (a resampled median is min with p = 7/27)
+    assert (g1["samples_per_s_ci_low"], g1["samples_per_s_ci_high"]) == (90, 110)
+    assert g1["noisy"] and "noisy: throughput CV 10.0 %" in g1["note"]  # above the default 0.05
+    g2 = row(scaling, study="strong", gpus=2)  # 170, 180, 190
+    assert g2["samples_per_s_cv"] == pytest.approx(10 / 180) and g2["noisy"]
+    # E = thr(2) / (2 thr(1)) on paired bootstrap medians: 170 / 220 and 190 / 180 have p = (7/27)^2 > 2.5 % each
+    assert (g2["efficiency_ci_low"], g2["efficiency_ci_high"]) == (pytest.approx(170 / 220), pytest.approx(190 / 180))
+    g4 = row(scaling, study="strong", gpus=4)  # one repeat: no spread, no interval, not flagged
+    assert pd.isna(g4["samples_per_s_cv"]) and pd.isna(g4["efficiency_ci_low"]) and not g4["noisy"]
+    weak = row(scaling, study="weak", gpus=2)  # epoch times 10, 10 and 11, 12: E = 10 / T(2)
+    assert (weak["efficiency_ci_low"], weak["efficiency_ci_high"]) == (pytest.approx(10 / 12), pytest.approx(10 / 11))
+    # the same records give the same intervals: the bootstrap is seeded by the cell
+    again = aggregate.scaling_table(gpu[0]["runs"])
+    pd.testing.assert_frame_equal(again, scaling)
+    # a looser noise target flags fewer cells
+    loose = aggregate.scaling_table(gpu[0]["runs"], noise_cv_max=0.08)
+    assert not row(loose, study="strong", gpus=2)["noisy"] and row(loose, study="strong", gpus=1)["noisy"]
+
+
+def test_a_check_whose_interval_holds_the_threshold_is_inconclusive(gpu):
+    tables = gpu[0]
+    # efficiency at 2 GPUs: 0.9, interval 0.77-1.06
+    at_2 = aggregate.checks_table(tables, {"strong_efficiency_min": 0.85, "strong_efficiency_gpus": 2}).iloc[0]
+    assert at_2["status"] == "inconclusive" and at_2["measured"] == pytest.approx(0.9)
+    assert (at_2["interval_low"], at_2["interval_high"]) == (pytest.approx(170 / 220), pytest.approx(190 / 180))
+    assert at_2["detail"].startswith("95 % interval 77.3% to 105.6% holds the threshold")
+    assert aggregate.checks_table(tables, {"strong_efficiency_min": 0.7, "strong_efficiency_gpus": 2}).iloc[0]["status"] == "pass"
+    assert aggregate.checks_table(tables, {"strong_efficiency_min": 1.1, "strong_efficiency_gpus": 2}).iloc[0]["status"] == "fail"
+    # weak variation 15 %, interval 10-20 % (T(1) = 10 always; T(2) 11, 11.5 or 12)
+    weak = aggregate.checks_table(tables, {"weak_variation_max": 0.15}).iloc[0]
+    assert weak["status"] == "inconclusive" and (weak["interval_low"], weak["interval_high"]) == (pytest.approx(0.1), pytest.approx(0.2))
+    assert aggregate.checks_table(tables, {"weak_variation_max": 0.10}).iloc[0]["status"] == "fail"  # at the edge: outside
+    assert aggregate.checks_table(tables, {"weak_variation_max": 0.25}).iloc[0]["status"] == "pass"
+
+
 def test_weak_scaling_uses_epoch_time_and_skips_inconsistent_runs(gpu):
     g2 = row(gpu[0]["scaling"], study="weak", gpus=2)
     assert (g2["repeats_ok"], g2["repeats_total"]) == (2, 3)
@@ -167,18 +209,169 @@ def test_communication_bandwidths(gpu, tmp_path):
         aggregate.communication_table([wrong])
 
 
-def test_comparison_with_references(gpu):
-    comparison = gpu[0]["comparison"]
-    assert len(comparison) == 3  # every reference, matched or not
-    matched = row(comparison, reference="ref-r50-2")
-    # strong 180 beats weak 155 and ablation "all" 130 at 2 GPUs
-    assert matched["measured"] == 180 and matched["published"] == 200 and matched["ratio"] == pytest.approx(0.9)
-    assert matched["measured_cell"] == "strong, bf16, batch 16/GPU, median of 3"
-    assert matched["measured_device"] == H100 and matched["source"] == "a paper, table 3" and matched["note"] == ""
-    for reference in ("ref-r50-4-tokens", "ref-gpt2-8"):
-        unmatched = row(comparison, reference=reference)
-        assert pd.isna(unmatched["measured"]) and pd.isna(unmatched["ratio"])
-        assert unmatched["note"].startswith("not measured")
+def test_comparison_without_reproduce_runs_says_why(gpu):
+    # The GPU study has no reproduce runs: no reference is set beside a strong, weak or ablation
+    # cell of other conditions (the defect of issue 14), each says why it has no measurement.
+    comparison = gpu[0]["comparison"].set_index("reference")
+    assert len(comparison) == 4 and comparison["measured"].isna().all() and comparison["ratio"].isna().all()
+    assert comparison.loc["ref-r50-2", "verdict"] == "not comparable: no run scheduled for it"
+    assert comparison.loc["ref-r50-4-tokens", "verdict"] == "not comparable: data"
+    assert comparison.loc["ref-gpt2-8", "verdict"] == "not comparable: optimizer"
+    a100 = comparison.loc["ref-r50-a100-2"]
+    assert a100["group"] == "context" and a100["verdict"] == "not comparable: GPU" and H100 in a100["differs"]
+    assert (comparison.drop(index="ref-r50-a100-2")["group"] == "reproduction").all()
+
+
+VERDICT_REFERENCES = """\
+target_gpu: NVIDIA H100 80GB HBM3
+_conditions: &c {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_batch: 32, seq_len: null, memory_format: nchw,
+                 data: synthetic, optimizer: null, framework: PyTorch DDP, metric_notes: img/s}
+_trainer: &t {model: resnet50, per_gpu_batch: 32, flags: [--precision, bf16]}
+references:
+  - {id: reproduced, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: published, source: {page: p, table: t}, conditions: *c, trainer: *t}
+  - {id: at-the-edge, model: resnet50, gpus: 2, metric: samples_per_s, value: 182, kind: published, source: {page: p, table: t}, conditions: *c, trainer: *t}
+  - {id: above, model: resnet50, gpus: 2, metric: samples_per_s, value: 150, kind: published, source: {page: p, table: t}, conditions: *c, trainer: *t}
+  - {id: below, model: resnet50, gpus: 2, metric: samples_per_s, value: 260, kind: mlperf, source: {page: p, table: t}, conditions: *c, trainer: *t}
+  - {id: fp16, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: published, source: {page: p, table: t},
+     conditions: {<<: *c, precision: fp16}, trainer: *t}
+  - {id: batch-1280, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: published, source: {page: p, table: t},
+     conditions: {<<: *c, per_gpu_batch: 1280}, trainer: *t}
+  - {id: nhwc, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: published, source: {page: p, table: t},
+     conditions: {<<: *c, memory_format: nhwc}, trainer: *t}
+  - {id: real-data, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: published, source: {page: p, table: t},
+     conditions: {<<: *c, data: real}, trainer: *t}
+  - {id: fp8, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: mlperf, source: {page: p, table: t},
+     conditions: {<<: *c, precision: fp8}, trainer: null, unmatched: "precision: FP8 layers; the trainer has no FP8"}
+  - {id: unscheduled, model: resnet50, gpus: 4, metric: samples_per_s, value: 400, kind: published, source: {page: p, table: t}, conditions: *c, trainer: *t}
+  - {id: shares-a-run, model: resnet50, gpus: 2, metric: samples_per_s, value: 190, kind: published, source: {page: p, table: t}, conditions: *c, trainer: *t}
+  - {id: failed, model: resnet50, gpus: 1, metric: samples_per_s, value: 100, kind: published, source: {page: p, table: t}, conditions: *c, trainer: *t}
+  - {id: ran-on-pcie, model: resnet50, gpus: 1, metric: samples_per_s, value: 100, kind: published, source: {page: p, table: t}, conditions: *c, trainer: *t}
+  - {id: noisy, model: resnet50, gpus: 1, metric: samples_per_s, value: 100, kind: published, source: {page: p, table: t}, conditions: *c, trainer: *t}
+  - {id: gpt2-tokens, model: gpt2_small, gpus: 2, metric: tokens_per_s_per_gpu, value: 51200, kind: published, source: {page: p, table: t},
+     conditions: {<<: *c, seq_len: 1024, memory_format: null, optimizer: AdamW}, trainer: {model: gpt2_small, per_gpu_batch: 32, flags: []}}
+  - {id: no-tokens, model: gpt2_small, gpus: 1, metric: tokens_per_s_per_gpu, value: 51200, kind: published, source: {page: p, table: t},
+     conditions: {<<: *c, seq_len: 1024, memory_format: null}, trainer: {model: gpt2_small, per_gpu_batch: 32, flags: [--seq-len, "1024"]}}
+  - {id: a100, model: resnet50, gpus: 2, metric: samples_per_s, value: 150, kind: published, source: {page: p, table: t},
+     conditions: {<<: *c, gpu: NVIDIA A100-SXM4-80GB}, trainer: *t}
+  - {id: seed, model: resnet50, gpus: 2, metric: samples_per_s, value: 3800, kind: expected (seed document), source: {page: seed, table: expected},
+     conditions: {<<: *c, gpu: NVIDIA H100 (form factor not stated), precision: null}, trainer: null, unmatched: "precision: not stated"}
+"""
+
+
+def _verdict_study(root: Path) -> dict:
+    """Reproduce runs that match their references and runs that do not (see the test)."""
+    s = Study(root)
+    for reference in ("reproduced", "at-the-edge", "above", "below", "fp16", "batch-1280", "nhwc", "real-data", "a100"):
+        for repeat, thr in enumerate((195, 205), 1):  # median 200, CV 3.5 %
+            s.add("reproduce", 2, repeat, reference=reference, samples_per_s=thr)
+    s.add("reproduce", 1, 1, reference="failed", status="failed", error=FAILED_MESSAGE)
+    s.add("reproduce", 1, 1, reference="ran-on-pcie", device_name="NVIDIA H100 PCIe")
+    for repeat, thr in enumerate((80, 120), 1):  # CV 28 %: noisy
+        s.add("reproduce", 1, repeat, reference="noisy", samples_per_s=thr)
+    for repeat in (1, 2):  # 100 samples/s x 1024 tokens / 2 GPUs = 51,200 tokens/s per GPU
+        run_id = f"reproduce_gpt2_small_g2_gpt2-tokens_r{repeat}"
+        record = make_record(run_id, model="gpt2_small", world_size=2, optimizer="adamw", samples_per_s=100)
+        record["model"]["tokens_per_sample"] = 1024
+        record["measurements"]["tokens_per_s"] = 100 * 1024
+        s.add("reproduce", 2, repeat, model="gpt2_small", reference="gpt2-tokens", record=validate(record))
+    s.add("reproduce", 1, 1, model="gpt2_small", reference="no-tokens")  # a record without tokens/s
+    (root / "references.yaml").write_text(VERDICT_REFERENCES)
+    return {"matrix_path": s.write_matrix(), "comm_paths": [], "references_path": root / "references.yaml"}
+
+
+def test_comparison_verdicts(tmp_path):
+    args = _verdict_study(tmp_path)
+    table = aggregate.aggregate(**args, targets={"reproduce_tolerance": 0.10})["comparison"].set_index("reference")
+    verdicts = table["verdict"].to_dict()
+    assert verdicts == {
+        "reproduced": "reproduced",  # 200 / 200
+        "at-the-edge": "reproduced",  # 200 / 182 = 1.099: within 10 %
+        "above": "above",  # 200 / 150 = 1.33
+        "below": "below",  # 200 / 260 = 0.77
+        "fp16": "not comparable: precision",  # recorded bf16
+        "batch-1280": "not comparable: per gpu batch",
+        "nhwc": "not comparable: memory format",  # the run's record: channels_last false
+        "real-data": "not comparable: data",  # synthetic
+        "fp8": "not comparable: precision",  # what the trainer lacks, from `unmatched`
+        "unscheduled": "not comparable: no run scheduled for it",
+        "shares-a-run": "reproduced",  # no run of its own: the run of a reference with the same trainer run
+        "failed": "not measured",
+        "ran-on-pcie": "not comparable: GPU",
+        "noisy": "reproduced",  # median 100
+        "gpt2-tokens": "reproduced",  # 51,200 tokens/s per GPU
+        "no-tokens": "not measured",  # its run completed but recorded no tokens/s: never read as a result
+        "a100": "not comparable: GPU",
+        "seed": "not comparable: GPU",  # "H100 (form factor not stated)" is no device the study ran on
+    }
+    assert table.loc["reproduced", "ratio"] == pytest.approx(1.0) and table.loc["above", "ratio"] == pytest.approx(200 / 150)
+    assert table.loc["at-the-edge", "ratio"] == pytest.approx(200 / 182)
+    assert (table.loc["reproduced", "measured_ci_low"], table.loc["reproduced", "measured_ci_high"]) == (195, 205)
+    assert table.loc["reproduced", "repeats"] == 2 and not table.loc["reproduced", "noisy"]
+    assert table.loc["noisy", "noisy"] and table.loc["noisy", "measured_cv"] == pytest.approx(28.28 / 100, rel=1e-3)
+    # each differing condition is named with both values; both sets of conditions are printed
+    assert table.loc["fp16", "differs"] == "precision (measured bf16, reference fp16)"
+    assert table.loc["batch-1280", "differs"] == "per gpu batch (measured 32, reference 1280)"
+    assert table.loc["ran-on-pcie", "differs"] == f"GPU (measured on NVIDIA H100 PCIe, reference on {H100})"
+    assert table.loc["fp8", "differs"].startswith("precision: FP8 layers")
+    assert "no completed run" in table.loc["failed", "differs"]
+    assert "(the same trainer run)" in table.loc["shares-a-run", "measured_cell"] and table.loc["shares-a-run", "ratio"] == pytest.approx(200 / 190)
+    assert table.loc["reproduced", "measured_conditions"] == (
+        f"gpu {H100}; precision bf16; per gpu batch 32; memory format nchw; data synthetic; optimizer sgd"
+    )
+    assert table.loc["fp16", "published_conditions"].startswith(f"gpu {H100}; precision fp16; per gpu batch 32")
+    assert table.loc["gpt2-tokens", "measured_conditions"].startswith(f"gpu {H100}; precision bf16; per gpu batch 32; seq len 1024")
+    # another GPU (or an H100 of unknown form factor) is context, shown apart, never a pass or fail
+    assert sorted(table.index[table["group"].eq("context")]) == ["a100", "seed"]
+    assert list(table["group"])[-2:] == ["context", "context"]  # context rows last
+    assert table.loc["seed", "kind"] == "expected (seed document)"
+    # the tolerance is the config's: at 5 % the edge case is above
+    strict = aggregate.aggregate(**args, targets={"reproduce_tolerance": 0.05})["comparison"].set_index("reference")
+    assert strict.loc["at-the-edge", "verdict"] == "above"
+
+
+def test_on_a_cpu_every_h100_reference_is_not_comparable_gpu(cpu):
+    comparison = cpu[0]["comparison"].set_index("reference")
+    assert comparison["verdict"].eq("not comparable: GPU").all()
+    assert comparison.loc["ref-r50-2", "differs"] == f"GPU (this study ran on CPU (AMD EPYC); the reference on {H100})"
+    # the set's target GPU (H100 SXM) is the reproduction table; the A100 reference is context
+    assert comparison["group"].to_dict() == {
+        "ref-r50-2": "reproduction", "ref-r50-4-tokens": "reproduction", "ref-gpt2-8": "reproduction", "ref-r50-a100-2": "context",
+    }  # fmt: skip
+
+
+def test_references_file_errors_are_one_line(tmp_path):
+    path = tmp_path / "references.yaml"
+    for text, message in (
+        ("references: [{id: x, model: m, gpus: 1, metric: samples_per_s, value: 1, kind: guess, source: s, conditions: {gpu: g}, trainer: null}]",
+         "kind 'guess' is not one of published, expected (seed document), mlperf"),
+        ("references: [{id: x, model: m, gpus: 1, metric: samples_per_s, value: 1, kind: mlperf, source: s, conditions: {gpu: g}, trainer: null}]",
+         "trainer is null, so say why in `unmatched"),
+        ("references: [{id: x, model: m, gpus: 1, metric: samples_per_s, value: 1, kind: mlperf, source: s, conditions: {gpu: g, precision: amp}, trainer: null, unmatched: u}]",
+         "conditions.precision 'amp' is not one of"),
+        ("references: [{id: x, model: m, gpus: 1}]", "add metric, value, kind, source, conditions, trainer"),
+    ):  # fmt: skip
+        path.write_text(text)
+        with pytest.raises(ValueError, match="references\\[0\\] \\(x\\)") as error:
+            aggregate.read_references(path)
+        assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_reference_set_reads_and_keeps_its_labels():
+    references = aggregate.read_references(REPO / "config" / "references.yaml")
+    by_id = references.set_index("id")
+    assert set(references["kind"]) == {"published", "expected (seed document)", "mlperf"}
+    assert (by_id.filter(like="seed-", axis=0)["kind"] == "expected (seed document)").all()
+    # AMP / mixed precision in NVIDIA's tables is fp16, and their "FP32" on A100/H100 is TF32
+    assert by_id.loc["dle-rn50-a100-fp16-1", "precision"] == "fp16" and by_id.loc["dle-rn50-a100-tf32-1", "precision"] == "tf32"
+    lambda_sxm = by_id.filter(regex=r"^lambda-rn50-h100sxm-fp16-\d$", axis=0)
+    assert list(lambda_sxm["gpus"]) == [1, 2, 4, 8] and set(lambda_sxm["per_gpu_batch"]) == {1280}
+    assert set(lambda_sxm["memory_format"]) == {"nchw"} and set(lambda_sxm["data"]) == {"synthetic"}
+    assert set(lambda_sxm["trainer_flags"]) == {"--precision fp16 --no-channels-last --compile none --loader device --data synthetic"}
+    assert set(by_id.filter(like="lambda-rn50-h100sxm-tf32", axis=0)["per_gpu_batch"]) == {640}
+    mlperf = by_id[by_id["kind"].eq("mlperf")]
+    assert {"fp8"} <= set(mlperf["precision"]) and mlperf["framework"].str.contains("DALI|FP8 layers").all()
+    assert mlperf["trainer_model"].isna().all() and mlperf["unmatched"].notna().all()
+    assert references["source"].str.len().gt(10).all()
 
 
 def test_checks_pass_and_fail(gpu):
@@ -229,14 +422,18 @@ def test_checks_follow_the_thresholds(gpu):
     assert aggregate.checks_table(tables, {}).empty
 
 
-def test_cpu_study_checks_not_measured(cpu):
+def test_cpu_study_checks_not_measured_or_not_applicable(cpu):
     tables = cpu[0]
     gpu_util = check(tables, "gpu_util_min_pct")
     assert gpu_util["status"] == "not measured" and CPU_NVML_REASON in gpu_util["detail"]
     assert check(tables, "weak_variation_max")["status"] == "not measured"
     assert check(tables, "optimisation_gain_min")["status"] == "not measured"
     assert check(tables, "strong_efficiency_min")["status"] == "not measured"  # 4 GPUs asked, 2 ranks ran
-    assert check(tables, "exposed_comm_max")["status"] == "fail"  # 0.4 on the 2-rank run
+    # 0.4 on the 2-rank run would fail, but ranks on one host's cores are not a cluster
+    exposed = check(tables, "exposed_comm_max")
+    assert exposed["status"] == "not applicable" and exposed["measured"] == 0.4
+    assert exposed["detail"].startswith("not applicable on a CPU study: ranks on one host's cores measure the pipeline")
+    assert check(tables, "data_stall_max")["status"] == "not applicable"
     runs = tables["runs"]
     assert runs["device_name"].tolist() == ["AMD EPYC", "AMD EPYC"] and runs["peak_memory_kind"].eq("rss").all()
     assert tables["sensitivity"].empty and tables["ablation"].empty and tables["communication"].empty
@@ -280,7 +477,7 @@ def test_cli_writes_tables_and_summary_without_torch(gpu, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == {"ok": 19, "failed": 1, "preempted": 1, "missing": 1}
     assert summary["device_names"] == [H100] and summary["inconsistent_runs"] == ["weak_resnet50_g2_r3"]
-    assert summary["checks"] == {"pass": 5, "fail": 1, "not measured": 0}
+    assert summary["checks"] == {"pass": 5, "fail": 1, "inconclusive": 0, "not measured": 0, "not applicable": 0}
     bad = subprocess.run(
         [sys.executable, "-m", "scalerepro.analysis.aggregate", *map(str, command), "--target", "speed=1"],
         check=False,
@@ -295,6 +492,7 @@ def test_modules_do_not_import_torch():
     code = (
         "import sys\n"
         "import scalerepro.analysis, scalerepro.analysis.aggregate, scalerepro.analysis.plots, scalerepro.analysis.scaling_model\n"
+        "import scalerepro.analysis.repeats, scalerepro.analysis.rebuild, scalerepro.analysis.report\n"
         "assert 'torch' not in sys.modules, 'the analysis side imported torch'\n"
         "trainer = {'scalerepro.train', 'scalerepro.trainer', 'scalerepro.models', 'scalerepro.data'} & set(sys.modules)\n"
         "assert not trainer, f'the analysis side imported {trainer}'\n"
@@ -341,7 +539,7 @@ def _write_profiling_tables(tables_dir: Path, scratch: Path) -> None:
         (run / tool / "capture.json").write_text(json.dumps({"tool": tool, "fallback_reason": None}))
     builder.build(run / "nsys" / "rank0.sqlite")
     shutil.copy(fixtures / "ncu" / "kernels.csv", run / "ncu" / "kernels.csv")
-    peaks = profile.gpu_peaks(yaml.safe_load((Path(__file__).parents[1] / "config/references.yaml").read_text()), "h100_sxm")
+    peaks = profile.gpu_peaks(yaml.safe_load((Path(__file__).parents[1] / "config/references.yaml").read_text()), "h100_sxm", "bf16")
     summary = json.loads(json.dumps(profile.summarize(run, run.name, profile.DEFAULT_THRESHOLDS, peaks), default=str))
     for name, table in profile.tables([summary]).items():
         table.to_csv(tables_dir / f"{name}.csv", index=False)
@@ -384,3 +582,41 @@ def test_a_record_that_says_ok_but_measured_nothing_counts_as_failed(tmp_path):
     path.write_text(json.dumps(record))
     fields, _, _ = aggregate.read_record("empty", str(path))
     assert fields["status"] == "failed" and "measured window is empty" in fields["error"]
+
+
+def test_rebuild_regenerates_tables_figures_and_report_from_the_records_alone(tmp_path):
+    # a results folder as the workflow leaves it: the matrix with relative record paths, the
+    # records, the resolved config; the tables, figures and report are not there yet
+    results = tmp_path / "study" / "results"
+    args = write_cpu_study(results / "runs")
+    matrix = pd.read_csv(args["matrix_path"], dtype=str, keep_default_na=False)
+    matrix["record"] = [str(Path(r).relative_to(tmp_path / "study")) for r in matrix["record"]]
+    (results / "tables").mkdir()
+    matrix.to_csv(results / "tables" / "matrix.csv", index=False)
+    config = {"targets": {**TARGETS, "noise_cv_max": 0.05, "reproduce_tolerance": 0.1}, "scaling": {"predict_gpus": [4]}}
+    (results / "tables" / "config.json").write_text(json.dumps(config))
+    code = NO_TORCH + "import runpy; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--results", str(results), "--references", str(args["references_path"]), "--templates", str(REPO / "report")],
+        cwd=tmp_path, check=False, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs = pd.read_csv(results / "tables" / "runs.csv")
+    assert runs["status"].eq("ok").all()  # the relative record paths were found from the results' folder
+    assert (results / "plots" / "throughput_vs_gpus.svg").is_file() and (results / "tables" / "comparison.csv").is_file()
+    page = (results / "report" / "index.html").read_text()
+    assert 'id="cpu-study"' in page and "not comparable: GPU" in page
+    assert "rebuild: 2 runs" in done.stderr and str(results / "report" / "index.html") in done.stderr
+    missing = subprocess.run([sys.executable, "-m", "scalerepro.analysis.rebuild", "--results", str(tmp_path / "nowhere")],
+                             check=False, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no study matrix" in missing.stderr
+
+
+def test_a_matrix_from_before_the_reference_column_reads_as_no_reference(tmp_path):
+    args = write_cpu_study(tmp_path)
+    old = pd.read_csv(args["matrix_path"]).drop(columns=["reference", "grad_accum_steps"])
+    old.to_csv(args["matrix_path"], index=False)
+    matrix = aggregate.read_matrix(args["matrix_path"])
+    assert matrix["reference"].eq("").all() and matrix["grad_accum_steps"].eq(1).all()
+    tables = aggregate.aggregate(**args, targets={})
+    assert tables["runs"]["status"].eq("ok").all() and tables["comparison"]["verdict"].eq("not comparable: GPU").all()

@@ -16,6 +16,7 @@ from scalerepro.nvml import (
     Sample,
     combine_ranks,
     format_nvml_uuid,
+    idle_power,
     summarise,
     trapezoid_energy_j,
     unavailable_summary,
@@ -269,3 +270,76 @@ def test_sampler_loop_tolerates_unsupported_fields_and_keeps_its_schedule(
     assert summary["memory_used_max_bytes"] is None and summary["temperature_max_c"] is None
     assert summary["energy_method"] == ENERGY_COUNTER
     assert summary["energy_j"] == pytest.approx(2.5)  # consecutive counter reads, 2_500 mJ apart
+
+
+# ---- the measured window only: pauses, and the idle power beside it -------------------------------
+
+
+def test_summarise_sums_active_segments_and_nets_out_idle_power() -> None:
+    # two active segments, 1 s and 2 s long, with a pause between them (t = 1 .. 5 s not sampled)
+    samples = [_sample(0.0, 300.0), _sample(1.0, 300.0), _sample(5.0, 400.0, segment=1), _sample(7.0, 400.0, segment=1)]
+    counter = [(1_000_000, 1_300_000), (1_900_000, 2_700_000)]  # 300 J, then 800 J; 600 J were spent in the pause
+    summary = summarise(samples, counter, device_name=None, interval_s=1.0, window_s=3.0,
+                        idle={"idle_power_w": 70.0, "reason": None}, paused_s=4.0)  # fmt: skip
+    assert summary["energy_method"] == ENERGY_COUNTER
+    assert summary["energy_j"] == pytest.approx(1100.0)  # 300 + 800: the pause's 600 J are not in it
+    assert summary["energy_net_j"] == pytest.approx(1100.0 - 70.0 * 3.0)  # E - P_idle x active seconds
+    assert summary["idle_power_w"] == 70.0 and summary["paused_s"] == 4.0
+    # without counters the integral never bridges the pause: 300 x 1 + 400 x 2 = 1100 J (not + 350 x 4)
+    integral = summarise(samples, [(None, None), (None, None)], device_name=None, interval_s=1.0, window_s=3.0)
+    assert integral["energy_method"] == ENERGY_POWER_INTEGRAL and integral["energy_j"] == pytest.approx(1100.0)
+    assert integral["energy_net_j"] is None and integral["idle_power_reason"] == "idle power not measured"
+
+
+def test_combine_ranks_sums_idle_power_and_net_energy() -> None:
+    run = combine_ranks([_gpu(600.0, 600.0, idle_power_w=70.0, energy_net_j=530.0), _gpu(400.0, 420.0, idle_power_w=75.0, energy_net_j=345.0)])
+    assert run["idle_power_w"] == pytest.approx(145.0) and run["energy_net_j"] == pytest.approx(875.0)
+    older = combine_ranks([_gpu(600.0, 600.0)])  # a summary from before idle power: None, not 0
+    assert older["idle_power_w"] is None and older["energy_net_j"] is None
+
+
+def test_a_paused_sampler_leaves_the_pause_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeNvml()  # every counter read is 2.5 J after the previous one
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sampler = NvmlSampler(f"GPU-{UUID}", interval_s=0.01, idle={"idle_power_w": 100.0, "reason": None})
+    sampler.start()  # read 1
+    time.sleep(0.05)
+    sampler.pause()  # read 2: segment 1 = 2.5 J
+    during = len(sampler._samples)
+    time.sleep(0.2)
+    assert len(sampler._samples) <= during + 1  # at most the sample being read when it paused
+    sampler.resume()  # read 3
+    time.sleep(0.05)
+    summary = sampler.stop()  # read 4: segment 2 = 2.5 J
+    assert summary["energy_j"] == pytest.approx(5.0)  # not 7.5 J: the pause's counter difference is left out
+    assert summary["paused_s"] == pytest.approx(0.2, abs=0.05)
+    assert 0.08 <= summary["window_s"] <= 0.2  # about 0.1 s active, not the 0.3 s from start to stop
+    assert summary["energy_net_j"] == pytest.approx(5.0 - 100.0 * summary["window_s"])
+    assert fake.initialised == 0
+    # pausing or resuming when not sampling is a no-op (the trainer's evaluation before the window)
+    idle = NvmlSampler(None)
+    idle.pause(), idle.resume()
+    assert idle.stop()["available"] is False
+
+
+class _CoolingNvml(_FakeNvml):
+    """Power readings as after a burst of kernels (a 1 s moving average decaying): 500 W for the
+    first 0.18 s, then 60 W."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t0 = time.monotonic()
+
+    def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
+        return 500_000 if time.monotonic() - self.t0 < 0.18 else 60_000
+
+
+def test_idle_power_is_read_after_the_moving_average_settles(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _CoolingNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    idle = idle_power(f"GPU-{UUID}", seconds=0.3, interval_s=0.01)
+    # the median of all readings would be 500 W (60 % of them); of the second half's, 60 W
+    assert idle["idle_power_w"] == 60.0 and idle["reason"] is None and idle["samples"] >= 5
+    assert fake.initialised == 0
+    assert idle_power(None, 1.0)["reason"].startswith("device_uuid is None")
+    assert idle_power(f"GPU-{UUID}", 0.0)["idle_power_w"] is None  # --nvml-idle-s 0: off, no sampling

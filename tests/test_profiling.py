@@ -34,9 +34,12 @@ def nsys_sqlite(tmp_path_factory):
     return builder.build(tmp_path_factory.mktemp("nsys") / "rank0.sqlite")
 
 
+REFERENCES = yaml.safe_load((REPO / "config/references.yaml").read_text())
+
+
 @pytest.fixture(scope="module")
 def peaks():
-    return profile.gpu_peaks(yaml.safe_load((REPO / "config/references.yaml").read_text()), "h100_sxm")
+    return profile.gpu_peaks(REFERENCES, "h100_sxm", "bf16")
 
 
 # ---- interval arithmetic ---------------------------------------------------------------------
@@ -208,9 +211,70 @@ def test_roofline_positions_match_the_hand_computed_answers(raw_csv, peaks):
     assert conv["flops_fraction"] == pytest.approx(4.05e13 / 66.9e12) and conv["arithmetic_intensity"] == pytest.approx(162)
     assert conv["bound"] == "compute" and conv["ridge_intensity"] == pytest.approx(66.9 / 3.35)
     assert gemm["launches"] == 2 and gemm["flops"] == pytest.approx(1.1e-3 * 989.4e12)
-    assert gemm["flops_fraction"] == pytest.approx(0.55) and gemm["flops_source"].startswith("estimate")
+    assert gemm["flops_fraction"] == pytest.approx(0.55) and "tensor cores: estimate" in gemm["flops_source"]
     assert gemm["dram_bytes_per_s"] == pytest.approx(1e11) and gemm["bound"] == "compute"
     assert {row["missing"] for row in roof.values()} == {None}
+
+
+@pytest.mark.parametrize(
+    ("key", "precision", "tensor_tflops"),
+    [("h100_sxm", "bf16", 989.4), ("h100_sxm", "fp8", 1978.9), ("h100_sxm", "tf32", 494.7), ("h100_pcie", "bf16", 756.0),
+     ("h100_nvl", "fp16", 835.5), ("h200", "bf16", 989.4), ("a100_sxm_80gb", "bf16", 312.0)],
+)  # fmt: skip
+def test_the_tensor_roof_is_the_gpus_and_the_precisions(raw_csv, key, precision, tensor_tflops):
+    # the bf16 GEMM: counters 0 FLOPs (the tensor cores are invisible to them), tensor pipe 55 % of 2 ms
+    roof = {row["kernel"][:20]: row for row in profile.roofline(profile.read_ncu_csv(raw_csv).launches, profile.gpu_peaks(REFERENCES, key, precision))}
+    gemm, conv = roof["sm90_xmma_gemm_bf16b"], roof["implicit_convolve_sg"]
+    assert gemm["cuda_core_flops"] == 0 and gemm["tensor_flops"] == pytest.approx(1.1e-3 * tensor_tflops * 1e12)
+    assert gemm["peak_flops_per_s"] == pytest.approx(tensor_tflops * 1e12) and gemm["flops_fraction"] == pytest.approx(0.55)
+    assert f"{precision} dense tensor" in gemm["peak"] and gemm["tensor_work"].startswith("estimate")
+    assert conv["peak"].endswith("FP32 CUDA cores") and conv["tensor_work"] == "none: the tensor pipe was idle"
+
+
+def test_a_kernel_with_cuda_core_and_tensor_work_counts_both(raw_csv):
+    # the GEMM's epilogue on the CUDA cores (1 GFLOP by the SASS counters) beside its tensor-core
+    # main loop (55 % of 2 ms at 989.4 TFLOP/s): the counters alone would see 1 GFLOP of 1.09 TFLOP
+    launches = profile.read_ncu_csv(raw_csv).launches
+    launches.loc[launches["kernel"].str.startswith("sm90_xmma"), "flops"] = 0.5e9
+    gemm = {row["kernel"][:20]: row for row in profile.roofline(launches, profile.gpu_peaks(REFERENCES, "h100_sxm", "bf16"))}["sm90_xmma_gemm_bf16b"]
+    assert gemm["cuda_core_flops"] == pytest.approx(1e9) and gemm["tensor_flops"] == pytest.approx(1.1e-3 * 989.4e12)
+    assert gemm["flops"] == pytest.approx(1e9 + 1.1e-3 * 989.4e12) and gemm["peak_flops_per_s"] == pytest.approx(989.4e12)
+
+
+def test_tensor_work_that_cannot_be_counted_says_why(raw_csv):
+    launches = profile.read_ncu_csv(raw_csv).launches
+    for peaks, why in ((profile.gpu_peaks(REFERENCES, "a100_sxm_80gb", "fp8"), "has no fp8 tensor cores"),
+                       (profile.gpu_peaks(REFERENCES, "h100_sxm", None), "the run's precision is unknown"),
+                       (profile.gpu_peaks(REFERENCES, "h100_sxm", "fp32"), "a fp32 run uses no tensor-core precision")):  # fmt: skip
+        gemm = {row["kernel"][:20]: row for row in profile.roofline(launches, peaks)}["sm90_xmma_gemm_bf16b"]
+        assert gemm["tensor_flops"] is None and why in gemm["tensor_work"] and gemm["tensor_work"].startswith("not counted")
+        assert gemm["flops"] == 0 and gemm["peak"].endswith("FP32 CUDA cores")  # what the counters saw, and said so
+    # a capture without a tensor-pipe metric (sections only, sm_100): nothing counted, and said so
+    (row,) = profile.roofline(profile.read_ncu_csv(CC100_2025).launches, profile.gpu_peaks(REFERENCES, "h100_sxm", "bf16"))
+    assert row["tensor_work"] == "not counted: the capture has no tensor-pipe metric for this kernel" and row["flops"] is None
+
+
+def test_the_peaks_follow_the_gpu_the_capture_names(tmp_path):
+    assert profile.peaks_key_for_device(REFERENCES, "NVIDIA H100 80GB HBM3 (compute capability 9.0)") == "h100_sxm"
+    assert [profile.peaks_key_for_device(REFERENCES, n) for n in ("NVIDIA H100 PCIe", "nvidia h100 nvl", "NVIDIA H200", "NVIDIA A100-SXM4-80GB")] == [
+        "h100_pcie", "h100_nvl", "h200", "a100_sxm_80gb"]  # fmt: skip
+    peaks, basis = profile.resolve_peaks(REFERENCES, ["NVIDIA H100 PCIe"], "h100_sxm", "bf16")
+    assert peaks["key"] == "h100_pcie" and peaks["tensor_flops"] == 756e12 and "from the capture's device name" in basis
+    assert profile.resolve_peaks(REFERENCES, [], "h100_sxm", "bf16")[1].endswith("as configured: the capture names no GPU), bf16")
+    unknown, why = profile.resolve_peaks(REFERENCES, ["NVIDIA B200"], "h100_sxm", "bf16")
+    assert unknown is None and "no gpu_peaks entry in references.yaml names NVIDIA B200" in why
+    # summarize: the nsys export's GPU (H100 SXM) and the capture's --precision
+    run = tmp_path / "run"
+    (run / "nsys").mkdir(parents=True)
+    (run / "ncu").mkdir()
+    _load(FIXTURES / "nsys" / "make_nsys_sqlite.py").build(run / "nsys" / "rank0.sqlite", "2025.3")  # names its GPU
+    shutil.copy(FIXTURES / "ncu" / "kernels.csv", run / "ncu" / "kernels.csv")
+    (run / "nsys" / "capture.json").write_text(json.dumps({"tool": "nsys", "fallback_reason": None}))
+    (run / "ncu" / "capture.json").write_text(json.dumps({"tool": "ncu", "fallback_reason": None,
+                                                          "command": ["python", "-m", "scalerepro.train", "--precision", "fp16"]}))  # fmt: skip
+    summary = profile.summarize(run, "run", profile.DEFAULT_THRESHOLDS, None, REFERENCES, "a100_sxm_80gb")
+    assert summary["gpu_peaks"]["key"] == "h100_sxm" and summary["gpu_peaks"]["precision"] == "fp16"
+    assert summary["peaks_basis"].startswith("NVIDIA H100 SXM5 80GB (gpu_peaks.h100_sxm, from the capture's device name")
 
 
 def test_recorded_ncu_2019_section_display_names_give_duration_occupancy_and_dram():

@@ -138,7 +138,6 @@ def probe(trainer: Trainer, steps: int) -> dict[str, Any]:
         "scheduler": copy.deepcopy(trainer.scheduler.state_dict()),
         "scaler": copy.deepcopy(trainer.scaler.state_dict()),
     }
-    data_wait_s = trainer.data_wait_s
     batch_iter = trainer.loader.epoch(trainer.progress.epoch)
     batches = [next(batch_iter) for _ in range(min(steps + 1, trainer.loader.micro_batches_per_epoch))]
     marks = _Marks(device.type == "cuda")
@@ -181,7 +180,6 @@ def probe(trainer: Trainer, steps: int) -> dict[str, Any]:
         trainer.optimizer.load_state_dict(saved["optimizer"])
         trainer.scheduler.load_state_dict(saved["scheduler"])
         trainer.scaler.load_state_dict(saved["scaler"])
-        trainer.data_wait_s = data_wait_s
     if marks.cuda:
         torch.cuda.synchronize()
     if len(ready_order) != len(params):

@@ -155,6 +155,7 @@ class RunConfig:
     comm_probe_steps: int = _opt(8, "after training, steps timed with and without gradient all-reduce to measure exposed communication (0: off)")
     bucket_probe_steps: int = _opt(5, "after training, steps timing forward, backward with each DDP bucket's ready time, and the optimizer, for the scaling model (0: off)")
     nvml_interval_s: float = _opt(0.1, "NVML sampling period in seconds")
+    nvml_idle_s: float = _opt(2.0, "seconds of reading each GPU's idle power before the first step (energy is reported net of it too; 0: off)")
     peak_tflops: float | None = _opt(None, "peak dense TFLOP/s per device for MFU (default: from the GPU datasheet table)")
     record: str | None = _opt(None, "path of the JSON run record (written atomically by rank 0)")
     run_id: str | None = _opt(None, "identifier stored in the record (default: a random UUID)")
@@ -227,6 +228,8 @@ class TrainConfig:
                 raise ConfigError(f"{flag} must be positive (got {value})")
         if r.nvml_interval_s <= 0:
             raise ConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
+        if r.nvml_idle_s < 0:
+            raise ConfigError(f"--nvml-idle-s must not be negative (got {r.nvml_idle_s})")
         if r.resume and not r.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir")
         prof = self.profile

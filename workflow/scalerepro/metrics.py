@@ -20,6 +20,7 @@ import torch
 class StepRecord:
     epoch: int
     measured: bool  # inside the measured window (after --warmup-steps)
+    data_wait_s: float = 0.0  # host seconds the step waited for its input batches
 
 
 class StepTimer:
@@ -30,6 +31,7 @@ class StepTimer:
         self.steps: list[StepRecord] = []
         self._marks: list[tuple[object, object]] = []
         self._open: object | None = None
+        self._open_wait_s = 0.0
 
     def _now(self) -> object:
         if self.cuda:
@@ -40,10 +42,18 @@ class StepTimer:
 
     def start(self) -> None:
         self._open = self._now()
+        self._open_wait_s = 0.0
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Host time the open step spent waiting for input. A wait outside an open step (a probe
+        after the loop, timed by a timer of its own) belongs to no step of this timer: dropped."""
+        if self._open is not None:
+            self._open_wait_s += seconds
 
     def stop(self, epoch: int, measured: bool) -> None:
         self._marks.append((self._open, self._now()))
-        self.steps.append(StepRecord(epoch, measured))
+        self.steps.append(StepRecord(epoch, measured, self._open_wait_s))
+        self._open = None
 
     def durations_s(self) -> list[float]:
         """Seconds per step, in step order (synchronises the device once)."""
@@ -64,6 +74,8 @@ class WindowStats:
     step_time_p90_s: float | None
     step_time_mean_s: float | None
     epoch_seconds: dict[int, float] = field(default_factory=dict)  # every step's time, warm-up included
+    data_wait_s: float = 0.0  # input waits of the measured steps only (a warm-up step's are not in the window)
+    warmup_data_wait_s: float = 0.0  # input waits of the steps before the window
 
 
 def window_stats(timer: StepTimer) -> WindowStats:
@@ -72,8 +84,12 @@ def window_stats(timer: StepTimer) -> WindowStats:
     epoch_seconds: dict[int, float] = {}
     for duration, step in zip(durations, timer.steps):
         epoch_seconds[step.epoch] = epoch_seconds.get(step.epoch, 0.0) + duration
+    # data wait of the window = sum of the waits of its steps; warm-up waits (DataLoader workers
+    # starting, first batches) are apart, so that the stall fraction is over the window only
+    data_wait = sum(step.data_wait_s for step in timer.steps if step.measured)
+    warmup_wait = sum(step.data_wait_s for step in timer.steps if not step.measured)
     if not measured:
-        return WindowStats(0, 0.0, None, None, None, None, epoch_seconds)
+        return WindowStats(0, 0.0, None, None, None, None, epoch_seconds, 0.0, warmup_wait)
     # Deciles with the 'inclusive' method: p10 and p90 interpolate between observed step times.
     deciles = statistics.quantiles(measured, n=10, method="inclusive") if len(measured) > 1 else [measured[0]] * 9
     return WindowStats(
@@ -84,6 +100,8 @@ def window_stats(timer: StepTimer) -> WindowStats:
         step_time_p90_s=deciles[8],
         step_time_mean_s=statistics.fmean(measured),
         epoch_seconds=epoch_seconds,
+        data_wait_s=data_wait,
+        warmup_data_wait_s=warmup_wait,
     )
 
 

@@ -18,11 +18,18 @@ What the NVML numbers mean (NVML API reference, "Device Queries"):
   1 s moving average on later architectures (Hopper included), so it lags fast load changes.
 * energy (``nvmlDeviceGetTotalEnergyConsumption``, mJ since the driver was last loaded, Volta and
   newer) is the driver's own integral, so it is preferred to integrating sampled power.
+
+The window is the measured training steps only: the trainer pauses the sampler around what is
+not training (evaluation, checkpoints) and the energy is summed over the active segments. The
+GPU's idle power (:func:`idle_power`, read before the window while the GPU runs nothing) is
+reported beside it, and the energy net of idle, ``E - P_idle x active seconds``, with it: the gross
+figure includes the power the GPU draws doing nothing, which differs between GPU models.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +53,8 @@ MEASURED_KEYS = (
     "sm_clock_mean_mhz",
     "sm_clock_max_mhz",
     "temperature_max_c",
+    "idle_power_w",
+    "energy_net_j",
 )
 
 # How long stop() waits for the sampling thread: generous, because a query can block on a busy
@@ -63,6 +72,7 @@ class Sample:
     power_w: float | None
     sm_clock_mhz: float | None
     temperature_c: float | None
+    segment: int = 0  # the active segment of the window it was read in (pauses separate them)
 
 
 def format_nvml_uuid(cuda_uuid: str) -> str:
@@ -105,34 +115,44 @@ def _present(values: Sequence[_T | None]) -> list[_T]:
 
 
 def trapezoid_energy_j(samples: Sequence[Sample]) -> float | None:
-    """Energy from sampled power: E = sum_i (P_i + P_{i+1}) / 2 * (t_{i+1} - t_i), in J.
+    """Energy from sampled power: E = sum_i (P_i + P_{i+1}) / 2 * (t_{i+1} - t_i), in J, within
+    each active segment (a pause is never bridged).
 
     Samples without a power reading are skipped, so a gap is bridged by the straight line
     between its neighbours. None with fewer than two power readings (no interval to integrate).
     """
-    powered = [(s.t_s, s.power_w) for s in samples if s.power_w is not None]
+    powered = [(s.segment, s.t_s, s.power_w) for s in samples if s.power_w is not None]
     if len(powered) < 2:
         return None
     return math.fsum(
-        (p0 + p1) / 2.0 * (t1 - t0) for (t0, p0), (t1, p1) in zip(powered, powered[1:])
+        (p0 + p1) / 2.0 * (t1 - t0)
+        for (g0, t0, p0), (g1, t1, p1) in zip(powered, powered[1:])
+        if g0 == g1
     )
 
 
 def summarise(
     samples: Sequence[Sample],
-    energy_counter_mj: tuple[int | None, int | None],
+    energy_counter_mj: tuple[int | None, int | None] | Sequence[tuple[int | None, int | None]],
     *,
     device_name: str | None,
     interval_s: float,
     window_s: float,
+    idle: dict[str, Any] | None = None,
+    paused_s: float = 0.0,
 ) -> dict[str, Any]:
     """Reduce one GPU's samples over a window into the summary dict (JSON-serialisable).
 
     ``energy_counter_mj`` is the total-energy counter read at the start and at the end of the
-    window. Energy is their difference, ``(end - start) / 1000`` J, when both were read and the
-    counter did not go backwards (it restarts at 0 when the driver reloads). Otherwise it is the
-    trapezoid integral of sampled power (:func:`trapezoid_energy_j`), which covers only the span
-    from the first to the last sample, and ``energy_method`` says which one was used.
+    window, or of each active segment of it (a list of pairs). Energy is the sum of their
+    differences, ``(end - start) / 1000`` J, when every one was read and the counter never went
+    backwards (it restarts at 0 when the driver reloads). Otherwise it is the trapezoid integral
+    of sampled power (:func:`trapezoid_energy_j`), which covers only the span from the first to
+    the last sample of each segment, and ``energy_method`` says which one was used.
+
+    ``window_s`` is the active time (pauses excluded, ``paused_s`` says how long they were).
+    With ``idle`` (:func:`idle_power`): ``idle_power_w`` and the energy net of it,
+    ``energy_net_j = energy_j - idle_power_w x window_s``.
 
     Means are plain sample means: the sampler spaces samples evenly in time, so a sample mean is
     a time average.
@@ -143,14 +163,18 @@ def summarise(
     clock = _present([s.sm_clock_mhz for s in samples])
     temperature = _present([s.temperature_c for s in samples])
 
-    start_mj, end_mj = energy_counter_mj
+    segments = [energy_counter_mj] if isinstance(energy_counter_mj, tuple) else list(energy_counter_mj)
     energy_j: float | None
     energy_method: str | None
-    if start_mj is not None and end_mj is not None and end_mj >= start_mj:
-        energy_j, energy_method = (end_mj - start_mj) / 1000.0, ENERGY_COUNTER
+    if segments and all(a is not None and b is not None and b >= a for a, b in segments):
+        # E = sum over active segments of (counter at its end - counter at its start)
+        energy_j, energy_method = math.fsum(b - a for a, b in segments) / 1000.0, ENERGY_COUNTER  # type: ignore[operator]
     else:
         energy_j = trapezoid_energy_j(samples)
         energy_method = ENERGY_POWER_INTEGRAL if energy_j is not None else None
+    idle_w = (idle or {}).get("idle_power_w")
+    # energy net of idle = E - P_idle x active seconds: what the work cost above an idle GPU
+    energy_net_j = energy_j - idle_w * window_s if energy_j is not None and idle_w is not None else None
 
     return {
         "available": True,
@@ -169,6 +193,10 @@ def summarise(
         "sm_clock_mean_mhz": _mean(clock),
         "sm_clock_max_mhz": _max(clock),
         "temperature_max_c": _max(temperature),
+        "paused_s": paused_s,
+        "idle_power_w": idle_w,
+        "idle_power_reason": (idle or {}).get("reason", "idle power not measured"),
+        "energy_net_j": energy_net_j,
     }
 
 
@@ -181,6 +209,8 @@ def unavailable_summary(reason: str, *, interval_s: float) -> dict[str, Any]:
         "samples": 0,
         "interval_s": interval_s,
         "energy_method": None,
+        "paused_s": None,
+        "idle_power_reason": reason,
     }
     summary.update(dict.fromkeys(MEASURED_KEYS))
     return summary
@@ -237,7 +267,7 @@ def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         reason = None
 
     def column(key: str) -> list[Any]:
-        return [s[key] for s in summaries]
+        return [s.get(key) for s in summaries]  # a key a summary lacks (an older one) reads None
 
     power_means = column("power_mean_w")
     return {
@@ -259,18 +289,81 @@ def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "sm_clock_mean_mhz": _mean_or_none(column("sm_clock_mean_mhz")),
         "sm_clock_max_mhz": _max_or_none(column("sm_clock_max_mhz")),
         "temperature_max_c": _max_or_none(column("temperature_max_c")),
+        "paused_s": _max_or_none(column("paused_s")),
+        # idle power of all GPUs (sum), and energy net of it (sum of each GPU's E - P_idle x t)
+        "idle_power_w": _sum_or_none(column("idle_power_w")),
+        "idle_power_reason": next((r for r in column("idle_power_reason") if r), None) if n else None,
+        "energy_net_j": _sum_or_none(column("energy_net_j")),
     }
 
 
+def _open_device(device_uuid: str | None) -> tuple[Any, Any, str | None, str | None]:
+    """(pynvml, handle, device name, None) for the GPU, or (None, None, None, why it cannot be sampled)."""
+    if device_uuid is None:
+        return None, None, None, "device_uuid is None (no CUDA device assigned to this rank)"
+    try:
+        import pynvml
+    except ImportError:
+        return None, None, None, "pynvml is not installed (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        # e.g. "NVML Shared Library Not Found" on a machine without the NVIDIA driver.
+        return None, None, None, f"NVML could not be initialised: {exc}"
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(device_uuid)
+        name = pynvml.nvmlDeviceGetName(handle)
+    except pynvml.NVMLError as exc:
+        pynvml.nvmlShutdown()
+        return None, None, None, f"NVML has no device with UUID {device_uuid}: {exc}"
+    return pynvml, handle, name, None
+
+
+def idle_power(device_uuid: str | None, seconds: float, interval_s: float = 0.1) -> dict[str, Any]:
+    """The GPU's power while it runs nothing: the median of its power readings over the last half
+    of ``seconds`` of sampling (call it with the GPU idle: no kernel queued).
+
+    The second half only, because on Hopper and later NVML's power reading is a 1 s moving
+    average (module docstring), so the first readings still carry the last kernels' draw. The
+    median, because a reading can catch a short burst (a neighbour's context, a clock change).
+    Returns ``idle_power_w`` (None when not measured), ``samples``, ``seconds`` and ``reason``.
+    """
+    if seconds <= 0:
+        return {"idle_power_w": None, "samples": 0, "seconds": 0.0, "reason": "idle power sampling off (--nvml-idle-s 0)"}
+    nvml, handle, _, why = _open_device(device_uuid)
+    if why is not None:
+        return {"idle_power_w": None, "samples": 0, "seconds": 0.0, "reason": why}
+    readings: list[tuple[float, float]] = []
+    start = time.monotonic()
+    try:
+        while (elapsed := time.monotonic() - start) < seconds:
+            try:
+                readings.append((elapsed, nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0))
+            except nvml.NVMLError:
+                pass  # a reading refused this time; the others still count
+            time.sleep(interval_s)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+    late = sorted(power for t, power in readings if t >= seconds / 2)
+    if not late:
+        return {"idle_power_w": None, "samples": 0, "seconds": seconds, "reason": "NVML gave no power reading in the idle window"}
+    return {"idle_power_w": statistics.median(late), "samples": len(late), "seconds": seconds, "reason": None}
+
+
 class NvmlSampler:
-    """Samples one GPU every ``interval_s`` on a background thread between start() and stop().
+    """Samples one GPU every ``interval_s`` on a background thread between start() and stop(),
+    except between pause() and resume() (evaluation, checkpoints: not training).
 
     ``device_uuid`` is NVML's UUID of the GPU (:func:`nvml_uuid_for_torch_device`), or None when
     the rank has no GPU, which yields an unavailable summary. pynvml calls NVML through ctypes,
     which releases the GIL for each call, so sampling does not stall the training thread.
+    ``idle`` is the GPU's :func:`idle_power`, reported with the summary.
     """
 
-    def __init__(self, device_uuid: str | None, interval_s: float = 0.1) -> None:
+    def __init__(self, device_uuid: str | None, interval_s: float = 0.1, idle: dict[str, Any] | None = None) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, got {interval_s!r}")
         self.device_uuid = device_uuid
@@ -281,6 +374,13 @@ class NvmlSampler:
         self._unavailable_reason: str | None = None
         self._samples: list[Sample] = []
         self._energy_start_mj: int | None = None
+        self._segments: list[tuple[int | None, int | None]] = []  # energy counter (start, end) per active segment
+        self._segment = 0
+        self._paused_at: float | None = None
+        self._paused_s = 0.0
+        self._not_paused = threading.Event()
+        self._not_paused.set()
+        self._idle = idle
         self._t_start = 0.0
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
@@ -300,6 +400,25 @@ class NvmlSampler:
         self._thread = threading.Thread(target=self._run, name="scalerepro-nvml", daemon=True)
         self._thread.start()
 
+    def pause(self) -> None:
+        """End the current active segment: what follows until resume() is not in the window.
+        Does nothing before start(), after stop(), when paused already or without NVML."""
+        if self._thread is None or self._summary is not None or self._paused_at is not None:
+            return
+        self._not_paused.clear()
+        self._segments.append((self._energy_start_mj, self._energy_counter_mj()))
+        self._paused_at = time.monotonic()
+
+    def resume(self) -> None:
+        """Start a new active segment (does nothing unless paused)."""
+        if self._paused_at is None or self._summary is not None:
+            return
+        self._paused_s += time.monotonic() - self._paused_at
+        self._paused_at = None
+        self._segment += 1
+        self._energy_start_mj = self._energy_counter_mj()
+        self._not_paused.set()
+
     def stop(self) -> dict[str, Any]:
         """Stop sampling, close NVML and return the summary (see :func:`summarise`).
 
@@ -315,41 +434,31 @@ class NvmlSampler:
         if self._unavailable_reason is not None:
             return unavailable_summary(self._unavailable_reason, interval_s=self.interval_s)
         assert self._thread is not None
+        if self._paused_at is None:  # the last active segment ends now
+            self._segments.append((self._energy_start_mj, self._energy_counter_mj()))
+        else:
+            self._paused_s += time.monotonic() - self._paused_at
         self._stop_requested.set()
+        self._not_paused.set()  # a paused thread wakes up to see the stop
         self._thread.join(timeout=_JOIN_TIMEOUT_S)
-        window_s = time.monotonic() - self._t_start
-        energy_end_mj = self._energy_counter_mj()
+        # the window = the active segments: wall time from start to stop less the pauses
+        window_s = time.monotonic() - self._t_start - self._paused_s
         samples = list(self._samples)  # a copy, in case a wedged thread is still appending
         self._close()
         return summarise(
             samples,
-            (self._energy_start_mj, energy_end_mj),
+            self._segments,
             device_name=self._device_name,
             interval_s=self.interval_s,
             window_s=window_s,
+            idle=self._idle,
+            paused_s=self._paused_s,
         )
 
     def _open(self) -> str | None:
         """Initialise NVML and find the device; the reason it cannot be sampled, or None."""
-        if self.device_uuid is None:
-            return "device_uuid is None (no CUDA device assigned to this rank)"
-        try:
-            import pynvml
-        except ImportError:
-            return "pynvml is not installed (pip install nvidia-ml-py)"
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            # e.g. "NVML Shared Library Not Found" on a machine without the NVIDIA driver.
-            return f"NVML could not be initialised: {exc}"
-        try:
-            self._handle = pynvml.nvmlDeviceGetHandleByUUID(self.device_uuid)
-            self._device_name = pynvml.nvmlDeviceGetName(self._handle)
-        except pynvml.NVMLError as exc:
-            pynvml.nvmlShutdown()
-            return f"NVML has no device with UUID {self.device_uuid}: {exc}"
-        self._nvml = pynvml
-        return None
+        self._nvml, self._handle, self._device_name, why = _open_device(self.device_uuid)
+        return why
 
     def _close(self) -> None:
         try:
@@ -370,8 +479,10 @@ class NvmlSampler:
 
     def _read_sample(self) -> Sample:
         nvml, handle = self._nvml, self._handle
+        segment = self._segment
         power_mw = self._query(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
         return Sample(
+            segment=segment,
             t_s=time.monotonic(),  # taken right after the power reading, which the integral uses
             gpu_util_pct=self._query(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
             memory_used_bytes=self._query(lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).used)),
@@ -394,10 +505,17 @@ class NvmlSampler:
         t0 = time.monotonic()
         tick = 0
         while True:
+            if not self._not_paused.is_set():
+                self._not_paused.wait()  # paused: no sample until resume() or stop()
+                if self._stop_requested.is_set():
+                    break
+                # a new segment: its first sample now, the schedule continues from here
+                t0, tick = time.monotonic(), 0
             self._samples.append(self._read_sample())
             elapsed = time.monotonic() - t0
             tick = max(tick + 1, math.floor(elapsed / self.interval_s) + 1)
             # A deadline that passed while computing this gives a non-positive wait, which polls.
             if self._stop_requested.wait(timeout=t0 + tick * self.interval_s - time.monotonic()):
                 break
-        self._samples.append(self._read_sample())
+        if self._paused_at is None:  # stopped while paused: the pause is not in the window
+            self._samples.append(self._read_sample())

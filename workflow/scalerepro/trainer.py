@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, profiling
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
-from .nvml import NvmlSampler, combine_ranks, nvml_uuid_for_torch_device, unavailable_summary
+from .nvml import NvmlSampler, combine_ranks, idle_power, nvml_uuid_for_torch_device, unavailable_summary
 from .objective import ModelWithLoss
 
 DEFAULT_STEPS = 100
@@ -95,6 +95,8 @@ def _precision_setup(precision: str) -> torch.dtype | None:
 
 
 class Trainer:
+    _nvml_sampler: NvmlSampler | None = None  # the measured window's energy sampler (fit), paused outside training steps
+
     def __init__(self, config: TrainConfig, ctx: DistContext, stop: StopRequest, log: Any = print):
         self.config, self.ctx, self.stop, self.log = config, ctx, stop, log
         run, perf = config.run, config.perf
@@ -196,8 +198,7 @@ class Trainer:
         self.start_step = self.progress.step  # this process's first step (warm-up counts from here)
 
         # Measurements of this process's segment of the run.
-        self.timer = metrics.StepTimer(self.device)
-        self.data_wait_s = 0.0
+        self.timer = metrics.StepTimer(self.device)  # step times and each step's input wait
         self.measured_samples = 0
         self.loss_log: list[dict[str, float]] = []
         self.exposed_comm: dict[str, Any] = {
@@ -290,7 +291,7 @@ class Trainer:
             waited = time.perf_counter()
             with profiling.annotate("data"):
                 inputs, targets = next(micro_batches)
-            self.data_wait_s += time.perf_counter() - waited
+            self.timer.add_data_wait(time.perf_counter() - waited)  # the step's own: window_stats sums the measured ones
             skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
             with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
                 with self._autocast(), profiling.annotate("forward"):
@@ -312,10 +313,8 @@ class Trainer:
         run, p = self.config.run, self.progress
         accum = self.config.optim.grad_accum_steps
         micro_per_epoch = self.steps_per_epoch * accum
-        sampler = NvmlSampler(
-            nvml_uuid_for_torch_device(self.device.index) if self.device.type == "cuda" else None,
-            run.nvml_interval_s,
-        )
+        gpu_uuid = nvml_uuid_for_torch_device(self.device.index) if self.device.type == "cuda" else None
+        sampler = self._nvml_sampler = NvmlSampler(gpu_uuid, run.nvml_interval_s, self._idle_power(gpu_uuid))
         sampling = False
         bar = self._progress_bar()
         # Running sums stay on the device and are read only at log points and epoch ends.
@@ -453,7 +452,8 @@ class Trainer:
             "train_loss": epoch_loss_sum / (p.epoch_steps * self.ctx.world_size) if p.epoch_steps else None,
         }
         if self.config.run.eval:
-            entry.update(self._evaluate())
+            with self._outside_energy_window():
+                entry.update(self._evaluate())
         p.history.append(entry)
         summary = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if isinstance(v, float))
         self.log(f"epoch {p.epoch} {'done' if complete else 'so far'} at step {p.step}: {summary}")
@@ -515,6 +515,26 @@ class Trainer:
 
     # ---- measurements ---------------------------------------------------------------------------
 
+    def _idle_power(self, gpu_uuid: str | None) -> dict[str, Any]:
+        """This rank's GPU's idle power (scalerepro.nvml.idle_power), read before the first step
+        with nothing queued on the GPU; the energy figures are reported net of it too."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return idle_power(gpu_uuid, self.config.run.nvml_idle_s, self.config.run.nvml_interval_s)
+
+    @contextlib.contextmanager
+    def _outside_energy_window(self) -> Iterator[None]:
+        """What runs inside is not a training step: the energy sampler pauses (a no-op when it is
+        not sampling), so energy per sample covers the measured steps only."""
+        sampler = self._nvml_sampler
+        if sampler is not None:
+            sampler.pause()
+        try:
+            yield
+        finally:
+            if sampler is not None:
+                sampler.resume()
+
     def _progress_bar(self) -> Any:
         mode = self.config.run.progress
         if not self.ctx.is_main or mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
@@ -529,7 +549,8 @@ class Trainer:
             exposed_fraction = (t_sync - t_nosync) / t_sync
 
         with t the median step time over ``comm_probe_steps`` steps on identical, pre-built
-        batches (so the loader is out of the picture), the slowest rank's median taken for each.
+        batches (so the loader is out of the picture), the two kinds of step interleaved, the
+        slowest rank's median taken for each.
         Model, optimizer, scheduler and scaler states are restored afterwards.
         """
         steps = self.config.run.comm_probe_steps
@@ -543,24 +564,24 @@ class Trainer:
             "scheduler": copy.deepcopy(self.scheduler.state_dict()),
             "scaler": copy.deepcopy(self.scaler.state_dict()),
         }
-        data_wait_s = self.data_wait_s  # the probe's cached batches must not count as loader time
         micro = self.config.optim.grad_accum_steps
         batch_iter = self.loader.epoch(self.progress.epoch)
         groups = [[next(batch_iter) for _ in range(micro)] for _ in range(min(steps, self.steps_per_epoch))]
-        medians = []
-        for sync in (True, False):
-            timer = metrics.StepTimer(self.device)
-            for repeat in range(steps + 1):  # the first step of each mode is a warm-up
+        timers = {True: metrics.StepTimer(self.device), False: metrics.StepTimer(self.device)}
+        # Interleaved, sync then no-sync on the same batch: a burst of load from elsewhere on the
+        # host or GPU falls on both modes alike, not on one mode's block of steps. The first pair
+        # is a warm-up.
+        for repeat in range(steps + 1):
+            for sync, timer in timers.items():
                 timer.start()
                 self._train_step(iter(groups[repeat % len(groups)]), sync_gradients=sync)
                 timer.stop(0, measured=repeat > 0)
-            medians.append(metrics.window_stats(timer).step_time_median_s)
+        medians = [metrics.window_stats(timers[sync]).step_time_median_s for sync in (True, False)]
         slowest = all_reduce_max(self.ctx, torch.tensor(medians, dtype=torch.float64, device=self.device)).tolist()
         self.module.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.scaler.load_state_dict(saved["scaler"])
-        self.data_wait_s = data_wait_s
         t_sync, t_nosync = slowest
         self.exposed_comm = {
             "fraction": max(t_sync - t_nosync, 0.0) / t_sync,
@@ -578,7 +599,7 @@ class Trainer:
         """
         ctx = dataclasses.replace(self.ctx, backend=None) if local_only else self.ctx
         stats = metrics.window_stats(self.timer)
-        slowest_window = all_reduce_max(ctx, torch.tensor([stats.seconds, self.data_wait_s], dtype=torch.float64, device=self.device)).tolist()
+        slowest_window = all_reduce_max(ctx, torch.tensor([stats.seconds, stats.data_wait_s, stats.warmup_data_wait_s], dtype=torch.float64, device=self.device)).tolist()
         window_s = slowest_window[0]
         spec = self.spec
         samples_per_s = metrics.throughput(self.measured_samples, window_s)
@@ -617,8 +638,11 @@ class Trainer:
                 for epoch, seconds in sorted(stats.epoch_seconds.items())
             ],
             "train_time_s": total_time,
-            # data-loader stall = host seconds blocked waiting for the next batch / window seconds
+            # data-loader stall = host seconds the measured steps waited for their batches / window
+            # seconds (slowest rank's of each); a warm-up step's wait is outside the window
             "data_stall_fraction": slowest_window[1] / window_s if window_s else None,
+            "data_wait_s": slowest_window[1],
+            "data_wait_warmup_s": slowest_window[2],  # not in the stall fraction: before the window
             "mfu": metrics.model_flops_utilization(spec.train_flops_per_sample, samples_per_s, peak_flops, ctx.world_size),
             "peak_flops_per_device": peak_flops,
             "peak_flops_source": peak_source,
@@ -636,8 +660,10 @@ class Trainer:
                 "other_cpu_fraction_max": max((n["other_cpu_fraction"] for n in per_node.values() if n["other_cpu_fraction"] is not None), default=None),
                 "nodes": list(per_node.values()),
             },
-            # energy per sample = GPU energy over the sampled window (all GPUs) / samples measured
+            # energy per sample = GPU energy over the measured steps (all GPUs; evaluation paused
+            # out) / samples measured; net: the same less idle power x active time
             "energy_per_sample_j": nvml["energy_j"] / self.measured_samples if nvml["energy_j"] is not None and self.measured_samples else None,
+            "energy_per_sample_net_j": nvml["energy_net_j"] / self.measured_samples if nvml.get("energy_net_j") is not None and self.measured_samples else None,
         }
 
 

@@ -15,13 +15,17 @@ Definitions. A *cell* is a group of matrix rows that differ only in ``repeat``. 
 when its status is ``ok`` and its record agrees with the matrix (``consistent`` is not false);
 a cell's statistics, and the run-level checks, are over the runs that count (any other repeat
 is in ``repeats_total`` only). thr = median samples/s of a cell, T = median time per epoch of a cell.
+Every cell with repeats has n (repeats_ok), median, min, max, CV and the seeded bootstrap 95 %
+interval of its median, and every ratio of cells (efficiency, gain) an interval from paired
+bootstrap medians (``scalerepro.analysis.repeats``). A cell whose throughput CV exceeds the
+``noise_cv_max`` target (default 0.05) is ``noisy``.
 
     speedup               S(N) = thr(N) / thr(1)             thr(1): same study and model at 1 GPU
     strong efficiency     E(N) = thr(N) / (N thr(1))         (= T(1) / (N T(N)), global batch fixed)
     weak efficiency       E(N) = T(1) / T(N)                 (per-GPU batch and data fixed)
     ablation gain         G    = thr(variant) / thr(baseline) - 1
     all-reduce bandwidth  algbw = size / t,  busbw = algbw * 2 (N - 1) / N   (nccl-tests)
-    comparison ratio      measured / published
+    comparison ratio      measured / published  (reproduced when |ratio - 1| <= reproduce_tolerance)
     weak variation        (max T - min T) / min T over the GPU counts of a model
 
 Tables written to ``--out`` (CSV, one row per line described):
@@ -29,7 +33,9 @@ Tables written to ``--out`` (CSV, one row per line described):
 runs.csv -- one row per matrix row (a run without a record is ``missing``, never dropped).
     The matrix columns: run_id, study, model, gpus (world size), nodes, gpus_per_node, repeat,
     variant, precision, per_rank_batch, global_batch, bucket_cap_mb, runtime_min (time limit
-    requested per run), record (path of its record), rerun (the command that reruns it); then
+    requested per run), record (path of its record), rerun (the command that reruns it),
+    reference (the reference a ``reproduce`` run is for; empty in other studies and in matrices
+    from before the column), grad_accum_steps (1 in matrices from before it); then
     status            ok | failed | preempted | missing
     error             the record's error message; for a missing run, why there is no record
     stop_signal       SIGTERM | SIGUSR1 when the run was stopped by one
@@ -40,7 +46,10 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
     epoch_time_s      steps per epoch x median step time
     window_s          seconds of the measured window
     mfu, exposed_comm_fraction, data_stall_fraction          fractions (0..1)
-    gpu_util_mean_pct, power_mean_w (sum over GPUs), energy_j, energy_per_sample_j   NVML
+    gpu_util_mean_pct, power_mean_w (sum over GPUs), energy_j, energy_per_sample_j   NVML, over
+                      the measured steps (records since energy_per_sample_net_j: evaluation
+                      paused out); energy_per_sample_net_j: the same less the GPUs' idle power
+                      x time, idle_power_w (empty in older records)
     nvml_reason       why NVML figures are empty (e.g. a CPU run)
     peak_memory_bytes peak CUDA allocated bytes, else the peak RSS of a rank
     peak_memory_kind  cuda_allocated | rss
@@ -50,31 +59,41 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
     device_name       hardware.gpu.name, else the CPU model
     world_size_recorded, nodes_recorded, slurm_job_id, git_commit, git_dirty, torch_version,
     started_at        ISO 8601, UTC
+    precision_recorded, per_rank_batch_recorded, grad_accum_recorded, tokens_per_sample,
+    channels_last, data_kind, optimizer_kind, compile_mode    the conditions the record states
 epochs.csv -- one row per history entry of every record: run_id, epoch, step, complete
     (false for a partial last epoch), train_loss, eval_loss, eval_accuracy.
 loss_log.csv -- one row per logged step of every record: run_id, step, loss, samples_per_s.
 scaling.csv -- one row per (study in strong|weak, model, gpus): study, model, gpus, nodes,
-    repeats_ok, repeats_total, samples_per_s_median, samples_per_s_min, samples_per_s_max,
-    samples_per_s_per_gpu (median / gpus), step_time_median_s, epoch_time_s (medians),
-    speedup, ideal_speedup (= gpus), efficiency (strong or weak, above), note.
+    repeats_ok (n), repeats_total, samples_per_s_median, samples_per_s_min, samples_per_s_max,
+    samples_per_s_cv, samples_per_s_ci_low, samples_per_s_ci_high (95 % interval of the
+    median), noisy, samples_per_s_per_gpu (median / gpus), step_time_median_s, epoch_time_s
+    (medians), epoch_time_cv, speedup, ideal_speedup (= gpus), efficiency (strong or weak,
+    above), efficiency_ci_low, efficiency_ci_high, note.
 sensitivity.csv -- one row per (model, gpus, bucket_cap_mb, per_rank_batch, precision):
-    those, repeats_ok, repeats_total, samples_per_s_median, samples_per_s_min,
-    samples_per_s_max, step_time_median_s, exposed_comm_fraction (median), note.
+    those, repeats_ok, repeats_total, the throughput's median, min, max, CV, interval and noisy
+    flag (as scaling.csv), step_time_median_s, exposed_comm_fraction (median), note.
 ablation.csv -- one row per (model, gpus, variant), in matrix order (baseline first): those,
-    repeats_ok, repeats_total, samples_per_s_median, samples_per_s_min, samples_per_s_max,
-    gain (fraction; 0.25 = 25 % faster than the baseline), note.
+    repeats_ok, repeats_total, the throughput's median, min, max, CV, interval and noisy flag,
+    gain (fraction; 0.25 = 25 % faster than the baseline), gain_ci_low, gain_ci_high, note.
 communication.csv -- one row per (gpus, size_bytes): gpus, size_bytes, nodes, backend,
     time_us_median (slowest rank's median of single all-reduces: not nccl-tests' time, see
     scalerepro.commbench), algbw_gbps, busbw_gbps (GB = 1e9 bytes).
-comparison.csv -- one row per reference in references.yaml: reference (its id), model, gpus,
-    metric (samples_per_s | tokens_per_s_per_gpu), measured (the best median among the
-    completed strong, weak and ablation-"all" cells of that model and GPU count; empty when
-    none), published, ratio, measured_cell (which cell), measured_device, gpu, precision,
-    source, conditions (the reference's), note.
+comparison.csv -- one row per reference in references.yaml, the reproduction group first, then
+    the context (another GPU): reference (its id), group (reproduction | context), kind
+    (published | expected (seed document) | mlperf), model, gpus, metric (samples_per_s |
+    tokens_per_s_per_gpu), published, measured (the median of the ``reproduce`` runs of this
+    reference, in its metric), measured_ci_low, measured_ci_high, repeats, measured_cv, noisy,
+    ratio, verdict (reproduced | above | below | not comparable: <condition> | not measured: see
+    comparison_table), differs (the condition that differs, with both values), measured_cell
+    (the runs), measured_device, measured_conditions and published_conditions (side by side,
+    one line each), the reference's conditions (gpu, precision, per_gpu_batch, seq_len,
+    memory_format, data, optimizer), framework, metric_notes, source, note.
 checks.csv -- one row per check whose threshold is given (``--target``): check (the threshold's
     key), target (text: what is checked and against what), threshold (number), measured (number,
-    in the threshold's unit), value (``measured`` as text), status (pass | fail | not measured),
-    detail (which cells, or why it was not measured).
+    in the threshold's unit), interval_low, interval_high (its 95 % interval, where it has one),
+    value (``measured`` as text), status (pass | fail | inconclusive: the interval holds the
+    threshold | not measured | not applicable: a CPU study), detail (which cells, or why).
 cost.csv -- one row per study plus a ``total`` row: study, runs (matrix rows),
     gpu_hours_used = sum(duration_s x gpus) / 3600 and node_hours_used = sum(duration_s x
     nodes) / 3600 over the runs with a record, gpu_hours_requested = sum(runtime_min / 60 x
@@ -84,7 +103,7 @@ scaling_model.csv -- the alpha-beta model's predicted step time and efficiency b
     measured ones, and predictions alone beyond the study's hardware (``--predict-gpus``): see
     ``scalerepro.analysis.scaling_model``.
 summary.json -- run counts by status, device names and types, git commits, torch versions,
-    inconsistent runs and check counts.
+    inconsistent runs, check counts, comparison verdict counts, cpu_study, noisy_cells.
 """
 
 from __future__ import annotations
@@ -102,12 +121,14 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from . import scaling_model
+from . import repeats, scaling_model
 
 MATRIX_COLUMNS = (
     "run_id", "study", "model", "gpus", "nodes", "gpus_per_node", "repeat", "variant", "precision", "per_rank_batch",
     "global_batch", "bucket_cap_mb", "runtime_min", "record", "rerun",
 )  # fmt: skip
+# Matrix columns that older matrices lack, and what their absence means.
+OPTIONAL_MATRIX_COLUMNS = {"reference": "", "grad_accum_steps": 1}
 STATUSES = ("ok", "failed", "preempted", "missing")
 
 # runs.csv column <- path of the value in a run record.
@@ -128,6 +149,8 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "power_mean_w": ("measurements", "nvml", "power_mean_w"),
     "energy_j": ("measurements", "nvml", "energy_j"),
     "energy_per_sample_j": ("measurements", "energy_per_sample_j"),
+    "energy_per_sample_net_j": ("measurements", "energy_per_sample_net_j"),
+    "idle_power_w": ("measurements", "nvml", "idle_power_w"),
     "nvml_reason": ("measurements", "nvml", "reason"),
     "device_type": ("parallel", "device_type"),
     "world_size_recorded": ("parallel", "world_size"),
@@ -138,6 +161,15 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "torch_version": ("versions", "torch"),
     "started_at": ("started_at",),
     "ended_at": ("ended_at",),
+    # the conditions a run ran under, as its record says (the comparison sets them beside a reference's)
+    "precision_recorded": ("precision",),
+    "per_rank_batch_recorded": ("batch", "per_rank"),
+    "grad_accum_recorded": ("batch", "grad_accum_steps"),
+    "tokens_per_sample": ("model", "tokens_per_sample"),
+    "channels_last": ("knobs", "channels_last"),
+    "data_kind": ("data", "kind"),
+    "optimizer_kind": ("optimizer", "kind"),
+    "compile_mode": ("knobs", "compile"),
 }
 # The columns read_record gives: those above and the ones it derives.
 RECORD_COLUMNS = (
@@ -145,33 +177,55 @@ RECORD_COLUMNS = (
     "final_eval_accuracy", "device_name",
 )  # fmt: skip
 RUN_COLUMNS = (
-    *MATRIX_COLUMNS, "status", "error", "stop_signal", "consistent", "samples_per_s", "tokens_per_s",
-    "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "epoch_time_s", "window_s", "mfu",
+    *MATRIX_COLUMNS, *OPTIONAL_MATRIX_COLUMNS, "status", "error", "stop_signal", "consistent", "samples_per_s",
+    "tokens_per_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "epoch_time_s", "window_s", "mfu",
     "exposed_comm_fraction", "data_stall_fraction", "gpu_util_mean_pct", "power_mean_w", "energy_j",
-    "energy_per_sample_j", "nvml_reason", "peak_memory_bytes", "peak_memory_kind", "final_train_loss",
-    "final_eval_loss", "final_eval_accuracy", "duration_s", "device_type", "device_name", "world_size_recorded",
-    "nodes_recorded", "slurm_job_id", "git_commit", "git_dirty", "torch_version", "started_at",
+    "energy_per_sample_j", "energy_per_sample_net_j", "idle_power_w", "nvml_reason", "peak_memory_bytes",
+    "peak_memory_kind", "final_train_loss", "final_eval_loss", "final_eval_accuracy", "duration_s", "device_type",
+    "device_name", "world_size_recorded", "nodes_recorded", "slurm_job_id", "git_commit", "git_dirty",
+    "torch_version", "started_at", "precision_recorded", "per_rank_batch_recorded", "grad_accum_recorded",
+    "tokens_per_sample", "channels_last", "data_kind", "optimizer_kind", "compile_mode",
 )  # fmt: skip
 EPOCH_COLUMNS = ("run_id", "epoch", "step", "complete", "train_loss", "eval_loss", "eval_accuracy")
 LOSS_COLUMNS = ("run_id", "step", "loss", "samples_per_s")
 COMM_COLUMNS = ("gpus", "size_bytes", "nodes", "backend", "time_us_median", "algbw_gbps", "busbw_gbps")
-REFERENCE_COLUMNS = ("id", "model", "gpus", "metric", "value", "gpu", "precision", "source", "conditions")
-THROUGHPUT = ("samples_per_s_median", "samples_per_s_min", "samples_per_s_max")
+# The conditions of a reference (config/references.yaml), compared with a run's in this order.
+CONDITIONS = ("gpu", "precision", "per_gpu_batch", "seq_len", "memory_format", "data", "optimizer")
+REFERENCE_COLUMNS = (
+    "id", "model", "gpus", "metric", "value", "kind", "source", *CONDITIONS, "framework", "metric_notes",
+    "trainer_model", "trainer_per_gpu_batch", "trainer_flags", "unmatched", "note",
+)  # fmt: skip
+REFERENCE_KINDS = ("published", "expected (seed document)", "mlperf")
+REFERENCE_METRICS = ("samples_per_s", "tokens_per_s_per_gpu")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "mixed")
+# Spread of a cell's throughput over its repeats (scalerepro.analysis.repeats): n is repeats_ok.
+SPREAD = ("samples_per_s_cv", "samples_per_s_ci_low", "samples_per_s_ci_high", "noisy")
+THROUGHPUT = ("samples_per_s_median", "samples_per_s_min", "samples_per_s_max", *SPREAD)
 SCALING_COLUMNS = (
     "study", "model", "gpus", "nodes", "repeats_ok", "repeats_total", *THROUGHPUT, "samples_per_s_per_gpu",
-    "step_time_median_s", "epoch_time_s", "speedup", "ideal_speedup", "efficiency", "note",
+    "step_time_median_s", "epoch_time_s", "epoch_time_cv", "speedup", "ideal_speedup", "efficiency",
+    "efficiency_ci_low", "efficiency_ci_high", "note",
 )  # fmt: skip
 SENSITIVITY_KEYS = ("model", "gpus", "bucket_cap_mb", "per_rank_batch", "precision")
 SENSITIVITY_COLUMNS = (
     *SENSITIVITY_KEYS, "repeats_ok", "repeats_total", *THROUGHPUT, "step_time_median_s", "exposed_comm_fraction", "note",
 )  # fmt: skip
-ABLATION_COLUMNS = ("model", "gpus", "variant", "repeats_ok", "repeats_total", *THROUGHPUT, "gain", "note")
-COMPARISON_COLUMNS = (
-    "reference", "model", "gpus", "metric", "measured", "published", "ratio", "measured_cell", "measured_device",
-    "gpu", "precision", "source", "conditions", "note",
+ABLATION_COLUMNS = (
+    "model", "gpus", "variant", "repeats_ok", "repeats_total", *THROUGHPUT, "gain", "gain_ci_low", "gain_ci_high", "note",
 )  # fmt: skip
-CHECK_COLUMNS = ("check", "target", "threshold", "measured", "value", "status", "detail")
-CHECK_STATUSES = ("pass", "fail", "not measured")
+VERDICTS = ("reproduced", "above", "below", "not comparable", "not measured")
+COMPARISON_COLUMNS = (
+    "reference", "group", "kind", "model", "gpus", "metric", "published", "measured", "measured_ci_low",
+    "measured_ci_high", "repeats", "measured_cv", "noisy", "ratio", "verdict", "differs", "measured_cell",
+    "measured_device", "measured_conditions", "published_conditions", *CONDITIONS, "framework", "metric_notes",
+    "source", "note",
+)  # fmt: skip
+CHECK_COLUMNS = ("check", "target", "threshold", "measured", "interval_low", "interval_high", "value", "status", "detail")
+CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured", "not applicable")
+CPU_STUDY = (
+    "not applicable on a CPU study: ranks on one host's cores measure the pipeline (the code path, the "
+    "collectives, the bookkeeping), not a cluster"
+)
 # What each check measures, by its target key (the target text starts with it).
 CHECK_NAMES = {
     "strong_efficiency_min": "strong-scaling efficiency",
@@ -191,7 +245,11 @@ TARGETS = {
     "gpu_util_min_pct": "mean GPU utilisation above this (percent)",
     "exposed_comm_max": "exposed communication of every multi-GPU run below this (fraction)",
     "data_stall_max": "data-loader stall of every run below this (fraction)",
+    "reproduce_tolerance": "a reference is reproduced when |measured / published - 1| is at most this (default 0.10)",
+    "noise_cv_max": "a cell whose throughput varies more than this over its repeats (CV) is flagged noisy (default 0.05)",
 }
+DEFAULT_REPRODUCE_TOLERANCE = 0.10
+DEFAULT_NOISE_CV_MAX = 0.05
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,13 +300,15 @@ def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], li
 
 
 def read_matrix(path: str | os.PathLike[str]) -> pd.DataFrame:
-    matrix = pd.read_csv(path, dtype={"run_id": str, "variant": str, "record": str, "rerun": str})
+    matrix = pd.read_csv(path, dtype={"run_id": str, "variant": str, "record": str, "rerun": str, "reference": str})
     absent = [column for column in MATRIX_COLUMNS if column not in matrix.columns]
     if absent:
         raise ValueError(f"{path}: the study matrix lacks the columns {absent}")
     if matrix["run_id"].duplicated().any():
         raise ValueError(f"{path}: run_id repeats: {sorted(matrix.loc[matrix.run_id.duplicated(), 'run_id'])}")
-    return matrix.assign(variant=matrix["variant"].fillna(""))
+    for column, default in OPTIONAL_MATRIX_COLUMNS.items():  # a matrix from before the column
+        matrix[column] = matrix[column].fillna(default) if column in matrix.columns else default
+    return matrix.assign(variant=matrix["variant"].fillna(""), grad_accum_steps=matrix["grad_accum_steps"].astype(int))
 
 
 def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -261,8 +321,10 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     ended = pd.to_datetime(runs["ended_at"], format="ISO8601", utc=True)
     started = pd.to_datetime(runs["started_at"], format="ISO8601", utc=True)
     runs["duration_s"] = (ended - started).dt.total_seconds()
-    for column in ("world_size_recorded", "nodes_recorded", "peak_memory_bytes"):
+    for column in ("world_size_recorded", "nodes_recorded", "peak_memory_bytes", "per_rank_batch_recorded",
+                   "grad_accum_recorded", "tokens_per_sample"):  # fmt: skip
         runs[column] = runs[column].astype("Int64")
+    runs["channels_last"] = runs["channels_last"].astype("boolean")
     recorded = runs["world_size_recorded"].notna() & runs["nodes_recorded"].notna()
     matches = runs["world_size_recorded"].eq(runs["gpus"]) & runs["nodes_recorded"].eq(runs["nodes"])
     runs["consistent"] = matches.astype("boolean").where(recorded)
@@ -286,36 +348,60 @@ def counts(runs: pd.DataFrame) -> pd.Series:
     return (runs["status"].eq("ok") & runs["consistent"].ne(False).fillna(True)).astype(bool)
 
 
-def cell_stats(runs: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """One row per cell (``keys``), in first-seen order: repeats planned and counted, and the
-    median (and min/max of throughput) of each figure over the repeats that count."""
+def _values(runs: pd.DataFrame, column: str) -> pd.Series:
+    """``column`` of the runs that count, NaN for the others (which median, min and max skip)."""
+    return runs[column].where(counts(runs))
+
+
+def cell_stats(runs: pd.DataFrame, keys: Sequence[str], noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    """One row per cell (``keys``), in first-seen order: repeats planned and counted, the median
+    of each figure over the repeats that count, and the spread of the throughput (min, max, CV,
+    the bootstrap 95 % interval of the median: scalerepro.analysis.repeats); ``noisy`` when the
+    CV exceeds ``noise_cv_max``."""
     ok = counts(runs)
     measures = ["samples_per_s", "tokens_per_s", "step_time_median_s", "epoch_time_s", "exposed_comm_fraction"]
     # a repeat that does not count gets NaN, which median/min/max skip
     frame = runs[list(keys)].join(runs[[*measures, "device_name"]].where(ok, axis=0)).assign(ok=ok)
-    return (
-        frame.groupby(list(keys), sort=False, dropna=False)
-        .agg(
-            repeats_ok=("ok", "sum"),
-            repeats_total=("ok", "size"),
-            samples_per_s_median=("samples_per_s", "median"),
-            samples_per_s_min=("samples_per_s", "min"),
-            samples_per_s_max=("samples_per_s", "max"),
-            tokens_per_s_median=("tokens_per_s", "median"),
-            step_time_median_s=("step_time_median_s", "median"),
-            epoch_time_s=("epoch_time_s", "median"),
-            exposed_comm_fraction=("exposed_comm_fraction", "median"),
-            device_name=("device_name", _joined),
-        )
-        .reset_index()
-    )
+    groups = frame.groupby(list(keys), sort=False, dropna=False)
+    cells = groups.agg(
+        repeats_ok=("ok", "sum"),
+        repeats_total=("ok", "size"),
+        samples_per_s_median=("samples_per_s", "median"),
+        samples_per_s_min=("samples_per_s", "min"),
+        samples_per_s_max=("samples_per_s", "max"),
+        tokens_per_s_median=("tokens_per_s", "median"),
+        step_time_median_s=("step_time_median_s", "median"),
+        epoch_time_s=("epoch_time_s", "median"),
+        exposed_comm_fraction=("exposed_comm_fraction", "median"),
+        device_name=("device_name", _joined),
+    ).reset_index()
+    spread = [
+        (repeats.describe(group["samples_per_s"], key), repeats.describe(group["epoch_time_s"], ("epoch", key)))
+        for key, group in groups
+    ]
+    cells["samples_per_s_cv"] = [thr["cv"] for thr, _ in spread]
+    cells["samples_per_s_ci_low"] = [thr["ci_low"] for thr, _ in spread]
+    cells["samples_per_s_ci_high"] = [thr["ci_high"] for thr, _ in spread]
+    cells["epoch_time_cv"] = [epoch["cv"] for _, epoch in spread]
+    # noisy: the throughput's CV over the repeats above the target (never with fewer than 2)
+    cells["noisy"] = cells["samples_per_s_cv"].gt(noise_cv_max)
+    return cells
+
+
+def _cell_values(runs: pd.DataFrame, column: str, where: pd.Series) -> np.ndarray:
+    return _values(runs, column)[where].dropna().to_numpy(dtype=float)
 
 
 NO_REPEAT = "no completed repeat"
 
 
-def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
-    cells = cell_stats(runs[runs["study"].isin(["strong", "weak"])], ["study", "model", "gpus", "nodes"])
+def _noise_note(cells: pd.DataFrame) -> pd.Series:
+    return "noisy: throughput CV " + (100 * cells["samples_per_s_cv"]).round(1).astype(str) + " % over the repeats"
+
+
+def scaling_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    scaled = runs[runs["study"].isin(["strong", "weak"])]
+    cells = cell_stats(scaled, ["study", "model", "gpus", "nodes"], noise_cv_max)
     one = cells.loc[cells["gpus"].eq(1), ["study", "model", "samples_per_s_median", "epoch_time_s"]]
     cells = cells.merge(one, on=["study", "model"], how="left", suffixes=("", "_1gpu"))
     thr, thr1 = cells["samples_per_s_median"], cells["samples_per_s_median_1gpu"]
@@ -327,29 +413,54 @@ def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
         thr / (cells["gpus"] * thr1),  # strong: E = thr(N) / (N thr(1))
         cells["epoch_time_s_1gpu"] / cells["epoch_time_s"],  # weak: E = T(1) / T(N)
     )
+    # the efficiency's 95 % interval: the same formula on paired bootstrap medians of the two cells
+    low, high = [], []
+    for study, model, gpus in zip(cells["study"], cells["model"], cells["gpus"]):
+        at = scaled["study"].eq(study) & scaled["model"].eq(model)
+        column = "samples_per_s" if study == "strong" else "epoch_time_s"
+        n_cell = (_cell_values(scaled, column, at & scaled["gpus"].eq(gpus)), (study, model, gpus, column))
+        one_cell = (_cell_values(scaled, column, at & scaled["gpus"].eq(1)), (study, model, 1, column))
+        if study == "strong":
+            bounds = repeats.ratio_interval([n_cell, one_cell], lambda n, one, g=gpus: n / (g * one))
+        else:
+            bounds = repeats.ratio_interval([n_cell, one_cell], lambda n, one: one / n)
+        low.append(bounds[0])
+        high.append(bounds[1])
+    cells["efficiency_ci_low"], cells["efficiency_ci_high"] = low, high
     cells["note"] = np.select(
-        [cells["repeats_ok"].eq(0), thr1.isna()],
-        [NO_REPEAT, "no completed 1-GPU run of this study and model: speedup and efficiency undefined"],
+        [cells["repeats_ok"].eq(0), thr1.isna(), cells["noisy"]],
+        [NO_REPEAT, "no completed 1-GPU run of this study and model: speedup and efficiency undefined",
+         _noise_note(cells)],
         "",
-    )
+    )  # fmt: skip
     return cells.sort_values(["study", "model", "gpus"], kind="stable")[list(SCALING_COLUMNS)].reset_index(drop=True)
 
 
-def sensitivity_table(runs: pd.DataFrame) -> pd.DataFrame:
-    cells = cell_stats(runs[runs["study"].eq("sensitivity")], SENSITIVITY_KEYS)
-    cells["note"] = np.where(cells["repeats_ok"].eq(0), NO_REPEAT, "")
+def sensitivity_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    cells = cell_stats(runs[runs["study"].eq("sensitivity")], SENSITIVITY_KEYS, noise_cv_max)
+    cells["note"] = np.select([cells["repeats_ok"].eq(0), cells["noisy"]], [NO_REPEAT, _noise_note(cells)], "")
     return cells[list(SENSITIVITY_COLUMNS)]
 
 
-def ablation_table(runs: pd.DataFrame) -> pd.DataFrame:
-    cells = cell_stats(runs[runs["study"].eq("ablation")], ["model", "gpus", "variant"])
+def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    ablation = runs[runs["study"].eq("ablation")]
+    cells = cell_stats(ablation, ["model", "gpus", "variant"], noise_cv_max)
     baseline = cells.loc[cells["variant"].eq("baseline"), ["model", "gpus", "samples_per_s_median"]]
     cells = cells.merge(baseline, on=["model", "gpus"], how="left", suffixes=("", "_baseline"))  # keeps matrix order
     # G = thr(variant) / thr(baseline) - 1
     cells["gain"] = cells["samples_per_s_median"] / cells["samples_per_s_median_baseline"] - 1
+    low, high = [], []
+    for model, gpus, variant in zip(cells["model"], cells["gpus"], cells["variant"]):
+        at = ablation["model"].eq(model) & ablation["gpus"].eq(gpus)
+        this = (_cell_values(ablation, "samples_per_s", at & ablation["variant"].eq(variant)), (model, gpus, variant))
+        base = (_cell_values(ablation, "samples_per_s", at & ablation["variant"].eq("baseline")), (model, gpus, "baseline"))
+        bounds = repeats.ratio_interval([this, base], lambda v, b: v / b - 1) if variant != "baseline" else (0.0, 0.0)
+        low.append(bounds[0])
+        high.append(bounds[1])
+    cells["gain_ci_low"], cells["gain_ci_high"] = low, high
     cells["note"] = np.select(
-        [cells["repeats_ok"].eq(0), cells["samples_per_s_median_baseline"].isna()],
-        [NO_REPEAT, "no completed baseline run: gain undefined"],
+        [cells["repeats_ok"].eq(0), cells["samples_per_s_median_baseline"].isna(), cells["noisy"]],
+        [NO_REPEAT, "no completed baseline run: gain undefined", _noise_note(cells)],
         "",
     )
     return cells[list(ABLATION_COLUMNS)]
@@ -381,46 +492,209 @@ def communication_table(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame
     return table.sort_values(["gpus", "size_bytes"], ignore_index=True)
 
 
+def _source_text(source: Any) -> str:
+    """A reference's source as one line: repository@commit path (row), or page, table."""
+    if isinstance(source, str):
+        return source
+    if not isinstance(source, Mapping):
+        return ""
+    if "repository" in source:
+        text = f"{source['repository']}@{str(source.get('commit', ''))[:12]} {source.get('path', '')}".strip()
+        return text + (f" (row {source['row']})" if source.get("row") else "")
+    return ", ".join(str(source[key]) for key in ("page", "table") if source.get(key))
+
+
 def read_references(path: str | os.PathLike[str]) -> pd.DataFrame:
-    entries = (yaml.safe_load(Path(path).read_text()) or {}).get("references") or []
-    return pd.DataFrame(entries).reindex(columns=REFERENCE_COLUMNS)
-
-
-def comparison_table(runs: pd.DataFrame, references: pd.DataFrame) -> pd.DataFrame:
-    """Each reference beside the best completed cell of the same model and GPU count."""
-    eligible = runs["study"].isin(["strong", "weak"]) | (runs["study"].eq("ablation") & runs["variant"].eq("all"))
-    cells = cell_stats(runs[eligible], ["model", "gpus", "study", "variant", "precision", "per_rank_batch"])
-    cells = cells[cells["repeats_ok"].gt(0)]
-    study = cells["study"].where(cells["variant"].eq(""), cells["study"] + " " + cells["variant"])
-    batch = cells["precision"].astype(str) + ", batch " + cells["per_rank_batch"].astype(str) + "/GPU"
-    cells = cells.assign(
-        samples_per_s=cells["samples_per_s_median"],
-        tokens_per_s_per_gpu=cells["tokens_per_s_median"] / cells["gpus"],
-        measured_cell=study + ", " + batch + ", median of " + cells["repeats_ok"].astype(str),
-        measured_device=cells["device_name"],
-    )
-    measured = (
-        cells.melt(
-            ["model", "gpus", "measured_cell", "measured_device"],
-            ["samples_per_s", "tokens_per_s_per_gpu"],
-            var_name="metric",
-            value_name="measured",
+    """config/references.yaml's ``references``, one row each, conditions flattened into columns
+    (REFERENCE_COLUMNS). An entry that breaks the format is a one-line error naming it and what
+    to fix."""
+    document = yaml.safe_load(Path(path).read_text()) or {}
+    rows = []
+    for index, entry in enumerate(document.get("references") or []):
+        label = entry.get("id", "no id") if isinstance(entry, Mapping) else repr(entry)
+        name = f"{path}: references[{index}] ({label})"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{name}: an entry is a mapping with id, model, gpus, metric, value, kind, source, conditions, trainer")
+        missing = [key for key in ("id", "model", "gpus", "metric", "value", "kind", "source", "conditions", "trainer") if key not in entry]
+        if missing:
+            raise ValueError(f"{name}: add {', '.join(missing)} (trainer: null with `unmatched` where the trainer cannot match it)")
+        if entry["kind"] not in REFERENCE_KINDS:
+            raise ValueError(f"{name}: kind {entry['kind']!r} is not one of {', '.join(REFERENCE_KINDS)}")
+        if entry["metric"] not in REFERENCE_METRICS:
+            raise ValueError(f"{name}: metric {entry['metric']!r} is not one of {', '.join(REFERENCE_METRICS)}")
+        conditions = entry["conditions"] or {}
+        if not isinstance(conditions, Mapping) or not conditions.get("gpu"):
+            raise ValueError(f"{name}: conditions must be a mapping naming at least the gpu (the device name NVML reports)")
+        if conditions.get("precision") not in (None, *PRECISIONS):
+            raise ValueError(f"{name}: conditions.precision {conditions['precision']!r} is not one of {', '.join(PRECISIONS)} (or null: not stated)")
+        trainer = entry["trainer"]
+        if trainer is None and not entry.get("unmatched"):
+            raise ValueError(f"{name}: trainer is null, so say why in `unmatched: \"<condition>: <why>\"`")
+        if trainer is not None and not (isinstance(trainer, Mapping) and {"model", "per_gpu_batch", "flags"} <= set(trainer)):
+            raise ValueError(f"{name}: trainer needs model, per_gpu_batch and flags (a list), or null")
+        rows.append(
+            {
+                **{key: entry.get(key) for key in ("id", "model", "gpus", "metric", "value", "kind", "unmatched", "note")},
+                "source": _source_text(entry["source"]),
+                **{key: conditions.get(key) for key in (*CONDITIONS, "framework", "metric_notes")},
+                "trainer_model": None if trainer is None else trainer["model"],
+                "trainer_per_gpu_batch": None if trainer is None else trainer["per_gpu_batch"],
+                "trainer_flags": None if trainer is None else " ".join(map(str, trainer["flags"])),
+            }
         )
-        .dropna(subset=["measured"])
-        .sort_values("measured", ascending=False)
-        .drop_duplicates(["model", "gpus", "metric"])  # the best cell per model, GPU count and metric
-    )
-    table = references.rename(columns={"id": "reference", "value": "published"}).merge(
-        measured, on=["model", "gpus", "metric"], how="left"
-    )
-    table["ratio"] = table["measured"] / table["published"]
-    table["note"] = np.where(
-        table["measured"].isna(),
-        "not measured: no completed strong, weak or ablation-all run of this model at this GPU count gives "
-        + table["metric"].astype(str),
-        "",
-    )
-    return table[list(COMPARISON_COLUMNS)]
+    frame = pd.DataFrame(rows, columns=list(REFERENCE_COLUMNS))
+    if frame["id"].duplicated().any():
+        raise ValueError(f"{path}: reference ids repeat: {sorted(set(frame.loc[frame['id'].duplicated(), 'id']))}")
+    return frame
+
+
+def read_target_gpu(path: str | os.PathLike[str]) -> str | None:
+    """``target_gpu`` of references.yaml: the GPU the set is for (see comparison_table)."""
+    return (yaml.safe_load(Path(path).read_text()) or {}).get("target_gpu")
+
+
+def _given(value: Any) -> bool:
+    """Not None, NaN or an empty string."""
+    return value is not None and not (isinstance(value, float) and np.isnan(value)) and value != ""
+
+
+def _same_device(a: Any, b: Any) -> bool:
+    """Device names compared as NVML spells them, case and spacing aside."""
+    return isinstance(a, str) and isinstance(b, str) and " ".join(a.lower().split()) == " ".join(b.lower().split())
+
+
+def recorded_conditions(run: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's conditions in the references' terms, from its record (runs.csv columns)."""
+    tokens = run.get("tokens_per_sample")
+    image = pd.isna(tokens) or tokens == 0
+    per_rank, accum = run.get("per_rank_batch_recorded"), run.get("grad_accum_recorded")
+    channels_last = run.get("channels_last")
+    data = run.get("data_kind")
+    return {
+        "gpu": run.get("device_name") if run.get("device_type") == "cuda" else f"CPU ({run.get('device_name')})",
+        "precision": run.get("precision_recorded"),
+        # samples per GPU per optimizer step = per-rank micro-batch x micro-batches per step
+        "per_gpu_batch": None if pd.isna(per_rank) else int(per_rank) * (1 if pd.isna(accum) else int(accum)),
+        "seq_len": None if image else int(tokens),
+        "memory_format": (None if pd.isna(channels_last) else "nhwc" if channels_last else "nchw") if image else None,
+        "data": None if pd.isna(data) else "synthetic" if data == "synthetic" else "real",
+        "optimizer": run.get("optimizer_kind"),
+    }
+
+
+def describe_conditions(conditions: Mapping[str, Any]) -> str:
+    """Conditions as one line, in CONDITIONS order, the missing ones left out."""
+    parts = []
+    for key in CONDITIONS:
+        value = conditions.get(key)
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            continue
+        parts.append(f"{key.replace('_', ' ')} {int(value) if isinstance(value, float) and value.is_integer() else value}")
+    return "; ".join(parts)
+
+
+def _differing_condition(reference: Mapping[str, Any], measured: Mapping[str, Any]) -> str | None:
+    """The first condition (CONDITIONS order, GPU aside) that the reference states and the run
+    does not share, as "<condition> (measured X, reference Y)"."""
+    for key in CONDITIONS[1:]:
+        wanted, got = reference.get(key), measured.get(key)
+        if wanted is None or (isinstance(wanted, float) and np.isnan(wanted)):
+            continue  # the reference does not state it: nothing to compare
+        same = str(wanted).lower() == str(got).lower() if key == "optimizer" else wanted == got
+        if isinstance(wanted, float) and got is not None:
+            same = int(wanted) == got
+        if not same:
+            return f"{key.replace('_', ' ')} (measured {got}, reference {int(wanted) if isinstance(wanted, float) else wanted})"
+    return None
+
+
+def comparison_table(
+    runs: pd.DataFrame,
+    references: pd.DataFrame,
+    tolerance: float = DEFAULT_REPRODUCE_TOLERANCE,
+    noise_cv_max: float = DEFAULT_NOISE_CV_MAX,
+    target_gpu: str | None = None,
+) -> pd.DataFrame:
+    """Each reference beside the cell run under its own conditions (the ``reproduce`` study's
+    runs that name it in the matrix's ``reference`` column, or, where it has none, those of a
+    reference with the same trainer run), with a verdict:
+
+        reproduced      |measured / published - 1| <= tolerance
+        above / below   outside the tolerance, measured higher / lower
+        not comparable: <condition>   another GPU (its device name differs from the reference's),
+                        a condition the trainer cannot match (the reference's ``unmatched``),
+                        no run scheduled for it, or a recorded condition that differs
+        not measured    a run was planned but none completed
+
+    ``group`` is "reproduction" for references on the GPU the study ran on (on a study without
+    such a GPU, a CPU study: those on ``target_gpu``), "context" for the others: shown apart,
+    never a pass or fail. The measured figure is the cell's median with its bootstrap 95 %
+    interval (scalerepro.analysis.repeats)."""
+    ok = runs[counts(runs)]
+    study_gpus = sorted(set(ok.loc[ok["device_type"].eq("cuda"), "device_name"].dropna()))
+    cpu_names = sorted(set(ok.loc[ok["device_type"].eq("cpu"), "device_name"].dropna()))
+    ran_on = ", ".join(study_gpus) or (f"CPU ({', '.join(cpu_names)})" if cpu_names else "no completed run")
+    reproduce = runs[runs["study"].eq("reproduce")]
+    # references that the same trainer run serves (the same model, GPU count, batch and flags)
+    by_trainer = {
+        ref["id"]: (ref["trainer_model"], ref["gpus"], ref["trainer_per_gpu_batch"], ref["trainer_flags"])
+        for ref in references.to_dict("records")
+        if _given(ref["trainer_model"])
+    }
+    rows = []
+    for ref in references.to_dict("records"):
+        on_study_gpu = any(_same_device(ref["gpu"], g) for g in study_gpus)
+        group = "reproduction" if on_study_gpu or (not study_gpus and _same_device(ref["gpu"], target_gpu)) else "context"
+        planned = reproduce[reproduce["reference"].eq(ref["id"])]
+        shared = ""
+        if planned.empty and ref["id"] in by_trainer:
+            same = [rid for rid, key in by_trainer.items() if key == by_trainer[ref["id"]] and rid != ref["id"]]
+            planned = reproduce[reproduce["reference"].isin(same)]
+            shared = f"; the run of {', '.join(sorted(set(planned['reference'])))} (the same trainer run)" if len(planned) else ""
+        done = planned[counts(planned)]
+        value = "samples_per_s" if ref["metric"] == "samples_per_s" else "tokens_per_s"
+        values = done[value] / (done["gpus"] if ref["metric"] == "tokens_per_s_per_gpu" else 1)
+        spread = repeats.describe(values.to_numpy(dtype=float), ("reference", ref["id"]))
+        measured = recorded_conditions(done.iloc[0].to_dict()) if len(done) else {}
+        row = {
+            "reference": ref["id"], "group": group, "kind": ref["kind"], "model": ref["model"], "gpus": ref["gpus"],
+            "metric": ref["metric"], "published": ref["value"], "measured": spread["median"],
+            "measured_ci_low": spread["ci_low"], "measured_ci_high": spread["ci_high"], "repeats": spread["n"],
+            "measured_cv": spread["cv"], "noisy": bool(spread["cv"] > noise_cv_max),
+            "measured_cell": f"reproduce: {', '.join(done['run_id'])}{shared}" if len(done) else "",
+            "measured_device": measured.get("gpu", ""), "measured_conditions": describe_conditions(measured),
+            "published_conditions": describe_conditions(ref),
+            **{key: ref[key] for key in (*CONDITIONS, "framework", "metric_notes", "source", "note")},
+        }  # fmt: skip
+        row["ratio"] = spread["median"] / ref["value"] if len(done) else float("nan")
+        differs = None
+        if len(done) and not _same_device(measured["gpu"], ref["gpu"]):
+            differs = f"GPU (measured on {measured['gpu']}, reference on {ref['gpu']})"
+        elif not len(done) and not on_study_gpu:
+            differs = f"GPU (this study ran on {ran_on}; the reference on {ref['gpu']})"
+        elif _given(ref["unmatched"]):
+            differs = str(ref["unmatched"])
+        elif planned.empty:
+            differs = "no run scheduled for it (the reproduce study has no run naming this reference)"
+        elif len(done) and spread["n"]:  # runs without the metric are "not measured" below, whatever their conditions
+            differs = _differing_condition(ref, measured)
+        if differs is not None:
+            row["verdict"], row["differs"] = f"not comparable: {differs.split(' (')[0].split(':')[0]}", differs
+        elif not len(done):
+            row["verdict"] = "not measured"
+            row["differs"] = f"no completed run: {len(planned)} planned, {int(counts(planned).sum())} counted"
+        elif spread["n"] == 0:
+            row["verdict"], row["differs"] = "not measured", f"its {len(done)} completed runs recorded no {value}"
+        else:
+            # reproduced when |measured / published - 1| <= tolerance
+            ratio = row["ratio"]
+            row["verdict"] = "reproduced" if abs(ratio - 1) <= tolerance else "above" if ratio > 1 else "below"
+            row["differs"] = ""
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
+    order = {"reproduction": 0, "context": 1}
+    return table.sort_values(["group", "model", "gpus"], key=lambda c: c.map(order) if c.name == "group" else c,
+                             kind="stable", ignore_index=True)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -436,11 +710,27 @@ def _verdict(
     measured: float | None = None,
     passed: bool = False,
     value: str = "",
+    interval: tuple[float, float] = (float("nan"), float("nan")),
 ) -> dict[str, Any]:
-    """One checks.csv row; without ``measured`` the check is "not measured" and ``detail`` says why."""
-    status = "not measured" if measured is None else "pass" if passed else "fail"
+    """One checks.csv row; without ``measured`` the check is "not measured" and ``detail`` says
+    why. With an interval that has the threshold strictly inside it the check is "inconclusive":
+    the repeats cannot say on which side the true value lies."""
+    low, high = interval
+    if measured is None:
+        status = "not measured"
+    elif repeats.straddles(low, high, threshold):
+        status = "inconclusive"
+        detail = f"95 % interval {value_range(low, high, value)} holds the threshold; " + detail
+    else:
+        status = "pass" if passed else "fail"
     target = f"{CHECK_NAMES[check]} {target}"
-    return dict(zip(CHECK_COLUMNS, (check, target, threshold, measured, value, status, detail)))
+    return dict(zip(CHECK_COLUMNS, (check, target, threshold, measured, low, high, value, status, detail)))
+
+
+def value_range(low: float, high: float, like: str) -> str:
+    """An interval in the format of the value it belongs to (a percentage or a signed one)."""
+    fmt = "+.1%" if like.startswith(("+", "-")) else ".1%"
+    return f"{low:{fmt}} to {high:{fmt}}"
 
 
 def _listing(frame: pd.DataFrame, label: str, column: str, fmt: str) -> str:
@@ -464,7 +754,8 @@ def _strong_efficiency(t: Mapping[str, pd.DataFrame], targets: Mapping[str, floa
     if len(done) < len(at):
         detail += "; not measured: " + ", ".join(at.loc[at["efficiency"].isna(), "model"])
     e = float(worst["efficiency"])
-    return _verdict("strong_efficiency_min", target, minimum, detail, e, e >= minimum, f"{e:.1%}")
+    interval = (float(worst["efficiency_ci_low"]), float(worst["efficiency_ci_high"]))
+    return _verdict("strong_efficiency_min", target, minimum, detail, e, e >= minimum, f"{e:.1%}", interval)
 
 
 def _weak_variation(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> dict:
@@ -479,7 +770,13 @@ def _weak_variation(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float])
     worst = spread.loc[spread["variation"].idxmax()]
     v = float(worst["variation"])
     detail = f"worst model {worst['model']}; time-per-epoch variation: {_listing(spread, 'model', 'variation', '.1%')}"
-    return _verdict("weak_variation_max", target, maximum, detail, v, v <= maximum, f"{v:.1%}")
+    # its interval: (max - min) / min of the paired bootstrap medians of every GPU count's epoch time
+    runs = t["runs"]
+    at = runs["study"].eq("weak") & runs["model"].eq(worst["model"])
+    cells = [(_cell_values(runs, "epoch_time_s", at & runs["gpus"].eq(g)), ("weak", worst["model"], g, "epoch_time_s"))
+             for g in sorted(weak.loc[weak["model"].eq(worst["model"]), "gpus"])]  # fmt: skip
+    interval = repeats.ratio_interval(cells, lambda *m: (np.max(m, axis=0) - np.min(m, axis=0)) / np.min(m, axis=0))
+    return _verdict("weak_variation_max", target, maximum, detail, v, v <= maximum, f"{v:.1%}", interval)
 
 
 def _optimisation_gain(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> dict:
@@ -493,7 +790,8 @@ def _optimisation_gain(t: Mapping[str, pd.DataFrame], targets: Mapping[str, floa
     worst = done.loc[done["gain"].idxmin()]
     g = float(worst["gain"])
     detail = f"worst model {worst['model']} at {worst['gpus']:g} GPUs; gain: {_listing(done, 'model', 'gain', '+.1%')}"
-    return _verdict("optimisation_gain_min", target, minimum, detail, g, g >= minimum, f"{g:+.1%}")
+    interval = (float(worst["gain_ci_low"]), float(worst["gain_ci_high"]))
+    return _verdict("optimisation_gain_min", target, minimum, detail, g, g >= minimum, f"{g:+.1%}", interval)
 
 
 def _run_maximum(check: str, column: str, multi_gpu: bool, what: str):
@@ -540,12 +838,25 @@ CHECKS = {
 }
 
 
+def cpu_study(runs: pd.DataFrame) -> bool:
+    """Every run that counts ran on the CPU (and at least one did)."""
+    types = set(runs.loc[counts(runs), "device_type"].dropna())
+    return types == {"cpu"}
+
+
 def checks_table(tables: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> pd.DataFrame:
-    """One row per check whose threshold is among ``targets``, in the order of ``CHECKS``."""
+    """One row per check whose threshold is among ``targets``, in the order of ``CHECKS``. On a
+    CPU study every check is "not applicable" (its figure still shown): the targets are a
+    cluster's, and ranks sharing one host's cores are not one."""
     unknown = set(targets) - set(TARGETS)
     if unknown:
         raise ValueError(f"unknown targets {sorted(unknown)}; known: {list(TARGETS)}")
     rows = [evaluate(tables, targets) for check, evaluate in CHECKS.items() if check in targets]
+    if rows and cpu_study(tables["runs"]):
+        for row in rows:
+            if row["status"] != "not measured":
+                row["detail"] = f"{CPU_STUDY}; {row['detail']}"
+                row["status"] = "not applicable"
     return pd.DataFrame(rows, columns=CHECK_COLUMNS)
 
 
@@ -580,6 +891,12 @@ def summarise(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
         "git_commits": sorted(runs["git_commit"].dropna().unique()),
         "torch_versions": sorted(runs["torch_version"].dropna().unique()),
         "checks": {status: int(checks["status"].eq(status).sum()) for status in CHECK_STATUSES},
+        "comparison": {
+            verdict: int(tables["comparison"]["verdict"].str.startswith(verdict).sum()) for verdict in VERDICTS
+        } if "comparison" in tables else {},
+        "cpu_study": cpu_study(runs),
+        "noisy_cells": int(sum(tables[name]["noisy"].fillna(False).astype(bool).sum()
+                               for name in ("scaling", "sensitivity", "ablation") if name in tables)),
     }
 
 
@@ -592,16 +909,19 @@ def aggregate(
 ) -> dict[str, pd.DataFrame]:
     """Every table, by file stem (see the module docstring)."""
     comm_paths = list(comm_paths)
+    tolerance = targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE)
+    noise = targets.get("noise_cv_max", DEFAULT_NOISE_CV_MAX)
     runs, epochs, losses = read_runs(read_matrix(matrix_path))
+    references = read_references(references_path)
     tables = {
         "runs": runs,
         "epochs": epochs,
         "loss_log": losses,
-        "scaling": scaling_table(runs),
-        "sensitivity": sensitivity_table(runs),
-        "ablation": ablation_table(runs),
+        "scaling": scaling_table(runs, noise),
+        "sensitivity": sensitivity_table(runs, noise),
+        "ablation": ablation_table(runs, noise),
         "communication": communication_table(comm_paths),
-        "comparison": comparison_table(runs, read_references(references_path)),
+        "comparison": comparison_table(runs, references, tolerance, noise, read_target_gpu(references_path)),
         "cost": cost_table(runs),
     }
     tables["checks"] = checks_table(tables, targets)

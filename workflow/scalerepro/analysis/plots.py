@@ -57,7 +57,9 @@ def read_tables(tables_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
     for name, columns in COLUMNS.items():
         path = Path(tables_dir) / f"{name}.csv"
         empty = not path.is_file() or path.stat().st_size == 0
-        tables[name] = pd.DataFrame(columns=columns) if empty else pd.read_csv(path, dtype={"variant": str})
+        frame = pd.DataFrame(columns=columns) if empty else pd.read_csv(path, dtype={"variant": str})
+        # a table written before a column was added reads it as empty, not as an error
+        tables[name] = frame.reindex(columns=[*frame.columns, *(c for c in columns if c not in frame.columns)])
     return tables
 
 
@@ -112,7 +114,9 @@ def throughput_vs_gpus(t: Tables) -> Figure:
     cells = t["scaling"].dropna(subset=["samples_per_s_median"])
     if cells.empty:
         raise NotMeasured("no completed strong- or weak-scaling run (scaling.csv has no throughput)")
-    published = t["comparison"][t["comparison"]["metric"].eq("samples_per_s")]
+    comparison = t["comparison"]
+    # the references on the GPU the study ran on (a reference on another GPU is context only)
+    published = comparison[comparison["metric"].eq("samples_per_s") & comparison["group"].eq("reproduction")]
     markers = dict(zip(sorted(published["source"].unique()), itertools.cycle(MARKERS)))
     colours = dict(zip(("strong", "weak"), sns.color_palette(n_colors=2)))
     models = sorted(cells["model"].unique())
@@ -272,12 +276,17 @@ def energy_per_sample(t: Tables) -> Figure:
     if measured.empty:
         reasons = "; ".join(sorted(set(scaled["nvml_reason"].dropna())))
         raise NotMeasured("no completed scaling run recorded GPU energy" + (f" ({reasons})" if reasons else ""))
-    cells = measured.groupby(["study", "model", "gpus"], as_index=False)["energy_per_sample_j"].median()
+    cells = measured.groupby(["study", "model", "gpus"], as_index=False)[["energy_per_sample_j", "energy_per_sample_net_j"]].median()
+    # gross: all the GPUs drew over the measured steps; net: less their idle power x time
+    long = cells.melt(["study", "model", "gpus"], ["energy_per_sample_j", "energy_per_sample_net_j"], var_name="energy",
+                      value_name="joules").dropna(subset=["joules"])  # fmt: skip
+    long["series"] = long["model"] + ", " + long["study"]
+    long["energy"] = long["energy"].map({"energy_per_sample_j": "gross", "energy_per_sample_net_j": "net of idle"})
     fig, (ax,) = _panels(1, width=7.0, height=4.6)
-    style = {"hue": "model", "style": "study", "markers": True, "markersize": 8, "errorbar": None}
-    sns.lineplot(cells, x="gpus", y="energy_per_sample_j", ax=ax, **style)
+    style = {"hue": "series", "style": "energy", "markers": True, "markersize": 8, "errorbar": None}
+    sns.lineplot(long, x="gpus", y="joules", ax=ax, **style)
     _gpu_axis(ax, cells["gpus"])
-    ax.set_ylim(0, 1.15 * cells["energy_per_sample_j"].max())
+    ax.set_ylim(0, 1.15 * long["joules"].max())
     ax.set_ylabel("GPU energy per sample (J, median over repeats)")
     ax.set_title("Energy per training sample vs GPUs")
     return fig

@@ -35,9 +35,13 @@ reported as missing, never as 0 s): FLOPs = FADD + FMUL + 2 FFMA (fp32, and like
 fp64 from the SASS thread-instruction counters), achieved FLOP/s = FLOPs / gpu__time_duration,
 DRAM bytes = dram__bytes.sum (or, from sections only, DRAM bytes/s x duration),
 arithmetic intensity AI = FLOPs / dram__bytes, attainable = min(peak FLOP/s, AI x peak DRAM B/s),
-ridge = peak FLOP/s / peak DRAM B/s: a kernel left of the ridge is memory-bound. Kernels whose
-work is on the tensor cores (no SASS FP counts) are placed with FLOP/s estimated as tensor-pipe
-utilisation x the tensor peak, and say so (``flops_source``).
+ridge = peak FLOP/s / peak DRAM B/s: a kernel left of the ridge is memory-bound. The SASS
+counters do not see tensor-core work: a kernel's tensor-core FLOPs are estimated as tensor-pipe
+utilisation x duration x the dense tensor peak of the run's precision, added to its SASS FLOPs,
+and it is set against that tensor roof (``tensor_work`` says how, or why the tensor-core work
+could not be counted). The peaks are those of the GPU the capture names (``gpu_peaks`` in
+config/references.yaml, keyed by device name: H100 SXM/PCIe/NVL, H200, A100) and of the run's
+precision; the configured ``profiling.gpu_peaks`` applies only when the capture names no GPU.
 
 Classification (thresholds from the config, ``profiling.classification``): each candidate has a
 score = fraction / its threshold, communication-bound (exposed comm), input-bound (data wait),
@@ -593,25 +597,105 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
     return NcuReading(launches=frame, layout=layout, problems=problems, compute_capabilities=sorted(capabilities - {""}))
 
 
-def gpu_peaks(references: Mapping[str, Any], key: str) -> dict[str, float]:
-    """Peaks of ``gpu_peaks.<key>`` in references.yaml, in base units: fp32 (CUDA cores) and
-    tensor (bf16 dense) FLOP/s, DRAM bytes/s."""
+# The dense tensor-core peak of each training precision, by its gpu_peaks key in references.yaml.
+# fp32 (TF32 off) runs no tensor-core math: no tensor roof.
+TENSOR_PEAK_KEYS = {"tf32": "tf32_dense_tflops", "bf16": "bf16_dense_tflops", "fp16": "fp16_dense_tflops", "fp8": "fp8_dense_tflops"}
+
+
+def _device(name: Any) -> str:
+    return " ".join(str(name).lower().split())
+
+
+def peaks_key_for_device(references: Mapping[str, Any], device_name: str) -> str | None:
+    """The gpu_peaks entry whose ``device_names`` holds ``device_name`` (as NVML spells it, case
+    and spacing aside; an nsys "name (compute capability X)" suffix ignored), else None."""
+    bare = re.sub(r"\s*\(compute capability [^)]*\)$", "", str(device_name))
+    for key, entry in (references.get("gpu_peaks") or {}).items():
+        if any(_device(bare) == _device(name) for name in (entry or {}).get("device_names") or []):
+            return key
+    return None
+
+
+def gpu_peaks(references: Mapping[str, Any], key: str, precision: str | None = None) -> dict[str, Any]:
+    """Peaks of ``gpu_peaks.<key>`` in references.yaml, in base units: fp32 FLOP/s (CUDA cores,
+    the roof of the SASS FP counters), the dense tensor-core FLOP/s of ``precision`` (None for
+    fp32, an unknown precision or one the GPU lacks, with ``tensor_reason`` saying which), DRAM
+    bytes/s."""
     peaks = (references.get("gpu_peaks") or {}).get(key)
     if not peaks:
         raise ProfileError(f"references.yaml has no gpu_peaks.{key}: add it or choose another profiling.gpu_peaks")
+    name = peaks.get("name", key)
+    tensor_key = TENSOR_PEAK_KEYS.get(precision or "")
+    if precision is None:
+        tensor, why = None, "the run's precision is unknown (pass --precision): no tensor-core roof to count against"
+    elif tensor_key is None:
+        tensor, why = None, f"a {precision} run uses no tensor-core precision"
+    elif tensor_key not in peaks:
+        tensor, why = None, f"{name} has no {precision} tensor cores ({tensor_key} not in gpu_peaks.{key})"
+    else:
+        tensor, why = float(peaks[tensor_key]) * 1e12, None
     return {
-        "name": peaks.get("name", key),
+        "key": key,
+        "name": name,
+        "precision": precision,
         "fp32_flops": float(peaks["fp32_tflops"]) * 1e12,
-        "tensor_flops": float(peaks["bf16_dense_tflops"]) * 1e12,
+        "tensor_flops": tensor,
+        "tensor_reason": why,
         "dram_bytes_per_s": float(peaks["hbm_bandwidth_tbps"]) * 1e12,
     }
 
 
-def roofline(launches: pd.DataFrame, peaks: Mapping[str, float]) -> list[dict[str, Any]]:
+def resolve_peaks(references: Mapping[str, Any], device_names: Sequence[str], configured: str | None,
+                  precision: str | None) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
+    """The peaks of the GPU the capture ran on (its device name looked up in gpu_peaks) and of the
+    run's precision, and where they come from. The configured key (profiling.gpu_peaks) applies
+    only when the capture names no GPU; a named GPU that gpu_peaks lacks gets no peaks (its
+    fractions would be of another GPU's roofs)."""
+    names = sorted(set(device_names))
+    keys = {name: peaks_key_for_device(references, name) for name in names}
+    found = sorted({key for key in keys.values() if key})
+    if len(found) > 1:
+        return None, f"the capture ran on several GPU models ({', '.join(names)}): no single roof"
+    if found:
+        peaks = gpu_peaks(references, found[0], precision)
+        return peaks, f"{peaks['name']} (gpu_peaks.{found[0]}, from the capture's device name {', '.join(names)}), {precision or 'precision unknown'}"
+    if names:
+        return None, f"no gpu_peaks entry in references.yaml names {', '.join(names)}: add it (device_names) to get a roofline"
+    if configured is None:
+        return None, "the capture names no GPU and no gpu_peaks entry is configured"
+    peaks = gpu_peaks(references, configured, precision)
+    return peaks, f"{peaks['name']} (gpu_peaks.{configured}, as configured: the capture names no GPU), {precision or 'precision unknown'}"
+
+
+def precision_of_capture(captures: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The trainer's --precision on a capture's command line (capture.json ``command``), or a
+    ``precision`` the capture states; None when neither says."""
+    for capture in captures.values():
+        if capture.get("precision"):
+            return str(capture["precision"])
+        command = [str(part) for part in capture.get("command") or []]
+        for flag, value in zip(command, command[1:]):
+            if flag == "--precision":
+                return value
+        for part in command:
+            if part.startswith("--precision="):
+                return part.split("=", 1)[1]
+    return None
+
+
+def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per kernel name, over its launches that have a duration: achieved FLOP/s and DRAM B/s,
     their fractions of the peaks, arithmetic intensity, the attainable FLOP/s at that intensity
-    and which roof bounds it. ``missing`` says what a row lacks (no duration: no rates at all)."""
+    and which roof bounds it. ``missing`` says what a row lacks (no duration: no rates at all).
+
+    FLOPs = CUDA-core FLOPs (SASS FP counters, FMA = 2) + tensor-core FLOPs, the latter estimated
+    as tensor-pipe utilisation x duration x the dense tensor peak of the run's precision on this
+    GPU (the SASS counters do not see tensor-core work). A kernel with tensor-core work is set
+    against that tensor peak, any other against the CUDA-core FP32 peak. Where the tensor-core
+    work cannot be counted (no tensor-pipe metric in the capture, or no tensor peak for the
+    precision) ``tensor_work`` says so and the FLOPs are the CUDA cores' only."""
     out = []
+    tensor_peak = peaks.get("tensor_flops")
     for kernel, every in launches.groupby("kernel", sort=False):
         group = every[every["duration"].notna()]
         missing = []
@@ -620,18 +704,31 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, float]) -> list[dict[st
         seconds = group["duration"].sum() if len(group) else None
         has_counters = len(group) > 0 and group["flops"].notna().all()
         has_tensor = len(group) > 0 and group["tensor_pipe_pct"].notna().any()
-        if has_counters and group["flops"].sum() > 0:
-            flops, source, peak = group["flops"].sum(), "SASS FP counters (FMA = 2)", peaks["fp32_flops"]
-        elif has_tensor:
-            # tensor pipe busy share x tensor peak x time: an estimate, named as one
-            flops = (group["tensor_pipe_pct"].fillna(0) / 100 * group["duration"]).sum() * peaks["tensor_flops"]
-            source, peak = "estimate: tensor-pipe utilisation x tensor peak", peaks["tensor_flops"]
-        elif has_counters:
-            flops, source, peak = 0.0, "SASS FP counters: no FP instruction executed", peaks["fp32_flops"]
+        cuda_core = float(group["flops"].sum()) if has_counters else None
+        tensor_busy_s = float((group["tensor_pipe_pct"].fillna(0) / 100 * group["duration"]).sum()) if has_tensor else None
+        tensor: float | None = None
+        if not has_tensor:
+            tensor_work = "not counted: the capture has no tensor-pipe metric for this kernel"
+        elif tensor_busy_s == 0:
+            tensor, tensor_work = 0.0, "none: the tensor pipe was idle"
+        elif tensor_peak is None:
+            tensor_work = f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time, but {peaks.get('tensor_reason')}"
         else:
-            flops, source, peak = None, "not measured: no FP counters or tensor-pipe metric", peaks["fp32_flops"]
+            # tensor FLOPs = tensor-pipe busy share x duration x dense tensor peak of the precision
+            tensor = tensor_busy_s * tensor_peak
+            tensor_work = f"estimate: tensor-pipe utilisation x {peaks.get('precision')} tensor peak"
+        if cuda_core is None and tensor is None:
+            flops, source = None, "not measured: no FP counters, and tensor-core work " + tensor_work
             if len(group):
                 missing.append("FLOP count")
+        else:
+            flops = (cuda_core or 0.0) + (tensor or 0.0)
+            parts = ["SASS FP counters (FMA = 2)" if cuda_core is not None else "no SASS FP counters"]
+            parts.append(f"tensor cores: {tensor_work}")
+            source = "; ".join(parts)
+        on_tensor = tensor is not None and tensor > 0
+        peak = tensor_peak if on_tensor else peaks["fp32_flops"]
+        peak_name = f"{peaks.get('name')} {peaks.get('precision')} dense tensor" if on_tensor else f"{peaks.get('name')} FP32 CUDA cores"
         dram_bytes = group["dram_bytes"].sum() if len(group) and group["dram_bytes"].notna().all() else None
         if len(group) and dram_bytes is None:
             missing.append("DRAM bytes")
@@ -648,8 +745,12 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, float]) -> list[dict[st
                 "duration_s": seconds,
                 "flops": flops,
                 "flops_source": source,
+                "cuda_core_flops": cuda_core,
+                "tensor_flops": tensor,
+                "tensor_work": tensor_work,
                 "achieved_flops_per_s": achieved,
                 "peak_flops_per_s": peak,
+                "peak": peak_name,
                 "flops_fraction": achieved / peak if achieved is not None else None,
                 "dram_bytes": dram_bytes,
                 "dram_bytes_source": ", ".join(sources) or None,
@@ -732,9 +833,23 @@ def _files(run_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[str, float], peaks: Mapping[str, float] | None) -> dict[str, Any]:
+def summarize(
+    run_dir: str | os.PathLike[str],
+    run_id: str,
+    thresholds: Mapping[str, float],
+    peaks: Mapping[str, Any] | None,
+    references: Mapping[str, Any] | None = None,
+    configured_peaks: str | None = None,
+    precision: str | None = None,
+    device_name: str | None = None,
+) -> dict[str, Any]:
     """Everything one run's profiles say (see the module docstring), as a JSON-ready dict, with
-    ``warnings``: one line per thing that makes a figure missing or provisional."""
+    ``warnings``: one line per thing that makes a figure missing or provisional.
+
+    The roofline's peaks: ``peaks`` as given, or (with ``references``) those of the GPU the
+    capture ran on (``device_name``, else the GPU names in the nsys export) and of the run's
+    precision (``precision``, else the --precision on a capture's command line); see
+    resolve_peaks."""
     run_dir = Path(run_dir)
     captures = {p.parent.name: json.loads(p.read_text()) for p in sorted(run_dir.glob("*/capture.json"))}
     if not captures:
@@ -762,6 +877,13 @@ def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[
             operators = read_operator_table(trace.parent / "operators.csv")
     kernels_csv = run_dir / "ncu" / "kernels.csv"
     roof: list[dict[str, Any]] = []
+    peaks_basis = "as given" if peaks else None
+    if kernels_csv.is_file() and peaks is None and references is not None:
+        precision = precision or precision_of_capture(captures)
+        devices = [device_name] if device_name else [re.sub(r"\s*\(compute capability [^)]*\)$", "", g) for m in metadata for g in m.get("gpus") or []]
+        peaks, peaks_basis = resolve_peaks(references, devices, configured_peaks, precision)
+        if peaks is None:
+            warnings.append(f"roofline: {peaks_basis}")
     if kernels_csv.is_file() and peaks:
         reading = read_ncu_csv(kernels_csv)
         metadata.append({"file": "ncu/kernels.csv", "layout": reading.layout, "tool_version": (captures.get("ncu") or {}).get("tool_version"),
@@ -784,6 +906,7 @@ def summarize(run_dir: str | os.PathLike[str], run_id: str, thresholds: Mapping[
         "operators": operators,
         "roofline": roof,
         "gpu_peaks": dict(peaks) if peaks else None,
+        "peaks_basis": peaks_basis,
         "classification": classify(figures, thresholds) if figures else None,
         "warnings": warnings,
         "files": _files(run_dir),
@@ -811,10 +934,11 @@ PROFILING_COLUMNS = (
 )  # fmt: skip
 KERNEL_COLUMNS = ("run_id", "rank_in_run", "name", "kind", "calls", "total_s", "mean_us", "share")
 ROOFLINE_COLUMNS = (
-    "run_id", "kernel", "launches", "duration_s", "flops", "flops_source", "achieved_flops_per_s", "peak_flops_per_s",
-    "flops_fraction", "dram_bytes", "dram_bytes_per_s", "dram_fraction", "arithmetic_intensity", "ridge_intensity",
-    "attainable_flops_per_s", "bound", "sm_throughput_pct", "memory_throughput_pct", "achieved_occupancy_pct",
-    "theoretical_occupancy_pct", "peak_dram_bytes_per_s", "dram_bytes_source", "missing",
+    "run_id", "kernel", "launches", "duration_s", "flops", "flops_source", "cuda_core_flops", "tensor_flops",
+    "tensor_work", "achieved_flops_per_s", "peak_flops_per_s", "peak", "flops_fraction", "dram_bytes",
+    "dram_bytes_per_s", "dram_fraction", "arithmetic_intensity", "ridge_intensity", "attainable_flops_per_s", "bound",
+    "sm_throughput_pct", "memory_throughput_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct",
+    "peak_dram_bytes_per_s", "dram_bytes_source", "peaks_basis", "missing",
 )  # fmt: skip
 FILE_COLUMNS = ("run_id", "path", "description", "bytes")
 
@@ -834,7 +958,7 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
         )
         kernels += [{"run_id": s["run_id"], "rank_in_run": i + 1, **k} for i, k in enumerate(s["top_kernels"])]
         peak_bw = (s.get("gpu_peaks") or {}).get("dram_bytes_per_s")
-        roof += [{"run_id": s["run_id"], **k, "peak_dram_bytes_per_s": peak_bw} for k in s["roofline"]]
+        roof += [{"run_id": s["run_id"], **k, "peak_dram_bytes_per_s": peak_bw, "peaks_basis": s.get("peaks_basis")} for k in s["roofline"]]
         files += [{"run_id": s["run_id"], **f} for f in s["files"]]
     return {
         "profiling": pd.DataFrame(runs, columns=PROFILING_COLUMNS),
@@ -851,7 +975,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     one.add_argument("--run-dir", required=True, type=Path, help="results/profiles/<run>")
     one.add_argument("--run-id", required=True)
     one.add_argument("--references", required=True, type=Path, help="config/references.yaml (gpu_peaks)")
-    one.add_argument("--gpu-peaks", required=True, help="the gpu_peaks entry for roofline fractions")
+    one.add_argument("--gpu-peaks", required=True, help="the gpu_peaks entry for roofline fractions when the capture names no GPU")
+    one.add_argument("--precision", choices=["fp32", "tf32", "fp16", "bf16", "fp8"], help="the run's precision (default: the capture's --precision)")
+    one.add_argument("--device-name", help="the GPU as NVML names it (default: the nsys export's GPU names)")
     one.add_argument("--thresholds", required=True, type=json.loads, help="classification thresholds as JSON")
     one.add_argument("--out", required=True, type=Path)
     many = commands.add_parser("table", help="every run's summary.json -> the profiling tables")
@@ -861,9 +987,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "summarize":
             references = yaml.safe_load(args.references.read_text()) or {}
-            needs_peaks = (args.run_dir / "ncu" / "kernels.csv").is_file()
-            peaks = gpu_peaks(references, args.gpu_peaks) if needs_peaks else None
-            summary = summarize(args.run_dir, args.run_id, {**DEFAULT_THRESHOLDS, **args.thresholds}, peaks)
+            summary = summarize(args.run_dir, args.run_id, {**DEFAULT_THRESHOLDS, **args.thresholds}, None, references,
+                                args.gpu_peaks, args.precision, args.device_name)  # fmt: skip
             args.out.write_text(json.dumps(summary, indent=2, default=str) + "\n")
             for warning in summary["warnings"]:
                 print(f"profile: {args.run_id}: warning: {warning}", file=sys.stderr)

@@ -58,7 +58,10 @@ FIGURES = (
 )
 
 RUN_STATUSES = ("ok", "failed", "preempted", "missing")
-CHECK_STATUSES = ("pass", "fail", "not measured")
+CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured", "not applicable")
+VERDICTS = ("reproduced", "above", "below", "not comparable", "not measured")
+DEFAULT_REPRODUCE_TOLERANCE = 0.10  # scalerepro.analysis.aggregate's, when the config gives none
+DEFAULT_NOISE_CV_MAX = 0.05
 
 MISSING = "—"  # what every absent or non-finite value renders as
 
@@ -322,13 +325,15 @@ FORMATS = {
     "gain": fmt_gain,
     "bytes": fmt_bytes,
     "ms": fmt_milliseconds,
+    "flag": lambda v: MISSING if is_missing(v) else "noisy" if truthy(v) else "",  # the noisy-cell flag
 }
 TEXT_FORMATS = {"text", "code", "badge"}
 
 
 def cell(row: Mapping[str, Any], key: str, fmt: str = "text") -> str:
-    """One table cell as text. Two composite formats read several columns:
-    ``span:<fmt>`` shows ``<key>_min``–``<key>_max``; ``of`` shows ``<key>_ok`` / ``<key>_total``."""
+    """One table cell as text. Three composite formats read several columns:
+    ``span:<fmt>`` shows ``<key>_min``–``<key>_max``; ``ci:<fmt>`` shows ``<key>_low``–``<key>_high``
+    (a 95 % interval, "—" without one); ``of`` shows ``<key>_ok`` / ``<key>_total``."""
     if fmt.startswith("span:"):
         inner = FORMATS[fmt.split(":", 1)[1]]
         low, high = row.get(f"{key}_min"), row.get(f"{key}_max")
@@ -336,6 +341,12 @@ def cell(row: Mapping[str, Any], key: str, fmt: str = "text") -> str:
             return MISSING
         if inner(low) == inner(high):
             return inner(low)  # one value (a single repeat): no spread to show
+        return f"{inner(low)} – {inner(high)}"
+    if fmt.startswith("ci:"):
+        inner = FORMATS[fmt.split(":", 1)[1]]
+        low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
+        if is_missing(low) or is_missing(high):
+            return MISSING  # fewer than 2 repeats: no interval
         return f"{inner(low)} – {inner(high)}"
     if fmt == "of":
         done, total = row.get(f"{key}_ok"), row.get(f"{key}_total")
@@ -580,10 +591,41 @@ def gpu_peaks(references_doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
                 "key": key,
                 "name": peak.pop("name", key),
                 "source": peak.pop("source", None),
+                "device_names": ", ".join(peak.pop("device_names", None) or []),
                 "figures": [(label(name), value) for name, value in peak.items()],
             }
         )
     return out
+
+
+def comparison_groups(comparison: pd.DataFrame) -> dict[str, list[Row]]:
+    """The comparison rows by group: "reproduction" (the study's GPU) and "context" (another
+    GPU, never a pass or fail), each in model, GPU count, reference order."""
+    if comparison.empty:
+        return {"reproduction": [], "context": []}
+    group = comparison["group"] if "group" in comparison.columns else pd.Series("reproduction", index=comparison.index)
+    return {name: rows(comparison[group.eq(name)], ("model", "gpus", "metric", "reference")) for name in ("reproduction", "context")}
+
+
+def verdict_counts(comparison: pd.DataFrame) -> list[tuple[str, int]]:
+    """How many references got each verdict (the condition of "not comparable" aside)."""
+    if "verdict" not in comparison.columns or comparison.empty:
+        return []
+    return _counts(comparison.assign(kind_of=comparison["verdict"].astype(str).str.split(":").str[0]), "kind_of", VERDICTS)
+
+
+def noisy_cells(tables: Mapping[str, pd.DataFrame]) -> list[dict[str, Any]]:
+    """The cells flagged noisy (throughput CV above targets.noise_cv_max), table by table."""
+    found = []
+    for name, keys in (("scaling", ("study", "model", "gpus")), ("sensitivity", ("model", "gpus", "precision", "per_rank_batch", "bucket_cap_mb")),
+                       ("ablation", ("model", "gpus", "variant"))):  # fmt: skip
+        frame = tables.get(name, pd.DataFrame())
+        if "noisy" not in frame.columns:
+            continue
+        for row in rows(frame[frame["noisy"].map(truthy).eq(True)]):
+            cell = ", ".join(f"{label(k)} {fmt_text(row.get(k))}" for k in keys if not is_missing(row.get(k)))
+            found.append({"table": name, "cell": cell, "cv": row.get("samples_per_s_cv"), "n": row.get("repeats_ok")})
+    return found
 
 
 # Headings for the inventory keys scalerepro.inventory writes; any other key gets label(key).
@@ -730,6 +772,7 @@ def _stylesheet(templates_dir: Path) -> str:
 MEASURED_COLUMNS = (
     "power_mean_w",
     "energy_per_sample_j",
+    "energy_per_sample_net_j",
     "gpu_util_mean_pct",
     "final_train_loss",
     "final_eval_accuracy",
@@ -766,8 +809,15 @@ def build_context(
     cost, cost_total = split_cost(tables["cost"])
     # Why the runs have no NVML figures, as their records say (e.g. a CPU run).
     nvml_reasons = _unique(ok, "nvml_reason")
+    targets = (config or {}).get("targets") or {} if isinstance(config, dict) else {}
     return {
         "empty": empty,
+        "cpu_study": bool(not ok.empty and "device_type" in ok.columns and set(ok["device_type"].dropna()) == {"cpu"}),
+        "tolerance": targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE),
+        "noise_cv_max": targets.get("noise_cv_max", DEFAULT_NOISE_CV_MAX),
+        "noisy": noisy_cells(tables),
+        "comparison_groups": comparison_groups(tables["comparison"]),
+        "verdict_counts": verdict_counts(tables["comparison"]),
         "generated_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "overview": overview(runs),
         "summary_json": json.dumps(summary, indent=2, sort_keys=True) if summary is not None else None,

@@ -16,22 +16,31 @@ alpha: latency of one ring step (s), B: the slowest link's bandwidth (bytes/s). 
 and x2 = 2(N-1)/N * S the model is linear in (alpha, 1/B); it is fitted to the benchmark's
 median times by least squares on the relative error, sum(((t_ring - t) / t)^2), because the
 sizes span orders of magnitude and absolute errors would ignore the small messages that
-determine alpha. (busbw = S/t * 2(N-1)/N tends to B for large S.) For GPU counts beyond the
-study's hardware, alpha and B come from ``links`` in config/references.yaml: NVLink within a
-node, InfiniBand when the N GPUs span several nodes (a ring is as fast as its slowest link).
+determine alpha. (busbw = S/t * 2(N-1)/N tends to B for large S: B is the measured bus
+bandwidth.) For GPU counts beyond the study's hardware, alpha and B come from what the study
+measured on the same kind of link: the fit at the largest count measured within one node for N
+GPUs that fit in one node, the fit at the largest count measured across nodes for N that span
+nodes. Where the study measured no such link, they come from ``links`` in
+config/references.yaml: NVLink within a node, InfiniBand across nodes (a ring is as fast as its
+slowest link), B = line rate x the link's efficiency (default 0.85: all-reduce bus bandwidth
+does not reach the line rate; the source of each figure is in the file and in the table).
 
 Step (all-reduces in bucket order on one communication stream, each starting when its bucket is
 ready and the previous all-reduce is done, overlapping the rest of the backward):
 
-    c  = compute scale = per-GPU batch at N / per-GPU batch at 1   (compute time proportional
-         to the per-GPU batch: an assumption; 1 for weak scaling, 1/N for strong scaling)
+    m_N, A_N = the micro-batch per GPU and micro-batches per step at N (integers: the matrix's
+         per_rank_batch and grad_accum_steps for a measured count; beyond the hardware, strong
+         scaling splits the study's global batch G into G / N per GPU, in micro-batches of at
+         most the 1-GPU micro-batch m_1, and a G that does not split evenly gets no prediction;
+         weak scaling keeps m_1 and A_1)
+    c  = compute scale = m_N / m_1   (compute time proportional to the micro-batch: an assumption)
     e_0 = 0;  e_k = max(c r_k, e_(k-1)) + t_ring(S_k, N)            end of bucket k's all-reduce
-    other = t(1) - (A (f + b) + o)                                   data wait and loop overhead
+    other = t(1) - (A_1 (f + b) + o)                                 data wait and loop overhead
                                                                      of the measured 1-GPU step
     (when the probe's phases add up to more than t(1), its few steps having caught a slower
-    moment than the window's median, f, b, o and every r_k are scaled by t(1) / (A (f + b) + o),
+    moment than the window's median, f, b, o and every r_k are scaled by t(1) / (A_1 (f + b) + o),
     so that the model gives t(1) back at one GPU)
-    t(N) = other + A c f + (A - 1) c b + max(c b, e_last) + o        (only the last micro-batch
+    t(N) = other + A_N c f + (A_N - 1) c b + max(c b, e_last) + o    (only the last micro-batch
                                                                      all-reduces: no_sync)
 
 The optimizer and "other" do not shrink with the batch. Predicted efficiency, by the study's
@@ -47,11 +56,12 @@ stragglers and the data loader at N ranks.
 Table ``scaling_model.csv``, one row per (study, model, GPU count), in strong|weak order:
     study, model, gpus, nodes, basis (measured: a measured cell, prediction beside it |
     predicted: a count beyond the study's hardware, prediction alone), network (where alpha and
-    B come from), alpha_step_us, link_gbps (B in GB/s, 1e9 bytes/s), per_rank_batch,
-    compute_scale (c), buckets, gradient_bytes, allreduce_s (sum of t_ring over the buckets),
-    exposed_comm_s (max(c b, e_last) - c b), step_time_measured_s, step_time_predicted_s,
-    step_time_error (predicted / measured - 1), efficiency_measured (scaling.csv's),
-    efficiency_predicted, profile_run (the one-GPU run whose buckets were replayed), note.
+    B come from), alpha_step_us, link_gbps (B in GB/s, 1e9 bytes/s), global_batch,
+    per_rank_batch (m_N), grad_accum_steps (A_N), compute_scale (c), buckets, gradient_bytes,
+    allreduce_s (sum of t_ring over the buckets), exposed_comm_s (max(c b, e_last) - c b),
+    step_time_measured_s, step_time_predicted_s, step_time_error (predicted / measured - 1),
+    efficiency_measured (scaling.csv's), efficiency_predicted, efficiency_error (predicted -
+    measured), profile_run (the one-GPU run whose buckets were replayed), note.
 
 This module is on the analysis side: it never imports torch.
 """
@@ -72,11 +82,15 @@ import pandas as pd
 import yaml
 
 SCALING_MODEL_COLUMNS = (
-    "study", "model", "gpus", "nodes", "basis", "network", "alpha_step_us", "link_gbps", "per_rank_batch",
-    "compute_scale", "buckets", "gradient_bytes", "allreduce_s", "exposed_comm_s", "step_time_measured_s",
-    "step_time_predicted_s", "step_time_error", "efficiency_measured", "efficiency_predicted", "profile_run", "note",
+    "study", "model", "gpus", "nodes", "basis", "network", "alpha_step_us", "link_gbps", "global_batch",
+    "per_rank_batch", "grad_accum_steps", "compute_scale", "buckets", "gradient_bytes", "allreduce_s",
+    "exposed_comm_s", "step_time_measured_s", "step_time_predicted_s", "step_time_error", "efficiency_measured",
+    "efficiency_predicted", "efficiency_error", "profile_run", "note",
 )  # fmt: skip
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
+# The share of a link's line rate an all-reduce reaches as bus bandwidth, where references.yaml
+# gives none for the link (issue 14: NVLink 4 all-reduce reaches about 370 of 450 GB/s).
+DEFAULT_LINK_EFFICIENCY = 0.85
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,7 +157,8 @@ class Link:
 
     key: str
     name: str
-    bandwidth_bytes_per_s: float
+    bandwidth_bytes_per_s: float  # line rate, one direction
+    efficiency: float  # the share of it an all-reduce reaches as bus bandwidth
     hop_latency_s: float
     source: str
 
@@ -158,8 +173,10 @@ def read_links(references_path: str | os.PathLike[str] | None) -> dict[str, Link
             key,
             entry["name"],
             float(entry["bandwidth_gbps"]) * 1e9,
+            float(entry.get("efficiency", DEFAULT_LINK_EFFICIENCY)),
             float(entry["hop_latency_us"]) * 1e-6,
-            f"{entry['bandwidth_source']}; latency: {entry['latency_source']}",
+            f"{entry['bandwidth_source']}; efficiency: "
+            f"{entry.get('efficiency_source', f'the default {DEFAULT_LINK_EFFICIENCY} of line rate')}; latency: {entry['latency_source']}",
         )
         for key, entry in entries.items()
     }
@@ -167,13 +184,32 @@ def read_links(references_path: str | os.PathLike[str] | None) -> dict[str, Link
 
 def config_network(links: Mapping[str, Link], gpus: int, gpus_per_node: int) -> RingNetwork:
     """The ring over ``gpus`` GPUs on links from the config: NVLink within one node, else the
-    inter-node link (the slowest link of the ring), with that link's per-hop latency."""
+    inter-node link (the slowest link of the ring), with that link's per-hop latency, at
+    B = line rate x the link's efficiency."""
     nodes = -(-gpus // gpus_per_node)
     key = "inter_node" if nodes > 1 else "intra_node"
     if key not in links:
         raise ValueError(f"config/references.yaml has no links.{key}: add its bandwidth_gbps and hop_latency_us")
     link = links[key]
-    return RingNetwork(gpus, link.hop_latency_s, link.bandwidth_bytes_per_s, f"{link.name} (references.yaml links.{key})")
+    # B = line rate x efficiency: an all-reduce's bus bandwidth stays below the line rate
+    bandwidth = link.bandwidth_bytes_per_s * link.efficiency
+    source = (f"{link.name}: {link.bandwidth_bytes_per_s / 1e9:g} GB/s line rate x {link.efficiency:g} "
+              f"(references.yaml links.{key}; the study measured no such link)")  # fmt: skip
+    return RingNetwork(gpus, link.hop_latency_s, bandwidth, source)
+
+
+def measured_network(fits: Mapping[int, tuple[RingNetwork, int]], gpus: int, gpus_per_node: int) -> RingNetwork | None:
+    """alpha and B measured on the kind of link a ring over ``gpus`` GPUs runs on: the fit at the
+    largest count the study measured within one node (``gpus`` fit in one node) or across nodes
+    (they span nodes); None when the study measured no such link. ``fits``: count -> (fit, nodes)."""
+    across = -(-gpus // gpus_per_node) > 1
+    same_kind = [(n, fit) for n, (fit, nodes) in fits.items() if (nodes > 1) == across and math.isfinite(fit.link_bytes_per_s)]
+    if not same_kind:
+        return None
+    n, fit = max(same_kind, key=lambda item: item[0])
+    where = "across nodes" if across else "within one node"
+    source = f"measured {where}: {fit.source}, B = {fit.link_bytes_per_s / 1e9:.3g} GB/s bus bandwidth at {n} GPUs"
+    return RingNetwork(gpus, fit.alpha_step_s, fit.link_bytes_per_s, source)
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,8 +243,11 @@ class StepPrediction:
     backward_phase_s: float  # max(c b, e_last)
 
 
-def simulate_step(profile: StepProfile, network: RingNetwork, compute_scale: float = 1.0) -> StepPrediction:
-    """t(N) of the module docstring: bucket k's all-reduce starts at max(c r_k, e_(k-1))."""
+def simulate_step(
+    profile: StepProfile, network: RingNetwork, compute_scale: float = 1.0, micro_batches: int | None = None
+) -> StepPrediction:
+    """t(N) of the module docstring: bucket k's all-reduce starts at max(c r_k, e_(k-1)).
+    ``micro_batches``: A_N, micro-batches per step at N GPUs (default: the profile's A_1)."""
     c = compute_scale
     end = 0.0
     total = 0.0
@@ -218,7 +257,7 @@ def simulate_step(profile: StepProfile, network: RingNetwork, compute_scale: flo
         total += duration
     backward = c * profile.backward_s
     backward_phase = max(backward, end)
-    a = profile.micro_batches
+    a = profile.micro_batches if micro_batches is None else micro_batches
     step = profile.other_s + a * c * profile.forward_s + (a - 1) * backward + backward_phase + profile.optimizer_s
     return StepPrediction(step, total, backward_phase - backward, backward_phase)
 
@@ -299,6 +338,20 @@ def _row(**values: Any) -> dict[str, Any]:
     return {column: values.get(column) for column in SCALING_MODEL_COLUMNS}
 
 
+def strong_split(global_batch: int, gpus: int, micro_batch_1: int) -> tuple[int, int] | str:
+    """(micro-batch per GPU, micro-batches per step) of a global batch G over N GPUs, in
+    micro-batches of at most the 1-GPU micro-batch m_1; or why there is none (integers only:
+    no GPU trains a fraction of a sample)."""
+    if global_batch % gpus:
+        return f"the global batch {global_batch} does not split evenly over {gpus} GPUs"
+    share = global_batch // gpus  # samples per GPU per step
+    if share <= micro_batch_1:
+        return share, 1
+    if share % micro_batch_1:
+        return f"{share} samples per GPU do not split into micro-batches of {micro_batch_1}"
+    return micro_batch_1, share // micro_batch_1
+
+
 def scaling_model_table(
     runs: pd.DataFrame,
     scaling: pd.DataFrame,
@@ -309,21 +362,23 @@ def scaling_model_table(
     """scaling_model.csv (module docstring). ``runs``/``scaling`` are the aggregation's tables."""
     from .aggregate import counts  # the runs that count, as in every table (imported here: aggregate imports this module)
 
-    networks = {}
+    fits: dict[int, tuple[RingNetwork, int]] = {}  # GPU count -> (alpha, B fitted, nodes)
     fit_problems = {}
     for path in comm_paths:
+        document = json.loads(Path(path).read_text())
         try:
-            network = fit_comm_file(path)
-            networks[network.gpus] = network
+            fits[document["world_size"]] = (fit_comm_file(path), document["nodes"])
         except ValueError as error:
-            fit_problems[json.loads(Path(path).read_text())["world_size"]] = str(error)
+            fit_problems[document["world_size"]] = str(error)
     links = read_links(references_path)
     rows = []
     scaled = runs[runs["study"].isin(["strong", "weak"])]
     for (study, model), cell_runs in scaled.groupby(["study", "model"], sort=True):
         cells = scaling[scaling["study"].eq(study) & scaling["model"].eq(model)].set_index("gpus")
         one = cell_runs[cell_runs["gpus"].eq(1) & counts(cell_runs)]
-        batches = cell_runs.drop_duplicates("gpus").set_index("gpus")["per_rank_batch"]
+        first = cell_runs.drop_duplicates("gpus").set_index("gpus")
+        batches = first["per_rank_batch"]
+        accumulation = first["grad_accum_steps"] if "grad_accum_steps" in first else pd.Series(1, index=first.index)
         gpus_per_node = int(cell_runs["gpus_per_node"].iloc[0])
         found = [read_profile(path) for path in one["record"]]
         profiles = [profile for profile, _ in found if profile is not None]
@@ -337,35 +392,50 @@ def scaling_model_table(
             continue
         profile = within_step(median_profile(profiles))
         profile_run = ", ".join(one["run_id"][[p is not None for p, _ in found]])
-        batch_1 = batches[1]
+        micro_1 = int(batches[1])
+        # the strong study's global batch G, the same at every N (the 1-GPU cell's, for matrices
+        # from before it was: there G was the 1-GPU per-GPU batch)
+        global_batch = int(first.loc[1, "global_batch"]) if study == "strong" else None
         measured_max = max(cells.index)
         targets = [(g, "measured") for g in cells.index] + [
             (g, "predicted") for g in sorted(set(predict_gpus)) if g > measured_max
         ]
         for gpus, basis in targets:
             cell = cells.loc[gpus] if basis == "measured" else None
-            # strong scaling splits the 1-GPU batch over N GPUs; weak keeps the per-GPU batch
-            per_rank = (batches.get(gpus, batch_1) if basis == "measured" else batch_1 / gpus if study == "strong" else batch_1)
-            compute_scale = per_rank / batch_1
             nodes = cell["nodes"] if cell is not None else -(-gpus // gpus_per_node)
-            row = _row(**base, gpus=gpus, nodes=nodes, basis=basis, per_rank_batch=per_rank, compute_scale=compute_scale,
-                       buckets=len(profile.bucket_bytes), gradient_bytes=sum(profile.bucket_bytes), profile_run=profile_run,
+            row = _row(**base, gpus=gpus, nodes=nodes, basis=basis, buckets=len(profile.bucket_bytes),
+                       gradient_bytes=sum(profile.bucket_bytes), profile_run=profile_run,
+                       global_batch=global_batch if study == "strong" else None,
                        step_time_measured_s=None if cell is None else cell["step_time_median_s"],
                        efficiency_measured=None if cell is None else cell["efficiency"], note="")  # fmt: skip
+            # m_N and A_N: the matrix's where measured; beyond it G / N (strong) or m_1, A_1 (weak)
+            if basis == "measured":
+                split: tuple[int, int] | str = (int(batches[gpus]), int(accumulation.get(gpus, 1)))
+            elif study == "strong":
+                split = strong_split(global_batch, gpus, micro_1)
+            else:
+                split = (micro_1, profile.micro_batches)
+            if isinstance(split, str):
+                row["note"] = f"no prediction: {split}"
+                rows.append(row)
+                continue
+            micro, accum = split
+            compute_scale = micro / micro_1  # c = m_N / m_1
+            row.update(per_rank_batch=micro, grad_accum_steps=accum, compute_scale=compute_scale)
             try:
                 if gpus == 1:
                     network = RingNetwork(1, 0.0, math.inf, "one GPU: no all-reduce")
                 elif basis == "measured":
-                    if gpus not in networks:
+                    if gpus not in fits:
                         raise ValueError(fit_problems.get(gpus, f"no all-reduce benchmark at {gpus} GPUs (results/comm/g{gpus}.json)"))
-                    network = networks[gpus]
+                    network = fits[gpus][0]
                 else:
-                    network = config_network(links, gpus, gpus_per_node)
+                    network = measured_network(fits, gpus, gpus_per_node) or config_network(links, gpus, gpus_per_node)
             except ValueError as error:
                 row["note"] = f"no prediction: {error}"
                 rows.append(row)
                 continue
-            prediction = simulate_step(profile, network, compute_scale)
+            prediction = simulate_step(profile, network, compute_scale, accum)
             row.update(
                 network=network.source,
                 alpha_step_us=network.alpha_step_s * 1e6,
@@ -376,11 +446,12 @@ def scaling_model_table(
                 efficiency_predicted=predicted_efficiency(study, profile.step_s, prediction.step_s, gpus),
             )
             if row["step_time_measured_s"] is not None and not pd.isna(row["step_time_measured_s"]):
-                row["step_time_error"] = prediction.step_s / row["step_time_measured_s"] - 1
+                # the prediction's error beside the measured cell
+                row["step_time_error"] = prediction.step_s / row["step_time_measured_s"] - 1  # predicted / measured - 1
+            if row["efficiency_measured"] is not None and not pd.isna(row["efficiency_measured"]):
+                row["efficiency_error"] = row["efficiency_predicted"] - row["efficiency_measured"]  # predicted - measured
             if basis == "predicted":
                 row["note"] = f"prediction only: beyond the {measured_max:g} GPUs the study ran on"
-                if study == "strong" and batch_1 % gpus:
-                    row["note"] += f"; the global batch {batch_1} does not split evenly (per-GPU {per_rank:g})"
             rows.append(row)
     table = pd.DataFrame(rows, columns=SCALING_MODEL_COLUMNS)
     return table.sort_values(["study", "model", "gpus"], kind="stable", ignore_index=True)
