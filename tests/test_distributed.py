@@ -26,7 +26,7 @@ def _run(tmp_path: Path, name: str, ranks: int, per_rank_batch: int, *extra: str
     args = [
         "--model", "cnn", "--batch-size", str(per_rank_batch), "--num-workers", "0", "--synthetic-samples", "512",
         "--eval-samples", "64", "--warmup-steps", "0", "--comm-probe-steps", "0", "--no-eval",
-        "--checkpoint-dir", str(tmp_path / name), "--record", str(tmp_path / f"{name}.json"), *extra,
+        "--checkpoint-dir", str(tmp_path / name), "--keep-final-checkpoint", "--record", str(tmp_path / f"{name}.json"), *extra,
     ]  # fmt: skip
     if ranks == 1:
         result = subprocess.run([sys.executable, "-m", "scalerepro.train", *args], env=clean_env(), capture_output=True, text=True, timeout=120)

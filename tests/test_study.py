@@ -87,6 +87,8 @@ def test_a_reproduce_run_is_scheduled_for_each_reference_this_machine_can_match(
     assert reproduce[0].run_id == "reproduce_resnet50_g1_lambda-rn50-h100-1_r1"
     cpu = study.build(study.merge(_config(), _config()["cpu_overrides"]), on_slurm=False, local_gpus=0, references=REFERENCES)
     assert not [r for r in cpu.runs.values() if r.study == "reproduce"]  # on a CPU every reference is another device
+    twin = {**REFERENCES[0], "id": "lambda-rn50-h100-1-ngc2403"}  # the same trainer run, newer stack
+    assert [r.reference for r in _gpu_study(references=[REFERENCES[0], twin]).runs.values() if r.study == "reproduce"] == ["lambda-rn50-h100-1"]
     cluster = study.build(_config(gpus_per_node=8, scaling__max_gpus=16, reproduce__gpu=H100), on_slurm=True, local_gpus=0, references=REFERENCES)
     assert sorted(r.reference for r in cluster.runs.values() if r.study == "reproduce") == ["lambda-rn50-h100-1", "lambda-rn50-h100-16"]
 

@@ -76,9 +76,14 @@ rule profile_summary:
     params:
         thresholds=json.dumps(PROFILING["classification"]),
         gpu_peaks=PROFILING["gpu_peaks"],
+        # the roofline's peaks: the run's precision as the trainer resolves it (a preset's is
+        # not on the command line), and the GPU where this machine names it
+        precision=lambda wc: RUNS[wc.run].precision,
+        device=device_name_flags(),
     shell:
         "python -m scalerepro.analysis.profile summarize --run-dir results/profiles/{wildcards.run}"
         " --run-id {wildcards.run} --references {input.references} --gpu-peaks {params.gpu_peaks:q}"
+        " --precision {params.precision:q} {params.device:q}"
         " --thresholds {params.thresholds:q} --out {output} > {log} 2>&1"
 
 

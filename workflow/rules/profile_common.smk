@@ -92,3 +92,14 @@ def profile_inputs(wildcards):
     if wildcards.tool == "ncu" and "nsys" in PROFILING_TOOLS:
         inputs.append(f"results/profiles/{wildcards.run}/nsys/capture.json")
     return inputs
+
+
+def device_name_flags():
+    """--device-name of the GPUs the profiled runs use, where known before they run: this
+    machine's (local runs) or reproduce.gpu (a cluster); else the capture names it."""
+    name = (
+        (LOCAL_GPU_NAMES[0] if LOCAL_GPU_NAMES else None)
+        if LOCAL_RUNS
+        else CONFIG["reproduce"].get("gpu")
+    )
+    return ["--device-name", name] if name and DEVICE == "cuda" else []

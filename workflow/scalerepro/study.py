@@ -274,10 +274,17 @@ class _Builder:
         if not settings.get("enabled", True) or gpu_name is None:
             return
         available = max(self.study.gpu_counts) if self.study.local else self.config["scaling"]["max_gpus"]
+        scheduled = set()
         for reference in references:
             trainer, conditions = reference.get("trainer"), reference.get("conditions") or {}
             if trainer is None or conditions.get("gpu") != gpu_name or reference["gpus"] > available:
                 continue
+            # one run per distinct trainer run: references that share one (a series re-measured
+            # on a newer software stack) are set beside the same run by the comparison
+            identity = (trainer["model"], reference["gpus"], trainer["per_gpu_batch"], tuple(trainer.get("flags", ())))
+            if identity in scheduled:
+                continue
+            scheduled.add(identity)
             key = f"references: {reference['id']}"
             self.add(
                 "reproduce", trainer["model"], reference["gpus"], settings.get("repeats", 1), _variant(reference["id"]),
