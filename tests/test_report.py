@@ -96,6 +96,7 @@ def _run_rows(evil: bool) -> list[dict]:
             "status": status,
             "error": error if status != "missing" else f"no run record at {record}",
             "stop_signal": "SIGTERM" if status == "preempted" else None,
+            "counts": status == "ok",  # the aggregation's verdict, as it writes runs.csv
         }
         if status != "missing":  # a record was written
             row.update(
@@ -575,12 +576,14 @@ def test_scaling_model_section(study):
 
 def test_headline_takes_the_best_configuration_by_median():
     """Variant a has one lucky repeat (1000) but median 100; c is faster but failed; d ran with
-    a world size other than planned (consistent false): neither counts, as in the aggregation."""
+    a world size other than planned (consistent false): neither counts, which the report reads
+    from the aggregation's ``counts`` column rather than deciding again."""
     runs = pd.DataFrame({
         "model": ["m"] * 7,
         "gpus": [1] * 7,
         "status": ["ok"] * 5 + ["failed", "ok"],
         "consistent": [True] * 6 + [False],
+        "counts": [True] * 5 + [False, False],
         "study": ["ablation"] * 7,
         "variant": ["a", "a", "a", "b", "b", "c", "d"],
         "samples_per_s": [100.0, 100.0, 1000.0, 300.0, 310.0, 5000.0, 9999.0],

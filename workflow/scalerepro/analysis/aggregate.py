@@ -177,7 +177,7 @@ RECORD_COLUMNS = (
     "final_eval_accuracy", "device_name",
 )  # fmt: skip
 RUN_COLUMNS = (
-    *MATRIX_COLUMNS, *OPTIONAL_MATRIX_COLUMNS, "status", "error", "stop_signal", "consistent", "samples_per_s",
+    *MATRIX_COLUMNS, *OPTIONAL_MATRIX_COLUMNS, "status", "error", "stop_signal", "consistent", "counts", "samples_per_s",
     "tokens_per_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "epoch_time_s", "window_s", "mfu",
     "exposed_comm_fraction", "data_stall_fraction", "gpu_util_mean_pct", "power_mean_w", "energy_j",
     "energy_per_sample_j", "energy_per_sample_net_j", "idle_power_w", "nvml_reason", "peak_memory_bytes",
@@ -331,6 +331,9 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     runs["git_dirty"] = runs["git_dirty"].astype("boolean")
     epochs = pd.DataFrame.from_records([row for p in parsed for row in p[1]], columns=EPOCH_COLUMNS)
     losses = pd.DataFrame.from_records([row for p in parsed for row in p[2]], columns=LOSS_COLUMNS)
+    # Whether a run counts is decided here, once, and read from runs.csv by every table, figure
+    # and the report.
+    runs["counts"] = counts(runs)
     return runs[list(RUN_COLUMNS)], epochs, losses
 
 
@@ -344,13 +347,14 @@ def _joined(values: pd.Series) -> str:
 
 
 def counts(runs: pd.DataFrame) -> pd.Series:
-    """The runs that count: completed, and the record agrees with the plan."""
+    """The runs that count: completed, and the record agrees with the plan (the ``counts``
+    column of runs.csv; read that column, do not call this again)."""
     return (runs["status"].eq("ok") & runs["consistent"].ne(False).fillna(True)).astype(bool)
 
 
 def _values(runs: pd.DataFrame, column: str) -> pd.Series:
     """``column`` of the runs that count, NaN for the others (which median, min and max skip)."""
-    return runs[column].where(counts(runs))
+    return runs[column].where(runs["counts"])
 
 
 def cell_stats(runs: pd.DataFrame, keys: Sequence[str], noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
@@ -358,7 +362,7 @@ def cell_stats(runs: pd.DataFrame, keys: Sequence[str], noise_cv_max: float = DE
     of each figure over the repeats that count, and the spread of the throughput (min, max, CV,
     the bootstrap 95 % interval of the median: scalerepro.analysis.repeats); ``noisy`` when the
     CV exceeds ``noise_cv_max``."""
-    ok = counts(runs)
+    ok = runs["counts"]
     measures = ["samples_per_s", "tokens_per_s", "step_time_median_s", "epoch_time_s", "exposed_comm_fraction"]
     # a repeat that does not count gets NaN, which median/min/max skip
     frame = runs[list(keys)].join(runs[[*measures, "device_name"]].where(ok, axis=0)).assign(ok=ok)
@@ -630,7 +634,7 @@ def comparison_table(
     such a GPU, a CPU study: those on ``target_gpu``), "context" for the others: shown apart,
     never a pass or fail. The measured figure is the cell's median with its bootstrap 95 %
     interval (scalerepro.analysis.repeats)."""
-    ok = runs[counts(runs)]
+    ok = runs[runs["counts"]]
     study_gpus = sorted(set(ok.loc[ok["device_type"].eq("cuda"), "device_name"].dropna()))
     cpu_names = sorted(set(ok.loc[ok["device_type"].eq("cpu"), "device_name"].dropna()))
     ran_on = ", ".join(study_gpus) or (f"CPU ({', '.join(cpu_names)})" if cpu_names else "no completed run")
@@ -651,7 +655,7 @@ def comparison_table(
             same = [rid for rid, key in by_trainer.items() if key == by_trainer[ref["id"]] and rid != ref["id"]]
             planned = reproduce[reproduce["reference"].isin(same)]
             shared = f"; the run of {', '.join(sorted(set(planned['reference'])))} (the same trainer run)" if len(planned) else ""
-        done = planned[counts(planned)]
+        done = planned[planned["counts"]]
         value = "samples_per_s" if ref["metric"] == "samples_per_s" else "tokens_per_s"
         values = done[value] / (done["gpus"] if ref["metric"] == "tokens_per_s_per_gpu" else 1)
         spread = repeats.describe(values.to_numpy(dtype=float), ("reference", ref["id"]))
@@ -682,7 +686,7 @@ def comparison_table(
             row["verdict"], row["differs"] = f"not comparable: {differs.split(' (')[0].split(':')[0]}", differs
         elif not len(done):
             row["verdict"] = "not measured"
-            row["differs"] = f"no completed run: {len(planned)} planned, {int(counts(planned).sum())} counted"
+            row["differs"] = f"no completed run: {len(planned)} planned, {int(planned['counts'].sum())} counted"
         elif spread["n"] == 0:
             row["verdict"], row["differs"] = "not measured", f"its {len(done)} completed runs recorded no {value}"
         else:
@@ -799,7 +803,7 @@ def _run_maximum(check: str, column: str, multi_gpu: bool, what: str):
 
     def evaluate(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> dict:
         maximum = targets[check]
-        runs = t["runs"][counts(t["runs"]) & (t["runs"]["gpus"].gt(1) if multi_gpu else True)]
+        runs = t["runs"][t["runs"]["counts"] & (t["runs"]["gpus"].gt(1) if multi_gpu else True)]
         done = runs.dropna(subset=[column])
         scope = "completed multi-GPU runs" if multi_gpu else "completed runs"
         target = f"< {maximum:.0%}"
@@ -816,7 +820,7 @@ def _run_maximum(check: str, column: str, multi_gpu: bool, what: str):
 def _gpu_utilisation(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> dict:
     minimum = targets["gpu_util_min_pct"]
     target = f"> {minimum:g}% (mean over completed runs)"
-    ok = t["runs"][counts(t["runs"])]
+    ok = t["runs"][t["runs"]["counts"]]
     done = ok.dropna(subset=["gpu_util_mean_pct"])
     if done.empty:
         reasons = _joined(ok["nvml_reason"]) or "no completed run"
@@ -840,7 +844,7 @@ CHECKS = {
 
 def cpu_study(runs: pd.DataFrame) -> bool:
     """Every run that counts ran on the CPU (and at least one did)."""
-    types = set(runs.loc[counts(runs), "device_type"].dropna())
+    types = set(runs.loc[runs["counts"], "device_type"].dropna())
     return types == {"cpu"}
 
 

@@ -271,7 +271,7 @@ def accuracy_curves(t: Tables) -> Figure:
 
 def energy_per_sample(t: Tables) -> Figure:
     runs = t["runs"]
-    scaled = runs[runs["study"].isin(["strong", "weak"]) & aggregate.counts(runs)]
+    scaled = runs[runs["study"].isin(["strong", "weak"]) & runs["counts"].astype(bool)]
     measured = scaled.dropna(subset=["energy_per_sample_j"])
     if measured.empty:
         reasons = "; ".join(sorted(set(scaled["nvml_reason"].dropna())))

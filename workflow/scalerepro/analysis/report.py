@@ -414,12 +414,10 @@ def _ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _counting_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs the aggregation's statistics are over: completed, and the record does not
-    disagree with the plan (``consistent`` is not false)."""
-    ok = _ok_runs(runs)
-    if "consistent" not in ok.columns:
-        return ok
-    return ok[~ok["consistent"].map(truthy).eq(False)]  # None (not recorded) counts
+    """The runs the aggregation's statistics are over: its ``counts`` column of runs.csv."""
+    if runs.empty or "counts" not in runs.columns:
+        return runs.iloc[0:0]
+    return runs[runs["counts"].map(truthy).eq(True)]
 
 
 def _dates(runs: pd.DataFrame) -> tuple[str | None, str | None]:

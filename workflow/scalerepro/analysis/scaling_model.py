@@ -360,8 +360,6 @@ def scaling_model_table(
     predict_gpus: Sequence[int] = DEFAULT_PREDICT_GPUS,
 ) -> pd.DataFrame:
     """scaling_model.csv (module docstring). ``runs``/``scaling`` are the aggregation's tables."""
-    from .aggregate import counts  # the runs that count, as in every table (imported here: aggregate imports this module)
-
     fits: dict[int, tuple[RingNetwork, int]] = {}  # GPU count -> (alpha, B fitted, nodes)
     fit_problems = {}
     for path in comm_paths:
@@ -375,7 +373,7 @@ def scaling_model_table(
     scaled = runs[runs["study"].isin(["strong", "weak"])]
     for (study, model), cell_runs in scaled.groupby(["study", "model"], sort=True):
         cells = scaling[scaling["study"].eq(study) & scaling["model"].eq(model)].set_index("gpus")
-        one = cell_runs[cell_runs["gpus"].eq(1) & counts(cell_runs)]
+        one = cell_runs[cell_runs["gpus"].eq(1) & cell_runs["counts"]]
         first = cell_runs.drop_duplicates("gpus").set_index("gpus")
         batches = first["per_rank_batch"]
         accumulation = first["grad_accum_steps"] if "grad_accum_steps" in first else pd.Series(1, index=first.index)
