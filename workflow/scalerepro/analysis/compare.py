@@ -268,7 +268,11 @@ def summary(baseline: Side, candidate: Side, table: pd.DataFrame, threshold: flo
 
 
 def _is_bundle(selector: str) -> bool:
-    return selector.endswith(".zip") and Path(selector).is_file()
+    if not selector.endswith(".zip"):
+        return False
+    if not Path(selector).is_file():
+        raise BundleError(f"no bundle at {selector}: give the path of a bundle written by `python -m scalerepro.bundle export`")
+    return True
 
 
 def _side(study: store.Study, where: str) -> Side:
