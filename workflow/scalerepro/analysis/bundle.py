@@ -318,27 +318,38 @@ def import_bundle(
 ) -> tuple[Bundle, store.AppendResult]:  # fmt: skip
     """Verify the bundle, then add its study to the store (and unpack it into ``extract``)."""
     bundle = read_bundle(path, expect_sha256)
+    staging = None
     if extract is not None:
         target = Path(extract)
         if target.exists() and any(target.iterdir()):
             raise BundleError(f"{target} is not empty: give a new directory to --extract")
-    connection = store.connect(store_path, lock_timeout_s=lock_timeout_s)
+        staging = _unpack(bundle, target)  # beside the target, renamed onto it once the store has the study
     try:
-        result = store.append(connection, bundle.study, keep_appended_at=True, replace=False)
-        connection.execute(
-            "INSERT OR REPLACE INTO imports VALUES (?, ?, ?, ?)",
-            [bundle.sha256, bundle.study.study_id, str(bundle.path), store.utc_now()],
-        )
-    finally:
-        connection.close()
-    if extract is not None:
-        _extract(bundle, Path(extract))
+        connection = store.connect(store_path, lock_timeout_s=lock_timeout_s)
+        try:
+            result = store.append(connection, bundle.study, keep_appended_at=True, replace=False)
+            connection.execute(
+                "INSERT OR REPLACE INTO imports VALUES (?, ?, ?, ?)",
+                [bundle.sha256, bundle.study.study_id, str(bundle.path), store.utc_now()],
+            )
+        finally:
+            connection.close()
+        if staging is not None:
+            if target.exists():
+                target.rmdir()  # empty, checked before
+            staging.rename(target)
+    except BaseException:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     return bundle, result
 
 
-def _extract(bundle: Bundle, target: Path) -> None:
-    """Unpack the verified bundle; each file is checked again as it is written."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent if target.parent.exists() else None))
+def _unpack(bundle: Bundle, target: Path) -> Path:
+    """Unpack the verified bundle into a hidden directory beside ``target``; each file is checked
+    again as it is written."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         with zipfile.ZipFile(bundle.path) as archive:
             for name in [MANIFEST, *bundle.members]:
@@ -348,12 +359,10 @@ def _extract(bundle: Bundle, target: Path) -> None:
                 destination = staging / name
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 destination.write_bytes(data)
-        if target.exists():
-            target.rmdir()  # empty, checked before
-        staging.rename(target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return staging
 
 
 # --------------------------------------------------------------------------------------------

@@ -463,12 +463,23 @@ def read_study(
 # --------------------------------------------------------------------------------------------
 
 
+# DuckDB column type -> the pandas dtype that carries it, nulls included, without loss.
+_PANDAS_DTYPES = {"VARCHAR": "string", "INTEGER": "Int64", "BIGINT": "Int64", "DOUBLE": "Float64", "BOOLEAN": "boolean"}
+_TYPES = {"studies": STUDY_TYPES, "runs": RUN_TYPES}
+
+
 def _insert(connection: duckdb.DuckDBPyConnection, table: str, columns: Sequence[str], rows: Sequence[Mapping]) -> None:
+    """Insert ``rows`` in one statement from a typed frame (row-by-row inserts take ~10 ms a row)."""
     if not rows:
         return
+    dtypes = {column: _PANDAS_DTYPES[_TYPES[table][column].split()[0]] for column in columns}
+    frame = pd.DataFrame({column: pd.array([row[column] for row in rows], dtype=dtypes[column]) for column in columns})
     names = ", ".join(f'"{column}"' for column in columns)
-    marks = ", ".join("?" for _ in columns)
-    connection.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", [[row[c] for c in columns] for row in rows])
+    connection.register("_new_rows", frame)
+    try:
+        connection.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _new_rows")
+    finally:
+        connection.unregister("_new_rows")
 
 
 def _fetch(connection: duckdb.DuckDBPyConnection, query: str, parameters: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -512,6 +523,7 @@ def append(
                     "not replaced; import it into another store to compare the two"
                 )
         added = replaced = unchanged = 0
+        new_rows = []
         for run in study.runs:
             before = stored.get(run["run_id"])
             if before == run:
@@ -522,7 +534,8 @@ def append(
             else:
                 replaced += 1
                 connection.execute("DELETE FROM runs WHERE study_id = ? AND run_id = ?", [study.study_id, run["run_id"]])
-            _insert(connection, "runs", RUN_COLUMNS, [run])
+            new_rows.append(run)
+        _insert(connection, "runs", RUN_COLUMNS, new_rows)
         if not existing:
             _insert(connection, "studies", STUDY_COLUMNS, [row])
         else:
