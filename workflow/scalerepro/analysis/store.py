@@ -476,10 +476,10 @@ def _insert(connection: duckdb.DuckDBPyConnection, table: str, columns: Sequence
     frame = pd.DataFrame({column: pd.array([row[column] for row in rows], dtype=dtypes[column]) for column in columns})
     names = ", ".join(f'"{column}"' for column in columns)
     connection.register("_new_rows", frame)
-    try:
-        connection.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _new_rows")
-    finally:
-        connection.unregister("_new_rows")
+    # Not in a finally: after a failed statement the transaction only takes ROLLBACK (the
+    # caller's), and the view goes with the connection.
+    connection.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _new_rows")
+    connection.unregister("_new_rows")
 
 
 def _fetch(connection: duckdb.DuckDBPyConnection, query: str, parameters: Sequence[Any] = ()) -> list[dict[str, Any]]:
