@@ -40,7 +40,9 @@ def write_study(root: Path, runs: int, speed: float, start_minute: int) -> None:
         gpus = 2 ** (cell % 4)
         run_id = f"strong_cnn_g{gpus}_b{cell}_r{repeat + 1}"
         record = copy.deepcopy(template)
-        record.update(run_id=run_id, started_at=f"2026-11-20T{8 + start_minute // 60:02d}:{start_minute % 60:02d}:00.000+00:00")
+        record.update(
+            run_id=run_id, started_at=f"2026-11-20T{8 + start_minute // 60:02d}:{start_minute % 60:02d}:00.000+00:00"
+        )
         record["parallel"].update(world_size=gpus, nodes=1)
         record["measurements"]["samples_per_s"] *= speed * (1 + (i % 7) / 100)
         path = root / "results/runs" / run_id / "record.json"
@@ -79,13 +81,25 @@ def main() -> int:
         ids = []
         for name in ("a", "b"):
             os.chdir(scratch / name)
-            study, read_s = timed(store.read_study, "results/tables/matrix.csv", "results/tables/config.json", "results/inventory/system.json")
+            study, read_s = timed(
+                store.read_study,
+                "results/tables/matrix.csv",
+                "results/tables/config.json",
+                "results/inventory/system.json",
+            )
             connection = store.connect(history)
             result, append_s = timed(store.append, connection, study)
             connection.close()
             ids.append(study.study_id)
             if name == "a":
-                figures.append(("append a study (read + write)", read_s + append_s, 10.0, f"{args.runs:,} runs, {result.added:,} added"))
+                figures.append(
+                    (
+                        "append a study (read + write)",
+                        read_s + append_s,
+                        10.0,
+                        f"{args.runs:,} runs, {result.added:,} added",
+                    )
+                )
                 connection = store.connect(history)
                 again, again_s = timed(store.append, connection, study)
                 connection.close()
@@ -96,7 +110,14 @@ def main() -> int:
         sides = [compare._side(store.load_study(connection, study_id), str(history)) for study_id in ids]
         connection.close()
         table, compare_s = timed(compare.compare, *sides)
-        figures.append(("compare the two studies", compare_s, 10.0, f"{len(table):,} cells, {table.verdict.eq('slower').sum():,} slower"))
+        figures.append(
+            (
+                "compare the two studies",
+                compare_s,
+                10.0,
+                f"{len(table):,} cells, {table.verdict.eq('slower').sum():,} slower",
+            )
+        )
     print(f"results store, {args.runs:,} runs a study, DuckDB {store.duckdb.__version__}")
     for what, seconds, goal, detail in figures:
         print(f"  {what:<34} {seconds:7.2f} s  (goal < {goal:g} s: {'met' if seconds < goal else 'MISSED'})  {detail}")

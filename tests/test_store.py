@@ -45,7 +45,11 @@ CONFIG = {
     "steps": 30,
     "warmup_steps": 6,
     "models": {"cnn": {"per_gpu_batch": 8}, "gpt2_small": {"per_gpu_batch": 8}},
-    "container": {"enabled": False, "base_image": "nvcr.io/nvidia/pytorch:25.01-py3", "sif": "results/containers/scalerepro.sif"},
+    "container": {
+        "enabled": False,
+        "base_image": "nvcr.io/nvidia/pytorch:25.01-py3",
+        "sif": "results/containers/scalerepro.sif",
+    },
     "store": {"path": "results/history.duckdb"},
     "compare": {"baseline": None, "threshold": 0.03},
 }
@@ -144,13 +148,19 @@ def test_a_study_appended_twice_is_stored_once(studies, tmp_path):
     before = _dump(history)
     second = _appended(studies["baseline"], history)
     assert first["new_study"] and first["runs_added"] == 2 * REPEATS
-    assert not second["new_study"] and (second["runs_added"], second["runs_replaced"], second["runs_unchanged"]) == (0, 0, 2 * REPEATS)
+    assert not second["new_study"] and (second["runs_added"], second["runs_replaced"], second["runs_unchanged"]) == (
+        0,
+        0,
+        2 * REPEATS,
+    )
     assert _dump(history) == before and len(before["studies"]) == 1 and len(before["runs"]) == 2 * REPEATS
     with duckdb.connect(str(history), read_only=True) as connection:
         row = connection.execute(
             "SELECT study_id, config_hash, git_commit, cluster, node_list, runs, runs_ok FROM studies"
         ).fetchone()
-        records = connection.execute("SELECT run_id, record, json_extract_string(record, '$.knobs.loader') FROM runs").fetchall()
+        records = connection.execute(
+            "SELECT run_id, record, json_extract_string(record, '$.knobs.loader') FROM runs"
+        ).fetchall()
     study_id, digest, commit, cluster, nodes, runs, runs_ok = row
     assert study_id == first["study_id"] and study_id.startswith(digest[:12] + "-") and (runs, runs_ok) == (12, 12)
     inventory = json.loads((studies["baseline"] / "results/inventory/system.json").read_text())
@@ -203,7 +213,11 @@ def test_a_writer_waits_for_the_lock_and_lands_or_gives_up_with_one_line(studies
         holder.kill()
         holder.wait()
     lines = refused.stderr.strip().splitlines()
-    assert refused.returncode == 2 and lines[-1].startswith("store: the results store") and f"locked by process {holder.pid} (" in lines[-1]
+    assert (
+        refused.returncode == 2
+        and lines[-1].startswith("store: the results store")
+        and f"locked by process {holder.pid} (" in lines[-1]
+    )
     assert lines[-1].endswith("for 1 s: let it finish (or stop it) and run again, or raise --lock-timeout")
     assert len(lines) == 2  # the waiting line and the error, nothing else
     assert _dump(history) == before
@@ -214,7 +228,9 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
     cwd = os.getcwd()
     os.chdir(studies["baseline"])  # the matrix's record paths are relative to the study directory
     try:
-        baseline = store.read_study("results/tables/matrix.csv", "results/tables/config.json", "results/inventory/system.json")
+        baseline = store.read_study(
+            "results/tables/matrix.csv", "results/tables/config.json", "results/inventory/system.json"
+        )
     finally:
         os.chdir(cwd)
     with duckdb.connect(str(history)) as connection:  # a store as version 1 wrote it
@@ -230,8 +246,13 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
     receipt = _appended(studies["candidate"], history)  # a writable open migrates
     with duckdb.connect(str(history), read_only=True) as connection:
         assert store.schema_version(connection) == store.SCHEMA_VERSION == 2
-        assert connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
-        assert connection.execute("SELECT * FROM runs WHERE study_id = ? ORDER BY run_id", [baseline.study_id]).fetchall() == old_rows
+        assert (
+            connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
+        )
+        assert (
+            connection.execute("SELECT * FROM runs WHERE study_id = ? ORDER BY run_id", [baseline.study_id]).fetchall()
+            == old_rows
+        )
         assert connection.execute("SELECT count(*) FROM imports").fetchone() == (0,)
     assert receipt["new_study"] and receipt["studies_in_store"] == 2
 
@@ -247,7 +268,9 @@ def test_a_newer_or_foreign_duckdb_file_is_refused_in_one_line(tmp_path):
     for path, expected in ((newer, "schema version 99, newer than this scalerepro understands (2): upgrade scalerepro"),
                            (foreign, "is not a scalerepro results store")):  # fmt: skip
         result = _python("-m", "scalerepro.analysis.store", "list", "--store", str(path))
-        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr, result.stderr
+        assert (
+            result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr
+        ), result.stderr
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,7 +295,10 @@ def test_bootstrap_is_seeded_and_the_verdicts_follow_the_interval_and_threshold(
 def test_environment_and_config_differences_are_named():
     base = {"driver": "535.104.05", "NCCL": "2.21.5", "commit": "3d7490190062"}
     cand = {"driver": "550.54.15", "NCCL": "2.21.5", "commit": "42cbece3e9d1 (dirty)"}
-    assert compare.fact_differences(base, cand) == ["driver: 535.104.05 → 550.54.15", "commit: 3d7490190062 → 42cbece3e9d1 (dirty)"]
+    assert compare.fact_differences(base, cand) == [
+        "driver: 535.104.05 → 550.54.15",
+        "commit: 3d7490190062 → 42cbece3e9d1 (dirty)",
+    ]
     a = {"steps": 200, "models": {"cnn": {"per_gpu_batch": 16}}, "compare": {"baseline": None}}
     b = {"steps": 100, "models": {"cnn": {"per_gpu_batch": 16}}, "compare": {"baseline": "latest"}}
     assert compare.config_differences(a, b) == ["steps: 200 → 100"]
@@ -318,13 +344,17 @@ def test_a_selector_that_names_no_study_is_one_line(studies, tmp_path):
     for selector, expected in (("nosuchcluster", "no study in the store matches 'nosuchcluster'"),
                                (prefix, f"'{prefix}' is the start of 2 study ids")):  # fmt: skip
         result = _python("-m", "scalerepro.compare", selector, "latest", "--store", str(history))
-        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr, result.stderr
+        assert (
+            result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr
+        ), result.stderr
     only = tmp_path / "only.duckdb"
     _appended(studies["baseline"], only)
     alone = _python("-m", "scalerepro.compare", "latest", "latest", "--store", str(only))
     assert alone.returncode == 2 and "'latest': the store has no study other than" in alone.stderr, alone.stderr
     missing = _python("-m", "scalerepro.compare", "a", "b", "--store", str(tmp_path / "none.duckdb"))
-    assert missing.returncode == 2 and "no results store at" in missing.stderr and not (tmp_path / "none.duckdb").exists()
+    assert (
+        missing.returncode == 2 and "no results store at" in missing.stderr and not (tmp_path / "none.duckdb").exists()
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,8 +391,12 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
         assert b.execute("SELECT bundle_sha256, study_id FROM imports").fetchall() == [(digest, study_id)]
     for path in (studies["candidate"] / "results").rglob("*"):
         if path.is_file():  # every file the study wrote is in the bundle, byte for byte
-            assert (unpacked / "results" / path.relative_to(studies["candidate"] / "results")).read_bytes() == path.read_bytes()
-    checked = subprocess.run(["sha256sum", "--check", "--quiet", bundle.MANIFEST], cwd=unpacked, capture_output=True, text=True)
+            assert (
+                unpacked / "results" / path.relative_to(studies["candidate"] / "results")
+            ).read_bytes() == path.read_bytes()
+    checked = subprocess.run(
+        ["sha256sum", "--check", "--quiet", bundle.MANIFEST], cwd=unpacked, capture_output=True, text=True
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     again = _python("-m", "scalerepro.bundle", "import", str(exported["bundle"]), "--store", str(other))
     assert again.returncode == 0 and "already in the store, unchanged" in again.stdout
@@ -375,7 +409,9 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
     assert root["mainEntity"] == {"@id": "Snakefile"} and "ComputationalWorkflow" in graph["Snakefile"]["@type"]
     action = graph[root["mentions"][0]["@id"]]
     assert action["@type"] == "CreateAction" and action["instrument"] == {"@id": "Snakefile"}
-    assert action["object"] == [{"@id": "results/tables/config.json"}] or action["object"] == {"@id": "results/tables/config.json"}
+    assert action["object"] == [{"@id": "results/tables/config.json"}] or action["object"] == {
+        "@id": "results/tables/config.json"
+    }
     results = {ref["@id"] for ref in action["result"]}
     assert "results/runs/strong_cnn_g1_r1/record.json" in results and "results/tables/matrix.csv" in results
     commands = (unpacked / "commands.sh").read_text()
@@ -384,7 +420,16 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
 
 def test_a_bundle_can_be_compared_without_importing_it(studies, exported, tmp_path):
     baseline = json.loads((studies["baseline"] / "results/tables/store.json").read_text())["study_id"]
-    from_store = _python("-m", "scalerepro.compare", baseline, "latest", "--store", str(exported["store"]), "--csv", str(tmp_path / "a.csv"))
+    from_store = _python(
+        "-m",
+        "scalerepro.compare",
+        baseline,
+        "latest",
+        "--store",
+        str(exported["store"]),
+        "--csv",
+        str(tmp_path / "a.csv"),
+    )
     from_bundle = _python("-m", "scalerepro.compare", baseline, str(exported["bundle"]), "--store", str(exported["store"]),
                           "--csv", str(tmp_path / "b.csv"))  # fmt: skip
     assert from_store.returncode == from_bundle.returncode == 0, from_bundle.stderr
@@ -432,7 +477,9 @@ def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(st
         unpack = ["--extract", str(tmp_path / name)] if name in ("tampered", "truncated") else []
         result = _python("-m", "scalerepro.bundle", "import", str(path), "--store", str(history), *unpack, *extra)
         lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("bundle: ") and expected in lines[0], (name, result.stderr)
+        assert (
+            result.returncode == 2 and len(lines) == 1 and lines[0].startswith("bundle: ") and expected in lines[0]
+        ), (name, result.stderr)
         assert not (tmp_path / name).exists(), name  # nothing unpacked
         assert history.read_bytes() == before_bytes and _dump(history) == before, name
 
@@ -447,21 +494,40 @@ def test_the_report_shows_history_and_the_baseline_comparison(studies, tmp_path)
     tables = tmp_path / "tables"
     shutil.copytree(studies["baseline"] / "results/tables", tables)
     _appended(studies["baseline"], history)
-    shutil.copy(studies["baseline"] / "results/tables/history.csv", tables / "history.csv")
-    first = report.render(tables, None, None, tables / "config.json", None, REPO / "report", history_path=tables / "history.csv")
+    for name in ("history.csv", "store.json"):
+        shutil.copy(studies["baseline"] / "results/tables" / name, tables / name)
+    first = report.render(
+        tables, None, None, tables / "config.json", None, REPO / "report", history_path=tables / "history.csv"
+    )
     section = first.split('<section id="history">')[1].split("</section>")[0]
-    assert "This is the first study in the results store <code>results/history.duckdb</code>: there is no history yet." in section
+    assert (
+        "This is the first study in the results store <code>results/history.duckdb</code>: there is no history yet."
+        in section
+    )
     assert "No baseline set." in section and "<img" not in section
 
     _appended(studies["candidate"], history)
-    shutil.copy(studies["candidate"] / "results/tables/history.csv", tables / "history.csv")
+    for name in ("history.csv", "store.json"):
+        shutil.copy(studies["candidate"] / "results/tables" / name, tables / name)
     versus, facts = tables / "versus_baseline.csv", tables / "versus_baseline.json"
     compared = _python("-m", "scalerepro.compare", "latest", "latest", "--store", str(history), "--csv", str(versus), "--json", str(facts),
                        "--confidence", "0.999", "--threshold", "0.2")  # fmt: skip
     assert compared.returncode == 0, compared.stderr
     plots = tmp_path / "plots"
-    drawn = _python("-m", "scalerepro.analysis.plots", "--tables", str(tables), "--out", str(plots), "--only", "history", "versus_baseline")
-    assert drawn.returncode == 0 and "history: drawn" in drawn.stderr and "versus_baseline: drawn" in drawn.stderr, drawn.stderr
+    drawn = _python(
+        "-m",
+        "scalerepro.analysis.plots",
+        "--tables",
+        str(tables),
+        "--out",
+        str(plots),
+        "--only",
+        "history",
+        "versus_baseline",
+    )
+    assert (
+        drawn.returncode == 0 and "history: drawn" in drawn.stderr and "versus_baseline: drawn" in drawn.stderr
+    ), drawn.stderr
     html = report.render(tables, plots, None, tables / "config.json", None, REPO / "report", history_path=tables / "history.csv",
                          versus_table_path=versus, versus_facts_path=facts)  # fmt: skip
     section = html.split('<section id="history">')[1].split("</section>")[0]

@@ -121,7 +121,12 @@ def _study_files(results: Path, study: store.Study) -> dict[str, Path]:
     def add(path: Path) -> None:
         files[f"results/{path.relative_to(results).as_posix()}"] = path
 
-    for folder, patterns in (("tables", ("*",)), ("plots", ("*.png", "*.svg")), ("report", ("index.html",)), ("inventory", ("system.json",))):
+    for folder, patterns in (
+        ("tables", ("*",)),
+        ("plots", ("*.png", "*.svg")),
+        ("report", ("index.html",)),
+        ("inventory", ("system.json",)),
+    ):
         for pattern in patterns:
             for path in sorted((results / folder).glob(pattern)):
                 if path.is_file() and not path.name.startswith("."):
@@ -157,11 +162,15 @@ def _crate(stage: Path, sources: Mapping[str, Path], study: store.Study, workflo
         sources["Snakefile"], "Snakefile", main=True, lang="snakemake",
         properties={"name": "scalerepro scaling study workflow", "version": row.get("git_commit") or "unknown"},
     )  # fmt: skip
-    parts = [crate.add_file(sources[name], name, properties={"encodingFormat": "text/plain"}) for name in workflow_files]
+    parts = [
+        crate.add_file(sources[name], name, properties={"encodingFormat": "text/plain"}) for name in workflow_files
+    ]
     if parts:
         workflow["hasPart"] = parts
     for profile, name in PROFILES.items():
-        entity = crate.add(ContextEntity(crate, profile, properties={"@type": "CreativeWork", "name": name, "version": "0.5"}))
+        entity = crate.add(
+            ContextEntity(crate, profile, properties={"@type": "CreativeWork", "name": name, "version": "0.5"})
+        )
         crate.root_dataset.append_to("conformsTo", entity)
     results = []
     config = None
@@ -200,7 +209,9 @@ def export_bundle(
     try:
         study_id = json.loads(receipt.read_text())["study_id"]
     except (OSError, ValueError, KeyError):
-        raise BundleError(f"{receipt} is missing or has no study_id: run the workflow (rule store_study) first") from None
+        raise BundleError(
+            f"{receipt} is missing or has no study_id: run the workflow (rule store_study) first"
+        ) from None
     connection = store.connect(store_path, read_only=True, lock_timeout_s=lock_timeout_s)
     try:
         study = store.load_study(connection, study_id)
@@ -216,7 +227,10 @@ def export_bundle(
     with tempfile.TemporaryDirectory(prefix="scalerepro-bundle-") as temporary:
         generated = Path(temporary) / "generated"
         generated.mkdir()
-        for name, text in ((STUDY_ROWS, json.dumps(_rows_document(study), indent=1) + "\n"), (COMMANDS, _commands(study))):
+        for name, text in (
+            (STUDY_ROWS, json.dumps(_rows_document(study), indent=1) + "\n"),
+            (COMMANDS, _commands(study)),
+        ):
             path = generated / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
@@ -250,7 +264,13 @@ class Bundle:
 
 def _safe(name: str) -> bool:
     path = PurePosixPath(name)
-    return bool(name) and "\\" not in name and not path.is_absolute() and ".." not in path.parts and name == path.as_posix()
+    return (
+        bool(name)
+        and "\\" not in name
+        and not path.is_absolute()
+        and ".." not in path.parts
+        and name == path.as_posix()
+    )
 
 
 def _members(archive: zipfile.ZipFile) -> Iterator[zipfile.ZipInfo]:
@@ -273,7 +293,9 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
         raise BundleError(f"cannot read the bundle {path}: {error.strerror}") from None
     digest = _sha256(data)
     if expect_sha256 is not None and digest != expect_sha256.lower():
-        raise BundleError(f"{path} has sha256 {digest}, not the expected {expect_sha256}: it is not the published bundle")
+        raise BundleError(
+            f"{path} has sha256 {digest}, not the expected {expect_sha256}: it is not the published bundle"
+        )
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             infos = list(_members(archive))
@@ -290,15 +312,23 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
                 listed[name] = checksum
             present = set(names) - {MANIFEST}
             if present - set(listed):
-                raise BundleError(f"{path} holds files its manifest does not list (e.g. {sorted(present - set(listed))[0]}): refusing it")
+                raise BundleError(
+                    f"{path} holds files its manifest does not list (e.g. {sorted(present - set(listed))[0]}): refusing it"
+                )
             if set(listed) - present:
-                raise BundleError(f"{path} lacks files its manifest lists (e.g. {sorted(set(listed) - present)[0]}): it is incomplete")
+                raise BundleError(
+                    f"{path} lacks files its manifest lists (e.g. {sorted(set(listed) - present)[0]}): it is incomplete"
+                )
             for name in sorted(present):
                 if _sha256(archive.read(name)) != listed[name]:
-                    raise BundleError(f"{path}: {name} does not match its checksum in {MANIFEST}: the bundle was altered or damaged")
+                    raise BundleError(
+                        f"{path}: {name} does not match its checksum in {MANIFEST}: the bundle was altered or damaged"
+                    )
             rows = json.loads(archive.read(STUDY_ROWS).decode("utf-8"))
     except zipfile.BadZipFile as error:
-        raise BundleError(f"{path} is not a complete zip archive (truncated or damaged: {error}): fetch the bundle again") from None
+        raise BundleError(
+            f"{path} is not a complete zip archive (truncated or damaged: {error}): fetch the bundle again"
+        ) from None
     except (KeyError, ValueError) as error:
         raise BundleError(f"{path}: {STUDY_ROWS} is missing or unreadable ({error})") from None
     if rows.get("schema_version") != store.SCHEMA_VERSION:
@@ -375,15 +405,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="write the bundle of the study in --results")
     export.add_argument("--out", required=True, type=Path, help="the bundle to write (.zip)")
-    export.add_argument("--results", type=Path, default=Path("results"), help="the study's results directory (default: %(default)s)")
-    export.add_argument("--workflow", type=Path, default=Path("."), help="the repository the study ran from (default: %(default)s)")
+    export.add_argument(
+        "--results", type=Path, default=Path("results"), help="the study's results directory (default: %(default)s)"
+    )
+    export.add_argument(
+        "--workflow", type=Path, default=Path("."), help="the repository the study ran from (default: %(default)s)"
+    )
     imported = commands.add_parser("import", help="verify a bundle and add its study to a store")
     imported.add_argument("bundle", type=Path)
     imported.add_argument("--expect-sha256", help="the bundle's published sha256 (its .sha256 file)")
     imported.add_argument("--extract", type=Path, help="also unpack the verified files into this new directory")
     for sub in (export, imported):
-        sub.add_argument("--store", type=Path, default=Path("results/history.duckdb"), help="the results store (default: %(default)s)")
-        sub.add_argument("--lock-timeout", type=float, default=store.DEFAULT_LOCK_TIMEOUT_S, help="seconds to wait for the store's lock")
+        sub.add_argument(
+            "--store",
+            type=Path,
+            default=Path("results/history.duckdb"),
+            help="the results store (default: %(default)s)",
+        )
+        sub.add_argument(
+            "--lock-timeout",
+            type=float,
+            default=store.DEFAULT_LOCK_TIMEOUT_S,
+            help="seconds to wait for the store's lock",
+        )
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
@@ -394,7 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             bundle, result = import_bundle(args.bundle, args.store, args.expect_sha256, args.extract, args.lock_timeout)
             state = "added" if result.new_study else "already in the store, unchanged"
-            print(f"bundle: {bundle.study.study_id} from {args.bundle} ({len(bundle.members)} files verified): {state} in {args.store}")
+            print(
+                f"bundle: {bundle.study.study_id} from {args.bundle} ({len(bundle.members)} files verified): {state} in {args.store}"
+            )
     except (BundleError, StoreError) as error:
         print(f"bundle: {error}", file=sys.stderr)
         return 2

@@ -146,7 +146,9 @@ def _short(value: Any) -> str:
 
 def _distinct(values: Any) -> str:
     """A fact's values as one comparable text: distinct, sorted, ", "-joined ("—" when unknown)."""
-    seen = sorted({part for value in values if value is not None and not pd.isna(value) for part in str(value).split(", ")})
+    seen = sorted(
+        {part for value in values if value is not None and not pd.isna(value) for part in str(value).split(", ")}
+    )
     return ", ".join(_short(part) for part in seen) or "—"
 
 
@@ -160,8 +162,10 @@ def _with_commit(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def fact_differences(baseline: Mapping[str, str], candidate: Mapping[str, str]) -> list[str]:
-    """"label: baseline → candidate" for every fact whose values are not the same on both sides."""
-    return [f"{label}: {baseline[label]} → {candidate[label]}" for label in baseline if baseline[label] != candidate[label]]
+    """ "label: baseline → candidate" for every fact whose values are not the same on both sides."""
+    return [
+        f"{label}: {baseline[label]} → {candidate[label]}" for label in baseline if baseline[label] != candidate[label]
+    ]
 
 
 def run_facts(runs: pd.DataFrame, study_row: Mapping[str, Any]) -> dict[str, str]:
@@ -238,15 +242,32 @@ def compare(
     return pd.concat([table[matched], table[~matched]], ignore_index=True)
 
 
-def summary(baseline: Side, candidate: Side, table: pd.DataFrame, threshold: float, confidence: float, resamples: int, seed: int) -> dict[str, Any]:
+def summary(
+    baseline: Side, candidate: Side, table: pd.DataFrame, threshold: float, confidence: float, resamples: int, seed: int
+) -> dict[str, Any]:
     """The comparison's study-wide facts, for --json and the report."""
-    config = {name: json.loads(side.row.get("config_json") or "{}") for name, side in (("b", baseline), ("c", candidate))}
+    config = {
+        name: json.loads(side.row.get("config_json") or "{}") for name, side in (("b", baseline), ("c", candidate))
+    }
     described = {}
     for name, side in (("baseline", baseline), ("candidate", candidate)):
         described[name] = {
             "study_id": side.study_id,
             "where": side.where,
-            **{k: side.row.get(k) for k in ("study_name", "started_at", "cluster", "partition", "git_commit", "git_dirty", "device_name", "runs", "runs_ok")},
+            **{
+                k: side.row.get(k)
+                for k in (
+                    "study_name",
+                    "started_at",
+                    "cluster",
+                    "partition",
+                    "git_commit",
+                    "git_dirty",
+                    "device_name",
+                    "runs",
+                    "runs_ok",
+                )
+            },
         }
     return {
         "baseline": described["baseline"],
@@ -271,7 +292,9 @@ def _is_bundle(selector: str) -> bool:
     if not selector.endswith(".zip"):
         return False
     if not Path(selector).is_file():
-        raise BundleError(f"no bundle at {selector}: give the path of a bundle written by `python -m scalerepro.bundle export`")
+        raise BundleError(
+            f"no bundle at {selector}: give the path of a bundle written by `python -m scalerepro.bundle export`"
+        )
     return True
 
 
@@ -289,7 +312,9 @@ def load_sides(
     for name, selector in (("candidate", candidate), ("baseline", baseline)):
         if _is_bundle(selector):
             found[name] = _side(bundle.read_bundle(selector).study, f"bundle {selector}")
-    wanted = [(name, selector) for name, selector in (("candidate", candidate), ("baseline", baseline)) if name not in found]
+    wanted = [
+        (name, selector) for name, selector in (("candidate", candidate), ("baseline", baseline)) if name not in found
+    ]
     if wanted:
         if store_path is None:
             raise StoreError("give --store: only bundles can be compared without a results store")
@@ -302,7 +327,9 @@ def load_sides(
         finally:
             connection.close()
     if found["baseline"].study_id == found["candidate"].study_id:
-        raise StoreError(f"'{baseline}' and '{candidate}' are the same study ({found['baseline'].study_id}): name two studies")
+        raise StoreError(
+            f"'{baseline}' and '{candidate}' are the same study ({found['baseline'].study_id}): name two studies"
+        )
     return found["baseline"], found["candidate"]
 
 
@@ -329,14 +356,19 @@ def render_text(baseline: Side, candidate: Side, table: pd.DataFrame, facts: Map
     if facts["config_differences"]:
         lines.append("config differs (the studies measure different things): " + "; ".join(facts["config_differences"]))
     level = f"{100 * facts['confidence']:g} %"
-    lines.append(f"samples/s, median of the runs that count (n); ratio = candidate / baseline [{level} interval]; threshold {100 * facts['threshold']:g} %")
+    lines.append(
+        f"samples/s, median of the runs that count (n); ratio = candidate / baseline [{level} interval]; threshold {100 * facts['threshold']:g} %"
+    )
     for row in table.to_dict("records"):
         cell = f"{row['study']} {row['model']} {row['variant'] or ''} {row['precision']} batch {row['per_rank_batch']} x {row['gpus']} GPUs"
         figures = (
             f"{number(row['baseline_median'], ',.1f')} ({row['baseline_repeats']}) -> {number(row['candidate_median'], ',.1f')} "
             f"({row['candidate_repeats']})  {number(row['ratio'], '.3f')} [{number(row['ratio_low'], '.3f')}, {number(row['ratio_high'], '.3f')}]"
         )
-        lines.append(f"  {' '.join(cell.split())}: {figures}  {row['verdict']}" + (f"  ({row['differs']})" if row["differs"] else ""))
+        lines.append(
+            f"  {' '.join(cell.split())}: {figures}  {row['verdict']}"
+            + (f"  ({row['differs']})" if row["differs"] else "")
+        )
     return "\n".join(lines)
 
 
@@ -361,13 +393,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("baseline", metavar="BASELINE")
     parser.add_argument("candidate", metavar="CANDIDATE")
     parser.add_argument("--store", default="results/history.duckdb", help="the results store (default: %(default)s)")
-    parser.add_argument("--threshold", type=_fraction, default=DEFAULT_THRESHOLD, help="smallest change a verdict reports (default: %(default)s)")
-    parser.add_argument("--confidence", type=_fraction, default=DEFAULT_CONFIDENCE, help="interval level (default: %(default)s)")
-    parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples (default: %(default)s)")
+    parser.add_argument(
+        "--threshold",
+        type=_fraction,
+        default=DEFAULT_THRESHOLD,
+        help="smallest change a verdict reports (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--confidence", type=_fraction, default=DEFAULT_CONFIDENCE, help="interval level (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples (default: %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     parser.add_argument("--csv", type=Path, help="write the per-cell table here")
     parser.add_argument("--json", type=Path, help="write the study-wide facts here")
-    parser.add_argument("--lock-timeout", type=float, default=store.DEFAULT_LOCK_TIMEOUT_S, help="seconds to wait for the store's lock")
+    parser.add_argument(
+        "--lock-timeout", type=float, default=store.DEFAULT_LOCK_TIMEOUT_S, help="seconds to wait for the store's lock"
+    )
     parser.add_argument("--fail-on-slower", action="store_true", help="exit 1 when a cell is slower")
     args = parser.parse_args(argv)
     try:

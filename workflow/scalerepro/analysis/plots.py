@@ -422,7 +422,7 @@ def history(t: Tables) -> Figure:
     are never read as one series."""
     table = t["history"].dropna(subset=["samples_per_s_median"])
     if table["study_id"].nunique() < 2:
-        raise NotMeasured("this is the first study in the results store: there is no history yet")
+        raise NotMeasured("fewer than two stored studies have this study's headline cells (on a first study there is no history yet)")
     table = table.assign(
         _started=pd.to_datetime(table["started_at"], utc=True, format="ISO8601"),
         _where=table["cluster"].astype(str) + " · " + table["device_name"].astype(str),

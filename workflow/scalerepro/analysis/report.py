@@ -683,10 +683,13 @@ def history_section(
     config = config if isinstance(config, Mapping) else {}
     history = read_table(history_path.parent, history_path.stem) if history_path is not None else pd.DataFrame()
     studies = int(history["study_id"].nunique()) if "study_id" in history.columns else 0
+    # The store's receipt beside the history (store_study writes both): how many studies it holds.
+    receipt = read_json(history_path.parent / "store.json") if history_path is not None else None
     section: dict[str, Any] = {
         "store": (config.get("store") or {}).get("path"),
         "baseline": (config.get("compare") or {}).get("baseline"),
         "consulted": history_path is not None and history_path.is_file(),
+        "in_store": receipt.get("studies_in_store") if isinstance(receipt, Mapping) else None,
         "studies": studies,
         "rows": rows(history, ("model", "gpus", "per_rank_batch", "started_at")),
         "figure": load_figure(plots_dir, "history") if studies >= 2 else None,

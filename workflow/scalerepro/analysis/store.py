@@ -75,7 +75,9 @@ import math
 import os
 import random
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -85,7 +87,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from ..files import atomic_file
+from ..files import atomic_file, current_umask
 from . import aggregate
 
 SCHEMA_VERSION = 2
@@ -232,8 +234,8 @@ def connect(
             f"no results store at {path}: a study appends itself there when its aggregation is done "
             "(rule store_study), or load a bundle with `python -m scalerepro.bundle import`"
         )
-    if not read_only:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if not read_only and not path.exists():
+        _create(path)
     deadline = time.monotonic() + lock_timeout_s
     delay, waited = 0.05, False
     while True:
@@ -277,12 +279,37 @@ def connect(
     return connection
 
 
+def _create(path: Path) -> None:
+    """Create a store so that no process ever opens a half-made file: two processes creating the
+    same new file at once make one of them read it before its header is written ("not a valid
+    DuckDB database file"). So the store is made complete, at the current schema, in a private
+    directory beside it, then hard-linked to its name, which fails if another process was first
+    (and then that process's store is used)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        made = private / path.name
+        with duckdb.connect(str(made)) as connection:
+            migrate(connection, 0)
+        os.chmod(made, 0o666 & ~current_umask())  # a shared store is readable by the group, like any file
+        try:
+            os.link(made, path)
+        except FileExistsError:
+            pass
+        except OSError as error:
+            raise StoreError(f"cannot create the results store {path}: {error.strerror}") from None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def schema_version(connection: duckdb.DuckDBPyConnection) -> int:
     """The store's schema version; 0 for an empty file. A DuckDB file that is not a store is an error."""
     tables = {row[0] for row in connection.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     if "store_meta" not in tables:
         if tables:
-            raise StoreError(f"this DuckDB file is not a scalerepro results store (it has tables {sorted(tables)} but no store_meta)")
+            raise StoreError(
+                f"this DuckDB file is not a scalerepro results store (it has tables {sorted(tables)} but no store_meta)"
+            )
         return 0
     row = connection.execute("SELECT value FROM store_meta WHERE key = 'schema_version'").fetchone()
     return int(row[0]) if row else 0
@@ -295,9 +322,7 @@ def migrate(connection: duckdb.DuckDBPyConnection, version: int, to: int = SCHEM
         for step in range(version + 1, to + 1):
             for statement in MIGRATIONS[step]:
                 connection.execute(statement)
-        connection.execute(
-            "INSERT OR REPLACE INTO store_meta VALUES ('schema_version', ?)", [str(to)]
-        )
+        connection.execute("INSERT OR REPLACE INTO store_meta VALUES ('schema_version', ?)", [str(to)])
         connection.execute("COMMIT")
     except BaseException:
         connection.execute("ROLLBACK")
@@ -516,7 +541,9 @@ def append(
         existing = _fetch(connection, "SELECT * FROM studies WHERE study_id = ?", [study.study_id])
         stored = {r["run_id"]: r for r in _fetch(connection, "SELECT * FROM runs WHERE study_id = ?", [study.study_id])}
         if existing and not replace:
-            differing = sum(stored.get(run["run_id"]) != run for run in study.runs) + len(set(stored) - {r["run_id"] for r in study.runs})
+            differing = sum(stored.get(run["run_id"]) != run for run in study.runs) + len(
+                set(stored) - {r["run_id"] for r in study.runs}
+            )
             if differing or {**existing[0], "appended_at": None} != {**row, "appended_at": None}:
                 raise StoreError(
                     f"study {study.study_id} is already in the store with other contents ({differing} runs differ): "
@@ -533,7 +560,9 @@ def append(
                 added += 1
             else:
                 replaced += 1
-                connection.execute("DELETE FROM runs WHERE study_id = ? AND run_id = ?", [study.study_id, run["run_id"]])
+                connection.execute(
+                    "DELETE FROM runs WHERE study_id = ? AND run_id = ?", [study.study_id, run["run_id"]]
+                )
             new_rows.append(run)
         _insert(connection, "runs", RUN_COLUMNS, new_rows)
         if not existing:
@@ -566,7 +595,12 @@ def studies(connection: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     if frame.empty:
         return frame
     started = pd.to_datetime(frame["started_at"], utc=True, format="ISO8601")
-    return frame.assign(_started=started).sort_values(["_started", "study_id"]).drop(columns="_started").reset_index(drop=True)
+    return (
+        frame.assign(_started=started)
+        .sort_values(["_started", "study_id"])
+        .drop(columns="_started")
+        .reset_index(drop=True)
+    )
 
 
 def runs_of(connection: duckdb.DuckDBPyConnection, study_ids: Sequence[str]) -> pd.DataFrame:
@@ -615,9 +649,16 @@ def resolve(connection: duckdb.DuckDBPyConnection, selector: str, exclude: str |
     if len(prefixed) == 1:
         return prefixed[0]
     if len(prefixed) > 1:
-        raise StoreError(f"'{selector}' is the start of {len(prefixed)} study ids ({', '.join(prefixed[:4])}): give more of one")
+        raise StoreError(
+            f"'{selector}' is the start of {len(prefixed)} study ids ({', '.join(prefixed[:4])}): give more of one"
+        )
     if re.fullmatch(r"[0-9a-f]{7,40}", selector):
-        at = others[others["git_commit"].fillna("").str.split(", ").map(lambda commits: any(c.startswith(selector) for c in commits))]
+        at = others[
+            others["git_commit"]
+            .fillna("")
+            .str.split(", ")
+            .map(lambda commits: any(c.startswith(selector) for c in commits))
+        ]
         if not at.empty:
             return at["study_id"].iloc[-1]
     on = others[others["cluster"].eq(selector)]
@@ -644,7 +685,9 @@ def headline_cells(runs: pd.DataFrame) -> pd.DataFrame:
     else:
         return pd.DataFrame(columns=list(CELL_KEYS))
     ends = scaled.groupby("model")["gpus"].agg(["min", "max"])
-    chosen = scaled[scaled.apply(lambda r: r["gpus"] in (ends.loc[r["model"], "min"], ends.loc[r["model"], "max"]), axis=1)]
+    chosen = scaled[
+        scaled.apply(lambda r: r["gpus"] in (ends.loc[r["model"], "min"], ends.loc[r["model"], "max"]), axis=1)
+    ]
     return chosen[list(CELL_KEYS)].drop_duplicates().reset_index(drop=True)
 
 
