@@ -336,12 +336,22 @@ def test_the_slowed_model_and_only_it_is_flagged_slower_with_its_factor_inside_t
     print(defaults.stdout)
 
 
-def test_a_selector_that_names_no_study_is_one_line(studies, tmp_path):
+def test_selectors_name_the_study_or_say_in_one_line_why_not(studies, tmp_path):
     history = tmp_path / "history.duckdb"
-    _appended(studies["baseline"], history)
-    _appended(studies["candidate"], history)
-    prefix = json.loads((studies["candidate"] / "results/tables/store.json").read_text())["study_id"][:13]
+    baseline = _appended(studies["baseline"], history)
+    candidate = _appended(studies["candidate"], history)
+    with duckdb.connect(str(history), read_only=True) as connection:
+        cluster, commit = connection.execute("SELECT cluster, git_commit FROM studies LIMIT 1").fetchone()
+    # a commit, a cluster, a receipt: each the latest matching study other than the other side
+    for selector in (commit[:7], cluster, str(studies["baseline"] / "results/tables/store.json")):
+        facts = tmp_path / "facts.json"
+        result = _python("-m", "scalerepro.compare", selector, "latest", "--store", str(history), "--json", str(facts))
+        assert result.returncode == 0, (selector, result.stderr)
+        chosen = json.loads(facts.read_text())
+        assert (chosen["baseline"]["study_id"], chosen["candidate"]["study_id"]) == (baseline["study_id"], candidate["study_id"])
+    prefix = candidate["study_id"][:13]
     for selector, expected in (("nosuchcluster", "no study in the store matches 'nosuchcluster'"),
+                               (f"{cluster}:nosuchpartition", f"no study in the store matches '{cluster}:nosuchpartition'"),
                                (prefix, f"'{prefix}' is the start of 2 study ids")):  # fmt: skip
         result = _python("-m", "scalerepro.compare", selector, "latest", "--store", str(history))
         assert (

@@ -621,14 +621,15 @@ def runs_of(connection: duckdb.DuckDBPyConnection, study_ids: Sequence[str]) -> 
 
 SELECTOR_HELP = (
     "a study id (or a unique prefix of one), 'latest', a git commit (7+ hex digits), a cluster name, "
-    "or the receipt a study's store_study step wrote (results/tables/store.json)"
+    "CLUSTER:PARTITION, or the receipt a study's store_study step wrote (results/tables/store.json)"
 )
 
 
 def resolve(connection: duckdb.DuckDBPyConnection, selector: str, exclude: str | None = None) -> str:
-    """The study id ``selector`` names (see ``SELECTOR_HELP``). 'latest', a commit and a cluster
-    name pick the most recently started matching study other than ``exclude`` (the study on the
-    other side of a comparison), so that `latest` means "the one before" when comparing with it."""
+    """The study id ``selector`` names (see ``SELECTOR_HELP``). 'latest', a commit, a cluster and
+    a cluster:partition pick the most recently started matching study other than ``exclude`` (the
+    study on the other side of a comparison), so that `latest` means "the one before" when
+    comparing with it."""
     if selector.endswith(".json") and Path(selector).is_file():
         receipt = _read_json(selector, "store receipt")
         if not isinstance(receipt, Mapping) or "study_id" not in receipt:
@@ -661,7 +662,8 @@ def resolve(connection: duckdb.DuckDBPyConnection, selector: str, exclude: str |
         ]
         if not at.empty:
             return at["study_id"].iloc[-1]
-    on = others[others["cluster"].eq(selector)]
+    cluster, colon, partition = selector.partition(":")
+    on = others[others["cluster"].eq(cluster) & (others["partition"].eq(partition) if colon else True)]
     if not on.empty:
         return on["study_id"].iloc[-1]
     raise StoreError(
