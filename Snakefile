@@ -21,6 +21,7 @@ include: "workflow/rules/inventory.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/profile.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/compare.smk"
 include: "workflow/rules/report.smk"
 
 

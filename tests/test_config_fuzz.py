@@ -75,6 +75,10 @@ BAD = [
     ("profiling-run-unknown", "profiling.runs", ["strong_cnn_g64_r1"], "profiling.runs"),
     ("profiling-window-zero", "profiling.window_steps", 0, "window_steps"),
     ("cpu-overrides-slurm", "cpu_overrides.slurm", {"partition": "gpu"}, "slurm"),
+    ("store-path-suffix", "store.path", "results/history.db", "store.path"),
+    ("store-unknown-key", "store.url", "duckdb://x", "url"),
+    ("compare-threshold-one", "compare.threshold", 1.0, "compare.threshold"),
+    ("compare-baseline-empty", "compare.baseline", "", "compare.baseline"),
 ]
 # Every config string that reaches a shell (or the Slurm plugin's sbatch command), with a payload.
 INJECTIONS = [
@@ -85,6 +89,8 @@ INJECTIONS = [
     ("inject-slurm-constraint", "slurm.constraint", f"h100`touch {MARK}`", "slurm.constraint"),
     ("inject-cifar-md5", "cifar10.md5", f"'; touch {MARK}; '", "cifar10.md5"),
     ("inject-trainer-args", "trainer_args", [f"--seed=1;touch {MARK}"], "trainer_args"),
+    ("inject-store-path", "store.path", f"results/{PAYLOAD}.duckdb", "store.path"),
+    ("inject-compare-baseline", "compare.baseline", f"latest; touch {MARK}", "compare.baseline"),
 ]
 
 

@@ -233,12 +233,13 @@ def test_nothing_left_to_do_and_reruns_are_exact(study):
 
     after_trainer_edit = edited(study / "workflow/scalerepro/trainer.py")
     assert after_trainer_edit == {"trainer_fingerprint": 1, "train": 14, "comm_benchmark": 1, "system_inventory": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1,
-                                  "profile": 2, "profile_summary": 2, "profile_table": 1}  # fmt: skip
+                                  "profile": 2, "profile_summary": 2, "profile_table": 1, "store_study": 1, "store_plots": 1}  # fmt: skip
     assert edited(study / "workflow/scalerepro/analysis/profile.py") == {"profile_summary": 2, "profile_table": 1, "plots": 1, "report": 1, "all": 1}
     assert edited(study / "report/templates/report.html.j2") == {"report": 1, "all": 1}
-    assert edited(study / "workflow/scalerepro/analysis/plots.py") == {"plots": 1, "report": 1, "all": 1}
-    assert planned("--forcerun", "aggregate") == {"aggregate": 1, "plots": 1, "report": 1, "all": 1}
-    one_run = {"train": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1}
+    assert edited(study / "workflow/scalerepro/analysis/plots.py") == {"plots": 1, "store_plots": 1, "report": 1, "all": 1}
+    assert edited(study / "workflow/scalerepro/analysis/store.py") == {"store_study": 1, "store_plots": 1, "report": 1, "all": 1}
+    assert planned("--forcerun", "aggregate") == {"aggregate": 1, "store_study": 1, "plots": 1, "store_plots": 1, "report": 1, "all": 1}
+    one_run = {"train": 1, "aggregate": 1, "store_study": 1, "plots": 1, "store_plots": 1, "report": 1, "all": 1}
     assert planned("--forcerun", "results/runs/strong_cnn_g1_r1/record.json") == one_run
 
 
@@ -384,6 +385,48 @@ def test_the_report_line_names_a_report_built_by_this_run_only(study, tmp_path):
     assert matrix_only.returncode == 0, matrix_only.stderr[-2000:]
     assert (workdir / "results/tables/matrix.csv").exists()
     assert "report:" not in matrix_only.stdout + matrix_only.stderr
+
+
+def test_the_study_is_stored_and_a_rerun_compares_with_it(study, tmp_path):
+    """The first study in a store: its receipt, its rows, the report's empty history. Then the run
+    that started first is rerun, which makes a new study (the study id is the config hash and the
+    first start time), compared with the first by the compare rule (compare.baseline: latest):
+    every cell without the rerun run holds the same runs on both sides, so its ratio is exactly 1."""
+    import duckdb
+
+    receipt = json.loads((study / "results/tables/store.json").read_text())
+    assert receipt["new_study"] and receipt["runs_added"] == 14 and receipt["studies_in_store"] == 1
+    with duckdb.connect(str(study / "results/history.duckdb"), read_only=True) as connection:
+        assert connection.execute("SELECT count(*), count(record) FROM runs WHERE counts").fetchone() == (14, 14)
+    section = (study / "results/report/index.html").read_text().split('<section id="history">')[1]
+    assert "This is the first study in the results store <code>results/history.duckdb</code>" in section
+    assert "No baseline set." in section
+
+    records = _records(study)
+    first = min(records, key=lambda run: records[run]["started_at"])
+    config = yaml.safe_load((REPO / "config/ci.yaml").read_text())
+    config["compare"] = {"baseline": "latest", "threshold": 0.03}
+    (tmp_path / "compare.yaml").write_text(yaml.safe_dump(config))
+    url, md5 = json.loads((study / "study_args").read_text())
+    result = snakemake(study, "--cores", "2", "--configfile", str(tmp_path / "compare.yaml"), "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}",
+                       "--forcerun", f"results/runs/{first}/record.json")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    new = json.loads((study / "results/tables/store.json").read_text())
+    assert new["new_study"] and new["studies_in_store"] == 2 and new["study_id"] != receipt["study_id"]
+    facts = json.loads((study / "results/tables/versus_baseline.json").read_text())
+    assert facts["baseline"]["study_id"] == receipt["study_id"] and facts["candidate"]["study_id"] == new["study_id"]
+    assert facts["environment_differences"] == [] and facts["config_differences"] == []
+    table = pd.read_csv(study / "results/tables/versus_baseline.csv", keep_default_na=False)
+    matrix = pd.read_csv(study / "results/tables/matrix.csv", keep_default_na=False).set_index("run_id")
+    keys = ["study", "model", "variant", "precision", "per_rank_batch", "gpus"]
+    has_rerun = (table[keys] == matrix.loc[first, keys]).all(axis=1)
+    assert has_rerun.sum() == 1 and len(table) == len(matrix.groupby(keys))
+    untouched = table[~has_rerun]
+    assert (untouched.ratio.astype(float) == 1.0).all()
+    expected = untouched.baseline_repeats.astype(int).ge(2).map({True: "no significant change", False: "too few repeats"})
+    assert untouched.verdict.tolist() == expected.tolist()  # one repeat a side (sensitivity, ablation): no interval
+    html = (study / "results/report/index.html").read_text().split('<section id="history">')[1]
+    assert 'alt="Candidate vs baseline, per cell"' in html and 'alt="Headline cells across studies"' in html
 
 
 def test_after_a_trainer_edit_the_rerun_measures_again(study):

@@ -10,6 +10,9 @@ rule report:
         inventory="results/inventory/system.json",
         config="results/tables/config.json",
         references="config/references.yaml",
+        history=rules.store_study.output.history,
+        store_plots=rules.store_plots.output,
+        versus=VERSUS_BASELINE,
         code=analysis_module("report"),
         templates=sorted(str(p) for p in (REPO / "report").rglob("*") if p.is_file()),
     output:
@@ -20,7 +23,10 @@ rule report:
         ENV_ANALYSIS
     resources:
         **CLUSTER_RESOURCES,
+    params:
+        versus=VERSUS_BASELINE_ARGS,
     shell:
         "python -m scalerepro.analysis.report --tables results/tables --plots results/plots"
         " --inventory {input.inventory} --config {input.config} --references {input.references}"
+        " --history {input.history} {params.versus}"
         " --templates report --out {output} > {log} 2>&1"

@@ -454,6 +454,7 @@ def slurm_facts(environ: Mapping[str, str] = os.environ) -> dict[str, Any] | Non
         "array_task_id": _int_or_raw(get("SLURM_ARRAY_TASK_ID")),
         "step_id": _int_or_raw(get("SLURM_STEP_ID")),
         "job_name": get("SLURM_JOB_NAME"),
+        "cluster_name": get("SLURM_CLUSTER_NAME"),  # names the cluster in the results store
         "partition": get("SLURM_JOB_PARTITION"),
         "node_list": get("SLURM_JOB_NODELIST"),
         "step_node_list": get("SLURM_STEP_NODELIST"),

@@ -17,6 +17,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -26,7 +27,7 @@ from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from . import aggregate, profile, scaling_model
+from . import aggregate, compare, profile, scaling_model, store
 
 Tables = Mapping[str, pd.DataFrame]
 # The tables the figures read, with the columns an absent or empty one gets.
@@ -43,6 +44,8 @@ COLUMNS = {
     "profiling": profile.PROFILING_COLUMNS,
     "profiling_roofline": profile.ROOFLINE_COLUMNS,
     "scaling_model": scaling_model.SCALING_MODEL_COLUMNS,
+    "history": store.HISTORY_COLUMNS,
+    "versus_baseline": compare.COMPARISON_COLUMNS,
 }
 MARKERS = ("D", "s", "^", "v", "P", "X", "*", "h")
 
@@ -417,6 +420,81 @@ FIGURES: dict[str, Callable[[Tables], Figure]] = {
 PLOT_NAMES = tuple(FIGURES)  # the workflow declares these as outputs
 
 
+def _cell_label(row: Any) -> str:
+    variant = f" {row.variant}" if isinstance(row.variant, str) and row.variant else ""
+    return f"{row.model}, {row.gpus:g} GPU{'s' if row.gpus != 1 else ''} ({row.study}{variant}, {row.precision}, batch {row.per_rank_batch:g}/GPU)"
+
+
+def history(t: Tables) -> Figure:
+    """Each headline cell's median samples/s (min-max bar) in every stored study up to this one,
+    oldest first; marker and colour by cluster and device, so that studies on different hardware
+    are never read as one series."""
+    table = t["history"].dropna(subset=["samples_per_s_median"])
+    if table["study_id"].nunique() < 2:
+        raise NotMeasured("fewer than two stored studies have this study's headline cells (on a first study there is no history yet)")
+    table = table.assign(
+        _started=pd.to_datetime(table["started_at"], utc=True, format="ISO8601"),
+        _where=table["cluster"].astype(str) + " · " + table["device_name"].astype(str),
+    )
+    order = table.drop_duplicates("study_id").sort_values("_started")["study_id"].tolist()
+    table["_x"] = table["study_id"].map({study: index for index, study in enumerate(order)})
+    labels = table.drop_duplicates("study_id").set_index("study_id")
+    ticks = [
+        f"{labels.loc[s, '_started']:%Y-%m-%d %H:%M}\n{str(labels.loc[s, 'git_commit'])[:7]}" for s in order
+    ]  # fmt: skip
+    cells = list(table.groupby(list(store.CELL_KEYS), sort=True, dropna=False))
+    fig, axes = _panels(len(cells), width=max(4.0, 0.9 * len(order) + 2.5), height=4.4)
+    styles = dict(zip(sorted(table["_where"].unique()), zip(itertools.cycle(MARKERS), sns.color_palette(n_colors=8))))
+    for ax, (_, cell) in zip(axes, cells):
+        for where, group in cell.groupby("_where"):
+            marker, colour = styles[where]
+            error = [group["samples_per_s_median"] - group["samples_per_s_min"], group["samples_per_s_max"] - group["samples_per_s_median"]]
+            ax.errorbar(group["_x"], group["samples_per_s_median"], yerr=error, fmt=marker, color=colour, capsize=3, label=where)
+        this = cell[cell["this_study"].astype(str).str.lower().eq("true")]
+        ax.scatter(this["_x"], this["samples_per_s_median"], s=160, facecolors="none", edgecolors="black", label="this study")
+        ax.set_xticks(range(len(order)), ticks, fontsize="x-small", rotation=30, ha="right")
+        ax.set_xlim(-0.5, len(order) - 0.5)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("samples/s (median; bar: min-max)")
+        ax.set_title(_cell_label(cell.iloc[0]), fontsize="small")
+    _legend_below(fig, axes)
+    fig.suptitle("Headline cells across the stored studies (x: study start, commit)")
+    return fig
+
+
+def versus_baseline(t: Tables) -> Figure:
+    """Candidate / baseline ratio of median samples/s per matched cell, with its bootstrap
+    interval; the band is the threshold within which no change is reported."""
+    table = t["versus_baseline"].dropna(subset=["ratio"]).reset_index(drop=True)
+    if table.empty:
+        raise NotMeasured("no cell was measured in both studies (or the compare rule did not run)")
+    fig, (ax,) = _panels(1, width=8.0, height=max(3.0, 0.45 * len(table) + 1.8))
+    colours = {"faster": "tab:green", "slower": "tab:red"}
+    threshold = float(table["threshold"].iloc[0])
+    ax.axvspan(1 - threshold, 1 + threshold, color="0.9", label=f"within ±{threshold:.0%}: no change reported")
+    ax.axvline(1.0, color="0.3", lw=1)
+    for y, row in table.iterrows():
+        colour = colours.get(row["verdict"], "0.35")
+        if pd.notna(row["ratio_low"]):
+            ax.errorbar(row["ratio"], y, xerr=[[row["ratio"] - row["ratio_low"]], [row["ratio_high"] - row["ratio"]]],
+                        fmt="o", color=colour, capsize=3)  # fmt: skip
+        else:
+            ax.plot(row["ratio"], y, "x", color=colour)  # too few repeats: no interval
+        ax.annotate(f"{row['verdict']} (n {row['baseline_repeats']:g} vs {row['candidate_repeats']:g})", (row["ratio"], y),
+                    xytext=(0, 7), textcoords="offset points", ha="center", fontsize="x-small", color=colour)  # fmt: skip
+    ax.set_yticks(table.index, [_cell_label(row) for row in table.itertuples()], fontsize="x-small")
+    ax.invert_yaxis()
+    ax.set_xlabel(f"candidate / baseline, median samples/s ({float(table['confidence'].iloc[0]):.0%} bootstrap interval)")
+    ax.set_title("Versus baseline (> 1: faster)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize="small", frameon=False)
+    return fig
+
+
+# Figures of the results store (scalerepro.analysis.store, scalerepro.compare): drawn by their own
+# rules (--only), since they read the store's tables, which the aggregation does not write.
+STORE_FIGURES: dict[str, Callable[[Tables], Figure]] = {"history": history, "versus_baseline": versus_baseline}
+
+
 def placeholder(name: str, why: str) -> Figure:
     fig, ax = plt.subplots(figsize=(7.5, 3.0), layout="constrained")
     ax.set_axis_off()
@@ -426,15 +504,17 @@ def placeholder(name: str, why: str) -> Figure:
     return fig
 
 
-def draw(tables: Tables, out_dir: str | os.PathLike[str]) -> dict[str, str]:
-    """Write every figure as PNG and SVG into ``out_dir``; returns name -> "drawn" or the note."""
+def draw(
+    tables: Tables, out_dir: str | os.PathLike[str], figures: Mapping[str, Callable[[Tables], Figure]] = FIGURES
+) -> dict[str, str]:
+    """Write each of ``figures`` as PNG and SVG into ``out_dir``; returns name -> "drawn" or the note."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plt.switch_backend("agg")  # files only, no display
     sns.set_theme(context="notebook", style="whitegrid")
     plt.rcParams["svg.hashsalt"] = "scalerepro"  # the same SVG ids on every run
     outcome = {}
-    for name, figure in FIGURES.items():
+    for name, figure in figures.items():
         try:
             fig, outcome[name] = figure(tables), "drawn"
         except NotMeasured as hole:
@@ -449,8 +529,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scalerepro.analysis.plots", description=__doc__.split("\n")[0])
     parser.add_argument("--tables", required=True, type=Path, help="directory of the aggregation's CSV tables")
     parser.add_argument("--out", required=True, type=Path, help="directory for <figure>.png and <figure>.svg")
+    parser.add_argument("--only", nargs="+", choices=[*FIGURES, *STORE_FIGURES], help="draw these figures only")
     args = parser.parse_args(argv)
-    for name, outcome in draw(read_tables(args.tables), args.out).items():
+    every = {**FIGURES, **STORE_FIGURES}
+    figures = {name: every[name] for name in args.only} if args.only else FIGURES
+    for name, outcome in draw(read_tables(args.tables), args.out, figures).items():
         print(f"plots: {name}: {outcome}", file=sys.stderr)
     return 0
 

@@ -713,6 +713,37 @@ def profiling_section(tables_dir: Path, report_dir: Path | None) -> dict[str, An
     return {"planned": (Path(tables_dir) / "profiling.csv").is_file(), "runs": runs}
 
 
+def history_section(
+    history_path: Path | None, versus_table_path: Path | None, versus_facts_path: Path | None,
+    plots_dir: Path | None, config: Mapping[str, Any] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The results store's view of the study (``scalerepro.analysis.store``, ``scalerepro.compare``):
+    each headline cell across the stored studies, and the comparison with the baseline when
+    ``compare.baseline`` is set. An absent input is said to be absent, never drawn as empty."""
+    config = config if isinstance(config, Mapping) else {}
+    history = read_table(history_path.parent, history_path.stem) if history_path is not None else pd.DataFrame()
+    studies = int(history["study_id"].nunique()) if "study_id" in history.columns else 0
+    # The store's receipt beside the history (store_study writes both): how many studies it holds.
+    receipt = read_json(history_path.parent / "store.json") if history_path is not None else None
+    section: dict[str, Any] = {
+        "store": (config.get("store") or {}).get("path"),
+        "baseline": (config.get("compare") or {}).get("baseline"),
+        "consulted": history_path is not None and history_path.is_file(),
+        "in_store": receipt.get("studies_in_store") if isinstance(receipt, Mapping) else None,
+        "studies": studies,
+        "rows": rows(history, ("model", "gpus", "per_rank_batch", "started_at")),
+        "figure": load_figure(plots_dir, "history") if studies >= 2 else None,
+        "versus": None,
+    }
+    if versus_facts_path is not None and versus_table_path is not None:
+        section["versus"] = {
+            "facts": read_json(versus_facts_path) or {},
+            "rows": rows(read_table(versus_table_path.parent, versus_table_path.stem)),
+            "figure": load_figure(plots_dir, "versus_baseline"),
+        }
+    return section
+
+
 def split_cost(cost: pd.DataFrame) -> tuple[list[Row], Row | None]:
     """The per-study rows of ``cost.csv`` and its 'total' row (None when it has none)."""
     if "study" not in cost.columns:
@@ -784,6 +815,9 @@ def build_context(
     config_path: Path | None,
     references_path: Path | None,
     report_dir: Path | None = None,
+    history_path: Path | None = None,
+    versus_table_path: Path | None = None,
+    versus_facts_path: Path | None = None,
 ) -> dict[str, Any]:
     """Everything the templates show, read and derived once."""
     tables = {name: read_table(Path(tables_dir), name) for name in TABLES}
@@ -852,6 +886,7 @@ def build_context(
         "figures": {name: load_figure(plots_dir, name) for name in FIGURES},
         "tables_dir": str(tables_dir),
         "profiling": profiling_section(Path(tables_dir), report_dir),
+        "history": history_section(history_path, versus_table_path, versus_facts_path, plots_dir, config),
     }
 
 
@@ -863,6 +898,9 @@ def render(
     references_path: str | os.PathLike[str] | None,
     templates_dir: str | os.PathLike[str],
     report_dir: str | os.PathLike[str] | None = None,
+    history_path: str | os.PathLike[str] | None = None,
+    versus_table_path: str | os.PathLike[str] | None = None,
+    versus_facts_path: str | os.PathLike[str] | None = None,
 ) -> str:
     """The report as one HTML string. ``templates_dir`` holds ``templates/report.html.j2`` (and
     its partials) and ``style.css``. Missing inputs become visible holes, never errors."""
@@ -874,6 +912,7 @@ def render(
         Path(config_path) if config_path is not None else None,
         Path(references_path) if references_path is not None else None,
         Path(report_dir) if report_dir is not None else None,
+        *(Path(p) if p is not None else None for p in (history_path, versus_table_path, versus_facts_path)),
     )
     context["css"] = _stylesheet(Path(templates_dir))
     return environment.get_template("report.html.j2").render(**context)
@@ -898,8 +937,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--references", required=True, type=Path, help="config/references.yaml")
     parser.add_argument("--templates", required=True, type=Path, help="directory holding templates/ and style.css")
     parser.add_argument("--out", required=True, type=Path, help="the HTML file to write")
+    parser.add_argument("--history", type=Path, help="history.csv of the results store (scalerepro.analysis.store)")
+    parser.add_argument("--versus-baseline", nargs=2, type=Path, metavar=("CSV", "JSON"), help="the compare rule's table and facts")
     args = parser.parse_args(argv)
-    html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates, args.out.parent)
+    versus = args.versus_baseline or (None, None)
+    html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates, args.out.parent,
+                  args.history, *versus)  # fmt: skip
     write_atomically(args.out, html)
     print(f"report: {args.out} ({len(html.encode('utf-8')) / 1024:.0f} KiB)", file=sys.stderr)
     return 0

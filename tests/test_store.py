@@ -1,0 +1,548 @@
+"""The results store, the comparison of studies and bundles, on real DuckDB files and real runs.
+
+Two CPU studies are measured once per session with the real trainer (tests/slowed_trainer.py):
+the same two cells (the tiny CNN and a tiny GPT-2, one rank each), six repeats each, the runs of
+the two studies interleaved so that load on the machine falls on both alike. In the second study
+every training step of the CNN takes twice as long (a sleep injected by the test wrapper, never
+by the trainer): its samples/s ratio to the first study is 0.5, the GPT-2's is 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import REPO, clean_env, load_record
+from scalerepro.analysis import bundle, compare, report, store
+
+REPEATS = 6
+SLOWDOWN = 2.0  # the CNN's steps in the candidate study take this many times as long
+COMMON = [
+    "--data", "synthetic", "--steps", "30", "--warmup-steps", "6", "--synthetic-samples", "512", "--no-eval",
+    "--loader", "device", "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--progress", "off", "--device", "cpu",
+]  # fmt: skip
+CELLS = {
+    "cnn": (8, ["--model", "cnn", "--batch-size", "8"]),
+    "gpt2_small": (8, ["--model", "gpt2_small", "--batch-size", "8", "--num-layers", "2", "--hidden-size", "64",
+                       "--num-heads", "2", "--seq-len", "32", "--vocab-size", "256"]),
+}  # fmt: skip
+CONFIG = {
+    "study_name": "store-test",
+    "device": "cpu",
+    "steps": 30,
+    "warmup_steps": 6,
+    "models": {"cnn": {"per_gpu_batch": 8}, "gpt2_small": {"per_gpu_batch": 8}},
+    "container": {
+        "enabled": False,
+        "base_image": "nvcr.io/nvidia/pytorch:25.01-py3",
+        "sif": "results/containers/scalerepro.sif",
+    },
+    "store": {"path": "results/history.duckdb"},
+    "compare": {"baseline": None, "threshold": 0.03},
+}
+
+
+def _env() -> dict[str, str]:
+    return clean_env(PYTHONPATH=str(REPO / "workflow"))
+
+
+def _python(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _study_dir(root: Path, config: dict) -> Path:
+    results = root / "results"
+    (results / "tables").mkdir(parents=True)
+    (results / "inventory").mkdir(parents=True)
+    (results / "tables" / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    rows = []
+    for model, (batch, _) in CELLS.items():
+        for repeat in range(1, REPEATS + 1):
+            run_id = f"strong_{model}_g1_r{repeat}"
+            rows.append({
+                "run_id": run_id, "study": "strong", "model": model, "gpus": 1, "nodes": 1, "gpus_per_node": 1,
+                "repeat": repeat, "variant": "", "precision": "fp32", "per_rank_batch": batch, "global_batch": batch,
+                "bucket_cap_mb": 25.0, "runtime_min": 10, "record": f"results/runs/{run_id}/record.json",
+                "rerun": f"snakemake --cores all --forcerun results/runs/{run_id}/record.json",
+            })  # fmt: skip
+    with open(results / "tables" / "matrix.csv", "w", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return root
+
+
+@pytest.fixture(scope="session")
+def studies(tmp_path_factory) -> dict[str, Path]:
+    """The baseline and the candidate study directories (the layout the workflow writes)."""
+    root = tmp_path_factory.mktemp("studies")
+    dirs = {name: _study_dir(root / name, CONFIG) for name in ("baseline", "candidate")}
+    inventory = _python("-m", "scalerepro.inventory", "--out", str(dirs["baseline"] / "results/inventory/system.json"))
+    assert inventory.returncode == 0, inventory.stderr
+    shutil.copy(dirs["baseline"] / "results/inventory/system.json", dirs["candidate"] / "results/inventory/system.json")
+    plan = []
+    for repeat in range(1, REPEATS + 1):
+        for model, (_, flags) in CELLS.items():
+            # ABBA order: neither study always runs first after the other model
+            for name, directory in sorted(dirs.items(), reverse=repeat % 2 == 0):
+                run_id = f"strong_{model}_g1_r{repeat}"
+                record = directory / f"results/runs/{run_id}/record.json"
+                args = [*flags, *COMMON, "--seed", str(repeat), "--run-id", run_id, "--record", str(record)]
+                plan.append({"args": args, "slowdown": {"cnn": SLOWDOWN} if name == "candidate" else {}})
+    (root / "plan.json").write_text(json.dumps(plan))
+    started = time.monotonic()
+    runs = _python(str(REPO / "tests/slowed_trainer.py"), str(root / "plan.json"), timeout=300)
+    assert runs.returncode == 0, runs.stdout[-2000:] + runs.stderr[-3000:]
+    print(f"\n{len(plan)} trainer runs in {time.monotonic() - started:.1f} s")
+    for directory in dirs.values():
+        for path in (directory / "results/runs").glob("*/record.json"):
+            assert load_record(path)["status"] == "ok"
+    return dirs
+
+
+def append(study_dir: Path, store_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return _python(
+        "-m", "scalerepro.analysis.store", "append", "--store", str(store_path),
+        "--matrix", "results/tables/matrix.csv", "--config", "results/tables/config.json",
+        "--inventory", "results/inventory/system.json", "--receipt", "results/tables/store.json",
+        "--history", "results/tables/history.csv", *extra, cwd=study_dir,
+    )  # fmt: skip
+
+
+def _appended(study_dir: Path, store_path: Path) -> dict:
+    done = append(study_dir, store_path)
+    assert done.returncode == 0, done.stderr
+    return json.loads((study_dir / "results/tables/store.json").read_text())
+
+
+def _dump(store_path: Path) -> dict[str, list]:
+    """Every row of the store's tables, for before/after comparisons."""
+    with duckdb.connect(str(store_path), read_only=True) as connection:
+        return {
+            table: sorted(map(repr, connection.execute(f"SELECT * FROM {table}").fetchall()))
+            for table in ("store_meta", "studies", "runs", "imports")
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_study_appended_twice_is_stored_once(studies, tmp_path):
+    history = tmp_path / "history.duckdb"
+    first = _appended(studies["baseline"], history)
+    before = _dump(history)
+    second = _appended(studies["baseline"], history)
+    assert first["new_study"] and first["runs_added"] == 2 * REPEATS
+    assert not second["new_study"] and (second["runs_added"], second["runs_replaced"], second["runs_unchanged"]) == (
+        0,
+        0,
+        2 * REPEATS,
+    )
+    assert _dump(history) == before and len(before["studies"]) == 1 and len(before["runs"]) == 2 * REPEATS
+    with duckdb.connect(str(history), read_only=True) as connection:
+        row = connection.execute(
+            "SELECT study_id, config_hash, git_commit, cluster, node_list, runs, runs_ok FROM studies"
+        ).fetchone()
+        records = connection.execute(
+            "SELECT run_id, record, json_extract_string(record, '$.knobs.loader') FROM runs"
+        ).fetchall()
+    study_id, digest, commit, cluster, nodes, runs, runs_ok = row
+    assert study_id == first["study_id"] and study_id.startswith(digest[:12] + "-") and (runs, runs_ok) == (12, 12)
+    inventory = json.loads((studies["baseline"] / "results/inventory/system.json").read_text())
+    assert cluster == inventory["hostname"] and nodes == inventory["hostname"] and len(commit) == 40
+    for run_id, text, loader in records:  # the record exactly as the trainer wrote it, and queryable
+        assert text == (studies["baseline"] / f"results/runs/{run_id}/record.json").read_text() and loader == "device"
+
+
+def test_two_processes_appending_at_once_both_land(studies, tmp_path):
+    history = tmp_path / "history.duckdb"
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "scalerepro.analysis.store", "append", "--store", str(history),
+             "--matrix", "results/tables/matrix.csv", "--config", "results/tables/config.json",
+             "--inventory", "results/inventory/system.json"],
+            cwd=directory, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for directory in studies.values()
+    ]
+    outputs = [writer.communicate(timeout=120) for writer in writers]
+    assert [writer.returncode for writer in writers] == [0, 0], outputs
+    with duckdb.connect(str(history), read_only=True) as connection:
+        assert connection.execute("SELECT count(*) FROM studies").fetchone()[0] == 2
+        assert connection.execute("SELECT count(*) FROM runs").fetchone()[0] == 4 * REPEATS
+
+
+def _hold_lock(history: Path, seconds: float) -> subprocess.Popen:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(history)!r}); print('held', flush=True); time.sleep({seconds})"],
+        env=_env(), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_writer_waits_for_the_lock_and_lands_or_gives_up_with_one_line(studies, tmp_path):
+    history = tmp_path / "history.duckdb"
+    _appended(studies["baseline"], history)
+    holder = _hold_lock(history, 2.0)
+    waited = append(studies["candidate"], history)
+    holder.wait()
+    assert waited.returncode == 0, waited.stderr
+    assert f"is locked by process {holder.pid}" in waited.stderr and "waiting up to 60 s" in waited.stderr
+    before = _dump(history)
+
+    holder = _hold_lock(history, 6.0)
+    try:
+        refused = append(studies["candidate"], history, "--lock-timeout", "1")
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = refused.stderr.strip().splitlines()
+    assert (
+        refused.returncode == 2
+        and lines[-1].startswith("store: the results store")
+        and f"locked by process {holder.pid} (" in lines[-1]
+    )
+    assert lines[-1].endswith("for 1 s: let it finish (or stop it) and run again, or raise --lock-timeout")
+    assert len(lines) == 2  # the waiting line and the error, nothing else
+    assert _dump(history) == before
+
+
+def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_path):
+    history = tmp_path / "history.duckdb"
+    cwd = os.getcwd()
+    os.chdir(studies["baseline"])  # the matrix's record paths are relative to the study directory
+    try:
+        baseline = store.read_study(
+            "results/tables/matrix.csv", "results/tables/config.json", "results/inventory/system.json"
+        )
+    finally:
+        os.chdir(cwd)
+    with duckdb.connect(str(history)) as connection:  # a store as version 1 wrote it
+        store.migrate(connection, 0, to=1)
+        store.append(connection, baseline)
+        old_rows = connection.execute("SELECT * FROM runs ORDER BY run_id").fetchall()
+        old_study = connection.execute("SELECT * FROM studies").fetchall()
+    refused = _python("-m", "scalerepro.compare", "latest", baseline.study_id, "--store", str(history))
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"compare: the results store {history} has schema version 1 (current: {store.SCHEMA_VERSION}): "
+        f"migrate it with `python -m scalerepro.analysis.store migrate --store {history}`"
+    ]
+    receipt = _appended(studies["candidate"], history)  # a writable open migrates
+    with duckdb.connect(str(history), read_only=True) as connection:
+        assert store.schema_version(connection) == store.SCHEMA_VERSION == 2
+        assert (
+            connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
+        )
+        assert (
+            connection.execute("SELECT * FROM runs WHERE study_id = ? ORDER BY run_id", [baseline.study_id]).fetchall()
+            == old_rows
+        )
+        assert connection.execute("SELECT count(*) FROM imports").fetchone() == (0,)
+    assert receipt["new_study"] and receipt["studies_in_store"] == 2
+
+
+def test_a_newer_or_foreign_duckdb_file_is_refused_in_one_line(tmp_path):
+    newer = tmp_path / "newer.duckdb"
+    with duckdb.connect(str(newer)) as connection:
+        store.migrate(connection, 0)
+        connection.execute("UPDATE store_meta SET value = '99' WHERE key = 'schema_version'")
+    foreign = tmp_path / "foreign.duckdb"
+    with duckdb.connect(str(foreign)) as connection:
+        connection.execute("CREATE TABLE t (x INTEGER)")
+    for path, expected in ((newer, "schema version 99, newer than this scalerepro understands (2): upgrade scalerepro"),
+                           (foreign, "is not a scalerepro results store")):  # fmt: skip
+        result = _python("-m", "scalerepro.analysis.store", "list", "--store", str(path))
+        assert (
+            result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr
+        ), result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Comparing studies
+# --------------------------------------------------------------------------------------------
+
+
+def test_bootstrap_is_seeded_and_the_verdicts_follow_the_interval_and_threshold():
+    rng = np.random.default_rng(3)
+    base = 100 * np.exp(rng.normal(0, 0.02, 8))
+    slow = 50 * np.exp(rng.normal(0, 0.02, 8))
+    first = compare.bootstrap_ratio(base, slow, np.random.default_rng(0))
+    assert first == compare.bootstrap_ratio(base, slow, np.random.default_rng(0))  # seeded: the same interval
+    ratio, low, high = first
+    assert ratio == pytest.approx(np.median(slow) / np.median(base)) and low < 0.5 < high and high < 0.6
+    assert compare.verdict(ratio, low, high, 0.03) == "slower"
+    assert compare.verdict(1 / ratio, 1 / high, 1 / low, 0.03) == "faster"
+    assert compare.verdict(0.98, 0.97, 0.99, 0.03) == "no significant change"  # significant, but within 3 %
+    assert compare.verdict(0.90, 0.80, 1.01, 0.03) == "no significant change"  # large, but the interval holds 1
+
+
+def test_environment_and_config_differences_are_named():
+    base = {"driver": "535.104.05", "NCCL": "2.21.5", "commit": "3d7490190062"}
+    cand = {"driver": "550.54.15", "NCCL": "2.21.5", "commit": "42cbece3e9d1 (dirty)"}
+    assert compare.fact_differences(base, cand) == [
+        "driver: 535.104.05 → 550.54.15",
+        "commit: 3d7490190062 → 42cbece3e9d1 (dirty)",
+    ]
+    a = {"steps": 200, "models": {"cnn": {"per_gpu_batch": 16}}, "compare": {"baseline": None}}
+    b = {"steps": 100, "models": {"cnn": {"per_gpu_batch": 16}}, "compare": {"baseline": "latest"}}
+    assert compare.config_differences(a, b) == ["steps: 200 → 100"]
+
+
+def test_the_slowed_model_and_only_it_is_flagged_slower_with_its_factor_inside_the_interval(studies, tmp_path):
+    """A 95 % interval misses the true ratio 5 % of the time by construction, and these CPU runs
+    vary by up to ±20 % on a shared machine; so this test asks for a 99.9 % interval and a 20 %
+    threshold, which a correct comparison fails with a probability below 0.5 % (simulated with
+    ±8 % log-normal noise, six repeats a side). The defaults are printed as figures."""
+    history = tmp_path / "history.duckdb"
+    baseline = _appended(studies["baseline"], history)["study_id"]
+    candidate = _appended(studies["candidate"], history)["study_id"]
+    out = tmp_path / "versus.csv"
+    facts = tmp_path / "versus.json"
+    result = _python(
+        "-m", "scalerepro.compare", baseline, "latest", "--store", str(history), "--confidence", "0.999",
+        "--threshold", "0.2", "--csv", str(out), "--json", str(facts),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(out).set_index("model")
+    print("\n" + result.stdout)
+    cnn, gpt = table.loc["cnn"], table.loc["gpt2_small"]
+    assert (cnn.baseline_repeats, cnn.candidate_repeats) == (REPEATS, REPEATS)
+    assert cnn.verdict == "slower" and cnn.ratio_low <= 1 / SLOWDOWN <= cnn.ratio_high, cnn.to_dict()
+    assert gpt.verdict == "no significant change" and gpt.ratio_low <= 1 <= gpt.ratio_high, gpt.to_dict()
+    assert table.differs.isna().all()  # one machine, one commit, one container: nothing differs
+    summary = json.loads(facts.read_text())
+    assert summary["baseline"]["study_id"] == baseline and summary["candidate"]["study_id"] == candidate
+    assert summary["environment_differences"] == [] and summary["config_differences"] == []
+    assert summary["verdicts"]["slower"] == 1 and summary["confidence"] == 0.999
+
+    defaults = _python("-m", "scalerepro.compare", "latest", candidate, "--store", str(history), "--fail-on-slower")
+    assert defaults.returncode == 1, defaults.stderr  # the CNN is slower at the defaults too: a CI gate fails
+    print(defaults.stdout)
+
+
+def test_selectors_name_the_study_or_say_in_one_line_why_not(studies, tmp_path):
+    history = tmp_path / "history.duckdb"
+    baseline = _appended(studies["baseline"], history)
+    candidate = _appended(studies["candidate"], history)
+    with duckdb.connect(str(history), read_only=True) as connection:
+        cluster, commit = connection.execute("SELECT cluster, git_commit FROM studies LIMIT 1").fetchone()
+    # a commit, a cluster, a receipt: each the latest matching study other than the other side
+    for selector in (commit[:7], cluster, str(studies["baseline"] / "results/tables/store.json")):
+        facts = tmp_path / "facts.json"
+        result = _python("-m", "scalerepro.compare", selector, "latest", "--store", str(history), "--json", str(facts))
+        assert result.returncode == 0, (selector, result.stderr)
+        chosen = json.loads(facts.read_text())
+        assert (chosen["baseline"]["study_id"], chosen["candidate"]["study_id"]) == (baseline["study_id"], candidate["study_id"])
+    prefix = candidate["study_id"][:13]
+    for selector, expected in (("nosuchcluster", "no study in the store matches 'nosuchcluster'"),
+                               (f"{cluster}:nosuchpartition", f"no study in the store matches '{cluster}:nosuchpartition'"),
+                               (prefix, f"'{prefix}' is the start of 2 study ids")):  # fmt: skip
+        result = _python("-m", "scalerepro.compare", selector, "latest", "--store", str(history))
+        assert (
+            result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr
+        ), result.stderr
+    only = tmp_path / "only.duckdb"
+    _appended(studies["baseline"], only)
+    alone = _python("-m", "scalerepro.compare", "latest", "latest", "--store", str(only))
+    assert alone.returncode == 2 and "'latest': the store has no study other than" in alone.stderr, alone.stderr
+    missing = _python("-m", "scalerepro.compare", "a", "b", "--store", str(tmp_path / "none.duckdb"))
+    assert (
+        missing.returncode == 2 and "no results store at" in missing.stderr and not (tmp_path / "none.duckdb").exists()
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Bundles
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def exported(studies, tmp_path_factory) -> dict[str, Path]:
+    """A store with both studies, and the candidate's bundle."""
+    root = tmp_path_factory.mktemp("bundle")
+    history = root / "history.duckdb"
+    for directory in studies.values():
+        _appended(directory, history)
+    out = root / "candidate.zip"
+    result = _python("-m", "scalerepro.bundle", "export", "--out", str(out), "--store", str(history), "--workflow", str(REPO),
+                     cwd=studies["candidate"])  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert f"sha256 {digest}" in result.stdout and (root / "candidate.zip.sha256").read_text().startswith(digest)
+    return {"store": history, "bundle": out, "root": root}
+
+
+def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
+    other = tmp_path / "other.duckdb"
+    unpacked = tmp_path / "unpacked"
+    digest = hashlib.sha256(exported["bundle"].read_bytes()).hexdigest()
+    result = _python("-m", "scalerepro.bundle", "import", str(exported["bundle"]), "--store", str(other),
+                     "--expect-sha256", digest, "--extract", str(unpacked))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    study_id = json.loads((studies["candidate"] / "results/tables/store.json").read_text())["study_id"]
+    with duckdb.connect(str(exported["store"]), read_only=True) as a, duckdb.connect(str(other), read_only=True) as b:
+        assert store.load_study(a, study_id) == store.load_study(b, study_id)  # every column of every row
+        assert b.execute("SELECT bundle_sha256, study_id FROM imports").fetchall() == [(digest, study_id)]
+    for path in (studies["candidate"] / "results").rglob("*"):
+        if path.is_file():  # every file the study wrote is in the bundle, byte for byte
+            assert (
+                unpacked / "results" / path.relative_to(studies["candidate"] / "results")
+            ).read_bytes() == path.read_bytes()
+    checked = subprocess.run(
+        ["sha256sum", "--check", "--quiet", bundle.MANIFEST], cwd=unpacked, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    again = _python("-m", "scalerepro.bundle", "import", str(exported["bundle"]), "--store", str(other))
+    assert again.returncode == 0 and "already in the store, unchanged" in again.stdout
+
+    crate = json.loads((unpacked / "ro-crate-metadata.json").read_text())
+    graph = {entity["@id"]: entity for entity in crate["@graph"]}
+    root = graph["./"]
+    profiles = {ref["@id"] for ref in root["conformsTo"]}
+    assert {"https://w3id.org/ro/wfrun/process/0.5", "https://w3id.org/ro/wfrun/workflow/0.5"} <= profiles
+    assert root["mainEntity"] == {"@id": "Snakefile"} and "ComputationalWorkflow" in graph["Snakefile"]["@type"]
+    action = graph[root["mentions"][0]["@id"]]
+    assert action["@type"] == "CreateAction" and action["instrument"] == {"@id": "Snakefile"}
+    assert action["object"] == [{"@id": "results/tables/config.json"}] or action["object"] == {
+        "@id": "results/tables/config.json"
+    }
+    results = {ref["@id"] for ref in action["result"]}
+    assert "results/runs/strong_cnn_g1_r1/record.json" in results and "results/tables/matrix.csv" in results
+    commands = (unpacked / "commands.sh").read_text()
+    assert "python -m scalerepro.train --model cnn --batch-size 8" in commands.replace(sys.executable, "python")
+
+
+def test_a_bundle_can_be_compared_without_importing_it(studies, exported, tmp_path):
+    baseline = json.loads((studies["baseline"] / "results/tables/store.json").read_text())["study_id"]
+    from_store = _python(
+        "-m",
+        "scalerepro.compare",
+        baseline,
+        "latest",
+        "--store",
+        str(exported["store"]),
+        "--csv",
+        str(tmp_path / "a.csv"),
+    )
+    from_bundle = _python("-m", "scalerepro.compare", baseline, str(exported["bundle"]), "--store", str(exported["store"]),
+                          "--csv", str(tmp_path / "b.csv"))  # fmt: skip
+    assert from_store.returncode == from_bundle.returncode == 0, from_bundle.stderr
+    assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
+
+
+def _rewritten(source: Path, target: Path, change) -> Path:
+    """A copy of the bundle with its entries passed through ``change(name, data)`` (None drops one)."""
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as copy:
+        for info in original.infolist():
+            data = change(info.filename, original.read(info.filename))
+            if data is not None:
+                copy.writestr(info.filename, data)
+    return target
+
+
+def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(studies, exported, tmp_path):
+    record = "results/runs/strong_cnn_g1_r1/record.json"
+    cases = {
+        "tampered": (
+            _rewritten(exported["bundle"], tmp_path / "tampered.zip",
+                       lambda name, data: data.replace(b'"samples_per_s": ', b'"samples_per_s": 1') if name == record else data),
+            f"{record} does not match its checksum",
+        ),
+        "truncated": (tmp_path / "truncated.zip", "is not a complete zip archive"),
+        "missing file": (
+            _rewritten(exported["bundle"], tmp_path / "missing.zip", lambda name, data: None if name == record else data),
+            f"lacks files its manifest lists (e.g. {record})",
+        ),
+        "extra file": (
+            _rewritten(exported["bundle"], tmp_path / "extra.zip", lambda name, data: data),
+            "holds files its manifest does not list",
+        ),
+        "another bundle": (exported["bundle"], "not the expected"),
+    }  # fmt: skip
+    data = exported["bundle"].read_bytes()
+    cases["truncated"][0].write_bytes(data[: len(data) // 2])
+    with zipfile.ZipFile(cases["extra file"][0], "a") as archive:
+        archive.writestr("results/tables/planted.csv", "a,b\n1,2\n")
+    history = tmp_path / "history.duckdb"
+    _appended(studies["baseline"], history)  # a store with a study in it already
+    before, before_bytes = _dump(history), history.read_bytes()
+    for name, (path, expected) in cases.items():
+        extra = ["--expect-sha256", "0" * 64] if name == "another bundle" else []
+        unpack = ["--extract", str(tmp_path / name)] if name in ("tampered", "truncated") else []
+        result = _python("-m", "scalerepro.bundle", "import", str(path), "--store", str(history), *unpack, *extra)
+        lines = result.stderr.strip().splitlines()
+        assert (
+            result.returncode == 2 and len(lines) == 1 and lines[0].startswith("bundle: ") and expected in lines[0]
+        ), (name, result.stderr)
+        assert not (tmp_path / name).exists(), name  # nothing unpacked
+        assert history.read_bytes() == before_bytes and _dump(history) == before, name
+
+
+# --------------------------------------------------------------------------------------------
+# The report's history section
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_report_shows_history_and_the_baseline_comparison(studies, tmp_path):
+    history = tmp_path / "history.duckdb"
+    tables = tmp_path / "tables"
+    shutil.copytree(studies["baseline"] / "results/tables", tables)
+    _appended(studies["baseline"], history)
+    for name in ("history.csv", "store.json"):
+        shutil.copy(studies["baseline"] / "results/tables" / name, tables / name)
+    first = report.render(
+        tables, None, None, tables / "config.json", None, REPO / "report", history_path=tables / "history.csv"
+    )
+    section = first.split('<section id="history">')[1].split("</section>")[0]
+    assert (
+        "This is the first study in the results store <code>results/history.duckdb</code>: there is no history yet."
+        in section
+    )
+    assert "No baseline set." in section and "<img" not in section
+
+    _appended(studies["candidate"], history)
+    for name in ("history.csv", "store.json"):
+        shutil.copy(studies["candidate"] / "results/tables" / name, tables / name)
+    versus, facts = tables / "versus_baseline.csv", tables / "versus_baseline.json"
+    compared = _python("-m", "scalerepro.compare", "latest", "latest", "--store", str(history), "--csv", str(versus), "--json", str(facts),
+                       "--confidence", "0.999", "--threshold", "0.2")  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
+    plots = tmp_path / "plots"
+    drawn = _python(
+        "-m",
+        "scalerepro.analysis.plots",
+        "--tables",
+        str(tables),
+        "--out",
+        str(plots),
+        "--only",
+        "history",
+        "versus_baseline",
+    )
+    assert (
+        drawn.returncode == 0 and "history: drawn" in drawn.stderr and "versus_baseline: drawn" in drawn.stderr
+    ), drawn.stderr
+    html = report.render(tables, plots, None, tables / "config.json", None, REPO / "report", history_path=tables / "history.csv",
+                         versus_table_path=versus, versus_facts_path=facts)  # fmt: skip
+    section = html.split('<section id="history">')[1].split("</section>")[0]
+    assert "first study" not in section and "No baseline set" not in section
+    assert 'alt="Headline cells across studies"' in section and 'alt="Candidate vs baseline, per cell"' in section
+    assert section.count('<span class="badge fail">slower</span>') == 1 and "no significant change" in section
+    # both studies' headline cells: two models at one GPU count, one row per study each
+    assert section.count("<tr>") == 1 + 2 + 1 + 2 * 2
