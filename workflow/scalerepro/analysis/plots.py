@@ -440,7 +440,7 @@ def history(t: Tables) -> Figure:
     table["_x"] = table["study_id"].map({study: index for index, study in enumerate(order)})
     labels = table.drop_duplicates("study_id").set_index("study_id")
     ticks = [
-        f"{labels.loc[s, '_started']:%Y-%m-%d %H:%M}\n{str(labels.loc[s, 'git_commit'])[:7]}" for s in order
+        f"{labels.loc[s, '_started']:%Y-%m-%d %H:%M:%S}\n{str(labels.loc[s, 'git_commit'])[:7]}" for s in order
     ]  # fmt: skip
     cells = list(table.groupby(list(store.CELL_KEYS), sort=True, dropna=False))
     fig, axes = _panels(len(cells), width=max(4.0, 0.9 * len(order) + 2.5), height=4.4)
@@ -468,7 +468,7 @@ def versus_baseline(t: Tables) -> Figure:
     table = t["versus_baseline"].dropna(subset=["ratio"]).reset_index(drop=True)
     if table.empty:
         raise NotMeasured("no cell was measured in both studies (or the compare rule did not run)")
-    fig, (ax,) = _panels(1, width=8.0, height=max(3.0, 0.45 * len(table) + 1.8))
+    fig, (ax,) = _panels(1, width=9.0, height=max(3.2, 0.55 * len(table) + 2.0))
     colours = {"faster": "tab:green", "slower": "tab:red"}
     threshold = float(table["threshold"].iloc[0])
     ax.axvspan(1 - threshold, 1 + threshold, color="0.9", label=f"within ±{threshold:.0%}: no change reported")
@@ -483,10 +483,11 @@ def versus_baseline(t: Tables) -> Figure:
         ax.annotate(f"{row['verdict']} (n {row['baseline_repeats']:g} vs {row['candidate_repeats']:g})", (row["ratio"], y),
                     xytext=(0, 7), textcoords="offset points", ha="center", fontsize="x-small", color=colour)  # fmt: skip
     ax.set_yticks(table.index, [_cell_label(row) for row in table.itertuples()], fontsize="x-small")
-    ax.invert_yaxis()
-    ax.set_xlabel(f"candidate / baseline, median samples/s ({float(table['confidence'].iloc[0]):.0%} bootstrap interval)")
+    ax.set_ylim(len(table) - 0.5, -0.8)  # first cell on top, room for its label
+    level = 100 * float(table["confidence"].iloc[0])
+    ax.set_xlabel(f"candidate / baseline, median samples/s\n(bar: {level:g} % bootstrap interval)")
     ax.set_title("Versus baseline (> 1: faster)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize="small", frameon=False)
+    _legend_below(fig, [ax])
     return fig
 
 

@@ -766,7 +766,7 @@ def _append_command(args: argparse.Namespace) -> int:
     state = "new study" if result.new_study else "already stored"
     print(
         f"store: {result.study_id} ({state}): {result.added} runs added, {result.replaced} replaced, "
-        f"{result.unchanged} unchanged; {stored} studies in {args.store}",
+        f"{result.unchanged} unchanged; {stored} stud{'y' if stored == 1 else 'ies'} in {args.store}",
         file=sys.stderr,
     )
     return 0
