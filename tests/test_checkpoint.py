@@ -81,6 +81,7 @@ def test_the_code_hash_covers_the_trainer_and_not_the_analysis(tmp_path):
     (package / "analysis" / "plots.py").write_text("y = 1\n")
     before = checkpoint.code_hash(package)
     (package / "analysis" / "plots.py").write_text("y = 2\n")
+    (package / "compare.py").write_text("from scalerepro.analysis.compare import main\n")  # an analysis entry point
     assert checkpoint.code_hash(package) == before
     (package / "trainer.py").write_text("x = 1  # a comment is a change\n")
     assert checkpoint.code_hash(package) != before

@@ -22,6 +22,7 @@ PACKAGE = REPO / "workflow" / "scalerepro"
 # The study model, from this checkout's package (it imports neither torch nor Snakemake).
 sys.path.insert(0, str(PACKAGE.parent))
 from scalerepro import study
+from scalerepro.files import trainer_source_files
 
 ENV_TRAIN = "../../envs/train.yaml"
 ENV_ANALYSIS = "../../envs/analysis.yaml"
@@ -168,7 +169,7 @@ TRAINER_FINGERPRINT = "results/fingerprints/trainer.sha256"
 
 def trainer_sources():
     """The torch side of the package: editing any of it reruns the training jobs."""
-    return sorted(str(p) for p in PACKAGE.rglob("*.py") if "analysis" not in p.parts)
+    return [str(path) for path in trainer_source_files(PACKAGE)]
 
 
 def analysis_module(name):

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .files import atomic_file
+from .files import atomic_file, trainer_source_files
 
 # 2: the fingerprint holds the trainer's code hash and the last checkpoint of a run says "final".
 FORMAT_VERSION = 2
@@ -37,11 +37,11 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def code_hash(package: Path = _PACKAGE) -> str:
-    """SHA-256 over the trainer's source: every ``.py`` file of the package outside ``analysis/``
-    (which never runs in a rank), as (relative path, bytes) in path order. A checkpoint written
+    """SHA-256 over the trainer's source (``files.trainer_source_files``: not the analysis side,
+    which never runs in a rank), as (relative path, bytes) in path order. A checkpoint written
     by other code cannot be trusted to continue this code's run bit for bit, so it is not resumed."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in package.rglob("*.py") if "analysis" not in p.relative_to(package).parts):
+    for path in trainer_source_files(package):
         digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 

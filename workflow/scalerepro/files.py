@@ -37,3 +37,20 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+# Top-level entry points that only give an analysis command its short name
+# (``python -m scalerepro.compare``): analysis code, not the trainer's.
+ANALYSIS_ENTRY_POINTS = ("compare.py", "bundle.py")
+
+
+def trainer_source_files(package: Path) -> list[Path]:
+    """The trainer's sources in ``package`` (the scalerepro folder), in path order: every ``.py``
+    file outside ``analysis/`` and the analysis entry points. Editing one reruns the training
+    jobs (the workflow's trainer fingerprint) and makes checkpoints of the old code unusable
+    (``scalerepro.checkpoint.code_hash``)."""
+    return sorted(
+        path
+        for path in package.rglob("*.py")
+        if "analysis" not in path.relative_to(package).parts and path.relative_to(package).as_posix() not in ANALYSIS_ENTRY_POINTS
+    )
