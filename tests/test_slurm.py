@@ -213,8 +213,11 @@ def test_a_preempted_run_checkpoints_is_retried_and_matches_an_uninterrupted_run
 def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env):
     workdir = _copy(tmp_path_factory, "slurm-fail")
     env = _env(slurm_env)
+    # A bad trainer flag is now refused before anything is submitted (scalerepro.study), and a
+    # run that fails inside the trainer leaves a failed record (its job succeeds). What still fails
+    # a job: the site's Slurm module not loaded in it, so srun is not on the job's PATH.
     config = _write_config(workdir, "failing.yaml", {
-        "data": "synthetic", "repeats": 1, "trainer_args": ["--no-such-flag"],
+        "data": "synthetic", "repeats": 1, "slurm": {"env": {"PATH": "/nonexistent"}},
         "scaling": {"gpu_counts": [1], "max_gpus": 1, "weak": {"enabled": False}},
         "sensitivity": {"enabled": False}, "ablation": {"enabled": False}, "communication": {"enabled": False},
     })  # fmt: skip
@@ -227,7 +230,7 @@ def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env
     assert f"results/runs/{run}/train.log" in output
     slurm_log = f"results/logs/slurm/rule_train/{run}/{job_id}.log"
     assert slurm_log in output and (workdir / slurm_log).exists()
-    assert "--no-such-flag" in (workdir / f"results/runs/{run}/train.log").read_text()
+    assert "inside a Slurm job but srun is not on PATH" in (workdir / f"results/runs/{run}/train.log").read_text()
 
 
 def test_an_unknown_partition_is_one_clear_error(tmp_path_factory, slurm_env):
