@@ -13,7 +13,6 @@ This module needs only NumPy, so the fetch rule's environment does not need torc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import current_umask
+from .files import current_umask, sha256_of
 
 FORMAT_VERSION = 1
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -106,7 +105,7 @@ def write(path: str | os.PathLike[str], splits: dict[str, Split], source: str) -
             for kind, array in (("images", split.images), ("labels", split.labels)):
                 file = staging / f"{name}_{kind}.npy"
                 np.save(file, np.ascontiguousarray(array), allow_pickle=False)
-                digests[file.name] = _sha256(file)
+                digests[file.name] = sha256_of(file)
         manifest = {"format": FORMAT_VERSION, "classes": list(CLASSES), "source": source, "sha256": digests}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if root.exists():
@@ -143,9 +142,3 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

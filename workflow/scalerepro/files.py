@@ -8,6 +8,7 @@ rename it over the target. Standard library only: both sides of the project use 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -54,3 +55,12 @@ def trainer_source_files(package: Path) -> list[Path]:
         for path in package.rglob("*.py")
         if "analysis" not in path.relative_to(package).parts and path.relative_to(package).as_posix() not in ANALYSIS_ENTRY_POINTS
     )
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    """The hex SHA-256 of a file, read in 1 MiB blocks (hashlib.file_digest needs Python 3.11)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -87,7 +87,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from ..files import atomic_file, current_umask
+from ..files import atomic_file, current_umask, sha256_of
 from . import aggregate
 
 SCHEMA_VERSION = 2
@@ -386,14 +386,6 @@ def _joined(values: Iterable[Any]) -> str | None:
     return ", ".join(distinct) or None
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _read_json(path: str | os.PathLike[str], what: str) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
@@ -467,7 +459,7 @@ def read_study(
         "partition": partition,
         "node_list": _joined(host for row in rows for host in (row["node_list"] or "").split(", ")),
         "container_image": container.get("base_image") if container.get("enabled") else None,
-        "container_digest": f"sha256:{_sha256_file(sif)}" if sif is not None and sif.is_file() else None,
+        "container_digest": f"sha256:{sha256_of(sif)}" if sif is not None and sif.is_file() else None,
         "torch_version": _joined(row["torch_version"] for row in rows),
         "cuda_version": _joined(row["cuda_version"] for row in rows),
         "nccl_version": _joined(row["nccl_version"] for row in rows),
