@@ -412,7 +412,8 @@ def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sampl
             "scalerepro": "0.1.0",
             "platform": "Linux-5.15.0-124-generic-x86_64-with-glibc2.39",
         },
-        "slurm": {
+        "scheduler": {
+            "name": "slurm",
             "job_id": 4181999,
             "job_name": "scalerepro-inventory" + (EVIL if evil else ""),
             "partition": "h100",

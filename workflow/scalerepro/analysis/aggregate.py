@@ -155,7 +155,7 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "device_type": ("parallel", "device_type"),
     "world_size_recorded": ("parallel", "world_size"),
     "nodes_recorded": ("parallel", "nodes"),
-    "slurm_job_id": ("slurm", "job_id"),
+    "slurm_job_id": ("scheduler", "job_id"),  # the batch job (any scheduler; the name is the store's column)
     "git_commit": ("git", "commit"),
     "git_dirty": ("git", "dirty"),
     "torch_version": ("versions", "torch"),

@@ -634,7 +634,7 @@ INVENTORY_TITLES = {
     "nvidia_smi_topo": "GPU and NIC topology (nvidia-smi topo -m)",
     "infiniband": "InfiniBand ports",
     "software": "Software",
-    "slurm": "Slurm job",
+    "scheduler": "Scheduler job",
 }
 
 
