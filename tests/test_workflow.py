@@ -190,7 +190,7 @@ def test_tables_match_the_records(study):
     checks = pd.read_csv(study / "results/tables/checks.csv")
     # a CPU study: every check it could evaluate is not applicable (ranks on one host are not a cluster)
     assert len(checks) == 6 and set(checks.status) <= {"not applicable", "not measured"} and "not applicable" in set(checks.status)
-    assert checks.set_index("check").loc["gpu_util_min_pct", "status"] == "not measured"
+    assert checks.set_index("check").loc["gpu_utilisation", "status"] == "not measured"
     comparison = pd.read_csv(study / "results/tables/comparison.csv")
     assert comparison.verdict.eq("not comparable: GPU").all() and comparison.differs.str.startswith("GPU (this study ran on CPU").all()
     assert {"samples_per_s_cv", "samples_per_s_ci_low", "noisy"} <= set(scaling.columns)

@@ -224,9 +224,10 @@ def matrix_rows():
 
 
 def targets_args():
-    return " ".join(
-        f"--target {key}={value}" for key, value in CONFIG["targets"].items()
-    )
+    """--targets of scalerepro.analysis.aggregate: the config's targets (checks included) as JSON."""
+    import json
+
+    return "--targets " + shlex.quote(json.dumps(CONFIG["targets"], sort_keys=False))
 
 
 wildcard_constraints:

@@ -156,7 +156,7 @@ def efficiency_vs_gpus(t: Tables) -> Figure:
     style = {"hue": "model", "style": "study", "markers": True, "markersize": 8, "errorbar": None}
     sns.lineplot(data, x="gpus", y="efficiency_pct", ax=ax, **style)
     ax.axhline(100, color="0.4", lw=1, label="ideal (100%)")
-    target = _threshold(t, "strong_efficiency_min")
+    target = _threshold(t, "strong_efficiency")
     if target is not None:
         ax.axhline(100 * target, color="tab:red", ls="--", lw=1.2, label=f"target, strong ({target:.0%})")
     _gpu_axis(ax, cells["gpus"])
