@@ -251,14 +251,6 @@ def test_the_workflow_is_lint_clean_and_formatted():
     assert fmt.returncode == 0, fmt.stderr
 
 
-def test_plot_names_agree_with_the_rules():
-    from scalerepro.analysis.plots import PLOT_NAMES
-
-    rules = (REPO / "workflow/rules/common.smk").read_text()
-    declared = rules.split("PLOT_NAMES = [")[1].split("]")[0]
-    assert [name.strip().strip('",') for name in declared.split() if name.strip()] == list(PLOT_NAMES)
-
-
 def test_the_study_report_in_headless_chromium(study, tmp_path):
     from test_report import CHROMIUM, Chromium
 

@@ -325,18 +325,5 @@ def _check_slurm_partition():
 
 _check_slurm_partition()
 
-# The figures scalerepro.analysis.plots writes (tests check the two lists agree).
-PLOT_NAMES = [
-    "throughput_vs_gpus",
-    "efficiency_vs_gpus",
-    "weak_epoch_time",
-    "sensitivity_heatmap",
-    "ablation_gain",
-    "loss_curves",
-    "accuracy_curves",
-    "energy_per_sample",
-    "busbw_vs_size",
-    "profile_breakdown",
-    "roofline",
-    "predicted_vs_measured_efficiency",
-]
+# The figures scalerepro.analysis.plots writes: the one list, in the package.
+from scalerepro.analysis.figures import FIGURE_NAMES as PLOT_NAMES
