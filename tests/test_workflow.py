@@ -437,3 +437,19 @@ def test_after_a_trainer_edit_the_rerun_measures_again(study):
         assert record["status"] == "ok" and record["steps"]["resumed_from"] is None
         assert record["measurements"]["measured_steps"] == 6 and record["measurements"]["samples_per_s"] > 0
         assert not list((study / f"results/runs/{run}/checkpoints").glob("step-*.pt"))
+
+
+def test_snakemake_report_zip_holds_the_figures_tables_and_report(study, tmp_path):
+    """`snakemake --report` on the finished CI study (no job runs): the rules' report() outputs."""
+    import zipfile
+
+    from scalerepro.analysis.figures import FIGURE_NAMES
+
+    url, md5 = json.loads((study / "study_args").read_text())
+    archive = tmp_path / "report.zip"
+    result = snakemake(study, "--report", str(archive), "--configfile", "config/ci.yaml",
+                       "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    names = zipfile.ZipFile(archive).namelist()
+    for expected in [*(f"{n}.svg" for n in FIGURE_NAMES), *(f"{n}.png" for n in FIGURE_NAMES), "checks.csv", "scaling.csv", "index.html"]:
+        assert any(name.endswith("/" + expected) for name in names), f"{expected} not in the report archive"
