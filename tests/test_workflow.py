@@ -299,8 +299,8 @@ def test_containers_need_apptainer_only_when_enabled(tmp_path):
 
 
 def _machine_with_gpus(tmp_path: Path, gpus: int) -> dict[str, str]:
-    """The environment of a machine whose `nvidia-smi -L` lists ``gpus`` H100s: common.smk counts
-    this machine's GPUs with exactly that command (_local_gpu_names), and a dry run asks the
+    """The environment of a machine whose `nvidia-smi -L` lists ``gpus`` H100s: the workflow counts
+    this machine's GPUs with exactly that command (schedulers.local_gpu_names), and a dry run asks the
     hardware nothing else. The listing is nvidia-smi's format."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

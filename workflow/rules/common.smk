@@ -52,7 +52,11 @@ except (planning.ConfigError, study.StudyError, schedulers.SchedulerError) as er
     raise WorkflowError(str(error)) from None
 
 CONFIG, STUDY, DEVICE = PLAN.config, PLAN.study, PLAN.device
-RUNS, GPU_COUNTS, GPUS_PER_NODE = STUDY.runs, list(STUDY.gpu_counts), STUDY.gpus_per_node
+RUNS, GPU_COUNTS, GPUS_PER_NODE = (
+    STUDY.runs,
+    list(STUDY.gpu_counts),
+    STUDY.gpus_per_node,
+)
 COMM_GPU_COUNTS = STUDY.comm_gpu_counts
 DATA_DIR = study.DATA_DIR
 CONTAINER, RANKS_CONTAINER = PLAN.container, PLAN.ranks_container()
@@ -61,7 +65,11 @@ CLUSTER_RESOURCES = PLAN.queue_resources()
 if PLAN.local_runs and "gpus" not in workflow.global_resources:
     # The local scheduler then never runs more GPU ranks at once than there are GPUs.
     workflow.register_resource("gpus", len(PLAN.local_gpu_names))
-if PLAN.local_runs and STUDY.exclusive() and "measured" not in workflow.global_resources:
+if (
+    PLAN.local_runs
+    and STUDY.exclusive()
+    and "measured" not in workflow.global_resources
+):
     # One measured job at a time: two on one machine share its cores, memory bandwidth and
     # GPUs, and each measures the other (resources.exclusive: false packs them).
     workflow.register_resource("measured", 1)
@@ -115,9 +123,9 @@ def comm_resources(key):
 
 
 def run_launch_args(prefix=""):
-    """scalerepro.launch's flags for the job of ``wildcards.run`` (named prefix + run id)."""
+    """scalerepro.launch's flags for the job of ``wildcards.run`` (named ``prefix`` then the run id)."""
     return lambda wc: PLAN.launch_args(
-        RUNS[wc.run].ranks_per_node, RUNS[wc.run].nodes, prefix + wc.run
+        RUNS[wc.run].ranks_per_node, RUNS[wc.run].nodes, f"{prefix}{wc.run}"
     )
 
 
@@ -141,7 +149,7 @@ def matrix_rows():
 
 def targets_args():
     """--targets of scalerepro.analysis.aggregate: the config's targets (checks included) as JSON."""
-    return "--targets " + shlex.quote(json.dumps(CONFIG["targets"], sort_keys=False))
+    return f"--targets {shlex.quote(json.dumps(CONFIG['targets']))}"
 
 
 # ---- profiling (workflow/rules/profile.smk) ----
@@ -149,9 +157,7 @@ PROFILING = CONFIG["profiling"]
 PROFILED_RUNS = list(PROFILING_PLAN.runs)
 PROFILING_TOOLS = list(PROFILING_PLAN.tools)
 PROFILING_FALLBACK_REASON = PROFILING_PLAN.fallback_reason
-PROFILING_TABLES = [
-    f"results/tables/{name}.csv" for name in planning.PROFILING_TABLES
-]
+PROFILING_TABLES = [f"results/tables/{name}.csv" for name in planning.PROFILING_TABLES]
 
 
 def profiling_tables():
