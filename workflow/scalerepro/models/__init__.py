@@ -188,7 +188,8 @@ def _llama(
 ) -> _Architecture:  # fmt: skip
     """A Llama 3 shape. Default sequence length 8192: Llama 3's pre-training context and the
     sequence length of torchtitan's Llama 3 8B reference throughput figures. The SwiGLU width
-    follows the (multiplier, multiple_of) rule, so shrunk shapes get a proportionate MLP."""
+    follows the full shape's (multiplier, multiple_of) rule at any --hidden-size, as torchtitan
+    computes it (so a dim-64 llama3_8b gets 1024, its multiple_of; llama_1b 256)."""
 
     def make(shape: ModelShape) -> llama.Llama:
         return llama.Llama(

@@ -203,15 +203,26 @@ class Llama(nn.Module):
         assert config.dim % config.n_heads == 0 and config.n_heads % config.n_kv_heads == 0
         assert config.head_dim % 2 == 0  # rotary pairs
         self.config = config
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, config) for i in range(config.n_layers)})
-        self.norm: nn.RMSNorm | None = nn.RMSNorm(config.dim, eps=config.norm_eps)
-        self.output: nn.Linear | None = nn.Linear(config.dim, config.vocab_size, bias=False)
-        if config.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
-        self.register_buffer("rope_cos_sin", self._rope_table(), persistent=False)
-        if self.rope_cos_sin.device.type != "meta":
+        # Parameters are made on meta and then initialised once, by init_weights, on the device
+        # asked for: the weights a seed gives are then the same whether the model is built here
+        # or built on meta and materialised later (FSDP), and no time goes to nn's default init.
+        device = torch.get_default_device()
+        with torch.device("meta"):
+            self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.vocab_size, config.dim)
+            self.layers = nn.ModuleDict({str(i): TransformerBlock(i, config) for i in range(config.n_layers)})
+            self.norm: nn.RMSNorm | None = nn.RMSNorm(config.dim, eps=config.norm_eps)
+            self.output: nn.Linear | None = nn.Linear(config.dim, config.vocab_size, bias=False)
+            self.register_buffer("rope_cos_sin", self._rope_table(), persistent=False)
+        if device.type != "meta":
+            self.to_empty(device=device)
             self.init_weights()
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share tok_embeddings' table with output (tied configs only). ``to_empty`` unties them
+        (it makes a new tensor per module): call this after it, before building the optimizer."""
+        if self.config.tie_embeddings and self.output is not None and self.tok_embeddings is not None:
+            self.output.weight = self.tok_embeddings.weight
 
     def _rope_table(self, device: torch.device | None = None) -> torch.Tensor:
         c = self.config
@@ -222,7 +233,8 @@ class Llama(nn.Module):
         """(Re)initialise every parameter and the rotary buffer in place, torchtitan's scheme:
         embedding N(0, 1); wq/wk/wv/w1 truncated N(0, 0.02); wo/w2/w3 truncated N(0, 0.02 /
         sqrt(2 (layer + 1))); output truncated N(0, dim^-1/2) within 3 std (untied only: a tied
-        table keeps the embedding's init). Call after ``to_empty`` on a meta-built model."""
+        table keeps the embedding's init). Call after ``to_empty`` (and ``tie_weights``) on a
+        meta-built model."""
         device = buffer_device or self.rope_cos_sin.device
         self.rope_cos_sin = self._rope_table(device)
         if self.tok_embeddings is not None:
