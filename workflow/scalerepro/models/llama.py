@@ -232,18 +232,29 @@ class Llama(nn.Module):
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """(Re)initialise every parameter and the rotary buffer in place, torchtitan's scheme:
         embedding N(0, 1); wq/wk/wv/w1 truncated N(0, 0.02); wo/w2/w3 truncated N(0, 0.02 /
-        sqrt(2 (layer + 1))); output truncated N(0, dim^-1/2) within 3 std (untied only: a tied
-        table keeps the embedding's init). Call after ``to_empty`` (and ``tie_weights``) on a
+        sqrt(2 (layer + 1))); output truncated N(0, dim^-1/2) within 3 std, so that the logits
+        of the unit-RMS final norm's output start at unit variance.
+
+        A tied table (torchtitan has none) is N(0, 0.02), as GPT-2 and Hugging Face's Llama 3.2
+        init it: at N(0, 1) the first logits would have variance dim (a loss of ~dim nats), and
+        at any std s a token's own logit starts near dim * s (the residual stream is mostly its
+        embedding at init), which N(0, 0.02) keeps at 1.3 for dim 64 (41 for the full 1B, the
+        same as Hugging Face's init). Call after ``to_empty`` (and ``tie_weights``) on a
         meta-built model."""
         device = buffer_device or self.rope_cos_sin.device
         self.rope_cos_sin = self._rope_table(device)
-        if self.tok_embeddings is not None:
-            nn.init.normal_(self.tok_embeddings.weight)
         for layer in self.layers.values():
             layer.init_weights()
         if self.norm is not None:
             self.norm.reset_parameters()
-        if self.output is not None and not self.config.tie_embeddings:
+        if self.config.tie_embeddings:
+            table = self.tok_embeddings if self.tok_embeddings is not None else self.output
+            if table is not None:
+                nn.init.normal_(table.weight, mean=0.0, std=INIT_STD)
+            return
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight)
+        if self.output is not None:
             std = self.config.dim**-0.5
             nn.init.trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
