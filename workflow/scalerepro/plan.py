@@ -70,9 +70,14 @@ class Plan:
         return self.study.device
 
     @property
+    def cluster_settings(self) -> dict[str, Any]:
+        """The cluster's config section (``slurm:``): queue, extra flags, rendezvous port, env."""
+        return self.config[self.cluster.name]
+
+    @property
     def cluster_gpus(self) -> bool:
-        """Whether jobs ask the cluster for GPUs (slurm.gpus: auto follows the device)."""
-        asked = self.config["slurm"]["gpus"]
+        """Whether jobs ask the cluster for GPUs (e.g. slurm.gpus: auto follows the device)."""
+        asked = self.cluster_settings["gpus"]
         return self.device == "cuda" if asked == "auto" else asked
 
     @property
@@ -85,13 +90,12 @@ class Plan:
 
     def queue_resources(self) -> dict[str, Any]:
         """Account, partition, QoS and the like, for every job the workflow submits."""
-        return self.cluster.queue_resources(self.config[self.cluster.name])
+        return self.cluster.queue_resources(self.cluster_settings)
 
     def submission(self, ranks_per_node: int, nodes: int, signal: bool = False) -> dict[str, Any]:
         """What the cluster's executor needs to start a job of ``nodes`` x ``ranks_per_node``
         ranks; measured jobs get their nodes to themselves unless resources.exclusive is false."""
-        settings = self.config[self.cluster.name]
-        return self.cluster.submission_resources(settings, ranks_per_node, nodes, self.cluster_gpus, signal, self.study.exclusive())
+        return self.cluster.submission_resources(self.cluster_settings, ranks_per_node, nodes, self.cluster_gpus, signal, self.study.exclusive())
 
     def train_resources(self, run: Run) -> dict[str, Any]:
         """A training job's resources, from its GPU count (every key a rule resource)."""
@@ -125,13 +129,13 @@ class Plan:
     def launch_args(self, ranks_per_node: int, nodes: int, name: str) -> list[str]:
         """Flags of ``python -m scalerepro.launch`` for a job of ``nodes`` x ``ranks_per_node``
         ranks: started here, or (inside a cluster job) by the scheduler on every node."""
-        slurm = self.config["slurm"]
+        cluster = self.cluster_settings
         return [
             f"--nodes={nodes}", f"--ranks-per-node={ranks_per_node}",
             f"--cpus-per-node={ranks_per_node * self.config['resources']['cpus_per_gpu']}",
-            f"--port={slurm['rendezvous_port']}", f"--name={name}",
+            f"--port={cluster['rendezvous_port']}", f"--name={name}",
             *(["--slurm-gpus"] if self.cluster_gpus else []),
-            *(f"--env={key}={value}" for key, value in slurm["env"].items()),
+            *(f"--env={key}={value}" for key, value in cluster["env"].items()),
             *([f"--container={self.container}"] if self.container and not self.local_runs else []),
         ]  # fmt: skip
 

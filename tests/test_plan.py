@@ -1,0 +1,84 @@
+"""scalerepro.plan: the invocation's plan without Snakemake's workflow object (config validated,
+scheduler chosen, resources and launch flags resolved), on the shipped configs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from conftest import REPO
+from scalerepro import plan as planning
+from scalerepro.schedulers import LOCAL
+from scalerepro.schedulers.slurm import SLURM
+
+SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
+REFERENCES = REPO / "config/references.yaml"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _config(*layers: str) -> dict:
+    config = {}
+    for layer in ("config/config.yaml", *layers):
+        config = planning.study.merge(config, yaml.safe_load((REPO / layer).read_text()))
+    return config
+
+
+def _load(config: dict, executor: str | None = None, gpus: int = 0) -> planning.Plan:
+    return planning.load(copy.deepcopy(config), schema=SCHEMA, references=REFERENCES, executor=executor, in_job=False, local_gpu_names=[H100] * gpus)
+
+
+def test_a_cpu_machine_runs_the_cpu_matrix_locally_and_shows_what_slurm_would_be_asked():
+    plan = _load(_config())
+    assert plan.scheduler is LOCAL and plan.cluster is SLURM and plan.device == "cpu"
+    run = next(run for run in plan.study.runs.values() if run.gpus == 2)
+    resources = plan.train_resources(run)
+    assert (resources["nodes"], resources["gpus"], resources["measured"]) == (1, 0, 1)
+    assert resources["slurm_extra"] == "--exclusive --signal=USR1@300"
+    assert plan.rerun_command(run) == f"snakemake --cores all --forcerun results/runs/{run.run_id}/record.json"
+
+
+def test_on_slurm_the_default_study_is_cuda_with_multi_node_jobs_and_their_sbatch_settings():
+    config = _config()
+    config["gpus_per_node"] = 4  # a cluster's node shape is configured ('auto' reads this machine's)
+    plan = _load(config, executor="slurm")
+    assert plan.scheduler is SLURM and plan.device == "cuda"
+    big = max(plan.study.runs.values(), key=lambda run: run.gpus)
+    resources = plan.train_resources(big)
+    assert resources["nodes"] == big.nodes > 1 and resources["gres"] == f"gpu:{big.ranks_per_node}"
+    assert resources["gpus"] == big.gpus and resources["tasks"] == big.nodes
+    launch = plan.launch_args(big.ranks_per_node, big.nodes, big.run_id)
+    assert f"--nodes={big.nodes}" in launch and "--slurm-gpus" in launch
+    assert plan.rerun_command(big).startswith("snakemake --profile slurm ")
+
+
+def test_a_local_gpu_machine_profiles_with_its_gpu_named_and_nsight_missing_falls_back_to_torch():
+    plan = _load(_config(), gpus=8)
+    assert plan.device == "cuda" and plan.profiled_device_name() == H100
+    profiling = planning.profiling_plan(plan, local_exec=True, which=lambda tool: None)
+    assert profiling.tools == ("torch",) and "not on PATH" in profiling.fallback_reason
+    found = planning.profiling_plan(plan, local_exec=True, which=lambda tool: f"/usr/bin/{tool}")
+    assert found.tools == ("nsys", "ncu") and found.fallback_reason is None
+    args = profiling.trainer_args(plan, profiling.runs[0], "torch")
+    window = plan.config["profiling"]
+    assert args[-8:] == ["--steps", str(window["window_start"] + window["window_steps"]), "--warmup-steps",
+                         str(window["window_start"]), "--no-eval", "--comm-probe-steps", "0", "--no-resume"]  # fmt: skip and f"results/profiles/{profiling.runs[0]}/torch/record.json" in args
+
+
+def test_nsight_asked_without_fallback_is_one_config_error():
+    config = _config()
+    config["profiling"].update(tool="nsys", fallback=False)
+    plan = _load(config, gpus=8)
+    with pytest.raises(planning.ConfigError, match=r"^config error at 'profiling.tool': nsys was asked for but nsys is not on PATH"):
+        planning.profiling_plan(plan, local_exec=True, which=lambda tool: None)
+
+
+def test_a_bad_key_is_one_line_naming_it_and_the_schema():
+    config = _config()
+    config["scaling"]["gpu_count"] = [1, 2]
+    with pytest.raises(planning.ConfigError) as refused:
+        _load(config)
+    message = str(refused.value)
+    assert message.startswith("config error at 'scaling': ") and "'gpu_count'" in message and "\n" not in message
+    assert message.endswith("(allowed keys and values: workflow/schemas/config.schema.yaml)")
