@@ -1017,6 +1017,8 @@ def test_section_numbers_come_from_the_one_list():
     used = re.findall(r'secno\["([a-z0-9-]+)"\]', "".join(text.values()))
     numbers = report.section_numbers()
     assert sorted(used) == sorted(numbers), "every listed section shows its number once, and only listed ones"
+    headed = re.findall(r'secno\["([a-z0-9-]+)"\] \}\}</span> \{\{ sectitle\["([a-z0-9-]+)"\] \}\}</h[23]>', "".join(text.values()))
+    assert sorted(a for a, _ in headed) == sorted(used) and all(a == b for a, b in headed), "a heading's title is typed"
     assert numbers["results"] == "3" and numbers["profiling"] == "3.9" and numbers["history-cells"] == "8.2"
     for anchor, _, _ in report.SECTIONS:  # each top-level section is its own template
         assert f"sections/{anchor}.html.j2" in {f"sections/{p.name}" for p in TEMPLATE_FILES}, anchor

@@ -74,6 +74,15 @@ def section_numbers(sections: Sequence[tuple[str, str, Sequence[tuple[str, str]]
     return numbers
 
 
+def section_titles(sections: Sequence[tuple[str, str, Sequence[tuple[str, str]]]] = SECTIONS) -> dict[str, str]:
+    """Anchor id -> its heading, so that a title is typed once, in ``sections``."""
+    titles = {}
+    for anchor, title, subsections in sections:
+        titles[anchor] = title
+        titles.update(subsections)
+    return titles
+
+
 RUN_STATUSES = ("ok", "failed", "preempted", "missing")
 CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured", "not applicable")
 VERDICTS = ("reproduced", "above", "below", "not comparable", "not measured")
@@ -903,6 +912,7 @@ def build_context(
         "figures": {name: load_figure(plots_dir, name) for name in FIGURES},
         "sections": SECTIONS,
         "secno": section_numbers(),
+        "sectitle": section_titles(),
         "tables_dir": str(tables_dir),
         "profiling": profiling_section(Path(tables_dir), report_dir),
         "history": history_section(history_path, versus_table_path, versus_facts_path, plots_dir, config),
