@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, profiling
+from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, parallel, profiling
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, idle_power, nvml_uuid_for_torch_device, unavailable_summary
@@ -135,6 +135,9 @@ class Trainer:
         if config.parallel.sync_batchnorm and ctx.distributed:
             module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
         self.module = module.to(self.device, memory_format=torch.channels_last if self._channels_last else torch.preserve_format)
+        # ---- a sharded form (--parallel, scalerepro.parallel) replaces the parameters, so it
+        # comes before the optimizer is built; DDP (the default) wraps the model below ----------
+        self.mesh = self._parallelize(config, ctx)
 
         # ---- optimizer, schedule, precision ----------------------------------------------
         self.optim_resolved = optim.resolve(config.optim, self.spec.family, self.global_batch)
@@ -149,7 +152,7 @@ class Trainer:
         # loss (scalerepro.objective), so the loss is compiled with the model ------------------
         self.ddp: DistributedDataParallel | None = None
         model: torch.nn.Module = ModelWithLoss(self.module, config.optim.label_smoothing)
-        if ctx.distributed:
+        if ctx.distributed and self.mesh is None:
             p = config.parallel
             self.ddp = DistributedDataParallel(
                 model,
@@ -216,6 +219,35 @@ class Trainer:
     @property
     def _channels_last(self) -> bool:
         return self.config.perf.channels_last and self.spec.task == "image_classification"
+
+    def _parallelize(self, config: TrainConfig, ctx: DistContext) -> Any:
+        """The device mesh of --parallel fsdp (None under ddp), with the model sharded on it;
+        activation checkpointing under any strategy. The trainer runs ddp and fsdp: every rank
+        reads its own slice of the data, which tp and pp (one batch per TP group or pipeline)
+        would need changed in the loader."""
+        p = config.parallel
+        try:
+            if p.parallel == "ddp":
+                if p.activation_checkpointing != "none":
+                    parallel.apply_activation_checkpointing(self.module, p.activation_checkpointing)
+                return None
+            if p.parallel != "fsdp":
+                raise ConfigError(
+                    f"--parallel {p.parallel} is built and tested in scalerepro.parallel but not wired into the trainer yet: "
+                    "use --parallel fsdp or ddp"
+                )
+            if not ctx.distributed:
+                raise ConfigError("--parallel fsdp needs at least 2 ranks (launch with scalerepro.launch or torchrun)")
+            mesh = parallel.build_mesh(p.parallel, ctx.world_size, self.device.type, p.tp_size)
+            parallel.parallelize(
+                self.module, p.parallel, mesh,
+                reshard_after_forward=p.reshard_after_forward,
+                param_dtype=torch.bfloat16 if config.perf.precision == "bf16" else None,
+                activation_checkpointing=p.activation_checkpointing,
+            )  # fmt: skip
+            return mesh
+        except parallel.ParallelError as error:
+            raise ConfigError(str(error)) from None
 
     def _resolve_model(self) -> models.ModelSpec:
         """The model spec from the flags; CIFAR-10 data fixes 32x32 images and 10 classes."""
@@ -554,6 +586,10 @@ class Trainer:
         Model, optimizer, scheduler and scaler states are restored afterwards.
         """
         steps = self.config.run.comm_probe_steps
+        if self.mesh is not None:  # the probe switches DDP's all-reduce off; FSDP has no such switch
+            self.exposed_comm = {"fraction": None, "sync_step_s": None, "nosync_step_s": None, "steps": 0,
+                                 "reason": f"not measured under --parallel {self.config.parallel.parallel}: the probe times DDP with and without no_sync"}
+            return
         if self.ddp is None or steps == 0:
             reason = "single process: no gradient communication" if self.ddp is None else "--comm-probe-steps 0"
             self.exposed_comm = {"fraction": 0.0 if self.ddp is None else None, "sync_step_s": None, "nosync_step_s": None, "steps": 0, "reason": reason}
