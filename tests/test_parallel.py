@@ -184,6 +184,9 @@ def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
     assert record["config"]["parallel"]["parallel"] == "fsdp"
     assert record["measurements"]["measured_steps"] == 3
     assert record["measurements"]["exposed_communication"]["fraction"] is None  # not DDP: not measured, not 0
+    sharding = record["measurements"]["sharding"]
+    assert sharding["strategy"] == "fsdp" and sharding["mesh"] == {"shape": [2], "dims": ["dp"]}
+    assert sharding["comm_bytes_per_step_analytic"]["reduce_scatter"] > 0
     losses = [entry["loss"] for entry in record["loss_log"]]
     assert all(loss == loss for loss in losses) and len(losses) == 2
 
@@ -194,3 +197,23 @@ def test_trainer_names_a_strategy_it_does_not_run_yet(tmp_path):
     result = python_train(["--model", "gpt2_small", "--num-layers", "1", "--hidden-size", "32", "--num-heads", "4", "--seq-len", "16", "--vocab-size", "64", "--num-workers", "0", "--parallel", "tp", "--steps", "2", "--warmup-steps", "0", "--record", str(tmp_path / "r.json")])
     assert result.returncode != 0
     assert "--parallel tp is built and tested in scalerepro.parallel but not wired into the trainer yet" in result.stderr
+
+
+def test_fsdp_comm_volume_formula_on_a_known_model():
+    """2 blocks of 10 parameters each, 5 in the root, 4 ranks, fp32: per micro-batch all-gather
+    (2 x 20 + 5) x 4 x 3/4 resharded, (20 + 5) x 4 x 3/4 not; reduce-scatter 25 x 4 x 3/4."""
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(3, 3) for _ in range(2))
+            self.head = nn.Linear(4, 1)  # 5
+
+    model = Tiny()
+    for block in model.blocks:  # 9 + 1 = 10 parameters per block
+        block.weight = nn.Parameter(torch.zeros(3, 3))
+        block.bias = nn.Parameter(torch.zeros(1))
+    figures = parallel.fsdp_comm_bytes_per_step(model, 4, True, 4, 4, 1)
+    assert figures == {"all_gather": (2 * 20 + 5) * 4 * 0.75, "reduce_scatter": 25 * 4 * 0.75}
+    assert parallel.fsdp_comm_bytes_per_step(model, 4, False, 2, 4, 2)["all_gather"] == 2 * 25 * 2 * 0.75

@@ -408,6 +408,29 @@ def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
+def fsdp_comm_bytes_per_step(model: nn.Module, world: int, reshard_after_forward: bool, param_bytes: int, reduce_bytes: int, micro_batches: int) -> dict[str, float]:
+    """Bytes each rank sends per optimizer step under FSDP2 (ring collectives), by collective,
+    analytic from the parameter counts (global numel, so it can be called after sharding):
+
+        all_gather   = m x (N_blocks + N_root + [reshard] N_blocks) x b_param x (W - 1) / W
+        reduce_scatter = m x (N_blocks + N_root) x b_reduce x (W - 1) / W
+
+    m micro-batches per step (each runs its own forward all-gathers and backward reduce-scatter:
+    the trainer does not skip gradient sync between micro-batches), N_blocks the parameters
+    inside the transformer blocks (each block an FSDP unit, gathered again for backward when
+    resharded after forward), N_root the rest (the root unit, never resharded after forward),
+    b the bytes per element (param_dtype for the gathers, reduce_dtype for the reduction)."""
+    unique = {id(p): p for p in model.parameters()}.values()
+    total = sum(p.numel() for p in unique)
+    in_blocks = sum(p.numel() for p in {id(p): p for p in transformer_blocks(model).parameters()}.values())
+    ring = (world - 1) / world
+    gathered = in_blocks * (2 if reshard_after_forward else 1) + (total - in_blocks)
+    return {
+        "all_gather": micro_batches * gathered * param_bytes * ring,
+        "reduce_scatter": micro_batches * total * reduce_bytes * ring,
+    }
+
+
 # ---- the one entry point ------------------------------------------------------------------------
 
 

@@ -627,6 +627,26 @@ class Trainer:
             "reason": None,
         }
 
+    def _sharding_figures(self, ctx: DistContext) -> dict[str, Any] | None:
+        """Under --parallel fsdp: the mesh, the bytes of parameters and optimizer state each rank
+        holds at the end (local shards; gradients are freed by then), and the analytic bytes
+        sent per step by collective (parallel.fsdp_comm_bytes_per_step, formula there)."""
+        if self.mesh is None:
+            return None
+        p = self.config.parallel
+        held = gather_objects(ctx, parallel.local_state_bytes(self.module, self.optimizer))
+        param_bytes = 2 if self.config.perf.precision == "bf16" else 4  # MixedPrecisionPolicy param_dtype
+        return {
+            "strategy": p.parallel,
+            "mesh": {"shape": list(self.mesh.shape), "dims": list(self.mesh.mesh_dim_names or ())},
+            "reshard_after_forward": p.reshard_after_forward,
+            "state_bytes_per_rank_max": max(sum(h.values()) for h in held),
+            "state_bytes_per_rank_min": min(sum(h.values()) for h in held),
+            "comm_bytes_per_step_analytic": parallel.fsdp_comm_bytes_per_step(
+                self.module, ctx.world_size, p.reshard_after_forward, param_bytes, 4, self.config.optim.grad_accum_steps
+            ),
+        }
+
     def results(self, local_only: bool = False) -> dict[str, Any]:
         """Every figure of the run, reduced over ranks (a collective: all ranks must call it).
 
@@ -689,6 +709,7 @@ class Trainer:
                 "rss_bytes_max": _max_or_none(m["rss_bytes"] for m in memory),
             },
             "exposed_communication": self.exposed_comm,
+            "sharding": self._sharding_figures(ctx),
             "backward_buckets": self.bucket_profile,  # see scalerepro.buckets
             "nvml": nvml,
             "host_activity": {
