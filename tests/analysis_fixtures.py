@@ -189,7 +189,7 @@ def make_record(
     }
     stamp = started_at.isoformat(timespec="milliseconds")
     record = {
-        "schema_version": 1,
+        "schema_version": 2,
         "run_id": run_id,
         "status": status,
         "error": (
@@ -230,7 +230,7 @@ def make_record(
             "memory_total_bytes": 2**40,
             "gpu": {"name": device_name if cuda else None, "count": GPUS_PER_NODE if cuda else 0},
         },
-        "slurm": {"job_id": 4182000} if cuda else None,
+        "scheduler": {"name": "slurm", "job_id": 4182000, "cluster_name": None, "partition": "h100"} if cuda else {"name": "local", "job_id": None, "cluster_name": None, "partition": None},
         "model": {
             "name": model,
             "task": "image_classification",

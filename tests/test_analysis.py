@@ -4,6 +4,7 @@ included), the command lines without torch, and the record reader's speed."""
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import jsonschema
 import pytest
+import yaml
 from analysis_fixtures import (
     CPU_NVML_REASON,
     FAILED_MESSAGE,
@@ -28,15 +31,22 @@ from analysis_fixtures import (
 )
 from scalerepro.analysis import aggregate, plots
 
-TARGETS = {
-    "strong_efficiency_min": 0.7,
-    "strong_efficiency_gpus": 4,
-    "weak_variation_max": 0.10,
-    "optimisation_gain_min": 0.20,
-    "gpu_util_min_pct": 80,
-    "exposed_comm_max": 0.20,
-    "data_stall_max": 0.05,
-}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def targets(strong_gpus: int | str = 4, only: tuple[str, ...] = (), **thresholds: float) -> dict:
+    """config/config.yaml's targets (the checks as shipped), with the strong-scaling check at
+    ``strong_gpus``, the given thresholds by check name, and only the checks ``only`` names."""
+    shipped = yaml.safe_load((REPO / "config/config.yaml").read_text())["targets"]
+    checks = {name: dict(entry) for name, entry in shipped["checks"].items() if not only or name in only}
+    if "strong_efficiency" in checks:
+        checks["strong_efficiency"]["where"] = {**checks["strong_efficiency"]["where"], "gpus": strong_gpus}
+    for name, threshold in thresholds.items():
+        checks[name]["threshold"] = threshold
+    return {**shipped, "checks": checks}
+
+
+TARGETS = targets()
 NO_TORCH = "import sys; sys.modules['torch'] = None  # importing torch now raises ImportError\n"
 
 
@@ -144,17 +154,17 @@ def test_cells_carry_their_spread(gpu):
 def test_a_check_whose_interval_holds_the_threshold_is_inconclusive(gpu):
     tables = gpu[0]
     # efficiency at 2 GPUs: 0.9, interval 0.77-1.06
-    at_2 = aggregate.checks_table(tables, {"strong_efficiency_min": 0.85, "strong_efficiency_gpus": 2}).iloc[0]
+    at_2 = aggregate.checks_table(tables, targets(2, ("strong_efficiency",), strong_efficiency=0.85)).iloc[0]
     assert at_2["status"] == "inconclusive" and at_2["measured"] == pytest.approx(0.9)
     assert (at_2["interval_low"], at_2["interval_high"]) == (pytest.approx(170 / 220), pytest.approx(190 / 180))
     assert at_2["detail"].startswith("95 % interval 77.3% to 105.6% holds the threshold")
-    assert aggregate.checks_table(tables, {"strong_efficiency_min": 0.7, "strong_efficiency_gpus": 2}).iloc[0]["status"] == "pass"
-    assert aggregate.checks_table(tables, {"strong_efficiency_min": 1.1, "strong_efficiency_gpus": 2}).iloc[0]["status"] == "fail"
+    assert aggregate.checks_table(tables, targets(2, ("strong_efficiency",), strong_efficiency=0.7)).iloc[0]["status"] == "pass"
+    assert aggregate.checks_table(tables, targets(2, ("strong_efficiency",), strong_efficiency=1.1)).iloc[0]["status"] == "fail"
     # weak variation 15 %, interval 10-20 % (T(1) = 10 always; T(2) 11, 11.5 or 12)
-    weak = aggregate.checks_table(tables, {"weak_variation_max": 0.15}).iloc[0]
+    weak = aggregate.checks_table(tables, targets(only=("weak_variation",), weak_variation=0.15)).iloc[0]
     assert weak["status"] == "inconclusive" and (weak["interval_low"], weak["interval_high"]) == (pytest.approx(0.1), pytest.approx(0.2))
-    assert aggregate.checks_table(tables, {"weak_variation_max": 0.10}).iloc[0]["status"] == "fail"  # at the edge: outside
-    assert aggregate.checks_table(tables, {"weak_variation_max": 0.25}).iloc[0]["status"] == "pass"
+    assert aggregate.checks_table(tables, targets(only=("weak_variation",), weak_variation=0.10)).iloc[0]["status"] == "fail"  # at the edge: outside
+    assert aggregate.checks_table(tables, targets(only=("weak_variation",), weak_variation=0.25)).iloc[0]["status"] == "pass"
 
 
 def test_weak_scaling_uses_epoch_time_and_skips_inconsistent_runs(gpu):
@@ -173,8 +183,8 @@ def test_missing_baseline_gives_nan_and_says_why(tmp_path):
     tables = aggregate.aggregate(**args, targets=TARGETS)
     g2 = row(tables["scaling"], study="strong", gpus=2)
     assert pd.isna(g2["speedup"]) and pd.isna(g2["efficiency"]) and "no completed 1-GPU run" in g2["note"]
-    assert check(tables, "strong_efficiency_min")["status"] == "not measured"
-    assert "no completed 1-GPU run" in check(tables, "strong_efficiency_min")["detail"]
+    assert check(tables, "strong_efficiency")["status"] == "not measured"
+    assert "no completed 1-GPU run" in check(tables, "strong_efficiency")["detail"]
 
 
 def test_sensitivity(gpu):
@@ -376,64 +386,59 @@ def test_the_reference_set_reads_and_keeps_its_labels():
 
 def test_checks_pass_and_fail(gpu):
     tables = gpu[0]
-    assert list(tables["checks"]["check"]) == list(aggregate.CHECKS)
-    strong = check(tables, "strong_efficiency_min")
+    assert list(tables["checks"]["check"]) == list(TARGETS["checks"])  # the config's order
+    strong = check(tables, "strong_efficiency")
     assert (strong["status"], strong["measured"], strong["target"]) == (
         "pass",
         pytest.approx(0.85),
-        "strong-scaling efficiency >= 70% at 4 GPUs",
+        "strong-scaling efficiency >= 70.0% (study = strong, gpus = 4)",
     )
-    weak = check(tables, "weak_variation_max")
+    weak = check(tables, "weak_variation")
     assert weak["status"] == "fail" and weak["measured"] == pytest.approx(0.15)  # (11.5 - 10) / 10
-    assert check(tables, "optimisation_gain_min")["measured"] == pytest.approx(0.3)
-    assert check(tables, "optimisation_gain_min")["status"] == "pass"
-    assert check(tables, "gpu_util_min_pct")[["status", "measured"]].tolist() == ["pass", 90.0]
-    exposed = check(tables, "exposed_comm_max")
+    assert check(tables, "optimisation_gain")["measured"] == pytest.approx(0.3)
+    assert check(tables, "optimisation_gain")["status"] == "pass"
+    assert check(tables, "gpu_utilisation")[["status", "measured"]].tolist() == ["pass", 90.0]
+    exposed = check(tables, "exposed_communication")
     assert exposed["status"] == "pass" and exposed["measured"] == 0.15 and "strong_resnet50_g4_r1" in exposed["detail"]
-    stall = check(tables, "data_stall_max")
+    stall = check(tables, "data_stall")
     assert stall["status"] == "pass" and stall["measured"] == 0.03 and "strong_resnet50_g1_r2" in stall["detail"]
 
 
 def test_checks_follow_the_thresholds(gpu):
     tables = gpu[0]
-    strict = {
-        "strong_efficiency_min": 0.9,
-        "strong_efficiency_gpus": 4,
-        "weak_variation_max": 0.2,
-        "optimisation_gain_min": 0.35,
-        "gpu_util_min_pct": 90,
-        "exposed_comm_max": 0.15,
-        "data_stall_max": 0.03,
-    }
+    strict = targets(
+        4, strong_efficiency=0.9, weak_variation=0.2, optimisation_gain=0.35, gpu_utilisation=90,
+        exposed_communication=0.15, data_stall=0.03,
+    )
     statuses = aggregate.checks_table(tables, strict).set_index("check")["status"].to_dict()
     # pass at equality for >= / <= targets, fail at equality for the strict > / < ones
     assert statuses == {
-        "strong_efficiency_min": "fail",
-        "weak_variation_max": "pass",
-        "optimisation_gain_min": "fail",
-        "gpu_util_min_pct": "fail",
-        "exposed_comm_max": "fail",
-        "data_stall_max": "fail",
+        "strong_efficiency": "fail",
+        "weak_variation": "pass",
+        "optimisation_gain": "fail",
+        "gpu_utilisation": "fail",
+        "exposed_communication": "fail",
+        "data_stall": "fail",
     }
-    at_8 = aggregate.checks_table(tables, {"strong_efficiency_min": 0.7, "strong_efficiency_gpus": 8}).iloc[0]
-    assert at_8["status"] == "not measured" and "no strong-scaling cell at 8 GPUs" in at_8["detail"]
-    default_gpus = aggregate.checks_table(tables, {"strong_efficiency_min": 0.7}).iloc[0]
-    assert default_gpus["target"].endswith(">= 70% at 4 GPUs")  # the largest strong-scaling count
+    at_8 = aggregate.checks_table(tables, targets(8, ("strong_efficiency",))).iloc[0]
+    assert at_8["status"] == "not measured" and "no scaling.csv row where study = strong, gpus = 8" in at_8["detail"]
+    default_gpus = aggregate.checks_table(tables, targets("max", ("strong_efficiency",))).iloc[0]
+    assert default_gpus["target"].endswith(">= 70.0% (study = strong, gpus = 4 (max))")  # the largest strong-scaling count
     assert aggregate.checks_table(tables, {}).empty
 
 
 def test_cpu_study_checks_not_measured_or_not_applicable(cpu):
     tables = cpu[0]
-    gpu_util = check(tables, "gpu_util_min_pct")
+    gpu_util = check(tables, "gpu_utilisation")
     assert gpu_util["status"] == "not measured" and CPU_NVML_REASON in gpu_util["detail"]
-    assert check(tables, "weak_variation_max")["status"] == "not measured"
-    assert check(tables, "optimisation_gain_min")["status"] == "not measured"
-    assert check(tables, "strong_efficiency_min")["status"] == "not measured"  # 4 GPUs asked, 2 ranks ran
+    assert check(tables, "weak_variation")["status"] == "not measured"
+    assert check(tables, "optimisation_gain")["status"] == "not measured"
+    assert check(tables, "strong_efficiency")["status"] == "not measured"  # 4 GPUs asked, 2 ranks ran
     # 0.4 on the 2-rank run would fail, but ranks on one host's cores are not a cluster
-    exposed = check(tables, "exposed_comm_max")
+    exposed = check(tables, "exposed_communication")
     assert exposed["status"] == "not applicable" and exposed["measured"] == 0.4
     assert exposed["detail"].startswith("not applicable on a CPU study: ranks on one host's cores measure the pipeline")
-    assert check(tables, "data_stall_max")["status"] == "not applicable"
+    assert check(tables, "data_stall")["status"] == "not applicable"
     runs = tables["runs"]
     assert runs["device_name"].tolist() == ["AMD EPYC", "AMD EPYC"] and runs["peak_memory_kind"].eq("rss").all()
     assert tables["sensitivity"].empty and tables["ablation"].empty and tables["communication"].empty
@@ -451,7 +456,7 @@ def test_cost(gpu):
 
 def test_cli_writes_tables_and_summary_without_torch(gpu, tmp_path):
     tables, args, _ = gpu
-    targets = [f"--target={key}={value}" for key, value in TARGETS.items()]
+    targets = ["--targets", json.dumps(TARGETS)]
     command = [
         "--matrix",
         args["matrix_path"],
@@ -478,14 +483,17 @@ def test_cli_writes_tables_and_summary_without_torch(gpu, tmp_path):
     assert summary["status"] == {"ok": 19, "failed": 1, "preempted": 1, "missing": 1}
     assert summary["device_names"] == [H100] and summary["inconsistent_runs"] == ["weak_resnet50_g2_r3"]
     assert summary["checks"] == {"pass": 5, "fail": 1, "inconclusive": 0, "not measured": 0, "not applicable": 0}
+    speed = {"table": "runs", "metric": "speed", "direction": "min", "threshold": 1}
+    unknown_metric = {**TARGETS, "checks": {**TARGETS["checks"], "speed": speed}}
     bad = subprocess.run(
-        [sys.executable, "-m", "scalerepro.analysis.aggregate", *map(str, command), "--target", "speed=1"],
+        [sys.executable, "-m", "scalerepro.analysis.aggregate", *map(str, command[:-2]), "--targets", json.dumps(unknown_metric)],
         check=False,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert bad.returncode == 2 and "unknown target 'speed'" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "config error at 'targets.checks.speed.metric': 'speed' is not a metric of runs.csv" in bad.stderr
 
 
 def test_modules_do_not_import_torch():
@@ -568,7 +576,7 @@ def test_reading_2000_records(tmp_path):
     matrix = write_many_records(tmp_path, 2000)
     (tmp_path / "references.yaml").write_text("references: []\n")
     start = time.perf_counter()
-    tables = aggregate.aggregate(matrix, [], tmp_path / "references.yaml", {"data_stall_max": 0.05})
+    tables = aggregate.aggregate(matrix, [], tmp_path / "references.yaml", {"data_stall": 0.05})
     seconds = time.perf_counter() - start
     print(f"aggregated 2,000 records in {seconds:.2f} s")
     assert len(tables["runs"]) == 2000 and tables["runs"]["status"].eq("ok").all()
@@ -620,3 +628,28 @@ def test_a_matrix_from_before_the_reference_column_reads_as_no_reference(tmp_pat
     assert matrix["reference"].eq("").all() and matrix["grad_accum_steps"].eq(1).all()
     tables = aggregate.aggregate(**args, targets={})
     assert tables["runs"]["status"].eq("ok").all() and tables["comparison"]["verdict"].eq("not comparable: GPU").all()
+
+
+def test_a_new_check_is_one_config_entry_evaluated_and_listed_in_the_report(gpu, tmp_path):
+    """No code names the check below: its entry alone has it evaluated and shown."""
+    from scalerepro.analysis import report
+
+    throughput = {
+        "description": "strong-scaling throughput at the largest count", "table": "scaling",
+        "where": {"study": "strong", "gpus": "max"}, "metric": "samples_per_s_median", "reduce": "worst",
+        "direction": "min", "threshold": 1000, "unit": "samples/s",
+    }  # fmt: skip
+    config = {**TARGETS, "checks": {**TARGETS["checks"], "strong_throughput": throughput}}
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    jsonschema.validate({"targets": config}, {**schema, "required": []})  # the entry is a valid config entry
+    tables = dict(gpu[0], checks=aggregate.checks_table(gpu[0], config))
+    added = check(tables, "strong_throughput")
+    # resnet50 at 4 GPUs: median of its strong 4-GPU runs, below 1000 samples/s
+    at_4 = row(tables["scaling"], study="strong", gpus=4)["samples_per_s_median"]
+    assert (added["measured"], added["status"], added["unit"]) == (at_4, "fail" if at_4 < 1000 else "pass", "samples/s")
+    assert added["target"] == "strong-scaling throughput at the largest count >= 1000 samples/s (study = strong, gpus = 4 (max))"
+    assert list(tables["checks"]["check"]) == [*TARGETS["checks"], "strong_throughput"]
+    aggregate.write_tables(tables, tmp_path)
+    page = report.render(tmp_path, None, None, None, None, REPO / "report")
+    summary = page.split('id="checks"')[1].split('id="headline"')[0]
+    assert "strong_throughput" in summary and html.escape(added["target"]) in summary and added["value"] in summary

@@ -70,7 +70,7 @@ BAD = [
     ("slurm-env-bad-name", "slurm.env", {"NCCL IFNAME": "ib0"}, "NCCL IFNAME"),
     ("slurm-port-low", "slurm.rendezvous_port", 80, "rendezvous_port"),
     ("resources-cpus-zero", "resources.cpus_per_gpu", 0, "cpus_per_gpu"),
-    ("target-efficiency-above-one", "targets.strong_efficiency_min", 1.5, "strong_efficiency_min"),
+    ("target-check-unknown-metric", "targets.checks.strong_efficiency.metric", "speed", "targets.checks.strong_efficiency.metric"),
     ("profiling-tool-enum", "profiling.tool", "vtune", "profiling.tool"),
     ("profiling-run-unknown", "profiling.runs", ["strong_cnn_g64_r1"], "profiling.runs"),
     ("profiling-window-zero", "profiling.window_steps", 0, "window_steps"),

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from conftest import clean_env, free_port, load_record, torchrun
-from scalerepro.distributed import DistributedSetupError, detect_env, first_host
+from scalerepro.distributed import DistributedSetupError, detect_env
+from scalerepro.schedulers import SchedulerError
+from scalerepro.schedulers.slurm import first_host
 
 
 def _final_params(directory: Path) -> dict[str, torch.Tensor]:
@@ -170,7 +172,7 @@ def test_srun_style_launch_reads_slurm_variables(tmp_path):
         assert process.wait(timeout=120) == 0, process.stderr.read()
     record = load_record(tmp_path / "r.json")
     assert record["parallel"]["launcher"] == "slurm" and record["parallel"]["world_size"] == 2
-    assert record["slurm"]["job_id"] == 4242
+    assert record["scheduler"]["name"] == "slurm" and record["scheduler"]["job_id"] == 4242
 
 
 def test_detect_env_from_each_launcher():
@@ -194,8 +196,10 @@ def test_first_host_of_a_slurm_node_list(nodelist, first):
 
 
 def test_unparseable_node_list():
-    with pytest.raises(DistributedSetupError):
+    with pytest.raises(SchedulerError, match="cannot parse the Slurm node list"):
         first_host("[01-02]")
+    with pytest.raises(DistributedSetupError, match="cannot parse the Slurm node list"):
+        detect_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "[01-02]"})
 
 
 def test_a_rank_still_compiling_in_warm_up_does_not_trip_the_steady_state_timeout(tmp_path):

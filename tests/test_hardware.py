@@ -16,7 +16,6 @@ from scalerepro.hardware import (
     gpu_model,
     host_facts,
     peak_flops,
-    slurm_facts,
     software_versions,
 )
 
@@ -137,57 +136,6 @@ def test_peak_flops_rejects_bad_arguments() -> None:
         peak_flops("NVIDIA H100 80GB HBM3", "fp8")
     with pytest.raises(ValueError, match="override"):
         peak_flops("NVIDIA H100 80GB HBM3", "bf16", override_tflops=0.0)
-
-
-def test_slurm_facts_outside_slurm_is_none() -> None:
-    assert slurm_facts({"HOME": "/root"}) is None
-
-
-def test_slurm_facts_parses_a_job_environment() -> None:
-    environ = {
-        "SLURM_JOB_ID": "123457",
-        "SLURM_ARRAY_JOB_ID": "123450",
-        "SLURM_ARRAY_TASK_ID": "7",
-        "SLURM_STEP_ID": "0",
-        "SLURM_JOB_NAME": "resnet50-scaling",
-        "SLURM_CLUSTER_NAME": "alps",
-        "SLURM_JOB_PARTITION": "gpu",
-        "SLURM_JOB_NODELIST": "gpu[001-004]",
-        "SLURM_STEP_NODELIST": "gpu[001-002]",
-        "SLURM_NNODES": "4",
-        "SLURM_NTASKS": "16",
-        "SLURM_CPUS_PER_TASK": "8",
-        "SLURM_GPUS": "h100:16",
-        "SLURM_GPUS_ON_NODE": "4",
-        "SLURM_JOB_GPUS": "0,1,2,3",
-        "SLURM_RESTART_COUNT": "1",
-    }
-    assert slurm_facts(environ) == {
-        "job_id": 123457,
-        "array_job_id": 123450,
-        "array_task_id": 7,
-        "step_id": 0,
-        "job_name": "resnet50-scaling",
-        "cluster_name": "alps",
-        "partition": "gpu",
-        "node_list": "gpu[001-004]",
-        "step_node_list": "gpu[001-002]",
-        "num_nodes": 4,  # from SLURM_NNODES when SLURM_JOB_NUM_NODES is absent
-        "ntasks": 16,
-        "cpus_per_task": 8,
-        "gpus": "h100:16",
-        "gpus_on_node": 4,
-        "job_gpus": "0,1,2,3",
-        "restart_count": 1,
-    }
-
-
-def test_slurm_facts_minimal_job_leaves_the_rest_none() -> None:
-    facts = slurm_facts({"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "9"})
-    assert facts is not None
-    assert facts["job_id"] == 42
-    assert facts["num_nodes"] == 2  # SLURM_JOB_NUM_NODES wins
-    assert facts["array_task_id"] is None and facts["restart_count"] is None
 
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import clean_env, load_record
 from scalerepro import launch
+from scalerepro.schedulers import slurm
 
 TRAIN = ["-m", "scalerepro.train", "--model", "cnn"]
 
@@ -39,12 +40,12 @@ def test_outside_slurm_the_launcher_starts_the_ranks_itself_on_loopback():
 
 
 def test_more_than_one_node_outside_slurm_is_refused_with_the_fix():
-    with pytest.raises(launch.LaunchError, match="needs Slurm .*--profile slurm"):
+    with pytest.raises(launch.LaunchError, match="needs a cluster scheduler .*--profile slurm"):
         launch.command(_args("--nodes=2", "--ranks-per-node=4"), environ={})
 
 
 def test_inside_a_slurm_job_it_is_one_srun_task_per_node_with_everything_explicit(monkeypatch):
-    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(slurm.shutil, "which", lambda name, path=None: f"/usr/bin/{name}")
     args = _args("--nodes=2", "--ranks-per-node=4", "--cpus-per-node=32", "--slurm-gpus", "--port=29400", "--name=strong_g8")
     command = launch.command(args, environ={"SLURM_JOB_ID": "1234"})
     srun, agent = command[: command.index(sys.executable)], command[command.index(sys.executable) :]
@@ -52,18 +53,19 @@ def test_inside_a_slurm_job_it_is_one_srun_task_per_node_with_everything_explici
         "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--kill-on-bad-exit=1",
         "--export=ALL", "--label", "--job-name=strong_g8", "--gpus-per-node=4",
     ]  # fmt: skip
-    assert agent == [sys.executable, "-m", "scalerepro.launch", "--node-agent", "--nodes=2", "--ranks-per-node=4", "--cpus-per-node=32", "--port=29400", "--", *TRAIN]
+    assert agent == [sys.executable, "-m", "scalerepro.launch", "--node-agent=slurm", "--nodes=2", "--ranks-per-node=4", "--cpus-per-node=32", "--port=29400", "--", *TRAIN]
 
 
-def test_with_a_container_each_node_task_runs_in_it():
+def test_with_a_container_each_node_task_runs_in_it(monkeypatch):
+    monkeypatch.setattr(slurm.shutil, "which", lambda name, path=None: f"/usr/bin/{name}")
     args = _args("--nodes=2", "--ranks-per-node=4", "--slurm-gpus", "--container=results/containers/scalerepro.sif")
-    command = launch.srun_command(args, "/venv/bin/python")
+    command = slurm.SLURM.launch_command(launch.launch_request(args), "/venv/bin/python", {})
     start = command.index("apptainer")
     assert command[start : start + 6] == ["apptainer", "exec", "--nv", "results/containers/scalerepro.sif", "python", "-m"]
 
 
 def test_the_node_agent_meets_on_the_first_host_of_the_step():
-    args = _args("--node-agent", "--nodes=2", "--ranks-per-node=4", "--port=29417")
+    args = _args("--node-agent=slurm", "--nodes=2", "--ranks-per-node=4", "--port=29417")
     environ = {"SLURM_STEP_NODELIST": "localhost,gpu[002-003]", "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0"}
     command = launch.command(args, environ)
     assert command == [
@@ -73,14 +75,14 @@ def test_the_node_agent_meets_on_the_first_host_of_the_step():
 
 
 def test_a_node_name_that_does_not_resolve_without_slurm_is_one_clear_error(monkeypatch):
-    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
-    with pytest.raises(launch.LaunchError, match="'node-that-does-not-exist01' does not resolve"):
-        launch.resolve_host("node-that-does-not-exist01")
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
+    with pytest.raises(slurm.SchedulerError, match="'node-that-does-not-exist01' does not resolve"):
+        slurm.resolve_host("node-that-does-not-exist01")
 
 
 def test_the_rendezvous_port_moves_with_the_job_id():
-    assert launch.rendezvous_port(29400, {"SLURM_JOB_ID": "123456"}) == 29400 + 456
-    assert launch.rendezvous_port(29400, {}) == 29400
+    assert slurm.SLURM.rendezvous_port(29400, {"SLURM_JOB_ID": "123456"}) == 29400 + 456
+    assert slurm.SLURM.rendezvous_port(29400, {}) == 29400
 
 
 def test_env_flags_reach_the_ranks_and_bad_ones_are_refused(capsys):
@@ -109,7 +111,7 @@ def test_the_node_agent_survives_slurms_warning_signal_and_its_ranks_inherit_the
     script = tmp_path / "probe.py"
     script.write_text("import signal; print('rank sees SIGUSR1 ignored:', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)")
     result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.launch", "--node-agent", "--nodes=1", "--ranks-per-node=1", "--", str(script)],
+        [sys.executable, "-m", "scalerepro.launch", "--node-agent=slurm", "--nodes=1", "--ranks-per-node=1", "--", str(script)],
         env=clean_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -117,7 +119,7 @@ def test_the_node_agent_survives_slurms_warning_signal_and_its_ranks_inherit_the
 
 
 def test_a_node_list_the_agent_cannot_read_is_one_clear_error():
-    args = _args("--node-agent", "--nodes=2", "--ranks-per-node=4")
+    args = _args("--node-agent=slurm", "--nodes=2", "--ranks-per-node=4")
     with pytest.raises(launch.LaunchError, match="cannot parse the Slurm node list"):
         launch.command(args, {"SLURM_STEP_NODELIST": "[01-02]", "SLURM_JOB_ID": "1"})
 

@@ -13,6 +13,7 @@ from scalerepro.models import MODEL_NAMES, ModelShape, ModelSpec, build, resolve
 SMALL_IMAGE = ModelShape(image_size=32)
 SMALL_VIT = ModelShape(image_size=32, num_classes=10, num_layers=2, hidden_size=64, num_heads=2)
 SMALL_LM = ModelShape(seq_len=16, vocab_size=64, num_layers=2, hidden_size=64, num_heads=2)
+SMALL_LLAMA = ModelShape(seq_len=16, vocab_size=64, num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2)
 SMALL_SHAPES = {
     "cnn": SMALL_IMAGE,
     "resnet18_cifar": SMALL_IMAGE,
@@ -20,6 +21,11 @@ SMALL_SHAPES = {
     "vit_b_16": SMALL_VIT,
     "bert_base": SMALL_LM,
     "gpt2_small": SMALL_LM,
+    "gpt2_medium": SMALL_LM,
+    "gpt2_large": SMALL_LM,
+    "gpt2_xl": SMALL_LM,
+    "llama_1b": SMALL_LLAMA,
+    "llama3_8b": SMALL_LLAMA,
 }
 BATCH = 2
 
@@ -71,7 +77,7 @@ def test_forward_backward_on_small_shapes(name: str) -> None:
         assert torch.isfinite(parameter.grad).all(), parameter_name
 
 
-@pytest.mark.parametrize("name", ["bert_base", "gpt2_small"])
+@pytest.mark.parametrize("name", ["bert_base", "gpt2_small", "gpt2_xl"])
 @pytest.mark.parametrize(
     "shape",
     [
@@ -111,8 +117,17 @@ def test_image_flops_match_published_forward_counts() -> None:
         # Embeddings (vocab padded to 30528), 12 blocks, MLM head (decoder tied to the word
         # embedding, own bias); no pooler or next-sentence head: 109.5M vs BERT's quoted 110M.
         ("bert_base", 110e6, 0.03),
-        # nanoGPT's 124M with the vocab padded 50257 -> 50304 and position embeddings counted.
+        # nanoGPT's 124M with the vocab padded 50257 -> 50304 and position embeddings counted;
+        # the other sizes likewise: GPT-2's 355M / 774M / 1558M (Hugging Face's counts at vocab
+        # 50257) plus 47 padded rows of the tied table.
         ("gpt2_small", 124.476e6, 0.001),
+        ("gpt2_medium", 354_823_168 + 47 * 1024, 0),
+        ("gpt2_large", 774_030_080 + 47 * 1280, 0),
+        ("gpt2_xl", 1_557_611_200 + 47 * 1600, 0),
+        # Meta's published counts: Llama 3.2 1B 1,235,814,400 (tied embedding counted once),
+        # Llama 3 8B 8,030,261,248 (untied). 128256 needs no padding.
+        ("llama_1b", 1_235_814_400, 0),
+        ("llama3_8b", 8_030_261_248, 0),
     ],
 )
 def test_full_size_parameter_counts(name: str, expected: float, rel: float) -> None:
@@ -131,7 +146,10 @@ def test_resolved_specs() -> None:
     assert (bert.seq_len, bert.num_masked, bert.mask_token_id, bert.tokens_per_sample) == (128, 20, 103, 128)
     assert resolve("bert_base", SMALL_LM).mask_token_id == 0  # no id 103 in a 64-token vocabulary
     assert resolve("bert_base", ModelShape(seq_len=20)).num_masked == 3  # exactly 0.15 * 20
-    assert [resolve(name).family for name in MODEL_NAMES] == ["cnn"] * 3 + ["transformer"] * 3
+    assert [resolve(name).family for name in MODEL_NAMES] == ["cnn"] * 3 + ["transformer"] * 8
+    llama_8b = resolve("llama3_8b")
+    assert (llama_8b.task, llama_8b.seq_len, llama_8b.tokens_per_sample, llama_8b.shape.num_kv_heads) == ("causal_lm", 8192, 8192, 8)
+    assert resolve("gpt2_xl").shape.num_kv_heads is None
     resnet = resolve("resnet50", ModelShape(image_size=32))
     assert resnet.shape.image_size == 32 and resnet.tokens_per_sample == 0 and resnet.shape.seq_len is None
     assert resolve("vit_b_16", ModelShape(dropout=0.1)).shape.dropout == 0.1
@@ -180,6 +198,10 @@ def test_unknown_model() -> None:
         ("cnn", ModelShape(dropout=0.1), "--dropout"),
         ("cnn", ModelShape(image_size=0), "--image-size"),
         ("gpt2_small", ModelShape(dropout=1.0), "--dropout"),
+        ("gpt2_small", ModelShape(num_kv_heads=4), "--num-kv-heads"),
+        ("llama_1b", ModelShape(num_heads=12, hidden_size=768), "--num-heads"),  # 12 heads, 8 kv heads
+        ("llama_1b", ModelShape(hidden_size=96, num_heads=32), "--hidden-size"),  # head dim 3 is odd
+        ("llama3_8b", ModelShape(dropout=0.1), "--dropout"),
     ],
 )
 def test_bad_shape(name: str, shape: ModelShape, flag: str) -> None:

@@ -412,7 +412,8 @@ def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sampl
             "scalerepro": "0.1.0",
             "platform": "Linux-5.15.0-124-generic-x86_64-with-glibc2.39",
         },
-        "slurm": {
+        "scheduler": {
+            "name": "slurm",
             "job_id": 4181999,
             "job_name": "scalerepro-inventory" + (EVIL if evil else ""),
             "partition": "h100",
@@ -1003,3 +1004,42 @@ def test_report_in_headless_chromium(study, tmp_path):
     if published.is_dir():
         shutil.copyfile(shot, published / "screenshot.png")
     print(f"\nscreenshot of the rendered report ({size[0]}x{size[1]}): {shot}")
+
+
+TEMPLATE_FILES = sorted((REPO / "report" / "templates").rglob("*.j2"))
+
+
+def test_section_numbers_come_from_the_one_list():
+    """No template types a section number; each section of report.SECTIONS is numbered once, in order."""
+    text = {path.name: path.read_text() for path in TEMPLATE_FILES}
+    typed = {name: re.findall(r'class="secno">\s*[0-9]', page) for name, page in text.items()}
+    assert not any(typed.values()), f"hand-typed section numbers: {typed}"
+    used = re.findall(r'secno\["([a-z0-9-]+)"\]', "".join(text.values()))
+    numbers = report.section_numbers()
+    assert sorted(used) == sorted(numbers), "every listed section shows its number once, and only listed ones"
+    assert numbers["results"] == "3" and numbers["profiling"] == "3.9" and numbers["history-cells"] == "8.2"
+    for anchor, _, _ in report.SECTIONS:  # each top-level section is its own template
+        assert f"sections/{anchor}.html.j2" in {f"sections/{p.name}" for p in TEMPLATE_FILES}, anchor
+    # inserting a section renumbers those after it, with no template touched
+    inserted = report.section_numbers((report.SECTIONS[0], ("new", "New", ()), *report.SECTIONS[1:]))
+    assert (inserted["new"], inserted["system"], inserted["scaling"]) == ("2", "3", "4.1")
+
+
+def test_every_figure_is_in_the_one_list_drawn_and_shown():
+    """plots.py's figure functions, the one list (figures.FIGURE_NAMES), the figures the workflow
+    declares and those the templates show are the same set."""
+    import inspect
+
+    from scalerepro.analysis import figures, plots
+
+    drawers = {
+        name for name, function in vars(plots).items()
+        if inspect.isfunction(function) and function.__module__ == plots.__name__ and not name.startswith("_")
+        and function.__annotations__.get("return") == "Figure" and list(inspect.signature(function).parameters) == ["t"]
+    }  # fmt: skip
+    assert drawers - set(plots.STORE_FIGURES) == set(figures.FIGURE_NAMES), "a figure function is missing from the list"
+    assert tuple(plots.FIGURES) == figures.FIGURE_NAMES == tuple(report.FIGURES)
+    shown = re.findall(r'figures(?:\.(\w+)|\["(\w+)"\])', "".join(p.read_text() for p in TEMPLATE_FILES))
+    assert sorted({a or b for a, b in shown}) == sorted(figures.FIGURE_NAMES), "a listed figure is not shown, or one shown is not listed"
+    rules = (REPO / "workflow/rules/common.smk").read_text()
+    assert "from scalerepro.analysis.figures import FIGURE_NAMES as PLOT_NAMES" in rules  # the workflow reads the same list

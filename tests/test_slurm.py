@@ -233,6 +233,17 @@ def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env
     assert "inside a Slurm job but srun is not on PATH" in (workdir / f"results/runs/{run}/train.log").read_text()
 
 
+def test_the_slurm_dry_run_plans_the_jobs_of_the_snapshot(slurm_env):
+    """As tests/test_dryrun.py, for the profile's submissions (resources, sbatch flags, srun launch)."""
+    from dryrun_jobs import planned_jobs, snapshot
+
+    planned = planned_jobs(REPO, _env(slurm_env), *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY))
+    expected = snapshot("slurm")
+    assert [job.get("output") for job in planned] == [job.get("output") for job in expected]
+    for job, before in zip(planned, expected):
+        assert job == before, f"{job['rule']} {job.get('wildcards', '')}"
+
+
 def test_an_unknown_partition_is_one_clear_error(tmp_path_factory, slurm_env):
     workdir = _copy(tmp_path_factory, "slurm-partition")
     env = _env(slurm_env)

@@ -26,7 +26,7 @@ def _config(**changes) -> dict:
 
 
 def _gpu_study(gpus: int = 8, references=(), **changes) -> study.Study:
-    return study.build(_config(gpus_per_node=8, **changes), on_slurm=False, local_gpus=gpus, local_gpu_name=H100, references=list(references))
+    return study.build(_config(gpus_per_node=8, **changes), on_cluster=False, local_gpus=gpus, local_gpu_name=H100, references=list(references))
 
 
 @pytest.mark.parametrize(
@@ -55,8 +55,8 @@ def test_a_global_batch_that_does_not_split_is_a_config_error_naming_the_key():
 
 def test_more_ranks_than_a_node_holds_is_an_error_locally_and_more_nodes_on_slurm():
     with pytest.raises(study.StudyError, match=r"config error at 'scaling.gpu_counts': a run over 16 ranks needs 2 nodes"):
-        study.build(_config(gpus_per_node=8, scaling__gpu_counts=[8, 16]), on_slurm=False, local_gpus=16)
-    on_slurm = study.build(_config(gpus_per_node=8, scaling__gpu_counts=[8, 16]), on_slurm=True, local_gpus=0)
+        study.build(_config(gpus_per_node=8, scaling__gpu_counts=[8, 16]), on_cluster=False, local_gpus=16)
+    on_slurm = study.build(_config(gpus_per_node=8, scaling__gpu_counts=[8, 16]), on_cluster=True, local_gpus=0)
     assert {(r.gpus, r.nodes, r.ranks_per_node) for r in on_slurm.runs.values() if r.study == "strong"} == {(8, 1, 8), (16, 2, 8)}
 
 
@@ -85,11 +85,11 @@ def test_a_reproduce_run_is_scheduled_for_each_reference_this_machine_can_match(
     reproduce = [r for r in runs.values() if r.study == "reproduce"]
     assert [(r.reference, r.gpus, r.per_gpu_batch, r.precision) for r in reproduce] == [("lambda-rn50-h100-1", 1, 1280, "fp16")]
     assert reproduce[0].run_id == "reproduce_resnet50_g1_lambda-rn50-h100-1_r1"
-    cpu = study.build(study.merge(_config(), _config()["cpu_overrides"]), on_slurm=False, local_gpus=0, references=REFERENCES)
+    cpu = study.build(study.merge(_config(), _config()["cpu_overrides"]), on_cluster=False, local_gpus=0, references=REFERENCES)
     assert not [r for r in cpu.runs.values() if r.study == "reproduce"]  # on a CPU every reference is another device
     twin = {**REFERENCES[0], "id": "lambda-rn50-h100-1-ngc2403"}  # the same trainer run, newer stack
     assert [r.reference for r in _gpu_study(references=[REFERENCES[0], twin]).runs.values() if r.study == "reproduce"] == ["lambda-rn50-h100-1"]
-    cluster = study.build(_config(gpus_per_node=8, scaling__max_gpus=16, reproduce__gpu=H100), on_slurm=True, local_gpus=0, references=REFERENCES)
+    cluster = study.build(_config(gpus_per_node=8, scaling__max_gpus=16, reproduce__gpu=H100), on_cluster=True, local_gpus=0, references=REFERENCES)
     assert sorted(r.reference for r in cluster.runs.values() if r.study == "reproduce") == ["lambda-rn50-h100-1", "lambda-rn50-h100-16"]
 
 

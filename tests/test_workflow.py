@@ -190,7 +190,7 @@ def test_tables_match_the_records(study):
     checks = pd.read_csv(study / "results/tables/checks.csv")
     # a CPU study: every check it could evaluate is not applicable (ranks on one host are not a cluster)
     assert len(checks) == 6 and set(checks.status) <= {"not applicable", "not measured"} and "not applicable" in set(checks.status)
-    assert checks.set_index("check").loc["gpu_util_min_pct", "status"] == "not measured"
+    assert checks.set_index("check").loc["gpu_utilisation", "status"] == "not measured"
     comparison = pd.read_csv(study / "results/tables/comparison.csv")
     assert comparison.verdict.eq("not comparable: GPU").all() and comparison.differs.str.startswith("GPU (this study ran on CPU").all()
     assert {"samples_per_s_cv", "samples_per_s_ci_low", "noisy"} <= set(scaling.columns)
@@ -251,14 +251,6 @@ def test_the_workflow_is_lint_clean_and_formatted():
     assert fmt.returncode == 0, fmt.stderr
 
 
-def test_plot_names_agree_with_the_rules():
-    from scalerepro.analysis.plots import PLOT_NAMES
-
-    rules = (REPO / "workflow/rules/common.smk").read_text()
-    declared = rules.split("PLOT_NAMES = [")[1].split("]")[0]
-    assert [name.strip().strip('",') for name in declared.split() if name.strip()] == list(PLOT_NAMES)
-
-
 def test_the_study_report_in_headless_chromium(study, tmp_path):
     from test_report import CHROMIUM, Chromium
 
@@ -307,8 +299,8 @@ def test_containers_need_apptainer_only_when_enabled(tmp_path):
 
 
 def _machine_with_gpus(tmp_path: Path, gpus: int) -> dict[str, str]:
-    """The environment of a machine whose `nvidia-smi -L` lists ``gpus`` H100s: common.smk counts
-    this machine's GPUs with exactly that command (_local_gpu_names), and a dry run asks the
+    """The environment of a machine whose `nvidia-smi -L` lists ``gpus`` H100s: the workflow counts
+    this machine's GPUs with exactly that command (schedulers.local_gpu_names), and a dry run asks the
     hardware nothing else. The listing is nvidia-smi's format."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -445,3 +437,19 @@ def test_after_a_trainer_edit_the_rerun_measures_again(study):
         assert record["status"] == "ok" and record["steps"]["resumed_from"] is None
         assert record["measurements"]["measured_steps"] == 6 and record["measurements"]["samples_per_s"] > 0
         assert not list((study / f"results/runs/{run}/checkpoints").glob("step-*.pt"))
+
+
+def test_snakemake_report_zip_holds_the_figures_tables_and_report(study, tmp_path):
+    """`snakemake --report` on the finished CI study (no job runs): the rules' report() outputs."""
+    import zipfile
+
+    from scalerepro.analysis.figures import FIGURE_NAMES
+
+    url, md5 = json.loads((study / "study_args").read_text())
+    archive = tmp_path / "report.zip"
+    result = snakemake(study, "--report", str(archive), "--configfile", "config/ci.yaml",
+                       "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    names = zipfile.ZipFile(archive).namelist()
+    for expected in [*(f"{n}.svg" for n in FIGURE_NAMES), *(f"{n}.png" for n in FIGURE_NAMES), "checks.csv", "scaling.csv", "index.html"]:
+        assert any(name.endswith("/" + expected) for name in names), f"{expected} not in the report archive"

@@ -46,21 +46,25 @@ rule aggregate:
         code=analysis_module("aggregate"),
         scaling_model=str(PACKAGE / "analysis" / "scaling_model.py"),
     output:
-        tables=expand(
-            "results/tables/{table}.csv",
-            table=[
-                "runs",
-                "epochs",
-                "loss_log",
-                "scaling",
-                "sensitivity",
-                "ablation",
-                "communication",
-                "comparison",
-                "checks",
-                "cost",
-                "scaling_model",
-            ],
+        tables=report(
+            expand(
+                "results/tables/{table}.csv",
+                table=[
+                    "runs",
+                    "epochs",
+                    "loss_log",
+                    "scaling",
+                    "sensitivity",
+                    "ablation",
+                    "communication",
+                    "comparison",
+                    "checks",
+                    "cost",
+                    "scaling_model",
+                ],
+            ),
+            caption="../../report/captions/tables.rst",
+            category="Tables",
         ),
         summary="results/tables/summary.json",
     log:
@@ -85,7 +89,11 @@ rule plots:
         profiling=profiling_tables(),
         code=analysis_module("plots"),
     output:
-        expand("results/plots/{name}.{ext}", name=PLOT_NAMES, ext=["png", "svg"]),
+        report(
+            expand("results/plots/{name}.{ext}", name=PLOT_NAMES, ext=["png", "svg"]),
+            caption="../../report/captions/figures.rst",
+            category="Figures",
+        ),
     log:
         "results/logs/plots.log",
     conda:

@@ -5,9 +5,6 @@
 # bottleneck), then the study's profiling tables. With profiling disabled none of it is planned.
 
 
-include: "profile_common.smk"
-
-
 wildcard_constraints:
     tool=r"nsys|ncu|torch",
 
@@ -25,7 +22,7 @@ rule profile:
         ENV_TRAIN
     container:
         RANKS_CONTAINER
-    threads: lambda wc: RUNS[wc.run].ranks_per_node * CONFIG["resources"]["cpus_per_gpu"]
+    threads: run_threads
     resources:
         **CLUSTER_RESOURCES,
         nodes=run_resources("nodes"),
@@ -48,9 +45,7 @@ rule profile:
         window_start=PROFILING["window_start"],
         window_steps=PROFILING["window_steps"],
         ncu_kernels=PROFILING["ncu_kernels"],
-        launch=lambda wc: launch_args(
-            RUNS[wc.run].ranks_per_node, RUNS[wc.run].nodes, f"profile_{wc.run}"
-        ),
+        launch=run_launch_args(prefix="profile_"),
         args=profile_trainer_args,
     script:
         "../scripts/run_profile.py"

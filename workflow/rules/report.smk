@@ -16,7 +16,11 @@ rule report:
         code=analysis_module("report"),
         templates=sorted(str(p) for p in (REPO / "report").rglob("*") if p.is_file()),
     output:
-        "results/report/index.html",
+        report(
+            "results/report/index.html",
+            caption="../../report/captions/report.rst",
+            category="Report",
+        ),
     log:
         "results/logs/report.log",
     conda:

@@ -31,7 +31,7 @@ rule train:
         ENV_TRAIN
     container:
         RANKS_CONTAINER
-    threads: lambda wc: RUNS[wc.run].ranks_per_node * CONFIG["resources"]["cpus_per_gpu"]
+    threads: run_threads
     resources:
         **CLUSTER_RESOURCES,
         nodes=run_resources("nodes"),
@@ -47,14 +47,8 @@ rule train:
         slurm_extra=run_resources("slurm_extra"),
         measured=run_resources("measured"),
     params:
-        launch=lambda wc: launch_args(
-            RUNS[wc.run].ranks_per_node, RUNS[wc.run].nodes, wc.run
-        ),
-        args=lambda wc: trainer_args(
-            RUNS[wc.run],
-            f"results/runs/{wc.run}/record.json",
-            f"results/runs/{wc.run}/checkpoints",
-        ),
+        launch=run_launch_args(),
+        args=run_trainer_args,
     # A shell command (not a script), so that `snakemake -n -p` prints every run's flags.
     shell:
         "python -m scalerepro.run_job {output.record:q} {log:q} {params.launch:q}"
@@ -73,21 +67,19 @@ rule comm_benchmark:
         ENV_TRAIN
     container:
         RANKS_CONTAINER
-    threads: lambda wc: ranks_and_nodes(int(wc.gpus))[0]
+    threads: lambda wc: PLAN.ranks_and_nodes(int(wc.gpus))[0]
     resources:
         **CLUSTER_RESOURCES,
-        nodes=lambda wc: ranks_and_nodes(int(wc.gpus))[1],
-        gpus=lambda wc: int(wc.gpus) if DEVICE == "cuda" else 0,
-        runtime=15,
+        nodes=comm_resources("nodes"),
+        gpus=comm_resources("gpus"),
+        runtime=comm_resources("runtime"),
         mpi=comm_resources("mpi"),
         tasks_per_gpu=comm_resources("tasks_per_gpu"),
         gres=comm_resources("gres"),
         slurm_extra=comm_resources("slurm_extra"),
-        measured=1,
+        measured=comm_resources("measured"),
     params:
-        launch=lambda wc: shlex.join(
-            launch_args(*ranks_and_nodes(int(wc.gpus)), f"comm_g{wc.gpus}")
-        ),
+        launch=comm_launch_args,
         sizes=" ".join(str(size) for size in CONFIG["communication"]["sizes_bytes"]),
         iterations=CONFIG["communication"]["iterations"],
         device=DEVICE,

@@ -33,7 +33,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import distributed, hardware
+from . import distributed, hardware, schedulers
 from .record import utc_now, write_atomically
 
 DEFAULT_SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB, x4
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 "started_at": started_at,
                 "ended_at": utc_now(),
                 "versions": hardware.software_versions(),
-                "slurm": hardware.slurm_facts(),
+                "scheduler": schedulers.current().job_facts(os.environ),
                 "results": rows,
             },
         )

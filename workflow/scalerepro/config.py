@@ -65,14 +65,15 @@ def _opt(default: Any, help: str, **argparse_extra: Any) -> Any:
 
 @dataclass
 class ModelConfig:
-    model: str = _opt("resnet18_cifar", "model to train: cnn, resnet18_cifar, resnet50, vit_b_16, bert_base, gpt2_small")
+    model: str = _opt("resnet18_cifar", "model to train: cnn, resnet18_cifar, resnet50, vit_b_16, bert_base, gpt2_small, gpt2_medium, gpt2_large, gpt2_xl, llama_1b, llama3_8b")
     image_size: int | None = _opt(None, "image side in pixels (default: the model's, or 32 for CIFAR-10)")
     num_classes: int | None = _opt(None, "classifier outputs (default: the model's, or 10 for CIFAR-10)")
-    seq_len: int | None = _opt(None, "sequence length for bert_base/gpt2_small (default 128/1024)")
-    vocab_size: int | None = _opt(None, "vocabulary size for the language models (default 30522/50257)")
-    num_layers: int | None = _opt(None, "transformer layers (default 12)")
-    hidden_size: int | None = _opt(None, "transformer width (default 768)")
-    num_heads: int | None = _opt(None, "attention heads (default 12)")
+    seq_len: int | None = _opt(None, "sequence length of the language models (default 128 bert_base, 1024 gpt2_*, 8192 llama_*)")
+    vocab_size: int | None = _opt(None, "vocabulary size for the language models (default 30522 bert_base, 50257 gpt2_*, 128256 llama_*)")
+    num_layers: int | None = _opt(None, "transformer layers (default: the model's, 12 for the base-size models)")
+    hidden_size: int | None = _opt(None, "transformer width (default: the model's, 768 for the base-size models)")
+    num_heads: int | None = _opt(None, "attention (query) heads (default: the model's, 12 for the base-size models)")
+    num_kv_heads: int | None = _opt(None, "key/value heads of the llama_* models' grouped-query attention (default 8; must divide --num-heads)")
     dropout: float = _opt(0.0, "dropout probability in the transformers (0 for throughput studies)")
 
 

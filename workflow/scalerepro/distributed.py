@@ -2,9 +2,10 @@
 
 A rank learns who it is from exactly one of three launchers:
 
-* ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``PORT``);
-* ``srun`` alone, one task per rank (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``; the
-  rendezvous host is the first host of the step's node list, the port derived from the job id);
+* ``torchrun`` or ``scalerepro.launch`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``PORT``);
+* the job's scheduler alone, one task per rank (``Scheduler.rank_env``: on Slurm ``srun`` with
+  ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``);
 * nothing: a single process, no process group and no DDP wrapper.
 
 The backend is NCCL on CUDA and gloo on the CPU. A peer that never arrives turns into a one-line
@@ -22,23 +23,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import schedulers
 from .launch import LAUNCHER_ENV, STORE_FD_ENV
-from .nodelist import first_host as nodelist_first_host
+from .schedulers import RankEnv, SchedulerError
 
 
 class DistributedSetupError(RuntimeError):
     """The process group could not be formed; the message says which peer or address and what to check."""
 
 
-@dataclass(frozen=True)
-class DistEnv:
-    launcher: str  # "local" (scalerepro.launch on one machine) | "torchrun" | "slurm" | "single"
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    master_addr: str | None
-    master_port: int | None
+# Who a rank is (launcher, rank, world size, local rank, rendezvous): see scalerepro.schedulers.
+DistEnv = RankEnv
 
 
 @dataclass(frozen=True)
@@ -69,18 +64,10 @@ class DistContext:
         return len(set(self.hostnames))
 
 
-def first_host(nodelist: str) -> str:
-    """First host of a Slurm hostlist expression (``scalerepro.nodelist.first_host``)."""
-    try:
-        return nodelist_first_host(nodelist)
-    except ValueError as error:
-        raise DistributedSetupError(str(error)) from None
-
-
 def node_name(environ: Mapping[str, str] = os.environ) -> str:
-    """The node this process runs on: Slurm's name for it inside a job step (two slurmd on one
-    host are two nodes), else the host name."""
-    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+    """The node this process runs on: its scheduler's name for it (two slurmd on one host are two
+    nodes), else the host name."""
+    return schedulers.current(environ).node_name(environ) or socket.gethostname()
 
 
 def detect_env(environ: Mapping[str, str] = os.environ) -> DistEnv:
@@ -94,24 +81,11 @@ def detect_env(environ: Mapping[str, str] = os.environ) -> DistEnv:
             master_addr=environ.get("MASTER_ADDR"),
             master_port=int(environ["MASTER_PORT"]) if "MASTER_PORT" in environ else None,
         )
-    if "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1:
-        nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
-        if not nodelist:
-            raise DistributedSetupError("SLURM_PROCID is set but no SLURM_STEP_NODELIST: launch with srun")
-        ntasks = int(environ["SLURM_NTASKS"])
-        nnodes = int(environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
-        # A port per job, so two jobs sharing a node do not collide; MASTER_PORT wins if set.
-        port = int(environ.get("MASTER_PORT") or 15000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)
-        return DistEnv(
-            launcher="slurm",
-            rank=int(environ["SLURM_PROCID"]),
-            world_size=ntasks,
-            local_rank=int(environ.get("SLURM_LOCALID", 0)),
-            local_world_size=-(-ntasks // nnodes),
-            master_addr=environ.get("MASTER_ADDR") or first_host(nodelist),
-            master_port=port,
-        )
-    return DistEnv("single", 0, 1, 0, 1, None, None)
+    try:
+        started_by_scheduler = schedulers.current(environ).rank_env(environ)
+    except SchedulerError as error:
+        raise DistributedSetupError(str(error)) from None
+    return started_by_scheduler or DistEnv("single", 0, 1, 0, 1, None, None)
 
 
 def _select_device(requested: str, local_rank: int) -> torch.device:

@@ -10,13 +10,14 @@ sysfs, software versions and the Slurm job. Whatever cannot be read is null with
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from . import hardware
+from . import hardware, schedulers
 from .record import utc_now, write_atomically
 
 _SYSFS_INFINIBAND = Path("/sys/class/infiniband")
@@ -113,7 +114,7 @@ def collect() -> dict[str, Any]:
         "nvidia_smi_topo_reason": topology_reason,
         "infiniband": infiniband_ports(),
         "software": hardware.software_versions(),
-        "slurm": hardware.slurm_facts(),
+        "scheduler": schedulers.current().job_facts(os.environ),
     }
 
 

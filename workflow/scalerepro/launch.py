@@ -1,4 +1,5 @@
-"""Start the ranks of one job: on this machine, or one srun task per node on Slurm.
+"""Start the ranks of one job: on this machine, or as the job's scheduler starts them
+(``scalerepro.schedulers``: on Slurm one srun task per node, each running torchrun).
 
     python -m scalerepro.launch --nodes 2 --ranks-per-node 4 -- -m scalerepro.train --model cnn ...
 
@@ -7,12 +8,10 @@ Outside Slurm (no ``SLURM_JOB_ID``) the launcher starts the ranks of this one ma
 a local run must be reachable from this machine only: the launcher binds the store's socket to
 127.0.0.1, rank 0 serves the store on it (``scalerepro.distributed``), and gloo and NCCL bind
 their sockets to the loopback interface. Like torchrun it stops the other ranks when one fails.
-Inside a Slurm allocation it runs one step, ``srun --nodes N --ntasks N --ntasks-per-node 1``,
-whose task on each node (``--node-agent``) execs torchrun with c10d rendezvous on the first host
-of the step's node list (the network there is the cluster's: ``slurm.env`` names the interface
-NCCL and gloo use, e.g. NCCL_SOCKET_IFNAME=ib0). Everything the step needs is passed to srun explicitly: Snakemake's
-Slurm job step strips most ``SLURM_*`` variables from a rule's environment, so the allocation's
-defaults cannot be relied on, and the node list is read inside the step, where srun sets it.
+Inside a scheduler's job it runs the scheduler's launch command (``Scheduler.launch_command``),
+whose task on each node (``--node-agent``) execs torchrun (``Scheduler.node_command``); the
+network there is the cluster's: ``slurm.env`` names the interface NCCL and gloo use, e.g.
+NCCL_SOCKET_IFNAME=ib0.
 
 Failures: every rank's console line carries its local rank (torchrun ``--tee``) and, on Slurm,
 its node task (srun ``--label``); this launcher passes the ranks' output through and keeps the
@@ -43,14 +42,9 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from . import nodelist as slurm_nodelist
-from . import rank_failure
+from . import rank_failure, schedulers
 from .record import utc_now
-
-# The c10d rendezvous port of a multi-node job: a base plus the job id modulo a span, so that two
-# jobs whose first node is the same host rarely meet on one port (single-node runs use torchrun's
-# --standalone, which picks a free port itself).
-RENDEZVOUS_PORT_SPAN = 1000
+from .schedulers import LaunchRequest, SchedulerError
 
 
 # The environment of a local run's ranks (read by scalerepro.distributed): who started them, and
@@ -63,74 +57,6 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 class LaunchError(RuntimeError):
     """The ranks cannot be started; the message says why and what to change."""
-
-
-def rendezvous_port(base: int, environ: Mapping[str, str]) -> int:
-    job_id = environ.get("SLURM_JOB_ID", "0")
-    return base + (int(job_id) if job_id.isdigit() else 0) % RENDEZVOUS_PORT_SPAN
-
-
-def torchrun_command(
-    python: str, nodes: int, ranks_per_node: int, endpoint: str | None, rdzv_id: str, program: Sequence[str], log_dir: str | None = None
-) -> list[str]:
-    command = [python, "-m", "torch.distributed.run", f"--nproc-per-node={ranks_per_node}"]
-    if nodes == 1:
-        command.append("--standalone")
-    else:
-        command += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
-    return command + rank_output_flags(log_dir) + list(program)
-
-
-def rank_output_flags(log_dir: str | None) -> list[str]:
-    """Each rank's stdout and stderr to the console, every line prefixed with its local rank
-    (``--tee``, which also writes them to files under ``log_dir``; torchrun makes a temporary
-    directory when it is None)."""
-    return ["--tee=3", *([f"--log-dir={log_dir}"] if log_dir else [])]
-
-
-def srun_command(args: argparse.Namespace, python: str) -> list[str]:
-    """The one step of a Slurm job: a node agent per node, every resource named explicitly."""
-    step = [
-        "srun", f"--nodes={args.nodes}", f"--ntasks={args.nodes}", "--ntasks-per-node=1",
-        f"--cpus-per-task={args.cpus_per_node}", "--kill-on-bad-exit=1", "--export=ALL", "--label",
-        f"--job-name={args.name}" if args.name else None,
-        f"--gpus-per-node={args.ranks_per_node}" if args.slurm_gpus else None,
-    ]  # fmt: skip
-    container = ["apptainer", "exec", *(["--nv"] if args.slurm_gpus else []), args.container] if args.container else []
-    agent = [
-        "python" if args.container else python, "-m", "scalerepro.launch", "--node-agent", f"--nodes={args.nodes}",
-        f"--ranks-per-node={args.ranks_per_node}", f"--cpus-per-node={args.cpus_per_node}", f"--port={args.port}", "--", *args.program,
-    ]  # fmt: skip
-    return [part for part in step if part] + container + agent
-
-
-def resolve_host(host: str) -> str:
-    """An address for ``host``: its name when it resolves, else the NodeAddr Slurm knows it by
-    (clusters, and the test cluster, whose node names are not DNS names)."""
-    try:
-        socket.getaddrinfo(host, None)
-        return host
-    except socket.gaierror:
-        pass
-    if shutil.which("scontrol"):
-        shown = subprocess.run(["scontrol", "show", "node", host, "--oneliner"], capture_output=True, text=True)
-        for field in shown.stdout.split():
-            if field.startswith("NodeAddr="):
-                return field.removeprefix("NodeAddr=")
-    raise LaunchError(f"the rendezvous host {host!r} does not resolve and Slurm gives no NodeAddr for it: check the node's DNS name")
-
-
-def node_agent(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
-    """Inside the step, on each node: the torchrun command for this node."""
-    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
-    if args.nodes > 1 and not nodelist:
-        raise LaunchError("--node-agent runs inside an srun step (no SLURM_STEP_NODELIST here): start jobs with scalerepro.launch")
-    try:
-        endpoint = f"{resolve_host(slurm_nodelist.first_host(nodelist))}:{args.port}" if args.nodes > 1 else None
-    except ValueError as error:  # a node list this launcher cannot read
-        raise LaunchError(str(error)) from None
-    rdzv_id = f"{environ.get('SLURM_JOB_ID', 'local')}.{environ.get('SLURM_STEP_ID', '0')}"
-    return torchrun_command(sys.executable, args.nodes, args.ranks_per_node, endpoint, rdzv_id, args.program)
 
 
 def local_rank_environments(ranks: int, port: int, store_fd: int, environ: Mapping[str, str]) -> list[dict[str, str]]:
@@ -236,17 +162,26 @@ def _wait_for(processes: Sequence[subprocess.Popen]) -> int:
     return EXIT_PREEMPTED if any(_exit_code(p.returncode) == EXIT_PREEMPTED for p in processes) else 0
 
 
+def launch_request(args: argparse.Namespace) -> LaunchRequest:
+    return LaunchRequest(
+        nodes=args.nodes, ranks_per_node=args.ranks_per_node, cpus_per_node=args.cpus_per_node, port=args.port,
+        name=args.name, gpus=args.slurm_gpus, container=args.container, program=tuple(args.program),
+    )  # fmt: skip
+
+
 def command(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
     """The command that starts every rank of the job, from where this launcher runs."""
-    if args.node_agent:
-        return node_agent(args, environ)
-    if "SLURM_JOB_ID" in environ:
-        if shutil.which("srun") is None:
-            raise LaunchError("inside a Slurm job but srun is not on PATH: load the site's Slurm module in the profile's precommand")
-        return srun_command(args, sys.executable)
+    scheduler = schedulers.current(environ)
+    try:
+        if args.node_agent:  # the scheduler that started this node's task names itself
+            return schedulers.backend(args.node_agent).node_command(launch_request(args), sys.executable, environ)
+        if scheduler is not schedulers.LOCAL:
+            return scheduler.launch_command(launch_request(args), sys.executable, environ)
+    except SchedulerError as error:
+        raise LaunchError(str(error)) from None
     if args.nodes > 1:
         raise LaunchError(
-            f"a run over {args.nodes} nodes needs Slurm (no SLURM_JOB_ID here): run the workflow with --profile slurm"
+            f"a run over {args.nodes} nodes needs a cluster scheduler (none here): run the workflow with --profile slurm"
         )
     # Locally a container is Snakemake's business (the rule's container: directive).
     return [sys.executable, *args.program]
@@ -262,7 +197,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="exported to every rank (NCCL_SOCKET_IFNAME=ib0, ...)")
     parser.add_argument("--container", default=None, help="Apptainer image the ranks run in, inside each node's srun task (Slurm)")
     parser.add_argument("--name", default=None, help="the step's name in sacct")
-    parser.add_argument("--node-agent", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--node-agent", default=None, metavar="SCHEDULER", help=argparse.SUPPRESS)
     parser.add_argument("program", nargs=argparse.REMAINDER, help="-- then what torchrun starts: -m scalerepro.train ...")
     args = parser.parse_args(argv)
     if args.program[:1] == ["--"]:
@@ -278,7 +213,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if not args.node_agent:
-        args.port = rendezvous_port(args.port, os.environ)
+        args.port = schedulers.current(os.environ).rendezvous_port(args.port, os.environ)
     os.environ.update(item.split("=", 1) for item in args.env)  # srun --export=ALL carries them on
     if args.node_agent:
         return _exec_node_agent(args)
@@ -287,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LaunchError as error:
         print(f"scalerepro.launch: error: {error}", file=sys.stderr, flush=True)
         return 2
-    local = "SLURM_JOB_ID" not in os.environ
+    local = schedulers.current(os.environ) is schedulers.LOCAL
     where = f"{args.ranks_per_node} local rank(s), rendezvous on 127.0.0.1 only: " if local else ""
     print(f"scalerepro.launch: {where}{shlex.join(argv_out)}", file=sys.stderr, flush=True)
     started, started_at = time.time(), utc_now()

@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import hardware
+from . import hardware, schedulers
 from .config import preset_overrides
 from .files import atomic_file
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the scheduler's job facts under "scheduler" (was "slurm")
 
 
 def utc_now() -> str:
@@ -82,7 +82,7 @@ def build(
         "git": hardware.git_info(Path(__file__).resolve().parent),
         "versions": hardware.software_versions(import_torch),
         "hardware": hardware.host_facts(import_torch),
-        "slurm": hardware.slurm_facts(),
+        "scheduler": schedulers.current().job_facts(os.environ),
         "model": None,
         "optimizer": None,
         "parallel": None,

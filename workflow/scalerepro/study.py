@@ -117,11 +117,11 @@ def parse_trainer_flags(argv: list[str], key: str) -> trainer_config.TrainConfig
         raise StudyError(key, f"the trainer refuses these flags: {reason.removeprefix('scalerepro.train: error: ')}") from None
 
 
-def resolve_device(config: dict[str, Any], *, on_slurm: bool, local_gpus: int) -> str:
+def resolve_device(config: dict[str, Any], *, on_cluster: bool, local_gpus: int) -> str:
     """auto: the GPUs when there are any (or the jobs run on a cluster), else the CPU."""
     if config["device"] != "auto":
         return config["device"]
-    return "cuda" if local_gpus or on_slurm else "cpu"
+    return "cuda" if local_gpus or on_cluster else "cpu"
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -132,10 +132,10 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def build(config: dict[str, Any], *, on_slurm: bool, local_gpus: int, local_gpu_name: str | None = None, references: list[dict[str, Any]] = ()) -> Study:
+def build(config: dict[str, Any], *, on_cluster: bool, local_gpus: int, local_gpu_name: str | None = None, references: list[dict[str, Any]] = ()) -> Study:
     """The study of a validated ``config`` (cpu_overrides already applied where they apply)."""
-    device = resolve_device(config, on_slurm=on_slurm, local_gpus=local_gpus)
-    local = not on_slurm
+    device = resolve_device(config, on_cluster=on_cluster, local_gpus=local_gpus)
+    local = not on_cluster
     gpus_per_node = _gpus_per_node(config, device, local, local_gpus)
     gpu_counts = _gpu_counts(config, local, gpus_per_node)
     if device == "cuda" and local and max(gpu_counts) > local_gpus:

@@ -2,7 +2,7 @@
 
     python -m scalerepro.analysis.aggregate --matrix results/tables/matrix.csv \
         --comm results/comm/g2.json results/comm/g4.json --references config/references.yaml \
-        --out results/tables --target strong_efficiency_min=0.7 --target strong_efficiency_gpus=8
+        --out results/tables --targets "$(yq -o json .targets config/config.yaml)"
 
 Inputs: the matrix (one row per *expected* run, with the path of its record; relative paths are
 resolved against the current directory, the workflow's working directory), the run records
@@ -69,7 +69,8 @@ scaling.csv -- one row per (study in strong|weak, model, gpus): study, model, gp
     samples_per_s_cv, samples_per_s_ci_low, samples_per_s_ci_high (95 % interval of the
     median), noisy, samples_per_s_per_gpu (median / gpus), step_time_median_s, epoch_time_s
     (medians), epoch_time_cv, speedup, ideal_speedup (= gpus), efficiency (strong or weak,
-    above), efficiency_ci_low, efficiency_ci_high, note.
+    above), efficiency_ci_low, efficiency_ci_high, weak_variation, weak_variation_ci_low,
+    weak_variation_ci_high (weak rows: the model's variation over its GPU counts, above), note.
 sensitivity.csv -- one row per (model, gpus, bucket_cap_mb, per_rank_batch, precision):
     those, repeats_ok, repeats_total, the throughput's median, min, max, CV, interval and noisy
     flag (as scaling.csv), step_time_median_s, exposed_comm_fraction (median), note.
@@ -89,11 +90,13 @@ comparison.csv -- one row per reference in references.yaml, the reproduction gro
     (the runs), measured_device, measured_conditions and published_conditions (side by side,
     one line each), the reference's conditions (gpu, precision, per_gpu_batch, seq_len,
     memory_format, data, optimizer), framework, metric_notes, source, note.
-checks.csv -- one row per check whose threshold is given (``--target``): check (the threshold's
-    key), target (text: what is checked and against what), threshold (number), measured (number,
-    in the threshold's unit), interval_low, interval_high (its 95 % interval, where it has one),
-    value (``measured`` as text), status (pass | fail | inconclusive: the interval holds the
-    threshold | not measured | not applicable: a CPU study), detail (which cells, or why).
+checks.csv -- one row per entry of ``targets.checks`` (``--targets``; each entry is data: which
+    table, which rows (where), which metric column, how reduced, threshold, direction, unit; see
+    parse_checks, evaluated by the one ``evaluate``): check (the entry's name), target (text:
+    what is checked and against what), threshold (number), measured (number, in the unit),
+    interval_low, interval_high (the worst row's 95 % interval, where its table has one), value
+    (``measured`` as text), status (pass | fail | inconclusive: the interval holds the
+    threshold | not measured | not applicable: a CPU study), detail (which rows, or why), unit.
 cost.csv -- one row per study plus a ``total`` row: study, runs (matrix rows),
     gpu_hours_used = sum(duration_s x gpus) / 3600 and node_hours_used = sum(duration_s x
     nodes) / 3600 over the runs with a record, gpu_hours_requested = sum(runtime_min / 60 x
@@ -114,6 +117,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +125,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from ..cli import OneLineErrorParser
 from . import repeats, scaling_model
 
 MATRIX_COLUMNS = (
@@ -155,7 +160,7 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "device_type": ("parallel", "device_type"),
     "world_size_recorded": ("parallel", "world_size"),
     "nodes_recorded": ("parallel", "nodes"),
-    "slurm_job_id": ("slurm", "job_id"),
+    "slurm_job_id": ("scheduler", "job_id"),  # the batch job (any scheduler; the name is the store's column)
     "git_commit": ("git", "commit"),
     "git_dirty": ("git", "dirty"),
     "torch_version": ("versions", "torch"),
@@ -201,10 +206,12 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "mixed")
 # Spread of a cell's throughput over its repeats (scalerepro.analysis.repeats): n is repeats_ok.
 SPREAD = ("samples_per_s_cv", "samples_per_s_ci_low", "samples_per_s_ci_high", "noisy")
 THROUGHPUT = ("samples_per_s_median", "samples_per_s_min", "samples_per_s_max", *SPREAD)
+# (max T - min T) / min T over a weak-scaling model's GPU counts, on each of its weak rows
+WEAK_VARIATION = ("weak_variation", "weak_variation_ci_low", "weak_variation_ci_high")
 SCALING_COLUMNS = (
     "study", "model", "gpus", "nodes", "repeats_ok", "repeats_total", *THROUGHPUT, "samples_per_s_per_gpu",
     "step_time_median_s", "epoch_time_s", "epoch_time_cv", "speedup", "ideal_speedup", "efficiency",
-    "efficiency_ci_low", "efficiency_ci_high", "note",
+    "efficiency_ci_low", "efficiency_ci_high", *WEAK_VARIATION, "note",
 )  # fmt: skip
 SENSITIVITY_KEYS = ("model", "gpus", "bucket_cap_mb", "per_rank_batch", "precision")
 SENSITIVITY_COLUMNS = (
@@ -220,31 +227,17 @@ COMPARISON_COLUMNS = (
     "measured_device", "measured_conditions", "published_conditions", *CONDITIONS, "framework", "metric_notes",
     "source", "note",
 )  # fmt: skip
-CHECK_COLUMNS = ("check", "target", "threshold", "measured", "interval_low", "interval_high", "value", "status", "detail")
+CHECK_COLUMNS = (
+    "check", "target", "threshold", "measured", "interval_low", "interval_high", "value", "status", "detail", "unit",
+)  # fmt: skip
 CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured", "not applicable")
 CPU_STUDY = (
     "not applicable on a CPU study: ranks on one host's cores measure the pipeline (the code path, the "
     "collectives, the bookkeeping), not a cluster"
 )
-# What each check measures, by its target key (the target text starts with it).
-CHECK_NAMES = {
-    "strong_efficiency_min": "strong-scaling efficiency",
-    "weak_variation_max": "weak-scaling time-per-epoch variation",
-    "optimisation_gain_min": "optimisation gain (all vs baseline)",
-    "gpu_util_min_pct": "GPU utilisation",
-    "exposed_comm_max": "exposed communication",
-    "data_stall_max": "data-loader stall",
-}
-
-# Targets: key -> what it sets.
+# Targets: key -> what it sets (``checks``: see parse_checks and config/README.md).
 TARGETS = {
-    "strong_efficiency_min": "strong-scaling efficiency at least this (fraction) ...",
-    "strong_efficiency_gpus": "... at this GPU count (default: the largest strong-scaling count)",
-    "weak_variation_max": "weak-scaling time-per-epoch variation at most this (fraction)",
-    "optimisation_gain_min": 'ablation "all" vs baseline throughput gain at least this (fraction)',
-    "gpu_util_min_pct": "mean GPU utilisation above this (percent)",
-    "exposed_comm_max": "exposed communication of every multi-GPU run below this (fraction)",
-    "data_stall_max": "data-loader stall of every run below this (fraction)",
+    "checks": "name -> {description, table, where, metric, reduce, direction, strict, threshold, unit}",
     "reproduce_tolerance": "a reference is reproduced when |measured / published - 1| is at most this (default 0.10)",
     "noise_cv_max": "a cell whose throughput varies more than this over its repeats (CV) is flagged noisy (default 0.05)",
 }
@@ -431,6 +424,7 @@ def scaling_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX
         low.append(bounds[0])
         high.append(bounds[1])
     cells["efficiency_ci_low"], cells["efficiency_ci_high"] = low, high
+    cells = cells.merge(weak_variation(scaled, cells), on=["study", "model"], how="left")
     cells["note"] = np.select(
         [cells["repeats_ok"].eq(0), thr1.isna(), cells["noisy"]],
         [NO_REPEAT, "no completed 1-GPU run of this study and model: speedup and efficiency undefined",
@@ -438,6 +432,25 @@ def scaling_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX
         "",
     )  # fmt: skip
     return cells.sort_values(["study", "model", "gpus"], kind="stable")[list(SCALING_COLUMNS)].reset_index(drop=True)
+
+
+def weak_variation(scaled: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
+    """Per weak-scaling model with epoch times at two or more GPU counts: the variation
+    (max T - min T) / min T over those counts, and its 95 % interval from paired bootstrap medians
+    of every count's epoch time. One row per (study, model); the scaling table repeats it on each
+    of the model's weak rows (a derived column, so a check on it is a plain select + reduce)."""
+    weak = cells[cells["study"].eq("weak")].dropna(subset=["epoch_time_s"])
+    rows = []
+    for model, group in weak.groupby("model", sort=False):
+        if len(group) < 2:
+            continue
+        times = group["epoch_time_s"]
+        at = scaled["study"].eq("weak") & scaled["model"].eq(model)
+        per_count = [(_cell_values(scaled, "epoch_time_s", at & scaled["gpus"].eq(g)), ("weak", model, g, "epoch_time_s"))
+                     for g in sorted(group["gpus"])]  # fmt: skip
+        low, high = repeats.ratio_interval(per_count, lambda *m: (np.max(m, axis=0) - np.min(m, axis=0)) / np.min(m, axis=0))
+        rows.append(("weak", model, (times.max() - times.min()) / times.min(), low, high))
+    return pd.DataFrame(rows, columns=["study", "model", *WEAK_VARIATION])
 
 
 def sensitivity_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
@@ -702,144 +715,191 @@ def comparison_table(
 
 
 # --------------------------------------------------------------------------------------------
-# Checks against the targets
+# Checks against the targets: every check is data (config ``targets.checks``), one evaluator
 # --------------------------------------------------------------------------------------------
+
+# The tables a check may select from, and the numeric columns it may reduce (its metric).
+CHECK_TABLES: dict[str, tuple[str, ...]] = {
+    "scaling": (
+        "samples_per_s_median", "samples_per_s_cv", "samples_per_s_per_gpu", "step_time_median_s", "epoch_time_s",
+        "epoch_time_cv", "speedup", "efficiency", "weak_variation",
+    ),
+    "sensitivity": ("samples_per_s_median", "samples_per_s_cv", "step_time_median_s", "exposed_comm_fraction"),
+    "ablation": ("samples_per_s_median", "samples_per_s_cv", "gain"),
+    "runs": (
+        "samples_per_s", "tokens_per_s", "step_time_median_s", "epoch_time_s", "mfu", "exposed_comm_fraction",
+        "data_stall_fraction", "gpu_util_mean_pct", "power_mean_w", "energy_per_sample_j", "energy_per_sample_net_j",
+        "peak_memory_bytes", "final_train_loss", "final_eval_loss", "final_eval_accuracy",
+    ),
+    "communication": ("time_us_median", "algbw_gbps", "busbw_gbps"),
+    "comparison": ("ratio", "measured"),
+}  # fmt: skip
+# What names a selected row in a check's detail, by table.
+CHECK_LABELS = {"scaling": "model", "sensitivity": "model", "ablation": "model", "runs": "run_id",
+                "communication": "size_bytes", "comparison": "reference"}  # fmt: skip
+# Why a row has no value, by table (shown when a check measured nothing).
+CHECK_REASONS = {"scaling": "note", "sensitivity": "note", "ablation": "note", "runs": "nvml_reason",
+                 "comparison": "verdict"}  # fmt: skip
+REDUCTIONS = ("worst", "best", "mean", "median")
+DIRECTIONS = ("min", "max")  # min: the measured value must reach the threshold; max: stay under it
+CHECK_UNITS = ("fraction", "percent", "signed fraction")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One entry of ``targets.checks`` (ReFrame's reference tuple as data): reduce ``metric``
+    over the ``table`` rows that ``where`` selects, and hold it against ``threshold``."""
+
+    name: str
+    description: str
+    table: str
+    metric: str
+    threshold: float
+    direction: str
+    where: Mapping[str, Any]
+    reduce: str = "worst"
+    strict: bool = False  # pass at equality unless strict
+    unit: str = "fraction"
+
+    @property
+    def operator(self) -> str:
+        return {"min": ">", "max": "<"}[self.direction] + ("" if self.strict else "=")
+
+    def passes(self, value: float) -> bool:
+        return {">": value > self.threshold, ">=": value >= self.threshold,
+                "<": value < self.threshold, "<=": value <= self.threshold}[self.operator]  # fmt: skip
+
+    def text(self, value: float) -> str:
+        """A value of this check's metric as the report shows it."""
+        return {"fraction": f"{value:.1%}", "percent": f"{value:.1f}%", "signed fraction": f"{value:+.1%}"}.get(
+            self.unit, f"{value:.4g} {self.unit}"
+        )
+
+
+def parse_checks(targets: Mapping[str, Any]) -> list[Check]:
+    """The checks of ``targets['checks']`` (name -> entry), in their order. A bad entry raises
+    ValueError with one line naming the key and the fix (the config schema catches most first)."""
+    entries = targets.get("checks") or {}
+    known = set(Check.__dataclass_fields__) - {"name"}
+    parsed = []
+    for name, entry in entries.items():
+        where = f"targets.checks.{name}"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"config error at '{where}': a check is a mapping of {sorted(known)}")
+        unknown = set(entry) - known
+        missing = {"table", "metric", "threshold", "direction"} - set(entry)
+        if unknown or missing:
+            what = f"unknown keys {sorted(unknown)}" if unknown else f"missing keys {sorted(missing)}"
+            raise ValueError(f"config error at '{where}': {what}; a check has {sorted(known)}")
+        table, metric = entry["table"], entry["metric"]
+        if table not in CHECK_TABLES:
+            raise ValueError(f"config error at '{where}.table': {table!r} is not one of {list(CHECK_TABLES)}")
+        if metric not in CHECK_TABLES[table]:
+            raise ValueError(f"config error at '{where}.metric': {metric!r} is not a metric of {table}.csv "
+                             f"(one of {', '.join(CHECK_TABLES[table])})")  # fmt: skip
+        for key, allowed in (("direction", DIRECTIONS), ("reduce", REDUCTIONS)):
+            if key in entry and entry[key] not in allowed:
+                raise ValueError(f"config error at '{where}.{key}': {entry[key]!r} is not one of {list(allowed)}")
+        if isinstance(entry["threshold"], bool) or not isinstance(entry["threshold"], (int, float)):
+            raise ValueError(f"config error at '{where}.threshold': {entry['threshold']!r} is not a number")
+        parsed.append(Check(name=name, description=entry.get("description", f"{table} {metric}"), table=table,
+                            metric=metric, threshold=float(entry["threshold"]), direction=entry["direction"],
+                            where=dict(entry.get("where") or {}), reduce=entry.get("reduce", "worst"),
+                            strict=bool(entry.get("strict", False)), unit=entry.get("unit", "fraction")))  # fmt: skip
+    return parsed
+
+
+_COMPARISONS = {">=": "ge", "<=": "le", ">": "gt", "<": "lt"}
+
+
+def select(table: pd.DataFrame, where: Mapping[str, Any]) -> tuple[pd.DataFrame, str]:
+    """The rows ``where`` selects, and the selection as text. A value is matched for equality (a
+    list: any of it), a string ">1" / ">=2" / "<8" / "<=4" compares, and "max" / "min" keeps the
+    rows at the largest / smallest value of the column among those the other keys select."""
+    rows, said, extremes = table, [], []
+    for column, wanted in where.items():
+        if column not in table.columns:
+            raise ValueError(f"a check selects on {column!r}, which the table lacks (it has {', '.join(table.columns)})")
+        if wanted in ("max", "min"):
+            extremes.append((column, wanted))
+            continue
+        if isinstance(wanted, str) and wanted[:1] in "<>":
+            op = ">=" if wanted.startswith(">=") else "<=" if wanted.startswith("<=") else wanted[0]
+            rows = rows[getattr(rows[column], _COMPARISONS[op])(float(wanted[len(op):]))]
+            said.append(f"{column} {op} {wanted[len(op):]}")
+        elif isinstance(wanted, list):
+            rows = rows[rows[column].isin(wanted)]
+            said.append(f"{column} in {', '.join(map(str, wanted))}")
+        else:
+            rows = rows[rows[column].eq(wanted)]
+            said.append(f"{column} = {wanted}")
+    for column, wanted in extremes:
+        value = getattr(rows[column], wanted)()
+        if pd.notna(value):
+            rows = rows[rows[column].eq(value)]
+        said.append(f"{column} = {value:g} ({wanted})" if pd.notna(value) else f"{column} = {wanted}")
+    return rows, ", ".join(said)
 
 
 def _verdict(
-    check: str,
-    target: str,
-    threshold: float,
-    detail: str,
-    measured: float | None = None,
-    passed: bool = False,
-    value: str = "",
+    check: Check, target: str, detail: str, measured: float | None = None,
     interval: tuple[float, float] = (float("nan"), float("nan")),
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """One checks.csv row; without ``measured`` the check is "not measured" and ``detail`` says
     why. With an interval that has the threshold strictly inside it the check is "inconclusive":
     the repeats cannot say on which side the true value lies."""
     low, high = interval
+    value = "" if measured is None else check.text(measured)
     if measured is None:
         status = "not measured"
-    elif repeats.straddles(low, high, threshold):
+    elif repeats.straddles(low, high, check.threshold):
         status = "inconclusive"
-        detail = f"95 % interval {value_range(low, high, value)} holds the threshold; " + detail
+        detail = f"95 % interval {check.text(low)} to {check.text(high)} holds the threshold; " + detail
     else:
-        status = "pass" if passed else "fail"
-    target = f"{CHECK_NAMES[check]} {target}"
-    return dict(zip(CHECK_COLUMNS, (check, target, threshold, measured, low, high, value, status, detail)))
+        status = "pass" if check.passes(measured) else "fail"
+    row = (check.name, target, check.threshold, measured, low, high, value, status, detail, check.unit)
+    return dict(zip(CHECK_COLUMNS, row))
 
 
-def value_range(low: float, high: float, like: str) -> str:
-    """An interval in the format of the value it belongs to (a percentage or a signed one)."""
-    fmt = "+.1%" if like.startswith(("+", "-")) else ".1%"
-    return f"{low:{fmt}} to {high:{fmt}}"
-
-
-def _listing(frame: pd.DataFrame, label: str, column: str, fmt: str) -> str:
-    return ", ".join(f"{name} {value:{fmt}}" for name, value in zip(frame[label], frame[column]))
-
-
-def _strong_efficiency(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> dict:
-    minimum = targets["strong_efficiency_min"]
-    strong = t["scaling"][t["scaling"]["study"].eq("strong")]
-    gpus = targets.get("strong_efficiency_gpus", strong["gpus"].max())
-    if pd.isna(gpus):
-        return _verdict("strong_efficiency_min", f">= {minimum:.0%}", minimum, "no strong-scaling cell in the study")
-    target = f">= {minimum:.0%} at {gpus:g} GPUs"
-    at = strong[strong["gpus"].eq(gpus)]
-    done = at.dropna(subset=["efficiency"])
+def evaluate(check: Check, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+    """One check on the tables: select its rows, reduce its metric (worst: the row furthest on
+    the failing side, with its 95 % interval where the table has ``<metric>_ci_low/_high``;
+    mean / median: over the rows), say which rows and why any were not measured."""
+    table = tables[check.table]
+    label = CHECK_LABELS[check.table]
+    chosen, where = select(table, check.where)
+    target = f"{check.description} {check.operator} {check.text(check.threshold)}" + (f" ({where})" if where else "")
+    done = chosen.dropna(subset=[check.metric])
     if done.empty:
-        why = "; ".join(at["model"] + ": " + at["note"]) or f"no strong-scaling cell at {gpus:g} GPUs"
-        return _verdict("strong_efficiency_min", target, minimum, why)
-    worst = done.loc[done["efficiency"].idxmin()]
-    detail = f"worst model {worst['model']}; at {gpus:g} GPUs: {_listing(done, 'model', 'efficiency', '.1%')}"
-    if len(done) < len(at):
-        detail += "; not measured: " + ", ".join(at.loc[at["efficiency"].isna(), "model"])
-    e = float(worst["efficiency"])
-    interval = (float(worst["efficiency_ci_low"]), float(worst["efficiency_ci_high"]))
-    return _verdict("strong_efficiency_min", target, minimum, detail, e, e >= minimum, f"{e:.1%}", interval)
-
-
-def _weak_variation(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> dict:
-    maximum = targets["weak_variation_max"]
-    target = f"<= {maximum:.0%}"
-    weak = t["scaling"][t["scaling"]["study"].eq("weak")].dropna(subset=["epoch_time_s"])
-    spread = weak.groupby("model")["epoch_time_s"].agg(["min", "max", "count"]).query("count >= 2").reset_index()
-    spread["variation"] = (spread["max"] - spread["min"]) / spread["min"]  # (max T - min T) / min T
-    if spread.empty:
-        why = "no model has completed weak-scaling runs at two or more GPU counts"
-        return _verdict("weak_variation_max", target, maximum, why)
-    worst = spread.loc[spread["variation"].idxmax()]
-    v = float(worst["variation"])
-    detail = f"worst model {worst['model']}; time-per-epoch variation: {_listing(spread, 'model', 'variation', '.1%')}"
-    # its interval: (max - min) / min of the paired bootstrap medians of every GPU count's epoch time
-    runs = t["runs"]
-    at = runs["study"].eq("weak") & runs["model"].eq(worst["model"])
-    cells = [(_cell_values(runs, "epoch_time_s", at & runs["gpus"].eq(g)), ("weak", worst["model"], g, "epoch_time_s"))
-             for g in sorted(weak.loc[weak["model"].eq(worst["model"]), "gpus"])]  # fmt: skip
-    interval = repeats.ratio_interval(cells, lambda *m: (np.max(m, axis=0) - np.min(m, axis=0)) / np.min(m, axis=0))
-    return _verdict("weak_variation_max", target, maximum, detail, v, v <= maximum, f"{v:.1%}", interval)
-
-
-def _optimisation_gain(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> dict:
-    minimum = targets["optimisation_gain_min"]
-    target = f">= {minimum:.0%}"
-    every = t["ablation"][t["ablation"]["variant"].eq("all")]
-    done = every.dropna(subset=["gain"])
-    if done.empty:
-        why = "; ".join(every["model"] + ": " + every["note"]) or 'the study has no ablation "all" variant'
-        return _verdict("optimisation_gain_min", target, minimum, why)
-    worst = done.loc[done["gain"].idxmin()]
-    g = float(worst["gain"])
-    detail = f"worst model {worst['model']} at {worst['gpus']:g} GPUs; gain: {_listing(done, 'model', 'gain', '+.1%')}"
-    interval = (float(worst["gain_ci_low"]), float(worst["gain_ci_high"]))
-    return _verdict("optimisation_gain_min", target, minimum, detail, g, g >= minimum, f"{g:+.1%}", interval)
-
-
-def _run_maximum(check: str, column: str, multi_gpu: bool, what: str):
-    """A check that every completed run's ``column`` stays below the target: the worst run counts."""
-
-    def evaluate(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> dict:
-        maximum = targets[check]
-        runs = t["runs"][t["runs"]["counts"] & (t["runs"]["gpus"].gt(1) if multi_gpu else True)]
-        done = runs.dropna(subset=[column])
-        scope = "completed multi-GPU runs" if multi_gpu else "completed runs"
-        target = f"< {maximum:.0%}"
-        if done.empty:
-            return _verdict(check, target, maximum, f"no {what} recorded by the {len(runs)} {scope}")
-        worst = done.loc[done[column].idxmax()]
-        m = float(worst[column])
-        detail = f"max over {len(done)} {scope}: {worst['run_id']}; median {done[column].median():.1%}"
-        return _verdict(check, target, maximum, detail, m, m < maximum, f"{m:.1%}")
-
-    return evaluate
-
-
-def _gpu_utilisation(t: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> dict:
-    minimum = targets["gpu_util_min_pct"]
-    target = f"> {minimum:g}% (mean over completed runs)"
-    ok = t["runs"][t["runs"]["counts"]]
-    done = ok.dropna(subset=["gpu_util_mean_pct"])
-    if done.empty:
-        reasons = _joined(ok["nvml_reason"]) or "no completed run"
-        return _verdict("gpu_util_min_pct", target, minimum, f"no NVML utilisation recorded: {reasons}")
-    mean = float(done["gpu_util_mean_pct"].mean())
-    lowest = done.loc[done["gpu_util_mean_pct"].idxmin()]
-    detail = f"mean of {len(done)} runs with NVML; lowest {lowest['run_id']} {lowest['gpu_util_mean_pct']:.1f}%"
-    return _verdict("gpu_util_min_pct", target, minimum, detail, mean, mean > minimum, f"{mean:.1f}%")
-
-
-# target key -> the check it sets, evaluated in this order
-CHECKS = {
-    "strong_efficiency_min": _strong_efficiency,
-    "weak_variation_max": _weak_variation,
-    "optimisation_gain_min": _optimisation_gain,
-    "gpu_util_min_pct": _gpu_utilisation,
-    "exposed_comm_max": _run_maximum("exposed_comm_max", "exposed_comm_fraction", True, "exposed-communication share"),
-    "data_stall_max": _run_maximum("data_stall_max", "data_stall_fraction", False, "data-stall fraction"),
-}
+        reason = CHECK_REASONS.get(check.table)
+        reasons = []  # each reason once, with the rows it is given for
+        if reason in chosen.columns:
+            for text, labels in chosen.dropna(subset=[reason]).groupby(reason, sort=False)[label]:
+                who = ", ".join(map(str, labels)) if len(labels) <= 3 else f"{len(labels)} rows"
+                reasons.append(f"{who}: {text}")
+        why = f"no {check.table}.csv row where {where or 'any'}" if chosen.empty else \
+            f"no {check.metric} in the {len(chosen)} {check.table}.csv rows where {where or 'any'}"  # fmt: skip
+        return _verdict(check, target, why + (f": {'; '.join(reasons)}" if reasons else ""))
+    worst_first = done.sort_values(check.metric, ascending=check.direction == "min", kind="stable")
+    per_label = worst_first.drop_duplicates(subset=[label])  # a derived column may repeat on a model's rows
+    listing = ", ".join(f"{name} {check.text(v)}" for name, v in zip(per_label[label], per_label[check.metric]))
+    if len(per_label) > 6:
+        listing = f"{len(per_label)} {label}s, median {check.text(float(done[check.metric].median()))}"
+    interval = (float("nan"), float("nan"))
+    if check.reduce in ("worst", "best"):
+        picked = worst_first.iloc[0 if check.reduce == "worst" else -1]
+        measured = float(picked[check.metric])
+        detail = f"{check.reduce} {label} {picked[label]}: {listing}"
+        if {f"{check.metric}_ci_low", f"{check.metric}_ci_high"} <= set(table.columns):
+            interval = (float(picked[f"{check.metric}_ci_low"]), float(picked[f"{check.metric}_ci_high"]))
+    else:
+        measured = float(getattr(done[check.metric], check.reduce)())
+        worst = worst_first.iloc[0]
+        detail = f"{check.reduce} of {len(done)} rows; worst {worst[label]} {check.text(float(worst[check.metric]))}"
+    absent = chosen.loc[chosen[check.metric].isna(), label].astype(str).unique()
+    if len(absent):
+        detail += "; not measured: " + ", ".join(absent)
+    return _verdict(check, target, detail, measured, interval)
 
 
 def cpu_study(runs: pd.DataFrame) -> bool:
@@ -848,14 +908,11 @@ def cpu_study(runs: pd.DataFrame) -> bool:
     return types == {"cpu"}
 
 
-def checks_table(tables: Mapping[str, pd.DataFrame], targets: Mapping[str, float]) -> pd.DataFrame:
-    """One row per check whose threshold is among ``targets``, in the order of ``CHECKS``. On a
-    CPU study every check is "not applicable" (its figure still shown): the targets are a
-    cluster's, and ranks sharing one host's cores are not one."""
-    unknown = set(targets) - set(TARGETS)
-    if unknown:
-        raise ValueError(f"unknown targets {sorted(unknown)}; known: {list(TARGETS)}")
-    rows = [evaluate(tables, targets) for check, evaluate in CHECKS.items() if check in targets]
+def checks_table(tables: Mapping[str, pd.DataFrame], targets: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per entry of ``targets['checks']``, in their order. On a CPU study every check is
+    "not applicable" (its figure still shown): the targets are a cluster's, and ranks sharing
+    one host's cores are not one."""
+    rows = [evaluate(check, tables) for check in parse_checks(targets)]
     if rows and cpu_study(tables["runs"]):
         for row in rows:
             if row["status"] != "not measured":
@@ -908,7 +965,7 @@ def aggregate(
     matrix_path: str | os.PathLike[str],
     comm_paths: Iterable[str | os.PathLike[str]],
     references_path: str | os.PathLike[str],
-    targets: Mapping[str, float],
+    targets: Mapping[str, Any],
     predict_gpus: Sequence[int] = scaling_model.DEFAULT_PREDICT_GPUS,
 ) -> dict[str, pd.DataFrame]:
     """Every table, by file stem (see the module docstring)."""
@@ -946,18 +1003,24 @@ def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[
     return summary
 
 
-def _target(text: str) -> tuple[str, float]:
-    key, _, value = text.partition("=")
-    if key not in TARGETS:
-        raise argparse.ArgumentTypeError(f"unknown target {key!r}; known: {', '.join(TARGETS)}")
+def _targets(text: str) -> dict[str, Any]:
+    """``--targets``: the config's ``targets`` mapping as JSON, checked here so that a bad entry
+    stops the aggregation with one line before any table is written."""
     try:
-        return key, float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"target {key}: {value!r} is not a number") from None
+        targets = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error}): pass the config's targets mapping as JSON") from None
+    if not isinstance(targets, dict) or set(targets) - set(TARGETS):
+        raise argparse.ArgumentTypeError(f"a mapping of {', '.join(TARGETS)} is expected, got {text[:80]!r}")
+    try:
+        parse_checks(targets)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return targets
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m scalerepro.analysis.aggregate",
         description="Join the run records onto the study matrix and write the study's tidy tables.",
         epilog="targets: " + "; ".join(f"{key}: {what}" for key, what in TARGETS.items()),
@@ -966,14 +1029,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--comm", nargs="*", default=[], type=Path, help="all-reduce benchmark JSON files")
     parser.add_argument("--references", required=True, type=Path, help="config/references.yaml")
     parser.add_argument("--out", required=True, type=Path, help="directory for the CSV tables and summary.json")
-    parser.add_argument("--target", action="append", default=[], type=_target, metavar="KEY=VALUE", help="repeatable")
+    parser.add_argument("--targets", default={}, type=_targets, metavar="JSON", help="the config's targets mapping")
     parser.add_argument(
         "--predict-gpus", nargs="*", type=int, default=list(scaling_model.DEFAULT_PREDICT_GPUS), metavar="N",
         help="GPU counts the scaling model predicts beyond the study's hardware (links from --references)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    tables = aggregate(args.matrix, args.comm, args.references, dict(args.target), args.predict_gpus)
+    tables = aggregate(args.matrix, args.comm, args.references, args.targets, args.predict_gpus)
     summary = write_tables(tables, args.out)
     print(
         f"aggregate: {summary['runs']} runs {summary['status']}, checks {summary['checks']}, "

@@ -28,15 +28,16 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from . import aggregate, plots, profile, report
 
 
-def _targets(config: dict) -> dict[str, float]:
-    """The targets the aggregation knows, from the resolved config (unknown keys are an error there)."""
-    return {key: float(value) for key, value in (config.get("targets") or {}).items() if key in aggregate.TARGETS}
+def _targets(config: dict) -> dict[str, Any]:
+    """The targets the aggregation knows (checks included), from the resolved config."""
+    return {key: value for key, value in (config.get("targets") or {}).items() if key in aggregate.TARGETS}
 
 
 def rebuild(results: Path, references: Path, templates: Path) -> dict[str, object]:

@@ -37,25 +37,42 @@ import pandas as pd
 import yaml
 
 from ..files import atomic_file
+from .figures import FIGURE_NAMES
 
 # The tables the aggregation writes, by file stem.
 TABLES = ("runs", "scaling", "sensitivity", "ablation", "communication", "comparison", "checks", "cost", "scaling_model")
 
-# The figures the plotting rule draws, by file stem (each as .svg and .png).
-FIGURES = (
-    "throughput_vs_gpus",
-    "efficiency_vs_gpus",
-    "weak_epoch_time",
-    "sensitivity_heatmap",
-    "ablation_gain",
-    "loss_curves",
-    "accuracy_curves",
-    "energy_per_sample",
-    "busbw_vs_size",
-    "profile_breakdown",
-    "roofline",
-    "predicted_vs_measured_efficiency",
-)
+FIGURES = FIGURE_NAMES  # the figures the plotting rule draws, by file stem (each as .svg and .png)
+
+# The report's sections, in order: (anchor id, title, subsections). Their numbers are made from
+# this order (section_numbers) and the templates show ``secno[id]``, never a typed number: a new
+# section is its template plus one entry here.
+SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+    ("summary", "Summary", ()),
+    ("system", "The system", ()),
+    ("results", "Results", (
+        ("scaling", "Scaling"), ("sensitivity", "Sensitivity"), ("ablation", "Ablation"),
+        ("communication", "Communication"), ("convergence", "Loss and accuracy"), ("energy", "Power and energy"),
+        ("per-run", "Per-run measurements"), ("scaling-model", "Scaling model"), ("profiling", "Profiling"),
+    )),
+    ("comparison", "Measured vs published", ()),
+    ("failures", "Failed or missing runs", ()),
+    ("cost", "Cost of the study", ()),
+    ("reproducibility", "Reproducibility", ()),
+    ("history", "Versus baseline and history", (
+        ("versus-baseline", "Versus baseline"), ("history-cells", "Headline cells across studies"),
+    )),
+)  # fmt: skip
+
+
+def section_numbers(sections: Sequence[tuple[str, str, Sequence[tuple[str, str]]]] = SECTIONS) -> dict[str, str]:
+    """Anchor id -> "3" / "3.1", from the order of ``sections``."""
+    numbers = {}
+    for i, (anchor, _, subsections) in enumerate(sections, 1):
+        numbers[anchor] = str(i)
+        numbers.update({sub: f"{i}.{j}" for j, (sub, _) in enumerate(subsections, 1)})
+    return numbers
+
 
 RUN_STATUSES = ("ok", "failed", "preempted", "missing")
 CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured", "not applicable")
@@ -634,7 +651,7 @@ INVENTORY_TITLES = {
     "nvidia_smi_topo": "GPU and NIC topology (nvidia-smi topo -m)",
     "infiniband": "InfiniBand ports",
     "software": "Software",
-    "slurm": "Slurm job",
+    "scheduler": "Scheduler job",
 }
 
 
@@ -884,6 +901,8 @@ def build_context(
         "all_runs": rows(runs, ("study", "model", "gpus", "variant", "repeat", "run_id")),
         "config_json": json.dumps(config, indent=2) if config is not None else None,
         "figures": {name: load_figure(plots_dir, name) for name in FIGURES},
+        "sections": SECTIONS,
+        "secno": section_numbers(),
         "tables_dir": str(tables_dir),
         "profiling": profiling_section(Path(tables_dir), report_dir),
         "history": history_section(history_path, versus_table_path, versus_facts_path, plots_dir, config),

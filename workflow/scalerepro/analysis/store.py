@@ -410,9 +410,9 @@ def read_study(
         raise StoreError(f"no study matrix at {matrix_path}: run the workflow up to it first") from None
     runs, _, _ = aggregate.read_runs(matrix)
     runs = runs.assign(counts=aggregate.counts(runs))
-    slurm = inventory.get("slurm") or {}
-    cluster = slurm.get("cluster_name") or inventory.get("hostname")
-    partition = slurm.get("partition")
+    scheduler = inventory.get("scheduler") or {}
+    cluster = scheduler.get("cluster_name") or inventory.get("hostname")
+    partition = scheduler.get("partition")
     drivers = [gpu.get("driver") for gpu in inventory.get("gpus") or []]
 
     rows = []
@@ -424,8 +424,8 @@ def read_study(
         row = {column: _plain(run.get(column)) for column in RUN_COLUMNS if column in run}
         row.update(
             variant=run["variant"] or "",
-            cluster=_dig(document, "slurm", "cluster_name") or cluster if document else None,
-            partition=_dig(document, "slurm", "partition") or partition if document else None,
+            cluster=_dig(document, "scheduler", "cluster_name") or cluster if document else None,
+            partition=_dig(document, "scheduler", "partition") or partition if document else None,
             node_list=_joined(_dig(document, "parallel", "hostnames") or []),
             cuda_version=_dig(document, "versions", "cuda"),
             nccl_version=_dig(document, "versions", "nccl"),

@@ -1,11 +1,11 @@
-"""The model zoo: six benchmark models, resolved from command-line overrides into a ModelSpec.
+"""The model zoo: the benchmark models, resolved from command-line overrides into a ModelSpec.
 
 ``resolve(name, shape)`` fills the user's overrides in with the model's standard shape, checks
 them, and measures the model on the ``meta`` device (shapes only, no weights allocated): its
 parameter count and its training FLOPs per sample. ``build(spec)`` makes the real module.
 
 Training FLOPs count forward + backward matmuls and convolutions, 2 FLOPs per multiply-add.
-The transformer LMs use closed forms (see ``transformer.py``); the image models are counted
+The transformer LMs use closed forms (see ``transformer.py`` and ``llama.py``); the image models are counted
 with ``FlopCounterMode`` (see ``_count_train_flops_per_image``). Both count the same thing.
 """
 
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from scalerepro.models import cnn, transformer, vision
+from scalerepro.models import cnn, llama, transformer, vision
 
 Task = Literal["image_classification", "masked_lm", "causal_lm"]
 Family = Literal["cnn", "transformer"]
@@ -37,6 +37,7 @@ class ModelShape:
     num_layers: int | None = None
     hidden_size: int | None = None
     num_heads: int | None = None
+    num_kv_heads: int | None = None  # Llama: key/value heads of grouped-query attention
     dropout: float = 0.0
 
 
@@ -68,6 +69,10 @@ class _Architecture:
     takes_dropout: bool
     make: Callable[[ModelShape], nn.Module]  # from a resolved shape
     check: Callable[[ModelShape], None]  # model-specific constraints; raises a one-line ValueError
+    # Causal LMs: training FLOPs of one sequence from the meta-built model and the resolved shape,
+    # and the one-line formula of them.
+    causal_lm_flops: Callable[[nn.Module, ModelShape], int] | None = None
+    causal_lm_flops_source: str | None = None
 
 
 def _flag(field_name: str) -> str:
@@ -110,6 +115,20 @@ def _check_bert(shape: ModelShape) -> None:
     _check_heads(shape)
 
 
+def _check_llama(shape: ModelShape) -> None:
+    _check_heads(shape)
+    if shape.num_heads % shape.num_kv_heads != 0:
+        raise ValueError(
+            f"--num-heads ({shape.num_heads}) must be a multiple of --num-kv-heads ({shape.num_kv_heads}); "
+            "pass --num-kv-heads with --num-heads"
+        )
+    if (shape.hidden_size // shape.num_heads) % 2 != 0:
+        raise ValueError(
+            f"--hidden-size / --num-heads ({shape.hidden_size} / {shape.num_heads}) must be even "
+            "(rotary embeddings rotate pairs of dimensions)"
+        )
+
+
 def _make_vit(shape: ModelShape) -> nn.Module:
     return vision.vit_b_16(
         image_size=shape.image_size,
@@ -142,6 +161,66 @@ def _make_gpt2(shape: ModelShape) -> transformer.GPT:
         dropout=shape.dropout,
     )
     return transformer.GPT(config)
+
+
+def _gpt2(num_layers: int, hidden_size: int, num_heads: int) -> _Architecture:
+    """GPT-2 at one of its published sizes (Radford et al. 2019, Table 2): context 1024, vocab
+    50257 (padded to 50304), d_head 64 throughout."""
+    return _Architecture(
+        task="causal_lm",
+        family="transformer",
+        standard_shape=ModelShape(
+            seq_len=1024, vocab_size=50257, num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads
+        ),
+        takes_dropout=True,
+        make=_make_gpt2,
+        check=_check_heads,
+        causal_lm_flops=lambda meta_model, shape: transformer.gpt_train_flops_per_sequence(
+            meta_model.config, shape.seq_len
+        ),
+        causal_lm_flops_source=transformer.GPT_FLOPS_SOURCE,
+    )
+
+
+def _llama(
+    *, num_layers: int, hidden_size: int, num_heads: int, num_kv_heads: int,
+    ffn_dim_multiplier: float, multiple_of: int, tie_embeddings: bool,
+) -> _Architecture:  # fmt: skip
+    """A Llama 3 shape. Default sequence length 8192: Llama 3's pre-training context and the
+    sequence length of torchtitan's Llama 3 8B reference throughput figures. The SwiGLU width
+    follows the full shape's (multiplier, multiple_of) rule at any --hidden-size, as torchtitan
+    computes it (so a dim-64 llama3_8b gets 1024, its multiple_of; llama_1b 256)."""
+
+    def make(shape: ModelShape) -> llama.Llama:
+        return llama.Llama(
+            llama.llama_config(
+                dim=shape.hidden_size,
+                n_layers=shape.num_layers,
+                n_heads=shape.num_heads,
+                n_kv_heads=shape.num_kv_heads,
+                vocab_size=shape.vocab_size,
+                seq_len=shape.seq_len,
+                ffn_dim_multiplier=ffn_dim_multiplier,
+                multiple_of=multiple_of,
+                tie_embeddings=tie_embeddings,
+            )
+        )
+
+    return _Architecture(
+        task="causal_lm",
+        family="transformer",
+        standard_shape=ModelShape(
+            seq_len=8192, vocab_size=128256, num_layers=num_layers, hidden_size=hidden_size,
+            num_heads=num_heads, num_kv_heads=num_kv_heads,
+        ),  # fmt: skip
+        takes_dropout=False,  # Llama 3 trains without dropout
+        make=make,
+        check=_check_llama,
+        causal_lm_flops=lambda meta_model, shape: llama.llama_train_flops_per_sequence(
+            meta_model.config, shape.seq_len
+        ),
+        causal_lm_flops_source=llama.LLAMA_FLOPS_SOURCE,
+    )
 
 
 _ARCHITECTURES: dict[str, _Architecture] = {
@@ -190,16 +269,21 @@ _ARCHITECTURES: dict[str, _Architecture] = {
         make=_make_bert,
         check=_check_bert,
     ),
-    "gpt2_small": _Architecture(
-        task="causal_lm",
-        family="transformer",
-        standard_shape=ModelShape(
-            seq_len=1024, vocab_size=50257, num_layers=12, hidden_size=768, num_heads=12
-        ),
-        takes_dropout=True,
-        make=_make_gpt2,
-        check=_check_heads,
-    ),
+    # GPT-2 124M / 355M / 774M / 1558M (parameters with the tied embedding counted once).
+    "gpt2_small": _gpt2(num_layers=12, hidden_size=768, num_heads=12),
+    "gpt2_medium": _gpt2(num_layers=24, hidden_size=1024, num_heads=16),
+    "gpt2_large": _gpt2(num_layers=36, hidden_size=1280, num_heads=20),
+    "gpt2_xl": _gpt2(num_layers=48, hidden_size=1600, num_heads=25),
+    # Llama 3.2 1B (1.24B; ties its output to the embedding as the release does) and Llama 3 8B
+    # (8.03B, untied), shapes from Meta's params.json as torchtitan's llama3 flavors copy them.
+    "llama_1b": _llama(
+        num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8,
+        ffn_dim_multiplier=1.5, multiple_of=256, tie_embeddings=True,
+    ),  # fmt: skip
+    "llama3_8b": _llama(
+        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+        ffn_dim_multiplier=1.3, multiple_of=1024, tie_embeddings=False,
+    ),  # fmt: skip
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_ARCHITECTURES)
@@ -282,8 +366,8 @@ def resolve(name: str, shape: ModelShape = ModelShape()) -> ModelSpec:
         )
         flops_source = transformer.BERT_FLOPS_SOURCE
     else:
-        train_flops = transformer.gpt_train_flops_per_sequence(meta_model.config, resolved.seq_len)
-        flops_source = transformer.GPT_FLOPS_SOURCE
+        train_flops = architecture.causal_lm_flops(meta_model, resolved)
+        flops_source = architecture.causal_lm_flops_source
 
     return ModelSpec(
         name=name,

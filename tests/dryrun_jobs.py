@@ -1,0 +1,97 @@
+"""The jobs a dry run plans, as data: what a refactoring of the rules must leave unchanged.
+
+    python tests/dryrun_jobs.py            # rewrite tests/fixtures/dryrun/*.json from this checkout
+
+``planned_jobs`` runs ``snakemake -n -p --forceall`` (every job of the DAG, whatever results/
+holds) and keeps, per job, what the scheduler and the ranks see: the rule, its wildcards and
+outputs, threads, resources (less ``tmpdir``, which is the machine's) and, for the rules that
+start ranks, the shell command (launcher and trainer flags). Snapshots were written from the
+commit before the rules' helpers moved into the package (issue 16); tests/test_dryrun.py and
+the Slurm test compare today's plan with them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SNAPSHOTS = REPO / "tests" / "fixtures" / "dryrun"
+# The rules whose command is part of the plan: they start ranks with resolved flags.
+RANK_RULES = {"train", "comm_benchmark", "profile"}
+
+
+def planned_jobs(workdir: Path, env: dict[str, str], *args: str, timeout: float = 300) -> list[dict]:
+    """Every job of ``snakemake -n -p --forceall ARGS`` in ``workdir``, sorted by rule and outputs."""
+    command = [sys.executable, "-m", "snakemake", "-n", "-p", "--forceall", *args]
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    jobs, job = [], None
+    for line in result.stdout.splitlines():
+        if line.startswith(("rule ", "localrule ")) and line.endswith(":"):
+            job = {"rule": line.split(" ", 1)[1].rstrip(":")}
+            jobs.append(job)
+        elif job is None:
+            continue
+        elif line.startswith("    ") and ": " in line:
+            key, value = line.strip().split(": ", 1)
+            if key in ("output", "wildcards", "threads"):
+                job[key] = value
+            elif key == "resources":
+                job[key] = ", ".join(part for part in value.split(", ") if not part.startswith("tmpdir="))
+        elif line.startswith("Shell command: ") and job["rule"] in RANK_RULES:
+            job["command"] = line.removeprefix("Shell command: ")
+    return sorted(jobs, key=lambda job: (job["rule"], job.get("output", "")))
+
+
+def gpu_machine_env(bin_dir: Path, gpus: int, base: dict[str, str]) -> dict[str, str]:
+    """``base`` with an ``nvidia-smi`` on PATH that lists ``gpus`` H100s in nvidia-smi's format
+    (the workflow counts a machine's GPUs with `nvidia-smi -L` alone, and a dry run asks the
+    hardware nothing else)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    listing = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08x}-5b9d-ab3c-d5c0-8b8b2e5a1d4e)" for i in range(gpus))
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = -L ] || exit 9\ncat <<"LIST"\n{listing}\nLIST\n')
+    fake.chmod(0o755)
+    return {**base, "PATH": f"{bin_dir}{os.pathsep}{base['PATH']}"}
+
+
+# case -> (extra snakemake arguments, GPUs nvidia-smi lists); the Slurm case lives in test_slurm.py
+LOCAL_CASES = {
+    "cpu-default": ((), 0),
+    "gpu8-default": ((), 8),
+    "ci": (("--configfile", "config/ci.yaml"), 0),
+}
+
+
+def snapshot(case: str) -> list[dict]:
+    return json.loads((SNAPSHOTS / f"{case}.json").read_text())
+
+
+def _write(case: str, jobs: list[dict]) -> None:
+    SNAPSHOTS.mkdir(parents=True, exist_ok=True)
+    (SNAPSHOTS / f"{case}.json").write_text(json.dumps(jobs, indent=1) + "\n")
+    print(f"{case}: {len(jobs)} jobs")
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from conftest import clean_env
+
+    with tempfile.TemporaryDirectory() as scratch:
+        for case, (args, gpus) in LOCAL_CASES.items():
+            env = clean_env()
+            if gpus:
+                env = gpu_machine_env(Path(scratch) / case, gpus, env)
+            _write(case, planned_jobs(REPO, env, *args))
+    if "--slurm" in sys.argv:  # needs the test cluster (tests/slurm/cluster.sh start)
+        from test_slurm import PROFILE_ARGS, STUDY, _cluster_env, _env
+
+        env = _env(_cluster_env())
+        _write("slurm", planned_jobs(REPO, env, *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY)))

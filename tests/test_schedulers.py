@@ -1,0 +1,98 @@
+"""scalerepro.schedulers: which scheduler a process runs under, what it records, what it submits."""
+
+from __future__ import annotations
+
+import pytest
+
+from scalerepro import schedulers
+from scalerepro.schedulers import LOCAL, SchedulerError
+from scalerepro.schedulers.slurm import SLURM
+
+
+def test_the_scheduler_is_the_one_whose_job_this_is_else_local() -> None:
+    assert schedulers.current({"HOME": "/root"}) is LOCAL
+    assert schedulers.current({"SLURM_JOB_ID": "7"}) is SLURM
+    assert LOCAL.job_facts({}) == {"name": "local", "job_id": None, "cluster_name": None, "partition": None}
+    assert schedulers.for_executor("slurm") is SLURM and schedulers.for_executor(None) is LOCAL
+    assert schedulers.for_executor("local") is LOCAL
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        (["snakemake", "--cores", "all"], {}, None),
+        (["snakemake", "--executor", "slurm"], {}, "slurm"),
+        (["snakemake", "-e", "slurm"], {}, "slurm"),
+        (["snakemake", "--executor=slurm"], {}, "slurm"),
+        (["snakemake", "--profile", "slurm"], {}, "from-profile:slurm"),
+        (["snakemake", "--profile=slurm"], {}, "from-profile:slurm"),
+        (["snakemake"], {"SNAKEMAKE_PROFILE": "mine"}, "from-profile:mine"),
+        (["snakemake", "--profile", "slurm", "--executor", "local"], {}, "local"),  # the flag wins
+    ],
+)
+def test_the_executor_of_a_command_line(argv, environ, expected) -> None:
+    assert schedulers.invocation_executor(argv, environ, lambda name: f"from-profile:{name}") == expected
+
+
+def test_slurm_submission_resources_quote_every_extra_token() -> None:
+    settings = {"extra": ["--comment=a b"], "signal_before_end_s": 300}
+    resources = SLURM.submission_resources(settings, ranks_per_node=4, nodes=2, gpus=True, signal=True, exclusive=True)
+    assert resources == {"mpi": "", "tasks_per_gpu": 0, "gres": "gpu:4", "slurm_extra": "'--comment=a b' --exclusive --signal=USR1@300"}
+    bare = SLURM.submission_resources({"extra": [], "signal_before_end_s": 1}, 1, 1, gpus=False, signal=False, exclusive=False)
+    assert bare["gres"] is None and bare["slurm_extra"] is None
+
+
+def test_slurm_check_without_sinfo_is_one_clear_error(monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SchedulerError, match="sinfo is not on PATH"):
+        SLURM.check({"partition": None})
+
+
+def test_slurm_facts_parses_a_job_environment() -> None:
+    environ = {
+        "SLURM_JOB_ID": "123457",
+        "SLURM_ARRAY_JOB_ID": "123450",
+        "SLURM_ARRAY_TASK_ID": "7",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NAME": "resnet50-scaling",
+        "SLURM_CLUSTER_NAME": "alps",
+        "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_JOB_NODELIST": "gpu[001-004]",
+        "SLURM_STEP_NODELIST": "gpu[001-002]",
+        "SLURM_NNODES": "4",
+        "SLURM_NTASKS": "16",
+        "SLURM_CPUS_PER_TASK": "8",
+        "SLURM_GPUS": "h100:16",
+        "SLURM_GPUS_ON_NODE": "4",
+        "SLURM_JOB_GPUS": "0,1,2,3",
+        "SLURM_RESTART_COUNT": "1",
+    }
+    assert SLURM.job_facts(environ) == {
+        "name": "slurm",
+        "job_id": 123457,
+        "array_job_id": 123450,
+        "array_task_id": 7,
+        "step_id": 0,
+        "job_name": "resnet50-scaling",
+        "cluster_name": "alps",
+        "partition": "gpu",
+        "node_list": "gpu[001-004]",
+        "step_node_list": "gpu[001-002]",
+        "num_nodes": 4,  # from SLURM_NNODES when SLURM_JOB_NUM_NODES is absent
+        "ntasks": 16,
+        "cpus_per_task": 8,
+        "gpus": "h100:16",
+        "gpus_on_node": 4,
+        "job_gpus": "0,1,2,3",
+        "restart_count": 1,
+    }
+
+
+def test_slurm_facts_minimal_job_leaves_the_rest_none() -> None:
+    facts = SLURM.job_facts({"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "9"})
+    assert facts is not None
+    assert facts["job_id"] == 42
+    assert facts["num_nodes"] == 2  # SLURM_JOB_NUM_NODES wins
+    assert facts["array_task_id"] is None and facts["restart_count"] is None
+
+

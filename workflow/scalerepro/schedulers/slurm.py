@@ -1,0 +1,211 @@
+"""Slurm: jobs submitted by snakemake-executor-plugin-slurm, ranks started by one srun step.
+
+Inside an allocation the launcher runs one step, ``srun --nodes N --ntasks N --ntasks-per-node 1``,
+whose task on each node (``python -m scalerepro.launch --node-agent``) execs torchrun with c10d
+rendezvous on the first host of the step's node list. Everything the step needs is passed to srun
+explicitly: Snakemake's Slurm job step strips most ``SLURM_*`` variables from a rule's
+environment, so the allocation's defaults cannot be relied on, and the node list is read inside
+the step, where srun sets it. Ranks started by srun alone (one task per rank, no torchrun) are
+recognised too (``rank_env``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+from . import LaunchRequest, RankEnv, Scheduler, SchedulerError, torchrun_command
+
+# The c10d rendezvous port of a multi-node job: a base plus the job id modulo a span, so that two
+# jobs whose first node is the same host rarely meet on one port.
+RENDEZVOUS_PORT_SPAN = 1000
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a Slurm hostlist expression, e.g. ``gpu[007-010,012],login1`` -> ``gpu007``.
+
+    Slurm's ``scontrol show hostnames`` does this too, but it is not on every compute node's PATH
+    inside containers; the first host needs only the prefix and the first number of the first range.
+    """
+    match = re.match(r"^([^\[,]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise SchedulerError(f"cannot parse the Slurm node list {nodelist!r}")
+    prefix, ranges = match.groups()
+    if ranges is None:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]  # keeps zero padding: "007" stays "007"
+
+
+def resolve_host(host: str) -> str:
+    """An address for ``host``: its name when it resolves, else the NodeAddr Slurm knows it by
+    (clusters, and the test cluster, whose node names are not DNS names)."""
+    try:
+        socket.getaddrinfo(host, None)
+        return host
+    except socket.gaierror:
+        pass
+    if shutil.which("scontrol"):
+        shown = subprocess.run(["scontrol", "show", "node", host, "--oneliner"], capture_output=True, text=True)
+        for field in shown.stdout.split():
+            if field.startswith("NodeAddr="):
+                return field.removeprefix("NodeAddr=")
+    raise SchedulerError(f"the rendezvous host {host!r} does not resolve and Slurm gives no NodeAddr for it: check the node's DNS name")
+
+
+def _int_or_raw(value: str | None) -> int | str | None:
+    """An integer variable as int; anything else as given (None when unset)."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+class Slurm(Scheduler):
+    name = "slurm"
+    executor = "slurm"
+
+    def in_job(self, environ: Mapping[str, str]) -> bool:
+        return "SLURM_JOB_ID" in environ
+
+    def job_facts(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        """The Slurm job and step this process belongs to.
+
+        The three GPU variables are kept apart because they mean different things: ``SLURM_GPUS``
+        is the job's ``--gpus`` request as written (may be typed, "h100:8"), ``SLURM_GPUS_ON_NODE``
+        the count allocated on this node, ``SLURM_JOB_GPUS`` the allocated GPU indices ("0,1,2,3").
+        """
+        get = environ.get
+        return {
+            "name": self.name,
+            "job_id": _int_or_raw(get("SLURM_JOB_ID")),
+            "cluster_name": get("SLURM_CLUSTER_NAME"),  # names the cluster in the results store
+            "partition": get("SLURM_JOB_PARTITION"),
+            "array_job_id": _int_or_raw(get("SLURM_ARRAY_JOB_ID")),
+            "array_task_id": _int_or_raw(get("SLURM_ARRAY_TASK_ID")),
+            "step_id": _int_or_raw(get("SLURM_STEP_ID")),
+            "job_name": get("SLURM_JOB_NAME"),
+            "node_list": get("SLURM_JOB_NODELIST"),
+            "step_node_list": get("SLURM_STEP_NODELIST"),
+            "num_nodes": _int_or_raw(get("SLURM_JOB_NUM_NODES", get("SLURM_NNODES"))),
+            "ntasks": _int_or_raw(get("SLURM_NTASKS", get("SLURM_NPROCS"))),
+            "cpus_per_task": _int_or_raw(get("SLURM_CPUS_PER_TASK")),
+            "gpus": get("SLURM_GPUS"),
+            "gpus_on_node": _int_or_raw(get("SLURM_GPUS_ON_NODE")),
+            "job_gpus": get("SLURM_JOB_GPUS"),
+            # Incremented each time the job is requeued; 0 or unset on the first run.
+            "restart_count": _int_or_raw(get("SLURM_RESTART_COUNT")),
+        }
+
+    def node_name(self, environ: Mapping[str, str]) -> str | None:
+        # inside a job step: two slurmd on one host are two nodes
+        return environ.get("SLURMD_NODENAME")
+
+    def rank_env(self, environ: Mapping[str, str]) -> RankEnv | None:
+        """srun alone, one task per rank: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the
+        rendezvous host is the first host of the step's node list, the port derived from the job id."""
+        if "SLURM_PROCID" not in environ or int(environ.get("SLURM_NTASKS", "1")) <= 1:
+            return None
+        nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+        if not nodelist:
+            raise SchedulerError("SLURM_PROCID is set but no SLURM_STEP_NODELIST: launch with srun")
+        ntasks = int(environ["SLURM_NTASKS"])
+        nnodes = int(environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+        # A port per job, so two jobs sharing a node do not collide; MASTER_PORT wins if set.
+        port = int(environ.get("MASTER_PORT") or 15000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)
+        return RankEnv(
+            launcher=self.name,
+            rank=int(environ["SLURM_PROCID"]),
+            world_size=ntasks,
+            local_rank=int(environ.get("SLURM_LOCALID", 0)),
+            local_world_size=-(-ntasks // nnodes),
+            master_addr=environ.get("MASTER_ADDR") or first_host(nodelist),
+            master_port=port,
+        )
+
+    def rendezvous_port(self, base: int, environ: Mapping[str, str]) -> int:
+        job_id = environ.get("SLURM_JOB_ID", "0")
+        return base + (int(job_id) if job_id.isdigit() else 0) % RENDEZVOUS_PORT_SPAN
+
+    def launch_command(self, request: LaunchRequest, python: str, environ: Mapping[str, str]) -> list[str]:
+        """The one step of the job: a node agent per node, every resource named explicitly."""
+        if shutil.which("srun", path=environ.get("PATH")) is None:
+            raise SchedulerError("inside a Slurm job but srun is not on PATH: load the site's Slurm module in the profile's precommand")
+        step = [
+            "srun", f"--nodes={request.nodes}", f"--ntasks={request.nodes}", "--ntasks-per-node=1",
+            f"--cpus-per-task={request.cpus_per_node}", "--kill-on-bad-exit=1", "--export=ALL", "--label",
+            f"--job-name={request.name}" if request.name else None,
+            f"--gpus-per-node={request.ranks_per_node}" if request.gpus else None,
+        ]  # fmt: skip
+        container = ["apptainer", "exec", *(["--nv"] if request.gpus else []), request.container] if request.container else []
+        agent = [
+            "python" if request.container else python, "-m", "scalerepro.launch", f"--node-agent={self.name}", f"--nodes={request.nodes}",
+            f"--ranks-per-node={request.ranks_per_node}", f"--cpus-per-node={request.cpus_per_node}", f"--port={request.port}",
+            "--", *request.program,
+        ]  # fmt: skip
+        return [part for part in step if part] + container + agent
+
+    def node_command(self, request: LaunchRequest, python: str, environ: Mapping[str, str]) -> list[str]:
+        """Inside the step, on each node: the torchrun command for this node."""
+        nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+        if request.nodes > 1 and not nodelist:
+            raise SchedulerError("--node-agent runs inside an srun step (no SLURM_STEP_NODELIST here): start jobs with scalerepro.launch")
+        endpoint = f"{resolve_host(first_host(nodelist))}:{request.port}" if request.nodes > 1 else None
+        rdzv_id = f"{environ.get('SLURM_JOB_ID', 'local')}.{environ.get('SLURM_STEP_ID', '0')}"
+        return torchrun_command(python, request.nodes, request.ranks_per_node, endpoint, rdzv_id, request.program)
+
+    # ---- the workflow side: what the Snakemake executor plugin submits ----
+
+    def queue_resources(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Account, partition, QoS and constraint of every job (unset ones omitted)."""
+        names = {"slurm_account": "account", "slurm_partition": "partition", "qos": "qos", "constraint": "constraint"}
+        return {resource: settings[key] for resource, key in names.items() if settings[key] is not None}
+
+    def submission_resources(self, settings: Mapping[str, Any], ranks_per_node: int, nodes: int, gpus: bool, signal: bool, exclusive: bool) -> dict[str, Any]:
+        """sbatch settings of a job that starts ranks: ``nodes`` nodes with ``ranks_per_node`` GPUs
+        each (``--gres=gpu:<n>`` is per node), one task per node holding all its CPUs.
+
+        ``mpi`` (any value) tells the plugin's job step that the job starts its own srun step;
+        without it the rule would run inside an ``srun -n1`` step, which Slurm's warning signal
+        reaches and kills. Its empty value keeps sbatch's MPI task-count checks out of the way.
+        ``tasks_per_gpu=0`` stops the plugin from asking for one task per GPU. A measured job
+        gets whole nodes (``--exclusive``) unless resources.exclusive is false."""
+        extra = [
+            *settings["extra"],
+            *(["--exclusive"] if exclusive else []),
+            *([f"--signal=USR1@{settings['signal_before_end_s']}"] if signal else []),
+        ]
+        return {
+            "mpi": "",
+            "tasks_per_gpu": 0,
+            "gres": f"gpu:{ranks_per_node}" if gpus else None,
+            # The plugin pastes slurm_extra into its sbatch shell command: every token is quoted
+            # (and the schema allows only --name[=value] tokens of shell-inert characters).
+            "slurm_extra": shlex.join(extra) or None,
+        }
+
+    def check(self, settings: Mapping[str, Any]) -> None:
+        """The controller answers and the configured partition exists."""
+        if shutil.which("sinfo") is None:
+            raise SchedulerError("sinfo is not on PATH: run the workflow on the cluster's login node, or load its Slurm module")
+        listed = subprocess.run(["sinfo", "--noheader", "--format=%R"], capture_output=True, text=True)
+        if listed.returncode != 0:
+            said = listed.stderr.strip().splitlines()[-1] if listed.stderr.strip() else "no output"
+            raise SchedulerError(
+                f"the Slurm controller does not answer (sinfo: {said}): check `scontrol ping` and that SLURM_CONF points at this cluster"
+            )
+        partitions = sorted(set(listed.stdout.split()))
+        if settings["partition"] is not None and settings["partition"] not in partitions:
+            raise SchedulerError(
+                f"config error at 'slurm.partition': {settings['partition']!r} is not a partition of this cluster "
+                f"(sinfo lists: {', '.join(partitions)}): set slurm.partition in config/config.yaml"
+            )
+
+
+SLURM = Slurm()
