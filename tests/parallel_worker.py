@@ -24,8 +24,11 @@ from scalerepro import models, parallel, sharded_checkpoint
 SEQ, VOCAB, LAYERS, HIDDEN, HEADS, GLOBAL_BATCH = 16, 64, 4, 32, 4, 8
 
 
-def tiny_gpt() -> torch.nn.Module:
-    spec = models.resolve("gpt2_small", models.ModelShape(seq_len=SEQ, vocab_size=VOCAB, num_layers=LAYERS, hidden_size=HIDDEN, num_heads=HEADS))
+def tiny_model(name: str = "gpt2_small") -> torch.nn.Module:
+    """A tiny GPT, or a tiny Llama (untied llama3_8b shape: GQA with 2 key/value heads)."""
+    extra = {"num_kv_heads": 2} if name.startswith("llama") else {}
+    shape = models.ModelShape(seq_len=SEQ, vocab_size=VOCAB, num_layers=LAYERS, hidden_size=HIDDEN, num_heads=HEADS, **extra)
+    spec = models.resolve(name, shape)
     torch.manual_seed(0)
     return models.build(spec)
 
@@ -51,6 +54,7 @@ def make_optimizer(name: str, params) -> torch.optim.Optimizer:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="none", choices=["none", *parallel.STRATEGIES])
+    parser.add_argument("--model", default="gpt2_small")
     parser.add_argument("--tp-size", type=int, default=None)
     parser.add_argument("--pp-schedule", default="gpipe")
     parser.add_argument("--microbatches", type=int, default=4)
@@ -68,7 +72,7 @@ def main() -> None:
     if world > 1:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
-    model = tiny_gpt()
+    model = tiny_model(args.model)
     batches = global_batches(args.first_step + args.steps)[args.first_step :]
     losses: list[float] = []
     dp_rank, dp_size = 0, 1

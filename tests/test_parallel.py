@@ -78,6 +78,20 @@ def test_one_step_equals_one_process(tmp_path, reference, initial, world, args):
         assert result["losses"][0] == pytest.approx(reference["losses"][0], rel=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("world", "args"),
+    [(2, ("--strategy", "tp")), (4, ("--strategy", "fsdp+tp", "--tp-size", "2")), (2, ("--strategy", "fsdp"))],
+    ids=["tp", "fsdp+tp", "fsdp"],
+)
+def test_llama_one_step_equals_one_process(tmp_path, world, args):
+    """The Llama decoder (GQA, RoPE, SwiGLU) under torchtitan's plan."""
+    expected = run_ranks(1, tmp_path / "ref.pt", "--model", "llama3_8b")
+    start = run_ranks(1, tmp_path / "init.pt", "--model", "llama3_8b", "--steps", "0")
+    result = run_ranks(world, tmp_path / "out.pt", "--model", "llama3_8b", *args)
+    assert_same_parameters(result["state"], expected["state"], start["state"])
+    assert result["losses"][0] == pytest.approx(expected["losses"][0], rel=1e-5)
+
+
 def test_fsdp_state_per_rank_falls_as_one_over_world(tmp_path):
     """Parameters + gradients + AdamW state held per rank (local shard storage) after a step:
     world 1 holds the total T; under FSDP on W ranks each holds T / W within 5 % (dim-0 padding

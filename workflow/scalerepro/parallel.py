@@ -29,8 +29,12 @@ of q, k and v (``HeadParallelAttention``). The parameter names of a TP model dif
 (``attention.qkv`` -> ``attention.wq/wk/wv``); ``fuse_qkv`` maps a full state dict back. A
 decoder written with separate projections (torchtitan's names) needs no such change.
 
-The embeddings and the LM head stay replicated over "tp" (GPT ties them: sharding one would
-shard the other): every TP rank computes them in full, the first block slices the sequence
+The Llama decoder (``models/llama.py``, torchtitan's names: ``layers``, ``attention.wq/wk/wv/wo``,
+``feed_forward.w1/w2/w3``, ``attention_norm``, ``ffn_norm``) gets torchtitan's block plan as it
+is: its attention reads the head counts from the local shapes, so no re-layout is needed.
+
+The embeddings and the LM head stay replicated over "tp" (GPT and llama_1b tie them: a
+row-sharded embedding and a column-sharded head cannot share one table): every TP rank computes them in full, the first block slices the sequence
 (no communication) and the final norm's output is gathered back.
 
 ``--activation-checkpointing``: ``full`` recomputes every block in backward
@@ -261,15 +265,22 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     blocks = _block_items(transformer_blocks(model))
     if any(not _is_tp_ready(block) for _, block in blocks):
         raise ParallelError(f"{type(model).__name__}'s blocks have no tensor-parallel plan here: use --parallel fsdp")
-    heads = getattr(getattr(model, "config", None), "num_heads", None)
-    if heads is not None and heads % tp_mesh.size():
-        raise ParallelError(f"--num-heads {heads} is not divisible by the tensor-parallel size {tp_mesh.size()}: change either")
+    config = getattr(model, "config", None)
+    for flag, attribute in (("--num-heads", "num_heads"), ("--num-heads", "n_heads"), ("--num-kv-heads", "n_kv_heads")):
+        heads = getattr(config, attribute, None)
+        if heads is not None and heads % tp_mesh.size():
+            raise ParallelError(f"{flag} {heads} is not divisible by the tensor-parallel size {tp_mesh.size()}: change either")
     for _, block in blocks:
         parallelize_module(block, tp_mesh, _block_tp_plan(block))
     first_name = blocks[0][0]
     container = transformer_blocks(model)
     # Replicate -> Shard(1) is a local slice: each rank keeps its part of the sequence.
-    parallelize_module(container, tp_mesh, {first_name: PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True)})
+    # (Llama's blocks take the rotary table as a second, unsharded input.)
+    extra = (None,) if hasattr(blocks[0][1], "feed_forward") else ()
+    parallelize_module(
+        container, tp_mesh,
+        {first_name: PrepareModuleInput(input_layouts=(Replicate(), *extra), desired_input_layouts=(Shard(1), *extra), use_local_output=True)},
+    )  # fmt: skip
     final_norm_name = "final_norm" if hasattr(model, "final_norm") else "norm"
     parallelize_module(model, tp_mesh, {final_norm_name: SequenceParallel(use_local_output=False)})
     head_name = "lm_head" if hasattr(model, "lm_head") else "output"
