@@ -9,6 +9,7 @@ sums (reduce-scatter, all-reduce, micro-batch accumulation), which moves results
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -231,3 +232,71 @@ def test_fsdp_comm_volume_formula_on_a_known_model():
     figures = parallel.fsdp_comm_bytes_per_step(model, 4, True, 4, 4, 1)
     assert figures == {"all_gather": (2 * 20 + 5) * 4 * 0.75, "reduce_scatter": 25 * 4 * 0.75}
     assert parallel.fsdp_comm_bytes_per_step(model, 4, False, 2, 4, 2)["all_gather"] == 2 * 25 * 2 * 0.75
+
+
+TRAINER_GPT = [
+    "--model", "gpt2_small", "--seq-len", "16", "--vocab-size", "64", "--num-layers", "2", "--hidden-size", "32",
+    "--num-heads", "4", "--batch-size", "4", "--synthetic-samples", "256", "--num-workers", "0", "--no-eval",
+    "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--keep-final-checkpoint",
+]  # fmt: skip
+
+
+def _trainer_gpt_module():
+    from scalerepro import models
+
+    shape = models.ModelShape(seq_len=16, vocab_size=64, num_layers=2, hidden_size=32, num_heads=4)
+    return models.build(models.resolve("gpt2_small", shape))
+
+
+def _final_sharded_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The weights of the newest sharded checkpoint in ``directory``, loaded on one process
+    into a plain model (DCP reshards 2 -> 1)."""
+    from scalerepro import sharded_checkpoint
+
+    newest = sharded_checkpoint.list_checkpoints(directory)[0]
+    model = _trainer_gpt_module()
+    meta = sharded_checkpoint.load(newest, model)
+    assert meta["final"] and meta["fingerprint"]["world_size"] == 2
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
+    """3 AdamW steps through the trainer on 2 ranks: FSDP (sharded DCP final checkpoint) and
+    DDP (single-file final checkpoint) end at the same weights (tolerance as above: only the
+    order of the sums differs; AdamW's first steps are ~lr x sign, so a gradient gone wrong
+    flips whole weights by 2 lr and cannot hide in it)."""
+    from conftest import torchrun
+
+    for strategy in ("ddp", "fsdp"):
+        result = torchrun(2, [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1", "--parallel", strategy,
+                              "--checkpoint-dir", str(tmp_path / strategy), "--record", str(tmp_path / f"{strategy}.json")], timeout=240)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+    ddp = torch.load(sorted((tmp_path / "ddp").glob("step-*.pt"))[-1], weights_only=True)["model"]
+    fsdp = _final_sharded_weights(tmp_path / "fsdp")
+    assert fsdp.keys() == ddp.keys()
+    for name, value in ddp.items():
+        torch.testing.assert_close(fsdp[name], value, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does(tmp_path):
+    """SIGUSR1 at a log point: every rank writes its shards (DCP), the run is resumed with
+    --resume, and the final weights equal those of a run never stopped, bit for bit."""
+    from conftest import load_record, torchrun
+    from test_distributed import _signal_last_rank_at_step_20
+
+    common = [*TRAINER_GPT, "--steps", "60", "--warmup-steps", "2", "--log-interval", "5", "--parallel", "fsdp"]
+    straight = torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    args = [*common, "--checkpoint-dir", str(tmp_path / "stopped"), "--record", str(tmp_path / "r.json")]
+    _, output = _signal_last_rank_at_step_20(args, signal.SIGUSR1)
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "preempted", output[-2000:]
+    stopped = record["steps"]["completed"]
+    assert (tmp_path / "stopped" / f"step-{stopped:08d}.dcp" / "meta.pt").is_file() and stopped < 60
+    resumed = torchrun(2, [*args, "--resume"], timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {tmp_path / 'stopped'}/step-{stopped:08d}.dcp" in resumed.stdout + resumed.stderr
+    assert load_record(tmp_path / "r.json")["status"] == "ok"
+    expected, actual = _final_sharded_weights(tmp_path / "straight"), _final_sharded_weights(tmp_path / "stopped")
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=0, atol=0, msg=name)

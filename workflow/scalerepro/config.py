@@ -245,11 +245,6 @@ class TrainConfig:
             raise ConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
         if r.nvml_idle_s < 0:
             raise ConfigError(f"--nvml-idle-s must not be negative (got {r.nvml_idle_s})")
-        if self.parallel.parallel != "ddp" and r.checkpoint_dir:
-            raise ConfigError(
-                f"--checkpoint-dir is not yet supported with --parallel {self.parallel.parallel} in the trainer (sharded "
-                "checkpoints are scalerepro.sharded_checkpoint, not wired into resume yet): drop --checkpoint-dir or use --parallel ddp"
-            )
         if self.parallel.tp_size is not None and self.parallel.tp_size < 2:
             raise ConfigError(f"--tp-size must be at least 2 (got {self.parallel.tp_size})")
         if r.resume and not r.checkpoint_dir:

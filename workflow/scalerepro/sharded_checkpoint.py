@@ -20,7 +20,9 @@ Resharding: DCP stores each tensor's global shape and the offsets of the saved p
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from .checkpoint import FORMAT_VERSION
+from .checkpoint import FORMAT_VERSION, unusable_reason
 from .files import atomic_file
 
 META_FILE = "meta.pt"
@@ -106,3 +108,61 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(handle)
     finally:
         os.close(handle)
+
+
+_NAME = re.compile(r"^step-(\d{8})\.dcp$")
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Directories named like sharded checkpoints, newest step first (usable or not)."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _NAME.match(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)
+
+
+@dataclass
+class ShardedCheckpointStore:
+    """The sharded checkpoints of one run: ``checkpoint.CheckpointStore``'s policy (newest usable
+    one, every newer one passed over with its reason, ``keep`` counting usable ones only) for
+    DCP directories. ``save`` is a collective; rank 0 alone deletes."""
+
+    directory: Path
+    fingerprint: dict[str, Any]
+    keep: int
+    usable: list[Path] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def load_newest(self, last_resumable_step: int) -> dict[str, Any] | None:
+        """The newest usable checkpoint's ``meta`` with its ``path`` (the shards are loaded by
+        ``load``), or None. Every rank reads the same files, so every rank picks the same one."""
+        for path in list_checkpoints(self.directory):
+            try:
+                meta = read_meta(path)
+            except Exception as error:  # noqa: BLE001 - an unreadable checkpoint is skipped, never trusted
+                self.skipped.append({"path": str(path), "reason": f"unreadable meta.pt ({type(error).__name__})"})
+                continue
+            reason = unusable_reason(meta, self.fingerprint, last_resumable_step)
+            if reason is not None:
+                self.skipped.append({"path": str(path), "reason": reason})
+                continue
+            self.usable.insert(0, path)
+            meta["path"] = str(path)
+            return meta
+        return None
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], final: bool = False) -> Path:
+        target = save(path_for(self.directory, step), model, optimizer, {"step": step, "final": final, **state})
+        self.usable = [target, *(p for p in self.usable if p != target)]
+        if _is_main():
+            for old in self.usable[self.keep :]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.usable = self.usable[: self.keep]
+        return target
+
+    def discard(self, keep: Path | None = None) -> list[Path]:
+        removed = [p for p in self.usable if p != keep]
+        for path in removed:
+            shutil.rmtree(path, ignore_errors=True)
+        self.usable = [p for p in self.usable if p == keep]
+        return removed

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, parallel, profiling
+from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, parallel, profiling, sharded_checkpoint
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, idle_power, nvml_uuid_for_torch_device, unavailable_summary
@@ -191,11 +191,9 @@ class Trainer:
         # ---- resume ----------------------------------------------------------------------
         self.progress = Progress()
         self.resumed_from: str | None = None
-        self.checkpoints = (
-            checkpoint.CheckpointStore(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints)
-            if run.checkpoint_dir
-            else None
-        )
+        # Sharded state (FSDP) is checkpointed by every rank with DCP (scalerepro.sharded_checkpoint).
+        store = checkpoint.CheckpointStore if self.mesh is None else sharded_checkpoint.ShardedCheckpointStore
+        self.checkpoints = store(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints) if run.checkpoint_dir else None
         if run.resume and self.checkpoints is not None:
             self._resume()
         self.start_step = self.progress.step  # this process's first step (warm-up counts from here)
@@ -294,8 +292,11 @@ class Trainer:
         if state is None:
             self.log(f"no usable checkpoint in {self.checkpoints.directory}: starting from step 0")
             return
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.mesh is not None:  # this rank's shards of the model and optimizer
+            sharded_checkpoint.load(state["path"], self.module, self.optimizer)
+        else:
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
@@ -524,6 +525,17 @@ class Trainer:
         if self.checkpoints is None:
             return
         rng = gather_objects(self.ctx, checkpoint.rng_state())  # every rank's, in rank order
+        if self.mesh is not None:  # every rank writes its shards (a collective)
+            state = {
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "progress": dataclasses.asdict(self.progress),
+                "rng": rng,
+                "fingerprint": self._fingerprint(),
+            }
+            path = self.checkpoints.save(self.progress.step, self.module, self.optimizer, state, final=final)
+            self._checkpoint_path = str(path)
+            return
         if self.ctx.is_main:
             state = {
                 "model": self.module.state_dict(),
