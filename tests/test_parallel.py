@@ -209,9 +209,9 @@ def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
 def test_trainer_names_a_strategy_it_does_not_run_yet(tmp_path):
     from conftest import python_train
 
-    result = python_train(["--model", "gpt2_small", "--num-layers", "1", "--hidden-size", "32", "--num-heads", "4", "--seq-len", "16", "--vocab-size", "64", "--num-workers", "0", "--parallel", "tp", "--steps", "2", "--warmup-steps", "0", "--record", str(tmp_path / "r.json")])
+    result = python_train(["--model", "gpt2_small", "--num-layers", "1", "--hidden-size", "32", "--num-heads", "4", "--seq-len", "16", "--vocab-size", "64", "--num-workers", "0", "--parallel", "pp", "--steps", "2", "--warmup-steps", "0", "--record", str(tmp_path / "r.json")])
     assert result.returncode != 0
-    assert "--parallel tp is built and tested in scalerepro.parallel but not wired into the trainer yet" in result.stderr
+    assert "--parallel pp is built and tested in scalerepro.parallel but not wired into the trainer yet" in result.stderr
 
 
 def test_fsdp_comm_volume_formula_on_a_known_model():
@@ -248,16 +248,18 @@ def _trainer_gpt_module():
     return models.build(models.resolve("gpt2_small", shape))
 
 
-def _final_sharded_weights(directory: Path) -> dict[str, torch.Tensor]:
+def _final_sharded_weights(directory: Path, world: int = 2, tensor_parallel: bool = False) -> dict[str, torch.Tensor]:
     """The weights of the newest sharded checkpoint in ``directory``, loaded on one process
-    into a plain model (DCP reshards 2 -> 1)."""
+    into a plain model (DCP reshards W -> 1); a TP run's under its split q/k/v names."""
     from scalerepro import sharded_checkpoint
 
     newest = sharded_checkpoint.list_checkpoints(directory)[0]
     model = _trainer_gpt_module()
+    if tensor_parallel:
+        parallel.prepare_for_tensor_parallel(model)
     meta = sharded_checkpoint.load(newest, model)
-    assert meta["final"] and meta["fingerprint"]["world_size"] == 2
-    return {k: v.detach() for k, v in model.state_dict().items()}
+    assert meta["final"] and meta["fingerprint"]["world_size"] == world
+    return parallel.fuse_qkv({k: v.detach() for k, v in model.state_dict().items()})
 
 
 def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
@@ -300,3 +302,28 @@ def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does
     expected, actual = _final_sharded_weights(tmp_path / "straight"), _final_sharded_weights(tmp_path / "stopped")
     for name, value in expected.items():
         torch.testing.assert_close(actual[name], value, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "world", "extra", "reference_world"),
+    [("tp", 2, ("--optimizer-impl", "for-loop"), 1), ("fsdp+tp", 4, ("--tp-size", "2"), 2)],
+    ids=["tp", "fsdp+tp"],
+)
+def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel_ranks(tmp_path, strategy, world, extra, reference_world):
+    """The ranks of a TP group read one batch: tp on 2 ranks trains as 1 process, fsdp+tp on
+    4 ranks (2 x 2) as DDP on 2, on the same global batch, to the same weights."""
+    from conftest import load_record, python_train, torchrun
+
+    common = [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1"]
+    reference_args = [*common, "--checkpoint-dir", str(tmp_path / "ref"), "--record", str(tmp_path / "ref.json")]
+    reference = python_train(reference_args) if reference_world == 1 else torchrun(reference_world, reference_args, timeout=240)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    result = torchrun(world, [*common, "--parallel", strategy, *extra, "--checkpoint-dir", str(tmp_path / "tp"), "--record", str(tmp_path / "tp.json")], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = load_record(tmp_path / "tp.json")
+    assert record["batch"]["global"] == load_record(tmp_path / "ref.json")["batch"]["global"]
+    expected = torch.load(sorted((tmp_path / "ref").glob("step-*.pt"))[-1], weights_only=True)["model"]
+    actual = _final_sharded_weights(tmp_path / "tp", world=world, tensor_parallel=True)
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)

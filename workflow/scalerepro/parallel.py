@@ -98,6 +98,26 @@ def build_mesh(strategy: str, world_size: int, device_type: str, tp_size: int | 
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
+def default_tp_size(strategy: str, world_size: int, ranks_per_node: int, tp_size: int | None) -> int | None:
+    """--tp-size as given, else all ranks under tp and one node's ranks under fsdp+tp (TP's
+    per-layer collectives stay on the fast intra-node links)."""
+    if tp_size is not None:
+        return tp_size
+    return {"tp": world_size, "fsdp+tp": ranks_per_node}.get(strategy)
+
+
+def data_parallel_coordinates(strategy: str, rank: int, world_size: int, tp_size: int | None) -> tuple[int, int]:
+    """(this rank's data-parallel index, data-parallel size) before any mesh exists: the mesh is
+    row-major over ranks, so under fsdp+tp rank r is in dp group r // tp; TP ranks and pipeline
+    stages read the same batch."""
+    if strategy in ("tp", "pp"):
+        return 0, 1
+    if strategy == "fsdp+tp":
+        (dp, tp), _ = mesh_shape(strategy, world_size, tp_size)
+        return rank // tp, dp
+    return rank, world_size
+
+
 def data_parallel_rank_and_size(mesh: DeviceMesh) -> tuple[int, int]:
     """Which slice of the global batch this rank reads, of how many: ranks of one TP group (or
     all stages of a pipeline) read the same data."""

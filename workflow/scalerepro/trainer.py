@@ -109,13 +109,21 @@ class Trainer:
         # ---- model and data ------------------------------------------------------------
         self.spec = self._resolve_model()
         self.train_source, self.eval_source = data.make_sources(config.data, self.spec, run.seed)
-        self.global_batch = run.batch_size * ctx.world_size * config.optim.grad_accum_steps
+        # The ranks of one TP group read the same batch: the data is split over data-parallel
+        # ranks only (all ranks under ddp and fsdp).
+        p = config.parallel
+        self.tp_size = parallel.default_tp_size(p.parallel, ctx.world_size, ctx.env.local_world_size, p.tp_size)
+        try:
+            self.dp_rank, self.dp_size = parallel.data_parallel_coordinates(p.parallel, ctx.rank, ctx.world_size, self.tp_size)
+        except parallel.ParallelError as error:
+            raise ConfigError(str(error)) from None
+        self.global_batch = run.batch_size * self.dp_size * config.optim.grad_accum_steps
         self.loader = data.make_train_loader(
             config.data,
             self.train_source,
             run.batch_size,
-            ctx.world_size,
-            ctx.rank,
+            self.dp_size,
+            self.dp_rank,
             run.seed,
             self.device,
             self._channels_last,
@@ -219,24 +227,30 @@ class Trainer:
         return self.config.perf.channels_last and self.spec.task == "image_classification"
 
     def _parallelize(self, config: TrainConfig, ctx: DistContext) -> Any:
-        """The device mesh of --parallel fsdp (None under ddp), with the model sharded on it;
-        activation checkpointing under any strategy. The trainer runs ddp and fsdp: every rank
-        reads its own slice of the data, which tp and pp (one batch per TP group or pipeline)
-        would need changed in the loader."""
+        """The device mesh of --parallel fsdp, tp or fsdp+tp (None under ddp), with the model
+        sharded on it; activation checkpointing under any strategy. pp is not run by this loop."""
         p = config.parallel
         try:
             if p.parallel == "ddp":
                 if p.activation_checkpointing != "none":
                     parallel.apply_activation_checkpointing(self.module, p.activation_checkpointing)
                 return None
-            if p.parallel != "fsdp":
+            if p.parallel == "pp":
                 raise ConfigError(
-                    f"--parallel {p.parallel} is built and tested in scalerepro.parallel but not wired into the trainer yet: "
-                    "use --parallel fsdp or ddp"
+                    "--parallel pp is built and tested in scalerepro.parallel but not wired into the trainer yet (its step is "
+                    "a pipeline schedule): use --parallel fsdp, tp, fsdp+tp or ddp"
+                )
+            if p.parallel == "tp" and config.optim.optimizer_impl != "for-loop":
+                # Under TP alone the replicated embeddings and head stay plain tensors beside the
+                # blocks' DTensors, and a foreach or fused kernel cannot take both in one list
+                # (fsdp+tp makes every parameter a DTensor).
+                raise ConfigError(
+                    f"--parallel tp needs --optimizer-impl for-loop (the {config.optim.optimizer_impl} kernels cannot mix the "
+                    "replicated plain-tensor embeddings with the sharded DTensor blocks): add --optimizer-impl for-loop, or use fsdp+tp"
                 )
             if not ctx.distributed:
-                raise ConfigError("--parallel fsdp needs at least 2 ranks (launch with scalerepro.launch or torchrun)")
-            mesh = parallel.build_mesh(p.parallel, ctx.world_size, self.device.type, p.tp_size)
+                raise ConfigError(f"--parallel {p.parallel} needs at least 2 ranks (launch with scalerepro.launch or torchrun)")
+            mesh = parallel.build_mesh(p.parallel, ctx.world_size, self.device.type, self.tp_size)
             parallel.parallelize(
                 self.module, p.parallel, mesh,
                 reshard_after_forward=p.reshard_after_forward,
@@ -504,9 +518,11 @@ class Trainer:
         this avoids recompiling for eval mode.
         """
         self.module.eval()
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
+        # loss sum, correct, count; summed over all ranks, the ranks of a TP group adding the same
+        # figures each: every total is tp x the data-parallel one, and the ratios are unchanged
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         batch_size = self.config.run.eval_batch_size or self.config.run.batch_size
-        for inputs, targets in data.eval_batches(self.eval_source.to(self.device), batch_size, self.ctx.world_size, self.ctx.rank, self.device, self._channels_last):
+        for inputs, targets in data.eval_batches(self.eval_source.to(self.device), batch_size, self.dp_size, self.dp_rank, self.device, self._channels_last):
             with self._autocast():
                 logits = self.module(*inputs)
             logits, targets = logits.flatten(0, -2).float(), targets.flatten()
@@ -640,7 +656,7 @@ class Trainer:
         }
 
     def _sharding_figures(self, ctx: DistContext) -> dict[str, Any] | None:
-        """Under --parallel fsdp: the mesh, the bytes of parameters and optimizer state each rank
+        """Under --parallel fsdp, tp, fsdp+tp: the mesh, the bytes of parameters and optimizer state each rank
         holds at the end (local shards; gradients are freed by then), and the analytic bytes
         sent per step by collective (parallel.fsdp_comm_bytes_per_step, formula there)."""
         if self.mesh is None:
@@ -656,8 +672,12 @@ class Trainer:
             "state_bytes_per_rank_min": min(sum(h.values()) for h in held),
             "comm_bytes_per_step_analytic": parallel.fsdp_comm_bytes_per_step(
                 self.module, ctx.world_size, p.reshard_after_forward, param_bytes, 4, self.config.optim.grad_accum_steps
+            ) if p.parallel == "fsdp" else None,
+            "comm_reason": None if p.parallel == "fsdp" else (
+                f"not counted under --parallel {p.parallel}: the analytic volume is written for fsdp only (TP's activation "
+                "all-gathers and reduce-scatters per block are not counted yet)"
             ),
-        }
+        }  # fmt: skip
 
     def results(self, local_only: bool = False) -> dict[str, Any]:
         """Every figure of the run, reduced over ranks (a collective: all ranks must call it).
