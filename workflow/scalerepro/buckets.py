@@ -129,6 +129,8 @@ def probe(trainer: Trainer, steps: int) -> dict[str, Any]:
     A collective when the run has several ranks: every rank must call it."""
     if steps == 0:
         return not_measured("--bucket-probe-steps 0")
+    if getattr(trainer, "mesh", None) is not None:  # sharded: no DDP buckets to time
+        return not_measured(f"--parallel {trainer.config.parallel.parallel}: gradients are reduce-scattered per FSDP unit, not in DDP buckets")
     module, ddp, device = trainer.module, trainer.ddp, trainer.device
     params = [p for p in module.parameters() if p.requires_grad]  # DDP's parameter order
     sizes = [p.numel() * p.element_size() for p in params]  # gradients have the parameter's dtype

@@ -115,6 +115,19 @@ class OptimConfig:
 @dataclass
 class ParallelConfig:
     device: Literal["auto", "cuda", "cpu"] = _opt("auto", "'auto': CUDA when available, else CPU")
+    parallel: Literal["ddp", "fsdp", "tp", "fsdp+tp", "pp"] = _opt(
+        "ddp",
+        "parallel strategy (scalerepro.parallel): ddp (DistributedDataParallel), fsdp (FSDP2 per block), tp (tensor parallel), "
+        "fsdp+tp (2-D mesh, TP over --tp-size ranks), pp (pipeline stages; in scalerepro.parallel and its tests, not run by the "
+        "trainer yet)",
+    )
+    reshard_after_forward: bool = _opt(True, "FSDP: free gathered parameters after each block's forward (ZeRO-3-like); --no-: keep them for backward (ZeRO-2-like)")
+    tp_size: int | None = _opt(None, "tensor-parallel ranks per group under --parallel fsdp+tp (default: the ranks of one node; under tp: all ranks)")
+    pp_schedule: Literal["gpipe", "1f1b"] = _opt("gpipe", "pipeline schedule under --parallel pp")
+    microbatches: int = _opt(4, "pipeline micro-batches per step under --parallel pp")
+    activation_checkpointing: Literal["none", "selective", "full"] = _opt(
+        "none", "recompute blocks in backward: full = every transformer block, selective = every other block (torchtitan's layer-selective)"
+    )
     bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MiB")
     gradient_as_bucket_view: bool = _opt(False, "DDP gradients as views into the all-reduce buckets (saves a copy)")
     static_graph: bool = _opt(False, "DDP static_graph (the graph does not change between steps)")
@@ -200,6 +213,7 @@ class TrainConfig:
             "--synthetic-samples": d.synthetic_samples,
             "--prefetch-factor": d.prefetch_factor,
             "--keep-checkpoints": r.keep_checkpoints,
+            "--microbatches": self.parallel.microbatches,
         }
         for flag, value in positive.items():
             if value < 1:
@@ -231,6 +245,8 @@ class TrainConfig:
             raise ConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
         if r.nvml_idle_s < 0:
             raise ConfigError(f"--nvml-idle-s must not be negative (got {r.nvml_idle_s})")
+        if self.parallel.tp_size is not None and self.parallel.tp_size < 2:
+            raise ConfigError(f"--tp-size must be at least 2 (got {self.parallel.tp_size})")
         if r.resume and not r.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir")
         prof = self.profile

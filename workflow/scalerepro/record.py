@@ -127,7 +127,7 @@ def build(
         record["batch"] = {
             "per_rank": config.run.batch_size,
             "grad_accum_steps": config.optim.grad_accum_steps,
-            # global batch = per-rank micro-batch x ranks x accumulation steps
+            # global batch = per-rank micro-batch x data-parallel ranks (all but TP's) x accumulation steps
             "global": trainer.global_batch,
         }
         record["data"] = {

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, profiling
+from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, parallel, profiling, sharded_checkpoint
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, idle_power, nvml_uuid_for_torch_device, unavailable_summary
@@ -109,13 +109,21 @@ class Trainer:
         # ---- model and data ------------------------------------------------------------
         self.spec = self._resolve_model()
         self.train_source, self.eval_source = data.make_sources(config.data, self.spec, run.seed)
-        self.global_batch = run.batch_size * ctx.world_size * config.optim.grad_accum_steps
+        # The ranks of one TP group read the same batch: the data is split over data-parallel
+        # ranks only (all ranks under ddp and fsdp).
+        p = config.parallel
+        self.tp_size = parallel.default_tp_size(p.parallel, ctx.world_size, ctx.env.local_world_size, p.tp_size)
+        try:
+            self.dp_rank, self.dp_size = parallel.data_parallel_coordinates(p.parallel, ctx.rank, ctx.world_size, self.tp_size)
+        except parallel.ParallelError as error:
+            raise ConfigError(str(error)) from None
+        self.global_batch = run.batch_size * self.dp_size * config.optim.grad_accum_steps
         self.loader = data.make_train_loader(
             config.data,
             self.train_source,
             run.batch_size,
-            ctx.world_size,
-            ctx.rank,
+            self.dp_size,
+            self.dp_rank,
             run.seed,
             self.device,
             self._channels_last,
@@ -135,6 +143,9 @@ class Trainer:
         if config.parallel.sync_batchnorm and ctx.distributed:
             module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
         self.module = module.to(self.device, memory_format=torch.channels_last if self._channels_last else torch.preserve_format)
+        # ---- a sharded form (--parallel, scalerepro.parallel) replaces the parameters, so it
+        # comes before the optimizer is built; DDP (the default) wraps the model below ----------
+        self.mesh = self._parallelize(config, ctx)
 
         # ---- optimizer, schedule, precision ----------------------------------------------
         self.optim_resolved = optim.resolve(config.optim, self.spec.family, self.global_batch)
@@ -149,7 +160,7 @@ class Trainer:
         # loss (scalerepro.objective), so the loss is compiled with the model ------------------
         self.ddp: DistributedDataParallel | None = None
         model: torch.nn.Module = ModelWithLoss(self.module, config.optim.label_smoothing)
-        if ctx.distributed:
+        if ctx.distributed and self.mesh is None:
             p = config.parallel
             self.ddp = DistributedDataParallel(
                 model,
@@ -188,11 +199,9 @@ class Trainer:
         # ---- resume ----------------------------------------------------------------------
         self.progress = Progress()
         self.resumed_from: str | None = None
-        self.checkpoints = (
-            checkpoint.CheckpointStore(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints)
-            if run.checkpoint_dir
-            else None
-        )
+        # Sharded state (FSDP) is checkpointed by every rank with DCP (scalerepro.sharded_checkpoint).
+        store = checkpoint.CheckpointStore if self.mesh is None else sharded_checkpoint.ShardedCheckpointStore
+        self.checkpoints = store(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints) if run.checkpoint_dir else None
         if run.resume and self.checkpoints is not None:
             self._resume()
         self.start_step = self.progress.step  # this process's first step (warm-up counts from here)
@@ -216,6 +225,41 @@ class Trainer:
     @property
     def _channels_last(self) -> bool:
         return self.config.perf.channels_last and self.spec.task == "image_classification"
+
+    def _parallelize(self, config: TrainConfig, ctx: DistContext) -> Any:
+        """The device mesh of --parallel fsdp, tp or fsdp+tp (None under ddp), with the model
+        sharded on it; activation checkpointing under any strategy. pp is not run by this loop."""
+        p = config.parallel
+        try:
+            if p.parallel == "ddp":
+                if p.activation_checkpointing != "none":
+                    parallel.apply_activation_checkpointing(self.module, p.activation_checkpointing)
+                return None
+            if p.parallel == "pp":
+                raise ConfigError(
+                    "--parallel pp is built and tested in scalerepro.parallel but not wired into the trainer yet (its step is "
+                    "a pipeline schedule): use --parallel fsdp, tp, fsdp+tp or ddp"
+                )
+            if p.parallel == "tp" and config.optim.optimizer_impl != "for-loop":
+                # Under TP alone the replicated embeddings and head stay plain tensors beside the
+                # blocks' DTensors, and a foreach or fused kernel cannot take both in one list
+                # (fsdp+tp makes every parameter a DTensor).
+                raise ConfigError(
+                    f"--parallel tp needs --optimizer-impl for-loop (the {config.optim.optimizer_impl} kernels cannot mix the "
+                    "replicated plain-tensor embeddings with the sharded DTensor blocks): add --optimizer-impl for-loop, or use fsdp+tp"
+                )
+            if not ctx.distributed:
+                raise ConfigError(f"--parallel {p.parallel} needs at least 2 ranks (launch with scalerepro.launch or torchrun)")
+            mesh = parallel.build_mesh(p.parallel, ctx.world_size, self.device.type, self.tp_size)
+            parallel.parallelize(
+                self.module, p.parallel, mesh,
+                reshard_after_forward=p.reshard_after_forward,
+                param_dtype=torch.bfloat16 if config.perf.precision == "bf16" else None,
+                activation_checkpointing=p.activation_checkpointing,
+            )  # fmt: skip
+            return mesh
+        except parallel.ParallelError as error:
+            raise ConfigError(str(error)) from None
 
     def _resolve_model(self) -> models.ModelSpec:
         """The model spec from the flags; CIFAR-10 data fixes 32x32 images and 10 classes."""
@@ -262,8 +306,11 @@ class Trainer:
         if state is None:
             self.log(f"no usable checkpoint in {self.checkpoints.directory}: starting from step 0")
             return
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.mesh is not None:  # this rank's shards of the model and optimizer
+            sharded_checkpoint.load(state["path"], self.module, self.optimizer)
+        else:
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
@@ -471,9 +518,11 @@ class Trainer:
         this avoids recompiling for eval mode.
         """
         self.module.eval()
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
+        # loss sum, correct, count; summed over all ranks, the ranks of a TP group adding the same
+        # figures each: every total is tp x the data-parallel one, and the ratios are unchanged
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         batch_size = self.config.run.eval_batch_size or self.config.run.batch_size
-        for inputs, targets in data.eval_batches(self.eval_source.to(self.device), batch_size, self.ctx.world_size, self.ctx.rank, self.device, self._channels_last):
+        for inputs, targets in data.eval_batches(self.eval_source.to(self.device), batch_size, self.dp_size, self.dp_rank, self.device, self._channels_last):
             with self._autocast():
                 logits = self.module(*inputs)
             logits, targets = logits.flatten(0, -2).float(), targets.flatten()
@@ -492,6 +541,17 @@ class Trainer:
         if self.checkpoints is None:
             return
         rng = gather_objects(self.ctx, checkpoint.rng_state())  # every rank's, in rank order
+        if self.mesh is not None:  # every rank writes its shards (a collective)
+            state = {
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "progress": dataclasses.asdict(self.progress),
+                "rng": rng,
+                "fingerprint": self._fingerprint(),
+            }
+            path = self.checkpoints.save(self.progress.step, self.module, self.optimizer, state, final=final)
+            self._checkpoint_path = str(path)
+            return
         if self.ctx.is_main:
             state = {
                 "model": self.module.state_dict(),
@@ -554,6 +614,10 @@ class Trainer:
         Model, optimizer, scheduler and scaler states are restored afterwards.
         """
         steps = self.config.run.comm_probe_steps
+        if self.mesh is not None:  # the probe switches DDP's all-reduce off; FSDP has no such switch
+            self.exposed_comm = {"fraction": None, "sync_step_s": None, "nosync_step_s": None, "steps": 0,
+                                 "reason": f"not measured under --parallel {self.config.parallel.parallel}: the probe times DDP with and without no_sync"}
+            return
         if self.ddp is None or steps == 0:
             reason = "single process: no gradient communication" if self.ddp is None else "--comm-probe-steps 0"
             self.exposed_comm = {"fraction": 0.0 if self.ddp is None else None, "sync_step_s": None, "nosync_step_s": None, "steps": 0, "reason": reason}
@@ -590,6 +654,30 @@ class Trainer:
             "steps": steps,
             "reason": None,
         }
+
+    def _sharding_figures(self, ctx: DistContext) -> dict[str, Any] | None:
+        """Under --parallel fsdp, tp, fsdp+tp: the mesh, the bytes of parameters and optimizer state each rank
+        holds at the end (local shards; gradients are freed by then), and the analytic bytes
+        sent per step by collective (parallel.fsdp_comm_bytes_per_step, formula there)."""
+        if self.mesh is None:
+            return None
+        p = self.config.parallel
+        held = gather_objects(ctx, parallel.local_state_bytes(self.module, self.optimizer))
+        param_bytes = 2 if self.config.perf.precision == "bf16" else 4  # MixedPrecisionPolicy param_dtype
+        return {
+            "strategy": p.parallel,
+            "mesh": {"shape": list(self.mesh.shape), "dims": list(self.mesh.mesh_dim_names or ())},
+            "reshard_after_forward": p.reshard_after_forward,
+            "state_bytes_per_rank_max": max(sum(h.values()) for h in held),
+            "state_bytes_per_rank_min": min(sum(h.values()) for h in held),
+            "comm_bytes_per_step_analytic": parallel.fsdp_comm_bytes_per_step(
+                self.module, ctx.world_size, p.reshard_after_forward, param_bytes, 4, self.config.optim.grad_accum_steps
+            ) if p.parallel == "fsdp" else None,
+            "comm_reason": None if p.parallel == "fsdp" else (
+                f"not counted under --parallel {p.parallel}: the analytic volume is written for fsdp only (TP's activation "
+                "all-gathers and reduce-scatters per block are not counted yet)"
+            ),
+        }  # fmt: skip
 
     def results(self, local_only: bool = False) -> dict[str, Any]:
         """Every figure of the run, reduced over ranks (a collective: all ranks must call it).
@@ -653,6 +741,7 @@ class Trainer:
                 "rss_bytes_max": _max_or_none(m["rss_bytes"] for m in memory),
             },
             "exposed_communication": self.exposed_comm,
+            "sharding": self._sharding_figures(ctx),
             "backward_buckets": self.bucket_profile,  # see scalerepro.buckets
             "nvml": nvml,
             "host_activity": {
