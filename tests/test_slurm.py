@@ -112,13 +112,14 @@ def test_the_whole_dag_runs_on_slurm_with_a_two_node_eight_rank_run(slurm_study)
     assert record["status"] == "ok"
     assert record["parallel"]["nodes"] == 2 and record["parallel"]["world_size"] == 8
     assert record["parallel"]["ranks_per_node"] == 4 and record["parallel"]["hostnames"] == ["node01", "node02"]
-    job_id = record["slurm"]["job_id"]
-    assert isinstance(job_id, int) and record["slurm"]["num_nodes"] == 2
+    job_id = record["scheduler"]["job_id"]
+    assert record["scheduler"]["name"] == "slurm" and record["scheduler"]["partition"] == "gpu"
+    assert isinstance(job_id, int) and record["scheduler"]["num_nodes"] == 2
     (job,) = _sacct(env, str(job_id))
     assert job["Comment"] == "rule_train_wildcards_strong_cnn_g8_r1" and job["State"] == "COMPLETED"
     assert job["NNodes"] == "2" and "gres/gpu=8" in job["AllocTRES"]
     one_rank = load_record(workdir / "results/runs/strong_cnn_g1_r1/record.json")
-    assert one_rank["parallel"]["world_size"] == 1 and one_rank["slurm"]["job_id"] != job_id
+    assert one_rank["parallel"]["world_size"] == 1 and one_rank["scheduler"]["job_id"] != job_id
     comm = json.loads((workdir / "results/comm/g8.json").read_text())
     assert comm["world_size"] == 8
     assert (workdir / "results/report/index.html").stat().st_size > 10_000
@@ -197,7 +198,7 @@ def test_a_preempted_run_checkpoints_is_retried_and_matches_an_uninterrupted_run
     attempts = [j for j in _sacct(env) if j["Comment"] == f"rule_train_wildcards_{run}"]
     states = sorted((j["State"], j["ExitCode"]) for j in attempts if int(j["JobID"]) >= int(job_id))
     assert [state for state, _ in states] == ["COMPLETED", "FAILED"], states
-    assert record["slurm"]["job_id"] != int(job_id)  # the record comes from the retry
+    assert record["scheduler"]["job_id"] != int(job_id)  # the record comes from the retry
 
     # The same run, uninterrupted, on this machine: the same final loss, bit for bit.
     reference = workdir / "reference.json"
@@ -235,9 +236,9 @@ def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env
 
 def test_the_slurm_dry_run_plans_the_jobs_of_the_snapshot(slurm_env):
     """As tests/test_dryrun.py, for the profile's submissions (resources, sbatch flags, srun launch)."""
-    from dryrun_jobs import planned_jobs, snapshot
+    from dryrun_jobs import SINCE_SNAPSHOT, planned_jobs, snapshot
 
-    planned = planned_jobs(REPO, _env(slurm_env), *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY))
+    planned = planned_jobs(REPO, _env(slurm_env), *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY), *SINCE_SNAPSHOT)
     expected = snapshot("slurm")
     assert [job.get("output") for job in planned] == [job.get("output") for job in expected]
     for job, before in zip(planned, expected):

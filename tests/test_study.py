@@ -102,3 +102,19 @@ def test_the_gpu_study_runs_the_optimised_trainer_outside_the_ablation():
         parsed = study.parse_trainer_flags(flags, "test")
         if run.study in ("strong", "weak"):
             assert parsed.perf.precision != "fp32", run.run_id
+
+
+def test_every_strategy_trains_the_same_global_batch_at_a_gpu_count_and_fsdp_tp_needs_two_tp_groups():
+    """8 GPUs on one node: tp is one replica of 8 ranks, fsdp+tp (TP over one node's 8 ranks)
+    would be a single TP group, i.e. tp alone, so it is planned only across nodes."""
+    runs = _gpu_study().runs
+    cells = {(r.model, r.gpus, r.parallel): r for r in runs.values() if r.study == "parallelism"}
+    for gpus in (2, 4, 8):
+        at = {strategy: cells[("gpt2_medium", gpus, strategy)] for strategy in ("ddp", "fsdp", "tp")}
+        assert {r.global_batch for r in at.values()} == {8 * gpus}  # per_gpu_batch 8 x N
+        assert (at["ddp"].per_gpu_batch, at["tp"].per_gpu_batch, at["tp"].data_parallel) == (8, 8 * gpus, 1)
+    assert not any(strategy == "fsdp+tp" for _, _, strategy in cells)
+    on_nodes = study.build(_config(gpus_per_node=4, scaling__gpu_counts=[8]), on_cluster=True, local_gpus=0)
+    both = [r for r in on_nodes.runs.values() if r.study == "parallelism" and r.parallel == "fsdp+tp"]
+    assert {(r.model, r.gpus, r.data_parallel, r.per_gpu_batch) for r in both} == {("gpt2_medium", 8, 2, 32), ("llama_1b", 8, 2, 4)}
+    assert all(r.global_batch == r.gpus * study_batch for r, study_batch in ((r, 8 if r.model == "gpt2_medium" else 1) for r in both))

@@ -57,65 +57,23 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from .mesh import STRATEGIES, ParallelError, data_parallel_coordinates, default_tp_size, mesh_shape  # noqa: F401 - re-exported
+
 Strategy = Literal["ddp", "fsdp", "tp", "fsdp+tp", "pp"]
 ActivationCheckpointing = Literal["none", "selective", "full"]
 PipelineScheduleName = Literal["gpipe", "1f1b"]
-STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "tp", "fsdp+tp", "pp")
 
 # torchtitan's layer-selective activation checkpointing: recompute every N-th block.
 SELECTIVE_EVERY = 2
 
 
-class ParallelError(ValueError):
-    """A strategy that cannot apply to this model or world size; one line naming the fix."""
-
-
 # ---- the mesh ---------------------------------------------------------------------------------
-
-
-def mesh_shape(strategy: str, world_size: int, tp_size: int | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The DeviceMesh shape and dimension names of ``strategy`` on ``world_size`` ranks."""
-    if strategy == "fsdp":
-        return (world_size,), ("dp",)
-    if strategy == "tp":
-        return (world_size,), ("tp",)
-    if strategy == "pp":
-        return (world_size,), ("pp",)
-    if strategy == "fsdp+tp":
-        tp = tp_size or 0
-        if tp < 2 or world_size % tp or world_size // tp < 2:
-            raise ParallelError(
-                f"--parallel fsdp+tp needs --tp-size of at least 2 dividing the {world_size} ranks into at least 2 "
-                f"data-parallel groups (got --tp-size {tp_size}): use --parallel tp or fsdp alone, or change --tp-size"
-            )
-        return (world_size // tp, tp), ("dp", "tp")
-    raise ParallelError(f"--parallel {strategy} has no device mesh here (ddp is set up by the trainer)")
 
 
 def build_mesh(strategy: str, world_size: int, device_type: str, tp_size: int | None = None) -> DeviceMesh:
     """The DeviceMesh of ``strategy`` over the default process group (which must exist)."""
     shape, names = mesh_shape(strategy, world_size, tp_size)
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
-
-
-def default_tp_size(strategy: str, world_size: int, ranks_per_node: int, tp_size: int | None) -> int | None:
-    """--tp-size as given, else all ranks under tp and one node's ranks under fsdp+tp (TP's
-    per-layer collectives stay on the fast intra-node links)."""
-    if tp_size is not None:
-        return tp_size
-    return {"tp": world_size, "fsdp+tp": ranks_per_node}.get(strategy)
-
-
-def data_parallel_coordinates(strategy: str, rank: int, world_size: int, tp_size: int | None) -> tuple[int, int]:
-    """(this rank's data-parallel index, data-parallel size) before any mesh exists: the mesh is
-    row-major over ranks, so under fsdp+tp rank r is in dp group r // tp; TP ranks and pipeline
-    stages read the same batch."""
-    if strategy in ("tp", "pp"):
-        return 0, 1
-    if strategy == "fsdp+tp":
-        (dp, tp), _ = mesh_shape(strategy, world_size, tp_size)
-        return rank // tp, dp
-    return rank, world_size
 
 
 def data_parallel_rank_and_size(mesh: DeviceMesh) -> tuple[int, int]:

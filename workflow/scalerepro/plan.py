@@ -38,6 +38,8 @@ def validate(config: dict[str, Any], schema: Path) -> None:
     try:
         snakemake_validate(config, str(schema), set_default=True)
     except WorkflowError as wrapped:
+        if not isinstance(wrapped.__context__, jsonschema.ValidationError):
+            raise  # the schema itself did not load: a bug here, not a config error
         # the jsonschema error that validate() wrapped (it keeps only its text in the message)
         error = jsonschema.exceptions.best_match([wrapped.__context__])
         where = ".".join(str(part) for part in error.absolute_path) or "top level"

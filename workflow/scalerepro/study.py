@@ -9,6 +9,9 @@ Pure Python (no Snakemake, no torch), so the matrix can be unit-tested on its ow
 * weak scaling: the per-GPU batch and the per-GPU data fixed, so an epoch grows with N;
 * sensitivity: bucket size x per-GPU batch x precision at one count;
 * ablation: a baseline, each optimisation alone on top of it, then all of them;
+* parallelism: each language model under each strategy (ddp, fsdp, tp, fsdp+tp) at each GPU
+  count, the global batch the same for every strategy at a count (per_gpu_batch x N), so their
+  throughput, memory and communication compare like with like;
 * reproduce: one run under the conditions of each published reference (config/references.yaml)
   whose GPU model and count this machine or cluster has, so the report can set it beside the
   publication.
@@ -28,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import config as trainer_config
+from . import mesh
 
 DATA_DIR = "results/data/cifar10"
-STUDIES = ("strong", "weak", "sensitivity", "ablation", "reproduce")
+STUDIES = ("strong", "weak", "sensitivity", "ablation", "parallelism", "reproduce")
 
 
 class StudyError(ValueError):
@@ -59,11 +63,13 @@ class Run:
     bucket_cap_mb: float
     args: tuple[str, ...]  # the run's own trainer flags (after the study's trainer_args)
     reference: str  # the reference a reproduce run stands beside ("" for the others)
+    parallel: str = "ddp"  # the trainer's --parallel strategy
+    data_parallel: int = 0  # replicas reading different data (ranks of a TP group read one batch); 0: all ranks
 
     @property
     def global_batch(self) -> int:
-        # global batch = per-rank micro-batch x accumulation steps x ranks
-        return self.per_gpu_batch * self.grad_accum_steps * self.gpus
+        # global batch = micro-batch of each replica x accumulation steps x data-parallel replicas
+        return self.per_gpu_batch * self.grad_accum_steps * (self.data_parallel or self.gpus)
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,7 @@ def build(config: dict[str, Any], *, on_cluster: bool, local_gpus: int, local_gp
     builder.scaling()
     builder.sensitivity()
     builder.ablation()
+    builder.parallelism()
     builder.reproduce(references, local_gpu_name if local else config.get("reproduce", {}).get("gpu"))
     return Study(config, device, local, gpus_per_node, tuple(gpu_counts), builder.runs)
 
@@ -220,6 +227,7 @@ class _Builder:
             self.runs[run_id] = Run(
                 run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, parsed.run.batch_size,
                 parsed.optim.grad_accum_steps, parsed.perf.precision, float(parsed.parallel.bucket_cap_mb), tuple(args), reference,
+                parsed.parallel.parallel, data_parallel_size(parsed.parallel, gpus, ranks_per_node, flags_key),
             )  # fmt: skip
 
     def scaling(self) -> None:
@@ -266,6 +274,34 @@ class _Builder:
         for variant, flags in variants.items():
             self.add("ablation", abl["model"], self._gpus(abl["gpus"]), abl["repeats"], variant, batch, (*abl["baseline"], *flags), "ablation.gpus", flags_key=f"ablation.optimisations ({variant})")
 
+    def parallelism(self) -> None:
+        """Each model under each strategy at each GPU count of ``parallelism.gpu_counts`` (auto:
+        the study's counts above 1). At N GPUs every strategy trains the same global batch,
+        per_gpu_batch x N, each data-parallel replica reading N / replicas of it (one replica
+        under tp, N / tp-size under fsdp+tp). fsdp+tp is planned where the GPUs hold at least two
+        TP groups (fewer would be tp alone), tp where they are at least two."""
+        par = self.config.get("parallelism", {})
+        if not par.get("enabled", False):
+            return
+        counts = [n for n in self.study.gpu_counts if n > 1] if par["gpu_counts"] == "auto" else par["gpu_counts"]
+        for model in par["models"]:
+            if model not in self.config["models"]:
+                raise StudyError("parallelism.models", f"{model} has no entry under models: add models.{model}.per_gpu_batch")
+            batch = self.config["models"][model]["per_gpu_batch"]
+            for gpus in counts:
+                ranks_per_node, _ = nodes_for(gpus, self.study.gpus_per_node, self.study.local, "parallelism.gpu_counts")
+                for strategy in par["strategies"]:
+                    flags = ("--parallel", strategy, *par["args"].get(strategy, []))
+                    key = f"parallelism.args.{strategy}"
+                    settings = parse_trainer_flags(["--model", model, *flags], key).parallel
+                    tp_size = mesh.default_tp_size(strategy, gpus, ranks_per_node, settings.tp_size) or 1
+                    if (strategy == "tp" and gpus < 2) or (strategy == "fsdp+tp" and gpus // tp_size < 2):
+                        continue
+                    replicas = data_parallel_size(settings, gpus, ranks_per_node, key)
+                    variant = strategy.replace("+", "-")
+                    per_replica = batch * gpus // replicas
+                    self.add("parallelism", model, gpus, par["repeats"], variant, per_replica, flags, "parallelism.gpu_counts", flags_key=key)
+
     def reproduce(self, references: list[dict[str, Any]], gpu_name: str | None) -> None:
         """A run under each reference's conditions, where this machine (or the cluster's
         ``reproduce.gpu``) is the reference's GPU model with enough GPUs; the others are shown
@@ -292,6 +328,16 @@ class _Builder:
             )  # fmt: skip
 
 
+def data_parallel_size(parallel: trainer_config.ParallelConfig, gpus: int, ranks_per_node: int, key: str) -> int:
+    """How many replicas read different data under the trainer's ``parallel`` settings on
+    ``gpus`` ranks (scalerepro.mesh, as the trainer computes it)."""
+    tp_size = mesh.default_tp_size(parallel.parallel, gpus, ranks_per_node, parallel.tp_size)
+    try:
+        return mesh.data_parallel_coordinates(parallel.parallel, 0, gpus, tp_size)[1]
+    except mesh.ParallelError as error:
+        raise StudyError(key, str(error)) from None
+
+
 def _variant(reference_id: str) -> str:
     return "".join(c if c.isalnum() or c in ".-" else "-" for c in reference_id)
 
@@ -303,7 +349,7 @@ def matrix_rows(study: Study, record_path, rerun_command) -> list[dict[str, Any]
             "run_id": run.run_id, "study": run.study, "model": run.model, "gpus": run.gpus, "nodes": run.nodes,
             "gpus_per_node": study.gpus_per_node, "repeat": run.repeat, "variant": run.variant, "precision": run.precision,
             "per_rank_batch": run.per_gpu_batch, "grad_accum_steps": run.grad_accum_steps, "global_batch": run.global_batch,
-            "bucket_cap_mb": run.bucket_cap_mb, "reference": run.reference, "runtime_min": study.config["resources"]["runtime_min"],
+            "bucket_cap_mb": run.bucket_cap_mb, "parallel": run.parallel, "data_parallel": run.data_parallel or run.gpus, "reference": run.reference, "runtime_min": study.config["resources"]["runtime_min"],
             "record": record_path(run), "rerun": rerun_command(run),
         }  # fmt: skip
         for run in study.runs.values()
