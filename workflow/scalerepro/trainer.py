@@ -678,9 +678,9 @@ class Trainer:
             reason = "single process: no gradient communication" if self.ddp is None else "--comm-probe-steps 0"
             self.exposed_comm = {"fraction": 0.0 if self.ddp is None else None, "sync_step_s": None, "nosync_step_s": None, "steps": 0, "reason": reason}
             return
-        groups = self._cached_step_batches(steps)
         timers = {True: metrics.StepTimer(self.device), False: metrics.StepTimer(self.device)}
         with self.preserved_state():
+            groups = self._cached_step_batches(steps)  # inside: reading them may draw random numbers
             # Interleaved, sync then no-sync on the same batch: a burst of load from elsewhere on
             # the host or GPU falls on both modes alike, not on one mode's block of steps. The
             # first pair is a warm-up.
@@ -709,12 +709,13 @@ class Trainer:
             return buckets.not_measured("--bucket-probe-steps 0")
         params = [p for p in self.module.parameters() if p.requires_grad]  # DDP's parameter order
         sizes = [p.numel() * p.element_size() for p in params]  # gradients have the parameter's dtype
-        groups = self._cached_step_batches(steps + 1)
         recorder = buckets.PhaseRecorder(metrics.DeviceClock(self.device))
-        with self.preserved_state(), recorder.watching(params):
-            for step in range(steps + 1):
-                batches = iter(groups[step % len(groups)])
-                self._train_step(batches, sync_gradients=False, eager=True, step_scheduler=False, marks=recorder)
+        with self.preserved_state():
+            groups = self._cached_step_batches(steps + 1)  # inside: reading them may draw random numbers
+            with recorder.watching(params):
+                for step in range(steps + 1):
+                    batches = iter(groups[step % len(groups)])
+                    self._train_step(batches, sync_gradients=False, eager=True, step_scheduler=False, marks=recorder)
         if len(recorder.ready_order) != len(params):
             unused = len(params) - len(recorder.ready_order)
             return buckets.not_measured(f"{unused} parameters got no gradient in the backward: DDP's bucket timing needs every parameter used")
