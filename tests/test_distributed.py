@@ -92,6 +92,27 @@ def test_exposed_communication_sees_the_all_reduce(tmp_path):
     assert comm["fraction"] == pytest.approx((comm["sync_step_s"] - comm["nosync_step_s"]) / comm["sync_step_s"])
 
 
+def test_the_probes_of_a_two_rank_onecycle_run_with_accumulation(tmp_path):
+    """Both probes run the trainer's step on two ranks after a OneCycleLR run: they leave the
+    scheduler alone (the exposed-communication probe stepped it, and OneCycleLR raised past the
+    run's end, failing the finished run), and the bucket probe times every micro-batch of an
+    accumulating step and records DDP's rebuilt layout."""
+    args = [
+        "--model", "cnn", "--batch-size", "4", "--grad-accum-steps", "2", "--steps", "3", "--warmup-steps", "1",
+        "--lr-schedule", "onecycle", "--num-workers", "0", "--no-eval", "--synthetic-samples", "64",
+        "--comm-probe-steps", "2", "--bucket-probe-steps", "2", "--bucket-cap-mb", "0.01", "--record", str(tmp_path / "r.json"),
+    ]  # fmt: skip
+    done = torchrun(2, args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measurements = load_record(tmp_path / "r.json")["measurements"]
+    comm, probe = measurements["exposed_communication"], measurements["backward_buckets"]
+    assert comm["reason"] is None and comm["steps"] == 2 and comm["sync_step_s"] > 0, comm
+    assert probe["reason"] is None and probe["steps"] == 2 and probe["micro_batches_per_step"] == 2, probe
+    assert probe["layout_source"].startswith("DDP's rebuilt buckets") and len(probe["buckets"]) >= 2, probe
+    ready = [bucket["ready_s"] for bucket in probe["buckets"]]
+    assert 0 < ready[-1] <= probe["backward_s"] and probe["forward_s"] > 0 and probe["optimizer_s"] > 0, probe
+
+
 def _signal_last_rank_at_step_20(args: list[str], signum: int) -> tuple[subprocess.Popen, str]:
     """Start two ranks under torchrun, wait until step 20 is logged, send ``signum`` to the last
     rank only; return the launcher (finished) and everything it printed."""

@@ -3,6 +3,7 @@ exactly, signals checkpoint and exit with the distinct code, bad input is one li
 
 from __future__ import annotations
 
+import copy
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from conftest import clean_env, load_record, python_train
-from scalerepro import checkpoint, distributed
+from scalerepro import buckets, checkpoint, distributed
 from scalerepro.config import parse_args
 from scalerepro.train import EXIT_PREEMPTED, main
 from scalerepro.trainer import StopRequest, Trainer
@@ -293,3 +294,78 @@ def test_the_optimised_preset_resolves_once_explicit_flags_win_and_the_record_sa
     gpt = parse_args(["--model", "gpt2_small", "--preset", "optimised"])
     assert (gpt.perf.precision, gpt.perf.compile, gpt.perf.channels_last, gpt.perf.cudnn_benchmark) == ("bf16", "default", False, False)
     assert parse_args(["--preset", "baseline"]) == parse_args([])
+
+
+def _run_state(trainer: Trainer) -> dict:
+    """Everything a step changes, copied: model, optimizer, LR scheduler, loss scaler, RNG."""
+    return copy.deepcopy({
+        "model": trainer.module.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "scheduler": trainer.scheduler.state_dict(),
+        "scaler": trainer.scaler.state_dict(),
+        "rng": checkpoint.rng_state(),
+    })  # fmt: skip
+
+
+def _differences(a: object, b: object, path: str = "") -> list[str]:
+    """Paths where two nested states differ, tensors compared element by element."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+        return [] if same else [path]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [path]
+        return [d for key in a for d in _differences(a[key], b[key], f"{path}/{key}")]
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        if len(a) != len(b):
+            return [path]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}/{i}")]
+    return [] if a == b else [path]
+
+
+def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tmp_path):
+    """The bucket probe times the trainer's own step function (told each phase's end through its
+    marks), not a copy of it, and takes real optimizer steps inside Trainer.preserved_state:
+    after the probe the model, optimizer, scheduler, scaler and RNG states equal, tensor by
+    tensor, those training left, though the probe's steps changed them (AdamW's moments, the
+    weights, dropout's RNG draws). OneCycleLR raises on a step past the run's end: the probe
+    leaves the scheduler alone."""
+    config = parse_args([
+        "--model", "gpt2_small", "--seq-len", "32", "--vocab-size", "128", *SMALL_TRANSFORMER, "--dropout", "0.1",
+        "--lr-schedule", "onecycle", "--steps", "4", "--warmup-steps", "1", "--batch-size", "8", "--num-workers", "0",
+        "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "0", "--bucket-probe-steps", "3",
+        "--bucket-cap-mb", "0.02", "--progress", "off",
+    ])  # fmt: skip
+    stop = StopRequest()
+    try:
+        trainer = Trainer(config, distributed.setup("cpu", 60, environ={}), stop, log=lambda line: None)
+        before: list[dict] = []  # the run's state as training left it, and after the probe
+        after: list[dict] = []
+        probe_steps: list[tuple[object, dict]] = []  # (the marks each step got, the state after it)
+        train_step, probe = trainer._train_step, trainer._probe_backward_buckets
+
+        def watched_probe(steps: int) -> dict:
+            before.append(_run_state(trainer))
+            profile = probe(steps)
+            after.append(_run_state(trainer))
+            return profile
+
+        def watched_step(*args, **kwargs):
+            loss = train_step(*args, **kwargs)
+            if before:  # a probe's step, not a training step
+                probe_steps.append((kwargs.get("marks"), _run_state(trainer)))
+            return loss
+
+        trainer._train_step, trainer._probe_backward_buckets = watched_step, watched_probe
+        assert trainer.fit().status == "ok"
+    finally:
+        stop.restore()
+    profile = trainer.results()["backward_buckets"]
+    assert profile["reason"] is None and profile["steps"] == 3 and len(profile["buckets"]) >= 2, profile
+    # the warm-up step and 3 timed ones, all the trainer's step, all marked by one recorder
+    marks = {id(m) for m, _ in probe_steps}
+    assert len(probe_steps) == 4 and len(marks) == 1 and isinstance(probe_steps[0][0], buckets.PhaseRecorder)
+    changed = _differences(before[0], probe_steps[-1][1])
+    for part in ("/model/", "/optimizer/state/", "/rng/torch"):
+        assert any(path.startswith(part) for path in changed), f"the probe's steps never changed {part}: {changed[:5]}"
+    assert _differences(before[0], after[0]) == []

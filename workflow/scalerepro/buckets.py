@@ -3,8 +3,10 @@ model (``scalerepro.analysis.scaling_model``), which replays a one-GPU run's bac
 bucket's all-reduce started as soon as the bucket is ready.
 
 After the measured window (like the exposed-communication probe, so no timed step carries a
-hook), ``probe`` runs ``--bucket-probe-steps`` steps on cached batches, gradient synchronisation
-off (compute only: what one GPU does), and times each phase:
+hook), the trainer's bucket probe (``Trainer._probe_backward_buckets``) runs
+``--bucket-probe-steps`` steps of its own step function on cached batches, gradient
+synchronisation off (compute only: what one GPU does), with a ``PhaseRecorder`` that the step
+tells when each phase is done. This module holds the recorder and the arithmetic: the phases,
 
     forward_s     forward and loss of one micro-batch
     backward_s    backward of one micro-batch (the scaled loss's .backward())
@@ -14,8 +16,8 @@ off (compute only: what one GPU does), and times each phase:
                   accumulated (``Tensor.register_post_accumulate_grad_hook``): bucket k's
                   all-reduce could start then
 
-each the median over the probe's steps (the first one is a warm-up), the slowest rank's median
-on several ranks.
+each the median over the probe's micro-batches (optimizer_s: over its steps; the first step is a
+warm-up), the slowest rank's median on several ranks; and the bucket layout.
 
 The probe runs the eager model, also when the run is compiled (``--compile``): a compiled
 backward without DDP is one graph that accumulates every gradient at its end (measured on the
@@ -24,9 +26,9 @@ it would tell the scaling model that no all-reduce can start before the backward
 backward produces the gradients layer by layer, as DDP's bucketed graph does. Its phases are
 slower than the compiled ones; where they add up to more than the measured step, the scaling
 model scales them (ready times included) into it (``scalerepro.analysis.scaling_model``), which
-keeps each bucket's place in the backward. On CUDA every mark is an event recorded on the current stream and read after
-the probe (no host synchronisation inside a step); on the CPU the work is synchronous and
-``time.perf_counter`` marks it.
+keeps each bucket's place in the backward. Every mark is a ``metrics.DeviceClock`` mark: on CUDA
+an event recorded on the current stream and read after the probe (no host synchronisation inside
+a step); on the CPU the work is synchronous and ``time.perf_counter`` marks it.
 
 The bucket layout is DDP's: after the first iteration DDP rebuilds its buckets in the order the
 gradients became ready (``Reducer::rebuild_buckets``) with ``dist._compute_bucket_assignment_by_size``,
@@ -40,22 +42,24 @@ the two agree (tests/test_scaling_model.py).
 from __future__ import annotations
 
 import contextlib
-import copy
 import statistics
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import distributed
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
+from .metrics import DeviceClock
 
 MIB = 1024 * 1024
+
+
+def not_measured(reason: str) -> dict[str, Any]:
+    return {"steps": 0, "reason": reason, "buckets": []}
+
+
+# ---- DDP's bucket layout ------------------------------------------------------------------------
 
 
 def bucket_caps_bytes(bucket_cap_mb: float | None) -> tuple[int, int]:
@@ -93,136 +97,130 @@ def ddp_rebuilt_layout(ddp: torch.nn.parallel.DistributedDataParallel) -> list[l
     return [[int(index) for index in bucket.split()] for bucket in str(text).split(",")]
 
 
-class _Marks:
-    """Time marks of one probe step: CUDA events or perf_counter readings, read after the probe."""
+def choose_layout(
+    sizes_bytes: Sequence[int],
+    ready_order: Sequence[int],
+    bucket_cap_mb: float | None,
+    ddp: torch.nn.parallel.DistributedDataParallel | None,
+) -> tuple[list[list[int]], str]:
+    """The run's bucket layout and where it comes from: DDP's own rebuilt buckets when it has
+    them, else the same computation DDP does, over the observed gradient-ready order."""
+    if ddp is not None:
+        rebuilt = ddp_rebuilt_layout(ddp)
+        if rebuilt is not None:
+            return rebuilt, "DDP's rebuilt buckets (_get_ddp_logging_data)"
+    first_cap, cap = bucket_caps_bytes(bucket_cap_mb)
+    layout = bucket_layout(sizes_bytes, ready_order, first_cap, cap)
+    return layout, "computed (dist._compute_bucket_assignment_by_size over the observed gradient-ready order)"
 
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
 
-    def now(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+# ---- the phases of the trainer's step --------------------------------------------------------------
 
-    def seconds(self, start: Any, end: Any) -> float:
-        return start.elapsed_time(end) / 1e3 if self.cuda else end - start  # elapsed_time is in ms
+
+@dataclass
+class _MicroBatchMarks:
+    start: Any  # the micro-batch's inputs in hand
+    forward_end: Any = None  # = the backward's start
+    backward_end: Any = None
+    param_ready: dict[int, Any] = field(default_factory=dict)  # parameter index -> its gradient accumulated
 
 
 @dataclass
 class _StepMarks:
-    start: Any
-    forward_end: Any
-    backward_end: Any
-    optimizer_end: Any
-    param_ready: dict[int, Any]  # parameter index -> mark when its gradient was accumulated
+    micro_batches: list[_MicroBatchMarks] = field(default_factory=list)
+    optimizer_end: Any = None  # the optimizer phase starts at the last micro-batch's backward_end
 
 
-def not_measured(reason: str) -> dict[str, Any]:
-    return {"steps": 0, "reason": reason, "buckets": []}
+class PhaseRecorder:
+    """Marks of the trainer's step phases (``Trainer._train_step(..., marks=recorder)`` calls
+    ``micro_batch_started``, ``forward_done``, ``backward_done``, ``optimizer_done``) and, while
+    ``watching`` the parameters, the moment each parameter's gradient is accumulated.
 
+    Marks are ``DeviceClock`` marks: nothing here synchronises the host inside a step."""
 
-def probe(trainer: Trainer, steps: int) -> dict[str, Any]:
-    """Time forward, backward (with each bucket's ready time) and the optimizer over ``steps``
-    steps after a warm-up step; restore the model, optimizer, scheduler and scaler afterwards.
-    A collective when the run has several ranks: every rank must call it."""
-    if steps == 0:
-        return not_measured("--bucket-probe-steps 0")
-    if getattr(trainer, "mesh", None) is not None:  # sharded: no DDP buckets to time
-        return not_measured(f"--parallel {trainer.config.parallel.parallel}: gradients are reduce-scattered per FSDP unit, not in DDP buckets")
-    module, ddp, device = trainer.module, trainer.ddp, trainer.device
-    params = [p for p in module.parameters() if p.requires_grad]  # DDP's parameter order
-    sizes = [p.numel() * p.element_size() for p in params]  # gradients have the parameter's dtype
-    saved = {
-        "model": {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()},
-        "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
-        "scheduler": copy.deepcopy(trainer.scheduler.state_dict()),
-        "scaler": copy.deepcopy(trainer.scaler.state_dict()),
-    }
-    batch_iter = trainer.loader.epoch(trainer.progress.epoch)
-    batches = [next(batch_iter) for _ in range(min(steps + 1, trainer.loader.micro_batches_per_epoch))]
-    marks = _Marks(device.type == "cuda")
-    recorded: list[_StepMarks] = []
-    ready_order: list[int] = []  # host order of the hooks in the first step: the order DDP sees
-    current: dict[int, Any] = {}
+    def __init__(self, clock: DeviceClock):
+        self.clock = clock
+        self.steps: list[_StepMarks] = []  # completed steps
+        self.ready_order: list[int] = []  # host order of the hooks in the first step: the order DDP sees
+        self._open = _StepMarks()
 
-    def on_ready(index: int):
-        def hook(_: torch.Tensor) -> None:
-            current[index] = marks.now()
-            if not recorded and index not in ready_order:
-                ready_order.append(index)
+    def micro_batch_started(self) -> None:
+        self._open.micro_batches.append(_MicroBatchMarks(self.clock.now()))
 
-        return hook
+    def forward_done(self) -> None:
+        self._open.micro_batches[-1].forward_end = self.clock.now()
 
-    handles = [p.register_post_accumulate_grad_hook(on_ready(i)) for i, p in enumerate(params)]
-    optim = trainer.config.optim
-    try:
-        for step in range(steps + 1):
-            inputs, targets = batches[step % len(batches)]
-            current = {}
-            start = marks.now()
-            with ddp.no_sync() if ddp is not None else contextlib.nullcontext(), trainer._autocast():
-                loss = trainer.eager_model(inputs, targets)  # never the compiled one: see the docstring
-            forward_end = marks.now()
-            with ddp.no_sync() if ddp is not None else contextlib.nullcontext():
-                trainer.scaler.scale(loss).backward()
-            backward_end = marks.now()
-            if optim.clip_grad_norm > 0:
-                trainer.scaler.unscale_(trainer.optimizer)
-                torch.nn.utils.clip_grad_norm_(module.parameters(), optim.clip_grad_norm)
-            trainer.scaler.step(trainer.optimizer)
-            trainer.scaler.update()
-            trainer.optimizer.zero_grad(set_to_none=True)
-            recorded.append(_StepMarks(start, forward_end, backward_end, marks.now(), current))
-    finally:
-        for handle in handles:
-            handle.remove()
-        module.load_state_dict(saved["model"])
-        trainer.optimizer.load_state_dict(saved["optimizer"])
-        trainer.scheduler.load_state_dict(saved["scheduler"])
-        trainer.scaler.load_state_dict(saved["scaler"])
-    if marks.cuda:
-        torch.cuda.synchronize()
-    if len(ready_order) != len(params):
-        unused = len(params) - len(ready_order)
-        return not_measured(f"{unused} parameters got no gradient in the backward: DDP's bucket timing needs every parameter used")
+    def backward_done(self) -> None:
+        self._open.micro_batches[-1].backward_end = self.clock.now()
 
-    first_cap, cap = bucket_caps_bytes(trainer.config.parallel.bucket_cap_mb)
-    layout = bucket_layout(sizes, ready_order, first_cap, cap)
-    source = "computed (dist._compute_bucket_assignment_by_size over the observed gradient-ready order)"
-    if ddp is not None:
-        rebuilt = ddp_rebuilt_layout(ddp)
-        if rebuilt is not None:
-            layout, source = rebuilt, "DDP's rebuilt buckets (_get_ddp_logging_data)"
+    def optimizer_done(self) -> None:
+        self._open.optimizer_end = self.clock.now()
+        self.steps.append(self._open)
+        self._open = _StepMarks()
 
-    measured = recorded[1:]  # the first step is a warm-up
-    per_step = [
-        [
-            marks.seconds(m.start, m.forward_end),
-            marks.seconds(m.forward_end, m.backward_end),
-            marks.seconds(m.backward_end, m.optimizer_end),
+    @contextlib.contextmanager
+    def watching(self, params: Sequence[torch.nn.Parameter]) -> Iterator[None]:
+        """A post-accumulate-grad hook on every parameter (index = position in ``params``),
+        removed on exit."""
+
+        def on_ready(index: int):
+            def hook(_: torch.Tensor) -> None:
+                self._open.micro_batches[-1].param_ready[index] = self.clock.now()
+                if not self.steps and index not in self.ready_order:
+                    self.ready_order.append(index)
+
+            return hook
+
+        handles = [p.register_post_accumulate_grad_hook(on_ready(i)) for i, p in enumerate(params)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def medians(self, layout: Sequence[Sequence[int]]) -> list[float]:
+        """[forward_s, backward_s, optimizer_s, ready_s of each bucket of ``layout``], each the
+        median over the steps after the first (a warm-up): over their micro-batches, the
+        optimizer over the steps. Synchronises the device once."""
+        self.clock.synchronize()
+        seconds = self.clock.seconds
+        measured = self.steps[1:]
+        micro = [m for step in measured for m in step.micro_batches]
+        columns = [
+            [seconds(m.start, m.forward_end) for m in micro],
+            [seconds(m.forward_end, m.backward_end) for m in micro],
+            [seconds(step.micro_batches[-1].backward_end, step.optimizer_end) for step in measured],
             # bucket k is ready when the last of its parameters is: max over its parameters
-            *(max(marks.seconds(m.forward_end, m.param_ready[i]) for i in bucket) for bucket in layout),
+            *([max(seconds(m.forward_end, m.param_ready[i]) for i in bucket) for m in micro] for bucket in layout),
         ]
-        for m in measured
-    ]
-    medians = [statistics.median(column) for column in zip(*per_step)]
-    slowest = distributed.all_reduce_max(trainer.ctx, torch.tensor(medians, dtype=torch.float64, device=device)).tolist()
-    forward_s, backward_s, optimizer_s, ready_s = slowest[0], slowest[1], slowest[2], slowest[3:]
+        return [statistics.median(column) for column in columns]
+
+
+def profile(
+    slowest_medians: Sequence[float],
+    layout: Sequence[Sequence[int]],
+    layout_source: str,
+    sizes_bytes: Sequence[int],
+    bucket_cap_mb: float | None,
+    steps: int,
+    micro_batches_per_step: int,
+) -> dict[str, Any]:
+    """The record's ``backward_buckets`` from ``PhaseRecorder.medians`` (the slowest rank's)."""
+    first_cap, cap = bucket_caps_bytes(bucket_cap_mb)
+    forward_s, backward_s, optimizer_s, *ready_s = slowest_medians
     return {
-        "steps": len(measured),
+        "steps": steps,
         "reason": None,
-        "layout_source": source,
+        "layout_source": layout_source,
         "first_bucket_cap_bytes": first_cap,
         "bucket_cap_bytes": cap,
-        "gradient_bytes": sum(sizes),
-        "micro_batches_per_step": trainer.config.optim.grad_accum_steps,
+        "gradient_bytes": sum(sizes_bytes),
+        "micro_batches_per_step": micro_batches_per_step,
         "forward_s": forward_s,
         "backward_s": backward_s,
         "optimizer_s": optimizer_s,
         "buckets": [
-            {"bytes": sum(sizes[i] for i in bucket), "parameters": len(bucket), "ready_s": ready}
+            {"bytes": sum(sizes_bytes[i] for i in bucket), "parameters": len(bucket), "ready_s": ready}
             for bucket, ready in zip(layout, ready_s)
         ],
     }

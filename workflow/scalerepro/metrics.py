@@ -23,25 +23,41 @@ class StepRecord:
     data_wait_s: float = 0.0  # host seconds the step waited for its input batches
 
 
-class StepTimer:
-    """Start/end marks per step; durations are read after the loop with one synchronisation."""
+class DeviceClock:
+    """Time marks that never synchronise the host: on CUDA an event recorded on the current
+    stream, on the CPU (synchronous work) a ``time.perf_counter`` reading. Read marks with
+    ``seconds`` only after ``synchronize``."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.steps: list[StepRecord] = []
-        self._marks: list[tuple[object, object]] = []
-        self._open: object | None = None
-        self._open_wait_s = 0.0
 
-    def _now(self) -> object:
+    def now(self) -> object:
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
         return time.perf_counter()
 
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def seconds(self, start: object, end: object) -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start  # elapsed_time is in ms
+
+
+class StepTimer:
+    """Start/end marks per step; durations are read after the loop with one synchronisation."""
+
+    def __init__(self, device: torch.device):
+        self.clock = DeviceClock(device)
+        self.steps: list[StepRecord] = []
+        self._marks: list[tuple[object, object]] = []
+        self._open: object | None = None
+        self._open_wait_s = 0.0
+
     def start(self) -> None:
-        self._open = self._now()
+        self._open = self.clock.now()
         self._open_wait_s = 0.0
 
     def add_data_wait(self, seconds: float) -> None:
@@ -51,16 +67,14 @@ class StepTimer:
             self._open_wait_s += seconds
 
     def stop(self, epoch: int, measured: bool) -> None:
-        self._marks.append((self._open, self._now()))
+        self._marks.append((self._open, self.clock.now()))
         self.steps.append(StepRecord(epoch, measured, self._open_wait_s))
         self._open = None
 
     def durations_s(self) -> list[float]:
         """Seconds per step, in step order (synchronises the device once)."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [start.elapsed_time(end) / 1e3 for start, end in self._marks]  # elapsed_time is in ms
-        return [end - start for start, end in self._marks]
+        self.clock.synchronize()
+        return [self.clock.seconds(start, end) for start, end in self._marks]
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The training loop: build everything from a TrainConfig, train for a measured window, report.
 
 Reading order: ``Trainer.__init__`` (model, data, optimizer, DDP, precision, resume), ``fit``
-(the loop), ``_train_step`` (one optimizer step of ``grad_accum_steps`` micro-batches),
-``_evaluate``, ``_probe_exposed_communication``, ``results``.
+and ``_train`` (the loop), ``_timed_step`` and ``_train_step`` (one optimizer step of
+``grad_accum_steps`` micro-batches: the one step function, which the probes after training run
+too), ``_log_point``, ``_evaluate``, ``preserved_state``, the probes, ``results``.
 """
 
 from __future__ import annotations
@@ -69,10 +70,78 @@ class Progress:
     history: list[dict[str, Any]] = field(default_factory=list)  # one entry per evaluated epoch
 
 
-@dataclass
-class _Interval:
-    started: float  # host clock at the previous log point
-    steps: int
+class _RunningLoss:
+    """Step losses summed on the device (no host synchronisation inside a step), read only at
+    log points and epoch ends; the first step whose loss was not finite."""
+
+    def __init__(self, device: torch.device, epoch_sum_so_far: float):
+        self.epoch = torch.zeros((), device=device)
+        self.epoch += epoch_sum_so_far
+        self.first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
+        self.interval = torch.zeros((), device=device)  # since the previous log point
+        self.new_interval()
+
+    def new_interval(self) -> None:
+        self.interval.zero_()
+        self.interval_steps = 0
+        self.interval_started = time.perf_counter()  # host clock at the log point
+
+    def add(self, loss: torch.Tensor, step: int) -> None:
+        self.interval += loss
+        self.epoch += loss
+        self.first_bad_step = torch.where((self.first_bad_step < 0) & ~torch.isfinite(loss), step, self.first_bad_step)
+        self.interval_steps += 1
+
+
+class _ProgressBar:
+    """tqdm's bar on rank 0 when asked for (``--progress``), else nothing; log lines go through
+    ``write`` so that they do not tear the bar."""
+
+    def __init__(self, bar: Any, log: Any):
+        self._bar, self._log = bar, log
+
+    def update(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def write(self, line: str) -> None:
+        (self._bar.write if self._bar is not None else self._log)(line)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+class _EnergyWindow:
+    """GPU energy (NVML) and the host's other CPU load over the measured steps: started at the
+    first measured step, stopped after the last one (before the end-of-run evaluation) or when
+    training fails; paused around anything inside that is not a training step."""
+
+    def __init__(self, sampler: NvmlSampler, host_load: hostload.HostLoad):
+        self.sampler, self.host_load = sampler, host_load
+        self.sampling = False
+        self.nvml_summary: dict[str, Any] | None = None  # both set when the window stops
+        self.host_activity: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        if not self.sampling:
+            self.sampler.start()
+            self.host_load.start()
+            self.sampling = True
+
+    def stop(self) -> None:
+        if self.sampling:
+            self.nvml_summary = self.sampler.stop()
+            self.host_activity = self.host_load.stop()
+            self.sampling = False
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.sampler.pause()  # a no-op when it is not sampling
+        try:
+            yield
+        finally:
+            self.sampler.resume()
 
 
 @dataclass
@@ -95,7 +164,7 @@ def _precision_setup(precision: str) -> torch.dtype | None:
 
 
 class Trainer:
-    _nvml_sampler: NvmlSampler | None = None  # the measured window's energy sampler (fit), paused outside training steps
+    _energy: _EnergyWindow | None = None  # the measured window's energy sampling (fit), paused outside training steps
 
     def __init__(self, config: TrainConfig, ctx: DistContext, stop: StopRequest, log: Any = print):
         self.config, self.ctx, self.stop, self.log = config, ctx, stop, log
@@ -325,27 +394,45 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _train_step(self, micro_batches: Iterator[data.Batch], sync_gradients: bool = True) -> torch.Tensor:
+    def _train_step(
+        self,
+        micro_batches: Iterator[data.Batch],
+        *,
+        sync_gradients: bool = True,
+        eager: bool = False,
+        step_scheduler: bool = True,
+        marks: buckets.PhaseRecorder | None = None,
+    ) -> torch.Tensor:
         """One optimizer step over grad_accum_steps micro-batches; returns the mean loss (on device).
 
         DDP all-reduces gradients during the backward of the last micro-batch only: the others
-        run under ``no_sync`` and accumulate locally. ``sync_gradients=False`` skips it on every
-        micro-batch (used only to measure exposed communication).
+        run under ``no_sync`` and accumulate locally. The probes after training run this same
+        step with: ``sync_gradients=False`` (no all-reduce on any micro-batch), ``eager`` (the
+        uncompiled model: see scalerepro.buckets), ``step_scheduler=False`` (OneCycleLR refuses
+        steps past the run's end) and ``marks``, told when each phase is done (device-clock
+        marks: no host synchronisation in the step).
         """
         accum = self.config.optim.grad_accum_steps
+        model = self.eager_model if eager else self.model
         total = torch.zeros((), device=self.device)
         for micro in range(accum):
             waited = time.perf_counter()
             with profiling.annotate("data"):
                 inputs, targets = next(micro_batches)
             self.timer.add_data_wait(time.perf_counter() - waited)  # the step's own: window_stats sums the measured ones
+            if marks is not None:
+                marks.micro_batch_started()
             skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
             with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
                 with self._autocast(), profiling.annotate("forward"):
-                    loss = self.model(inputs, targets) / accum
+                    loss = model(inputs, targets) / accum
+                total += loss.detach()
+                if marks is not None:
+                    marks.forward_done()
                 with profiling.annotate("backward"):
                     self.scaler.scale(loss).backward()
-            total += loss.detach()
+                if marks is not None:
+                    marks.backward_done()
         with profiling.annotate("optimizer"):
             if self.config.optim.clip_grad_norm > 0:
                 self.scaler.unscale_(self.optimizer)
@@ -353,117 +440,124 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
+            if marks is not None:
+                marks.optimizer_done()
+            if step_scheduler:
+                self.scheduler.step()
         return total
 
-    def fit(self) -> Outcome:
-        run, p = self.config.run, self.progress
-        accum = self.config.optim.grad_accum_steps
-        micro_per_epoch = self.steps_per_epoch * accum
-        gpu_uuid = nvml_uuid_for_torch_device(self.device.index) if self.device.type == "cuda" else None
-        sampler = self._nvml_sampler = NvmlSampler(gpu_uuid, run.nvml_interval_s, self._idle_power(gpu_uuid))
-        sampling = False
-        bar = self._progress_bar()
-        # Running sums stay on the device and are read only at log points and epoch ends.
-        interval_loss = torch.zeros((), device=self.device)
-        epoch_loss = torch.zeros((), device=self.device)
-        if self.ctx.is_main:
-            epoch_loss += p.epoch_loss_sum  # a resumed epoch continues its global sum
-        first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
-        interval = _Interval(time.perf_counter(), 0)
-        # The first step a process runs compiles (each process warms up anew, a resumed one too).
-        warmup_end = self.start_step + max(run.warmup_steps, 1)
-        completed = False
+    @contextlib.contextmanager
+    def preserved_state(self) -> Iterator[None]:
+        """Everything a step changes (model, optimizer, LR scheduler, loss scaler, this rank's
+        RNG states) as it was on entry, restored on exit: the probes after training take real
+        steps and must leave the run's final state as training left it."""
+        saved = {
+            # the model's copy goes to host memory: a second model on the GPU may not fit
+            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "scheduler": copy.deepcopy(self.scheduler.state_dict()),
+            "scaler": copy.deepcopy(self.scaler.state_dict()),
+            "rng": checkpoint.rng_state(),
+        }
         try:
-            while p.step < self.total_steps:
-                batches = self.loader.epoch(p.epoch, start=p.micro_in_epoch)
-                while p.micro_in_epoch < micro_per_epoch and p.step < self.total_steps:
-                    # Each process warms up anew, a resumed one too: compilation happens per process.
-                    measured = p.step - self.start_step >= run.warmup_steps
-                    if measured and not sampling:
-                        sampler.start()
-                        self.host_load.start()
-                        sampling = True
-                    self.profile_window.before_step(p.step)
-                    self.timer.start()
-                    with profiling.annotate("step"):
-                        loss = self._train_step(batches)
-                    # Bookkeeping on the device: no host synchronisation in the step.
-                    interval_loss += loss
-                    epoch_loss += loss
-                    first_bad_step = torch.where((first_bad_step < 0) & ~torch.isfinite(loss), p.step, first_bad_step)
-                    p.step += 1
-                    if p.step == warmup_end:  # warmed up: the steady-state collective timeout
-                        distributed.set_collective_timeout(self.ctx, self.config.parallel.dist_timeout_s)
-                    p.micro_in_epoch += accum
-                    p.epoch_steps += 1
-                    interval.steps += 1
-                    # The step ends here: the log point's host syncs, all-reduces and print are
-                    # not part of any step's time.
-                    self.timer.stop(p.epoch, measured)
-                    if p.step % run.log_interval == 0 or p.step == self.total_steps:
-                        stop_signal = self._log_point(p, interval, interval_loss, first_bad_step, bar)
-                        interval_loss.zero_()
-                        interval = _Interval(time.perf_counter(), 0)
-                    else:
-                        # Ranks must agree on the step they stop after, so several ranks decide
-                        # only at log points; a single rank can stop at any step.
-                        stop_signal = None if self.ctx.distributed else self.stop.signal_name
-                    self.profile_window.after_step(p.step - 1)  # the step just taken
-                    if measured:
-                        self.measured_samples += self.global_batch
-                    if bar is not None:
-                        bar.update(1)
-                    if stop_signal is not None:
-                        p.epoch_loss_sum = self._global_sum(epoch_loss)
-                        self._save_checkpoint()
-                        return Outcome("preempted", stop_signal, self._checkpoint_path)
-                    if self.checkpoints is not None and run.checkpoint_interval and p.step % run.checkpoint_interval == 0:
-                        p.epoch_loss_sum = self._global_sum(epoch_loss)
-                        self._save_checkpoint()
-                if p.micro_in_epoch >= micro_per_epoch:
-                    self._finish_epoch(p, self._global_sum(epoch_loss), complete=True)
-                    epoch_loss.zero_()
-            if sampling:  # the energy window ends with the last step, before evaluation
-                self.nvml_summary = sampler.stop()
-                self.host_activity = self.host_load.stop()
-                sampling = False
-            if run.eval and (not p.history or p.history[-1]["step"] != p.step):
-                # A run counted in steps usually ends inside an epoch: evaluate there too.
-                self._finish_epoch(p, self._global_sum(epoch_loss), complete=False)
-            p.epoch_loss_sum = self._global_sum(epoch_loss)
-            # A finished run needs no checkpoint to continue: the final one is written only on
-            # request, marked final so that no rerun resumes from it (checkpoint.unusable_reason).
-            self._checkpoint_path = None
-            if run.keep_final_checkpoint:
-                self._save_checkpoint(final=True)
-            completed = True
-            return Outcome("ok", None, self._checkpoint_path)
+            yield
         finally:
-            if sampling:
-                self.nvml_summary = sampler.stop()
-                self.host_activity = self.host_load.stop()
-            if bar is not None:
-                bar.close()
-            if completed:
+            self.module.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.scheduler.load_state_dict(saved["scheduler"])
+            self.scaler.load_state_dict(saved["scaler"])
+            checkpoint.set_rng_state(saved["rng"])
+
+    def fit(self) -> Outcome:
+        """Train from ``self.progress`` to the run's last step or a stop signal. A finished run
+        then probes what the scaling analysis needs (exposed communication, backward buckets):
+        after the measured window, so no timed step carries a probe's hooks."""
+        try:
+            with self._energy_window() as energy, self._progress_bar() as bar:
+                outcome = self._train(energy, bar)
+            if outcome.status == "ok":
                 self._probe_exposed_communication()
-                self.bucket_profile = buckets.probe(self, self.config.run.bucket_probe_steps)
+                self.bucket_profile = self._probe_backward_buckets(self.config.run.bucket_probe_steps)
+            return outcome
+        finally:
             self.loader.close()
 
-    def _log_point(
-        self,
-        p: Progress,
-        interval: _Interval,
-        interval_loss: torch.Tensor,
-        first_bad_step: torch.Tensor,
-        bar: Any,
-    ) -> str | None:
+    def _train(self, energy: _EnergyWindow, bar: _ProgressBar) -> Outcome:
+        """The training loop: epochs of steps, a log point every ``--log-interval`` steps, a
+        checkpoint every ``--checkpoint-interval`` steps or on a stop signal."""
+        run, p = self.config.run, self.progress
+        micro_per_epoch = self.steps_per_epoch * self.config.optim.grad_accum_steps
+        # a resumed epoch continues its global loss sum (held by rank 0 alone: summed over ranks)
+        losses = _RunningLoss(self.device, p.epoch_loss_sum if self.ctx.is_main else 0.0)
+        while p.step < self.total_steps:
+            batches = self.loader.epoch(p.epoch, start=p.micro_in_epoch)
+            while p.micro_in_epoch < micro_per_epoch and p.step < self.total_steps:
+                # Each process warms up anew, a resumed one too: compilation happens per process.
+                measured = p.step - self.start_step >= run.warmup_steps
+                if measured:
+                    energy.start()  # at the first measured step; a no-op after
+                self._timed_step(batches, measured, losses)
+                if p.step % run.log_interval == 0 or p.step == self.total_steps:
+                    stop_signal = self._log_point(p, losses, bar)
+                else:
+                    stop_signal = self._stop_signal_between_log_points()
+                self.profile_window.after_step(p.step - 1)  # the step just taken
+                if measured:
+                    self.measured_samples += self.global_batch
+                bar.update()
+                if stop_signal is not None:
+                    self._checkpoint_mid_run(losses)
+                    return Outcome("preempted", stop_signal, self._checkpoint_path)
+                if self.checkpoints is not None and run.checkpoint_interval and p.step % run.checkpoint_interval == 0:
+                    self._checkpoint_mid_run(losses)
+            if p.micro_in_epoch >= micro_per_epoch:
+                self._finish_epoch(p, self._global_sum(losses.epoch), complete=True)
+                losses.epoch.zero_()
+        energy.stop()  # the energy window ends with the last step, before evaluation
+        if run.eval and (not p.history or p.history[-1]["step"] != p.step):
+            # A run counted in steps usually ends inside an epoch: evaluate there too.
+            self._finish_epoch(p, self._global_sum(losses.epoch), complete=False)
+        # A finished run needs no checkpoint to continue: the final one is written only on
+        # request, marked final so that no rerun resumes from it (checkpoint.unusable_reason).
+        p.epoch_loss_sum = self._global_sum(losses.epoch)
+        self._checkpoint_path = None
+        if run.keep_final_checkpoint:
+            self._save_checkpoint(final=True)
+        return Outcome("ok", None, self._checkpoint_path)
+
+    def _timed_step(self, batches: Iterator[data.Batch], measured: bool, losses: _RunningLoss) -> None:
+        """One training step between the step timer's marks, and the progress it makes. The
+        step's bookkeeping stays on the device (no host synchronisation inside a step)."""
+        p = self.progress
+        self.profile_window.before_step(p.step)
+        self.timer.start()
+        with profiling.annotate("step"):
+            loss = self._train_step(batches)
+        losses.add(loss, p.step)
+        p.step += 1
+        if p.step == self.start_step + max(self.config.run.warmup_steps, 1):
+            # Warmed up (the first step a process runs compiles, a resumed one's too): collectives
+            # get the steady-state timeout.
+            distributed.set_collective_timeout(self.ctx, self.config.parallel.dist_timeout_s)
+        p.micro_in_epoch += self.config.optim.grad_accum_steps
+        p.epoch_steps += 1
+        # The step ends here: the log point's host syncs, all-reduces and print are not part of
+        # any step's time.
+        self.timer.stop(p.epoch, measured)
+
+    def _stop_signal_between_log_points(self) -> str | None:
+        """Ranks must agree on the step they stop after, so several ranks decide only at log
+        points (``_log_point``); a single rank can stop after any step."""
+        return None if self.ctx.distributed else self.stop.signal_name
+
+    def _log_point(self, p: Progress, losses: _RunningLoss, bar: _ProgressBar) -> str | None:
         """Read the interval's loss (the one host sync of the interval), check it is finite, log a
-        line, and agree across ranks whether to stop now: any rank signalled, all stop. Returns
-        the name of the signal that stops the run (the highest-numbered one any rank received,
-        so every rank, rank 0 among them, records it even when it reached another rank only)."""
+        line, start the next interval, and agree across ranks whether to stop now: any rank
+        signalled, all stop. Returns the name of the signal that stops the run (the
+        highest-numbered one any rank received, so every rank, rank 0 among them, records it
+        even when it reached another rank only)."""
         received = signal.Signals[self.stop.signal_name].value if self.stop.signal_name else 0
-        flags = torch.tensor([float(first_bad_step.item()), float(received)], device=self.device)
+        flags = torch.tensor([float(losses.first_bad_step.item()), float(received)], device=self.device)
         all_reduce_max(self.ctx, flags)
         bad_step, agreed = int(flags[0].item()), int(flags[1].item())
         if bad_step >= 0:
@@ -471,19 +565,19 @@ class Trainer:
                 f"the loss became non-finite at step {bad_step}: lower --lr, add --clip-grad-norm, or use --precision bf16"
             )
         # Interval loss = sum over ranks and steps of the step loss / (ranks x steps).
-        mean_loss = self._global_sum(interval_loss) / (interval.steps * self.ctx.world_size)
-        elapsed = time.perf_counter() - interval.started
+        mean_loss = self._global_sum(losses.interval) / (losses.interval_steps * self.ctx.world_size)
+        elapsed = time.perf_counter() - losses.interval_started
         # Logged rate (host clock between log points, both synchronised): samples / seconds.
-        rate = interval.steps * self.global_batch / elapsed
+        rate = losses.interval_steps * self.global_batch / elapsed
         self.loss_log.append({"step": p.step, "loss": mean_loss, "samples_per_s": rate})
         if self.ctx.is_main:
             memory = metrics.peak_memory(self.device)
             peak = memory["allocated_bytes"] if memory["allocated_bytes"] is not None else memory["rss_bytes"]
-            line = (
+            bar.write(
                 f"step {p.step}/{self.total_steps} | epoch {p.epoch} | loss {mean_loss:.4f} | "
                 f"{rate:,.1f} samples/s | lr {self.scheduler.get_last_lr()[0]:.3g} | peak mem {peak / 2**30:.2f} GiB"
             )
-            (bar.write if bar is not None else self.log)(line)
+        losses.new_interval()
         return signal.Signals(agreed).name if agreed else None
 
     def _global_sum(self, value: torch.Tensor) -> float:
@@ -537,6 +631,12 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
+    def _checkpoint_mid_run(self, losses: _RunningLoss) -> None:
+        """A checkpoint inside the run also carries the epoch's loss sum so far, over all ranks
+        (a collective: every rank calls this at the same step)."""
+        self.progress.epoch_loss_sum = self._global_sum(losses.epoch)
+        self._save_checkpoint()
+
     def _save_checkpoint(self, final: bool = False) -> None:
         if self.checkpoints is None:
             return
@@ -583,25 +683,45 @@ class Trainer:
         return idle_power(gpu_uuid, self.config.run.nvml_idle_s, self.config.run.nvml_interval_s)
 
     @contextlib.contextmanager
-    def _outside_energy_window(self) -> Iterator[None]:
+    def _energy_window(self) -> Iterator[_EnergyWindow]:
+        """The energy window of ``fit``: this rank's GPU's idle power is read first; the window's
+        summaries become the run's on exit, also when training fails (the failure record has
+        them)."""
+        gpu_uuid = nvml_uuid_for_torch_device(self.device.index) if self.device.type == "cuda" else None
+        sampler = NvmlSampler(gpu_uuid, self.config.run.nvml_interval_s, self._idle_power(gpu_uuid))
+        window = self._energy = _EnergyWindow(sampler, self.host_load)
+        try:
+            yield window
+        finally:
+            window.stop()
+            if window.nvml_summary is not None:
+                self.nvml_summary, self.host_activity = window.nvml_summary, window.host_activity
+
+    def _outside_energy_window(self) -> contextlib.AbstractContextManager:
         """What runs inside is not a training step: the energy sampler pauses (a no-op when it is
         not sampling), so energy per sample covers the measured steps only."""
-        sampler = self._nvml_sampler
-        if sampler is not None:
-            sampler.pause()
-        try:
-            yield
-        finally:
-            if sampler is not None:
-                sampler.resume()
+        return self._energy.paused() if self._energy is not None else contextlib.nullcontext()
 
-    def _progress_bar(self) -> Any:
+    @contextlib.contextmanager
+    def _progress_bar(self) -> Iterator[_ProgressBar]:
         mode = self.config.run.progress
-        if not self.ctx.is_main or mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
-            return None
-        from tqdm import tqdm
+        bar = None
+        if self.ctx.is_main and (mode == "on" or (mode == "auto" and sys.stderr.isatty())):
+            from tqdm import tqdm
 
-        return tqdm(total=self.total_steps, initial=self.progress.step, unit="step", dynamic_ncols=True)
+            bar = tqdm(total=self.total_steps, initial=self.progress.step, unit="step", dynamic_ncols=True)
+        progress_bar = _ProgressBar(bar, self.log)
+        try:
+            yield progress_bar
+        finally:
+            progress_bar.close()
+
+    def _cached_step_batches(self, steps: int) -> list[list[data.Batch]]:
+        """The micro-batches of up to ``steps`` steps from the start of the current epoch, held
+        in memory: a probe reuses them, so the loader is out of its timings."""
+        micro = self.config.optim.grad_accum_steps
+        batch_iter = self.loader.epoch(self.progress.epoch)
+        return [[next(batch_iter) for _ in range(micro)] for _ in range(min(steps, self.steps_per_epoch))]
 
     def _probe_exposed_communication(self) -> None:
         """Exposed communication: the same steps timed with and without the gradient all-reduce.
@@ -610,8 +730,8 @@ class Trainer:
 
         with t the median step time over ``comm_probe_steps`` steps on identical, pre-built
         batches (so the loader is out of the picture), the two kinds of step interleaved, the
-        slowest rank's median taken for each.
-        Model, optimizer, scheduler and scaler states are restored afterwards.
+        slowest rank's median taken for each. The steps leave the LR scheduler alone (OneCycleLR
+        refuses steps past the run's end); the run's state is restored afterwards.
         """
         steps = self.config.run.comm_probe_steps
         if self.mesh is not None:  # the probe switches DDP's all-reduce off; FSDP has no such switch
@@ -622,30 +742,19 @@ class Trainer:
             reason = "single process: no gradient communication" if self.ddp is None else "--comm-probe-steps 0"
             self.exposed_comm = {"fraction": 0.0 if self.ddp is None else None, "sync_step_s": None, "nosync_step_s": None, "steps": 0, "reason": reason}
             return
-        saved = {
-            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()},
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "scheduler": copy.deepcopy(self.scheduler.state_dict()),
-            "scaler": copy.deepcopy(self.scaler.state_dict()),
-        }
-        micro = self.config.optim.grad_accum_steps
-        batch_iter = self.loader.epoch(self.progress.epoch)
-        groups = [[next(batch_iter) for _ in range(micro)] for _ in range(min(steps, self.steps_per_epoch))]
         timers = {True: metrics.StepTimer(self.device), False: metrics.StepTimer(self.device)}
-        # Interleaved, sync then no-sync on the same batch: a burst of load from elsewhere on the
-        # host or GPU falls on both modes alike, not on one mode's block of steps. The first pair
-        # is a warm-up.
-        for repeat in range(steps + 1):
-            for sync, timer in timers.items():
-                timer.start()
-                self._train_step(iter(groups[repeat % len(groups)]), sync_gradients=sync)
-                timer.stop(0, measured=repeat > 0)
-        medians = [metrics.window_stats(timers[sync]).step_time_median_s for sync in (True, False)]
-        slowest = all_reduce_max(self.ctx, torch.tensor(medians, dtype=torch.float64, device=self.device)).tolist()
-        self.module.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.scheduler.load_state_dict(saved["scheduler"])
-        self.scaler.load_state_dict(saved["scaler"])
+        with self.preserved_state():
+            groups = self._cached_step_batches(steps)  # inside: reading them may draw random numbers
+            # Interleaved, sync then no-sync on the same batch: a burst of load from elsewhere on
+            # the host or GPU falls on both modes alike, not on one mode's block of steps. The
+            # first pair is a warm-up.
+            for repeat in range(steps + 1):
+                for sync, timer in timers.items():
+                    timer.start()
+                    self._train_step(iter(groups[repeat % len(groups)]), sync_gradients=sync, step_scheduler=False)
+                    timer.stop(0, measured=repeat > 0)
+            medians = [metrics.window_stats(timers[sync]).step_time_median_s for sync in (True, False)]
+            slowest = all_reduce_max(self.ctx, torch.tensor(medians, dtype=torch.float64, device=self.device)).tolist()
         t_sync, t_nosync = slowest
         self.exposed_comm = {
             "fraction": max(t_sync - t_nosync, 0.0) / t_sync,
@@ -678,6 +787,33 @@ class Trainer:
                 "all-gathers and reduce-scatters per block are not counted yet)"
             ),
         }  # fmt: skip
+
+    def _probe_backward_buckets(self, steps: int) -> dict[str, Any]:
+        """Forward, backward (with each DDP bucket's ready time) and optimizer of this run's own
+        step, timed over ``steps`` steps after a warm-up step, eager and without gradient
+        synchronisation (scalerepro.buckets says why); the run's state is restored afterwards.
+        A collective when the run has several ranks: every rank must call it."""
+        if steps == 0:
+            return buckets.not_measured("--bucket-probe-steps 0")
+        if self.mesh is not None:  # sharded: no DDP buckets to time
+            return buckets.not_measured(f"--parallel {self.config.parallel.parallel}: gradients are reduce-scattered per FSDP unit, not in DDP buckets")
+        params = [p for p in self.module.parameters() if p.requires_grad]  # DDP's parameter order
+        sizes = [p.numel() * p.element_size() for p in params]  # gradients have the parameter's dtype
+        recorder = buckets.PhaseRecorder(metrics.DeviceClock(self.device))
+        with self.preserved_state():
+            groups = self._cached_step_batches(steps + 1)  # inside: reading them may draw random numbers
+            with recorder.watching(params):
+                for step in range(steps + 1):
+                    batches = iter(groups[step % len(groups)])
+                    self._train_step(batches, sync_gradients=False, eager=True, step_scheduler=False, marks=recorder)
+        if len(recorder.ready_order) != len(params):
+            unused = len(params) - len(recorder.ready_order)
+            return buckets.not_measured(f"{unused} parameters got no gradient in the backward: DDP's bucket timing needs every parameter used")
+        bucket_cap_mb = self.config.parallel.bucket_cap_mb
+        layout, source = buckets.choose_layout(sizes, recorder.ready_order, bucket_cap_mb, self.ddp)
+        medians = torch.tensor(recorder.medians(layout), dtype=torch.float64, device=self.device)
+        slowest = all_reduce_max(self.ctx, medians).tolist()
+        return buckets.profile(slowest, layout, source, sizes, bucket_cap_mb, steps, self.config.optim.grad_accum_steps)
 
     def results(self, local_only: bool = False) -> dict[str, Any]:
         """Every figure of the run, reduced over ranks (a collective: all ranks must call it).
