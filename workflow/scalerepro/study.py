@@ -291,7 +291,8 @@ class _Builder:
             for gpus in counts:
                 ranks_per_node, _ = nodes_for(gpus, self.study.gpus_per_node, self.study.local, "parallelism.gpu_counts")
                 for strategy in par["strategies"]:
-                    flags = ("--parallel", strategy, *par["args"].get(strategy, []))
+                    # synthetic tokens: the study's data: cifar10 is images, and these are language models
+                    flags = ("--data", "synthetic", "--parallel", strategy, *par["args"].get(strategy, []))
                     key = f"parallelism.args.{strategy}"
                     settings = parse_trainer_flags(["--model", model, *flags], key).parallel
                     tp_size = mesh.default_tp_size(strategy, gpus, ranks_per_node, settings.tp_size) or 1
