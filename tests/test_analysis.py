@@ -28,6 +28,9 @@ from analysis_fixtures import (
     write_cpu_study,
     write_gpu_study,
     write_many_records,
+    write_parallelism_study,
+    TOKENS,
+    TP_COMM_REASON,
 )
 from scalerepro.analysis import aggregate, plots
 
@@ -217,6 +220,56 @@ def test_communication_bandwidths(gpu, tmp_path):
     wrong.write_text(json.dumps(document))
     with pytest.raises(ValueError, match="disagree"):
         aggregate.communication_table([wrong])
+
+
+@pytest.fixture(scope="module")
+def parallelism(tmp_path_factory) -> dict[str, pd.DataFrame]:
+    return aggregate.aggregate(**write_parallelism_study(tmp_path_factory.mktemp("parallelism")), targets={})
+
+
+def test_parallelism_table_compares_strategies_at_the_same_global_batch(parallelism):
+    table = parallelism["parallelism"]
+    assert list(table.columns) == list(aggregate.PARALLELISM_COLUMNS)
+    assert list(zip(table["gpus"], table["parallel"])) == [(2, "ddp"), (2, "fsdp"), (2, "tp"), (4, "fsdp+tp")]  # matrix order
+    ddp, fsdp, tp, failed = (row(table, parallel=p) for p in ("ddp", "fsdp", "tp", "fsdp+tp"))
+    assert ddp["global_batch"] == fsdp["global_batch"] == tp["global_batch"] == 16
+    assert (tp["data_parallel"], tp["per_rank_batch"]) == (1, 16)
+    # ddp: median of 40, 44; tokens/s = samples/s x 1024; per GPU = tokens/s / 2
+    assert (ddp["repeats_ok"], ddp["samples_per_s_median"], ddp["samples_per_s_ci_low"], ddp["samples_per_s_ci_high"]) == (2, 42, 40, 44)
+    assert ddp["tokens_per_s_median"] == 42 * TOKENS and ddp["tokens_per_s_per_gpu"] == 42 * TOKENS / 2
+    assert (ddp["tokens_per_s_ci_low"], ddp["tokens_per_s_ci_high"]) == (40 * TOKENS, 44 * TOKENS)
+    assert ddp["mfu"] == pytest.approx(0.4) and ddp["peak_memory_bytes"] == 4e9 and ddp["peak_memory_kind"] == "cuda_allocated"
+    # a hole is said to be one, never left blank: ddp records no sharding figures
+    assert pd.isna(ddp["state_bytes_per_rank_max"]) and pd.isna(ddp["comm_bytes_per_step"])
+    assert "not measured: state bytes per rank" in ddp["note"] and "not counted under ddp" in ddp["note"]
+    # fsdp: the repeat whose record ran ddp does not count (2 of 3); sharding figures from the records
+    assert (fsdp["repeats_ok"], fsdp["repeats_total"], fsdp["samples_per_s_median"]) == (2, 3, 39)
+    assert (fsdp["mesh"], fsdp["state_bytes_per_rank_max"], fsdp["state_bytes_per_rank_min"]) == ("2 (dp_shard)", 7e8, 6.9e8)
+    assert fsdp["comm_bytes_per_step"] == 5e8 + 3e8 and fsdp["note"] == ""
+    # tp: communication not counted, and the record's reason is the note's; one repeat: no interval
+    assert pd.isna(tp["comm_bytes_per_step"]) and tp["note"] == f"not measured: communication per step ({TP_COMM_REASON})"
+    assert tp["samples_per_s_median"] == 30 and pd.isna(tp["samples_per_s_ci_low"])
+    assert failed["repeats_ok"] == 0 and pd.isna(failed["samples_per_s_median"])
+    assert failed["note"].startswith("not measured: no completed repeat of 1 planned")
+
+
+def test_a_completed_run_whose_record_ran_another_strategy_does_not_count(parallelism):
+    runs = parallelism["runs"].set_index("run_id")
+    wrong = runs.loc["parallelism_gpt2_small_g2_fsdp_r3"]
+    assert (wrong["parallel"], wrong["parallel_recorded"], wrong["consistent"], wrong["counts"]) == ("fsdp", "ddp", False, False)
+    assert runs.loc["parallelism_gpt2_small_g2_fsdp_r1", "counts"] and runs.loc["parallelism_gpt2_small_g2_ddp_r1", "counts"]
+    # a failed run is failed, not inconsistent, whatever it recorded
+    assert runs.loc["parallelism_gpt2_small_g4_fsdp-tp_r1", "consistent"]
+
+
+def test_a_check_can_read_the_parallelism_table(parallelism):
+    entry = {"table": "parallelism", "metric": "tokens_per_s_per_gpu", "where": {"gpus": 2}, "direction": "min",
+             "threshold": 16000, "unit": "tokens/s"}  # fmt: skip
+    result = aggregate.checks_table(parallelism, {"checks": {"tokens": entry}}).iloc[0]
+    assert result["status"] == "fail" and result["measured"] == 15 * TOKENS  # tp's 30 samples/s / 2 GPUs
+    assert "worst cell gpt2_small g2 tp" in result["detail"]
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    jsonschema.validate({"targets": {"checks": {"tokens": entry}}}, {**schema, "required": []})  # a valid config entry
 
 
 def test_comparison_without_reproduce_runs_says_why(gpu):
@@ -622,10 +675,11 @@ def test_rebuild_regenerates_tables_figures_and_report_from_the_records_alone(tm
 
 def test_a_matrix_from_before_the_reference_column_reads_as_no_reference(tmp_path):
     args = write_cpu_study(tmp_path)
-    old = pd.read_csv(args["matrix_path"]).drop(columns=["reference", "grad_accum_steps"])
+    old = pd.read_csv(args["matrix_path"]).drop(columns=["reference", "grad_accum_steps", "parallel", "data_parallel"])
     old.to_csv(args["matrix_path"], index=False)
     matrix = aggregate.read_matrix(args["matrix_path"])
     assert matrix["reference"].eq("").all() and matrix["grad_accum_steps"].eq(1).all()
+    assert matrix["parallel"].eq("ddp").all() and matrix["data_parallel"].eq(matrix["gpus"]).all()
     tables = aggregate.aggregate(**args, targets={})
     assert tables["runs"]["status"].eq("ok").all() and tables["comparison"]["verdict"].eq("not comparable: GPU").all()
 
