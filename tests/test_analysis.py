@@ -437,6 +437,23 @@ def test_the_reference_set_reads_and_keeps_its_labels():
     assert references["source"].str.len().gt(10).all()
 
 
+def test_torchtitan_and_mpt_references_parse_and_are_not_comparable_on_an_h100_sxm(gpu):
+    """torchtitan's Llama 3.1 8B FSDP cells have a trainer run (llama3_8b, --parallel fsdp) but ran on
+    the H100 96GB HBM2e; MPT-1B is no model of the trainer. On an H100 80GB study both are context."""
+    by_id = aggregate.read_references(REPO / "config" / "references.yaml").set_index("id")
+    titan = by_id.filter(regex=r"^torchtitan-llama31-8b-fsdp-(compile-)?(8|128)$", axis=0)
+    assert len(titan) == 4 and set(titan["trainer_model"]) == {"llama3_8b"} and set(titan["trainer_per_gpu_batch"]) == {2}
+    assert titan["trainer_flags"].str.contains("--parallel fsdp --activation-checkpointing selective --precision bf16 --seq-len 8192").all()
+    assert titan["unmatched"].str.startswith("gpu: torchtitan's H100 is the 96 GB HBM2e part at 500 W").all()
+    assert by_id.filter(like="float8", axis=0)["trainer_model"].isna().all()
+    mpt = by_id.filter(like="mosaicml-mpt-1b", axis=0)
+    assert list(mpt["gpus"]) == [8, 16, 32, 64] and mpt["trainer_model"].isna().all() and mpt["unmatched"].str.contains("llama_1b").all()
+    comparison = aggregate.comparison_table(gpu[0]["runs"], by_id.reset_index(), target_gpu=H100).set_index("reference")
+    for reference in [*titan.index, *mpt.index]:
+        assert comparison.loc[reference, "group"] == "context" and comparison.loc[reference, "verdict"] == "not comparable: GPU"
+    assert "the reference on NVIDIA H100 96GB HBM2e" in comparison.loc["torchtitan-llama31-8b-fsdp-8", "differs"]
+
+
 def test_checks_pass_and_fail(gpu):
     tables = gpu[0]
     assert list(tables["checks"]["check"]) == list(TARGETS["checks"])  # the config's order
