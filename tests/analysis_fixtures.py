@@ -116,6 +116,8 @@ def make_record(
     device_name: str = H100,
     error: str | None = None,
     stop_signal: str | None = None,
+    tokens_per_sample: int = 0,
+    sharding: dict[str, Any] | None = None,
     started_at: datetime.datetime = datetime.datetime(2026, 11, 20, 8, 0, tzinfo=datetime.timezone.utc),
 ) -> dict[str, Any]:
     """A complete run record (every required field) that validates against the schema."""
@@ -128,7 +130,7 @@ def make_record(
         "measured_samples": int(samples_per_s * window_s),
         "window_s": window_s,
         "samples_per_s": samples_per_s,
-        "tokens_per_s": None,
+        "tokens_per_s": samples_per_s * tokens_per_sample if tokens_per_sample else None,
         "step_time_s": {"median": step_s, "p10": 0.9 * step_s, "p90": 1.2 * step_s, "mean": step_s},
         "epoch_time_s": epoch_time_s,
         "epoch_wall_times_s": [{"epoch": 0, "seconds": 3.0, "complete": False}],
@@ -171,6 +173,7 @@ def make_record(
             "temperature_max_c": 60.0 if cuda else None,
         },
         "energy_per_sample_j": energy_j / (samples_per_s * window_s) if cuda else None,
+        "sharding": sharding,  # null under --parallel ddp, as the trainer writes it
         # the scaling model's input: forward 30 %, backward 60 %, optimizer 5 % of the step; four
         # 25 MiB-capped buckets of resnet50's fp32 gradients, ready at 25, 50, 75 and 100 % of the backward
         "backward_buckets": {
@@ -236,7 +239,7 @@ def make_record(
             "task": "image_classification",
             "family": "cnn",
             "num_parameters": 25_557_032,
-            "tokens_per_sample": 0,
+            "tokens_per_sample": tokens_per_sample,
             "train_flops_per_sample": 2.45e10,
             "flops_source": "analytic",
             "shape": {},
@@ -310,6 +313,8 @@ class Study:
         record: dict[str, Any] | None = None,
         reference: str = "",
         grad_accum_steps: int = 1,
+        parallel: str = "ddp",
+        data_parallel: int | None = None,
         **figures: Any,
     ) -> str:
         """One matrix row; its record is made from ``figures`` unless ``status="missing"``.
@@ -328,13 +333,15 @@ class Study:
                 "variant": variant,
                 "precision": precision,
                 "per_rank_batch": per_rank_batch,
-                "global_batch": per_rank_batch * gpus,
+                "global_batch": per_rank_batch * (data_parallel or gpus),  # per replica x replicas
                 "bucket_cap_mb": bucket_cap_mb,
                 "runtime_min": RUNTIME_MIN,
                 "record": str(path),
                 "rerun": f"snakemake --cores all --forcerun {path}",
                 "reference": reference,
                 "grad_accum_steps": grad_accum_steps,
+                "parallel": parallel,
+                "data_parallel": data_parallel or gpus,
             }
         )
         if figures.get("status") != "missing":
@@ -423,6 +430,53 @@ def write_gpu_study(root: Path) -> dict[str, Any]:
     references = root / "references.yaml"
     references.write_text(REFERENCES_YAML)
     return {"matrix_path": s.write_matrix(), "comm_paths": comm, "references_path": references}
+
+
+def sharding(strategy: str, mesh: tuple[list[int], list[str]], state_max: int, state_min: int,
+             comm: dict[str, float] | None) -> dict[str, Any]:
+    """measurements.sharding as the trainer writes it (trainer._sharding_figures)."""
+    return {
+        "strategy": strategy,
+        "mesh": {"shape": mesh[0], "dims": mesh[1]},
+        "reshard_after_forward": True,
+        "state_bytes_per_rank_max": state_max,
+        "state_bytes_per_rank_min": state_min,
+        "comm_bytes_per_step_analytic": comm,
+        "comm_reason": None if comm is not None else (
+            f"not counted under --parallel {strategy}: the analytic volume is written for fsdp only (TP's activation "
+            "all-gathers and reduce-scatters per block are not counted yet)"
+        ),
+    }  # fmt: skip
+
+
+TP_COMM_REASON = sharding("tp", ([2], ["tp"]), 1, 1, None)["comm_reason"]
+TOKENS = 1024  # gpt2_small's tokens per sample in the parallelism study
+
+
+def write_parallelism_study(root: Path, device_type: str = "cuda") -> dict[str, Any]:
+    """The parallelism study: gpt2_small at 2 GPUs, the same global batch (16) under each strategy.
+
+        ddp      samples/s 40, 44 -> median 42, tokens/s 43,008, per GPU 21,504; no sharding entry
+        fsdp     38, 40 -> 39; state 700 / 690 MB per rank; all-gather 500 MB + reduce-scatter 300 MB
+                 = 800 MB per step; a third repeat whose record says ddp (not the plan: not counted)
+        tp       30 (one replica of 16); state 800 MB; communication not counted (comm_reason)
+        fsdp-tp  at 4 GPUs (2x2): failed -> not measured
+    """
+    s = Study(root)
+    gpt = {"model": "gpt2_small", "tokens_per_sample": TOKENS, "device_type": device_type, "per_rank_batch": 8}
+    for repeat, thr in enumerate((40, 44), 1):
+        s.add("parallelism", 2, repeat, variant="ddp", samples_per_s=thr, **gpt)
+    fsdp = sharding("fsdp", ([2], ["dp_shard"]), 700_000_000, 690_000_000, {"all_gather": 5e8, "reduce_scatter": 3e8})
+    for repeat, thr in enumerate((38, 40), 1):
+        s.add("parallelism", 2, repeat, variant="fsdp", parallel="fsdp", samples_per_s=thr, sharding=fsdp, **gpt)
+    s.add("parallelism", 2, 3, variant="fsdp", parallel="fsdp", samples_per_s=999, **gpt)  # the record ran ddp
+    s.add("parallelism", 2, 1, variant="tp", parallel="tp", data_parallel=1, samples_per_s=30,
+          sharding=sharding("tp", ([2], ["tp"]), 800_000_000, 800_000_000, None), **{**gpt, "per_rank_batch": 16})  # fmt: skip
+    s.add("parallelism", 4, 1, variant="fsdp-tp", parallel="fsdp+tp", data_parallel=2, status="failed",
+          error=FAILED_MESSAGE, **gpt)  # fmt: skip
+    references = root / "references.yaml"
+    references.write_text(REFERENCES_YAML)
+    return {"matrix_path": s.write_matrix(), "comm_paths": [], "references_path": references}
 
 
 def write_cpu_study(root: Path) -> dict[str, Any]:

@@ -28,6 +28,9 @@ from analysis_fixtures import (
     write_cpu_study,
     write_gpu_study,
     write_many_records,
+    write_parallelism_study,
+    TOKENS,
+    TP_COMM_REASON,
 )
 from scalerepro.analysis import aggregate, plots
 
@@ -219,6 +222,56 @@ def test_communication_bandwidths(gpu, tmp_path):
         aggregate.communication_table([wrong])
 
 
+@pytest.fixture(scope="module")
+def parallelism(tmp_path_factory) -> dict[str, pd.DataFrame]:
+    return aggregate.aggregate(**write_parallelism_study(tmp_path_factory.mktemp("parallelism")), targets={})
+
+
+def test_parallelism_table_compares_strategies_at_the_same_global_batch(parallelism):
+    table = parallelism["parallelism"]
+    assert list(table.columns) == list(aggregate.PARALLELISM_COLUMNS)
+    assert list(zip(table["gpus"], table["parallel"])) == [(2, "ddp"), (2, "fsdp"), (2, "tp"), (4, "fsdp+tp")]  # matrix order
+    ddp, fsdp, tp, failed = (row(table, parallel=p) for p in ("ddp", "fsdp", "tp", "fsdp+tp"))
+    assert ddp["global_batch"] == fsdp["global_batch"] == tp["global_batch"] == 16
+    assert (tp["data_parallel"], tp["per_rank_batch"]) == (1, 16)
+    # ddp: median of 40, 44; tokens/s = samples/s x 1024; per GPU = tokens/s / 2
+    assert (ddp["repeats_ok"], ddp["samples_per_s_median"], ddp["samples_per_s_ci_low"], ddp["samples_per_s_ci_high"]) == (2, 42, 40, 44)
+    assert ddp["tokens_per_s_median"] == 42 * TOKENS and ddp["tokens_per_s_per_gpu"] == 42 * TOKENS / 2
+    assert (ddp["tokens_per_s_ci_low"], ddp["tokens_per_s_ci_high"]) == (40 * TOKENS, 44 * TOKENS)
+    assert ddp["mfu"] == pytest.approx(0.4) and ddp["peak_memory_bytes"] == 4e9 and ddp["peak_memory_kind"] == "cuda_allocated"
+    # a hole is said to be one, never left blank: ddp records no sharding figures
+    assert pd.isna(ddp["state_bytes_per_rank_max"]) and pd.isna(ddp["comm_bytes_per_step"])
+    assert "not measured: state bytes per rank" in ddp["note"] and "not counted under ddp" in ddp["note"]
+    # fsdp: the repeat whose record ran ddp does not count (2 of 3); sharding figures from the records
+    assert (fsdp["repeats_ok"], fsdp["repeats_total"], fsdp["samples_per_s_median"]) == (2, 3, 39)
+    assert (fsdp["mesh"], fsdp["state_bytes_per_rank_max"], fsdp["state_bytes_per_rank_min"]) == ("2 (dp_shard)", 7e8, 6.9e8)
+    assert fsdp["comm_bytes_per_step"] == 5e8 + 3e8 and fsdp["note"] == ""
+    # tp: communication not counted, and the record's reason is the note's; one repeat: no interval
+    assert pd.isna(tp["comm_bytes_per_step"]) and tp["note"] == f"not measured: communication per step ({TP_COMM_REASON})"
+    assert tp["samples_per_s_median"] == 30 and pd.isna(tp["samples_per_s_ci_low"])
+    assert failed["repeats_ok"] == 0 and pd.isna(failed["samples_per_s_median"])
+    assert failed["note"].startswith("not measured: no completed repeat of 1 planned")
+
+
+def test_a_completed_run_whose_record_ran_another_strategy_does_not_count(parallelism):
+    runs = parallelism["runs"].set_index("run_id")
+    wrong = runs.loc["parallelism_gpt2_small_g2_fsdp_r3"]
+    assert (wrong["parallel"], wrong["parallel_recorded"], wrong["consistent"], wrong["counts"]) == ("fsdp", "ddp", False, False)
+    assert runs.loc["parallelism_gpt2_small_g2_fsdp_r1", "counts"] and runs.loc["parallelism_gpt2_small_g2_ddp_r1", "counts"]
+    # a failed run is failed, not inconsistent, whatever it recorded
+    assert runs.loc["parallelism_gpt2_small_g4_fsdp-tp_r1", "consistent"]
+
+
+def test_a_check_can_read_the_parallelism_table(parallelism):
+    entry = {"table": "parallelism", "metric": "tokens_per_s_per_gpu", "where": {"gpus": 2}, "direction": "min",
+             "threshold": 16000, "unit": "tokens/s"}  # fmt: skip
+    result = aggregate.checks_table(parallelism, {"checks": {"tokens": entry}}).iloc[0]
+    assert result["status"] == "fail" and result["measured"] == 15 * TOKENS  # tp's 30 samples/s / 2 GPUs
+    assert "worst cell gpt2_small g2 tp" in result["detail"]
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    jsonschema.validate({"targets": {"checks": {"tokens": entry}}}, {**schema, "required": []})  # a valid config entry
+
+
 def test_comparison_without_reproduce_runs_says_why(gpu):
     # The GPU study has no reproduce runs: no reference is set beside a strong, weak or ablation
     # cell of other conditions (the defect of issue 14), each says why it has no measurement.
@@ -382,6 +435,23 @@ def test_the_reference_set_reads_and_keeps_its_labels():
     assert {"fp8"} <= set(mlperf["precision"]) and mlperf["framework"].str.contains("DALI|FP8 layers").all()
     assert mlperf["trainer_model"].isna().all() and mlperf["unmatched"].notna().all()
     assert references["source"].str.len().gt(10).all()
+
+
+def test_torchtitan_and_mpt_references_parse_and_are_not_comparable_on_an_h100_sxm(gpu):
+    """torchtitan's Llama 3.1 8B FSDP cells have a trainer run (llama3_8b, --parallel fsdp) but ran on
+    the H100 96GB HBM2e; MPT-1B is no model of the trainer. On an H100 80GB study both are context."""
+    by_id = aggregate.read_references(REPO / "config" / "references.yaml").set_index("id")
+    titan = by_id.filter(regex=r"^torchtitan-llama31-8b-fsdp-(compile-)?(8|128)$", axis=0)
+    assert len(titan) == 4 and set(titan["trainer_model"]) == {"llama3_8b"} and set(titan["trainer_per_gpu_batch"]) == {2}
+    assert titan["trainer_flags"].str.contains("--parallel fsdp --activation-checkpointing selective --precision bf16 --seq-len 8192").all()
+    assert titan["unmatched"].str.startswith("gpu: torchtitan's H100 is the 96 GB HBM2e part at 500 W").all()
+    assert by_id.filter(like="float8", axis=0)["trainer_model"].isna().all()
+    mpt = by_id.filter(like="mosaicml-mpt-1b", axis=0)
+    assert list(mpt["gpus"]) == [8, 16, 32, 64] and mpt["trainer_model"].isna().all() and mpt["unmatched"].str.contains("llama_1b").all()
+    comparison = aggregate.comparison_table(gpu[0]["runs"], by_id.reset_index(), target_gpu=H100).set_index("reference")
+    for reference in [*titan.index, *mpt.index]:
+        assert comparison.loc[reference, "group"] == "context" and comparison.loc[reference, "verdict"] == "not comparable: GPU"
+    assert "the reference on NVIDIA H100 96GB HBM2e" in comparison.loc["torchtitan-llama31-8b-fsdp-8", "differs"]
 
 
 def test_checks_pass_and_fail(gpu):
@@ -622,10 +692,11 @@ def test_rebuild_regenerates_tables_figures_and_report_from_the_records_alone(tm
 
 def test_a_matrix_from_before_the_reference_column_reads_as_no_reference(tmp_path):
     args = write_cpu_study(tmp_path)
-    old = pd.read_csv(args["matrix_path"]).drop(columns=["reference", "grad_accum_steps"])
+    old = pd.read_csv(args["matrix_path"]).drop(columns=["reference", "grad_accum_steps", "parallel", "data_parallel"])
     old.to_csv(args["matrix_path"], index=False)
     matrix = aggregate.read_matrix(args["matrix_path"])
     assert matrix["reference"].eq("").all() and matrix["grad_accum_steps"].eq(1).all()
+    assert matrix["parallel"].eq("ddp").all() and matrix["data_parallel"].eq(matrix["gpus"]).all()
     tables = aggregate.aggregate(**args, targets={})
     assert tables["runs"]["status"].eq("ok").all() and tables["comparison"]["verdict"].eq("not comparable: GPU").all()
 

@@ -563,7 +563,8 @@ def test_results_tables(study):
         assert f'<td class="num">{text}</td>' in resnet8, text
     assert '<td class="num">+186.0 %</td>' in results  # ablation "all": 2.86x the baseline
     assert '<td class="num">256 MiB</td>' in results and '<td class="num">40.2 %</td>' in results
-    assert "Not measured" not in results
+    # the fixture study has no parallelism study (its own test below): every other table measured
+    assert "Not measured" not in results.replace(_parallelism_html(page), "")
 
 
 def test_scaling_model_section(study):
@@ -738,6 +739,50 @@ def test_a_cpu_study_says_why_gpu_figures_are_missing(tmp_path):
     assert "<table" not in energy
     system = section(page, "system")
     assert "NVML could not be initialised: NVML Shared Library Not Found" in system and "<pre" not in system
+
+
+def _parallelism_html(page: str) -> str:
+    return re.search(r'<h3 id="parallelism">(.*?)<h3 id="communication">', page, re.S).group(1)
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "cpu"])
+def test_the_parallelism_section_compares_the_strategies_and_names_what_is_not_measured(tmp_path, device_type):
+    from analysis_fixtures import TOKENS, write_parallelism_study
+    from scalerepro.analysis import aggregate
+
+    tables = aggregate.aggregate(**write_parallelism_study(tmp_path / "study", device_type), targets={})
+    aggregate.write_tables(tables, tmp_path / "tables")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"parallelism": {"enabled": True, "strategies": ["ddp", "fsdp", "tp", "fsdp+tp"]}}))
+    page = report.render(tmp_path / "tables", None, None, config, REFERENCES, TEMPLATES)
+    part = _parallelism_html(page)
+    assert f'<span class="secno">{report.section_numbers()["parallelism"]}</span> Parallelism strategies' in part
+    body = part.split("<tbody>")[1].split("</tbody>")[0]
+    strategies = re.findall(r"<code>(ddp|fsdp|tp|fsdp\+tp)</code>", body)
+    assert strategies == ["ddp", "fsdp", "tp", "fsdp+tp"]  # one row each, in the study's order
+    assert "2 / 2" in body and "2 / 3" in body  # n of each cell: fsdp counts 2 of its 3 repeats
+    assert "40 – 44" in body and f"{42 * TOKENS:,}" in body and f"{42 * TOKENS // 2:,}" in body  # interval, tokens/s, per GPU
+    assert "762.9 MiB" in body  # fsdp: 500 MB all-gather + 300 MB reduce-scatter per step
+    assert "not measured: communication per step (not counted under --parallel tp" in body
+    assert "not measured: no completed repeat of 1 planned" in body  # the failed fsdp+tp cell
+    text = " ".join(part.split())
+    assert "the largest model that fits in a GPU's memory" in text and "does not run <code>--parallel pp</code> yet" in text
+    assert ("This is a CPU study" in text) == (device_type == "cpu")
+    if device_type == "cpu":
+        assert "not the strategies' speed" in text and "not measured: MFU (no GPU" in body
+
+
+def test_the_parallelism_section_says_why_it_is_empty(study, tmp_path):
+    paths, page, _ = study
+    assert "Not measured: the configuration has no parallelism study" in _parallelism_html(page)
+    config = json.loads(paths["config"].read_text())
+    paths["config"].write_text(json.dumps({**config, "parallelism": {"enabled": False}}))
+    try:
+        page = render_study(paths, tmp_path / "index.html")
+    finally:
+        paths["config"].write_text(json.dumps(config))
+    assert "Not measured: the parallelism study is disabled in the configuration (parallelism.enabled: false)." in _parallelism_html(page)
+    assert "<table" not in _parallelism_html(page)
 
 
 def test_noisy_cells_are_flagged_in_tables_and_summary(tmp_path):
@@ -1019,7 +1064,8 @@ def test_section_numbers_come_from_the_one_list():
     assert sorted(used) == sorted(numbers), "every listed section shows its number once, and only listed ones"
     headed = re.findall(r'secno\["([a-z0-9-]+)"\] \}\}</span> \{\{ sectitle\["([a-z0-9-]+)"\] \}\}</h[23]>', "".join(text.values()))
     assert sorted(a for a, _ in headed) == sorted(used) and all(a == b for a, b in headed), "a heading's title is typed"
-    assert numbers["results"] == "3" and numbers["profiling"] == "3.9" and numbers["history-cells"] == "8.2"
+    assert numbers["results"] == "3" and numbers["parallelism"] == "3.4" and numbers["profiling"] == "3.10"
+    assert numbers["history-cells"] == "8.2"
     for anchor, _, _ in report.SECTIONS:  # each top-level section is its own template
         assert f"sections/{anchor}.html.j2" in {f"sections/{p.name}" for p in TEMPLATE_FILES}, anchor
     # inserting a section renumbers those after it, with no template touched

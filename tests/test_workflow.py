@@ -199,6 +199,22 @@ def test_tables_match_the_records(study):
     assert comm.busbw_gbps.tolist() == pytest.approx((comm.algbw_gbps * 2 * (2 - 1) / 2).tolist())
 
 
+def test_the_parallelism_table_and_section_show_the_fsdp_and_tp_cells(study):
+    records = _records(study)
+    table = pd.read_csv(study / "results/tables/parallelism.csv").set_index("parallel")
+    assert sorted(table.index) == ["fsdp", "tp"] and table["gpus"].eq(2).all() and table["repeats_ok"].eq(1).all()
+    for strategy, cell in table.iterrows():
+        (run_id,) = [r for r, record in records.items() if r.startswith(f"parallelism_gpt2_small_g2_{strategy}_")]
+        measured = records[run_id]["measurements"]
+        assert cell["samples_per_s_median"] == pytest.approx(measured["samples_per_s"]) > 0
+        assert cell["tokens_per_s_per_gpu"] == pytest.approx(measured["tokens_per_s"] / 2)  # tokens/s / gpus
+        assert cell["state_bytes_per_rank_max"] == measured["sharding"]["state_bytes_per_rank_max"] > 0
+    assert table.loc["fsdp", "comm_bytes_per_step"] > 0 and "not measured: communication per step" in table.loc["tp", "note"]
+    page = (study / "results/report/index.html").read_text()
+    part = page.split('<h3 id="parallelism">')[1].split('<h3 id="communication">')[0]
+    assert "<code>fsdp</code>" in part and "<code>tp</code>" in part and "This is a CPU study" in part
+
+
 def test_the_scaling_model_predicts_the_cpu_runs(study):
     model = pd.read_csv(study / "results/tables/scaling_model.csv")
     measured = model[model.basis.eq("measured") & model.gpus.eq(2)].set_index("study")

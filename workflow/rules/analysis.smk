@@ -56,6 +56,7 @@ rule aggregate:
                     "scaling",
                     "sensitivity",
                     "ablation",
+                    "parallelism",
                     "communication",
                     "comparison",
                     "checks",

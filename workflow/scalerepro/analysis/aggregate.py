@@ -35,7 +35,9 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
     variant, precision, per_rank_batch, global_batch, bucket_cap_mb, runtime_min (time limit
     requested per run), record (path of its record), rerun (the command that reruns it),
     reference (the reference a ``reproduce`` run is for; empty in other studies and in matrices
-    from before the column), grad_accum_steps (1 in matrices from before it); then
+    from before the column), grad_accum_steps (1 in matrices from before it), parallel (the
+    --parallel strategy; ddp in matrices from before it), data_parallel (replicas reading
+    different data; gpus in matrices from before it); then
     status            ok | failed | preempted | missing
     error             the record's error message; for a missing run, why there is no record
     stop_signal       SIGTERM | SIGUSR1 when the run was stopped by one
@@ -61,6 +63,13 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
     started_at        ISO 8601, UTC
     precision_recorded, per_rank_batch_recorded, grad_accum_recorded, tokens_per_sample,
     channels_last, data_kind, optimizer_kind, compile_mode    the conditions the record states
+    peak_flops_source why mfu is empty, when it is
+    parallel_recorded the strategy the record ran (measurements.sharding.strategy; ddp where the
+                      entry is null; a completed run that names another than the plan does not count)
+    mesh, reshard_after_forward, state_bytes_per_rank_max, state_bytes_per_rank_min (parameters +
+                      optimizer state held by a rank at the end), comm_all_gather_bytes_per_step,
+                      comm_reduce_scatter_bytes_per_step (analytic, bytes each rank sends per step;
+                      fsdp only), comm_reason    measurements.sharding of a sharded run, empty under ddp
 epochs.csv -- one row per history entry of every record: run_id, epoch, step, complete
     (false for a partial last epoch), train_loss, eval_loss, eval_accuracy.
 loss_log.csv -- one row per logged step of every record: run_id, step, loss, samples_per_s.
@@ -77,6 +86,16 @@ sensitivity.csv -- one row per (model, gpus, bucket_cap_mb, per_rank_batch, prec
 ablation.csv -- one row per (model, gpus, variant), in matrix order (baseline first): those,
     repeats_ok, repeats_total, the throughput's median, min, max, CV, interval and noisy flag,
     gain (fraction; 0.25 = 25 % faster than the baseline), gain_ci_low, gain_ci_high, note.
+parallelism.csv -- one row per (model, gpus, strategy) of the ``parallelism`` study, in matrix
+    order: model, gpus, nodes, parallel, variant, data_parallel, per_rank_batch (per replica),
+    global_batch (the same for every strategy at a GPU count), repeats_ok, repeats_total, the
+    throughput's median, min, max, CV, interval and noisy flag (as scaling.csv),
+    tokens_per_s_median with tokens_per_s_ci_low/high, tokens_per_s_per_gpu (= tokens/s / gpus),
+    mfu, peak_memory_bytes (a GPU's peak, the largest over ranks), peak_memory_kind, mesh,
+    reshard_after_forward, state_bytes_per_rank_max/min, comm_all_gather_bytes_per_step,
+    comm_reduce_scatter_bytes_per_step, comm_bytes_per_step (= all-gather + reduce-scatter),
+    all medians over the counted repeats; device_name, cell (names the row in a check), note
+    ("not measured: <figure> (<why>)" for each empty figure).
 communication.csv -- one row per (gpus, size_bytes): gpus, size_bytes, nodes, backend,
     time_us_median (slowest rank's median of single all-reduces: not nccl-tests' time, see
     scalerepro.commbench), algbw_gbps, busbw_gbps (GB = 1e9 bytes).
@@ -133,7 +152,7 @@ MATRIX_COLUMNS = (
     "global_batch", "bucket_cap_mb", "runtime_min", "record", "rerun",
 )  # fmt: skip
 # Matrix columns that older matrices lack, and what their absence means.
-OPTIONAL_MATRIX_COLUMNS = {"reference": "", "grad_accum_steps": 1}
+OPTIONAL_MATRIX_COLUMNS = {"reference": "", "grad_accum_steps": 1, "parallel": "ddp", "data_parallel": None}
 STATUSES = ("ok", "failed", "preempted", "missing")
 
 # runs.csv column <- path of the value in a run record.
@@ -175,11 +194,20 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "data_kind": ("data", "kind"),
     "optimizer_kind": ("optimizer", "kind"),
     "compile_mode": ("knobs", "compile"),
+    # why mfu is empty, when it is (e.g. no peak FLOP/s tabulated for a CPU)
+    "peak_flops_source": ("measurements", "peak_flops_source"),
+    # sharded runs (--parallel fsdp, tp, fsdp+tp): measurements.sharding, null under ddp
+    "state_bytes_per_rank_max": ("measurements", "sharding", "state_bytes_per_rank_max"),
+    "state_bytes_per_rank_min": ("measurements", "sharding", "state_bytes_per_rank_min"),
+    "comm_all_gather_bytes_per_step": ("measurements", "sharding", "comm_bytes_per_step_analytic", "all_gather"),
+    "comm_reduce_scatter_bytes_per_step": ("measurements", "sharding", "comm_bytes_per_step_analytic", "reduce_scatter"),
+    "comm_reason": ("measurements", "sharding", "comm_reason"),
+    "reshard_after_forward": ("measurements", "sharding", "reshard_after_forward"),
 }
 # The columns read_record gives: those above and the ones it derives.
 RECORD_COLUMNS = (
     "run_id", *RECORD_FIELDS, "error", "peak_memory_bytes", "peak_memory_kind", "final_train_loss", "final_eval_loss",
-    "final_eval_accuracy", "device_name",
+    "final_eval_accuracy", "device_name", "parallel_recorded", "mesh",
 )  # fmt: skip
 RUN_COLUMNS = (
     *MATRIX_COLUMNS, *OPTIONAL_MATRIX_COLUMNS, "status", "error", "stop_signal", "consistent", "counts", "samples_per_s",
@@ -189,7 +217,9 @@ RUN_COLUMNS = (
     "peak_memory_kind", "final_train_loss", "final_eval_loss", "final_eval_accuracy", "duration_s", "device_type",
     "device_name", "world_size_recorded", "nodes_recorded", "slurm_job_id", "git_commit", "git_dirty",
     "torch_version", "started_at", "precision_recorded", "per_rank_batch_recorded", "grad_accum_recorded",
-    "tokens_per_sample", "channels_last", "data_kind", "optimizer_kind", "compile_mode",
+    "tokens_per_sample", "channels_last", "data_kind", "optimizer_kind", "compile_mode", "peak_flops_source",
+    "parallel_recorded", "mesh", "reshard_after_forward", "state_bytes_per_rank_max", "state_bytes_per_rank_min",
+    "comm_all_gather_bytes_per_step", "comm_reduce_scatter_bytes_per_step", "comm_reason",
 )  # fmt: skip
 EPOCH_COLUMNS = ("run_id", "epoch", "step", "complete", "train_loss", "eval_loss", "eval_accuracy")
 LOSS_COLUMNS = ("run_id", "step", "loss", "samples_per_s")
@@ -219,6 +249,18 @@ SENSITIVITY_COLUMNS = (
 )  # fmt: skip
 ABLATION_COLUMNS = (
     "model", "gpus", "variant", "repeats_ok", "repeats_total", *THROUGHPUT, "gain", "gain_ci_low", "gain_ci_high", "note",
+)  # fmt: skip
+# A parallelism cell: a model under one --parallel strategy at one GPU count (its batch follows).
+PARALLELISM_KEYS = ("model", "gpus", "nodes", "parallel", "variant", "data_parallel", "per_rank_batch", "global_batch")
+# The sharding figures of a record (measurements.sharding), medians over a cell's counted repeats.
+SHARDING_FIGURES = (
+    "state_bytes_per_rank_max", "state_bytes_per_rank_min", "comm_all_gather_bytes_per_step",
+    "comm_reduce_scatter_bytes_per_step",
+)  # fmt: skip
+PARALLELISM_COLUMNS = (
+    *PARALLELISM_KEYS, "repeats_ok", "repeats_total", *THROUGHPUT, "tokens_per_s_median", "tokens_per_s_ci_low",
+    "tokens_per_s_ci_high", "tokens_per_s_per_gpu", "mfu", "peak_memory_bytes", "peak_memory_kind", "mesh",
+    "reshard_after_forward", *SHARDING_FIGURES, "comm_bytes_per_step", "device_name", "cell", "note",
 )  # fmt: skip
 VERDICTS = ("reproduced", "above", "below", "not comparable", "not measured")
 COMPARISON_COLUMNS = (
@@ -281,6 +323,7 @@ def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], li
         final_eval_loss=last.get("eval_loss"),
         final_eval_accuracy=last.get("eval_accuracy"),
         device_name=_dig(document, ("hardware", "gpu", "name")) or _dig(document, ("hardware", "cpu_model")),
+        **_sharding(_dig(document, ("measurements",))),
     )
     if fields["status"] == "ok" and not (_dig(document, ("measurements", "measured_steps")) and fields["samples_per_s"]):
         # A record with no measurements is a failure, whatever it says of itself.
@@ -292,6 +335,21 @@ def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], li
     return fields, epochs, losses
 
 
+def _sharding(measurements: Any) -> dict[str, Any]:
+    """The strategy a record says it ran (parallel_recorded: measurements.sharding.strategy, "ddp"
+    where the entry is there and null, None where the record predates it or measured nothing)
+    and its device mesh as text ("2x2 (dp_shard, tp)")."""
+    if not isinstance(measurements, dict) or "sharding" not in measurements:
+        return {"parallel_recorded": None, "mesh": None}
+    sharding = measurements["sharding"]
+    if not isinstance(sharding, dict):
+        return {"parallel_recorded": "ddp", "mesh": None}
+    mesh = sharding.get("mesh") or {}
+    shape = "x".join(str(n) for n in mesh.get("shape") or ())
+    dims = ", ".join(mesh.get("dims") or ())
+    return {"parallel_recorded": sharding.get("strategy"), "mesh": f"{shape} ({dims})" if dims else shape or None}
+
+
 def read_matrix(path: str | os.PathLike[str]) -> pd.DataFrame:
     matrix = pd.read_csv(path, dtype={"run_id": str, "variant": str, "record": str, "rerun": str, "reference": str})
     absent = [column for column in MATRIX_COLUMNS if column not in matrix.columns]
@@ -301,6 +359,8 @@ def read_matrix(path: str | os.PathLike[str]) -> pd.DataFrame:
         raise ValueError(f"{path}: run_id repeats: {sorted(matrix.loc[matrix.run_id.duplicated(), 'run_id'])}")
     for column, default in OPTIONAL_MATRIX_COLUMNS.items():  # a matrix from before the column
         matrix[column] = matrix[column].fillna(default) if column in matrix.columns else default
+    # data_parallel: the replicas reading different data; every rank is one under DDP (older matrices)
+    matrix["data_parallel"] = matrix["data_parallel"].fillna(matrix["gpus"]).astype(int)
     return matrix.assign(variant=matrix["variant"].fillna(""), grad_accum_steps=matrix["grad_accum_steps"].astype(int))
 
 
@@ -318,8 +378,12 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
                    "grad_accum_recorded", "tokens_per_sample"):  # fmt: skip
         runs[column] = runs[column].astype("Int64")
     runs["channels_last"] = runs["channels_last"].astype("boolean")
+    for column in ("state_bytes_per_rank_max", "state_bytes_per_rank_min"):
+        runs[column] = runs[column].astype("Int64")
     recorded = runs["world_size_recorded"].notna() & runs["nodes_recorded"].notna()
     matches = runs["world_size_recorded"].eq(runs["gpus"]) & runs["nodes_recorded"].eq(runs["nodes"])
+    # ... and a completed run's record names the planned --parallel strategy (where it names one)
+    matches &= runs["parallel_recorded"].isna() | runs["parallel_recorded"].eq(runs["parallel"]) | runs["status"].ne("ok")
     runs["consistent"] = matches.astype("boolean").where(recorded)
     runs["git_dirty"] = runs["git_dirty"].astype("boolean")
     epochs = pd.DataFrame.from_records([row for p in parsed for row in p[1]], columns=EPOCH_COLUMNS)
@@ -481,6 +545,66 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
         "",
     )
     return cells[list(ABLATION_COLUMNS)]
+
+
+def parallelism_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    """One row per (model, gpus, strategy) of the ``parallelism`` study, in matrix order: the
+    throughput's statistics (cell_stats), tokens/s with its interval, and the medians over the
+    counted repeats of MFU, peak memory per GPU and the sharding figures. Every empty figure of a
+    cell with a completed repeat is named in ``note`` as "not measured: <figure> (<why>)"."""
+    study = runs[runs["study"].eq("parallelism")]
+    keys = list(PARALLELISM_KEYS)
+    cells = cell_stats(study, keys, noise_cv_max)
+    groups = study.assign(**{c: _values(study, c) for c in ("tokens_per_s", "mfu", "peak_memory_bytes", *SHARDING_FIGURES)})
+    groups = groups.groupby(keys, sort=False, dropna=False)
+    tokens = [repeats.describe(group["tokens_per_s"], ("tokens", *key)) for key, group in groups]
+    cells["tokens_per_s_ci_low"] = [t["ci_low"] for t in tokens]
+    cells["tokens_per_s_ci_high"] = [t["ci_high"] for t in tokens]
+    # tokens/s per GPU = tokens/s (global, median over the repeats) / gpus
+    cells["tokens_per_s_per_gpu"] = cells["tokens_per_s_median"] / cells["gpus"]
+    # MFU = achieved FLOP/s / (gpus x peak FLOP/s per GPU), as each record computed it; median here
+    figures = groups[["mfu", "peak_memory_bytes", *SHARDING_FIGURES]].median().reset_index(drop=True)
+    for column in figures:
+        cells[column] = figures[column].to_numpy()
+    counted = study[study["counts"]].groupby(keys, sort=False, dropna=False)
+    text = {c: counted[c].agg(_joined) for c in ("peak_memory_kind", "mesh", "reshard_after_forward", "peak_flops_source", "comm_reason")}
+    for column, values in text.items():
+        cells[column] = [values.get(tuple(key), "") for key in cells[keys].itertuples(index=False)]
+    # communication per step = all-gather + reduce-scatter bytes each rank sends per optimizer step
+    cells["comm_bytes_per_step"] = cells["comm_all_gather_bytes_per_step"] + cells["comm_reduce_scatter_bytes_per_step"]
+    cells["note"] = [_parallelism_note(cell) for cell in cells.to_dict("records")]
+    cells["cell"] = cells["model"] + " g" + cells["gpus"].astype(str) + " " + cells["parallel"]  # names it in a check
+    return cells[list(PARALLELISM_COLUMNS)]
+
+
+def _parallelism_note(cell: Mapping[str, Any]) -> str:
+    """Why each empty figure of a parallelism cell is empty, so a hole never reads as a zero."""
+    if not cell["repeats_ok"]:
+        return f"not measured: {NO_REPEAT} of {cell['repeats_total']} planned (see the failed or missing runs)"
+    notes, sharded = [], cell["parallel"] != "ddp"
+    if pd.isna(cell["tokens_per_s_median"]):
+        notes.append("not measured: tokens/s (the model has no tokens per sample)")
+    if pd.isna(cell["mfu"]):
+        notes.append(f"not measured: MFU ({cell['peak_flops_source'] or 'the records give no peak FLOP/s'})")
+    if pd.isna(cell["peak_memory_bytes"]):
+        notes.append("not measured: peak memory (the records give none)")
+    elif cell["peak_memory_kind"] == "rss":
+        notes.append("peak memory is a rank's peak RSS (host memory, no GPU), not device memory")
+    if pd.isna(cell["state_bytes_per_rank_max"]):
+        notes.append(
+            "not measured: state bytes per rank (the trainer records them for sharded runs; under ddp every rank "
+            "holds the whole model and optimizer state)" if not sharded else
+            "not measured: state bytes per rank (the records have no sharding entry)"
+        )  # fmt: skip
+    if pd.isna(cell["comm_bytes_per_step"]):
+        why = cell["comm_reason"] or (
+            "not counted under ddp: the record's analytic volume is written for fsdp only" if not sharded
+            else "the records have no analytic volume"
+        )  # fmt: skip
+        notes.append(f"not measured: communication per step ({why})")
+    if cell["noisy"]:
+        notes.append(f"noisy: throughput CV {100 * cell['samples_per_s_cv']:.1f} % over the repeats")
+    return "; ".join(notes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -726,6 +850,10 @@ CHECK_TABLES: dict[str, tuple[str, ...]] = {
     ),
     "sensitivity": ("samples_per_s_median", "samples_per_s_cv", "step_time_median_s", "exposed_comm_fraction"),
     "ablation": ("samples_per_s_median", "samples_per_s_cv", "gain"),
+    "parallelism": (
+        "samples_per_s_median", "samples_per_s_cv", "tokens_per_s_median", "tokens_per_s_per_gpu", "mfu",
+        "peak_memory_bytes", "state_bytes_per_rank_max", "comm_bytes_per_step",
+    ),
     "runs": (
         "samples_per_s", "tokens_per_s", "step_time_median_s", "epoch_time_s", "mfu", "exposed_comm_fraction",
         "data_stall_fraction", "gpu_util_mean_pct", "power_mean_w", "energy_per_sample_j", "energy_per_sample_net_j",
@@ -735,10 +863,10 @@ CHECK_TABLES: dict[str, tuple[str, ...]] = {
     "comparison": ("ratio", "measured"),
 }  # fmt: skip
 # What names a selected row in a check's detail, by table.
-CHECK_LABELS = {"scaling": "model", "sensitivity": "model", "ablation": "model", "runs": "run_id",
+CHECK_LABELS = {"scaling": "model", "sensitivity": "model", "ablation": "model", "parallelism": "cell", "runs": "run_id",
                 "communication": "size_bytes", "comparison": "reference"}  # fmt: skip
 # Why a row has no value, by table (shown when a check measured nothing).
-CHECK_REASONS = {"scaling": "note", "sensitivity": "note", "ablation": "note", "runs": "nvml_reason",
+CHECK_REASONS = {"scaling": "note", "sensitivity": "note", "ablation": "note", "parallelism": "note", "runs": "nvml_reason",
                  "comparison": "verdict"}  # fmt: skip
 REDUCTIONS = ("worst", "best", "mean", "median")
 DIRECTIONS = ("min", "max")  # min: the measured value must reach the threshold; max: stay under it
@@ -957,7 +1085,7 @@ def summarise(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
         } if "comparison" in tables else {},
         "cpu_study": cpu_study(runs),
         "noisy_cells": int(sum(tables[name]["noisy"].fillna(False).astype(bool).sum()
-                               for name in ("scaling", "sensitivity", "ablation") if name in tables)),
+                               for name in ("scaling", "sensitivity", "ablation", "parallelism") if name in tables)),
     }
 
 
@@ -981,6 +1109,7 @@ def aggregate(
         "scaling": scaling_table(runs, noise),
         "sensitivity": sensitivity_table(runs, noise),
         "ablation": ablation_table(runs, noise),
+        "parallelism": parallelism_table(runs, noise),
         "communication": communication_table(comm_paths),
         "comparison": comparison_table(runs, references, tolerance, noise, read_target_gpu(references_path)),
         "cost": cost_table(runs),

@@ -40,7 +40,10 @@ from ..files import atomic_file
 from .figures import FIGURE_NAMES
 
 # The tables the aggregation writes, by file stem.
-TABLES = ("runs", "scaling", "sensitivity", "ablation", "communication", "comparison", "checks", "cost", "scaling_model")
+TABLES = (
+    "runs", "scaling", "sensitivity", "ablation", "parallelism", "communication", "comparison", "checks", "cost",
+    "scaling_model",
+)  # fmt: skip
 
 FIGURES = FIGURE_NAMES  # the figures the plotting rule draws, by file stem (each as .svg and .png)
 
@@ -52,7 +55,7 @@ SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("system", "The system", ()),
     ("results", "Results", (
         ("scaling", "Scaling"), ("sensitivity", "Sensitivity"), ("ablation", "Ablation"),
-        ("communication", "Communication"), ("convergence", "Loss and accuracy"), ("energy", "Power and energy"),
+        ("parallelism", "Parallelism strategies"), ("communication", "Communication"), ("convergence", "Loss and accuracy"), ("energy", "Power and energy"),
         ("per-run", "Per-run measurements"), ("scaling-model", "Scaling model"), ("profiling", "Profiling"),
     )),
     ("comparison", "Measured vs published", ()),
@@ -642,7 +645,7 @@ def noisy_cells(tables: Mapping[str, pd.DataFrame]) -> list[dict[str, Any]]:
     """The cells flagged noisy (throughput CV above targets.noise_cv_max), table by table."""
     found = []
     for name, keys in (("scaling", ("study", "model", "gpus")), ("sensitivity", ("model", "gpus", "precision", "per_rank_batch", "bucket_cap_mb")),
-                       ("ablation", ("model", "gpus", "variant"))):  # fmt: skip
+                       ("ablation", ("model", "gpus", "variant")), ("parallelism", ("model", "gpus", "parallel"))):  # fmt: skip
         frame = tables.get(name, pd.DataFrame())
         if "noisy" not in frame.columns:
             continue
@@ -770,6 +773,17 @@ def history_section(
     return section
 
 
+def parallelism_why_empty(config: Any, empty: str) -> str:
+    """Why the parallelism section has no rows: the study switched off in the configuration,
+    or (switched on) the table's own state."""
+    settings = config.get("parallelism") if isinstance(config, Mapping) else None
+    if isinstance(settings, Mapping) and not settings.get("enabled", False):
+        return "Not measured: the parallelism study is disabled in the configuration (parallelism.enabled: false)"
+    if config is not None and settings is None:
+        return "Not measured: the configuration has no parallelism study (no parallelism: entry)"
+    return empty
+
+
 def split_cost(cost: pd.DataFrame) -> tuple[list[Row], Row | None]:
     """The per-study rows of ``cost.csv`` and its 'total' row (None when it has none)."""
     if "study" not in cost.columns:
@@ -892,6 +906,9 @@ def build_context(
         "sensitivity": rows(tables["sensitivity"], ("model", "gpus", "precision", "per_rank_batch", "bucket_cap_mb")),
         # The aggregation's variant order (baseline first) is kept within a model and GPU count.
         "ablation": rows(tables["ablation"], ("model", "gpus")),
+        # the aggregation's strategy order (matrix order) is kept within a model and GPU count
+        "parallelism": rows(tables["parallelism"], ("model", "gpus")),
+        "parallelism_why_empty": parallelism_why_empty(config, empty["parallelism"]),
         "communication": rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
         "comparison": rows(tables["comparison"], ("model", "gpus", "metric", "reference")),
         "scaling_model": rows(tables["scaling_model"], ("study", "model", "gpus")),
