@@ -206,12 +206,14 @@ def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
     assert all(loss == loss for loss in losses) and len(losses) == 2
 
 
-def test_trainer_names_a_strategy_it_does_not_run_yet(tmp_path):
+def test_trainer_refuses_what_a_pipeline_step_does_not_do(tmp_path):
     from conftest import python_train
 
-    result = python_train(["--model", "gpt2_small", "--num-layers", "1", "--hidden-size", "32", "--num-heads", "4", "--seq-len", "16", "--vocab-size", "64", "--num-workers", "0", "--parallel", "pp", "--steps", "2", "--warmup-steps", "0", "--record", str(tmp_path / "r.json")])
+    args = ["--model", "gpt2_small", "--num-layers", "2", "--hidden-size", "32", "--num-heads", "4", "--seq-len", "16", "--vocab-size", "64",
+            "--num-workers", "0", "--parallel", "pp", "--steps", "2", "--warmup-steps", "0", "--grad-accum-steps", "2", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    result = python_train(args)
     assert result.returncode != 0
-    assert "--parallel pp is built and tested in scalerepro.parallel but not wired into the trainer yet" in result.stderr
+    assert "--parallel pp does not support --grad-accum-steps: the pipeline's --microbatches are its gradient accumulation" in result.stderr
 
 
 def test_fsdp_comm_volume_formula_on_a_known_model():
@@ -324,6 +326,50 @@ def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel
     assert record["batch"]["global"] == load_record(tmp_path / "ref.json")["batch"]["global"]
     expected = torch.load(sorted((tmp_path / "ref").glob("step-*.pt"))[-1], weights_only=True)["model"]
     actual = _final_sharded_weights(tmp_path / "tp", world=world, tensor_parallel=True)
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def _pipeline_checkpoint_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The weights of the newest (pipeline) DCP checkpoint in ``directory``, read on one process
+    into a full GPT's names, each key into its own tensor: the first stage's embedding and the
+    last stage's tied copy (the LM head) are checked equal, bit for bit."""
+    import torch.distributed.checkpoint as dcp
+
+    from scalerepro import sharded_checkpoint
+
+    newest = sharded_checkpoint.list_checkpoints(directory)[0]
+    state = {k: torch.empty_like(v) for k, v in _trainer_gpt_module().state_dict().items()}
+    dcp.load({"model": state}, checkpoint_id=newest)
+    torch.testing.assert_close(state["lm_head.weight"], state["token_embedding.weight"], rtol=0, atol=0)
+    return state
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_trainer_pipeline_reaches_the_weights_of_one_process(tmp_path, schedule):
+    """python -m scalerepro.train --parallel pp on 2 gloo ranks (2 stages, 2 micro-batches per
+    step) against one process on the same global batch: ok record (samples counted once per
+    global batch, the loss the last stage's), and after 3 AdamW steps the same weights."""
+    from conftest import load_record, python_train, torchrun
+
+    common = [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1", "--log-interval", "1"]
+    reference = python_train([*common, "--checkpoint-dir", str(tmp_path / "ref"), "--record", str(tmp_path / "ref.json")])
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    pp = [*common, "--parallel", "pp", "--pp-schedule", schedule, "--microbatches", "2"]
+    result = torchrun(2, [*pp, "--checkpoint-dir", str(tmp_path / "pp"), "--record", str(tmp_path / "pp.json")], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record, expected_record = load_record(tmp_path / "pp.json"), load_record(tmp_path / "ref.json")
+    assert record["status"] == "ok" and record["batch"]["global"] == expected_record["batch"]["global"]
+    assert record["measurements"]["measured_samples"] == expected_record["measurements"]["measured_samples"]
+    sharding = record["measurements"]["sharding"]
+    assert sharding["pipeline_bubble_fraction"] == pytest.approx(1 / 3)  # (2 - 1) / (2 + 2 - 1)
+    assert sharding["pipeline"] == {"schedule": schedule, "stages": 2, "microbatches": 2}
+    # rank 0 is the first stage: a loss it did not get from the last would read 0 here
+    for ours, theirs in zip(record["loss_log"], expected_record["loss_log"], strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+    expected = torch.load(sorted((tmp_path / "ref").glob("step-*.pt"))[-1], weights_only=True)["model"]
+    actual = _pipeline_checkpoint_weights(tmp_path / "pp")
     assert actual.keys() == expected.keys()
     for name, value in expected.items():
         torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
