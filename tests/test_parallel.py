@@ -260,7 +260,7 @@ def _final_sharded_weights(directory: Path, world: int = 2, tensor_parallel: boo
     if tensor_parallel:
         parallel.prepare_for_tensor_parallel(model)
     meta = sharded_checkpoint.load(newest, model)
-    assert meta["final"] and meta["fingerprint"]["world_size"] == world
+    assert meta["final"] and len(meta["rng"]) == world  # one RNG state per rank that wrote it
     return parallel.fuse_qkv({k: v.detach() for k, v in model.state_dict().items()})
 
 
@@ -275,6 +275,17 @@ def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
         result = torchrun(2, [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1", "--parallel", strategy,
                               "--checkpoint-dir", str(tmp_path / strategy), "--record", str(tmp_path / f"{strategy}.json")], timeout=240)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
+    # The memory split: every DDP rank holds the whole state; every FSDP rank half of it (within
+    # 5 %: dim-0 padding of shards), parameters, gradients and AdamW's moments each.
+    from conftest import load_record
+
+    splits = {s: load_record(tmp_path / f"{s}.json")["measurements"]["memory_split"] for s in ("ddp", "fsdp")}
+    for kind in ("parameters", "gradients", "optimizer_state"):
+        whole = splits["ddp"]["per_rank"][0][kind]
+        assert whole > 0 and all(rank[kind] == whole for rank in splits["ddp"]["per_rank"])
+        for rank in splits["fsdp"]["per_rank"]:
+            assert rank[kind] == pytest.approx(whole / 2, rel=0.05), (kind, rank, whole)
+    assert splits["fsdp"]["per_rank"][0]["activations"] is None and "not measured on the CPU" in splits["fsdp"]["activations_reason"]
     ddp = torch.load(sorted((tmp_path / "ddp").glob("step-*.pt"))[-1], weights_only=True)["model"]
     fsdp = _final_sharded_weights(tmp_path / "fsdp")
     assert fsdp.keys() == ddp.keys()
@@ -371,5 +382,33 @@ def test_trainer_pipeline_reaches_the_weights_of_one_process(tmp_path, schedule)
     expected = torch.load(sorted((tmp_path / "ref").glob("step-*.pt"))[-1], weights_only=True)["model"]
     actual = _pipeline_checkpoint_weights(tmp_path / "pp")
     assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
+    """SIGUSR1 stops a 2-rank FSDP run (batch 4 per rank); --resume on 4 ranks (batch 2 per
+    rank: the same global batch of 8) takes its DCP checkpoint (resharded 2 -> 4), finishes ok,
+    and ends at the weights of the 2-rank run never stopped (tolerance as above: only the order
+    of the sums differs; AdamW's moments, the data position and the schedule must all have come
+    back for the 40 steps after it to land there)."""
+    from conftest import load_record, torchrun
+    from test_distributed import _signal_last_rank_at_step_20
+
+    common = [*TRAINER_GPT, "--steps", "40", "--warmup-steps", "2", "--log-interval", "5", "--parallel", "fsdp"]
+    straight = torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    stopped_args = ["--checkpoint-dir", str(tmp_path / "stopped"), "--record", str(tmp_path / "r.json")]
+    _, output = _signal_last_rank_at_step_20([*common, *stopped_args], signal.SIGUSR1)
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "preempted", output[-2000:]
+    stopped = record["steps"]["completed"]
+    four = [arg if arg != "4" or previous != "--batch-size" else "2" for previous, arg in zip(["", *common], common)]
+    resumed = torchrun(4, [*four, *stopped_args, "--resume"], timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {tmp_path / 'stopped'}/step-{stopped:08d}.dcp" in resumed.stdout + resumed.stderr
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "ok" and record["parallel"]["world_size"] == 4 and record["batch"]["global"] == 8
+    expected, actual = _final_sharded_weights(tmp_path / "straight"), _final_sharded_weights(tmp_path / "stopped", world=4)
     for name, value in expected.items():
         torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)

@@ -166,6 +166,9 @@ def _precision_setup(precision: str) -> torch.dtype | None:
 class Trainer:
     _energy: _EnergyWindow | None = None  # the measured window's energy sampling (fit), paused outside training steps
     pipeline: parallel.Pipeline | None = None  # --parallel pp: this rank's stage and schedule (_build_pipeline)
+    # this rank's bytes of parameters, gradients and optimizer state, counted after the optimizer
+    # of this process's first step, before the gradients are freed (_memory_split)
+    state_bytes: dict[str, int] | None = None
 
     def __init__(self, config: TrainConfig, ctx: DistContext, stop: StopRequest, log: Any = print):
         self.config, self.ctx, self.stop, self.log = config, ctx, stop, log
@@ -375,9 +378,14 @@ class Trainer:
             raise ConfigError(str(error)) from None
 
     def _fingerprint(self) -> dict[str, Any]:
-        """What a checkpoint must share with this run to continue it exactly."""
+        """What a checkpoint must share with this run to continue it exactly.
+
+        A DTensor-sharded checkpoint (fsdp, tp, fsdp+tp: DCP stores global shapes and reshards on
+        load) continues on another world size: there the global batch must match, not the world
+        size and the per-rank batch. A single-file (ddp) checkpoint and a pipeline's (one
+        stage's blocks per rank: the cut depends on the world size) keep both."""
         c = self.config
-        return {
+        fingerprint = {
             "model": dataclasses.asdict(c.model),
             "data": c.data.data,
             "synthetic_samples": c.data.synthetic_samples,
@@ -390,6 +398,10 @@ class Trainer:
             "precision": c.perf.precision,
             "code": checkpoint.code_hash(),
         }
+        if self.mesh is not None and self.pipeline is None:
+            del fingerprint["batch_size"], fingerprint["world_size"]
+            fingerprint["global_batch"] = self.global_batch
+        return fingerprint
 
     def _resume(self) -> None:
         """Continue from the newest usable checkpoint; name every newer one passed over, so the
@@ -409,7 +421,10 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
-        checkpoint.set_rng_state(state["rng"][self.ctx.rank])
+        saved_rng = state["rng"]  # one per rank that wrote the checkpoint
+        if len(saved_rng) != self.ctx.world_size:  # a sharded checkpoint resumed on another world size
+            self.log(f"the checkpoint was written by {len(saved_rng)} ranks, this run has {self.ctx.world_size}: rank r takes rank r mod {len(saved_rng)}'s RNG state")
+        checkpoint.set_rng_state(saved_rng[self.ctx.rank % len(saved_rng)])
         self.resumed_from = state["path"]
         self.log(f"resumed from {state['path']} at step {self.progress.step}")
 
@@ -470,6 +485,8 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.optim.clip_grad_norm)
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if self.state_bytes is None:  # once: the sizes are the same every step (host-only arithmetic, no sync)
+                self.state_bytes = parallel.local_state_bytes(self.module, self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
             if marks is not None:
                 marks.optimizer_done()
@@ -840,6 +857,27 @@ class Trainer:
             )
         return figures
 
+    def _memory_split(self, ctx: DistContext) -> dict[str, Any]:
+        """Every rank's memory by kind: the bytes of parameters, gradients and optimizer state it
+        holds (local shards, or its pipeline stage; parallel.local_state_bytes, counted at its
+        first step), and on CUDA its activations:
+
+            activations = peak allocated - (parameters + gradients + optimizer state)
+
+        the state bytes being the same at every step, hence at the peak's. It includes what else
+        a step allocates beside activations (FSDP's gathered parameters, communication buffers).
+        A collective."""
+        peak = metrics.peak_memory(self.device)["allocated_bytes"]
+        state = self.state_bytes
+        activations = peak - sum(state.values()) if peak is not None and state is not None else None
+        per_rank = gather_objects(ctx, {**(state or {"parameters": None, "gradients": None, "optimizer_state": None}), "activations": activations})
+        reason = None
+        if self.device.type != "cuda":
+            reason = "not measured on the CPU: only the CUDA caching allocator reports a peak of allocated bytes (RSS counts the whole process)"
+        elif state is None:
+            reason = "not measured: this process took no step"
+        return {"per_rank": per_rank, "activations_reason": reason}
+
     def _probe_backward_buckets(self, steps: int) -> dict[str, Any]:
         """Forward, backward (with each DDP bucket's ready time) and optimizer of this run's own
         step, timed over ``steps`` steps after a warm-up step, eager and without gradient
@@ -930,6 +968,7 @@ class Trainer:
             },
             "exposed_communication": self.exposed_comm,
             "sharding": self._sharding_figures(ctx),
+            "memory_split": self._memory_split(ctx),
             "backward_buckets": self.bucket_profile,  # see scalerepro.buckets
             "nvml": nvml,
             "host_activity": {
