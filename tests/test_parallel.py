@@ -335,6 +335,8 @@ def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel
     assert result.returncode == 0, result.stderr[-3000:]
     record = load_record(tmp_path / "tp.json")
     assert record["batch"]["global"] == load_record(tmp_path / "ref.json")["batch"]["global"]
+    comm = record["measurements"]["sharding"]["comm_bytes_per_step_analytic"]
+    assert comm["tp_all_gather"] > comm["tp_reduce_scatter"] > 0 and ("dp_reduce_scatter" in comm) == (strategy == "fsdp+tp")
     expected = torch.load(sorted((tmp_path / "ref").glob("step-*.pt"))[-1], weights_only=True)["model"]
     actual = _final_sharded_weights(tmp_path / "tp", world=world, tensor_parallel=True)
     assert actual.keys() == expected.keys()
@@ -412,3 +414,21 @@ def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
     expected, actual = _final_sharded_weights(tmp_path / "straight"), _final_sharded_weights(tmp_path / "stopped", world=4)
     for name, value in expected.items():
         torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_tp_comm_volume_formula_by_hand():
+    """2 blocks, micro-batch 2, seq 4, hidden 8 (b T H = 64 elements), tp 2 (ring factor 1/2),
+    fp32, 1 micro-batch, LayerNorms of 32 parameters per block and 16 final: per block 4
+    all-gathers and 4 reduce-scatters of 64 x 4 bytes x 1/2 = 128 bytes each; outside the
+    blocks 2 all-gathers more; the norms' gradients all-reduced (2 x 1/2 of (2 x 32 + 16) x 4)."""
+    figures = parallel.tp_comm_bytes_per_step(2, 2, 4, 8, 2, 1, norm_parameters_per_block=32, final_norm_parameters=16)
+    assert figures == {"all_gather": (2 * 4 + 2) * 128, "reduce_scatter": 2 * 4 * 128, "all_reduce": (2 * 32 + 16) * 4}
+    # bf16 matmul outputs halve the row-parallel outputs' bytes; 3 micro-batches triple all
+    mixed = parallel.tp_comm_bytes_per_step(2, 2, 4, 8, 2, 3, matmul_bytes=2)
+    assert mixed["reduce_scatter"] == 3 * 2 * 2 * (4 + 2) * 64 * 0.5
+
+
+def test_pipeline_comm_volume_formula_by_hand():
+    """Global batch 8, seq 16, hidden 32, vocab 64, 2 stages, fp32 residual stream."""
+    figures = parallel.pipeline_comm_bytes_per_step(8, 16, 32, 64, 2)
+    assert figures == {"send_activations": 8 * 16 * 32 * 4, "send_gradients": 8 * 16 * 32 * 4, "tied_all_reduce": 64 * 32 * 4, "loss_broadcast": 4}

@@ -450,7 +450,54 @@ def pipeline_comm_bytes_per_step(batch: int, seq_len: int, hidden: int, vocab: i
     }
 
 
-def fsdp_comm_bytes_per_step(model: nn.Module, world: int, reshard_after_forward: bool, param_bytes: int, reduce_bytes: int, micro_batches: int) -> dict[str, float]:
+def tp_comm_bytes_per_step(
+    num_blocks: int, micro_batch: int, seq_len: int, hidden: int, tp: int, micro_batches: int,
+    norm_bytes: int = 4, matmul_bytes: int = 4, norm_parameters_per_block: int = 0, final_norm_parameters: int = 0,
+) -> dict[str, float]:
+    """Bytes each rank sends per optimizer step under tensor + sequence parallelism (the plan of
+    ``apply_tensor_parallel``, ring collectives over ``tp`` ranks), by collective, analytic.
+    Every block moves activations of shape (b, T, H) (b the micro-batch):
+
+        forward:  2 all-gathers (the norm outputs, sequence -> whole, before attention and MLP)
+                  2 reduce-scatters (the row-parallel outputs, partial sums -> sequence shards)
+        backward: the mirror: 2 reduce-scatters of the norm outputs' gradients, 2 all-gathers of
+                  the row-parallel outputs' gradients
+        outside the blocks: 1 all-gather of the final norm's output before the replicated LM
+                  head (forward), 1 all-gather of the gradient of the first block's input
+                  (backward: the replicated embeddings need it whole)
+        LayerNorm weights and biases (replicated, fed sequence shards): their gradients are
+                  all-reduced, per micro-batch
+
+        all_gather     = m x [ L x 2 (b_norm + b_mm) + 2 b_norm ] x b T H x (tp - 1) / tp
+        reduce_scatter = m x L x 2 (b_norm + b_mm) x b T H x (tp - 1) / tp
+        all_reduce     = m x (L x n_norm + n_final) x 4 x 2 (tp - 1) / tp
+
+    with m micro-batches, L blocks, b_norm the bytes per element of the norm outputs (float32:
+    autocast runs layer_norm in float32) and b_mm of the matmul outputs (the autocast dtype), the
+    two gathers outside the blocks taken as b_norm, n_norm the LayerNorm parameters per block."""
+    activation = micro_batch * seq_len * hidden
+    ring = (tp - 1) / tp
+    per_block = 2 * (norm_bytes + matmul_bytes) * activation * ring
+    return {
+        "all_gather": micro_batches * (num_blocks * per_block + 2 * norm_bytes * activation * ring),
+        "reduce_scatter": micro_batches * num_blocks * per_block,
+        "all_reduce": micro_batches * (num_blocks * norm_parameters_per_block + final_norm_parameters) * 4 * 2 * ring,
+    }
+
+
+def tp_local_numel(parameter: torch.Tensor) -> int:
+    """Elements of ``parameter`` per TP rank on a ("dp", "tp") mesh: what FSDP over "dp" gathers
+    and reduces of it (sharded over "tp": numel / tp; replicated over "tp": all of it)."""
+    placements = getattr(parameter, "placements", ())
+    if len(placements) == 2 and placements[1].is_shard():
+        return parameter.numel() // parameter.device_mesh.size(1)
+    return parameter.numel()
+
+
+def fsdp_comm_bytes_per_step(
+    model: nn.Module, world: int, reshard_after_forward: bool, param_bytes: int, reduce_bytes: int, micro_batches: int,
+    numel: Callable[[torch.Tensor], int] = torch.numel,
+) -> dict[str, float]:
     """Bytes each rank sends per optimizer step under FSDP2 (ring collectives), by collective,
     analytic from the parameter counts (global numel, so it can be called after sharding):
 
@@ -461,10 +508,12 @@ def fsdp_comm_bytes_per_step(model: nn.Module, world: int, reshard_after_forward
     the trainer does not skip gradient sync between micro-batches), N_blocks the parameters
     inside the transformer blocks (each block an FSDP unit, gathered again for backward when
     resharded after forward), N_root the rest (the root unit, never resharded after forward),
-    b the bytes per element (param_dtype for the gathers, reduce_dtype for the reduction)."""
+    b the bytes per element (param_dtype for the gathers, reduce_dtype for the reduction).
+    Under fsdp+tp, W is the "dp" size and ``numel`` is ``tp_local_numel``: FSDP moves each TP
+    rank's shard."""
     unique = {id(p): p for p in model.parameters()}.values()
-    total = sum(p.numel() for p in unique)
-    in_blocks = sum(p.numel() for p in {id(p): p for p in transformer_blocks(model).parameters()}.values())
+    total = sum(numel(p) for p in unique)
+    in_blocks = sum(numel(p) for p in {id(p): p for p in transformer_blocks(model).parameters()}.values())
     ring = (world - 1) / world
     gathered = in_blocks * (2 if reshard_after_forward else 1) + (total - in_blocks)
     return {

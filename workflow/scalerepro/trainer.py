@@ -850,11 +850,26 @@ class Trainer:
                 "microbatches": p.microbatches,
             }
             figures["pipeline_bubble_fraction"] = parallel.pipeline_bubble_fraction(ctx.world_size, p.microbatches)
-        else:
-            figures["comm_reason"] = (
-                f"not counted under --parallel {p.parallel}: the analytic volume is written for fsdp and pp only (TP's "
-                "activation all-gathers and reduce-scatters per block are not counted yet)"
-            )
+        else:  # tp, fsdp+tp: TP's activation collectives over "tp", plus FSDP's over "dp"
+            tp_size = self.mesh["tp"].size() if p.parallel == "fsdp+tp" else ctx.world_size
+            blocks = parallel.transformer_blocks(self.module)
+            first_block = next(iter(blocks.children()))
+            norms = [m for m in first_block.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm))]
+            final_norm = getattr(self.module, "final_norm", None) or getattr(self.module, "norm", None)
+            count = lambda modules: sum(q.numel() for m in modules for q in m.parameters())  # noqa: E731
+            tensor = parallel.tp_comm_bytes_per_step(
+                len(blocks), self.config.run.batch_size, self.spec.seq_len, self.spec.shape.hidden_size, tp_size,
+                self.config.optim.grad_accum_steps, norm_bytes=4, matmul_bytes=param_bytes,
+                norm_parameters_per_block=count(norms), final_norm_parameters=count([final_norm] if final_norm is not None else []),
+            )  # fmt: skip
+            figures["comm_bytes_per_step_analytic"] = {f"tp_{k}": v for k, v in tensor.items()}
+            if p.parallel == "fsdp+tp":
+                # FSDP over "dp" gathers and reduces each TP rank's shard of every parameter
+                data = parallel.fsdp_comm_bytes_per_step(
+                    self.module, self.mesh["dp"].size(), p.reshard_after_forward, param_bytes, 4,
+                    self.config.optim.grad_accum_steps, numel=parallel.tp_local_numel,
+                )  # fmt: skip
+                figures["comm_bytes_per_step_analytic"].update({f"dp_{k}": v for k, v in data.items()})
         return figures
 
     def _memory_split(self, ctx: DistContext) -> dict[str, Any]:
