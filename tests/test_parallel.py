@@ -206,12 +206,14 @@ def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
     assert all(loss == loss for loss in losses) and len(losses) == 2
 
 
-def test_trainer_names_a_strategy_it_does_not_run_yet(tmp_path):
+def test_trainer_refuses_what_a_pipeline_step_does_not_do(tmp_path):
     from conftest import python_train
 
-    result = python_train(["--model", "gpt2_small", "--num-layers", "1", "--hidden-size", "32", "--num-heads", "4", "--seq-len", "16", "--vocab-size", "64", "--num-workers", "0", "--parallel", "pp", "--steps", "2", "--warmup-steps", "0", "--record", str(tmp_path / "r.json")])
+    args = ["--model", "gpt2_small", "--num-layers", "2", "--hidden-size", "32", "--num-heads", "4", "--seq-len", "16", "--vocab-size", "64",
+            "--num-workers", "0", "--parallel", "pp", "--steps", "2", "--warmup-steps", "0", "--grad-accum-steps", "2", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    result = python_train(args)
     assert result.returncode != 0
-    assert "--parallel pp is built and tested in scalerepro.parallel but not wired into the trainer yet" in result.stderr
+    assert "--parallel pp does not support --grad-accum-steps: the pipeline's --microbatches are its gradient accumulation" in result.stderr
 
 
 def test_fsdp_comm_volume_formula_on_a_known_model():
@@ -258,7 +260,7 @@ def _final_sharded_weights(directory: Path, world: int = 2, tensor_parallel: boo
     if tensor_parallel:
         parallel.prepare_for_tensor_parallel(model)
     meta = sharded_checkpoint.load(newest, model)
-    assert meta["final"] and meta["fingerprint"]["world_size"] == world
+    assert meta["final"] and len(meta["rng"]) == world  # one RNG state per rank that wrote it
     return parallel.fuse_qkv({k: v.detach() for k, v in model.state_dict().items()})
 
 
@@ -273,6 +275,17 @@ def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
         result = torchrun(2, [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1", "--parallel", strategy,
                               "--checkpoint-dir", str(tmp_path / strategy), "--record", str(tmp_path / f"{strategy}.json")], timeout=240)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
+    # The memory split: every DDP rank holds the whole state; every FSDP rank half of it (within
+    # 5 %: dim-0 padding of shards), parameters, gradients and AdamW's moments each.
+    from conftest import load_record
+
+    splits = {s: load_record(tmp_path / f"{s}.json")["measurements"]["memory_split"] for s in ("ddp", "fsdp")}
+    for kind in ("parameters", "gradients", "optimizer_state"):
+        whole = splits["ddp"]["per_rank"][0][kind]
+        assert whole > 0 and all(rank[kind] == whole for rank in splits["ddp"]["per_rank"])
+        for rank in splits["fsdp"]["per_rank"]:
+            assert rank[kind] == pytest.approx(whole / 2, rel=0.05), (kind, rank, whole)
+    assert splits["fsdp"]["per_rank"][0]["activations"] is None and "not measured on the CPU" in splits["fsdp"]["activations_reason"]
     ddp = torch.load(sorted((tmp_path / "ddp").glob("step-*.pt"))[-1], weights_only=True)["model"]
     fsdp = _final_sharded_weights(tmp_path / "fsdp")
     assert fsdp.keys() == ddp.keys()
@@ -322,8 +335,100 @@ def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel
     assert result.returncode == 0, result.stderr[-3000:]
     record = load_record(tmp_path / "tp.json")
     assert record["batch"]["global"] == load_record(tmp_path / "ref.json")["batch"]["global"]
+    comm = record["measurements"]["sharding"]["comm_bytes_per_step_analytic"]
+    assert comm["tp_all_gather"] > comm["tp_reduce_scatter"] > 0 and ("dp_reduce_scatter" in comm) == (strategy == "fsdp+tp")
     expected = torch.load(sorted((tmp_path / "ref").glob("step-*.pt"))[-1], weights_only=True)["model"]
     actual = _final_sharded_weights(tmp_path / "tp", world=world, tensor_parallel=True)
     assert actual.keys() == expected.keys()
     for name, value in expected.items():
         torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def _pipeline_checkpoint_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The weights of the newest (pipeline) DCP checkpoint in ``directory``, read on one process
+    into a full GPT's names, each key into its own tensor: the first stage's embedding and the
+    last stage's tied copy (the LM head) are checked equal, bit for bit."""
+    import torch.distributed.checkpoint as dcp
+
+    from scalerepro import sharded_checkpoint
+
+    newest = sharded_checkpoint.list_checkpoints(directory)[0]
+    state = {k: torch.empty_like(v) for k, v in _trainer_gpt_module().state_dict().items()}
+    dcp.load({"model": state}, checkpoint_id=newest)
+    torch.testing.assert_close(state["lm_head.weight"], state["token_embedding.weight"], rtol=0, atol=0)
+    return state
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_trainer_pipeline_reaches_the_weights_of_one_process(tmp_path, schedule):
+    """python -m scalerepro.train --parallel pp on 2 gloo ranks (2 stages, 2 micro-batches per
+    step) against one process on the same global batch: ok record (samples counted once per
+    global batch, the loss the last stage's), and after 3 AdamW steps the same weights."""
+    from conftest import load_record, python_train, torchrun
+
+    common = [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1", "--log-interval", "1"]
+    reference = python_train([*common, "--checkpoint-dir", str(tmp_path / "ref"), "--record", str(tmp_path / "ref.json")])
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    pp = [*common, "--parallel", "pp", "--pp-schedule", schedule, "--microbatches", "2"]
+    result = torchrun(2, [*pp, "--checkpoint-dir", str(tmp_path / "pp"), "--record", str(tmp_path / "pp.json")], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record, expected_record = load_record(tmp_path / "pp.json"), load_record(tmp_path / "ref.json")
+    assert record["status"] == "ok" and record["batch"]["global"] == expected_record["batch"]["global"]
+    assert record["measurements"]["measured_samples"] == expected_record["measurements"]["measured_samples"]
+    sharding = record["measurements"]["sharding"]
+    assert sharding["pipeline_bubble_fraction"] == pytest.approx(1 / 3)  # (2 - 1) / (2 + 2 - 1)
+    assert sharding["pipeline"] == {"schedule": schedule, "stages": 2, "microbatches": 2}
+    # rank 0 is the first stage: a loss it did not get from the last would read 0 here
+    for ours, theirs in zip(record["loss_log"], expected_record["loss_log"], strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+    expected = torch.load(sorted((tmp_path / "ref").glob("step-*.pt"))[-1], weights_only=True)["model"]
+    actual = _pipeline_checkpoint_weights(tmp_path / "pp")
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
+    """SIGUSR1 stops a 2-rank FSDP run (batch 4 per rank); --resume on 4 ranks (batch 2 per
+    rank: the same global batch of 8) takes its DCP checkpoint (resharded 2 -> 4), finishes ok,
+    and ends at the weights of the 2-rank run never stopped (tolerance as above: only the order
+    of the sums differs; AdamW's moments, the data position and the schedule must all have come
+    back for the 40 steps after it to land there)."""
+    from conftest import load_record, torchrun
+    from test_distributed import _signal_last_rank_at_step_20
+
+    common = [*TRAINER_GPT, "--steps", "40", "--warmup-steps", "2", "--log-interval", "5", "--parallel", "fsdp"]
+    straight = torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    stopped_args = ["--checkpoint-dir", str(tmp_path / "stopped"), "--record", str(tmp_path / "r.json")]
+    _, output = _signal_last_rank_at_step_20([*common, *stopped_args], signal.SIGUSR1)
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "preempted", output[-2000:]
+    stopped = record["steps"]["completed"]
+    four = [arg if arg != "4" or previous != "--batch-size" else "2" for previous, arg in zip(["", *common], common)]
+    resumed = torchrun(4, [*four, *stopped_args, "--resume"], timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {tmp_path / 'stopped'}/step-{stopped:08d}.dcp" in resumed.stdout + resumed.stderr
+    record = load_record(tmp_path / "r.json")
+    assert record["status"] == "ok" and record["parallel"]["world_size"] == 4 and record["batch"]["global"] == 8
+    expected, actual = _final_sharded_weights(tmp_path / "straight"), _final_sharded_weights(tmp_path / "stopped", world=4)
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_tp_comm_volume_formula_by_hand():
+    """2 blocks, micro-batch 2, seq 4, hidden 8 (b T H = 64 elements), tp 2 (ring factor 1/2),
+    fp32, 1 micro-batch, LayerNorms of 32 parameters per block and 16 final: per block 4
+    all-gathers and 4 reduce-scatters of 64 x 4 bytes x 1/2 = 128 bytes each; outside the
+    blocks 2 all-gathers more; the norms' gradients all-reduced (2 x 1/2 of (2 x 32 + 16) x 4)."""
+    figures = parallel.tp_comm_bytes_per_step(2, 2, 4, 8, 2, 1, norm_parameters_per_block=32, final_norm_parameters=16)
+    assert figures == {"all_gather": (2 * 4 + 2) * 128, "reduce_scatter": 2 * 4 * 128, "all_reduce": (2 * 32 + 16) * 4}
+    # bf16 matmul outputs halve the row-parallel outputs' bytes; 3 micro-batches triple all
+    mixed = parallel.tp_comm_bytes_per_step(2, 2, 4, 8, 2, 3, matmul_bytes=2)
+    assert mixed["reduce_scatter"] == 3 * 2 * 2 * (4 + 2) * 64 * 0.5
+
+
+def test_pipeline_comm_volume_formula_by_hand():
+    """Global batch 8, seq 16, hidden 32, vocab 64, 2 stages, fp32 residual stream."""
+    figures = parallel.pipeline_comm_bytes_per_step(8, 16, 32, 64, 2)
+    assert figures == {"send_activations": 8 * 16 * 32 * 4, "send_gradients": 8 * 16 * 32 * 4, "tied_all_reduce": 64 * 32 * 4, "loss_broadcast": 4}

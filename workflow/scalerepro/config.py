@@ -118,8 +118,7 @@ class ParallelConfig:
     parallel: Literal["ddp", "fsdp", "tp", "fsdp+tp", "pp"] = _opt(
         "ddp",
         "parallel strategy (scalerepro.parallel): ddp (DistributedDataParallel), fsdp (FSDP2 per block), tp (tensor parallel), "
-        "fsdp+tp (2-D mesh, TP over --tp-size ranks), pp (pipeline stages; in scalerepro.parallel and its tests, not run by the "
-        "trainer yet)",
+        "fsdp+tp (2-D mesh, TP over --tp-size ranks), pp (GPT cut into one stage per rank, --pp-schedule over --microbatches)",
     )
     reshard_after_forward: bool = _opt(True, "FSDP: free gathered parameters after each block's forward (ZeRO-3-like); --no-: keep them for backward (ZeRO-2-like)")
     tp_size: int | None = _opt(None, "tensor-parallel ranks per group under --parallel fsdp+tp (default: the ranks of one node; under tp: all ranks)")

@@ -296,6 +296,8 @@ class GPTStage(nn.Module):
     def __init__(self, model: nn.Module, blocks: range, first: bool, last: bool) -> None:
         super().__init__()
         self.first, self.last = first, last
+        self.hidden_size = model.lm_head.in_features  # the width of what passes between stages
+        self.vocab_size = model.lm_head.out_features  # the rows of the tied embedding / head
         if first:
             self.token_embedding, self.position_embedding, self.dropout = model.token_embedding, model.position_embedding, model.dropout
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in blocks})
@@ -330,24 +332,52 @@ class GPTStage(nn.Module):
 class Pipeline:
     """This rank's stage and the schedule that runs it. ``step(inputs, targets)`` runs forward
     and backward over all micro-batches (gradients scaled to the mean over them) and returns the
-    mean loss on the last stage, None elsewhere."""
+    mean loss, computed on the last stage and broadcast to every stage (one scalar)."""
 
     stage_module: GPTStage
     schedule: object
     stage_index: int
     num_stages: int
     tied_group: dist.ProcessGroup | None
+    group: dist.ProcessGroup | None = None  # the pipeline's ranks, in stage order
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def _global_rank(self, stage: int) -> int:
+        return dist.get_global_rank(self.group, stage) if self.group is not None else stage
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
         if self.stage_index == 0:
             self.schedule.step(inputs, target=targets if self.num_stages == 1 else None, losses=losses)
-        elif self.stage_index == self.num_stages - 1:
+        elif self.is_last:
             self.schedule.step(target=targets, losses=losses)
         else:
             self.schedule.step()
         self.sync_tied_gradients()
-        return torch.stack(losses).mean() if losses else None
+        loss = torch.stack(losses).detach().mean() if losses else torch.zeros((), device=inputs.device)
+        if self.num_stages > 1:  # the loss exists on the last stage only: every stage reports it
+            dist.broadcast(loss, src=self._global_rank(self.num_stages - 1), group=self.group)
+        return loss
+
+    @torch.no_grad()
+    def forward_only(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """The model's output (logits) for ``inputs`` on the last stage, None elsewhere: each
+        stage receives its input from the one before (float32, shape (batch, seq, hidden), known
+        to every rank since all read the same batch) and sends its output on. For evaluation, of
+        any batch size (the schedule's buffers are fixed to the training micro-batch)."""
+        x = inputs
+        device = next(self.stage_module.parameters()).device
+        if self.stage_index > 0:
+            x = torch.empty((*inputs.shape, self.stage_module.hidden_size), dtype=torch.float32, device=device)
+            dist.recv(x, src=self._global_rank(self.stage_index - 1), group=self.group)
+        x = self.stage_module(x)
+        if not self.is_last:
+            dist.send(x.float().contiguous(), dst=self._global_rank(self.stage_index + 1), group=self.group)
+            return None
+        return x
 
     def sync_tied_gradients(self) -> None:
         """grad(tied weight) = grad through the embedding + grad through the LM head."""
@@ -387,7 +417,7 @@ def build_pipeline(
         tied_group = dist.new_group([ranks[0], ranks[-1]])
         if stage_index not in (0, num_stages - 1):
             tied_group = None
-    return Pipeline(stage_module, runner, stage_index, num_stages, tied_group)
+    return Pipeline(stage_module, runner, stage_index, num_stages, tied_group, group if num_stages > 1 else None)
 
 
 def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
@@ -397,7 +427,77 @@ def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
-def fsdp_comm_bytes_per_step(model: nn.Module, world: int, reshard_after_forward: bool, param_bytes: int, reduce_bytes: int, micro_batches: int) -> dict[str, float]:
+def pipeline_comm_bytes_per_step(batch: int, seq_len: int, hidden: int, vocab: int, stages: int, activation_bytes: int = 4) -> dict[str, float]:
+    """Bytes the busiest rank sends per optimizer step under --parallel pp (point-to-point),
+    by kind, analytic:
+
+        send_activations = B x T x H x b   (every stage but the last: m micro-batches of B/m rows)
+        send_gradients   = B x T x H x b   (every stage but the first: the inputs' gradients back)
+        tied_all_reduce  = V x H x 4 x 2 (S - 1) / S with S = 2   (the tied embedding/head gradient
+                           summed between the first and last stage, fp32; 0 when they are one rank)
+        loss_broadcast   = 4               (the step's mean loss from the last stage to the others)
+
+    B the global batch, T the sequence, H the hidden size, b the bytes per element of the
+    residual stream between stages (float32 under bf16 autocast too: the embeddings are float32
+    and the residual additions promote). The figures are per kind the largest over ranks (a middle
+    stage sends both activations and gradients; the first and last also the tied gradient)."""
+    boundary = batch * seq_len * hidden * activation_bytes
+    return {
+        "send_activations": float(boundary if stages > 1 else 0),
+        "send_gradients": float(boundary if stages > 1 else 0),
+        "tied_all_reduce": float(vocab * hidden * 4 if stages > 1 else 0),
+        "loss_broadcast": float(4 if stages > 1 else 0),
+    }
+
+
+def tp_comm_bytes_per_step(
+    num_blocks: int, micro_batch: int, seq_len: int, hidden: int, tp: int, micro_batches: int,
+    norm_bytes: int = 4, matmul_bytes: int = 4, norm_parameters_per_block: int = 0, final_norm_parameters: int = 0,
+) -> dict[str, float]:
+    """Bytes each rank sends per optimizer step under tensor + sequence parallelism (the plan of
+    ``apply_tensor_parallel``, ring collectives over ``tp`` ranks), by collective, analytic.
+    Every block moves activations of shape (b, T, H) (b the micro-batch):
+
+        forward:  2 all-gathers (the norm outputs, sequence -> whole, before attention and MLP)
+                  2 reduce-scatters (the row-parallel outputs, partial sums -> sequence shards)
+        backward: the mirror: 2 reduce-scatters of the norm outputs' gradients, 2 all-gathers of
+                  the row-parallel outputs' gradients
+        outside the blocks: 1 all-gather of the final norm's output before the replicated LM
+                  head (forward), 1 all-gather of the gradient of the first block's input
+                  (backward: the replicated embeddings need it whole)
+        LayerNorm weights and biases (replicated, fed sequence shards): their gradients are
+                  all-reduced, per micro-batch
+
+        all_gather     = m x [ L x 2 (b_norm + b_mm) + 2 b_norm ] x b T H x (tp - 1) / tp
+        reduce_scatter = m x L x 2 (b_norm + b_mm) x b T H x (tp - 1) / tp
+        all_reduce     = m x (L x n_norm + n_final) x 4 x 2 (tp - 1) / tp
+
+    with m micro-batches, L blocks, b_norm the bytes per element of the norm outputs (float32:
+    autocast runs layer_norm in float32) and b_mm of the matmul outputs (the autocast dtype), the
+    two gathers outside the blocks taken as b_norm, n_norm the LayerNorm parameters per block."""
+    activation = micro_batch * seq_len * hidden
+    ring = (tp - 1) / tp
+    per_block = 2 * (norm_bytes + matmul_bytes) * activation * ring
+    return {
+        "all_gather": micro_batches * (num_blocks * per_block + 2 * norm_bytes * activation * ring),
+        "reduce_scatter": micro_batches * num_blocks * per_block,
+        "all_reduce": micro_batches * (num_blocks * norm_parameters_per_block + final_norm_parameters) * 4 * 2 * ring,
+    }
+
+
+def tp_local_numel(parameter: torch.Tensor) -> int:
+    """Elements of ``parameter`` per TP rank on a ("dp", "tp") mesh: what FSDP over "dp" gathers
+    and reduces of it (sharded over "tp": numel / tp; replicated over "tp": all of it)."""
+    placements = getattr(parameter, "placements", ())
+    if len(placements) == 2 and placements[1].is_shard():
+        return parameter.numel() // parameter.device_mesh.size(1)
+    return parameter.numel()
+
+
+def fsdp_comm_bytes_per_step(
+    model: nn.Module, world: int, reshard_after_forward: bool, param_bytes: int, reduce_bytes: int, micro_batches: int,
+    numel: Callable[[torch.Tensor], int] = torch.numel,
+) -> dict[str, float]:
     """Bytes each rank sends per optimizer step under FSDP2 (ring collectives), by collective,
     analytic from the parameter counts (global numel, so it can be called after sharding):
 
@@ -408,10 +508,12 @@ def fsdp_comm_bytes_per_step(model: nn.Module, world: int, reshard_after_forward
     the trainer does not skip gradient sync between micro-batches), N_blocks the parameters
     inside the transformer blocks (each block an FSDP unit, gathered again for backward when
     resharded after forward), N_root the rest (the root unit, never resharded after forward),
-    b the bytes per element (param_dtype for the gathers, reduce_dtype for the reduction)."""
+    b the bytes per element (param_dtype for the gathers, reduce_dtype for the reduction).
+    Under fsdp+tp, W is the "dp" size and ``numel`` is ``tp_local_numel``: FSDP moves each TP
+    rank's shard."""
     unique = {id(p): p for p in model.parameters()}.values()
-    total = sum(p.numel() for p in unique)
-    in_blocks = sum(p.numel() for p in {id(p): p for p in transformer_blocks(model).parameters()}.values())
+    total = sum(numel(p) for p in unique)
+    in_blocks = sum(numel(p) for p in {id(p): p for p in transformer_blocks(model).parameters()}.values())
     ring = (world - 1) / world
     gathered = in_blocks * (2 if reshard_after_forward else 1) + (total - in_blocks)
     return {

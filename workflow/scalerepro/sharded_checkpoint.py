@@ -2,8 +2,8 @@
 writing its own shards, beside ``checkpoint.py``'s single-file checkpoints of DDP runs.
 
 A checkpoint is a directory ``step-00001234.dcp``: the DCP files of the model and optimizer
-(``get_state_dict``: the optimizer state keyed by parameter names, so it loads into any
-sharding) and ``meta.pt``, written by rank 0, holding the rest of a checkpoint as
+(``get_state_dict``: the optimizer state keyed by parameter names, flattened, so it loads into
+any sharding, and a pipeline stage's into that stage) and ``meta.pt``, written by rank 0, holding the rest of a checkpoint as
 ``checkpoint.py`` has it (step, scheduler, scaler, progress, RNG states, the fingerprint with
 the trainer's code hash, the format number). Whether it can continue a run is decided by the same
 ``checkpoint.unusable_reason`` on ``meta.pt``.
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from .checkpoint import FORMAT_VERSION, unusable_reason
 from .files import atomic_file
@@ -38,6 +38,12 @@ META_FILE = "meta.pt"
 # Stands in meta.pt for the model and optimizer states, which are in the DCP files beside it
 # (checkpoint.unusable_reason requires the keys to exist).
 IN_DCP_FILES = "sharded: in this directory's DCP files"
+# The optimizer state flattened to one key per parameter and setting ("state.<fqn>.exp_avg",
+# "param_groups.<fqn>.lr"), as torchtitan does: every key belongs to the parameter it describes,
+# so a pipeline stage saves and loads its own parameters' entries only. (Unflattened, the
+# "param_groups" list would be one key on every rank holding different parameter names, and DCP
+# keeps one rank's copy of a key present on several.)
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def path_for(directory: Path, step: int) -> Path:
@@ -66,7 +72,7 @@ def save(target: str | os.PathLike[str], model: torch.nn.Module, optimizer: torc
         shutil.rmtree(temporary, ignore_errors=True)  # a crashed earlier attempt
         temporary.mkdir(parents=True)
     _barrier()
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=temporary)
     if _is_main():
         with atomic_file(temporary / META_FILE) as stream:
@@ -94,10 +100,10 @@ def load(directory: str | os.PathLike[str], model: torch.nn.Module, optimizer: t
         dcp.load(state, checkpoint_id=Path(directory))
         set_model_state_dict(model, state["model"])
     else:
-        model_state, optimizer_state = get_state_dict(model, optimizer)
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
         state = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(state, checkpoint_id=Path(directory))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=OPTIONS)
     return read_meta(directory)
 
 

@@ -27,7 +27,7 @@ from . import buckets, checkpoint, data, distributed, hardware, hostload, metric
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, idle_power, nvml_uuid_for_torch_device, unavailable_summary
-from .objective import ModelWithLoss
+from .objective import ModelWithLoss, cross_entropy
 
 DEFAULT_STEPS = 100
 
@@ -165,6 +165,10 @@ def _precision_setup(precision: str) -> torch.dtype | None:
 
 class Trainer:
     _energy: _EnergyWindow | None = None  # the measured window's energy sampling (fit), paused outside training steps
+    pipeline: parallel.Pipeline | None = None  # --parallel pp: this rank's stage and schedule (_build_pipeline)
+    # this rank's bytes of parameters, gradients and optimizer state, counted after the optimizer
+    # of this process's first step, before the gradients are freed (_memory_split)
+    state_bytes: dict[str, int] | None = None
 
     def __init__(self, config: TrainConfig, ctx: DistContext, stop: StopRequest, log: Any = print):
         self.config, self.ctx, self.stop, self.log = config, ctx, stop, log
@@ -296,8 +300,8 @@ class Trainer:
         return self.config.perf.channels_last and self.spec.task == "image_classification"
 
     def _parallelize(self, config: TrainConfig, ctx: DistContext) -> Any:
-        """The device mesh of --parallel fsdp, tp or fsdp+tp (None under ddp), with the model
-        sharded on it; activation checkpointing under any strategy. pp is not run by this loop."""
+        """The device mesh of --parallel fsdp, tp, fsdp+tp or pp (None under ddp), with the model
+        sharded on it (pp: cut into stages); activation checkpointing under any strategy."""
         p = config.parallel
         try:
             if p.parallel == "ddp":
@@ -305,10 +309,7 @@ class Trainer:
                     parallel.apply_activation_checkpointing(self.module, p.activation_checkpointing)
                 return None
             if p.parallel == "pp":
-                raise ConfigError(
-                    "--parallel pp is built and tested in scalerepro.parallel but not wired into the trainer yet (its step is "
-                    "a pipeline schedule): use --parallel fsdp, tp, fsdp+tp or ddp"
-                )
+                return self._build_pipeline(config, ctx)
             if p.parallel == "tp" and config.optim.optimizer_impl != "for-loop":
                 # Under TP alone the replicated embeddings and head stay plain tensors beside the
                 # blocks' DTensors, and a foreach or fused kernel cannot take both in one list
@@ -330,6 +331,34 @@ class Trainer:
         except parallel.ParallelError as error:
             raise ConfigError(str(error)) from None
 
+    def _build_pipeline(self, config: TrainConfig, ctx: DistContext) -> Any:
+        """--parallel pp: this rank's stage of GPT (``self.module`` becomes the stage, so the
+        optimizer, checkpoints and byte counts see this stage's parameters only) and its schedule
+        (``self.pipeline``). What the pipeline step does not do is refused here, one line each."""
+        p, run = config.parallel, config.run
+        refusals = {
+            "--grad-accum-steps": (config.optim.grad_accum_steps != 1, "the pipeline's --microbatches are its gradient accumulation: use --microbatches instead"),
+            "--clip-grad-norm": (config.optim.clip_grad_norm > 0, "the global norm would need the stages' norms combined, which is not done: leave it 0"),
+            "--precision fp16": (config.perf.precision == "fp16", "the schedule's backward does not take GradScaler's scaled loss: use --precision bf16"),
+            "--compile": (config.perf.compile != "none", "the stages are run eagerly by the schedule: leave --compile off"),
+        }
+        for flag, (refused, fix) in refusals.items():
+            if refused:
+                raise ConfigError(f"--parallel pp does not support {flag}: {fix}")
+        if run.batch_size % p.microbatches:
+            raise ConfigError(f"--batch-size {run.batch_size} does not split into --microbatches {p.microbatches}: make it a multiple")
+        if not ctx.distributed:
+            raise ConfigError("--parallel pp needs at least 2 ranks (launch with scalerepro.launch or torchrun)")
+        parallel.apply_activation_checkpointing(self.module, p.activation_checkpointing)
+        mesh = parallel.build_mesh("pp", ctx.world_size, self.device.type)
+        label_smoothing = config.optim.label_smoothing
+        self.pipeline = parallel.build_pipeline(
+            self.module, mesh, p.pp_schedule, p.microbatches,
+            lambda logits, targets: cross_entropy(logits, targets, label_smoothing), self.device,
+        )  # fmt: skip
+        self.module = self.pipeline.stage_module
+        return mesh
+
     def _resolve_model(self) -> models.ModelSpec:
         """The model spec from the flags; CIFAR-10 data fixes 32x32 images and 10 classes."""
         m = self.config.model
@@ -349,9 +378,14 @@ class Trainer:
             raise ConfigError(str(error)) from None
 
     def _fingerprint(self) -> dict[str, Any]:
-        """What a checkpoint must share with this run to continue it exactly."""
+        """What a checkpoint must share with this run to continue it exactly.
+
+        A DTensor-sharded checkpoint (fsdp, tp, fsdp+tp: DCP stores global shapes and reshards on
+        load) continues on another world size: there the global batch must match, not the world
+        size and the per-rank batch. A single-file (ddp) checkpoint and a pipeline's (one
+        stage's blocks per rank: the cut depends on the world size) keep both."""
         c = self.config
-        return {
+        fingerprint = {
             "model": dataclasses.asdict(c.model),
             "data": c.data.data,
             "synthetic_samples": c.data.synthetic_samples,
@@ -364,6 +398,10 @@ class Trainer:
             "precision": c.perf.precision,
             "code": checkpoint.code_hash(),
         }
+        if self.mesh is not None and self.pipeline is None:
+            del fingerprint["batch_size"], fingerprint["world_size"]
+            fingerprint["global_batch"] = self.global_batch
+        return fingerprint
 
     def _resume(self) -> None:
         """Continue from the newest usable checkpoint; name every newer one passed over, so the
@@ -383,7 +421,10 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
-        checkpoint.set_rng_state(state["rng"][self.ctx.rank])
+        saved_rng = state["rng"]  # one per rank that wrote the checkpoint
+        if len(saved_rng) != self.ctx.world_size:  # a sharded checkpoint resumed on another world size
+            self.log(f"the checkpoint was written by {len(saved_rng)} ranks, this run has {self.ctx.world_size}: rank r takes rank r mod {len(saved_rng)}'s RNG state")
+        checkpoint.set_rng_state(saved_rng[self.ctx.rank % len(saved_rng)])
         self.resumed_from = state["path"]
         self.log(f"resumed from {state['path']} at step {self.progress.step}")
 
@@ -420,6 +461,11 @@ class Trainer:
             with profiling.annotate("data"):
                 inputs, targets = next(micro_batches)
             self.timer.add_data_wait(time.perf_counter() - waited)  # the step's own: window_stats sums the measured ones
+            if self.pipeline is not None:  # --parallel pp: the schedule runs forward and backward of all
+                # --microbatches (accumulation is refused under pp: one loader batch per step)
+                with self._autocast(), profiling.annotate("pipeline"):
+                    total += self.pipeline.step(*inputs, targets)  # the loss, broadcast from the last stage
+                continue
             if marks is not None:
                 marks.micro_batch_started()
             skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
@@ -439,6 +485,8 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.optim.clip_grad_norm)
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if self.state_bytes is None:  # once: the sizes are the same every step (host-only arithmetic, no sync)
+                self.state_bytes = parallel.local_state_bytes(self.module, self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
             if marks is not None:
                 marks.optimizer_done()
@@ -618,7 +666,10 @@ class Trainer:
         batch_size = self.config.run.eval_batch_size or self.config.run.batch_size
         for inputs, targets in data.eval_batches(self.eval_source.to(self.device), batch_size, self.dp_size, self.dp_rank, self.device, self._channels_last):
             with self._autocast():
-                logits = self.module(*inputs)
+                # --parallel pp: the logits exist on the last stage, whose figures alone are counted
+                logits = self.module(*inputs) if self.pipeline is None else self.pipeline.forward_only(*inputs)
+            if logits is None:
+                continue
             logits, targets = logits.flatten(0, -2).float(), targets.flatten()
             totals[0] += F.cross_entropy(logits, targets, reduction="sum")
             totals[1] += (logits.argmax(dim=-1) == targets).sum()
@@ -765,28 +816,82 @@ class Trainer:
         }
 
     def _sharding_figures(self, ctx: DistContext) -> dict[str, Any] | None:
-        """Under --parallel fsdp, tp, fsdp+tp: the mesh, the bytes of parameters and optimizer state each rank
-        holds at the end (local shards; gradients are freed by then), and the analytic bytes
-        sent per step by collective (parallel.fsdp_comm_bytes_per_step, formula there)."""
+        """Under --parallel fsdp, tp, fsdp+tp, pp: the mesh, the bytes of parameters and optimizer
+        state each rank holds at the end (local shards, or this rank's stage; gradients are freed
+        by then), and the analytic bytes sent per step by collective (formulas in
+        scalerepro.parallel); under pp also the schedule and its bubble fraction."""
         if self.mesh is None:
             return None
         p = self.config.parallel
         held = gather_objects(ctx, parallel.local_state_bytes(self.module, self.optimizer))
         param_bytes = 2 if self.config.perf.precision == "bf16" else 4  # MixedPrecisionPolicy param_dtype
-        return {
+        figures: dict[str, Any] = {
             "strategy": p.parallel,
             "mesh": {"shape": list(self.mesh.shape), "dims": list(self.mesh.mesh_dim_names or ())},
-            "reshard_after_forward": p.reshard_after_forward,
+            "reshard_after_forward": p.reshard_after_forward if p.parallel in ("fsdp", "fsdp+tp") else None,
             "state_bytes_per_rank_max": max(sum(h.values()) for h in held),
             "state_bytes_per_rank_min": min(sum(h.values()) for h in held),
-            "comm_bytes_per_step_analytic": parallel.fsdp_comm_bytes_per_step(
+            "comm_bytes_per_step_analytic": None,
+            "comm_reason": None,
+        }
+        if p.parallel == "fsdp":
+            figures["comm_bytes_per_step_analytic"] = parallel.fsdp_comm_bytes_per_step(
                 self.module, ctx.world_size, p.reshard_after_forward, param_bytes, 4, self.config.optim.grad_accum_steps
-            ) if p.parallel == "fsdp" else None,
-            "comm_reason": None if p.parallel == "fsdp" else (
-                f"not counted under --parallel {p.parallel}: the analytic volume is written for fsdp only (TP's activation "
-                "all-gathers and reduce-scatters per block are not counted yet)"
-            ),
-        }  # fmt: skip
+            )
+        elif p.parallel == "pp":
+            stage = self.pipeline.stage_module
+            figures["comm_bytes_per_step_analytic"] = parallel.pipeline_comm_bytes_per_step(
+                self.global_batch, self.spec.seq_len, stage.hidden_size, stage.vocab_size, ctx.world_size
+            )
+            # bubble = (p - 1) / (m + p - 1): the idle fraction of GPipe and of 1F1B alike
+            figures["pipeline"] = {
+                "schedule": p.pp_schedule,
+                "stages": ctx.world_size,
+                "microbatches": p.microbatches,
+            }
+            figures["pipeline_bubble_fraction"] = parallel.pipeline_bubble_fraction(ctx.world_size, p.microbatches)
+        else:  # tp, fsdp+tp: TP's activation collectives over "tp", plus FSDP's over "dp"
+            tp_size = self.mesh["tp"].size() if p.parallel == "fsdp+tp" else ctx.world_size
+            blocks = parallel.transformer_blocks(self.module)
+            first_block = next(iter(blocks.children()))
+            norms = [m for m in first_block.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm))]
+            final_norm = getattr(self.module, "final_norm", None) or getattr(self.module, "norm", None)
+            count = lambda modules: sum(q.numel() for m in modules for q in m.parameters())  # noqa: E731
+            tensor = parallel.tp_comm_bytes_per_step(
+                len(blocks), self.config.run.batch_size, self.spec.seq_len, self.spec.shape.hidden_size, tp_size,
+                self.config.optim.grad_accum_steps, norm_bytes=4, matmul_bytes=param_bytes,
+                norm_parameters_per_block=count(norms), final_norm_parameters=count([final_norm] if final_norm is not None else []),
+            )  # fmt: skip
+            figures["comm_bytes_per_step_analytic"] = {f"tp_{k}": v for k, v in tensor.items()}
+            if p.parallel == "fsdp+tp":
+                # FSDP over "dp" gathers and reduces each TP rank's shard of every parameter
+                data = parallel.fsdp_comm_bytes_per_step(
+                    self.module, self.mesh["dp"].size(), p.reshard_after_forward, param_bytes, 4,
+                    self.config.optim.grad_accum_steps, numel=parallel.tp_local_numel,
+                )  # fmt: skip
+                figures["comm_bytes_per_step_analytic"].update({f"dp_{k}": v for k, v in data.items()})
+        return figures
+
+    def _memory_split(self, ctx: DistContext) -> dict[str, Any]:
+        """Every rank's memory by kind: the bytes of parameters, gradients and optimizer state it
+        holds (local shards, or its pipeline stage; parallel.local_state_bytes, counted at its
+        first step), and on CUDA its activations:
+
+            activations = peak allocated - (parameters + gradients + optimizer state)
+
+        the state bytes being the same at every step, hence at the peak's. It includes what else
+        a step allocates beside activations (FSDP's gathered parameters, communication buffers).
+        A collective."""
+        peak = metrics.peak_memory(self.device)["allocated_bytes"]
+        state = self.state_bytes
+        activations = peak - sum(state.values()) if peak is not None and state is not None else None
+        per_rank = gather_objects(ctx, {**(state or {"parameters": None, "gradients": None, "optimizer_state": None}), "activations": activations})
+        reason = None
+        if self.device.type != "cuda":
+            reason = "not measured on the CPU: only the CUDA caching allocator reports a peak of allocated bytes (RSS counts the whole process)"
+        elif state is None:
+            reason = "not measured: this process took no step"
+        return {"per_rank": per_rank, "activations_reason": reason}
 
     def _probe_backward_buckets(self, steps: int) -> dict[str, Any]:
         """Forward, backward (with each DDP bucket's ready time) and optimizer of this run's own
@@ -878,6 +983,7 @@ class Trainer:
             },
             "exposed_communication": self.exposed_comm,
             "sharding": self._sharding_figures(ctx),
+            "memory_split": self._memory_split(ctx),
             "backward_buckets": self.bucket_profile,  # see scalerepro.buckets
             "nvml": nvml,
             "host_activity": {
