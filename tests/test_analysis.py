@@ -724,3 +724,21 @@ def test_a_new_check_is_one_config_entry_evaluated_and_listed_in_the_report(gpu,
     page = report.render(tmp_path, None, None, None, None, REPO / "report")
     summary = page.split('id="checks"')[1].split('id="headline"')[0]
     assert "strong_throughput" in summary and html.escape(added["target"]) in summary and added["value"] in summary
+
+
+@pytest.mark.parametrize(
+    ("name", "strategy", "sent", "bubble"),
+    [("gpt2_tiny_tp2", "tp", 524288 + 393216 + 2560, None), ("gpt2_tiny_pp2", "pp", 3 * 131072 + 4, 0.2)],
+)
+def test_records_the_trainer_wrote_under_tp_and_pp_read_into_their_sharding_figures(name, strategy, sent, bubble):
+    """Records written by `python -m scalerepro.train --parallel tp|pp` on 2 gloo ranks (a tiny
+    GPT, tests/fixtures/records): each strategy names its collectives differently, and the
+    communication per step is their sum."""
+    from scalerepro.analysis import aggregate
+
+    fields, _, _ = aggregate.read_record(name, str(Path(__file__).parent / "fixtures/records" / f"{name}.json"))
+    assert fields["status"] == "ok" and fields["parallel_recorded"] == strategy and fields["mesh"] == f"2 ({strategy})"
+    assert fields["comm_bytes_per_step"] == sent and fields["comm_by_collective"].count(" B") >= 3
+    assert fields["pipeline_bubble_fraction"] == bubble
+    assert fields["params_bytes_per_rank"] > 0 and fields["optimizer_bytes_per_rank"] == 2 * fields["params_bytes_per_rank"]
+    assert fields["activations_bytes_per_rank"] is None and "not measured on the CPU" in fields["activations_reason"]

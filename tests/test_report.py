@@ -757,16 +757,19 @@ def test_the_parallelism_section_compares_the_strategies_and_names_what_is_not_m
     page = report.render(tmp_path / "tables", None, None, config, REFERENCES, TEMPLATES)
     part = _parallelism_html(page)
     assert f'<span class="secno">{report.section_numbers()["parallelism"]}</span> Parallelism strategies' in part
-    body = part.split("<tbody>")[1].split("</tbody>")[0]
-    strategies = re.findall(r"<code>(ddp|fsdp|tp|fsdp\+tp)</code>", body)
-    assert strategies == ["ddp", "fsdp", "tp", "fsdp+tp"]  # one row each, in the study's order
+    throughput, memory = (table.split("</tbody>")[0] for table in part.split("<tbody>")[1:3])
+    body = throughput + memory
+    for table in (throughput, memory):
+        strategies = re.findall(r"<code>(ddp|fsdp|tp|fsdp\+tp)</code>", table)
+        assert strategies == ["ddp", "fsdp", "tp", "fsdp+tp"]  # one row each, in the study's order
     assert "2 / 2" in body and "2 / 3" in body  # n of each cell: fsdp counts 2 of its 3 repeats
     assert "40 – 44" in body and f"{42 * TOKENS:,}" in body and f"{42 * TOKENS // 2:,}" in body  # interval, tokens/s, per GPU
-    assert "762.9 MiB" in body  # fsdp: 500 MB all-gather + 300 MB reduce-scatter per step
+    assert "762.9 MiB" in memory  # fsdp: 500 MB all-gather + 300 MB reduce-scatter per step
+    assert "all_gather 500,000,000 B; reduce_scatter 300,000,000 B" in memory
     assert "not measured: communication per step (not counted under --parallel tp" in body
     assert "not measured: no completed repeat of 1 planned" in body  # the failed fsdp+tp cell
     text = " ".join(part.split())
-    assert "the largest model that fits in a GPU's memory" in text and "does not run <code>--parallel pp</code> yet" in text
+    assert "the largest model that fits in a GPU's memory" in text and "the exposed share of communication" in text
     assert ("This is a CPU study" in text) == (device_type == "cpu")
     if device_type == "cpu":
         assert "not the strategies' speed" in text and "not measured: MFU (no GPU" in body

@@ -67,9 +67,13 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
     parallel_recorded the strategy the record ran (measurements.sharding.strategy; ddp where the
                       entry is null; a completed run that names another than the plan does not count)
     mesh, reshard_after_forward, state_bytes_per_rank_max, state_bytes_per_rank_min (parameters +
-                      optimizer state held by a rank at the end), comm_all_gather_bytes_per_step,
-                      comm_reduce_scatter_bytes_per_step (analytic, bytes each rank sends per step;
-                      fsdp only), comm_reason    measurements.sharding of a sharded run, empty under ddp
+                      optimizer state held by a rank at the end), comm_bytes_per_step (analytic, bytes
+                      each rank sends per optimizer step, summed over its collectives), comm_by_collective
+                      (the same by collective, as text), comm_reason, pipeline_bubble_fraction (pp:
+                      (p-1)/(m+p-1))    measurements.sharding of a sharded run, empty under ddp
+    params_bytes_per_rank, grads_bytes_per_rank, optimizer_bytes_per_rank, activations_bytes_per_rank,
+    activations_reason    measurements.memory_split: each the largest over the ranks (activations =
+                      CUDA peak allocated - the model state; not measured on a CPU, the reason says why)
 epochs.csv -- one row per history entry of every record: run_id, epoch, step, complete
     (false for a partial last epoch), train_loss, eval_loss, eval_accuracy.
 loss_log.csv -- one row per logged step of every record: run_id, step, loss, samples_per_s.
@@ -92,8 +96,8 @@ parallelism.csv -- one row per (model, gpus, strategy) of the ``parallelism`` st
     throughput's median, min, max, CV, interval and noisy flag (as scaling.csv),
     tokens_per_s_median with tokens_per_s_ci_low/high, tokens_per_s_per_gpu (= tokens/s / gpus),
     mfu, peak_memory_bytes (a GPU's peak, the largest over ranks), peak_memory_kind, mesh,
-    reshard_after_forward, state_bytes_per_rank_max/min, comm_all_gather_bytes_per_step,
-    comm_reduce_scatter_bytes_per_step, comm_bytes_per_step (= all-gather + reduce-scatter),
+    reshard_after_forward, state_bytes_per_rank_max/min, comm_bytes_per_step, comm_by_collective,
+    pipeline_bubble_fraction, the memory split per rank (params, grads, optimizer, activations),
     all medians over the counted repeats; device_name, cell (names the row in a check), note
     ("not measured: <figure> (<why>)" for each empty figure).
 communication.csv -- one row per (gpus, size_bytes): gpus, size_bytes, nodes, backend,
@@ -199,15 +203,16 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     # sharded runs (--parallel fsdp, tp, fsdp+tp): measurements.sharding, null under ddp
     "state_bytes_per_rank_max": ("measurements", "sharding", "state_bytes_per_rank_max"),
     "state_bytes_per_rank_min": ("measurements", "sharding", "state_bytes_per_rank_min"),
-    "comm_all_gather_bytes_per_step": ("measurements", "sharding", "comm_bytes_per_step_analytic", "all_gather"),
-    "comm_reduce_scatter_bytes_per_step": ("measurements", "sharding", "comm_bytes_per_step_analytic", "reduce_scatter"),
     "comm_reason": ("measurements", "sharding", "comm_reason"),
+    "pipeline_bubble_fraction": ("measurements", "sharding", "pipeline_bubble_fraction"),
+    "activations_reason": ("measurements", "memory_split", "activations_reason"),
     "reshard_after_forward": ("measurements", "sharding", "reshard_after_forward"),
 }
 # The columns read_record gives: those above and the ones it derives.
 RECORD_COLUMNS = (
     "run_id", *RECORD_FIELDS, "error", "peak_memory_bytes", "peak_memory_kind", "final_train_loss", "final_eval_loss",
-    "final_eval_accuracy", "device_name", "parallel_recorded", "mesh",
+    "final_eval_accuracy", "device_name", "parallel_recorded", "mesh", "comm_bytes_per_step", "comm_by_collective",
+    "params_bytes_per_rank", "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank",
 )  # fmt: skip
 RUN_COLUMNS = (
     *MATRIX_COLUMNS, *OPTIONAL_MATRIX_COLUMNS, "status", "error", "stop_signal", "consistent", "counts", "samples_per_s",
@@ -219,7 +224,8 @@ RUN_COLUMNS = (
     "torch_version", "started_at", "precision_recorded", "per_rank_batch_recorded", "grad_accum_recorded",
     "tokens_per_sample", "channels_last", "data_kind", "optimizer_kind", "compile_mode", "peak_flops_source",
     "parallel_recorded", "mesh", "reshard_after_forward", "state_bytes_per_rank_max", "state_bytes_per_rank_min",
-    "comm_all_gather_bytes_per_step", "comm_reduce_scatter_bytes_per_step", "comm_reason",
+    "comm_bytes_per_step", "comm_by_collective", "comm_reason", "pipeline_bubble_fraction", "params_bytes_per_rank",
+    "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank", "activations_reason",
 )  # fmt: skip
 EPOCH_COLUMNS = ("run_id", "epoch", "step", "complete", "train_loss", "eval_loss", "eval_accuracy")
 LOSS_COLUMNS = ("run_id", "step", "loss", "samples_per_s")
@@ -250,17 +256,19 @@ SENSITIVITY_COLUMNS = (
 ABLATION_COLUMNS = (
     "model", "gpus", "variant", "repeats_ok", "repeats_total", *THROUGHPUT, "gain", "gain_ci_low", "gain_ci_high", "note",
 )  # fmt: skip
+# measurements.memory_split, each the largest over the ranks
+MEMORY_SPLIT = ("params_bytes_per_rank", "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank")
 # A parallelism cell: a model under one --parallel strategy at one GPU count (its batch follows).
 PARALLELISM_KEYS = ("model", "gpus", "nodes", "parallel", "variant", "data_parallel", "per_rank_batch", "global_batch")
 # The sharding figures of a record (measurements.sharding), medians over a cell's counted repeats.
 SHARDING_FIGURES = (
-    "state_bytes_per_rank_max", "state_bytes_per_rank_min", "comm_all_gather_bytes_per_step",
-    "comm_reduce_scatter_bytes_per_step",
+    "state_bytes_per_rank_max", "state_bytes_per_rank_min", "comm_bytes_per_step", "pipeline_bubble_fraction",
+    *MEMORY_SPLIT,
 )  # fmt: skip
 PARALLELISM_COLUMNS = (
     *PARALLELISM_KEYS, "repeats_ok", "repeats_total", *THROUGHPUT, "tokens_per_s_median", "tokens_per_s_ci_low",
     "tokens_per_s_ci_high", "tokens_per_s_per_gpu", "mfu", "peak_memory_bytes", "peak_memory_kind", "mesh",
-    "reshard_after_forward", *SHARDING_FIGURES, "comm_bytes_per_step", "device_name", "cell", "note",
+    "reshard_after_forward", *SHARDING_FIGURES, "comm_by_collective", "device_name", "cell", "note",
 )  # fmt: skip
 VERDICTS = ("reproduced", "above", "below", "not comparable", "not measured")
 COMPARISON_COLUMNS = (
@@ -339,15 +347,39 @@ def _sharding(measurements: Any) -> dict[str, Any]:
     """The strategy a record says it ran (parallel_recorded: measurements.sharding.strategy, "ddp"
     where the entry is there and null, None where the record predates it or measured nothing)
     and its device mesh as text ("2x2 (dp_shard, tp)")."""
+    split = _memory_split(measurements.get("memory_split") if isinstance(measurements, dict) else None)
     if not isinstance(measurements, dict) or "sharding" not in measurements:
-        return {"parallel_recorded": None, "mesh": None}
+        return {"parallel_recorded": None, "mesh": None, "comm_bytes_per_step": None, "comm_by_collective": None, **split}
     sharding = measurements["sharding"]
     if not isinstance(sharding, dict):
-        return {"parallel_recorded": "ddp", "mesh": None}
+        return {"parallel_recorded": "ddp", "mesh": None, "comm_bytes_per_step": None, "comm_by_collective": None, **split}
     mesh = sharding.get("mesh") or {}
     shape = "x".join(str(n) for n in mesh.get("shape") or ())
     dims = ", ".join(mesh.get("dims") or ())
-    return {"parallel_recorded": sharding.get("strategy"), "mesh": f"{shape} ({dims})" if dims else shape or None}
+    # the analytic bytes a rank sends per optimizer step, by collective (the keys differ by strategy:
+    # all_gather/reduce_scatter under fsdp, tp_* and dp_* under tp and fsdp+tp, send_* under pp)
+    volume = sharding.get("comm_bytes_per_step_analytic")
+    volume = {k: v for k, v in volume.items() if isinstance(v, (int, float))} if isinstance(volume, dict) else {}
+    return {
+        "parallel_recorded": sharding.get("strategy"),
+        "mesh": f"{shape} ({dims})" if dims else shape or None,
+        # communication per step = the sum over the collectives of the bytes each rank sends
+        "comm_bytes_per_step": float(sum(volume.values())) if volume else None,
+        "comm_by_collective": "; ".join(f"{k} {v:,.0f} B" for k, v in volume.items()) or None,
+        **split,
+    }
+
+
+def _memory_split(split: Any) -> dict[str, Any]:
+    """measurements.memory_split: bytes of parameters, gradients, optimizer state and activations,
+    each the largest over the ranks (the rank that sets a GPU's memory need)."""
+    ranks = split.get("per_rank") if isinstance(split, dict) else None
+    kinds = {"params_bytes_per_rank": "parameters", "grads_bytes_per_rank": "gradients",
+             "optimizer_bytes_per_rank": "optimizer_state", "activations_bytes_per_rank": "activations"}  # fmt: skip
+    if not isinstance(ranks, list) or not ranks:
+        return dict.fromkeys(kinds)
+    values = {column: [r.get(kind) for r in ranks if isinstance(r, dict) and r.get(kind) is not None] for column, kind in kinds.items()}
+    return {column: max(found) if found else None for column, found in values.items()}
 
 
 def read_matrix(path: str | os.PathLike[str]) -> pd.DataFrame:
@@ -378,7 +410,7 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
                    "grad_accum_recorded", "tokens_per_sample"):  # fmt: skip
         runs[column] = runs[column].astype("Int64")
     runs["channels_last"] = runs["channels_last"].astype("boolean")
-    for column in ("state_bytes_per_rank_max", "state_bytes_per_rank_min"):
+    for column in ("state_bytes_per_rank_max", "state_bytes_per_rank_min", *MEMORY_SPLIT):
         runs[column] = runs[column].astype("Int64")
     recorded = runs["world_size_recorded"].notna() & runs["nodes_recorded"].notna()
     matches = runs["world_size_recorded"].eq(runs["gpus"]) & runs["nodes_recorded"].eq(runs["nodes"])
@@ -567,11 +599,10 @@ def parallelism_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV
     for column in figures:
         cells[column] = figures[column].to_numpy()
     counted = study[study["counts"]].groupby(keys, sort=False, dropna=False)
-    text = {c: counted[c].agg(_joined) for c in ("peak_memory_kind", "mesh", "reshard_after_forward", "peak_flops_source", "comm_reason")}
+    text = {c: counted[c].agg(_joined) for c in ("peak_memory_kind", "mesh", "reshard_after_forward", "peak_flops_source",
+                                                 "comm_reason", "comm_by_collective", "activations_reason")}  # fmt: skip
     for column, values in text.items():
         cells[column] = [values.get(tuple(key), "") for key in cells[keys].itertuples(index=False)]
-    # communication per step = all-gather + reduce-scatter bytes each rank sends per optimizer step
-    cells["comm_bytes_per_step"] = cells["comm_all_gather_bytes_per_step"] + cells["comm_reduce_scatter_bytes_per_step"]
     cells["note"] = [_parallelism_note(cell) for cell in cells.to_dict("records")]
     cells["cell"] = cells["model"] + " g" + cells["gpus"].astype(str) + " " + cells["parallel"]  # names it in a check
     return cells[list(PARALLELISM_COLUMNS)]
@@ -598,10 +629,12 @@ def _parallelism_note(cell: Mapping[str, Any]) -> str:
         )  # fmt: skip
     if pd.isna(cell["comm_bytes_per_step"]):
         why = cell["comm_reason"] or (
-            "not counted under ddp: the record's analytic volume is written for fsdp only" if not sharded
+            "not counted under ddp: the trainer counts it for the sharded strategies (fsdp, tp, fsdp+tp, pp)" if not sharded
             else "the records have no analytic volume"
         )  # fmt: skip
         notes.append(f"not measured: communication per step ({why})")
+    if pd.isna(cell["activations_bytes_per_rank"]) and not pd.isna(cell["params_bytes_per_rank"]):
+        notes.append(f"not measured: activation memory ({cell['activations_reason'] or 'the records give none'})")
     if cell["noisy"]:
         notes.append(f"noisy: throughput CV {100 * cell['samples_per_s_cv']:.1f} % over the repeats")
     return "; ".join(notes)
