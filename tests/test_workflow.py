@@ -82,6 +82,11 @@ def study(tmp_path_factory, cifar_server):
     return workdir
 
 
+# The CI study's training runs: strong and weak 1 and 2 GPUs x 2 repeats, sensitivity 2, ablation 4,
+# parallelism 2 (fsdp and tp of a tiny GPT).
+CI_RUNS = 16
+
+
 def _records(workdir: Path) -> dict[str, dict]:
     return {p.parent.name: load_record(p) for p in sorted((workdir / "results/runs").glob("*/record.json"))}
 
@@ -89,7 +94,7 @@ def _records(workdir: Path) -> dict[str, dict]:
 def test_the_whole_dag_ran_and_every_record_is_valid(study):
     records = _records(study)
     matrix = pd.read_csv(study / "results/tables/matrix.csv")
-    assert set(records) == set(matrix.run_id) and len(records) == 14
+    assert set(records) == set(matrix.run_id) and len(records) == CI_RUNS
     assert all(r["status"] == "ok" for r in records.values()), {k: r["error"] for k, r in records.items() if r["status"] != "ok"}
     strong2 = records["strong_cnn_g2_r1"]
     assert strong2["parallel"]["world_size"] == 2 and strong2["parallel"]["backend"] == "gloo"
@@ -206,10 +211,11 @@ def test_the_parallelism_table_and_section_show_the_fsdp_and_tp_cells(study):
     for strategy, cell in table.iterrows():
         (run_id,) = [r for r, record in records.items() if r.startswith(f"parallelism_gpt2_small_g2_{strategy}_")]
         measured = records[run_id]["measurements"]
-        assert cell["samples_per_s_median"] == pytest.approx(measured["samples_per_s"]) > 0
+        assert cell["samples_per_s_median"] == pytest.approx(measured["samples_per_s"]) and measured["samples_per_s"] > 0
         assert cell["tokens_per_s_per_gpu"] == pytest.approx(measured["tokens_per_s"] / 2)  # tokens/s / gpus
         assert cell["state_bytes_per_rank_max"] == measured["sharding"]["state_bytes_per_rank_max"] > 0
-    assert table.loc["fsdp", "comm_bytes_per_step"] > 0 and "not measured: communication per step" in table.loc["tp", "note"]
+    assert table.loc["fsdp", "comm_bytes_per_step"] > 0 and table.loc["tp", "comm_bytes_per_step"] > 0
+    assert "tp_all_gather" in table.loc["tp", "comm_by_collective"] and "all_gather" in table.loc["fsdp", "comm_by_collective"]
     page = (study / "results/report/index.html").read_text()
     part = page.split('<h3 id="parallelism">')[1].split('<h3 id="communication">')[0]
     assert "<code>fsdp</code>" in part and "<code>tp</code>" in part and "This is a CPU study" in part
@@ -248,7 +254,7 @@ def test_nothing_left_to_do_and_reruns_are_exact(study):
             path.write_bytes(original)
 
     after_trainer_edit = edited(study / "workflow/scalerepro/trainer.py")
-    assert after_trainer_edit == {"trainer_fingerprint": 1, "train": 14, "comm_benchmark": 1, "system_inventory": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1,
+    assert after_trainer_edit == {"trainer_fingerprint": 1, "train": CI_RUNS, "comm_benchmark": 1, "system_inventory": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1,
                                   "profile": 2, "profile_summary": 2, "profile_table": 1, "store_study": 1, "store_plots": 1}  # fmt: skip
     assert edited(study / "workflow/scalerepro/analysis/profile.py") == {"profile_summary": 2, "profile_table": 1, "plots": 1, "report": 1, "all": 1}
     assert edited(study / "report/templates/report.html.j2") == {"report": 1, "all": 1}
@@ -361,7 +367,10 @@ def test_the_gpu_study_trains_every_cell_optimised_and_the_baseline_only_in_the_
         conv = config.model.model in CONV_NETS
         assert config.parallel.device == "cuda", run
         assert config.perf.preset == "optimised" and config.perf.compile == "default", run
-        assert config.data.loader == "device" and config.optim.optimizer_impl == "fused", run
+        # the tp cells' one documented exception (config parallelism.args.tp): TP leaves the tied embeddings
+        # plain tensors beside DTensors, which the fused and foreach kernels refuse to mix
+        optimizer = "for-loop" if config.parallel.parallel == "tp" else "fused"
+        assert config.data.loader == "device" and config.optim.optimizer_impl == optimizer, run
         assert config.perf.channels_last is conv and config.perf.cudnn_benchmark is conv, run
         expected_precision = run.split("-")[-1].split("_")[0] if run.startswith("sensitivity_") else "bf16"
         assert config.perf.precision == expected_precision, run
@@ -403,9 +412,9 @@ def test_the_study_is_stored_and_a_rerun_compares_with_it(study, tmp_path):
     import duckdb
 
     receipt = json.loads((study / "results/tables/store.json").read_text())
-    assert receipt["new_study"] and receipt["runs_added"] == 14 and receipt["studies_in_store"] == 1
+    assert receipt["new_study"] and receipt["runs_added"] == CI_RUNS and receipt["studies_in_store"] == 1
     with duckdb.connect(str(study / "results/history.duckdb"), read_only=True) as connection:
-        assert connection.execute("SELECT count(*), count(record) FROM runs WHERE counts").fetchone() == (14, 14)
+        assert connection.execute("SELECT count(*), count(record) FROM runs WHERE counts").fetchone() == (CI_RUNS, CI_RUNS)
     section = (study / "results/report/index.html").read_text().split('<section id="history">')[1]
     assert "This is the first study in the results store <code>results/history.duckdb</code>" in section
     assert "No baseline set." in section

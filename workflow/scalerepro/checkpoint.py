@@ -110,10 +110,9 @@ class CheckpointStore:
 
     def load_newest(self, last_resumable_step: int) -> dict[str, Any] | None:
         """The newest usable checkpoint, or None; every newer file passed over is in ``skipped``."""
-        for path in list_checkpoints(self.directory):
+        for path in self._candidates():
             try:
-                # mmap: telling whether a file is usable must not read gigabytes of tensors
-                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                state = self._read(path)
             except Exception as error:  # noqa: BLE001 - an unreadable file is skipped, never trusted
                 self.skipped.append({"path": str(path), "reason": f"unreadable ({type(error).__name__}: {_first_line(error)})"})
                 continue
@@ -131,19 +130,37 @@ class CheckpointStore:
         target = path_for(self.directory, step)
         with atomic_file(target) as stream:
             torch.save({"format": FORMAT_VERSION, "step": step, "final": final, **state}, stream)
-        self.usable = [target, *(p for p in self.usable if p != target)]
-        for old in self.usable[self.keep :]:
-            old.unlink(missing_ok=True)
-        self.usable = self.usable[: self.keep]
+        self._keep_newest(target)
         return target
 
     def discard(self, keep: Path | None = None) -> list[Path]:
         """Remove this run's checkpoints but ``keep`` (a finished run needs none to continue)."""
         removed = [p for p in self.usable if p != keep]
         for path in removed:
-            path.unlink(missing_ok=True)
+            self._remove(path)
         self.usable = [p for p in self.usable if p == keep]
         return removed
+
+    # What differs between a file of torch.save and a directory of DCP shards
+    # (scalerepro.sharded_checkpoint.ShardedCheckpointStore overrides these).
+
+    def _candidates(self) -> list[Path]:
+        return list_checkpoints(self.directory)
+
+    def _read(self, path: Path) -> Any:
+        # mmap: telling whether a file is usable must not read gigabytes of tensors
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+    def _remove(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+    def _keep_newest(self, target: Path) -> None:
+        """``target`` is the newest usable checkpoint; only the newest ``keep`` usable ones stay
+        (files never known to be usable are not counted, so they never crowd a fresh one out)."""
+        self.usable = [target, *(p for p in self.usable if p != target)]
+        for old in self.usable[self.keep :]:
+            self._remove(old)
+        self.usable = self.usable[: self.keep]
 
 
 def _first_line(error: BaseException) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from .checkpoint import FORMAT_VERSION, unusable_reason
+from .checkpoint import FORMAT_VERSION, CheckpointStore
 from .files import atomic_file
 
 META_FILE = "meta.pt"
@@ -127,48 +126,24 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)
 
 
-@dataclass
-class ShardedCheckpointStore:
+class ShardedCheckpointStore(CheckpointStore):
     """The sharded checkpoints of one run: ``checkpoint.CheckpointStore``'s policy (newest usable
     one, every newer one passed over with its reason, ``keep`` counting usable ones only) for
-    DCP directories. ``save`` is a collective; rank 0 alone deletes."""
-
-    directory: Path
-    fingerprint: dict[str, Any]
-    keep: int
-    usable: list[Path] = field(default_factory=list)
-    skipped: list[dict[str, str]] = field(default_factory=list)
-
-    def load_newest(self, last_resumable_step: int) -> dict[str, Any] | None:
-        """The newest usable checkpoint's ``meta`` with its ``path`` (the shards are loaded by
-        ``load``), or None. Every rank reads the same files, so every rank picks the same one."""
-        for path in list_checkpoints(self.directory):
-            try:
-                meta = read_meta(path)
-            except Exception as error:  # noqa: BLE001 - an unreadable checkpoint is skipped, never trusted
-                self.skipped.append({"path": str(path), "reason": f"unreadable meta.pt ({type(error).__name__})"})
-                continue
-            reason = unusable_reason(meta, self.fingerprint, last_resumable_step)
-            if reason is not None:
-                self.skipped.append({"path": str(path), "reason": reason})
-                continue
-            self.usable.insert(0, path)
-            meta["path"] = str(path)
-            return meta
-        return None
+    DCP directories, read by their ``meta.pt`` (the shards are loaded by ``load``). Every rank
+    reads the same files, so every rank picks the same one. ``save`` is a collective; rank 0
+    alone deletes."""
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], final: bool = False) -> Path:
         target = save(path_for(self.directory, step), model, optimizer, {"step": step, "final": final, **state})
-        self.usable = [target, *(p for p in self.usable if p != target)]
-        if _is_main():
-            for old in self.usable[self.keep :]:
-                shutil.rmtree(old, ignore_errors=True)
-        self.usable = self.usable[: self.keep]
+        self._keep_newest(target)
         return target
 
-    def discard(self, keep: Path | None = None) -> list[Path]:
-        removed = [p for p in self.usable if p != keep]
-        for path in removed:
+    def _candidates(self) -> list[Path]:
+        return list_checkpoints(self.directory)
+
+    def _read(self, path: Path) -> Any:
+        return read_meta(path)
+
+    def _remove(self, path: Path) -> None:
+        if _is_main():
             shutil.rmtree(path, ignore_errors=True)
-        self.usable = [p for p in self.usable if p == keep]
-        return removed
