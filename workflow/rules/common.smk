@@ -157,7 +157,7 @@ PROFILING = CONFIG["profiling"]
 PROFILED_RUNS = list(PROFILING_PLAN.runs)
 PROFILING_TOOLS = list(PROFILING_PLAN.tools)
 PROFILING_FALLBACK_REASON = PROFILING_PLAN.fallback_reason
-PROFILING_TABLES = [f"results/tables/{name}.csv" for name in planning.PROFILING_TABLES]
+PROFILING_TABLES = list(planning.PROFILING_TABLES)
 
 
 def profiling_tables():

@@ -190,7 +190,7 @@ def load(
 
 # ---- profiling: which runs, which tools, each job's flags -------------------------------------
 
-PROFILING_TABLES = ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files")
+PROFILING_TABLES = tuple(f"results/tables/{name}.csv" for name in ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files"))
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ class ProfilingPlan:
 
     def tables(self) -> list[str]:
         """The profiling tables, as inputs of the plots and the report (none when disabled)."""
-        return [f"results/tables/{name}.csv" for name in PROFILING_TABLES] if self.settings["enabled"] else []
+        return list(PROFILING_TABLES) if self.settings["enabled"] else []
 
 
 def profiling_plan(plan: Plan, local_exec: bool, which: Callable[[str], str | None] = shutil.which) -> ProfilingPlan:

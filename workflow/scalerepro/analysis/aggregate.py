@@ -256,8 +256,11 @@ SENSITIVITY_COLUMNS = (
 ABLATION_COLUMNS = (
     "model", "gpus", "variant", "repeats_ok", "repeats_total", *THROUGHPUT, "gain", "gain_ci_low", "gain_ci_high", "note",
 )  # fmt: skip
-# measurements.memory_split, each the largest over the ranks
-MEMORY_SPLIT = ("params_bytes_per_rank", "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank")
+# runs.csv column -> the key of measurements.memory_split.per_rank it is the largest over the ranks of
+MEMORY_SPLIT = {
+    "params_bytes_per_rank": "parameters", "grads_bytes_per_rank": "gradients",
+    "optimizer_bytes_per_rank": "optimizer_state", "activations_bytes_per_rank": "activations",
+}  # fmt: skip
 # A parallelism cell: a model under one --parallel strategy at one GPU count (its batch follows).
 PARALLELISM_KEYS = ("model", "gpus", "nodes", "parallel", "variant", "data_parallel", "per_rank_batch", "global_batch")
 # The sharding figures of a record (measurements.sharding), medians over a cell's counted repeats.
@@ -345,14 +348,17 @@ def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], li
 
 def _sharding(measurements: Any) -> dict[str, Any]:
     """The strategy a record says it ran (parallel_recorded: measurements.sharding.strategy, "ddp"
-    where the entry is there and null, None where the record predates it or measured nothing)
-    and its device mesh as text ("2x2 (dp_shard, tp)")."""
-    split = _memory_split(measurements.get("memory_split") if isinstance(measurements, dict) else None)
-    if not isinstance(measurements, dict) or "sharding" not in measurements:
-        return {"parallel_recorded": None, "mesh": None, "comm_bytes_per_step": None, "comm_by_collective": None, **split}
+    where the entry is there and null, None where the record predates it or measured nothing),
+    its device mesh as text ("2x2 (dp_shard, tp)"), its communication per step and its memory
+    split per rank."""
+    measurements = measurements if isinstance(measurements, dict) else {}
+    split = _memory_split(measurements.get("memory_split"))
+    unsharded = {"mesh": None, "comm_bytes_per_step": None, "comm_by_collective": None, **split}
+    if "sharding" not in measurements:
+        return {"parallel_recorded": None, **unsharded}
     sharding = measurements["sharding"]
     if not isinstance(sharding, dict):
-        return {"parallel_recorded": "ddp", "mesh": None, "comm_bytes_per_step": None, "comm_by_collective": None, **split}
+        return {"parallel_recorded": "ddp", **unsharded}
     mesh = sharding.get("mesh") or {}
     shape = "x".join(str(n) for n in mesh.get("shape") or ())
     dims = ", ".join(mesh.get("dims") or ())
@@ -374,11 +380,9 @@ def _memory_split(split: Any) -> dict[str, Any]:
     """measurements.memory_split: bytes of parameters, gradients, optimizer state and activations,
     each the largest over the ranks (the rank that sets a GPU's memory need)."""
     ranks = split.get("per_rank") if isinstance(split, dict) else None
-    kinds = {"params_bytes_per_rank": "parameters", "grads_bytes_per_rank": "gradients",
-             "optimizer_bytes_per_rank": "optimizer_state", "activations_bytes_per_rank": "activations"}  # fmt: skip
     if not isinstance(ranks, list) or not ranks:
-        return dict.fromkeys(kinds)
-    values = {column: [r.get(kind) for r in ranks if isinstance(r, dict) and r.get(kind) is not None] for column, kind in kinds.items()}
+        return dict.fromkeys(MEMORY_SPLIT)
+    values = {column: [r.get(kind) for r in ranks if isinstance(r, dict) and r.get(kind) is not None] for column, kind in MEMORY_SPLIT.items()}
     return {column: max(found) if found else None for column, found in values.items()}
 
 
