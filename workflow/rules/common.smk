@@ -19,6 +19,7 @@ from scalerepro import plan as planning
 from scalerepro import schedulers, study
 from scalerepro.analysis.figures import FIGURE_NAMES as PLOT_NAMES
 from scalerepro.files import trainer_source_files
+from scalerepro.plan import record_path
 
 ENV_TRAIN = "../../envs/train.yaml"
 ENV_ANALYSIS = "../../envs/analysis.yaml"
@@ -82,10 +83,6 @@ TRAINER_FINGERPRINT = "results/fingerprints/trainer.sha256"
 wildcard_constraints:
     run=r"[A-Za-z0-9_.-]+",
     gpus=r"\d+",
-
-
-def record_path(run):
-    return planning.record_path(run)
 
 
 def trainer_sources():

@@ -13,7 +13,6 @@ import platform
 import re
 import socket
 import subprocess
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
