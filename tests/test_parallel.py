@@ -53,11 +53,21 @@ def initial(tmp_path_factory) -> dict:
     return run_ranks(1, tmp_path_factory.mktemp("init") / "init.pt", "--steps", "0")
 
 
-def assert_same_parameters(actual: dict, expected: dict, initial: dict) -> None:
+def assert_same_weights(actual: dict, expected: dict, rtol: float = RTOL, atol: float = ATOL) -> None:
     assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=rtol, atol=atol, msg=name)
+
+
+def assert_same_parameters(actual: dict, expected: dict, initial: dict) -> None:
     for name in expected:
         assert not torch.equal(expected[name], initial[name]), f"{name} did not change: the comparison would be empty"
-        torch.testing.assert_close(actual[name], expected[name], rtol=RTOL, atol=ATOL, msg=name)
+    assert_same_weights(actual, expected)
+
+
+def last_checkpoint_model(directory: Path) -> dict:
+    """The model state of the newest (unsharded) checkpoint the trainer left in ``directory``."""
+    return torch.load(sorted(directory.glob("step-*.pt"))[-1], weights_only=True)["model"]
 
 
 @pytest.mark.parametrize(
@@ -114,8 +124,7 @@ def test_activation_checkpointing_gives_the_same_step(tmp_path, reference, mode)
     """Recomputing blocks in backward must give the same gradients, hence the same SGD step
     (bit for bit in one process: the same ops in the same order)."""
     result = run_ranks(1, tmp_path / "ac.pt", "--activation-checkpointing", mode)
-    for name, value in reference["state"].items():
-        torch.testing.assert_close(result["state"][name], value, rtol=0, atol=0, msg=name)
+    assert_same_weights(result["state"], reference["state"], rtol=0, atol=0)
 
 
 def test_activation_checkpointing_under_fsdp(tmp_path, reference, initial):
@@ -159,9 +168,8 @@ def test_dcp_checkpoint_saved_on_2_ranks_loads_on_1_and_4(tmp_path):
     assert checkpoint.is_dir() and not (tmp_path / ".step-00000001.dcp.tmp").exists()
     one = run_ranks(1, tmp_path / "one.pt", "--optimizer", "adamw", "--steps", "0", "--load-dcp", str(checkpoint))
     four = run_ranks(4, tmp_path / "four.pt", "--strategy", "fsdp", "--optimizer", "adamw", "--steps", "0", "--load-dcp", str(checkpoint))
-    for name, value in saved["state"].items():
-        torch.testing.assert_close(one["state"][name], value, rtol=0, atol=0, msg=name)
-        torch.testing.assert_close(four["state"][name], value, rtol=0, atol=0, msg=name)
+    assert_same_weights(one["state"], saved["state"], rtol=0, atol=0)
+    assert_same_weights(four["state"], saved["state"], rtol=0, atol=0)
 
 
 def test_dcp_checkpoint_mid_run_resumes_to_the_same_weights(tmp_path):
@@ -173,8 +181,7 @@ def test_dcp_checkpoint_mid_run_resumes_to_the_same_weights(tmp_path):
     resumed = run_ranks(
         2, tmp_path / "resumed.pt", *common, "--steps", "2", "--first-step", "2", "--load-dcp", str(tmp_path / "step-00000002.dcp")
     )
-    for name, value in straight["state"].items():
-        torch.testing.assert_close(resumed["state"][name], value, rtol=0, atol=0, msg=name)
+    assert_same_weights(resumed["state"], straight["state"], rtol=0, atol=0)
 
 
 # ---- the trainer ----------------------------------------------------------------------------------
@@ -286,11 +293,7 @@ def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
         for rank in splits["fsdp"]["per_rank"]:
             assert rank[kind] == pytest.approx(whole / 2, rel=0.05), (kind, rank, whole)
     assert splits["fsdp"]["per_rank"][0]["activations"] is None and "not measured on the CPU" in splits["fsdp"]["activations_reason"]
-    ddp = torch.load(sorted((tmp_path / "ddp").glob("step-*.pt"))[-1], weights_only=True)["model"]
-    fsdp = _final_sharded_weights(tmp_path / "fsdp")
-    assert fsdp.keys() == ddp.keys()
-    for name, value in ddp.items():
-        torch.testing.assert_close(fsdp[name], value, rtol=RTOL, atol=ATOL, msg=name)
+    assert_same_weights(_final_sharded_weights(tmp_path / "fsdp"), last_checkpoint_model(tmp_path / "ddp"))
 
 
 def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does(tmp_path):
@@ -312,9 +315,7 @@ def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {tmp_path / 'stopped'}/step-{stopped:08d}.dcp" in resumed.stdout + resumed.stderr
     assert load_record(tmp_path / "r.json")["status"] == "ok"
-    expected, actual = _final_sharded_weights(tmp_path / "straight"), _final_sharded_weights(tmp_path / "stopped")
-    for name, value in expected.items():
-        torch.testing.assert_close(actual[name], value, rtol=0, atol=0, msg=name)
+    assert_same_weights(_final_sharded_weights(tmp_path / "stopped"), _final_sharded_weights(tmp_path / "straight"), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -337,11 +338,7 @@ def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel
     assert record["batch"]["global"] == load_record(tmp_path / "ref.json")["batch"]["global"]
     comm = record["measurements"]["sharding"]["comm_bytes_per_step_analytic"]
     assert comm["tp_all_gather"] > comm["tp_reduce_scatter"] > 0 and ("dp_reduce_scatter" in comm) == (strategy == "fsdp+tp")
-    expected = torch.load(sorted((tmp_path / "ref").glob("step-*.pt"))[-1], weights_only=True)["model"]
-    actual = _final_sharded_weights(tmp_path / "tp", world=world, tensor_parallel=True)
-    assert actual.keys() == expected.keys()
-    for name, value in expected.items():
-        torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
+    assert_same_weights(_final_sharded_weights(tmp_path / "tp", world=world, tensor_parallel=True), last_checkpoint_model(tmp_path / "ref"))
 
 
 def _pipeline_checkpoint_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -381,11 +378,7 @@ def test_trainer_pipeline_reaches_the_weights_of_one_process(tmp_path, schedule)
     # rank 0 is the first stage: a loss it did not get from the last would read 0 here
     for ours, theirs in zip(record["loss_log"], expected_record["loss_log"], strict=True):
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
-    expected = torch.load(sorted((tmp_path / "ref").glob("step-*.pt"))[-1], weights_only=True)["model"]
-    actual = _pipeline_checkpoint_weights(tmp_path / "pp")
-    assert actual.keys() == expected.keys()
-    for name, value in expected.items():
-        torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
+    assert_same_weights(_pipeline_checkpoint_weights(tmp_path / "pp"), last_checkpoint_model(tmp_path / "ref"))
 
 
 def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
@@ -411,9 +404,7 @@ def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
     assert f"resumed from {tmp_path / 'stopped'}/step-{stopped:08d}.dcp" in resumed.stdout + resumed.stderr
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "ok" and record["parallel"]["world_size"] == 4 and record["batch"]["global"] == 8
-    expected, actual = _final_sharded_weights(tmp_path / "straight"), _final_sharded_weights(tmp_path / "stopped", world=4)
-    for name, value in expected.items():
-        torch.testing.assert_close(actual[name], value, rtol=RTOL, atol=ATOL, msg=name)
+    assert_same_weights(_final_sharded_weights(tmp_path / "stopped", world=4), _final_sharded_weights(tmp_path / "straight"))
 
 
 def test_tp_comm_volume_formula_by_hand():
