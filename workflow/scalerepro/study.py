@@ -214,8 +214,8 @@ class _Builder:
         ``flags_key`` the one its flags came from (both named by the errors)."""
         ranks_per_node, nodes = nodes_for(gpus, self.study.gpus_per_node, self.study.local, key)
         flags_key = flags_key or f"trainer_args' or 'models.{model}.args"
-        if model not in self.config["models"] and study != "reproduce":
-            raise StudyError(key, f"{model} has no entry under models: add models.{model}.per_gpu_batch")
+        if study != "reproduce":
+            self.per_gpu_batch(model, key)  # the model has its entry
         args = (*self.config["models"].get(model, {}).get("args", []), *args)
         parsed = None
         for repeat in range(1, repeats + 1):
@@ -230,13 +230,17 @@ class _Builder:
                 parsed.parallel.parallel, data_parallel_size(parsed.parallel, gpus, ranks_per_node, flags_key),
             )  # fmt: skip
 
+    def per_gpu_batch(self, model: str, key: str) -> int:
+        """The model's per-GPU batch (models.<model>); a model without an entry is an error at ``key``."""
+        if model not in self.config["models"]:
+            raise StudyError(key, f"{model} has no entry under models: add models.{model}.per_gpu_batch")
+        return self.config["models"][model]["per_gpu_batch"]
+
     def scaling(self) -> None:
         scaling, counts = self.config["scaling"], self.study.gpu_counts
         strong_batch = scaling["strong"].get("global_batch", {})
         for model in scaling["models"]:
-            if model not in self.config["models"]:
-                raise StudyError("scaling.models", f"{model} has no entry under models: add models.{model}.per_gpu_batch")
-            batch = self.config["models"][model]["per_gpu_batch"]
+            batch = self.per_gpu_batch(model, "scaling.models")
             global_batch = strong_batch.get(model, batch * max(counts))
             for gpus in counts:
                 if scaling["strong"]["enabled"]:
@@ -266,9 +270,7 @@ class _Builder:
         abl = self.config["ablation"]
         if not abl["enabled"]:
             return
-        if abl["model"] not in self.config["models"]:
-            raise StudyError("ablation.model", f"{abl['model']} has no entry under models: add models.{abl['model']}.per_gpu_batch")
-        batch = self.config["models"][abl["model"]]["per_gpu_batch"]
+        batch = self.per_gpu_batch(abl["model"], "ablation.model")
         variants = {"baseline": [], **{o["name"]: o["flags"] for o in abl["optimisations"]}}
         variants["all"] = [flag for o in abl["optimisations"] for flag in o["flags"]]
         for variant, flags in variants.items():
@@ -285,9 +287,7 @@ class _Builder:
             return
         counts = [n for n in self.study.gpu_counts if n > 1] if par["gpu_counts"] == "auto" else par["gpu_counts"]
         for model in par["models"]:
-            if model not in self.config["models"]:
-                raise StudyError("parallelism.models", f"{model} has no entry under models: add models.{model}.per_gpu_batch")
-            batch = self.config["models"][model]["per_gpu_batch"]
+            batch = self.per_gpu_batch(model, "parallelism.models")
             for gpus in counts:
                 ranks_per_node, _ = nodes_for(gpus, self.study.gpus_per_node, self.study.local, "parallelism.gpu_counts")
                 for strategy in par["strategies"]:
