@@ -45,3 +45,16 @@ def test_two_gloo_ranks_record_their_time_and_nccl_tests_time(tmp_path):
         assert row["nccl_tests_busbw_gbps"] == pytest.approx(row["nccl_tests_algbw_gbps"] * 2 * (2 - 1) / 2)
         # the loop time per iteration includes the host's gaps between all-reduces: never below the fastest one
         assert row["nccl_tests_time_us"] >= row["time_us_min"] * 0.999
+
+
+def test_one_rank_is_refused_unless_asked_for_a_communicator_of_one(tmp_path):
+    out = tmp_path / "comm.json"
+    command = [sys.executable, "-m", "scalerepro.commbench", "--out", str(out), "--device", "cpu", "--sizes", "4096", "--iterations", "4"]
+    refused = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--process-group-at-one-rank" in refused.stderr and not out.exists()
+    done = subprocess.run([*command, "--process-group-at-one-rank"], env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(out.read_text())
+    assert document["world_size"] == 1 and document["backend"] == "gloo"
+    [row] = document["results"]
+    assert row["time_us_median"] > 0 and row["busbw_gbps"] == 0  # busbw = algbw * 2 (n - 1) / n

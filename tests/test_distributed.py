@@ -113,6 +113,23 @@ def test_the_probes_of_a_two_rank_onecycle_run_with_accumulation(tmp_path):
     assert 0 < ready[-1] <= probe["backward_s"] and probe["forward_s"] > 0 and probe["optimizer_s"] > 0, probe
 
 
+def test_one_rank_with_a_process_group_runs_ddp_and_trains_as_one_rank_without(tmp_path):
+    """--process-group-at-one-rank: a communicator of one, DDP's reducer and both probes, and the
+    same weights as the plain single process (an all-reduce over one rank averages nothing)."""
+    probes = ("--steps", "3", "--comm-probe-steps", "2", "--bucket-probe-steps", "2")
+    plain = _run(tmp_path, "plain", 1, 16, *probes)
+    grouped = _run(tmp_path, "grouped", 1, 16, *probes, "--process-group-at-one-rank")
+    assert plain["parallel"]["backend"] is None and grouped["parallel"]["backend"] == "gloo"
+    assert plain["measurements"]["exposed_communication"]["reason"] == "single process: no gradient communication"
+    comm, probe = grouped["measurements"]["exposed_communication"], grouped["measurements"]["backward_buckets"]
+    assert comm["reason"] is None and comm["steps"] == 2 and comm["sync_step_s"] > 0, comm
+    assert probe["reason"] is None and probe["layout_source"].startswith("DDP's rebuilt buckets"), probe
+    expected, actual = _final_params(tmp_path / "plain"), _final_params(tmp_path / "grouped")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
+
+
 def _signal_last_rank_at_step_20(args: list[str], signum: int) -> tuple[subprocess.Popen, str]:
     """Start two ranks under torchrun, wait until step 20 is logged, send ``signum`` to the last
     rank only; return the launcher (finished) and everything it printed."""

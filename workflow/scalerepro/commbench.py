@@ -109,15 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--dist-timeout-s", type=float, default=300.0)
+    parser.add_argument(
+        "--process-group-at-one-rank", action="store_true",
+        help="run at one rank too, on a communicator of one (times the local all-reduce; busbw is 0 by its definition)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     started_at = utc_now()
     try:
-        ctx = distributed.setup(args.device, args.dist_timeout_s)
+        ctx = distributed.setup(args.device, args.dist_timeout_s, group_at_one_rank=args.process_group_at_one_rank)
     except distributed.DistributedSetupError as error:
         print(f"scalerepro.commbench: error: {error}", file=sys.stderr)
         return 1
     if not ctx.distributed:
-        print("scalerepro.commbench: error: an all-reduce needs at least 2 ranks: launch with torchrun --nproc-per-node N (N >= 2) or srun", file=sys.stderr)
+        print("scalerepro.commbench: error: an all-reduce needs at least 2 ranks: launch with torchrun --nproc-per-node N (N >= 2) or srun, "
+              "or pass --process-group-at-one-rank to time a communicator of one", file=sys.stderr)
         return 2
     rows = run(ctx, sorted(args.sizes), args.iterations, args.warmup)
     if ctx.is_main:

@@ -131,6 +131,11 @@ class ParallelConfig:
     gradient_as_bucket_view: bool = _opt(False, "DDP gradients as views into the all-reduce buckets (saves a copy)")
     static_graph: bool = _opt(False, "DDP static_graph (the graph does not change between steps)")
     sync_batchnorm: bool = _opt(False, "convert BatchNorm to SyncBatchNorm (batch statistics over all ranks)")
+    process_group_at_one_rank: bool = _opt(
+        False,
+        "at one rank too, form the process group (NCCL on a GPU) and wrap the model in DDP: a 1-GPU run that pays the DDP "
+        "reducer and its all-reduces as the N-GPU runs do, and the way to run the NCCL/DDP paths on one GPU",
+    )
     dist_timeout_s: float = _opt(300.0, "seconds to wait for every rank to join, and for any collective after the warm-up steps")
     warmup_dist_timeout_s: float = _opt(
         1800.0,

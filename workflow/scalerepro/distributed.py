@@ -8,6 +8,12 @@ A rank learns who it is from exactly one of three launchers:
   ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``);
 * nothing: a single process, no process group and no DDP wrapper.
 
+One rank has no process group unless ``group_at_one_rank`` asks for one (the trainer's and the
+comm benchmark's ``--process-group-at-one-rank``): then a real NCCL or gloo communicator of one
+rank is formed on an in-process store, and the trainer wraps the model in DDP as it does at N
+ranks. That is a 1-GPU baseline that pays DDP's reducer and its (local) all-reduces, and the
+one way to run the NCCL and DDP code paths on a machine with one GPU.
+
 The backend is NCCL on CUDA and gloo on the CPU. A peer that never arrives turns into a one-line
 ``DistributedSetupError`` after ``--dist-timeout-s`` instead of a hang.
 """
@@ -102,14 +108,24 @@ def _select_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = os.environ) -> DistContext:
-    """Form the process group (if there is more than one rank) and pick this rank's device."""
+def setup(
+    requested_device: str, timeout_s: float, environ: Mapping[str, str] = os.environ, *, group_at_one_rank: bool = False
+) -> DistContext:
+    """Form the process group (if there is more than one rank, or ``group_at_one_rank``) and pick
+    this rank's device."""
     env = detect_env(environ)
     device = _select_device(requested_device, env.local_rank)
-    if env.world_size == 1:
-        return DistContext(env, device, None, (node_name(environ),))
-
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if env.world_size == 1:
+        if not group_at_one_rank:
+            return DistContext(env, device, None, (node_name(environ),))
+        # One rank meets nobody: an in-process store is its whole rendezvous (no port, no peer).
+        dist.init_process_group(
+            backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+            timeout=datetime.timedelta(seconds=timeout_s), device_id=device if device.type == "cuda" else None,
+        )  # fmt: skip
+        return DistContext(env, device, backend, (node_name(environ),))
+
     address = f"{env.master_addr}:{env.master_port}"
     timeout = datetime.timedelta(seconds=timeout_s)
     # Under torchrun the agent already serves the store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE),

@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     code = EXIT_FAILED
     stop = StopRequest()
     try:
-        ctx = distributed.setup(config.parallel.device, config.parallel.dist_timeout_s)
+        ctx = distributed.setup(
+            config.parallel.device, config.parallel.dist_timeout_s, group_at_one_rank=config.parallel.process_group_at_one_rank
+        )
         log = functools.partial(print, flush=True) if ctx.is_main else _silent
         trainer = Trainer(config, ctx, stop, log=log)
         outcome = trainer.fit()
