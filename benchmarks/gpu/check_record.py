@@ -1,0 +1,50 @@
+"""Print a run record's key figures; exit 1 if a figure the run must fill is missing.
+
+    python check_record.py RECORD [--cpu]
+
+On a GPU run every figure issue 11 asks of a 1-GPU record must be there: NVML energy from the
+total-energy counter, power, utilisation, SM clock, MFU against the peak picked from the device
+name, step times (CUDA events on a GPU) and peak CUDA memory. ``--cpu`` (the CPU rehearsal)
+checks only what a CPU run can fill."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+path, on_cpu = sys.argv[1], "--cpu" in sys.argv[2:]
+record = json.load(open(path))
+m = record.get("measurements") or {}
+parallel, nvml, steps = record.get("parallel") or {}, m.get("nvml") or {}, m.get("step_time_s") or {}
+memory, comm, buckets = m.get("memory") or {}, m.get("exposed_communication") or {}, m.get("backward_buckets") or {}
+versions = record.get("versions") or {}
+print(f"{path}: status={record['status']} launcher={parallel.get('launcher')} backend={parallel.get('backend')} "
+      f"device={parallel.get('device_type')} world={parallel.get('world_size')} gpu={record['hardware']['gpu']['name']} "
+      f"torch={versions.get('torch')} cuda={versions.get('cuda')} nccl={versions.get('nccl')}")  # fmt: skip
+print(f"  samples/s={m.get('samples_per_s')} tokens/s={m.get('tokens_per_s')} step median s={steps.get('median')} "
+      f"p10={steps.get('p10')} p90={steps.get('p90')} window_s={m.get('window_s')} measured steps={m.get('measured_steps')} "
+      f"data_stall={m.get('data_stall_fraction')}")  # fmt: skip
+print(f"  mfu={m.get('mfu')} peak/device={m.get('peak_flops_per_device')} source={(m.get('peak_flops_source') or '')[:50]!r}")
+print(f"  nvml available={nvml.get('available')} reason={nvml.get('reason')} energy_j={nvml.get('energy_j')} "
+      f"method={nvml.get('energy_method')} power_mean_w={nvml.get('power_mean_w')} util_mean={nvml.get('gpu_util_mean_pct')} "
+      f"sm_clock_mean={nvml.get('sm_clock_mean_mhz')} samples={nvml.get('samples')} window_s={nvml.get('window_s')}")  # fmt: skip
+print(f"  energy/sample J={m.get('energy_per_sample_j')} allocated max bytes={memory.get('allocated_bytes_max')} "
+      f"exposed_comm={comm.get('fraction')} ({comm.get('reason')}) buckets={len(buckets.get('buckets') or [])} "
+      f"({buckets.get('layout_source')}) fwd/bwd/opt s={buckets.get('forward_s')}/{buckets.get('backward_s')}/{buckets.get('optimizer_s')}")  # fmt: skip
+need = {"status ok": record["status"] == "ok", "samples_per_s": bool(m.get("samples_per_s")), "step median": bool(steps.get("median"))}
+if parallel.get("backend"):  # a process group: DDP's probes must have measured
+    need.update({"exposed communication measured": comm.get("reason") is None, "bucket probe measured": buckets.get("reason") is None})
+if not on_cpu:
+    need.update({
+        "device cuda": parallel.get("device_type") == "cuda",
+        "mfu": m.get("mfu") is not None,
+        "peak = H100 SXM5": "H100 SXM5" in (m.get("peak_flops_source") or ""),
+        "nvml energy_j": bool(nvml.get("energy_j")),
+        "nvml total-energy counter": nvml.get("energy_method") == "total_energy_counter",
+        "nvml power, utilisation, SM clock": None not in (nvml.get("power_mean_w"), nvml.get("gpu_util_mean_pct"), nvml.get("sm_clock_mean_mhz")),
+        "energy_per_sample_j": bool(m.get("energy_per_sample_j")),
+        "peak CUDA memory": bool(memory.get("allocated_bytes_max")),
+    })  # fmt: skip
+missing = [what for what, ok in need.items() if not ok]
+print("  CHECK " + ("OK" if not missing else "FAILED: " + ", ".join(missing)))
+raise SystemExit(1 if missing else 0)
