@@ -4,6 +4,7 @@ fallback run for real on the CPU (2 gloo ranks)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
@@ -504,3 +505,15 @@ def test_cuda_api_mode_on_the_cpu_is_a_one_line_usage_error_naming_the_fallback(
     assert "--profile-mode cuda_api" in result.stderr and "use --profile-mode torch" in result.stderr
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "failed" and record["error"]["type"] == "ConfigError"
+
+
+def test_the_gpu_smoke_gives_the_profile_script_every_param_the_rule_does():
+    """benchmarks/gpu/run_profile_shim.py runs the profile rule's script where there is no
+    Snakemake (the GPU machine): a param the rule gains and the shim lacks would break it there."""
+    rule = (REPO / "workflow" / "rules" / "profile.smk").read_text()
+    params_block = rule[rule.index("rule profile:") :].split("params:", 1)[1].split("script:", 1)[0]
+    rule_params = set(re.findall(r"^\s{8}(\w+)=", params_block, flags=re.MULTILINE))
+    shim = ast.parse((REPO / "benchmarks" / "gpu" / "run_profile_shim.py").read_text())
+    [call] = [node.value for node in shim.body if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "params"]
+    shim_params = {keyword.arg for keyword in call.keywords}
+    assert rule_params and shim_params == rule_params, (rule_params, shim_params)
