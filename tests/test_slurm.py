@@ -238,7 +238,8 @@ def test_the_slurm_dry_run_plans_the_jobs_of_the_snapshot(slurm_env):
     """As tests/test_dryrun.py, for the profile's submissions (resources, sbatch flags, srun launch)."""
     from dryrun_jobs import SINCE_SNAPSHOT, planned_jobs, snapshot
 
-    planned = planned_jobs(REPO, _env(slurm_env), *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY), *SINCE_SNAPSHOT)
+    layers = (str(STUDY), "tests/fixtures/dryrun/slurm_weak.yaml", *SINCE_SNAPSHOT)
+    planned = planned_jobs(REPO, _env(slurm_env), *PROFILE_ARGS, "--configfile", "config/ci.yaml", *layers)
     expected = snapshot("slurm")
     assert [job.get("output") for job in planned] == [job.get("output") for job in expected]
     for job, before in zip(planned, expected):
