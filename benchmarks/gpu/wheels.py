@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata as metadata
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-from packaging.markers import Marker
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOTS = ("snakemake", "jsonschema")
 DEVICE_PYTHON = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux", "platform_system": "Linux",
@@ -25,13 +24,9 @@ DEVICE_PYTHON = {"python_version": "3.12", "python_full_version": "3.12.3", "sys
 PLATFORMS = [f"--platform=manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + ["--platform=manylinux2014_x86_64"]
 
 
-def normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def on_device() -> set[str]:
     text = (Path(__file__).with_name("device_packages.txt")).read_text()
-    return {normal(word) for line in text.splitlines() if not line.startswith("#") for word in line.split()}
+    return {canonicalize_name(word) for line in text.splitlines() if not line.startswith("#") for word in line.split()}
 
 
 def closure(roots: tuple[str, ...], present: set[str]) -> dict[str, str]:
@@ -39,7 +34,7 @@ def closure(roots: tuple[str, ...], present: set[str]) -> dict[str, str]:
     device's Python that the device lacks."""
     wanted, todo = {}, list(roots)
     while todo:
-        name = normal(todo.pop())
+        name = canonicalize_name(todo.pop())
         if name in wanted or name in present:
             continue
         wanted[name] = metadata.version(name)  # PackageNotFoundError: install the dev environment first

@@ -116,18 +116,18 @@ def setup(
     env = detect_env(environ)
     device = _select_device(requested_device, env.local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
     if env.world_size == 1:
         if not group_at_one_rank:
             return DistContext(env, device, None, (node_name(environ),))
         # One rank meets nobody: an in-process store is its whole rendezvous (no port, no peer).
         dist.init_process_group(
             backend=backend, store=dist.HashStore(), rank=0, world_size=1,
-            timeout=datetime.timedelta(seconds=timeout_s), device_id=device if device.type == "cuda" else None,
+            timeout=timeout, device_id=device if device.type == "cuda" else None,
         )  # fmt: skip
         return DistContext(env, device, backend, (node_name(environ),))
 
     address = f"{env.master_addr}:{env.master_port}"
-    timeout = datetime.timedelta(seconds=timeout_s)
     # Under torchrun the agent already serves the store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE),
     # which only env:// honours; under srun alone, rank 0 serves it at the first host; a local run
     # (scalerepro.launch) meets in a store that listens on loopback only.
