@@ -291,3 +291,40 @@ def test_collectives_get_the_warm_up_timeout_then_the_steady_state_one(tmp_path)
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "after setup 900.0" in result.stdout and "after warm-up 17.0" in result.stdout, result.stdout
+
+
+# Rank 0's eager probe steps run out of device memory (as llama_1b's did on an H100 at 8 x 2048:
+# the eager loss holds fp32 logits the compiled one never does). The probe's steps run no
+# collective, so rank 1 finishes them and must learn at the probe's end that rank 0 gave up.
+_OUT_OF_MEMORY_IN_THE_PROBE = """
+import os, sys, torch
+from scalerepro.train import main
+from scalerepro.trainer import Trainer
+
+original = Trainer._train_step
+
+def train_step(self, micro_batches, **kwargs):
+    if kwargs.get("eager") and os.environ["RANK"] == "0":
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.83 GiB (planted by the test)")
+    return original(self, micro_batches, **kwargs)
+
+Trainer._train_step = train_step
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_probe_out_of_memory_on_one_rank_leaves_a_complete_run_on_every_rank(tmp_path):
+    driver = tmp_path / "driver.py"
+    driver.write_text(_OUT_OF_MEMORY_IN_THE_PROBE)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(driver),
+               "--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--num-workers", "0",
+               "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "2", "--bucket-probe-steps", "2",
+               "--dist-timeout-s", "60", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = load_record(tmp_path / "r.json")
+    m = record["measurements"]
+    assert record["status"] == "ok" and m["measured_steps"] == 4 and m["samples_per_s"] > 0
+    assert m["exposed_communication"]["reason"] is None  # the other probe measured
+    reason = m["backward_buckets"]["reason"]
+    assert "ran out of device memory" in reason and "planted by the test" in reason

@@ -5,6 +5,7 @@ fallback run for real on the CPU (2 gloo ranks)."""
 from __future__ import annotations
 
 import ast
+import csv
 import importlib.util
 import json
 import re
@@ -197,7 +198,7 @@ def test_ncu_raw_metric_layout_is_read_per_launch_in_base_units(raw_csv):
     assert launches.loc[0, "duration"] == pytest.approx(10e-6) and launches.loc[1, "duration"] == pytest.approx(2e-3)
     assert launches.loc[0, "dram_bytes"] == 12e6 and launches.loc[1, "dram_bytes"] == pytest.approx(5e8)
     assert launches.loc[1, "flops"] == pytest.approx(1e9 + 2 * 4e10)  # FADD + 2 FFMA
-    assert launches.loc[2, "flops"] == 0 and launches.loc[2, "tensor_pipe_pct"] == 60  # Hopper: the busier of gmma, hmma
+    assert launches.loc[2, "flops"] == 0 and launches.loc[2, "tensor_pipe_pct"] == 60  # Hopper: the hmma pipe counter
     assert launches.loc[1, "achieved_occupancy_pct"] == 45 and launches.loc[1, "theoretical_occupancy_pct"] == 50
 
 
@@ -276,6 +277,27 @@ def test_the_peaks_follow_the_gpu_the_capture_names(tmp_path):
     summary = profile.summarize(run, "run", profile.DEFAULT_THRESHOLDS, None, REFERENCES, "a100_sxm_80gb")
     assert summary["gpu_peaks"]["key"] == "h100_sxm" and summary["gpu_peaks"]["precision"] == "fp16"
     assert summary["peaks_basis"].startswith("NVIDIA H100 SXM5 80GB (gpu_peaks.h100_sxm, from the capture's device name")
+
+
+H100_NCU = RECORDED / "ncu-2025.3.1_H100-SXM5-80GB_resnet50-bf16_raw-metrics.csv"
+
+
+def test_recorded_h100_ncu_of_the_projects_own_command_is_read_whole(peaks):
+    """What ncu 2025.3.1 wrote on an H100 SXM for the project's own profile command (fixture
+    README: command, driver): it holds exactly the metrics the command asks for on Hopper (a
+    metric ncu does not know, such as a gmma cycles counter, loses the whole profile), read in base
+    units; cuDNN's bf16 fprop convolution is compute-bound at 64 % of the dense bf16 peak."""
+    from scalerepro import profile_rank
+
+    reading = profile.read_ncu_csv(H100_NCU)
+    assert reading.layout == "raw metric names" and reading.problems == [] and reading.compute_capabilities == ["9.0"]
+    assert len(reading.launches) == 40
+    with open(H100_NCU) as stream:
+        written = {row["Metric Name"] for row in csv.DictReader(line for line in stream if not line.startswith("=="))}
+    assert written == set(profile_rank.NCU_METRICS) | set(profile_rank.tensor_pipe_metrics(9))
+    conv = next(row for row in profile.roofline(reading.launches, peaks) if "fprop" in row["kernel"])
+    assert conv["duration_s"] == pytest.approx(1913.888e-6) and conv["bound"] == "compute"
+    assert conv["flops_fraction"] == pytest.approx(0.6437, abs=1e-3) and conv["theoretical_occupancy_pct"] == 12.5
 
 
 def test_recorded_ncu_2019_section_display_names_give_duration_occupancy_and_dram():
@@ -385,7 +407,7 @@ def test_the_ncu_command_asks_for_raw_metrics_in_base_units():
     needed = {"gpu__time_duration.sum", "dram__bytes.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
               "sm__warps_active.avg.pct_of_peak_sustained_active", "sm__maximum_warps_per_active_cycle_pct",
-              "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed", *profile.FLOP_COUNTERS}  # fmt: skip
+              "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", *profile.FLOP_COUNTERS}  # fmt: skip
     assert needed <= set(metrics)
     assert set(metrics) <= set(profile.NCU_RAW) | set(profile.FLOP_COUNTERS)  # the reader knows every one it asks for
 
@@ -394,7 +416,8 @@ def test_the_tensor_pipe_metric_follows_the_gpu_generation(capsys):
     from scalerepro import profile_rank
 
     assert profile_rank.tensor_pipe_metrics(8) == ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",)
-    assert "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed" in profile_rank.tensor_pipe_metrics(9)
+    # Hopper: one counter for wgmma and mma.sync; ncu 2025.3 knows no gmma cycles counter on an H100
+    assert profile_rank.tensor_pipe_metrics(9) == ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",)
     assert profile_rank.tensor_pipe_metrics(12) == ()
     (line,) = capsys.readouterr().err.splitlines()
     assert "no tensor-pipe metric known for compute capability 12.x" in line

@@ -4,6 +4,7 @@ exactly, signals checkpoint and exit with the distinct code, bad input is one li
 from __future__ import annotations
 
 import copy
+import json
 import signal
 import subprocess
 import sys
@@ -369,3 +370,36 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
     for part in ("/model/", "/optimizer/state/", "/rng/torch"):
         assert any(path.startswith(part) for path in changed), f"the probe's steps never changed {part}: {changed[:5]}"
     assert _differences(before[0], after[0]) == []
+
+
+# A probe after training that needs more memory than the measured steps (on an H100 the eager
+# bucket probe raised llama_1b's peak from the 42.7 GiB training used to 65.0 GiB). On the CPU the
+# peak is the process's RSS, which only grows: a probe touching 768 MiB shows in it. Run in a
+# child process, so that the test process's own history of RSS is not in the figure.
+_PROBE_THAT_GROWS = """
+import json, sys, torch
+from scalerepro import metrics
+from scalerepro.train import main
+from scalerepro.trainer import Trainer
+
+original = Trainer._probe_backward_buckets
+
+def probe_that_grows(self, steps):
+    block = torch.ones(768 * 2**20 // 4)  # written, so resident
+    after = metrics.peak_memory(self.device)["rss_bytes"]
+    del block
+    print(json.dumps({"rss_after_probe": after}))
+    return original(self, steps)
+
+Trainer._probe_backward_buckets = probe_that_grows
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_peak_memory_is_the_measured_windows_not_what_runs_after_it(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _PROBE_THAT_GROWS, *small_run(tmp_path, "--model", "cnn")],
+                          env=clean_env(), capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    after_probe = next(json.loads(line)["rss_after_probe"] for line in done.stdout.splitlines() if line.startswith("{"))
+    recorded = load_record(tmp_path / "run.json")["measurements"]["memory"]["rss_bytes_max"]
+    assert recorded < after_probe - 512 * 2**20, (recorded, after_probe)

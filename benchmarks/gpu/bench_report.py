@@ -1,5 +1,8 @@
-"""The optimised rows of ``benchmarks/trainer_throughput.py --json`` files against issue 11's
-H100 goals: value, goal met or by how much missed, MFU, step time, peak memory, ratio."""
+"""The rows of ``benchmarks/trainer_throughput.py --json`` files against issue 24's one-GPU goals:
+value, goal met or by how much missed, MFU, median step time with its p10-p90 over the measured
+steps, peak memory, and optimised/baseline where both ran.
+
+    python bench_report.py BENCH_JSON..."""
 
 from __future__ import annotations
 
@@ -12,18 +15,25 @@ GOALS = {  # model: (figure, goal on one H100, unit)
     "gpt2_small": ("tokens_per_s", 450000, "tok/s"),
     "bert_base": ("samples_per_s", 4000, "seq/s"),
     "vit_b_16": ("samples_per_s", 1500, "img/s"),
+    "llama_1b": ("tokens_per_s", 50000, "tok/s"),
 }
+failed = 0
 for path in sys.argv[1:]:
     document = json.load(open(path))
-    for model, pair in document["results"].items():
+    flags = " ".join(document.get("flags") or []) or "preset as is"
+    for model, runs in document["results"].items():
         key, goal, unit = GOALS.get(model, ("samples_per_s", None, "samples/s"))
-        baseline, optimised = pair.get("baseline") or {}, pair.get("optimised") or {}
-        if not optimised.get("ok"):
-            print(f"BENCH {model:15s} optimised FAILED: {optimised.get('error')}")
-            continue
-        value, mfu = optimised[key] or 0.0, optimised["mfu"]
-        verdict = "no goal" if goal is None else ("MEETS" if value >= goal else f"MISSES, {value / goal:.0%} of") + f" goal {goal:,}"
-        ratio = f"{optimised['samples_per_s'] / baseline['samples_per_s']:.2f}x the baseline" if baseline.get("ok") else "baseline failed"
-        print(f"BENCH {model:15s} batch {optimised['batch']:4d}: {value:12,.0f} {unit} ({verdict}) "
-              f"MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} step {1e3 * optimised['step_median_s']:.1f} ms "
-              f"peak {optimised['peak_memory_bytes'] / 2**30:.1f} GiB ({optimised['memory_kind']}), {ratio} [{document['device']}]")  # fmt: skip
+        baseline = runs.get("baseline") or {}
+        for config, run in runs.items():
+            if not run.get("ok"):
+                print(f"BENCH {model:15s} {config} FAILED: {run.get('error')}")
+                failed += 1
+                continue
+            value, mfu = run[key] or 0.0, run["mfu"]
+            verdict = "no goal" if goal is None else ("MEETS" if value >= goal else f"MISSES, {value / goal:.0%} of") + f" goal {goal:,}"
+            ratio = f", {run['samples_per_s'] / baseline['samples_per_s']:.2f}x the baseline" if config != "baseline" and baseline.get("ok") else ""
+            spread = f"p10-p90 {1e3 * run['step_p10_s']:.1f}-{1e3 * run['step_p90_s']:.1f}, n={run['measured_steps']}" if "step_p10_s" in run else ""
+            print(f"BENCH {model:15s} {config:9s} [{flags}] batch {run['batch']:4d}: {value:12,.0f} {unit} ({verdict}) "
+                  f"MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} step {1e3 * run['step_median_s']:.1f} ms ({spread}) "
+                  f"peak {run['peak_memory_bytes'] / 2**30:.1f} GiB ({run['memory_kind']}){ratio} [{document['device']}]")  # fmt: skip
+raise SystemExit(1 if failed else 0)

@@ -3,14 +3,16 @@
     python check_record.py RECORD [--cpu]
 
 On a GPU run every figure issue 11 asks of a 1-GPU record must be there: NVML energy from the
-total-energy counter, power, utilisation, SM clock, MFU against the peak picked from the device
-name, step times (CUDA events on a GPU) and peak CUDA memory. ``--cpu`` (the CPU rehearsal)
-checks only what a CPU run can fill."""
+total-energy counter, power, utilisation, SM clock, MFU against the peak the table gives the
+record's own GPU (H100 SXM5 on the H100 kind, H200 SXM on its fallback), step times (CUDA events
+on a GPU) and peak CUDA memory. ``--cpu`` (the CPU rehearsal) checks only what a CPU run can fill."""
 
 from __future__ import annotations
 
 import json
 import sys
+
+from scalerepro import hardware
 
 path, on_cpu = sys.argv[1], "--cpu" in sys.argv[2:]
 record = json.load(open(path))
@@ -35,10 +37,11 @@ need = {"status ok": record["status"] == "ok", "samples_per_s": bool(m.get("samp
 if parallel.get("backend"):  # a process group: DDP's probes must have measured
     need.update({"exposed communication measured": comm.get("reason") is None, "bucket probe measured": buckets.get("reason") is None})
 if not on_cpu:
+    expected_peak = hardware.gpu_model(record["hardware"]["gpu"]["name"])  # None: a GPU the table lacks
     need.update({
         "device cuda": parallel.get("device_type") == "cuda",
         "mfu": m.get("mfu") is not None,
-        "peak = H100 SXM5": "H100 SXM5" in (m.get("peak_flops_source") or ""),
+        f"peak = the table's {expected_peak}": bool(expected_peak) and expected_peak in (m.get("peak_flops_source") or ""),
         "nvml energy_j": bool(nvml.get("energy_j")),
         "nvml total-energy counter": nvml.get("energy_method") == "total_energy_counter",
         "nvml power, utilisation, SM clock": None not in (nvml.get("power_mean_w"), nvml.get("gpu_util_mean_pct"), nvml.get("sm_clock_mean_mhz")),

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_map
 
 from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, parallel, profiling, sharded_checkpoint
 from .config import ConfigError, TrainConfig
@@ -113,18 +114,28 @@ class _ProgressBar:
 
 
 class _EnergyWindow:
-    """GPU energy (NVML) and the host's other CPU load over the measured steps: started at the
-    first measured step, stopped after the last one (before the end-of-run evaluation) or when
-    training fails; paused around anything inside that is not a training step."""
+    """GPU energy (NVML), the host's other CPU load and peak memory over the measured steps:
+    started at the first measured step, stopped after the last one (before the end-of-run
+    evaluation and the probes) or when training fails; paused around anything inside that is not
+    a training step.
 
-    def __init__(self, sampler: NvmlSampler, host_load: hostload.HostLoad):
-        self.sampler, self.host_load = sampler, host_load
+    At the start the device is synchronised (the warm-up steps' queued work must not fall inside
+    the energy window) and the allocator's peaks are reset, so that the peak memory of the record
+    is the measured steps' own: not warm-up autotuning, evaluation, or the probes after training
+    (on an H100 the eager bucket probe raised llama_1b's peak from 42.7 to 65.0 GiB)."""
+
+    def __init__(self, sampler: NvmlSampler, host_load: hostload.HostLoad, device: torch.device):
+        self.sampler, self.host_load, self.device = sampler, host_load, device
         self.sampling = False
-        self.nvml_summary: dict[str, Any] | None = None  # both set when the window stops
+        self.nvml_summary: dict[str, Any] | None = None  # all three set when the window stops
         self.host_activity: dict[str, Any] | None = None
+        self.peak_memory: dict[str, int | None] | None = None
 
     def start(self) -> None:
         if not self.sampling:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
             self.sampler.start()
             self.host_load.start()
             self.sampling = True
@@ -133,6 +144,7 @@ class _EnergyWindow:
         if self.sampling:
             self.nvml_summary = self.sampler.stop()
             self.host_activity = self.host_load.stop()
+            self.peak_memory = metrics.peak_memory(self.device)
             self.sampling = False
 
     @contextlib.contextmanager
@@ -169,6 +181,8 @@ class Trainer:
     # this rank's bytes of parameters, gradients and optimizer state, counted after the optimizer
     # of this process's first step, before the gradients are freed (_memory_split)
     state_bytes: dict[str, int] | None = None
+    # the measured window's peak memory (metrics.peak_memory), taken when it ends; None until then
+    window_peak_memory: dict[str, int | None] | None = None
 
     def __init__(self, config: TrainConfig, ctx: DistContext, stop: StopRequest, log: Any = print):
         self.config, self.ctx, self.stop, self.log = config, ctx, stop, log
@@ -499,10 +513,13 @@ class Trainer:
         """Everything a step changes (model, optimizer, LR scheduler, loss scaler, this rank's
         RNG states) as it was on entry, restored on exit: the probes after training take real
         steps and must leave the run's final state as training left it."""
+        # the model's and the optimizer's copies go to host memory: on the GPU a second model and
+        # a second AdamW state (8 bytes a parameter: 10 GB for llama_1b) may not fit beside the
+        # run's own; load_state_dict moves the optimizer's back to each parameter's device
+        to_host = lambda value: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else copy.deepcopy(value)  # noqa: E731
         saved = {
-            # the model's copy goes to host memory: a second model on the GPU may not fit
-            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()},
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "model": {k: to_host(v) for k, v in self.module.state_dict().items()},
+            "optimizer": tree_map(to_host, self.optimizer.state_dict()),
             "scheduler": copy.deepcopy(self.scheduler.state_dict()),
             "scaler": copy.deepcopy(self.scaler.state_dict()),
             "rng": checkpoint.rng_state(),
@@ -740,13 +757,14 @@ class Trainer:
         them)."""
         gpu_uuid = nvml_uuid_for_torch_device(self.device.index) if self.device.type == "cuda" else None
         sampler = NvmlSampler(gpu_uuid, self.config.run.nvml_interval_s, self._idle_power(gpu_uuid))
-        window = self._energy = _EnergyWindow(sampler, self.host_load)
+        window = self._energy = _EnergyWindow(sampler, self.host_load, self.device)
         try:
             yield window
         finally:
             window.stop()
             if window.nvml_summary is not None:
                 self.nvml_summary, self.host_activity = window.nvml_summary, window.host_activity
+                self.window_peak_memory = window.peak_memory
 
     def _outside_energy_window(self) -> contextlib.AbstractContextManager:
         """What runs inside is not a training step: the energy sampler pauses (a no-op when it is
@@ -872,6 +890,11 @@ class Trainer:
                 figures["comm_bytes_per_step_analytic"].update({f"dp_{k}": v for k, v in data.items()})
         return figures
 
+    def _peak_memory(self) -> dict[str, int | None]:
+        """Peak memory of the measured window; of the whole process where no window ended (a run
+        that failed before its first measured step)."""
+        return self.window_peak_memory or metrics.peak_memory(self.device)
+
     def _memory_split(self, ctx: DistContext) -> dict[str, Any]:
         """Every rank's memory by kind: the bytes of parameters, gradients and optimizer state it
         holds (local shards, or its pipeline stage; parallel.local_state_bytes, counted at its
@@ -882,7 +905,7 @@ class Trainer:
         the state bytes being the same at every step, hence at the peak's. It includes what else
         a step allocates beside activations (FSDP's gathered parameters, communication buffers).
         A collective."""
-        peak = metrics.peak_memory(self.device)["allocated_bytes"]
+        peak = self._peak_memory()["allocated_bytes"]
         state = self.state_bytes
         activations = peak - sum(state.values()) if peak is not None and state is not None else None
         per_rank = gather_objects(ctx, {**(state or {"parameters": None, "gradients": None, "optimizer_state": None}), "activations": activations})
@@ -905,12 +928,26 @@ class Trainer:
         params = [p for p in self.module.parameters() if p.requires_grad]  # DDP's parameter order
         sizes = [p.numel() * p.element_size() for p in params]  # gradients have the parameter's dtype
         recorder = buckets.PhaseRecorder(metrics.DeviceClock(self.device))
+        out_of_memory = None
         with self.preserved_state():
             groups = self._cached_step_batches(steps + 1)  # inside: reading them may draw random numbers
-            with recorder.watching(params):
-                for step in range(steps + 1):
-                    batches = iter(groups[step % len(groups)])
-                    self._train_step(batches, sync_gradients=False, eager=True, step_scheduler=False, marks=recorder)
+            try:
+                with recorder.watching(params):
+                    for step in range(steps + 1):
+                        batches = iter(groups[step % len(groups)])
+                        self._train_step(batches, sync_gradients=False, eager=True, step_scheduler=False, marks=recorder)
+            except torch.OutOfMemoryError as error:
+                # The eager model can need more memory than the compiled one the run trained
+                # (llama_1b at 8 x 2048 on an H100: fp32 logits the compiled loss never holds).
+                # The run's figures are complete; the probe is not measured, and says why.
+                out_of_memory = ". ".join(str(error).split(". ")[:2])  # "CUDA out of memory. Tried to allocate 7.83 GiB"
+                self.optimizer.zero_grad(set_to_none=True)
+        # The probe's steps run no collective, so a rank out of memory cannot strand its peers;
+        # all learn here whether any rank ran out, and all leave the probe alike.
+        anywhere = all_reduce_max(self.ctx, torch.tensor([float(out_of_memory is not None)], device=self.device)).item()
+        if anywhere:
+            where = out_of_memory or "on another rank"
+            return buckets.not_measured(f"the eager probe steps ran out of device memory ({where}): lower --batch-size, or --bucket-probe-steps 0")
         if len(recorder.ready_order) != len(params):
             unused = len(params) - len(recorder.ready_order)
             return buckets.not_measured(f"{unused} parameters got no gradient in the backward: DDP's bucket timing needs every parameter used")
@@ -937,7 +974,7 @@ class Trainer:
             self.config.perf.precision,
             override_tflops=self.config.run.peak_tflops,
         )
-        memory = gather_objects(ctx, metrics.peak_memory(self.device))
+        memory = gather_objects(ctx, self._peak_memory())
         nvml = combine_ranks(gather_objects(ctx, self.nvml_summary))
         # one entry per node (its first rank's view: every rank of a node sees the same host)
         per_node = {}

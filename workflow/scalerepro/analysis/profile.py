@@ -461,7 +461,6 @@ NCU_RAW = {
     "sm__maximum_warps_per_active_cycle_pct": ("theoretical_occupancy_pct", "percent"),
     # tensor-pipe utilisation, one metric per GPU generation (scalerepro.profile_rank.TENSOR_PIPE_METRICS)
     "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed": ("tensor_pipe_pct", "percent"),
-    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed": ("tensor_pipe_pct", "percent"),
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed": ("tensor_pipe_pct", "percent"),
 }
 # The same figures as the sections print them by default (--print-metric-name label): display
@@ -576,9 +575,6 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
         names_seen.add("raw" if name in NCU_RAW or name in FLOP_COUNTERS else "display")
         if field_name == "flop_counter":
             launch["flops"] = launch.get("flops", 0.0) + FLOP_COUNTERS[name] * value
-        elif field_name == "tensor_pipe_pct":
-            # Hopper has two tensor pipes (wgmma, mma.sync): the busier one, a lower bound of their sum
-            launch[field_name] = max(launch.get(field_name, 0.0), value * scale)
         else:
             launch[field_name] = value * scale
     frame = pd.DataFrame(list(launches.values()), columns=["id", "kernel", "flops", *NCU_FIELDS])
