@@ -136,7 +136,7 @@ stage_env() {
     ncu --query-metrics --chip gh100 > "$DIR/ncu_metrics_gh100.txt" 2>&1  # kept for reference
     # every metric profile_rank asks for, read by the real tool: one it does not know loses a whole profile
     check "ncu reads every metric profile_rank asks for on this GPU" ncu_usable
-    cat "$DIR/ncu_usable.txt"
+    note "INFO ncu: $(cat "$DIR/ncu_usable.txt")"
   else
     note "SKIP ncu checks: no ncu on PATH"
   fi
