@@ -256,6 +256,24 @@ def test_tensor_work_that_cannot_be_counted_says_why(raw_csv):
     assert row["tensor_work"] == "not counted: the capture has no tensor-pipe metric for this kernel" and row["flops"] is None
 
 
+def test_hopper_tensor_work_without_wgmma_is_not_set_against_the_wgmma_peak(peaks):
+    """Hopper's tensor-pipe counter is busy for mma.sync (cuDNN's ``s16816`` kernels: m16n8k16
+    HMMA) and for HFMA2.MMA (elementwise bf16 kernels) too; the dense peak is wgmma's. The H100
+    recording has the pipe utilisation of real kernels; the wgmma instruction counts (asked for
+    since) are planted as such kernels have them: none but in the sm90 GEMM."""
+    launches = profile.read_ncu_csv(H100_NCU).launches
+    rows = lambda frame: {row["kernel"][:25]: row for row in profile.roofline(frame, peaks)}  # noqa: E731
+    before = rows(launches)  # no instruction counts in the capture: utilisation x peak, as before
+    assert before["void cutlass__5x_cudnn::K"]["tensor_flops"] > 0 and before["void at::elementwise_kern"]["tensor_flops"] > 0
+    launches["wgmma_instructions"] = launches["kernel"].str.startswith("nvjet_sm90").astype(float) * 1e6
+    after = rows(launches)
+    assert after["nvjet_sm90_tst_64x512_64x"]["tensor_flops"] == before["nvjet_sm90_tst_64x512_64x"]["tensor_flops"] > 0
+    for kernel in ("void cutlass__5x_cudnn::K", "void at::elementwise_kern"):
+        row = after[kernel]
+        assert row["tensor_flops"] is None and "no wgmma instruction" in row["tensor_work"] and "tensor-core FLOPs" in row["missing"]
+        assert row["flops"] == row["cuda_core_flops"] and row["peak"].endswith("FP32 CUDA cores")
+
+
 def test_the_peaks_follow_the_gpu_the_capture_names(tmp_path):
     assert profile.peaks_key_for_device(REFERENCES, "NVIDIA H100 80GB HBM3 (compute capability 9.0)") == "h100_sxm"
     assert [profile.peaks_key_for_device(REFERENCES, n) for n in ("NVIDIA H100 PCIe", "nvidia h100 nvl", "NVIDIA H200", "NVIDIA A100-SXM4-80GB")] == [
@@ -294,10 +312,28 @@ def test_recorded_h100_ncu_of_the_projects_own_command_is_read_whole(peaks):
     assert len(reading.launches) == 40
     with open(H100_NCU) as stream:
         written = {row["Metric Name"] for row in csv.DictReader(line for line in stream if not line.startswith("=="))}
-    assert written == set(profile_rank.NCU_METRICS) | set(profile_rank.tensor_pipe_metrics(9))
+    # what the command asked for on Hopper on 2026-11-25 (the wgmma instruction count was added since)
+    assert written == set(profile_rank.NCU_METRICS) | {"sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"}
     conv = next(row for row in profile.roofline(reading.launches, peaks) if "fprop" in row["kernel"])
     assert conv["duration_s"] == pytest.approx(1913.888e-6) and conv["bound"] == "compute"
     assert conv["flops_fraction"] == pytest.approx(0.6437, abs=1e-3) and conv["theoretical_occupancy_pct"] == 12.5
+
+
+GH100_METRICS = RECORDED / "ncu-2025.3.1_gh100_query-metrics.txt"
+
+
+def test_every_metric_asked_for_on_hopper_is_one_ncu_knows():
+    """A metric ncu does not know fails the whole profile. Each one the command asks for on a
+    Hopper GPU is in the real tool's gh100 list (ncu 2025.3.1 on an H100), or was read from a real
+    H100 capture (derived metrics such as the theoretical occupancy are not in that list)."""
+    from scalerepro import profile_rank
+
+    known = {line.strip() for line in GH100_METRICS.read_text().splitlines() if line and not line.startswith("#")}
+    with open(H100_NCU) as stream:
+        captured = {row["Metric Name"] for row in csv.DictReader(line for line in stream if not line.startswith("=="))}
+    asked = [*profile_rank.NCU_METRICS, *profile_rank.tensor_pipe_metrics(9)]
+    unknown = [metric for metric in asked if metric.split(".")[0] not in known and metric not in captured]
+    assert unknown == []
 
 
 def test_recorded_ncu_2019_section_display_names_give_duration_occupancy_and_dram():
@@ -370,7 +406,7 @@ NCCL_KERNELS = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_AllReduce
 def _ncu_command(names=None):
     from scalerepro import profile_rank
 
-    return profile_rank.command("ncu", "0", "/out", 0, ["python", "-m", "scalerepro.train"], 8, names,
+    return profile_rank.command("ncu", "0", "/out", 0, ["python", "-m", "scalerepro.train"], names,
                                 profile_rank.tensor_pipe_metrics(9))  # fmt: skip
 
 
@@ -403,6 +439,10 @@ def test_the_ncu_command_asks_for_raw_metrics_in_base_units():
     assert "--section" not in command
     assert command[command.index("--print-metric-name") + 1] == "name"
     assert command[command.index("--print-units") + 1] == "base"
+    # clocks as the run has them, not locked at base clock (the roofline's peaks are boost-clock)
+    assert command[command.index("--clock-control") + 1] == "none"
+    # one launch of each launch configuration, so that no frequent kernel takes every slot
+    assert command[command.index("--filter-mode") + 1] == "per-launch-config" and command[command.index("--launch-count") + 1] == "1"
     metrics = command[command.index("--metrics") + 1].split(",")
     needed = {"gpu__time_duration.sum", "dram__bytes.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
@@ -416,8 +456,10 @@ def test_the_tensor_pipe_metric_follows_the_gpu_generation(capsys):
     from scalerepro import profile_rank
 
     assert profile_rank.tensor_pipe_metrics(8) == ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",)
-    # Hopper: one counter for wgmma and mma.sync; ncu 2025.3 knows no gmma cycles counter on an H100
-    assert profile_rank.tensor_pipe_metrics(9) == ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",)
+    # Hopper: one cycles counter for wgmma and mma.sync (ncu 2025.3 knows no gmma cycles counter on an
+    # H100), and the wgmma instruction count that tells them apart
+    assert profile_rank.tensor_pipe_metrics(9) == ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+                                                   "sm__inst_executed_pipe_tensor_op_gmma.sum")
     assert profile_rank.tensor_pipe_metrics(12) == ()
     (line,) = capsys.readouterr().err.splitlines()
     assert "no tensor-pipe metric known for compute capability 12.x" in line

@@ -36,12 +36,17 @@ NCU_METRICS = (
 TENSOR_PIPE_METRICS = {
     7: ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",),  # Volta, Turing
     8: ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",),  # Ampere, Ada
-    # Hopper: one counter for warpgroup MMA (wgmma: HGMMA, QGMMA) and mma.sync (HMMA) alike; ncu
-    # 2025.3 on an H100 describes it so ("HMMA/HFMA2.MMA/HGMMA/QGMMA ops") and knows no separate
-    # gmma cycles counter (its --query-metrics lists none, and one metric ncu does not know fails the
-    # whole profile: tests/fixtures/ncu/recorded/ holds what it wrote for these)
-    9: ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",),
+    # Hopper: one cycles counter for warpgroup MMA (wgmma: HGMMA, QGMMA), mma.sync (HMMA) and the
+    # half-precision FMAs issued to the tensor pipe (HFMA2.MMA) alike; ncu 2025.3 on an H100
+    # describes it so and knows no separate gmma cycles counter (its --query-metrics lists none, and
+    # one metric ncu does not know fails the whole profile). The wgmma instruction count tells a
+    # kernel that reaches the wgmma peak from one that cannot (scalerepro.analysis.profile.roofline).
+    9: ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", "sm__inst_executed_pipe_tensor_op_gmma.sum"),
 }
+# ncu's --clock-control: "none" leaves the GPU's clocks as the run has them (ncu's default, "base",
+# locks them at base clock; kernel times at base clock set against boost-clock peaks read low).
+# The capture records it (workflow/scripts/run_profile.py).
+NCU_CLOCK_CONTROL = "none"
 # ncu replays a kernel to collect its counters; replaying an NCCL kernel serialises this rank
 # while its peers wait inside the collective, and the job hangs (NVIDIA/nccl issues 466 and
 # 536, nccl-tests issue 101). Kernel names are matched by ncu's "function" base, the plain
@@ -100,7 +105,7 @@ def rank_from_environment() -> int:
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
 
 
-def command(tool: str, ranks: str, out_dir: str, rank: int, trainer: list[str], ncu_kernels: int,
+def command(tool: str, ranks: str, out_dir: str, rank: int, trainer: list[str],
             ncu_kernel_names: list[str] | None = None, tensor_metrics: tuple[str, ...] = ()) -> list[str]:
     """The command this rank execs: the trainer, under ``tool`` when ``rank`` is profiled."""
     if ranks != "all" and rank != 0:
@@ -111,7 +116,12 @@ def command(tool: str, ranks: str, out_dir: str, rank: int, trainer: list[str], 
         return ["nsys", "profile", "--trace=cuda,nvtx,osrt", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
                 "--force-overwrite=true", "--output", os.path.join(out_dir, f"rank{rank}"), *trainer]  # fmt: skip
     if tool == "ncu":
-        return ["ncu", "--profile-from-start", "off", "--launch-count", str(ncu_kernels),
+        # One launch of each launch configuration (kernel, grid, block) of the chosen kernels in the
+        # profiling window: with a plain --launch-count N the first N matching launches are
+        # profiled, and one frequent kernel can take every slot. The clocks are left as the run
+        # has them (ncu's default locks them at base clock, and the roofline's peaks are at boost).
+        return ["ncu", "--profile-from-start", "off", "--clock-control", NCU_CLOCK_CONTROL,
+                "--filter-mode", "per-launch-config", "--launch-count", "1",
                 "--kernel-name-base", "function", "--kernel-name", "regex:" + ncu_kernel_regex(ncu_kernel_names),
                 "--metrics", ",".join((*NCU_METRICS, *tensor_metrics)), "--print-metric-name", "name",
                 "--print-units", "base", "--csv", "--page", "details", "--log-file",
@@ -124,15 +134,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tool", required=True, choices=["nsys", "ncu"])
     parser.add_argument("--ranks", default="0", choices=["0", "all"])
     parser.add_argument("--out-dir", required=True)
-    parser.add_argument("--ncu-kernels", type=int, default=8)
-    parser.add_argument("--ncu-kernel-names", nargs="*", default=None, help="profile only these kernels (nsys shortName)")
+    parser.add_argument("--ncu-kernel-names", nargs="*", default=None, help="profile only these kernels (nsys shortName; default: every non-NCCL kernel of the window)")
     parser.add_argument("trainer", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
     args = parser.parse_args(argv)
     flags = args.trainer[1:] if args.trainer[:1] == ["--"] else args.trainer
     trainer = [sys.executable, "-m", "scalerepro.train", *flags]
     rank = rank_from_environment()
     tensor = tensor_pipe_metrics(gpu_compute_major()) if args.tool == "ncu" and (args.ranks == "all" or rank == 0) else ()
-    cmd = command(args.tool, args.ranks, args.out_dir, rank, trainer, args.ncu_kernels, args.ncu_kernel_names, tensor)
+    cmd = command(args.tool, args.ranks, args.out_dir, rank, trainer, args.ncu_kernel_names, tensor)
     sys.stdout.flush()
     os.execvp(cmd[0], cmd)
 

@@ -4,8 +4,8 @@ window only, under one tool; then write ``capture.json`` saying what ran.
   torch  the trainer with --profile-mode torch: rank 0 writes trace.json and operators.csv
   nsys   each profiled rank under `nsys profile` (scalerepro.profile_rank), then
          `nsys export --type sqlite` of every rank's report
-  ncu    rank 0 under `ncu` for the top kernels by time (from the nsys export when nsys ran,
-         else the first kernels of the window)
+  ncu    rank 0 under `ncu`, one launch of each launch configuration of the top kernels by time
+         (from the nsys export when nsys ran, else of every kernel of the window)
 
 A tool missing at run time (a cluster node without Nsight) falls back to torch.profiler when
 profiling.fallback allows it, else the job fails with one line saying so.
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalerepro.profile_rank import top_kernel_names
+from scalerepro.profile_rank import NCU_CLOCK_CONTROL, top_kernel_names
 
 p = snakemake.params  # noqa: F821 - injected by Snakemake
 out_dir = Path(snakemake.output.capture).parent  # noqa: F821
@@ -42,8 +42,8 @@ else:
     ranks = "0" if tool == "ncu" else str(p.ranks)
     wrapper = ["-m", "scalerepro.profile_rank", "--tool", tool, "--ranks", ranks, "--out-dir", str(out_dir)]
     if tool == "ncu":
-        wrapper += ["--ncu-kernels", str(p.ncu_kernels)]
-        # the top kernels of rank 0's nsys export (NCCL's never: ncu must not replay them)
+        # the top kernels of rank 0's nsys export (NCCL's never: ncu must not replay them); without
+        # an export every non-NCCL kernel of the window, one launch of each launch configuration
         exports = sorted((out_dir.parent / "nsys").glob("rank0*.sqlite"))
         names = top_kernel_names(exports[0], p.ncu_kernels) if exports else []
         wrapper += ["--ncu-kernel-names", *names] if names else []
@@ -65,6 +65,6 @@ if code != 0:
 # the ncu CSV does not carry it
 version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip().splitlines() if tool != "torch" else []
 capture = {"tool": tool, "requested": p.tool, "fallback_reason": fallback_reason, "command": command,
-           "tool_version": version[-1] if version else None,
+           "tool_version": version[-1] if version else None, "clock_control": NCU_CLOCK_CONTROL if tool == "ncu" else None,
            "window_start": p.window_start, "window_steps": p.window_steps}  # fmt: skip
 Path(snakemake.output.capture).write_text(json.dumps(capture, indent=2) + "\n")  # noqa: F821

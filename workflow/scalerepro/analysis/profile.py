@@ -39,7 +39,8 @@ ridge = peak FLOP/s / peak DRAM B/s: a kernel left of the ridge is memory-bound.
 counters do not see tensor-core work: a kernel's tensor-core FLOPs are estimated as tensor-pipe
 utilisation x duration x the dense tensor peak of the run's precision, added to its SASS FLOPs,
 and it is set against that tensor roof (``tensor_work`` says how, or why the tensor-core work
-could not be counted). The peaks are those of the GPU the capture names (``gpu_peaks`` in
+could not be counted). On Hopper the dense peak is wgmma's: a kernel whose tensor pipe is busy
+with no wgmma instruction (mma.sync, or HFMA2.MMA in elementwise kernels) gets no estimate. The peaks are those of the GPU the capture names (``gpu_peaks`` in
 config/references.yaml, keyed by device name: H100 SXM/PCIe/NVL, H200, A100) and of the run's
 precision; the configured ``profiling.gpu_peaks`` applies only when the capture names no GPU.
 
@@ -462,6 +463,9 @@ NCU_RAW = {
     # tensor-pipe utilisation, one metric per GPU generation (scalerepro.profile_rank.TENSOR_PIPE_METRICS)
     "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed": ("tensor_pipe_pct", "percent"),
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed": ("tensor_pipe_pct", "percent"),
+    # Hopper: warpgroup MMA instructions; none in a kernel whose tensor pipe is busy means mma.sync
+    # or HFMA2.MMA work, which the wgmma peak does not bound (roofline)
+    "sm__inst_executed_pipe_tensor_op_gmma.sum": ("wgmma_instructions", "count"),
 }
 # The same figures as the sections print them by default (--print-metric-name label): display
 # names, which differ between versions (2019-2020: "SM [%]", "Memory [%]", "SOL FB"; later
@@ -481,7 +485,7 @@ NCU_DISPLAY = {
     ("Theoretical Occupancy", "percent"): "theoretical_occupancy_pct",
 }
 NCU_FIELDS = ("duration", "dram_bytes", "dram_bytes_per_s", "sm_throughput_pct", "memory_throughput_pct",
-              "dram_throughput_pct", "tensor_pipe_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct")  # fmt: skip
+              "dram_throughput_pct", "tensor_pipe_pct", "wgmma_instructions", "achieved_occupancy_pct", "theoretical_occupancy_pct")  # fmt: skip
 # FLOPs per SASS thread instruction: an FMA is two.
 FLOP_COUNTERS = {
     f"sm__sass_thread_inst_executed_op_{precision}{op}_pred_on.sum": weight
@@ -709,6 +713,13 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
             tensor, tensor_work = 0.0, "none: the tensor pipe was idle"
         elif tensor_peak is None:
             tensor_work = f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time, but {peaks.get('tensor_reason')}"
+        elif group["wgmma_instructions"].notna().any() and group["wgmma_instructions"].fillna(0).sum() == 0:
+            # Hopper's tensor-pipe counter also counts mma.sync (HMMA) and the half-precision FMAs
+            # issued to the tensor pipe (HFMA2.MMA, elementwise kernels): neither runs at the wgmma
+            # rate the dense peak is quoted for, so utilisation x that peak would overstate them
+            tensor_work = (f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time with no wgmma instruction "
+                           "(mma.sync or HFMA2.MMA work, which the dense wgmma peak does not bound)")
+            missing.append("tensor-core FLOPs")
         else:
             # tensor FLOPs = tensor-pipe busy share x duration x dense tensor peak of the precision
             tensor = tensor_busy_s * tensor_peak
