@@ -96,3 +96,30 @@ def test_slurm_facts_minimal_job_leaves_the_rest_none() -> None:
     assert facts["array_task_id"] is None and facts["restart_count"] is None
 
 
+
+
+# nvidia-smi -L's listing: a line per GPU, and under a GPU in MIG mode a line per instance (the
+# layout of NVIDIA's MIG user guide; GPU 0's UUID is the H100 lent to issue 24's session)
+NVIDIA_SMI_L = """GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-e7038405-b552-3705-127c-81a8843d7291)
+GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-5f2d1c3a-0b1e-4c61-9d07-2b8f0f7d9a11)
+  MIG 3g.40gb     Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)
+  MIG 3g.40gb     Device  1: (UUID: MIG-0a9b7c55-6e4f-5d21-8c3b-1f2e3d4c5b6a)
+"""
+
+
+@pytest.mark.parametrize("visible, names", [
+    (None, ["H100", "H100"]),
+    ("1", ["H100"]),
+    ("1,0", ["H100", "H100"]),
+    ("", []), ("-1", []), ("NoDevFiles", []),
+    ("0,7,1", ["H100"]),  # CUDA stops at the first entry naming no GPU
+    ("GPU-5f2d", ["H100"]),  # a unique UUID prefix
+    ("GPU-", []),  # a prefix of every GPU names none
+    ("MIG-0a9b7c55-6e4f-5d21-8c3b-1f2e3d4c5b6a", ["H100 MIG 3g.40gb"]),
+])  # fmt: skip
+def test_the_local_gpus_are_those_cuda_visible_devices_leaves(visible, names):
+    from scalerepro.schedulers import visible_gpu_names
+
+    got = visible_gpu_names(NVIDIA_SMI_L, visible)
+    assert [name.replace("NVIDIA ", "").replace(" 80GB HBM3", "") for name in got] == names
+    assert all(name.startswith("NVIDIA H100 80GB HBM3") for name in got)

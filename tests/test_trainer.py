@@ -403,3 +403,31 @@ def test_peak_memory_is_the_measured_windows_not_what_runs_after_it(tmp_path):
     after_probe = next(json.loads(line)["rss_after_probe"] for line in done.stdout.splitlines() if line.startswith("{"))
     recorded = load_record(tmp_path / "run.json")["measurements"]["memory"]["rss_bytes_max"]
     assert recorded < after_probe - 512 * 2**20, (recorded, after_probe)
+
+
+def test_fp32_is_ieee_and_tf32_is_tf32_in_matmuls_and_convolutions():
+    # through torch's fp32_precision settings: the deprecated allow_tf32 switches leave the
+    # convolutions' setting at "none" (seen with torch 2.13)
+    from scalerepro.trainer import _precision_setup
+
+    before = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+    try:
+        for precision, mode in (("tf32", "tf32"), ("fp32", "ieee"), ("bf16", "ieee"), ("tf32", "tf32"), ("fp16", "ieee")):
+            _precision_setup(precision)
+            assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == (mode, mode), precision
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+
+
+def test_mid_run_checkpoints_are_outside_the_energy_window(tmp_path, monkeypatch):
+    from scalerepro.nvml import NvmlSampler
+
+    events: list[str] = []
+    monkeypatch.setattr(NvmlSampler, "pause", lambda self: events.append("pause"))
+    monkeypatch.setattr(NvmlSampler, "resume", lambda self: events.append("resume"))
+    save = Trainer._save_checkpoint
+    monkeypatch.setattr(Trainer, "_save_checkpoint", lambda self, final=False: (events.append("save"), save(self, final))[1])
+    argv = small_run(tmp_path, "--model", "cnn", "--no-eval", "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "4")
+    assert main(argv) == 0
+    assert events.count("save") == 3  # steps 4, 8, 12
+    assert events == ["pause", "save", "resume"] * 3

@@ -164,14 +164,23 @@ class Outcome:
 
 
 def _precision_setup(precision: str) -> torch.dtype | None:
-    """Set the TF32 switches of the matmul and cuDNN paths; return the autocast dtype (or None).
+    """Set the fp32 arithmetic of the matmul and cuDNN convolution paths (TF32 for tf32, IEEE fp32
+    for every other precision); return the autocast dtype (or None).
 
     fp32 turns TF32 off for convolutions too (cuDNN allows it by default), so fp32 means fp32.
+    torch 2.9 and later set this through ``fp32_precision``: the older ``allow_tf32`` switches are
+    deprecated there and do not reach the new settings (after ``cudnn.allow_tf32 = False`` the
+    convolutions' ``fp32_precision`` still reads "none"), so the new API is used where it exists.
     """
     tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        mode = "tf32" if tf32 else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+    else:  # torch before 2.9 (an older NGC container)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
 
 
@@ -701,9 +710,11 @@ class Trainer:
 
     def _checkpoint_mid_run(self, losses: _RunningLoss) -> None:
         """A checkpoint inside the run also carries the epoch's loss sum so far, over all ranks
-        (a collective: every rank calls this at the same step)."""
-        self.progress.epoch_loss_sum = self._global_sum(losses.epoch)
-        self._save_checkpoint()
+        (a collective: every rank calls this at the same step). Writing it is not training: the
+        energy window pauses around it."""
+        with self._outside_energy_window():
+            self.progress.epoch_loss_sum = self._global_sum(losses.epoch)
+            self._save_checkpoint()
 
     def _save_checkpoint(self, final: bool = False) -> None:
         if self.checkpoints is None:

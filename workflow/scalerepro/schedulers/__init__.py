@@ -104,15 +104,47 @@ class Scheduler:
 LOCAL = Scheduler()
 
 
-def local_gpu_names() -> list[str]:
-    """The names of this machine's GPUs, from nvidia-smi (the workflow's own environment needs no
-    torch): "GPU 0: NVIDIA H100 80GB HBM3 (UUID: ...)" -> "NVIDIA H100 80GB HBM3"."""
+def local_gpu_names(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The names of the GPUs this machine's jobs can use, from nvidia-smi (the workflow's own
+    environment needs no torch), as ``CUDA_VISIBLE_DEVICES`` narrows them: what the ranks see."""
     if shutil.which("nvidia-smi") is None:
         return []
     listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
     if listed.returncode != 0:
         return []
-    return [line.split(": ", 1)[1].split(" (UUID")[0] for line in listed.stdout.splitlines() if line.startswith("GPU ")]
+    return visible_gpu_names(listed.stdout, environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible_gpu_names(nvidia_smi_l: str, cuda_visible_devices: str | None) -> list[str]:
+    """The GPUs of ``nvidia-smi -L`` that CUDA shows a process under ``cuda_visible_devices``, by
+    name, in CUDA's order. nvidia-smi lists each GPU, and under it its MIG instances:
+
+        GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-e7038405-b552-3705-127c-81a8843d7291)
+          MIG 3g.40gb     Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)
+
+    As the CUDA runtime reads the variable: unset, every GPU; otherwise a comma-separated list of
+    GPU indices or UUIDs ("GPU-..." or "MIG-...", a unique prefix is enough), read up to the
+    first entry that names no device, so that an empty value, "-1" or "NoDevFiles" leave none. A
+    MIG instance is named as scalerepro.hardware reads it: "<GPU name> MIG 3g.40gb"."""
+    devices = []  # (GPU index or None for a MIG instance, UUID, name)
+    gpu_name = ""
+    for line in nvidia_smi_l.splitlines():
+        head, _, uuid = line.partition(" (UUID: ")
+        uuid = uuid.rstrip(")")
+        if line.startswith("GPU "):
+            index, gpu_name = head[4:].split(": ", 1)
+            devices.append((index, uuid, gpu_name))
+        elif line.lstrip().startswith("MIG ") and uuid:
+            devices.append((None, uuid, f"{gpu_name} MIG {line.split()[1]}"))
+    if cuda_visible_devices is None:
+        return [name for index, _, name in devices if index is not None]
+    visible = []
+    for entry in (part.strip() for part in cuda_visible_devices.split(",")):
+        named = [name for index, uuid, name in devices if entry and (entry == index or (entry.startswith(("GPU-", "MIG-")) and uuid.startswith(entry)))]
+        if len(named) != 1:
+            break  # CUDA stops at the first entry that names no device (or several)
+        visible.append(named[0])
+    return visible
 
 
 def _backends() -> dict[str, Scheduler]:
