@@ -328,3 +328,13 @@ def test_a_probe_out_of_memory_on_one_rank_leaves_a_complete_run_on_every_rank(t
     assert m["exposed_communication"]["reason"] is None  # the other probe measured
     reason = m["backward_buckets"]["reason"]
     assert "ran out of device memory" in reason and "planted by the test" in reason
+
+
+def test_two_ranks_lengthen_their_window_alike(tmp_path):
+    # each rank times its own steps; both must add the same steps or a collective waits forever
+    done = torchrun(2, ["--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--num-workers", "0",
+                        "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "0", "--bucket-probe-steps", "0",
+                        "--min-window-s", "0.4", "--log-interval", "2", "--dist-timeout-s", "60", "--record", str(tmp_path / "r.json")])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = load_record(tmp_path / "r.json")
+    assert record["measurements"]["window_s"] >= 0.4 and record["steps"]["total"] > 6

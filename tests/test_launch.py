@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env, load_record
-from scalerepro import launch
+from scalerepro import cores, launch
 from scalerepro.schedulers import slurm
 
 TRAIN = ["-m", "scalerepro.train", "--model", "cnn"]
@@ -30,13 +30,29 @@ def _args(*argv: str):
 
 def test_outside_slurm_the_launcher_starts_the_ranks_itself_on_loopback():
     assert launch.command(_args("--ranks-per-node=2"), environ={}) == [sys.executable, *TRAIN]
-    envs = launch.local_rank_environments(2, 4321, 7, {"PATH": "/bin"})
+    envs = launch.local_rank_environments(2, 4321, 7, {"PATH": "/bin"}, [0, 1])
     assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [("0", "0", "2"), ("1", "1", "2")]
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["GLOO_SOCKET_IFNAME"], e["NCCL_SOCKET_IFNAME"]) for e in envs} == {("127.0.0.1", "4321", "lo", "lo")}
     assert envs[0][launch.STORE_FD_ENV] == "7" and launch.STORE_FD_ENV not in envs[1]
-    assert launch.local_rank_environments(1, 1, 7, {"GLOO_SOCKET_IFNAME": "eth1"})[0]["GLOO_SOCKET_IFNAME"] == "eth1"
-    assert launch.threads_per_rank(16, 4) == 4 and launch.threads_per_rank(2, 4) == 1
-    assert {e["OMP_NUM_THREADS"] for e in launch.local_rank_environments(2, 1, 7, {"OMP_NUM_THREADS": "3"})} == {"3"}
+    assert launch.local_rank_environments(1, 1, 7, {"GLOO_SOCKET_IFNAME": "eth1"}, [0])[0]["GLOO_SOCKET_IFNAME"] == "eth1"
+
+
+def test_each_local_rank_gets_its_own_cores_and_as_many_threads_whatever_it_inherits():
+    # Snakemake exports the job's threads (ranks x cpus_per_gpu) to the job: never a rank's count
+    inherited = {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4"}
+    envs = launch.local_rank_environments(2, 1, 7, inherited, [4, 5, 6, 7])
+    assert [e[cores.CORES_ENV] for e in envs] == ["4,5", "6,7"]
+    assert all(e[name] == "2" for e in envs for name in cores.THREAD_VARIABLES)
+    one_each = launch.local_rank_environments(2, 1, 7, inherited, [0, 1])
+    assert [(e[cores.CORES_ENV], e["OMP_NUM_THREADS"]) for e in one_each] == [("0", "1"), ("1", "1")]
+
+
+def test_a_job_takes_the_first_cores_it_was_given_and_each_rank_an_equal_share():
+    assert cores.job_cores({3, 0, 2, 1}, 2) == [0, 1] and cores.job_cores({0, 1}, None) == [0, 1] and cores.job_cores({0, 1}, 8) == [0, 1]
+    assert [cores.rank_cores(range(16), r, 4) for r in range(4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert [cores.rank_cores(range(5), r, 2) for r in range(2)] == [[0, 1], [2, 3]]  # the odd core idle
+    assert [cores.rank_cores([0, 1], r, 4) for r in range(4)] == [[0], [1], [0], [1]]  # oversubscribed, shared round-robin
+    assert [cores.loader_workers(n) for n in (1, 2, 5, 8)] == [0, 1, 4, 4]
 
 
 def test_more_than_one_node_outside_slurm_is_refused_with_the_fix():
@@ -103,6 +119,27 @@ def test_two_local_ranks_train_through_the_launcher(tmp_path):
     parallel = load_record(record)["parallel"]
     assert parallel["world_size"] == 2 and parallel["launcher"] == "local" and parallel["nodes"] == 1
     assert "2 local rank(s), rendezvous on 127.0.0.1 only" in result.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_ranks_of_a_snakemake_job_run_one_thread_on_a_core_of_their_own(tmp_path):
+    """As Snakemake runs a 2-rank job of cpus_per_gpu 1: threads 2 exported job-wide, the launcher
+    told the job has 2 cores. Each rank must run one thread on its own core (it ran 2 threads each
+    on the same 2 cores: 4 threads on 2 cores), and the record must say which."""
+    record = tmp_path / "record.json"
+    env = {**clean_env(), "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+    result = subprocess.run(
+        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", "--cpus-per-node=2", "--",
+         "-m", "scalerepro.train", "--model", "cnn", "--batch-size", "8", "--steps", "3", "--warmup-steps", "1",
+         "--device", "cpu", "--no-eval", "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--record", str(record)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = load_record(record)
+    activity = record["measurements"]["host_activity"]
+    first_two = sorted(os.sched_getaffinity(0))[:2]
+    assert activity["intra_op_threads_per_rank"] == 1 and activity["cores_per_rank"] == [[first_two[0]], [first_two[1]]]
+    assert record["config"]["data"]["num_workers"] == 0  # one core: the rank's own process loads
 
 
 def test_the_node_agent_survives_slurms_warning_signal_and_its_ranks_inherit_the_choice(tmp_path):

@@ -732,7 +732,7 @@ def test_a_cpu_study_says_why_gpu_figures_are_missing(tmp_path):
     # said plainly: one host's cores measure the pipeline, not a cluster
     banner = re.search(r'<p class="note warn" id="cpu-study">(.*?)</p>', section(page, "summary"), re.S).group(1)
     assert "measure the\npipeline" in banner or "measure the pipeline" in banner.replace("\n", " ")
-    assert "not a cluster" in banner and "not applicable" in banner
+    assert "not a cluster" in banner and "judged at CPU scale" in banner
     assert "CPU study." in section(page, "comparison")
     energy = re.search(r'<h3 id="energy">(.*?)<h3 id="per-run">', page, re.S).group(1)
     assert "Not measured" in energy and "<q>CPU run: NVML measures NVIDIA GPUs only</q>" in energy

@@ -374,8 +374,8 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
 
 # A probe after training that needs more memory than the measured steps (on an H100 the eager
 # bucket probe raised llama_1b's peak from the 42.7 GiB training used to 65.0 GiB). On the CPU the
-# peak is the process's RSS, which only grows: a probe touching 768 MiB shows in it. Run in a
-# child process, so that the test process's own history of RSS is not in the figure.
+# peak is the process's RSS, which only grows: a probe touching more than the peak so far shows in
+# it. Run in a child process, so that the test process's own history of RSS is not in the figure.
 _PROBE_THAT_GROWS = """
 import json, sys, torch
 from scalerepro import metrics
@@ -385,7 +385,8 @@ from scalerepro.trainer import Trainer
 original = Trainer._probe_backward_buckets
 
 def probe_that_grows(self, steps):
-    block = torch.ones(768 * 2**20 // 4)  # written, so resident
+    # written, so resident; as large as the peak so far and 512 MiB more, so the peak must rise
+    block = torch.ones((metrics.peak_memory(self.device)["rss_bytes"] + 512 * 2**20) // 4)
     after = metrics.peak_memory(self.device)["rss_bytes"]
     del block
     print(json.dumps({"rss_after_probe": after}))
@@ -431,3 +432,15 @@ def test_mid_run_checkpoints_are_outside_the_energy_window(tmp_path, monkeypatch
     assert main(argv) == 0
     assert events.count("save") == 3  # steps 4, 8, 12
     assert events == ["pause", "save", "resume"] * 3
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "onecycle"])
+def test_a_window_shorter_than_min_window_s_is_lengthened_at_the_schedules_last_lr(schedule, tmp_path):
+    # 4 measured steps of a small CNN take a few hundredths of a second here: far under 0.5 s.
+    # The extension steps leave the schedule alone (OneCycleLR refuses a step past its end).
+    argv = small_run(tmp_path, "--model", "cnn", "--no-eval", "--min-window-s", "0.5", "--lr-schedule", schedule, steps=6)
+    assert main(argv) == 0
+    record = load_record(tmp_path / "run.json")
+    m, steps = record["measurements"], record["steps"]
+    assert m["window_s"] >= 0.5 and steps["total"] > 6 and steps["scheduled"] == 6 and steps["completed"] == steps["total"]
+    assert m["measured_steps"] == steps["total"] - 2

@@ -114,6 +114,11 @@ def run_threads(wildcards):
     return PLAN.train_threads(RUNS[wildcards.run])
 
 
+def run_priority(wildcards):
+    """Repeat 1 of every cell before any repeat 2 (scalerepro.plan.Plan.train_priority)."""
+    return PLAN.train_priority(RUNS[wildcards.run])
+
+
 def comm_resources(key):
     """One resource (``key``) of the all-reduce benchmark over ``wildcards.gpus`` GPUs."""
     return lambda wildcards: PLAN.comm_resources(int(wildcards.gpus))[key]

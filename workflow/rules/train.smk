@@ -32,6 +32,7 @@ rule train:
     container:
         RANKS_CONTAINER
     threads: run_threads
+    priority: run_priority
     resources:
         **CLUSTER_RESOURCES,
         nodes=run_resources("nodes"),

@@ -81,12 +81,12 @@ class ModelConfig:
 class DataConfig:
     data: str = _opt("synthetic", "'synthetic' or a prepared CIFAR-10 directory (written by the workflow's fetch rule)")
     synthetic_samples: int = _opt(50_000, "training samples in the synthetic dataset (one epoch)")
-    eval_samples: int | None = _opt(None, "held-out samples to evaluate (default: the whole CIFAR-10 test split; 10000 synthetic)")
+    eval_samples: int | None = _opt(None, "held-out samples to evaluate (default 2048: the first of the CIFAR-10 test split, or synthetic; 10000 is the whole CIFAR-10 split)")
     augment: bool = _opt(True, "random crop (4-pixel padding) and horizontal flip on CIFAR-10")
     loader: Literal["dataloader", "device"] = _opt(
         "dataloader", "'dataloader': torch DataLoader + DistributedSampler; 'device': whole dataset resident on the device, augmented there"
     )
-    num_workers: int = _opt(4, "DataLoader worker processes per rank")
+    num_workers: int | None = _opt(None, "DataLoader worker processes per rank (default: the rank's cores less the one its own process keeps, at most 4)")
     pin_memory: bool = _opt(True, "DataLoader pin_memory (page-locked host buffers for async copies)")
     persistent_workers: bool = _opt(True, "keep DataLoader workers alive between epochs")
     prefetch_factor: int = _opt(2, "batches each DataLoader worker prepares ahead")
@@ -166,6 +166,11 @@ class RunConfig:
     steps: int | None = _opt(None, "optimizer steps to run (default 100 unless --epochs is given)")
     epochs: int | None = _opt(None, "epochs to run instead of --steps")
     warmup_steps: int = _opt(10, "first steps excluded from the measured window (compilation, allocator and cuDNN warm-up)")
+    min_window_s: float = _opt(
+        0.0,
+        "measure for at least this many seconds: when the measured steps of --steps add up to less, the run goes on "
+        "(at the schedule's last learning rate) until they reach it; 0: the window is --steps less --warmup-steps",
+    )
     seed: int = _opt(0, "seed of model init, data order, synthetic data and augmentation")
     log_interval: int = _opt(10, "steps between log lines (the loss is read from the device only then)")
     eval: bool = _opt(True, "evaluate on held-out data after every epoch and at the end")
@@ -225,11 +230,12 @@ class TrainConfig:
         for flag, value in {"--steps": r.steps, "--epochs": r.epochs, "--eval-batch-size": r.eval_batch_size, "--eval-samples": d.eval_samples}.items():
             if value is not None and value < 1:
                 raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if d.num_workers is not None and d.num_workers < 0:
+            raise ConfigError(f"--num-workers must not be negative (got {d.num_workers})")
         if r.steps is not None and r.epochs is not None:
             raise ConfigError("give --steps or --epochs, not both")
         for flag, value in {
             "--warmup-steps": r.warmup_steps,
-            "--num-workers": d.num_workers,
             "--lr-warmup-steps": o.lr_warmup_steps,
             "--checkpoint-interval": r.checkpoint_interval,
             "--comm-probe-steps": r.comm_probe_steps,
@@ -245,6 +251,8 @@ class TrainConfig:
         for flag, value in {"--dist-timeout-s": self.parallel.dist_timeout_s, "--warmup-dist-timeout-s": self.parallel.warmup_dist_timeout_s}.items():
             if value <= 0:
                 raise ConfigError(f"{flag} must be positive (got {value})")
+        if r.min_window_s < 0:
+            raise ConfigError(f"--min-window-s must not be negative (got {r.min_window_s})")
         if r.nvml_interval_s <= 0:
             raise ConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
         if r.nvml_idle_s < 0:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import schedulers
+from . import cores, schedulers
 from .launch import LAUNCHER_ENV, STORE_FD_ENV
 from .schedulers import RankEnv, SchedulerError
 
@@ -48,6 +48,7 @@ class DistContext:
     device: torch.device
     backend: str | None  # None when world_size == 1 (no process group)
     hostnames: tuple[str, ...]  # node name of each rank, in rank order (see node_name)
+    cores: tuple[int, ...] = ()  # the CPU cores this rank runs on (pin_to_own_cores); () = not pinned
 
     @property
     def rank(self) -> int:
@@ -94,6 +95,18 @@ def detect_env(environ: Mapping[str, str] = os.environ) -> DistEnv:
     return started_by_scheduler or DistEnv("single", 0, 1, 0, 1, None, None)
 
 
+def pin_to_own_cores(env: DistEnv, environ: Mapping[str, str] = os.environ) -> tuple[int, ...]:
+    """Run this rank on its own cores, with one intra-op thread per core, and return them: the
+    cores the local launcher gave it (scalerepro.cores.CORES_ENV), else its share of the cores this
+    process may use (a Slurm node task's, or this machine's for a single process) by local rank.
+    An inherited OMP_NUM_THREADS is never the count (Snakemake exports the job's to every job)."""
+    given = environ.get(cores.CORES_ENV)
+    own = [int(core) for core in given.split(",")] if given else cores.rank_cores(os.sched_getaffinity(0), env.local_rank, env.local_world_size)
+    os.sched_setaffinity(0, own)
+    torch.set_num_threads(len(own))
+    return tuple(own)
+
+
 def _select_device(requested: str, local_rank: int) -> torch.device:
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
@@ -114,18 +127,19 @@ def setup(
     """Form the process group (if there is more than one rank, or ``group_at_one_rank``) and pick
     this rank's device."""
     env = detect_env(environ)
+    own_cores = pin_to_own_cores(env, environ)
     device = _select_device(requested_device, env.local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
     if env.world_size == 1:
         if not group_at_one_rank:
-            return DistContext(env, device, None, (node_name(environ),))
+            return DistContext(env, device, None, (node_name(environ),), own_cores)
         # One rank meets nobody: an in-process store is its whole rendezvous (no port, no peer).
         dist.init_process_group(
             backend=backend, store=dist.HashStore(), rank=0, world_size=1,
             timeout=timeout, device_id=device if device.type == "cuda" else None,
         )  # fmt: skip
-        return DistContext(env, device, backend, (node_name(environ),))
+        return DistContext(env, device, backend, (node_name(environ),), own_cores)
 
     address = f"{env.master_addr}:{env.master_port}"
     # Under torchrun the agent already serves the store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE),
@@ -154,7 +168,7 @@ def setup(
             f"within {timeout_s:g} s ({detail}); check that all {env.world_size} ranks were launched, "
             f"that {env.master_addr} resolves and port {env.master_port} is reachable, or raise --dist-timeout-s"
         ) from None
-    return DistContext(env, device, backend, tuple(str(h) for h in hostnames))
+    return DistContext(env, device, backend, tuple(str(h) for h in hostnames), own_cores)
 
 
 def _loopback_store(env: DistEnv, timeout: datetime.timedelta, environ: Mapping[str, str]) -> dist.TCPStore:

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from . import rank_failure, schedulers
+from . import cores, rank_failure, schedulers
 from .record import utc_now
 from .schedulers import LaunchRequest, SchedulerError
 
@@ -58,32 +58,32 @@ class LaunchError(RuntimeError):
     """The ranks cannot be started; the message says why and what to change."""
 
 
-def local_rank_environments(ranks: int, port: int, store_fd: int, environ: Mapping[str, str]) -> list[dict[str, str]]:
+def local_rank_environments(ranks: int, port: int, store_fd: int, environ: Mapping[str, str], job: Sequence[int]) -> list[dict[str, str]]:
     """The environment of each local rank: the env:// variables torchrun would set, the store's
-    socket for rank 0, and the loopback interface for gloo and NCCL unless the caller chose one."""
+    socket for rank 0, the loopback interface for gloo and NCCL unless the caller chose one, and
+    the rank's own cores of the job's ``job`` cores (scalerepro.cores) with as many threads."""
     common = {
         **environ,
-        # each rank's intra-op threads: its share of this machine's cores (torch would take all)
-        "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", str(threads_per_rank(len(os.sched_getaffinity(0)), ranks))),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks),
         "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0", "NODE_RANK": "0", LAUNCHER_ENV: "local",
         "GLOO_SOCKET_IFNAME": environ.get("GLOO_SOCKET_IFNAME", "lo"),
         "NCCL_SOCKET_IFNAME": environ.get("NCCL_SOCKET_IFNAME", "lo"),
     }  # fmt: skip
-    return [
-        {**common, "RANK": str(rank), "LOCAL_RANK": str(rank), **({STORE_FD_ENV: str(store_fd)} if rank == 0 else {})}
-        for rank in range(ranks)
-    ]
+    environments = []
+    for rank in range(ranks):
+        own = cores.rank_cores(job, rank, ranks)
+        # the rank's share, never an inherited job-wide count (Snakemake exports its threads)
+        threads = dict.fromkeys(cores.THREAD_VARIABLES, str(len(own)))
+        environments.append({**common, **threads, cores.CORES_ENV: ",".join(map(str, own)), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                             **({STORE_FD_ENV: str(store_fd)} if rank == 0 else {})})  # fmt: skip
+    return environments
 
 
-def threads_per_rank(cpus: int, ranks: int) -> int:
-    """Intra-op threads of each rank: the job's CPUs split evenly over its ranks (at least one)."""
-    return max(1, cpus // ranks)
-
-
-def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], output: rank_failure.RankOutput) -> tuple[int, list[dict]]:
+def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], output: rank_failure.RankOutput, cpus: int | None = None) -> tuple[int, list[dict]]:
     """Start ``ranks`` processes of ``program`` here and wait for them; return the job's code and
-    the ranks that failed (``rank_failure``'s form: rank, host, exit code, signal).
+    the ranks that failed (``rank_failure``'s form: rank, host, exit code, signal). The job runs
+    on the first ``cpus`` cores this process may use (all of them when None), each rank on its
+    own share (scalerepro.cores).
 
     The code is that of the first rank to fail (a signal's as 128 + its number), else 75 when a
     rank was stopped by a signal after checkpointing, else 0. When one rank fails the others get
@@ -92,7 +92,8 @@ def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], ou
     lines reach our stdout and stderr prefixed ``[default<rank>]:`` as torchrun ``--tee`` would,
     and ``output`` keeps their tails."""
     with socket.create_server(("127.0.0.1", 0)) as listener:  # bound and listening before any rank starts
-        environments = local_rank_environments(ranks, listener.getsockname()[1], listener.fileno(), environ)
+        job = cores.job_cores(os.sched_getaffinity(0), cpus)
+        environments = local_rank_environments(ranks, listener.getsockname()[1], listener.fileno(), environ, job)
         processes = [
             subprocess.Popen(
                 [sys.executable, *program], env=env, pass_fds=(listener.fileno(),) if rank == 0 else (),
@@ -190,7 +191,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m scalerepro.launch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks (GPUs) per node")
-    parser.add_argument("--cpus-per-node", type=int, default=1, help="CPUs of the node's srun task (Slurm)")
+    parser.add_argument("--cpus-per-node", type=int, default=None, help="the job's CPU cores on each node (the srun task's on Slurm; locally the first this many cores); default: all this process may use")
     parser.add_argument("--slurm-gpus", action="store_true", help="ask the step for --gpus-per-node=<ranks per node>")
     parser.add_argument("--port", type=int, default=29400, help="rendezvous port base; the job id modulo 1000 is added (Slurm)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="exported to every rank (NCCL_SOCKET_IFNAME=ib0, ...)")
@@ -227,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started, started_at = time.time(), utc_now()
     output = rank_failure.RankOutput()
     if local:
-        code, failures = run_local(args.ranks_per_node, args.program, os.environ, output)
+        code, failures = run_local(args.ranks_per_node, args.program, os.environ, output, args.cpus_per_node)
     else:
         # The job-level launcher waits; SIGUSR1 never reaches it (batch step) and SIGTERM ends it.
         code, failures = rank_failure.run_watched(argv_out, output), None
@@ -246,8 +247,10 @@ def _exec_node_agent(args: argparse.Namespace) -> int:
         print(f"scalerepro.launch: error: {error}", file=sys.stderr, flush=True)
         return 2
     print(f"scalerepro.launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
-    # torchrun would set one thread per rank; give each its share of the node's task CPUs.
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(args.cpus_per_node, args.ranks_per_node)))
+    # torchrun would set one thread per rank: give each its share of the node task's cores (each
+    # rank pins itself to its share at start, scalerepro.distributed), never an inherited count
+    share = cores.rank_cores(cores.job_cores(os.sched_getaffinity(0), args.cpus_per_node), 0, args.ranks_per_node)
+    os.environ.update(dict.fromkeys(cores.THREAD_VARIABLES, str(len(share))))
     # Survive Slurm's warning signal; the ranks, which torchrun starts from here, install
     # their own handler over the inherited SIG_IGN.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -117,6 +117,14 @@ class Plan:
     def train_threads(self, run: Run) -> int:
         return run.ranks_per_node * self.config["resources"]["cpus_per_gpu"]
 
+    @staticmethod
+    def train_priority(run: Run) -> int:
+        """Snakemake starts ready jobs of higher priority first: every cell's repeat 1, then every
+        cell's repeat 2, and so on. The repeats of a cell are spread over the study, so a drift
+        of the machine (another job, heat) falls on every cell alike instead of on one cell's
+        block of repeats, where it would read as that cell's knob."""
+        return -run.repeat
+
     def comm_resources(self, gpus: int) -> dict[str, Any]:
         """The all-reduce benchmark's resources over ``gpus`` GPUs."""
         ranks_per_node, nodes = self.ranks_and_nodes(gpus)

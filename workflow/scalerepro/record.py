@@ -139,6 +139,8 @@ def build(
         }
         record["steps"] = {
             "total": trainer.total_steps,
+            # the LR schedule's steps; fewer than total when --min-window-s lengthened the run
+            "scheduled": trainer.scheduled_steps,
             "completed": progress.step,
             "warmup": config.run.warmup_steps,
             "per_epoch": trainer.steps_per_epoch,

@@ -61,7 +61,7 @@ def _fail(config: TrainConfig, ctx: DistContext | None, trainer: Trainer | None,
                 measurements = None
         document = record.build(
             status="failed",
-            config=config,
+            config=trainer.config if trainer is not None else config,
             ctx=ctx,
             trainer=trainer,
             measurements=measurements,
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.is_main and config.run.record:
             document = record.build(
                 status=status,
-                config=config,
+                config=trainer.config,  # as resolved for this rank (e.g. --num-workers)
                 ctx=ctx,
                 trainer=trainer,
                 measurements=measurements,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
+import os
 import signal
 import sys
 import time
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map
 
-from . import buckets, checkpoint, data, distributed, hardware, hostload, metrics, models, optim, parallel, profiling, sharded_checkpoint
+from . import buckets, checkpoint, cores, data, distributed, hardware, hostload, metrics, models, optim, parallel, profiling, sharded_checkpoint
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from .nvml import NvmlSampler, combine_ranks, idle_power, nvml_uuid_for_torch_device, unavailable_summary
@@ -194,6 +196,9 @@ class Trainer:
     window_peak_memory: dict[str, int | None] | None = None
 
     def __init__(self, config: TrainConfig, ctx: DistContext, stop: StopRequest, log: Any = print):
+        if config.data.num_workers is None:  # what the rank's cores leave (scalerepro.cores); the record says how many
+            workers = cores.loader_workers(len(ctx.cores) or len(os.sched_getaffinity(0)))
+            config = dataclasses.replace(config, data=dataclasses.replace(config.data, num_workers=workers))
         self.config, self.ctx, self.stop, self.log = config, ctx, stop, log
         run, perf = config.run, config.perf
         self.device = ctx.device
@@ -231,6 +236,8 @@ class Trainer:
                 f"{run.batch_size} x {config.optim.grad_accum_steps}: lower --batch-size or raise --synthetic-samples"
             )
         self.total_steps = run.epochs * self.steps_per_epoch if run.epochs else (run.steps or DEFAULT_STEPS)
+        # the LR schedule's length; total_steps grows past it when --min-window-s asks for more
+        self.scheduled_steps = self.total_steps
         if run.warmup_steps >= self.total_steps:
             raise ConfigError(f"--warmup-steps ({run.warmup_steps}) must be smaller than the run's {self.total_steps} steps")
 
@@ -573,6 +580,8 @@ class Trainer:
                 self._timed_step(batches, measured, losses)
                 if p.step % run.log_interval == 0 or p.step == self.total_steps:
                     stop_signal = self._log_point(p, losses, bar)
+                    if p.step == self.total_steps and stop_signal is None:
+                        self._extend_to_min_window()
                 else:
                     stop_signal = self._stop_signal_between_log_points()
                 self.profile_window.after_step(p.step - 1)  # the step just taken
@@ -606,7 +615,9 @@ class Trainer:
         self.profile_window.before_step(p.step)
         self.timer.start()
         with profiling.annotate("step"):
-            loss = self._train_step(batches)
+            # past the schedule's end (--min-window-s) the LR stays at its last value: a cosine
+            # scheduler stepped past T_max climbs again, OneCycleLR refuses
+            loss = self._train_step(batches, step_scheduler=p.step < self.scheduled_steps)
         losses.add(loss, p.step)
         p.step += 1
         if p.step == self.start_step + max(self.config.run.warmup_steps, 1):
@@ -618,6 +629,22 @@ class Trainer:
         # The step ends here: the log point's host syncs, all-reduces and print are not part of
         # any step's time.
         self.timer.stop(p.epoch, measured)
+
+    def _extend_to_min_window(self) -> None:
+        """At the last step: if the measured steps add up to less than --min-window-s, add the
+        steps that the median step time says are missing (at least one; the new last step is
+        checked again). A collective: every rank takes the slowest rank's window and median, so
+        all agree."""
+        wanted = self.config.run.min_window_s
+        if wanted <= 0:
+            return
+        stats = metrics.window_stats(self.timer)  # synchronises the device once
+        window_s, median_s = all_reduce_max(self.ctx, torch.tensor([stats.seconds, stats.step_time_median_s or 0.0], dtype=torch.float64, device=self.device)).tolist()
+        if window_s >= wanted or median_s <= 0:
+            return
+        added = max(1, math.ceil((wanted - window_s) / median_s))
+        self.total_steps += added
+        self.log(f"measured {window_s:.2f} s of --min-window-s {wanted:g}: {added} more steps (to {self.total_steps}) at the schedule's last learning rate")
 
     def _stop_signal_between_log_points(self) -> str | None:
         """Ranks must agree on the step they stop after, so several ranks decide only at log
@@ -667,6 +694,8 @@ class Trainer:
             "train_loss": epoch_loss_sum / (p.epoch_steps * self.ctx.world_size) if p.epoch_steps else None,
         }
         if self.config.run.eval:
+            batch_size = self.config.run.eval_batch_size or self.config.run.batch_size
+            self.log(f"evaluating {self.eval_source.num_samples} held-out samples at batch {batch_size} per rank (not timed)")
             with self._outside_energy_window():
                 entry.update(self._evaluate())
         p.history.append(entry)
@@ -680,7 +709,7 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self) -> dict[str, float]:
-        """Loss and top-1 accuracy over the whole held-out split, summed over ranks.
+        """Loss and top-1 accuracy over the held-out samples (--eval-samples), summed over ranks.
 
         Runs the plain module (not the DDP or compiled wrapper): evaluation is not measured, and
         this avoids recompiling for eval mode.
@@ -1036,6 +1065,8 @@ class Trainer:
             "nvml": nvml,
             "host_activity": {
                 "intra_op_threads_per_rank": torch.get_num_threads(),
+                # each rank's cores (scalerepro.distributed.pin_to_own_cores), in rank order
+                "cores_per_rank": gather_objects(ctx, list(self.ctx.cores)),
                 "other_cpu_fraction_max": max((n["other_cpu_fraction"] for n in per_node.values() if n["other_cpu_fraction"] is not None), default=None),
                 "nodes": list(per_node.values()),
             },

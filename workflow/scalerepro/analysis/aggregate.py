@@ -119,7 +119,7 @@ checks.csv -- one row per entry of ``targets.checks`` (``--targets``; each entry
     what is checked and against what), threshold (number), measured (number, in the unit),
     interval_low, interval_high (the worst row's 95 % interval, where its table has one), value
     (``measured`` as text), status (pass | fail | inconclusive: the interval holds the
-    threshold | not measured | not applicable: a CPU study), detail (which rows, or why), unit.
+    threshold | not measured), detail (which rows, or why; on a CPU study what a CPU study judges), unit.
 cost.csv -- one row per study plus a ``total`` row: study, runs (matrix rows),
     gpu_hours_used = sum(duration_s x gpus) / 3600 and node_hours_used = sum(duration_s x
     nodes) / 3600 over the runs with a record, gpu_hours_requested = sum(runtime_min / 60 x
@@ -283,10 +283,10 @@ COMPARISON_COLUMNS = (
 CHECK_COLUMNS = (
     "check", "target", "threshold", "measured", "interval_low", "interval_high", "value", "status", "detail", "unit",
 )  # fmt: skip
-CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured", "not applicable")
+CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured")
 CPU_STUDY = (
-    "not applicable on a CPU study: ranks on one host's cores measure the pipeline (the code path, the "
-    "collectives, the bookkeeping), not a cluster"
+    "a CPU study, judged at CPU scale (the thresholds of cpu_overrides): ranks pinned to one host's cores judge "
+    "the pipeline and the instrument (the code path, the collectives, the bookkeeping), not a cluster"
 )
 # Targets: key -> what it sets (``checks``: see parse_checks and config/README.md).
 TARGETS = {
@@ -1074,15 +1074,14 @@ def cpu_study(runs: pd.DataFrame) -> bool:
 
 
 def checks_table(tables: Mapping[str, pd.DataFrame], targets: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per entry of ``targets['checks']``, in their order. On a CPU study every check is
-    "not applicable" (its figure still shown): the targets are a cluster's, and ranks sharing
-    one host's cores are not one."""
+    """One row per entry of ``targets['checks']``, in their order, each judged against its
+    threshold. On a CPU study the thresholds are the CPU's (the config's cpu_overrides set them)
+    and each row says what a CPU study judges: ranks sharing one host's cores are not a cluster."""
     rows = [evaluate(check, tables) for check in parse_checks(targets)]
     if rows and cpu_study(tables["runs"]):
         for row in rows:
             if row["status"] != "not measured":
                 row["detail"] = f"{CPU_STUDY}; {row['detail']}"
-                row["status"] = "not applicable"
     return pd.DataFrame(rows, columns=CHECK_COLUMNS)
 
 

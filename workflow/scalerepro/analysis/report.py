@@ -87,7 +87,7 @@ def section_titles(sections: Sequence[tuple[str, str, Sequence[tuple[str, str]]]
 
 
 RUN_STATUSES = ("ok", "failed", "preempted", "missing")
-CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured", "not applicable")
+CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured")
 VERDICTS = ("reproduced", "above", "below", "not comparable", "not measured")
 DEFAULT_REPRODUCE_TOLERANCE = 0.10  # scalerepro.analysis.aggregate's, when the config gives none
 DEFAULT_NOISE_CV_MAX = 0.05

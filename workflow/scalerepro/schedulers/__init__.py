@@ -51,7 +51,7 @@ class LaunchRequest:
 
     nodes: int
     ranks_per_node: int
-    cpus_per_node: int
+    cpus_per_node: int | None  # None: all the job has (locally: every core this process may use)
     port: int
     name: str | None
     gpus: bool  # ask the scheduler for a GPU per rank

@@ -139,15 +139,16 @@ class Slurm(Scheduler):
             raise SchedulerError("inside a Slurm job but srun is not on PATH: load the site's Slurm module in the profile's precommand")
         step = [
             "srun", f"--nodes={request.nodes}", f"--ntasks={request.nodes}", "--ntasks-per-node=1",
-            f"--cpus-per-task={request.cpus_per_node}", "--kill-on-bad-exit=1", "--export=ALL", "--label",
+            f"--cpus-per-task={request.cpus_per_node}" if request.cpus_per_node else None,
+            "--kill-on-bad-exit=1", "--export=ALL", "--label",
             f"--job-name={request.name}" if request.name else None,
             f"--gpus-per-node={request.ranks_per_node}" if request.gpus else None,
         ]  # fmt: skip
         container = ["apptainer", "exec", *(["--nv"] if request.gpus else []), request.container] if request.container else []
         agent = [
             "python" if request.container else python, "-m", "scalerepro.launch", f"--node-agent={self.name}", f"--nodes={request.nodes}",
-            f"--ranks-per-node={request.ranks_per_node}", f"--cpus-per-node={request.cpus_per_node}", f"--port={request.port}",
-            "--", *request.program,
+            f"--ranks-per-node={request.ranks_per_node}", *([f"--cpus-per-node={request.cpus_per_node}"] if request.cpus_per_node else []),
+            f"--port={request.port}", "--", *request.program,
         ]  # fmt: skip
         return [part for part in step if part] + container + agent
 
