@@ -27,12 +27,12 @@ rule train:
         record="results/runs/{run}/record.json",
     log:
         "results/runs/{run}/train.log",
+    priority: run_priority
     conda:
         ENV_TRAIN
     container:
         RANKS_CONTAINER
     threads: run_threads
-    priority: run_priority
     resources:
         **CLUSTER_RESOURCES,
         nodes=run_resources("nodes"),
