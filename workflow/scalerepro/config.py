@@ -81,7 +81,7 @@ class ModelConfig:
 class DataConfig:
     data: str = _opt("synthetic", "'synthetic' or a prepared CIFAR-10 directory (written by the workflow's fetch rule)")
     synthetic_samples: int = _opt(50_000, "training samples in the synthetic dataset (one epoch)")
-    eval_samples: int | None = _opt(None, "held-out samples to evaluate (default 2048: the first of the CIFAR-10 test split, or synthetic; 10000 is the whole CIFAR-10 split)")
+    eval_samples: int | None = _opt(None, "held-out samples to evaluate (default: 16 eval batches per rank, at most 2048; the first of the CIFAR-10 test split, or synthetic; 10000 is the whole CIFAR-10 split)")
     augment: bool = _opt(True, "random crop (4-pixel padding) and horizontal flip on CIFAR-10")
     loader: Literal["dataloader", "device"] = _opt(
         "dataloader", "'dataloader': torch DataLoader + DistributedSampler; 'device': whole dataset resident on the device, augmented there"

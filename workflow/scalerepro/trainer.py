@@ -209,7 +209,6 @@ class Trainer:
 
         # ---- model and data ------------------------------------------------------------
         self.spec = self._resolve_model()
-        self.train_source, self.eval_source = data.make_sources(config.data, self.spec, run.seed)
         # The ranks of one TP group read the same batch: the data is split over data-parallel
         # ranks only (all ranks under ddp and fsdp).
         p = config.parallel
@@ -218,6 +217,10 @@ class Trainer:
             self.dp_rank, self.dp_size = parallel.data_parallel_coordinates(p.parallel, ctx.rank, ctx.world_size, self.tp_size)
         except parallel.ParallelError as error:
             raise ConfigError(str(error)) from None
+        if config.data.eval_samples is None:  # a few batches (scalerepro.data); the record says how many
+            eval_samples = data.default_eval_samples(run.eval_batch_size or run.batch_size, self.dp_size)
+            config = self.config = dataclasses.replace(config, data=dataclasses.replace(config.data, eval_samples=eval_samples))
+        self.train_source, self.eval_source = data.make_sources(config.data, self.spec, run.seed)
         self.global_batch = run.batch_size * self.dp_size * config.optim.grad_accum_steps
         self.loader = data.make_train_loader(
             config.data,

@@ -21,10 +21,16 @@ __all__ = [
     "to_device",
 ]
 
-# Held-out samples evaluated unless --eval-samples says otherwise: enough for an accuracy within a
-# few points, few enough that evaluating never outlasts a benchmark's steps (the whole 10,000-image
-# CIFAR-10 test split at batch 2 took minutes). --eval-samples 10000 evaluates the whole split.
-DEFAULT_EVAL_SAMPLES = 2048
+# Held-out samples evaluated unless --eval-samples says otherwise: a few batches (at most 16 per
+# rank) and at most 2048 samples, enough for an accuracy within a few points and few enough that
+# evaluating never outlasts a benchmark's steps (10,000 synthetic samples at batch 2 took minutes).
+# --eval-samples 10000 evaluates the whole CIFAR-10 test split.
+DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_BATCHES = 2048, 16
+
+
+def default_eval_samples(eval_batch_per_rank: int, data_parallel_ranks: int) -> int:
+    """The held-out samples a run evaluates when --eval-samples is not given."""
+    return min(DEFAULT_EVAL_SAMPLES, DEFAULT_EVAL_BATCHES * eval_batch_per_rank * data_parallel_ranks)
 
 
 def is_synthetic(config: DataConfig) -> bool:
