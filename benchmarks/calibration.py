@@ -10,7 +10,7 @@ measured three ways, each on ranks pinned one to a core with one thread:
 
   bare     a DDP loop written out here: no scalerepro code but the model's definition; random
            batches made before the loop; perf_counter around each step (the CPU is synchronous)
-  trainer  python -m scalerepro.launch ... -- -m scalerepro.train <the study job's own flags>,
+  trainer  python -m scalerepro.launching.launch ... -- -m scalerepro.training.train <the study job's own flags>,
            outside Snakemake
   study    the same job run by Snakemake (snakemake --forcerun <its record>) in a copy of the
            workflow, with the environment Snakemake gives its jobs
@@ -120,7 +120,7 @@ def run_bare(world: int, steps_min: int, min_window_s: float, scratch: Path) -> 
     out = scratch / f"bare_{world}.json"
     out.unlink(missing_ok=True)
     port = 29500 + os.getpid() % 1000
-    # gloo on loopback, as scalerepro.launch runs local ranks (the host name may resolve elsewhere)
+    # gloo on loopback, as scalerepro.launching.launch runs local ranks (the host name may resolve elsewhere)
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow"), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     # leaves with os._exit, as the trainer does: tearing down a gloo group at exit can hang a rank
     code = f"import os, sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import calibration as c; c.bare_rank(int(sys.argv[1]), {world}, {port}, {steps_min}, {min_window_s}, {str(out)!r}); os._exit(0)"
@@ -134,7 +134,7 @@ def run_bare(world: int, steps_min: int, min_window_s: float, scratch: Path) -> 
 
 
 def _plan(workdir: Path):
-    from scalerepro import plan
+    from scalerepro.planning import plan
 
     config = yaml.safe_load((workdir / "config/config.yaml").read_text())
     config.update(yaml.safe_load((workdir / "calibration.yaml").read_text()))
@@ -151,7 +151,7 @@ def run_trainer(workdir: Path, run, the_plan) -> float:
     env = {**os.environ, "PYTHONPATH": str(workdir / "workflow")}
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "scalerepro.launch", *launch, "--", "-m", "scalerepro.train", *args],
+    done = subprocess.run([sys.executable, "-m", "scalerepro.launching.launch", *launch, "--", "-m", "scalerepro.training.train", *args],
                           cwd=workdir, env=env, capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"the trainer alone failed:\n{done.stderr[-3000:]}")

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from scalerepro.analysis import compare, store  # noqa: E402
+from scalerepro.analysis.history import compare, store  # noqa: E402
 
 REPEATS = 10
 
@@ -49,7 +49,7 @@ def write_study(root: Path, runs: int, speed: float, start_minute: int) -> None:
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(record))
         rows.append({"run_id": run_id, "study": "strong", "model": "cnn", "gpus": gpus, "nodes": 1, "gpus_per_node": 8,
-                     "repeat": repeat + 1, "variant": "", "precision": "fp32", "per_rank_batch": 16 + cell, "global_batch": 16,
+                     "repeat": repeat + 1, "variant": "", "precision": "fp32", "per_gpu_batch": 16 + cell, "global_batch": 16,
                      "bucket_cap_mb": 25.0, "runtime_min": 10, "record": f"results/runs/{run_id}/record.json", "rerun": "snakemake ..."})  # fmt: skip
     tables = root / "results/tables"
     tables.mkdir(parents=True)

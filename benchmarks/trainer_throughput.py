@@ -5,7 +5,7 @@
     python benchmarks/trainer_throughput.py --models resnet50 gpt2_small --steps 60
     python benchmarks/trainer_throughput.py --models resnet50 --presets optimised --flags=--precision=fp16 --records DIR
 
-Each configuration is a real ``python -m scalerepro.train`` process writing a run record; the
+Each configuration is a real ``python -m scalerepro.training.train`` process writing a run record; the
 table is read from those records. The two configurations are the trainer's presets
 (``scalerepro.config.PRESETS``), the ones the study uses: ``--preset baseline`` = fp32 (TF32
 off), eager, DataLoader with worker processes, foreach optimizer; ``--preset optimised`` = bf16
@@ -76,7 +76,7 @@ def device_name(device: str) -> str:
 def run_one(workload: Workload, device: str, flags: tuple[str, ...], steps: int, warmup: int, workers: int, out: Path, log: Path, batch: int | None = None) -> dict:
     batch = batch or workload.batch[device]
     command = [
-        sys.executable, "-m", "scalerepro.train", "--model", workload.model, "--batch-size", str(batch),
+        sys.executable, "-m", "scalerepro.training.train", "--model", workload.model, "--per-gpu-batch", str(batch),
         "--steps", str(steps), "--warmup-steps", str(warmup), "--no-eval", "--comm-probe-steps", "0",
         "--synthetic-samples", str(max(batch * (steps + 1), 1024)), "--num-workers", str(workers),
         "--log-interval", str(max(steps // 4, 1)), "--record", str(out), *workload.extra, *flags,
@@ -119,7 +119,7 @@ def main() -> int:
     parser.add_argument("--num-workers", type=int, default=min(8, len(os.sched_getaffinity(0))), help="DataLoader workers of the baseline")
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS, help="configurations to run (default: both)")
     parser.add_argument("--flags", default="", help="trainer flags added to every configuration, e.g. --flags='--precision fp16'")
-    parser.add_argument("--batch-size", type=int, help="per-rank batch instead of the workload's")
+    parser.add_argument("--per-gpu-batch", type=int, help="per-rank batch instead of the workload's")
     parser.add_argument("--records", type=Path, help="keep each run's record and log in this directory")
     parser.add_argument("--label", default="", help="appended to each record's name (MODEL-PRESET-LABEL.json), e.g. the lever --flags changes")
     parser.add_argument("--json", type=Path, help="also write the results here")

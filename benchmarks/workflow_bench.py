@@ -89,7 +89,7 @@ def dry_run_1000(scratch: Path, repeats: int = 5) -> tuple[list[float], list[flo
 
 
 def aggregate_10000(scratch: Path) -> float:
-    from scalerepro.analysis.aggregate import aggregate
+    from scalerepro.analysis.tables.aggregate import aggregate
 
     template = json.loads((REPO / "benchmarks/data/record.json").read_text())
     runs = scratch / "runs"
@@ -103,7 +103,7 @@ def aggregate_10000(scratch: Path) -> float:
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(record))
         rows.append({"run_id": run_id, "study": "strong", "model": "cnn", "gpus": 2 ** (i % 4), "nodes": 1, "gpus_per_node": 8,
-                     "repeat": i // 4 + 1, "variant": "", "precision": "fp32", "per_rank_batch": 16, "global_batch": 16,
+                     "repeat": i // 4 + 1, "variant": "", "precision": "fp32", "per_gpu_batch": 16, "global_batch": 16,
                      "bucket_cap_mb": 25.0, "runtime_min": 10, "record": str(path), "rerun": "snakemake ..."})  # fmt: skip
     matrix = scratch / "matrix.csv"
     with open(matrix, "w", newline="") as stream:

@@ -48,7 +48,7 @@ references:
     value: 200
     kind: published
     source: {page: a paper, table: table 3}
-    conditions: {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_batch: 32, seq_len: null, memory_format: nchw,
+    conditions: {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_samples_per_step: 32, seq_len: null, memory_format: nchw,
                  data: synthetic, optimizer: null, framework: PyTorch DDP, metric_notes: img/s}
     trainer: {model: resnet50, per_gpu_batch: 32, flags: [--precision, bf16]}
   - id: ref-r50-4-tokens
@@ -58,7 +58,7 @@ references:
     value: 1000
     kind: published
     source: {page: a blog, table: the only one}
-    conditions: {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_batch: null, seq_len: null, memory_format: null,
+    conditions: {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_samples_per_step: null, seq_len: null, memory_format: null,
                  data: null, optimizer: null, framework: unknown, metric_notes: not an LM}
     trainer: null
     unmatched: "data: not stated"
@@ -69,7 +69,7 @@ references:
     value: 462000
     kind: published
     source: {repository: KellerJordan/modded-nanogpt, commit: f411b3d346aa52d3504324ca93c230fd84c6c07f, path: records/x.txt}
-    conditions: {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_batch: 64, seq_len: 1024, memory_format: null,
+    conditions: {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_samples_per_step: 64, seq_len: 1024, memory_format: null,
                  data: real, optimizer: Muon, framework: tuned, metric_notes: tokens/s per GPU}
     trainer: {model: gpt2_small, per_gpu_batch: 64, flags: [--seq-len, "1024", --precision, bf16]}
     unmatched: "optimizer: Muon"
@@ -80,7 +80,7 @@ references:
     value: 150
     kind: published
     source: {page: another paper, table: table 1}
-    conditions: {gpu: NVIDIA A100-SXM4-80GB, precision: bf16, per_gpu_batch: 32, seq_len: null, memory_format: nchw,
+    conditions: {gpu: NVIDIA A100-SXM4-80GB, precision: bf16, per_gpu_samples_per_step: 32, seq_len: null, memory_format: nchw,
                  data: synthetic, optimizer: null, framework: PyTorch DDP, metric_notes: img/s}
     trainer: {model: resnet50, per_gpu_batch: 32, flags: [--precision, bf16]}
 """
@@ -103,7 +103,7 @@ def make_record(
     nodes: int = 1,
     device_type: str = "cuda",
     precision: str = "bf16",
-    per_rank_batch: int = 32,
+    per_gpu_batch: int = 32,
     samples_per_s: float = 100.0,
     epoch_time_s: float = 10.0,
     exposed_comm: float = 0.0,
@@ -123,7 +123,7 @@ def make_record(
     """A complete run record (every required field) that validates against the schema."""
     cuda = device_type == "cuda"
     window_s = 2.0
-    step_s = per_rank_batch * world_size / samples_per_s
+    step_s = per_gpu_batch * world_size / samples_per_s
     energy_j = power_w * window_s if cuda else None
     measurements = {
         "measured_steps": 20,
@@ -192,7 +192,7 @@ def make_record(
     }
     stamp = started_at.isoformat(timespec="milliseconds")
     record = {
-        "schema_version": 2,
+        "schema_version": 3,
         "run_id": run_id,
         "status": status,
         "error": (
@@ -201,7 +201,7 @@ def make_record(
         "stop_signal": stop_signal,
         "started_at": stamp,
         "ended_at": (started_at + datetime.timedelta(seconds=DURATION_S)).isoformat(timespec="milliseconds"),
-        "command_line": ["python", "-m", "scalerepro.train"],
+        "command_line": ["python", "-m", "scalerepro.training.train"],
         "seed": 1,
         "precision": precision,
         "knobs": {
@@ -263,7 +263,7 @@ def make_record(
             "gpus": world_size if cuda else 0,
             "hostnames": [f"node{i + 1}" for i in range(nodes)],
         },
-        "batch": {"per_rank": per_rank_batch, "grad_accum_steps": 1, "global": per_rank_batch * world_size},
+        "batch": {"per_gpu": per_gpu_batch, "grad_accum_steps": 1, "global": per_gpu_batch * world_size},
         "data": {"kind": data_kind, "path": None, "train_samples": 4096, "eval_samples": 512, "loader": "dataloader"},
         "steps": {
             "total": 24,
@@ -306,7 +306,7 @@ class Study:
         repeat: int,
         *,
         variant: str = "",
-        per_rank_batch: int = 32,
+        per_gpu_batch: int = 32,
         precision: str = "bf16",
         bucket_cap_mb: float = 25.0,
         model: str = "resnet50",
@@ -332,8 +332,8 @@ class Study:
                 "repeat": repeat,
                 "variant": variant,
                 "precision": precision,
-                "per_rank_batch": per_rank_batch,
-                "global_batch": per_rank_batch * (data_parallel or gpus),  # per replica x replicas
+                "per_gpu_batch": per_gpu_batch,
+                "global_batch": per_gpu_batch * (data_parallel or gpus),  # per replica x replicas
                 "bucket_cap_mb": bucket_cap_mb,
                 "runtime_min": RUNTIME_MIN,
                 "record": str(path),
@@ -348,7 +348,7 @@ class Study:
             figures.setdefault("world_size", gpus)
             figures.setdefault("nodes", _nodes(figures["world_size"]))
             document = record or make_record(
-                run_id, model=model, precision=precision, per_rank_batch=per_rank_batch, **figures
+                run_id, model=model, precision=precision, per_gpu_batch=per_gpu_batch, **figures
             )
             path.write_text(json.dumps(document))
         return run_id
@@ -392,10 +392,10 @@ def write_gpu_study(root: Path) -> dict[str, Any]:
     for repeat, thr in enumerate((90, 100, 110), 1):
         s.add("strong", 1, repeat, samples_per_s=thr, data_stall=0.03 if repeat == 2 else 0.01)
     for repeat, thr in enumerate((180, 170, 190), 1):
-        s.add("strong", 2, repeat, per_rank_batch=16, samples_per_s=thr, exposed_comm=0.1)
-    s.add("strong", 4, 1, per_rank_batch=8, samples_per_s=340, exposed_comm=0.15)
-    s.add("strong", 4, 2, per_rank_batch=8, samples_per_s=300, exposed_comm=0.1, status="failed", error=FAILED_MESSAGE)
-    s.add("strong", 4, 3, per_rank_batch=8, status="missing")
+        s.add("strong", 2, repeat, per_gpu_batch=16, samples_per_s=thr, exposed_comm=0.1)
+    s.add("strong", 4, 1, per_gpu_batch=8, samples_per_s=340, exposed_comm=0.15)
+    s.add("strong", 4, 2, per_gpu_batch=8, samples_per_s=300, exposed_comm=0.1, status="failed", error=FAILED_MESSAGE)
+    s.add("strong", 4, 3, per_gpu_batch=8, status="missing")
     for repeat in (1, 2):
         s.add("weak", 1, repeat, epoch_time_s=10.0)
     s.add("weak", 2, 1, samples_per_s=150, epoch_time_s=11.0, exposed_comm=0.1)
@@ -408,7 +408,7 @@ def write_gpu_study(root: Path) -> dict[str, Any]:
             2,
             1,
             variant=variant,
-            per_rank_batch=batch,
+            per_gpu_batch=batch,
             bucket_cap_mb=bucket,
             samples_per_s=thr,
             exposed_comm=0.1,
@@ -463,7 +463,7 @@ def write_parallelism_study(root: Path, device_type: str = "cuda") -> dict[str, 
         fsdp-tp  at 4 GPUs (2x2): failed -> not measured
     """
     s = Study(root)
-    gpt = {"model": "gpt2_small", "tokens_per_sample": TOKENS, "device_type": device_type, "per_rank_batch": 8}
+    gpt = {"model": "gpt2_small", "tokens_per_sample": TOKENS, "device_type": device_type, "per_gpu_batch": 8}
     for repeat, thr in enumerate((40, 44), 1):
         s.add("parallelism", 2, repeat, variant="ddp", samples_per_s=thr, **gpt)
     fsdp = sharding("fsdp", ([2], ["dp_shard"]), 700_000_000, 690_000_000, {"all_gather": 5e8, "reduce_scatter": 3e8})
@@ -471,7 +471,7 @@ def write_parallelism_study(root: Path, device_type: str = "cuda") -> dict[str, 
         s.add("parallelism", 2, repeat, variant="fsdp", parallel="fsdp", samples_per_s=thr, sharding=fsdp, **gpt)
     s.add("parallelism", 2, 3, variant="fsdp", parallel="fsdp", samples_per_s=999, **gpt)  # the record ran ddp
     s.add("parallelism", 2, 1, variant="tp", parallel="tp", data_parallel=1, samples_per_s=30,
-          sharding=sharding("tp", ([2], ["tp"]), 800_000_000, 800_000_000, None), **{**gpt, "per_rank_batch": 16})  # fmt: skip
+          sharding=sharding("tp", ([2], ["tp"]), 800_000_000, 800_000_000, None), **{**gpt, "per_gpu_batch": 16})  # fmt: skip
     s.add("parallelism", 4, 1, variant="fsdp-tp", parallel="fsdp+tp", data_parallel=2, status="failed",
           error=FAILED_MESSAGE, **gpt)  # fmt: skip
     references = root / "references.yaml"
@@ -483,7 +483,7 @@ def write_cpu_study(root: Path) -> dict[str, Any]:
     """Two CPU runs (1 and 2 ranks): no NVML, no sensitivity, ablation or all-reduce files."""
     s = Study(root)
     s.add("strong", 1, 1, device_type="cpu", samples_per_s=600)
-    s.add("strong", 2, 1, per_rank_batch=16, device_type="cpu", samples_per_s=780, exposed_comm=0.4)
+    s.add("strong", 2, 1, per_gpu_batch=16, device_type="cpu", samples_per_s=780, exposed_comm=0.4)
     references = root / "references.yaml"
     references.write_text(REFERENCES_YAML)
     return {"matrix_path": s.write_matrix(), "comm_paths": [], "references_path": references}

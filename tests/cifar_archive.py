@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerepro import cifar10
-from scalerepro.fetch import BATCH_DIR, META, TEST_BATCH, TRAIN_BATCHES
+from scalerepro.data import cifar10
+from scalerepro.data.fetch import BATCH_DIR, META, TEST_BATCH, TRAIN_BATCHES
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
 import numpy as np
 import pytest
 
-from scalerepro import cifar10
+from scalerepro.data import cifar10
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_SCHEMA = json.loads((REPO / "workflow/schemas/run_record.schema.json").read_text())
@@ -45,13 +49,13 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def torchrun(nproc: int, args: list[str], timeout: float = 300, **popen) -> subprocess.CompletedProcess:
     """Launch real ranks with torchrun (gloo on the CPU) and wait for them."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "scalerepro.train", *args]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "scalerepro.training.train", *args]
     return subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=timeout, **popen)
 
 
 def python_train(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "scalerepro.train", *args], env=env or clean_env(), capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "scalerepro.training.train", *args], env=env or clean_env(), capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -63,6 +67,37 @@ def learnable_cifar_split(count: int, seed: int) -> cifar10.Split:
     labels = rng.integers(0, 10, count).astype(np.int64)
     images = np.repeat(np.repeat(templates[labels], 4, axis=1), 4, axis=2) + rng.normal(0, 48, (count, 32, 32, 3))
     return cifar10.Split(np.clip(images, 0, 255).astype(np.uint8), labels)
+
+
+# The suite runs on two pytest-xdist workers (pyproject.toml). Most tests only need to finish;
+# a few assert on figures they measure (a slowdown factor, a verdict), which a test beside them
+# on the same two cores would distort: those are marked `measures`. Every test, from the setup of
+# its fixtures (a module's study included) to their teardown, holds the machine shared; a test
+# that measures holds it alone, waiting for the other worker's current test to end and keeping
+# new ones out (the gate lets a waiting measurement go before tests that arrive after it).
+_MACHINE = Path(tempfile.gettempdir()) / f"scalerepro-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', '')}"
+
+
+@contextlib.contextmanager
+def _machine(mode: int) -> Iterator[None]:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield  # one process runs every test: nothing runs beside a measurement
+        return
+    _MACHINE.mkdir(exist_ok=True)
+    with open(_MACHINE / "gate", "a") as gate, open(_MACHINE / "machine", "a") as machine:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(machine, mode)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with _machine(fcntl.LOCK_EX if item.get_closest_marker("measures") else fcntl.LOCK_SH):
+        yield
 
 
 @pytest.fixture(scope="session")

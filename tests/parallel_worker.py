@@ -19,7 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from scalerepro import models, parallel, sharded_checkpoint
+from scalerepro import models
+from scalerepro.parallel import activation_checkpointing, mesh, parallelize, pipeline_parallel, tensor_parallel
+from scalerepro.training import sharded_checkpoint
 
 SEQ, VOCAB, LAYERS, HIDDEN, HEADS, GLOBAL_BATCH = 16, 64, 4, 32, 4, 8
 
@@ -53,7 +55,7 @@ def make_optimizer(name: str, params) -> torch.optim.Optimizer:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--strategy", default="none", choices=["none", *parallel.STRATEGIES])
+    parser.add_argument("--strategy", default="none", choices=["none", *mesh.STRATEGIES])
     parser.add_argument("--model", default="gpt2_small")
     parser.add_argument("--tp-size", type=int, default=None)
     parser.add_argument("--pp-schedule", default="gpipe")
@@ -77,8 +79,8 @@ def main() -> None:
     losses: list[float] = []
     dp_rank, dp_size = 0, 1
     if args.strategy == "pp":
-        mesh = parallel.build_mesh("pp", world, "cpu")
-        pipe = parallel.build_pipeline(model, mesh, args.pp_schedule, args.microbatches, loss_fn, torch.device("cpu"))
+        device_mesh = parallelize.build_mesh("pp", world, "cpu")
+        pipe = pipeline_parallel.build_pipeline(model, device_mesh, args.pp_schedule, args.microbatches, loss_fn, torch.device("cpu"))
         trained = pipe.stage_module
         optimizer = make_optimizer(args.optimizer, trained.parameters())
         for inputs, targets in batches:
@@ -100,15 +102,15 @@ def main() -> None:
         bytes_held = None
     else:
         if args.strategy != "none":
-            mesh = parallel.build_mesh(args.strategy, world, "cpu", args.tp_size)
-            dp_rank, dp_size = parallel.data_parallel_rank_and_size(mesh)
-            parallel.parallelize(
-                model, args.strategy, mesh,
+            device_mesh = parallelize.build_mesh(args.strategy, world, "cpu", args.tp_size)
+            dp_rank, dp_size = parallelize.data_parallel_rank_and_size(device_mesh)
+            parallelize.parallelize(
+                model, args.strategy, device_mesh,
                 reshard_after_forward=not args.no_reshard_after_forward,
                 activation_checkpointing=args.activation_checkpointing,
             )  # fmt: skip
         else:
-            parallel.apply_activation_checkpointing(model, args.activation_checkpointing)
+            activation_checkpointing.apply_activation_checkpointing(model, args.activation_checkpointing)
         optimizer = make_optimizer(args.optimizer, model.parameters())
         if args.load_dcp:
             sharded_checkpoint.load(args.load_dcp, model, optimizer)
@@ -128,10 +130,10 @@ def main() -> None:
                 optimizer.zero_grad(set_to_none=False)
             else:
                 optimizer.zero_grad()
-        bytes_held = parallel.local_state_bytes(model, optimizer)
+        bytes_held = parallelize.local_state_bytes(model, optimizer)
         if args.save_dcp:
             sharded_checkpoint.save(args.save_dcp, model, optimizer, meta={"step": args.first_step + args.steps})
-        state = parallel.full_state_dict(model) if world > 1 else parallel.fuse_qkv({k: v.detach().clone() for k, v in model.state_dict().items()})
+        state = parallelize.full_state_dict(model) if world > 1 else tensor_parallel.fuse_qkv({k: v.detach().clone() for k, v in model.state_dict().items()})
     per_rank_bytes = [bytes_held]
     if world > 1:
         per_rank_bytes = [None] * world

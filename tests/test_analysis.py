@@ -11,15 +11,22 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import jsonschema
+import pandas as pd
 import pytest
 import yaml
+
+from scalerepro.analysis import columns
+from scalerepro.analysis.presentation import plots
+from scalerepro.analysis.tables import aggregate, cell_tables, checking, readers, reproduction
+
 from analysis_fixtures import (
     CPU_NVML_REASON,
     FAILED_MESSAGE,
     H100,
     REPO,
+    TOKENS,
+    TP_COMM_REASON,
     VALIDATOR,
     Study,
     make_record,
@@ -29,10 +36,7 @@ from analysis_fixtures import (
     write_gpu_study,
     write_many_records,
     write_parallelism_study,
-    TOKENS,
-    TP_COMM_REASON,
 )
-from scalerepro.analysis import aggregate, plots
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,7 +92,7 @@ def test_fixture_records_match_the_schema(gpu):
 def test_runs_keep_every_planned_run(gpu):
     tables, _, _ = gpu
     runs = tables["runs"]
-    assert list(runs.columns) == list(aggregate.RUN_COLUMNS)
+    assert list(runs.columns) == list(columns.RUN_COLUMNS)
     assert len(runs) == 22
     assert runs["status"].value_counts().to_dict() == {"ok": 19, "failed": 1, "preempted": 1, "missing": 1}
     missing = row(runs, run_id="strong_resnet50_g4_r3")
@@ -103,7 +107,7 @@ def test_runs_keep_every_planned_run(gpu):
     assert runs["consistent"].eq(False).sum() == 1
     one = row(runs, run_id="strong_resnet50_g4_r1")
     assert one["duration_s"] == 360.0 and one["world_size_recorded"] == 4 and one["nodes_recorded"] == 2
-    assert one["device_name"] == H100 and one["device_type"] == "cuda" and one["slurm_job_id"] == "4182000"
+    assert one["device_name"] == H100 and one["device_type"] == "cuda" and one["scheduler_job_id"] == "4182000"
     assert one["peak_memory_bytes"] == 4_000_000_000 and one["peak_memory_kind"] == "cuda_allocated"
     assert one["energy_per_sample_j"] == pytest.approx(500 * 2 / (340 * 2))  # power x window / samples
     assert (one["final_train_loss"], one["final_eval_loss"], one["final_eval_accuracy"]) == (1.5, 1.6, 0.4)
@@ -111,8 +115,8 @@ def test_runs_keep_every_planned_run(gpu):
 
 def test_long_tables(gpu):
     tables, _, _ = gpu
-    assert list(tables["epochs"].columns) == list(aggregate.EPOCH_COLUMNS)
-    assert list(tables["loss_log"].columns) == list(aggregate.LOSS_COLUMNS)
+    assert list(tables["epochs"].columns) == list(columns.EPOCH_COLUMNS)
+    assert list(tables["loss_log"].columns) == list(columns.LOSS_COLUMNS)
     assert len(tables["epochs"]) == 21 * 2 and len(tables["loss_log"]) == 21 * 6
     last = tables["loss_log"].query("run_id == 'strong_resnet50_g1_r1'").iloc[-1]
     assert (last["step"], last["loss"]) == (24, pytest.approx(2.5 - 0.04 * 24))
@@ -147,27 +151,27 @@ def test_cells_carry_their_spread(gpu):
     weak = row(scaling, study="weak", gpus=2)  # epoch times 10, 10 and 11, 12: E = 10 / T(2)
     assert (weak["efficiency_ci_low"], weak["efficiency_ci_high"]) == (pytest.approx(10 / 12), pytest.approx(10 / 11))
     # the same records give the same intervals: the bootstrap is seeded by the cell
-    again = aggregate.scaling_table(gpu[0]["runs"])
+    again = cell_tables.scaling_table(gpu[0]["runs"])
     pd.testing.assert_frame_equal(again, scaling)
     # a looser noise target flags fewer cells
-    loose = aggregate.scaling_table(gpu[0]["runs"], noise_cv_max=0.08)
+    loose = cell_tables.scaling_table(gpu[0]["runs"], noise_cv_max=0.08)
     assert not row(loose, study="strong", gpus=2)["noisy"] and row(loose, study="strong", gpus=1)["noisy"]
 
 
 def test_a_check_whose_interval_holds_the_threshold_is_inconclusive(gpu):
     tables = gpu[0]
     # efficiency at 2 GPUs: 0.9, interval 0.77-1.06
-    at_2 = aggregate.checks_table(tables, targets(2, ("strong_efficiency",), strong_efficiency=0.85)).iloc[0]
+    at_2 = checking.checks_table(tables, targets(2, ("strong_efficiency",), strong_efficiency=0.85)).iloc[0]
     assert at_2["status"] == "inconclusive" and at_2["measured"] == pytest.approx(0.9)
     assert (at_2["interval_low"], at_2["interval_high"]) == (pytest.approx(170 / 220), pytest.approx(190 / 180))
     assert at_2["detail"].startswith("95 % interval 77.3% to 105.6% holds the threshold")
-    assert aggregate.checks_table(tables, targets(2, ("strong_efficiency",), strong_efficiency=0.7)).iloc[0]["status"] == "pass"
-    assert aggregate.checks_table(tables, targets(2, ("strong_efficiency",), strong_efficiency=1.1)).iloc[0]["status"] == "fail"
+    assert checking.checks_table(tables, targets(2, ("strong_efficiency",), strong_efficiency=0.7)).iloc[0]["status"] == "pass"
+    assert checking.checks_table(tables, targets(2, ("strong_efficiency",), strong_efficiency=1.1)).iloc[0]["status"] == "fail"
     # weak variation 15 %, interval 10-20 % (T(1) = 10 always; T(2) 11, 11.5 or 12)
-    weak = aggregate.checks_table(tables, targets(only=("weak_variation",), weak_variation=0.15)).iloc[0]
+    weak = checking.checks_table(tables, targets(only=("weak_variation",), weak_variation=0.15)).iloc[0]
     assert weak["status"] == "inconclusive" and (weak["interval_low"], weak["interval_high"]) == (pytest.approx(0.1), pytest.approx(0.2))
-    assert aggregate.checks_table(tables, targets(only=("weak_variation",), weak_variation=0.10)).iloc[0]["status"] == "fail"  # at the edge: outside
-    assert aggregate.checks_table(tables, targets(only=("weak_variation",), weak_variation=0.25)).iloc[0]["status"] == "pass"
+    assert checking.checks_table(tables, targets(only=("weak_variation",), weak_variation=0.10)).iloc[0]["status"] == "fail"  # at the edge: outside
+    assert checking.checks_table(tables, targets(only=("weak_variation",), weak_variation=0.25)).iloc[0]["status"] == "pass"
 
 
 def test_weak_scaling_uses_epoch_time_and_skips_inconsistent_runs(gpu):
@@ -193,7 +197,7 @@ def test_missing_baseline_gives_nan_and_says_why(tmp_path):
 def test_sensitivity(gpu):
     sensitivity = gpu[0]["sensitivity"]
     assert len(sensitivity) == 4
-    cell = row(sensitivity, bucket_cap_mb=25.0, per_rank_batch=64, precision="bf16")
+    cell = row(sensitivity, bucket_cap_mb=25.0, per_gpu_batch=64, precision="bf16")
     assert (cell["samples_per_s_median"], cell["repeats_ok"], cell["gpus"]) == (260, 1, 2)
     assert cell["exposed_comm_fraction"] == pytest.approx(0.1)
 
@@ -208,7 +212,7 @@ def test_ablation_gain(gpu):
 
 def test_communication_bandwidths(gpu, tmp_path):
     comm = gpu[0]["communication"]
-    assert list(comm.columns) == list(aggregate.COMM_COLUMNS) and len(comm) == 6
+    assert list(comm.columns) == list(columns.COMM_COLUMNS) and len(comm) == 6
     cell = row(comm, gpus=4, size_bytes=1048576)
     assert cell["algbw_gbps"] == pytest.approx(1048576 / 80e-6 / 1e9)  # size / t
     assert cell["busbw_gbps"] == pytest.approx(cell["algbw_gbps"] * 2 * 3 / 4)  # algbw x 2 (N - 1) / N
@@ -219,7 +223,7 @@ def test_communication_bandwidths(gpu, tmp_path):
     document["results"][0]["busbw_gbps"] = document["results"][0]["algbw_gbps"]  # forgot 2 (N - 1) / N
     wrong.write_text(json.dumps(document))
     with pytest.raises(ValueError, match="disagree"):
-        aggregate.communication_table([wrong])
+        readers.communication_table([wrong])
 
 
 @pytest.fixture(scope="module")
@@ -229,11 +233,11 @@ def parallelism(tmp_path_factory) -> dict[str, pd.DataFrame]:
 
 def test_parallelism_table_compares_strategies_at_the_same_global_batch(parallelism):
     table = parallelism["parallelism"]
-    assert list(table.columns) == list(aggregate.PARALLELISM_COLUMNS)
+    assert list(table.columns) == list(columns.PARALLELISM_COLUMNS)
     assert list(zip(table["gpus"], table["parallel"])) == [(2, "ddp"), (2, "fsdp"), (2, "tp"), (4, "fsdp+tp")]  # matrix order
     ddp, fsdp, tp, failed = (row(table, parallel=p) for p in ("ddp", "fsdp", "tp", "fsdp+tp"))
     assert ddp["global_batch"] == fsdp["global_batch"] == tp["global_batch"] == 16
-    assert (tp["data_parallel"], tp["per_rank_batch"]) == (1, 16)
+    assert (tp["data_parallel"], tp["per_gpu_batch"]) == (1, 16)
     # ddp: median of 40, 44; tokens/s = samples/s x 1024; per GPU = tokens/s / 2
     assert (ddp["repeats_ok"], ddp["samples_per_s_median"], ddp["samples_per_s_ci_low"], ddp["samples_per_s_ci_high"]) == (2, 42, 40, 44)
     assert ddp["tokens_per_s_median"] == 42 * TOKENS and ddp["tokens_per_s_per_gpu"] == 42 * TOKENS / 2
@@ -265,7 +269,7 @@ def test_a_completed_run_whose_record_ran_another_strategy_does_not_count(parall
 def test_a_check_can_read_the_parallelism_table(parallelism):
     entry = {"table": "parallelism", "metric": "tokens_per_s_per_gpu", "where": {"gpus": 2}, "direction": "min",
              "threshold": 16000, "unit": "tokens/s"}  # fmt: skip
-    result = aggregate.checks_table(parallelism, {"checks": {"tokens": entry}}).iloc[0]
+    result = checking.checks_table(parallelism, {"checks": {"tokens": entry}}).iloc[0]
     assert result["status"] == "fail" and result["measured"] == 15 * TOKENS  # tp's 30 samples/s / 2 GPUs
     assert "worst cell gpt2_small g2 tp" in result["detail"]
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
@@ -287,7 +291,7 @@ def test_comparison_without_reproduce_runs_says_why(gpu):
 
 VERDICT_REFERENCES = """\
 target_gpu: NVIDIA H100 80GB HBM3
-_conditions: &c {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_batch: 32, seq_len: null, memory_format: nchw,
+_conditions: &c {gpu: NVIDIA H100 80GB HBM3, precision: bf16, per_gpu_samples_per_step: 32, seq_len: null, memory_format: nchw,
                  data: synthetic, optimizer: null, framework: PyTorch DDP, metric_notes: img/s}
 _trainer: &t {model: resnet50, per_gpu_batch: 32, flags: [--precision, bf16]}
 references:
@@ -298,7 +302,7 @@ references:
   - {id: fp16, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: published, source: {page: p, table: t},
      conditions: {<<: *c, precision: fp16}, trainer: *t}
   - {id: batch-1280, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: published, source: {page: p, table: t},
-     conditions: {<<: *c, per_gpu_batch: 1280}, trainer: *t}
+     conditions: {<<: *c, per_gpu_samples_per_step: 1280}, trainer: *t}
   - {id: nhwc, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: published, source: {page: p, table: t},
      conditions: {<<: *c, memory_format: nhwc}, trainer: *t}
   - {id: real-data, model: resnet50, gpus: 2, metric: samples_per_s, value: 200, kind: published, source: {page: p, table: t},
@@ -352,7 +356,7 @@ def test_comparison_verdicts(tmp_path):
         "above": "above",  # 200 / 150 = 1.33
         "below": "below",  # 200 / 260 = 0.77
         "fp16": "not comparable: precision",  # recorded bf16
-        "batch-1280": "not comparable: per gpu batch",
+        "batch-1280": "not comparable: per gpu samples per step",
         "nhwc": "not comparable: memory format",  # the run's record: channels_last false
         "real-data": "not comparable: data",  # synthetic
         "fp8": "not comparable: precision",  # what the trainer lacks, from `unmatched`
@@ -373,16 +377,16 @@ def test_comparison_verdicts(tmp_path):
     assert table.loc["noisy", "noisy"] and table.loc["noisy", "measured_cv"] == pytest.approx(28.28 / 100, rel=1e-3)
     # each differing condition is named with both values; both sets of conditions are printed
     assert table.loc["fp16", "differs"] == "precision (measured bf16, reference fp16)"
-    assert table.loc["batch-1280", "differs"] == "per gpu batch (measured 32, reference 1280)"
+    assert table.loc["batch-1280", "differs"] == "per gpu samples per step (measured 32, reference 1280)"
     assert table.loc["ran-on-pcie", "differs"] == f"GPU (measured on NVIDIA H100 PCIe, reference on {H100})"
     assert table.loc["fp8", "differs"].startswith("precision: FP8 layers")
     assert "no completed run" in table.loc["failed", "differs"]
     assert "(the same trainer run)" in table.loc["shares-a-run", "measured_cell"] and table.loc["shares-a-run", "ratio"] == pytest.approx(200 / 190)
     assert table.loc["reproduced", "measured_conditions"] == (
-        f"gpu {H100}; precision bf16; per gpu batch 32; memory format nchw; data synthetic; optimizer sgd"
+        f"gpu {H100}; precision bf16; per gpu samples per step 32; memory format nchw; data synthetic; optimizer sgd"
     )
-    assert table.loc["fp16", "published_conditions"].startswith(f"gpu {H100}; precision fp16; per gpu batch 32")
-    assert table.loc["gpt2-tokens", "measured_conditions"].startswith(f"gpu {H100}; precision bf16; per gpu batch 32; seq len 1024")
+    assert table.loc["fp16", "published_conditions"].startswith(f"gpu {H100}; precision fp16; per gpu samples per step 32")
+    assert table.loc["gpt2-tokens", "measured_conditions"].startswith(f"gpu {H100}; precision bf16; per gpu samples per step 32; seq len 1024")
     # another GPU (or an H100 of unknown form factor) is context, shown apart, never a pass or fail
     assert sorted(table.index[table["group"].eq("context")]) == ["a100", "seed"]
     assert list(table["group"])[-2:] == ["context", "context"]  # context rows last
@@ -415,22 +419,22 @@ def test_references_file_errors_are_one_line(tmp_path):
     ):  # fmt: skip
         path.write_text(text)
         with pytest.raises(ValueError, match="references\\[0\\] \\(x\\)") as error:
-            aggregate.read_references(path)
+            reproduction.read_references(path)
         assert message in str(error.value) and "\n" not in str(error.value)
 
 
 def test_the_reference_set_reads_and_keeps_its_labels():
-    references = aggregate.read_references(REPO / "config" / "references.yaml")
+    references = reproduction.read_references(REPO / "config" / "references.yaml")
     by_id = references.set_index("id")
     assert set(references["kind"]) == {"published", "expected (seed document)", "mlperf"}
     assert (by_id.filter(like="seed-", axis=0)["kind"] == "expected (seed document)").all()
     # AMP / mixed precision in NVIDIA's tables is fp16, and their "FP32" on A100/H100 is TF32
     assert by_id.loc["dle-rn50-a100-fp16-1", "precision"] == "fp16" and by_id.loc["dle-rn50-a100-tf32-1", "precision"] == "tf32"
     lambda_sxm = by_id.filter(regex=r"^lambda-rn50-h100sxm-fp16-\d$", axis=0)
-    assert list(lambda_sxm["gpus"]) == [1, 2, 4, 8] and set(lambda_sxm["per_gpu_batch"]) == {1280}
+    assert list(lambda_sxm["gpus"]) == [1, 2, 4, 8] and set(lambda_sxm["per_gpu_samples_per_step"]) == {1280}
     assert set(lambda_sxm["memory_format"]) == {"nchw"} and set(lambda_sxm["data"]) == {"synthetic"}
     assert set(lambda_sxm["trainer_flags"]) == {"--precision fp16 --no-channels-last --compile none --loader device --data synthetic"}
-    assert set(by_id.filter(like="lambda-rn50-h100sxm-tf32", axis=0)["per_gpu_batch"]) == {640}
+    assert set(by_id.filter(like="lambda-rn50-h100sxm-tf32", axis=0)["per_gpu_samples_per_step"]) == {640}
     mlperf = by_id[by_id["kind"].eq("mlperf")]
     assert {"fp8"} <= set(mlperf["precision"]) and mlperf["framework"].str.contains("DALI|FP8 layers").all()
     assert mlperf["trainer_model"].isna().all() and mlperf["unmatched"].notna().all()
@@ -440,7 +444,7 @@ def test_the_reference_set_reads_and_keeps_its_labels():
 def test_torchtitan_and_mpt_references_parse_and_are_not_comparable_on_an_h100_sxm(gpu):
     """torchtitan's Llama 3.1 8B FSDP cells have a trainer run (llama3_8b, --parallel fsdp) but ran on
     the H100 96GB HBM2e; MPT-1B is no model of the trainer. On an H100 80GB study both are context."""
-    by_id = aggregate.read_references(REPO / "config" / "references.yaml").set_index("id")
+    by_id = reproduction.read_references(REPO / "config" / "references.yaml").set_index("id")
     titan = by_id.filter(regex=r"^torchtitan-llama31-8b-fsdp-(compile-)?(8|128)$", axis=0)
     assert len(titan) == 4 and set(titan["trainer_model"]) == {"llama3_8b"} and set(titan["trainer_per_gpu_batch"]) == {2}
     assert titan["trainer_flags"].str.contains("--parallel fsdp --activation-checkpointing selective --precision bf16 --seq-len 8192").all()
@@ -448,7 +452,7 @@ def test_torchtitan_and_mpt_references_parse_and_are_not_comparable_on_an_h100_s
     assert by_id.filter(like="float8", axis=0)["trainer_model"].isna().all()
     mpt = by_id.filter(like="mosaicml-mpt-1b", axis=0)
     assert list(mpt["gpus"]) == [8, 16, 32, 64] and mpt["trainer_model"].isna().all() and mpt["unmatched"].str.contains("llama_1b").all()
-    comparison = aggregate.comparison_table(gpu[0]["runs"], by_id.reset_index(), target_gpu=H100).set_index("reference")
+    comparison = reproduction.comparison_table(gpu[0]["runs"], by_id.reset_index(), target_gpu=H100).set_index("reference")
     for reference in [*titan.index, *mpt.index]:
         assert comparison.loc[reference, "group"] == "context" and comparison.loc[reference, "verdict"] == "not comparable: GPU"
     assert "the reference on NVIDIA H100 96GB HBM2e" in comparison.loc["torchtitan-llama31-8b-fsdp-8", "differs"]
@@ -480,7 +484,7 @@ def test_checks_follow_the_thresholds(gpu):
         4, strong_efficiency=0.9, weak_variation=0.2, optimisation_gain=0.35, gpu_utilisation=90,
         exposed_communication=0.15, data_stall=0.03,
     )
-    statuses = aggregate.checks_table(tables, strict).set_index("check")["status"].to_dict()
+    statuses = checking.checks_table(tables, strict).set_index("check")["status"].to_dict()
     # pass at equality for >= / <= targets, fail at equality for the strict > / < ones
     assert statuses == {
         "strong_efficiency": "fail",
@@ -490,11 +494,11 @@ def test_checks_follow_the_thresholds(gpu):
         "exposed_communication": "fail",
         "data_stall": "fail",
     }
-    at_8 = aggregate.checks_table(tables, targets(8, ("strong_efficiency",))).iloc[0]
+    at_8 = checking.checks_table(tables, targets(8, ("strong_efficiency",))).iloc[0]
     assert at_8["status"] == "not measured" and "no scaling.csv row where study = strong, gpus = 8" in at_8["detail"]
-    default_gpus = aggregate.checks_table(tables, targets("max", ("strong_efficiency",))).iloc[0]
+    default_gpus = checking.checks_table(tables, targets("max", ("strong_efficiency",))).iloc[0]
     assert default_gpus["target"].endswith(">= 70.0% (study = strong, gpus = 4 (max))")  # the largest strong-scaling count
-    assert aggregate.checks_table(tables, {}).empty
+    assert checking.checks_table(tables, {}).empty
 
 
 def test_cpu_study_checks_are_judged_at_cpu_scale_and_say_so(cpu):
@@ -541,7 +545,7 @@ def test_cli_writes_tables_and_summary_without_torch(gpu, tmp_path):
     ]
     code = (
         NO_TORCH
-        + "import runpy; sys.argv[0] = 'aggregate'; runpy.run_module('scalerepro.analysis.aggregate', run_name='__main__')"
+        + "import runpy; sys.argv[0] = 'aggregate'; runpy.run_module('scalerepro.analysis.tables.aggregate', run_name='__main__')"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, *map(str, command)], check=False, capture_output=True, text=True, timeout=60
@@ -557,7 +561,7 @@ def test_cli_writes_tables_and_summary_without_torch(gpu, tmp_path):
     speed = {"table": "runs", "metric": "speed", "direction": "min", "threshold": 1}
     unknown_metric = {**TARGETS, "checks": {**TARGETS["checks"], "speed": speed}}
     bad = subprocess.run(
-        [sys.executable, "-m", "scalerepro.analysis.aggregate", *map(str, command[:-2]), "--targets", json.dumps(unknown_metric)],
+        [sys.executable, "-m", "scalerepro.analysis.tables.aggregate", *map(str, command[:-2]), "--targets", json.dumps(unknown_metric)],
         check=False,
         capture_output=True,
         text=True,
@@ -570,10 +574,10 @@ def test_cli_writes_tables_and_summary_without_torch(gpu, tmp_path):
 def test_modules_do_not_import_torch():
     code = (
         "import sys\n"
-        "import scalerepro.analysis, scalerepro.analysis.aggregate, scalerepro.analysis.plots, scalerepro.analysis.scaling_model\n"
-        "import scalerepro.analysis.repeats, scalerepro.analysis.rebuild, scalerepro.analysis.report\n"
+        "import scalerepro.analysis, scalerepro.analysis.tables.aggregate, scalerepro.analysis.presentation.plots, scalerepro.analysis.tables.scaling_model\n"
+        "import scalerepro.analysis.tables.repeats, scalerepro.analysis.rebuild, scalerepro.analysis.presentation.report\n"
         "assert 'torch' not in sys.modules, 'the analysis side imported torch'\n"
-        "trainer = {'scalerepro.train', 'scalerepro.trainer', 'scalerepro.models', 'scalerepro.data'} & set(sys.modules)\n"
+        "trainer = {'scalerepro.training.train', 'scalerepro.training.trainer', 'scalerepro.models', 'scalerepro.data'} & set(sys.modules)\n"
         "assert not trainer, f'the analysis side imported {trainer}'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
@@ -583,7 +587,7 @@ def test_modules_do_not_import_torch():
 def _plot(tables_dir: Path, out: Path) -> str:
     code = (
         NO_TORCH
-        + "import runpy; sys.argv[0] = 'plots'; runpy.run_module('scalerepro.analysis.plots', run_name='__main__')"
+        + "import runpy; sys.argv[0] = 'plots'; runpy.run_module('scalerepro.analysis.presentation.plots', run_name='__main__')"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, "--tables", str(tables_dir), "--out", str(out)],
@@ -604,9 +608,7 @@ def _write_profiling_tables(tables_dir: Path, scratch: Path) -> None:
     import importlib.util
     import shutil
 
-    import yaml
-
-    from scalerepro.analysis import profile
+    from scalerepro.analysis.profiles import captures, classify, roofline
 
     fixtures = Path(__file__).parent / "fixtures"
     spec = importlib.util.spec_from_file_location("make_nsys_sqlite", fixtures / "nsys" / "make_nsys_sqlite.py")
@@ -618,9 +620,9 @@ def _write_profiling_tables(tables_dir: Path, scratch: Path) -> None:
         (run / tool / "capture.json").write_text(json.dumps({"tool": tool, "fallback_reason": None}))
     builder.build(run / "nsys" / "rank0.sqlite")
     shutil.copy(fixtures / "ncu" / "kernels.csv", run / "ncu" / "kernels.csv")
-    peaks = profile.gpu_peaks(yaml.safe_load((Path(__file__).parents[1] / "config/references.yaml").read_text()), "h100_sxm", "bf16")
-    summary = json.loads(json.dumps(profile.summarize(run, run.name, profile.DEFAULT_THRESHOLDS, peaks), default=str))
-    for name, table in profile.tables([summary]).items():
+    peaks = roofline.gpu_peaks("h100_sxm", "bf16")
+    summary = json.loads(json.dumps(captures.summarize(run, run.name, classify.DEFAULT_THRESHOLDS, peaks), default=str))
+    for name, table in captures.tables([summary]).items():
         table.to_csv(tables_dir / f"{name}.csv", index=False)
 
 
@@ -659,7 +661,7 @@ def test_a_record_that_says_ok_but_measured_nothing_counts_as_failed(tmp_path):
     record["measurements"].update(measured_steps=0, samples_per_s=None)
     path = tmp_path / "record.json"
     path.write_text(json.dumps(record))
-    fields, _, _ = aggregate.read_record("empty", str(path))
+    fields, _, _ = readers.read_record("empty", str(path))
     assert fields["status"] == "failed" and "measured window is empty" in fields["error"]
 
 
@@ -695,7 +697,7 @@ def test_a_matrix_from_before_the_reference_column_reads_as_no_reference(tmp_pat
     args = write_cpu_study(tmp_path)
     old = pd.read_csv(args["matrix_path"]).drop(columns=["reference", "grad_accum_steps", "parallel", "data_parallel"])
     old.to_csv(args["matrix_path"], index=False)
-    matrix = aggregate.read_matrix(args["matrix_path"])
+    matrix = readers.read_matrix(args["matrix_path"])
     assert matrix["reference"].eq("").all() and matrix["grad_accum_steps"].eq(1).all()
     assert matrix["parallel"].eq("ddp").all() and matrix["data_parallel"].eq(matrix["gpus"]).all()
     tables = aggregate.aggregate(**args, targets={})
@@ -704,7 +706,7 @@ def test_a_matrix_from_before_the_reference_column_reads_as_no_reference(tmp_pat
 
 def test_a_new_check_is_one_config_entry_evaluated_and_listed_in_the_report(gpu, tmp_path):
     """No code names the check below: its entry alone has it evaluated and shown."""
-    from scalerepro.analysis import report
+    from scalerepro.analysis.presentation import report
 
     throughput = {
         "description": "strong-scaling throughput at the largest count", "table": "scaling",
@@ -714,7 +716,7 @@ def test_a_new_check_is_one_config_entry_evaluated_and_listed_in_the_report(gpu,
     config = {**TARGETS, "checks": {**TARGETS["checks"], "strong_throughput": throughput}}
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
     jsonschema.validate({"targets": config}, {**schema, "required": []})  # the entry is a valid config entry
-    tables = dict(gpu[0], checks=aggregate.checks_table(gpu[0], config))
+    tables = dict(gpu[0], checks=checking.checks_table(gpu[0], config))
     added = check(tables, "strong_throughput")
     # resnet50 at 4 GPUs: median of its strong 4-GPU runs, below 1000 samples/s
     at_4 = row(tables["scaling"], study="strong", gpus=4)["samples_per_s_median"]
@@ -732,12 +734,11 @@ def test_a_new_check_is_one_config_entry_evaluated_and_listed_in_the_report(gpu,
     [("gpt2_tiny_tp2", "tp", 524288 + 393216 + 2560, None), ("gpt2_tiny_pp2", "pp", 3 * 131072 + 4, 0.2)],
 )
 def test_records_the_trainer_wrote_under_tp_and_pp_read_into_their_sharding_figures(name, strategy, sent, bubble):
-    """Records written by `python -m scalerepro.train --parallel tp|pp` on 2 gloo ranks (a tiny
+    """Records written by `python -m scalerepro.training.train --parallel tp|pp` on 2 gloo ranks (a tiny
     GPT, tests/fixtures/records): each strategy names its collectives differently, and the
     communication per step is their sum."""
-    from scalerepro.analysis import aggregate
 
-    fields, _, _ = aggregate.read_record(name, str(Path(__file__).parent / "fixtures/records" / f"{name}.json"))
+    fields, _, _ = readers.read_record(name, str(Path(__file__).parent / "fixtures/records" / f"{name}.json"))
     assert fields["status"] == "ok" and fields["parallel_recorded"] == strategy and fields["mesh"] == f"2 ({strategy})"
     assert fields["comm_bytes_per_step"] == sent and fields["comm_by_collective"].count(" B") >= 3
     assert fields["pipeline_bubble_fraction"] == bubble

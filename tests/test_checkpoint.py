@@ -4,17 +4,23 @@ named and passed over; cleanup never lets such a file take a good checkpoint's p
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from scalerepro.common import source_closure
+from scalerepro.training import checkpoint
+from scalerepro.training.train import main
+
 from conftest import load_record
-from scalerepro import checkpoint
-from scalerepro.train import main
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
 
 RUN = [
-    "--model", "cnn", "--steps", "12", "--warmup-steps", "2", "--batch-size", "16", "--num-workers", "0",
+    "--model", "cnn", "--steps", "12", "--warmup-steps", "2", "--per-gpu-batch", "16", "--num-workers", "0",
     "--synthetic-samples", "1024", "--eval-samples", "64", "--log-interval", "4",
 ]  # fmt: skip
 
@@ -26,7 +32,7 @@ def _run(tmp_path: Path, *extra: str, capsys=None) -> dict:
 
 
 def _fingerprint(**changes) -> dict:
-    return {"batch_size": 16, "seed": 0, "code": checkpoint.code_hash(), **changes}
+    return {"per_gpu_batch": 16, "seed": 0, "code": checkpoint.code_hash(), **changes}
 
 
 def _state(**changes) -> dict:
@@ -74,17 +80,27 @@ def test_a_checkpoint_of_other_trainer_code_starts_the_run_fresh_and_says_so(tmp
     assert "starting from step 0" in capsys.readouterr().out
 
 
-def test_the_code_hash_covers_the_trainer_and_not_the_analysis(tmp_path):
+def test_the_code_hash_covers_what_a_rank_imports_and_nothing_else(tmp_path):
+    """The checkpoint's code hash is the rank's import closure, on a copy of the real package:
+    planning and analysis edits leave it (and every checkpoint's resumability) alone; an edit of
+    any module the rank imports, however indirectly, changes it."""
     package = tmp_path / "scalerepro"
-    (package / "analysis").mkdir(parents=True)
-    (package / "trainer.py").write_text("x = 1\n")
-    (package / "analysis" / "plots.py").write_text("y = 1\n")
-    before = checkpoint.code_hash(package)
-    (package / "analysis" / "plots.py").write_text("y = 2\n")
-    (package / "compare.py").write_text("from scalerepro.analysis.compare import main\n")  # an analysis entry point
-    assert checkpoint.code_hash(package) == before
-    (package / "trainer.py").write_text("x = 1  # a comment is a change\n")
-    assert checkpoint.code_hash(package) != before
+    shutil.copytree(Path(checkpoint.__file__).resolve().parents[1], package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = source_closure.code_hash([source_closure.RANK_ENTRY], package)
+
+    def edited(relative: str) -> str:
+        path = package / relative
+        original = path.read_text()
+        path.write_text(original + "\n# an edit\n")
+        try:
+            return source_closure.code_hash([source_closure.RANK_ENTRY], package)
+        finally:
+            path.write_text(original)
+
+    for outside in ("planning/study.py", "planning/plan.py", "planning/submission.py", "analysis/tables/aggregate.py", "data/fetch.py", "launching/launch.py"):
+        assert edited(outside) == before, f"{outside} runs in no rank"
+    for inside in ("training/trainer.py", "data/sources.py", "parallel/mesh.py", "schedulers/slurm.py", "common/files.py", "config.py", "models/llama.py"):
+        assert edited(inside) != before, f"{inside} runs in every rank"
 
 
 @pytest.mark.parametrize(
@@ -94,7 +110,7 @@ def test_the_code_hash_covers_the_trainer_and_not_the_analysis(tmp_path):
         (_state(format=1), "checkpoint format 1, this trainer reads 2"),
         ({k: v for k, v in _state().items() if k != "fingerprint"}, "incomplete checkpoint (missing fingerprint)"),
         (_state(fingerprint=_fingerprint(code="f" * 64)), "written by other trainer code"),
-        (_state(fingerprint=_fingerprint(batch_size=8)), "written by a different configuration (batch_size was 8, now 16)"),
+        (_state(fingerprint=_fingerprint(per_gpu_batch=8)), "written by a different configuration (per_gpu_batch was 8, now 16)"),
         (_state(final=True), "the final checkpoint of a finished run"),
         (_state(step=9), "at step 9 it leaves too few steps for the warm-up and a measured window"),
     ],

@@ -9,8 +9,12 @@ import sys
 
 import pytest
 
+from scalerepro.training import commbench
+
 from conftest import clean_env
-from scalerepro import commbench
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
 
 # all_reduce_perf on 16 H100 ranks (2 nodes x 8), out-of-place columns: size (B), time (us),
 # algbw, busbw (GB/s); lessizzmore/create-a3mega-ztan-fork, ztan-NCCL-test-result, commit 02dd8f455c43.
@@ -32,7 +36,7 @@ def test_bandwidths_are_nccl_tests_definitions(size, time_us, algbw, busbw):
 
 def test_two_gloo_ranks_record_their_time_and_nccl_tests_time(tmp_path):
     out = tmp_path / "comm.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.commbench",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.training.commbench",
                "--out", str(out), "--device", "cpu", "--sizes", "4096", "262144", "--iterations", "8", "--warmup", "2"]  # fmt: skip
     done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -49,7 +53,7 @@ def test_two_gloo_ranks_record_their_time_and_nccl_tests_time(tmp_path):
 
 def test_one_rank_is_refused_unless_asked_for_a_communicator_of_one(tmp_path):
     out = tmp_path / "comm.json"
-    command = [sys.executable, "-m", "scalerepro.commbench", "--out", str(out), "--device", "cpu", "--sizes", "4096", "--iterations", "4"]
+    command = [sys.executable, "-m", "scalerepro.training.commbench", "--out", str(out), "--device", "cpu", "--sizes", "4096", "--iterations", "4"]
     refused = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--process-group-at-one-rank" in refused.stderr and not out.exists()
     done = subprocess.run([*command, "--process-group-at-one-rank"], env=clean_env(), capture_output=True, text=True, timeout=120)

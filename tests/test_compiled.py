@@ -7,18 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import load_record, python_train
-from scalerepro import distributed
 from scalerepro.config import parse_args
-from scalerepro.objective import ModelWithLoss, cross_entropy
-from scalerepro.trainer import StopRequest, Trainer
+from scalerepro.training import distributed
+from scalerepro.training.objective import ModelWithLoss, cross_entropy
+from scalerepro.training.trainer import StopRequest, Trainer
+
+from conftest import load_record, python_train
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
 
 TINY_GPT2 = ["--model", "gpt2_small", "--seq-len", "32", "--vocab-size", "128", "--num-layers", "2", "--hidden-size", "64", "--num-heads", "2"]
 
 
 def _args(tmp_path, name: str, compile_mode: str) -> list[str]:
     return [
-        *TINY_GPT2, "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--loader", "device", "--synthetic-samples", "512",
+        *TINY_GPT2, "--steps", "6", "--warmup-steps", "2", "--per-gpu-batch", "8", "--loader", "device", "--synthetic-samples", "512",
         "--no-eval", "--log-interval", "1", "--bucket-cap-mb", "0.02", "--bucket-probe-steps", "3", "--comm-probe-steps", "0",
         "--compile", compile_mode, "--progress", "off", "--record", str(tmp_path / f"{name}.json"),
     ]  # fmt: skip

@@ -14,6 +14,9 @@ import yaml
 from conftest import REPO
 from test_workflow import snakemake
 
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 MARK = "/tmp/scalerepro-injected"  # a payload that ran would create this file
 PAYLOAD = f"$(touch {MARK})"
 

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import learnable_cifar_split
-from scalerepro import cifar10
-from scalerepro.data import make_sources
+from scalerepro.data import cifar10
+from scalerepro.data.builders import make_sources
 from scalerepro.data.loaders import DeviceLoader, HostLoader, ShardSampler, eval_batches
 from scalerepro.data.sources import CifarImages, SyntheticCausalLM, SyntheticImages, SyntheticMaskedLM, stateless_hash
+
+from conftest import learnable_cifar_split
 
 CPU = torch.device("cpu")
 

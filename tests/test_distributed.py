@@ -13,10 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import clean_env, free_port, load_record, torchrun
-from scalerepro.distributed import DistributedSetupError, detect_env
-from scalerepro.schedulers import SchedulerError
+from scalerepro.schedulers.base import SchedulerError
 from scalerepro.schedulers.slurm import first_host
+from scalerepro.training.distributed import DistributedSetupError, detect_env
+
+from conftest import clean_env, free_port, load_record, torchrun
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
 
 
 def _final_params(directory: Path) -> dict[str, torch.Tensor]:
@@ -24,14 +28,14 @@ def _final_params(directory: Path) -> dict[str, torch.Tensor]:
     return torch.load(files[-1], map_location="cpu", weights_only=True)["model"]
 
 
-def _run(tmp_path: Path, name: str, ranks: int, per_rank_batch: int, *extra: str) -> dict:
+def _run(tmp_path: Path, name: str, ranks: int, per_gpu_batch: int, *extra: str) -> dict:
     args = [
-        "--model", "cnn", "--batch-size", str(per_rank_batch), "--num-workers", "0", "--synthetic-samples", "512",
+        "--model", "cnn", "--per-gpu-batch", str(per_gpu_batch), "--num-workers", "0", "--synthetic-samples", "512",
         "--eval-samples", "64", "--warmup-steps", "0", "--comm-probe-steps", "0", "--no-eval",
         "--checkpoint-dir", str(tmp_path / name), "--keep-final-checkpoint", "--record", str(tmp_path / f"{name}.json"), *extra,
     ]  # fmt: skip
     if ranks == 1:
-        result = subprocess.run([sys.executable, "-m", "scalerepro.train", *args], env=clean_env(), capture_output=True, text=True, timeout=120)
+        result = subprocess.run([sys.executable, "-m", "scalerepro.training.train", *args], env=clean_env(), capture_output=True, text=True, timeout=120)
     else:
         result = torchrun(ranks, args)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -58,11 +62,11 @@ def test_two_ranks_equal_one_rank_on_the_same_global_batch(tmp_path, accumulate)
 def test_cifar_one_and_two_ranks_reach_matching_accuracy(tmp_path, prepared_cifar):
     common = ["--model", "cnn", "--data", str(prepared_cifar), "--epochs", "3", "--warmup-steps", "2", "--num-workers", "1"]
     one = subprocess.run(
-        [sys.executable, "-m", "scalerepro.train", *common, "--batch-size", "64", "--record", str(tmp_path / "one.json")],
+        [sys.executable, "-m", "scalerepro.training.train", *common, "--per-gpu-batch", "64", "--record", str(tmp_path / "one.json")],
         env=clean_env(), capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert one.returncode == 0, one.stderr
-    two = torchrun(2, [*common, "--batch-size", "32", "--record", str(tmp_path / "two.json")])
+    two = torchrun(2, [*common, "--per-gpu-batch", "32", "--record", str(tmp_path / "two.json")])
     assert two.returncode == 0, two.stderr[-3000:]
     accuracy_one = load_record(tmp_path / "one.json")["history"][-1]["eval_accuracy"]
     record_two = load_record(tmp_path / "two.json")
@@ -79,7 +83,7 @@ def test_exposed_communication_sees_the_all_reduce(tmp_path):
     # shared 2-core VM at load averages 4-7: fraction 0.16-0.49; with the no-sync steps
     # synchronising anyway (the probe measuring nothing), 0.00-0.07.
     args = [
-        "--model", "resnet18_cifar", "--image-size", "8", "--batch-size", "2", "--steps", "4", "--warmup-steps", "2",
+        "--model", "resnet18_cifar", "--image-size", "8", "--per-gpu-batch", "2", "--steps", "4", "--warmup-steps", "2",
         "--loader", "device", "--no-eval", "--synthetic-samples", "64", "--comm-probe-steps", "10", "--bucket-probe-steps", "0",
         "--record", str(tmp_path / "r.json"),
     ]  # fmt: skip
@@ -98,7 +102,7 @@ def test_the_probes_of_a_two_rank_onecycle_run_with_accumulation(tmp_path):
     run's end, failing the finished run), and the bucket probe times every micro-batch of an
     accumulating step and records DDP's rebuilt layout."""
     args = [
-        "--model", "cnn", "--batch-size", "4", "--grad-accum-steps", "2", "--steps", "3", "--warmup-steps", "1",
+        "--model", "cnn", "--per-gpu-batch", "4", "--grad-accum-steps", "2", "--steps", "3", "--warmup-steps", "1",
         "--lr-schedule", "onecycle", "--num-workers", "0", "--no-eval", "--synthetic-samples", "64",
         "--comm-probe-steps", "2", "--bucket-probe-steps", "2", "--bucket-cap-mb", "0.01", "--record", str(tmp_path / "r.json"),
     ]  # fmt: skip
@@ -133,12 +137,12 @@ def test_one_rank_with_a_process_group_runs_ddp_and_trains_as_one_rank_without(t
 def _signal_last_rank_at_step_20(args: list[str], signum: int) -> tuple[subprocess.Popen, str]:
     """Start two ranks under torchrun, wait until step 20 is logged, send ``signum`` to the last
     rank only; return the launcher (finished) and everything it printed."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.train", *args]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.training.train", *args]
     launcher = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in launcher.stdout:
         if line.startswith("step 20/"):
             break
-    workers = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "scalerepro.train"], capture_output=True, text=True).stdout.split()
+    workers = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "scalerepro.training.train"], capture_output=True, text=True).stdout.split()
     assert len(workers) == 2, workers
     os.kill(int(workers[-1]), signum)
     output = launcher.stdout.read()
@@ -148,7 +152,7 @@ def _signal_last_rank_at_step_20(args: list[str], signum: int) -> tuple[subproce
 
 def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
     args = [
-        "--model", "cnn", "--batch-size", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
+        "--model", "cnn", "--per-gpu-batch", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
         "--steps", "400", "--warmup-steps", "2", "--log-interval", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
         "--record", str(tmp_path / "r.json"),
     ]  # fmt: skip
@@ -168,11 +172,11 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
 
 
 def test_a_crashed_rank_fails_the_run_with_a_record_and_one_line(tmp_path):
-    args = ["--model", "cnn", "--batch-size", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
+    args = ["--model", "cnn", "--per-gpu-batch", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
             "--steps", "2000", "--warmup-steps", "2", "--log-interval", "5", "--record", str(tmp_path / "r.json")]  # fmt: skip
     launcher, output = _signal_last_rank_at_step_20(args, signal.SIGKILL)  # rank 1 dies without a word
     assert launcher.returncode != 0
-    errors = [line for line in output.splitlines() if line.startswith("scalerepro.train: error:")]
+    errors = [line for line in output.splitlines() if line.startswith("scalerepro.training.train: error:")]
     assert len(errors) == 1 and "rank 0 at step" in errors[0] and "lost contact with another rank" in errors[0], output[-3000:]
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "failed" and record["measurements_scope"] == "rank 0 only"
@@ -183,7 +187,7 @@ def test_a_peer_that_never_arrives_is_a_one_line_error(tmp_path):
     env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.train", "--model", "cnn", "--dist-timeout-s", "3", "--record", str(tmp_path / "r.json")],
+        [sys.executable, "-m", "scalerepro.training.train", "--model", "cnn", "--dist-timeout-s", "3", "--record", str(tmp_path / "r.json")],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 1
@@ -197,7 +201,7 @@ def test_a_peer_that_never_arrives_is_a_one_line_error(tmp_path):
 def test_srun_style_launch_reads_slurm_variables(tmp_path):
     """Two processes started the way `srun --ntasks 2` starts them: Slurm's variables only."""
     port = free_port()
-    args = ["--model", "cnn", "--batch-size", "8", "--num-workers", "0", "--synthetic-samples", "256", "--eval-samples", "32",
+    args = ["--model", "cnn", "--per-gpu-batch", "8", "--num-workers", "0", "--synthetic-samples", "256", "--eval-samples", "32",
             "--steps", "4", "--warmup-steps", "1", "--record", str(tmp_path / "r.json")]  # fmt: skip
     processes = []
     for rank in range(2):
@@ -205,7 +209,7 @@ def test_srun_style_launch_reads_slurm_variables(tmp_path):
             SLURM_JOB_ID="4242", SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_NNODES="1",
             SLURM_STEP_NODELIST="localhost", SLURM_JOB_NODELIST="localhost", MASTER_PORT=str(port),
         )  # fmt: skip
-        processes.append(subprocess.Popen([sys.executable, "-m", "scalerepro.train", *args], env=env, stderr=subprocess.PIPE, text=True))
+        processes.append(subprocess.Popen([sys.executable, "-m", "scalerepro.training.train", *args], env=env, stderr=subprocess.PIPE, text=True))
     for process in processes:
         assert process.wait(timeout=120) == 0, process.stderr.read()
     record = load_record(tmp_path / "r.json")
@@ -245,7 +249,7 @@ def test_a_rank_still_compiling_in_warm_up_does_not_trip_the_steady_state_timeou
     in DDP's first all-reduce for longer than --dist-timeout-s: the warm-up timeout covers that
     wait; after the warm-up steps the steady-state timeout applies again."""
     port = str(free_port())
-    common = ["--model", "cnn", "--batch-size", "8", "--num-workers", "0", "--loader", "device", "--synthetic-samples", "256",
+    common = ["--model", "cnn", "--per-gpu-batch", "8", "--num-workers", "0", "--loader", "device", "--synthetic-samples", "256",
               "--no-eval", "--steps", "6", "--warmup-steps", "2", "--comm-probe-steps", "0", "--bucket-probe-steps", "0",
               "--dist-timeout-s", "4", "--progress", "off"]  # fmt: skip
     ranks = []
@@ -253,7 +257,7 @@ def test_a_rank_still_compiling_in_warm_up_does_not_trip_the_steady_state_timeou
         env = clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                         MASTER_PORT=port, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor{rank}"),
                         TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")  # fmt: skip
-        ranks.append(subprocess.Popen([sys.executable, "-m", "scalerepro.train", *common, *extra], env=env,
+        ranks.append(subprocess.Popen([sys.executable, "-m", "scalerepro.training.train", *common, *extra], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
     started = time.monotonic()
     outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
@@ -268,8 +272,8 @@ _TIMEOUT_PROBE = """
 import datetime, socket, sys
 import torch, torch.distributed as dist
 from scalerepro.config import parse_args
-from scalerepro.distributed import DistContext, DistEnv
-from scalerepro.trainer import StopRequest, Trainer
+from scalerepro.training.distributed import DistContext, DistEnv
+from scalerepro.training.trainer import StopRequest, Trainer
 
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1,
                         timeout=datetime.timedelta(seconds=5))
@@ -284,7 +288,7 @@ print("after warm-up", gloo.options._timeout.total_seconds(), flush=True)
 
 
 def test_collectives_get_the_warm_up_timeout_then_the_steady_state_one(tmp_path):
-    args = ["--model", "cnn", "--batch-size", "8", "--num-workers", "0", "--loader", "device", "--synthetic-samples", "128",
+    args = ["--model", "cnn", "--per-gpu-batch", "8", "--num-workers", "0", "--loader", "device", "--synthetic-samples", "128",
             "--no-eval", "--steps", "4", "--warmup-steps", "2", "--comm-probe-steps", "0", "--bucket-probe-steps", "0",
             "--dist-timeout-s", "17", "--warmup-dist-timeout-s", "900", "--progress", "off"]  # fmt: skip
     result = subprocess.run([sys.executable, "-c", _TIMEOUT_PROBE, str(free_port()), *args], env=clean_env(),
@@ -298,8 +302,8 @@ def test_collectives_get_the_warm_up_timeout_then_the_steady_state_one(tmp_path)
 # collective, so rank 1 finishes them and must learn at the probe's end that rank 0 gave up.
 _OUT_OF_MEMORY_IN_THE_PROBE = """
 import os, sys, torch
-from scalerepro.train import main
-from scalerepro.trainer import Trainer
+from scalerepro.training.train import main
+from scalerepro.training.trainer import Trainer
 
 original = Trainer._train_step
 
@@ -317,7 +321,7 @@ def test_a_probe_out_of_memory_on_one_rank_leaves_a_complete_run_on_every_rank(t
     driver = tmp_path / "driver.py"
     driver.write_text(_OUT_OF_MEMORY_IN_THE_PROBE)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(driver),
-               "--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--num-workers", "0",
+               "--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--per-gpu-batch", "8", "--num-workers", "0",
                "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "2", "--bucket-probe-steps", "2",
                "--dist-timeout-s", "60", "--record", str(tmp_path / "r.json")]  # fmt: skip
     done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=240)
@@ -332,7 +336,7 @@ def test_a_probe_out_of_memory_on_one_rank_leaves_a_complete_run_on_every_rank(t
 
 def test_two_ranks_lengthen_their_window_alike(tmp_path):
     # each rank times its own steps; both must add the same steps or a collective waits forever
-    done = torchrun(2, ["--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--num-workers", "0",
+    done = torchrun(2, ["--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--per-gpu-batch", "8", "--num-workers", "0",
                         "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "0", "--bucket-probe-steps", "0",
                         "--min-window-s", "2", "--log-interval", "2", "--dist-timeout-s", "60", "--record", str(tmp_path / "r.json")])  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

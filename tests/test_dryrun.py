@@ -5,8 +5,12 @@ the snapshots were written. The Slurm case is in test_slurm.py (it needs the tes
 from __future__ import annotations
 
 import pytest
+
 from conftest import REPO, clean_env
 from dryrun_jobs import LOCAL_CASES, gpu_machine_env, planned_jobs, snapshot
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("case", LOCAL_CASES)

@@ -20,20 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scalerepro.data import cifar10
+from scalerepro.data.fetch import ARCHIVE_NAME, META, OFFICIAL_SIZE, TEST_BATCH, TRAIN_BATCHES, FetchError, download, main, read_batches
+
 from cifar_archive import Batch, legacy_pickle, meta_file, official_files, random_batches, write_archive
 from conftest import free_port
-from scalerepro import cifar10
-from scalerepro.fetch import (
-    ARCHIVE_NAME,
-    META,
-    OFFICIAL_SIZE,
-    TEST_BATCH,
-    TRAIN_BATCHES,
-    FetchError,
-    download,
-    main,
-    read_batches,
-)
 
 
 @dataclass(frozen=True)
@@ -109,7 +100,7 @@ def no_proxy(monkeypatch, tmp_path) -> None:
 def one_error_line(capsys) -> str:
     err = capsys.readouterr().err
     lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("scalerepro.fetch: error: "), err
+    assert len(lines) == 1 and lines[0].startswith("scalerepro.data.fetch: error: "), err
     return lines[0]
 
 
@@ -130,16 +121,16 @@ def test_fetch_converts_chw_batches_to_the_prepared_layout_and_a_second_run_is_a
     assert splits["train"].labels.tolist() == sum((server.batches[name].labels for name in TRAIN_BATCHES), [])
     assert np.array_equal(splits["test"].images, test.data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
     assert splits["test"].labels.tolist() == test.labels
-    manifest = (out / cifar10.MANIFEST).read_text()
+    manifest = (out / cifar10.DATASET_MANIFEST).read_text()
     assert f"{server.url}/{ARCHIVE_NAME} (md5 {server.md5})" in manifest
     assert tree(out.parent) == {"cifar10", ARCHIVE_NAME, *(f"cifar10/{p}" for p in tree(out))}  # no .part left
     assert hashlib.md5((out.parent / ARCHIVE_NAME).read_bytes()).hexdigest() == server.md5
 
-    before = (out / cifar10.MANIFEST).stat().st_mtime_ns
+    before = (out / cifar10.DATASET_MANIFEST).stat().st_mtime_ns
     capsys.readouterr()
     assert main(["--out", str(out), "--url", f"{server.url}/missing.tar.gz", "--md5", server.md5]) == 0
     assert "nothing to do" in capsys.readouterr().out
-    assert (out / cifar10.MANIFEST).stat().st_mtime_ns == before
+    assert (out / cifar10.DATASET_MANIFEST).stat().st_mtime_ns == before
 
 
 def test_a_kept_download_is_reused_once_verified(server, tmp_path, capsys):
@@ -169,7 +160,7 @@ def test_skipping_the_checksum_warns_and_records_the_actual_md5(server, tmp_path
     out = tmp_path / "cifar10"
     assert main(["--out", str(out), "--archive", str(server.archive), "--md5", ""]) == 0
     assert "warning: --md5 '' skips the checksum" in capsys.readouterr().err
-    assert f"(md5 {server.md5}, unverified)" in (out / cifar10.MANIFEST).read_text()
+    assert f"(md5 {server.md5}, unverified)" in (out / cifar10.DATASET_MANIFEST).read_text()
 
 
 @pytest.mark.parametrize(
@@ -296,7 +287,7 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, capsys):
 
 
 def run_cli(*args: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "scalerepro.fetch", *args]
+    command = [sys.executable, "-m", "scalerepro.data.fetch", *args]
     env = {**os.environ, "no_proxy": "*"}
     return subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -305,9 +296,9 @@ def test_the_cli_as_a_process_fails_with_one_line_and_needs_no_torch(server, tmp
     process = run_cli("--out", str(tmp_path / "cifar10"), "--url", f"{server.url}/missing.tar.gz")
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 1
-    assert stderr.count("\n") == 1 and stderr.startswith("scalerepro.fetch: error: ") and "HTTP 404" in stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("scalerepro.data.fetch: error: ") and "HTTP 404" in stderr
 
-    probe = "import sys, scalerepro.fetch; sys.exit('torch' in sys.modules)"
+    probe = "import sys, scalerepro.data.fetch; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], timeout=30).returncode == 0
 
 
@@ -320,7 +311,7 @@ def test_sigterm_mid_download_removes_the_part_file(server, tmp_path):
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=20)
     assert process.returncode == 128 + signal.SIGTERM
-    assert stderr == "scalerepro.fetch: error: stopped by SIGTERM; nothing partial is kept: run again\n"
+    assert stderr == "scalerepro.data.fetch: error: stopped by SIGTERM; nothing partial is kept: run again\n"
     assert tree(tmp_path) == {"system-tmp"}
 
 

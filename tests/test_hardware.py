@@ -9,15 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from scalerepro.hardware import (
-    PEAKS,
-    PRECISIONS,
-    git_info,
-    gpu_model,
-    host_facts,
-    peak_flops,
-    software_versions,
-)
+from scalerepro.common.gpu_peaks import PEAKS, gpu_model
+from scalerepro.telemetry.hardware import PRECISIONS, git_info, host_facts, peak_flops, software_versions
 
 T = 1e12
 

@@ -6,9 +6,14 @@ import subprocess
 import sys
 
 import psutil
+import pytest
+
+from scalerepro.training.train import main
 
 from conftest import load_record
-from scalerepro.train import main
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
 
 
 def test_a_busy_neighbour_shows_in_the_record(tmp_path):
@@ -16,7 +21,7 @@ def test_a_busy_neighbour_shows_in_the_record(tmp_path):
     started = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
     burner = psutil.Process(int(started.stdout))
     try:
-        assert main(["--model", "cnn", "--steps", "40", "--warmup-steps", "2", "--batch-size", "32", "--num-workers", "0",
+        assert main(["--model", "cnn", "--steps", "40", "--warmup-steps", "2", "--per-gpu-batch", "32", "--num-workers", "0",
                      "--synthetic-samples", "2048", "--eval-samples", "64", "--record", str(tmp_path / "r.json")]) == 0  # fmt: skip
     finally:
         burner.kill()

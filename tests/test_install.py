@@ -16,9 +16,13 @@ import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 from conftest import REPO, clean_env
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
 
 PACKAGE = REPO / "workflow" / "scalerepro"
 
@@ -55,7 +59,7 @@ def test_the_package_installs_without_network(tmp_path):
     assert modules <= installed, f"missing from the installed package: {sorted(map(str, modules - installed))}"
     # The installed copy imports (the torch-free modules; torch comes from the environment).
     probe = subprocess.run(
-        [sys.executable, "-c", "import scalerepro.launch, scalerepro.config; print(scalerepro.__file__)"],
+        [sys.executable, "-c", "import scalerepro.launching.launch, scalerepro.config; print(scalerepro.__file__)"],
         env=_offline_env(PYTHONPATH=str(site)), capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr

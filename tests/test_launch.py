@@ -1,4 +1,4 @@
-"""scalerepro.launch: the command that starts a job's ranks, here and inside a Slurm job.
+"""scalerepro.launching.launch: the command that starts a job's ranks, here and inside a Slurm job.
 
 The commands are checked as composed (the real Slurm runs are in test_slurm.py); the local
 path is run for real: two gloo ranks through torchrun.
@@ -17,11 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, load_record
-from scalerepro import cores, launch
-from scalerepro.schedulers import slurm
+from scalerepro.launching import launch
+from scalerepro.schedulers import cores, slurm
 
-TRAIN = ["-m", "scalerepro.train", "--model", "cnn"]
+from conftest import clean_env, load_record
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
+TRAIN = ["-m", "scalerepro.training.train", "--model", "cnn"]
 
 
 def _args(*argv: str):
@@ -69,7 +73,7 @@ def test_inside_a_slurm_job_it_is_one_srun_task_per_node_with_everything_explici
         "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--kill-on-bad-exit=1",
         "--export=ALL", "--label", "--job-name=strong_g8", "--gpus-per-node=4",
     ]  # fmt: skip
-    assert agent == [sys.executable, "-m", "scalerepro.launch", "--node-agent=slurm", "--nodes=2", "--ranks-per-node=4", "--cpus-per-node=32", "--port=29400", "--", *TRAIN]
+    assert agent == [sys.executable, "-m", "scalerepro.launching.launch", "--node-agent=slurm", "--nodes=2", "--ranks-per-node=4", "--cpus-per-node=32", "--port=29400", "--", *TRAIN]
 
 
 def test_with_a_container_each_node_task_runs_in_it(monkeypatch):
@@ -110,8 +114,8 @@ def test_env_flags_reach_the_ranks_and_bad_ones_are_refused(capsys):
 def test_two_local_ranks_train_through_the_launcher(tmp_path):
     record = tmp_path / "record.json"
     result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", "--env=SCALEREPRO_TEST_MARK=1", "--",
-         "-m", "scalerepro.train", "--model", "cnn", "--data", "synthetic", "--batch-size", "8", "--steps", "3",
+        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", "--env=SCALEREPRO_TEST_MARK=1", "--",
+         "-m", "scalerepro.training.train", "--model", "cnn", "--data", "synthetic", "--per-gpu-batch", "8", "--steps", "3",
          "--warmup-steps", "1", "--device", "cpu", "--eval-samples", "16", "--comm-probe-steps", "1", "--record", str(record)],
         env=clean_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -129,8 +133,8 @@ def test_ranks_of_a_snakemake_job_run_one_thread_on_a_core_of_their_own(tmp_path
     record = tmp_path / "record.json"
     env = {**clean_env(), "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
     result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", "--cpus-per-node=2", "--",
-         "-m", "scalerepro.train", "--model", "cnn", "--batch-size", "8", "--steps", "3", "--warmup-steps", "1",
+        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", "--cpus-per-node=2", "--",
+         "-m", "scalerepro.training.train", "--model", "cnn", "--per-gpu-batch", "8", "--steps", "3", "--warmup-steps", "1",
          "--device", "cpu", "--no-eval", "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--record", str(record)],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -148,7 +152,7 @@ def test_the_node_agent_survives_slurms_warning_signal_and_its_ranks_inherit_the
     script = tmp_path / "probe.py"
     script.write_text("import signal; print('rank sees SIGUSR1 ignored:', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)")
     result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.launch", "--node-agent=slurm", "--nodes=1", "--ranks-per-node=1", "--", str(script)],
+        [sys.executable, "-m", "scalerepro.launching.launch", "--node-agent=slurm", "--nodes=1", "--ranks-per-node=1", "--", str(script)],
         env=clean_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -180,8 +184,8 @@ def test_ranks_killed_before_writing_a_record_leave_the_launchers_failed_record(
     record = tmp_path / "record.json"
     mark = f"SCALEREPRO_TEST_MARK={uuid.uuid4()}"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", f"--env={mark}", "--",
-         "-m", "scalerepro.train", "--model", "cnn", "--batch-size", "16", "--num-workers", "0", "--synthetic-samples", "1024",
+        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", f"--env={mark}", "--",
+         "-m", "scalerepro.training.train", "--model", "cnn", "--per-gpu-batch", "16", "--num-workers", "0", "--synthetic-samples", "1024",
          "--eval-samples", "64", "--steps", "5000", "--warmup-steps", "2", "--log-interval", "5", "--device", "cpu",
          "--run-id", "killed", "--record", str(record)],
         env=clean_env(), stdout=subprocess.PIPE, stderr=open(tmp_path / "launcher.err", "w"), text=True,
@@ -194,7 +198,7 @@ def test_ranks_killed_before_writing_a_record_leave_the_launchers_failed_record(
     os.kill(_pid_of_rank(0, mark), signal.SIGKILL)
     seen += launcher.stdout.readlines()
     assert launcher.wait(timeout=120) != 0
-    errors = [line for line in (tmp_path / "launcher.err").read_text().splitlines() if line.startswith("scalerepro.launch: error:")]
+    errors = [line for line in (tmp_path / "launcher.err").read_text().splitlines() if line.startswith("scalerepro.launching.launch: error:")]
     assert len(errors) == 1 and "rank 0 (host" in errors[0] and "exit -9 (SIGKILL)" in errors[0], errors
 
     document = load_record(record)
@@ -215,7 +219,7 @@ def test_a_record_the_ranks_wrote_is_never_replaced(tmp_path):
     error): the launcher leaves it as it is."""
     record = tmp_path / "record.json"
     result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", "--", "-m", "scalerepro.train", "--model", "cnn",
+        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", "--", "-m", "scalerepro.training.train", "--model", "cnn",
          "--num-workers", "0", "--synthetic-samples", "256", "--steps", "3", "--warmup-steps", "1", "--device", "cpu",
          "--lr", "1e9", "--lr-scaling", "none", "--log-interval", "1", "--record", str(record)],
         env=clean_env(), capture_output=True, text=True, timeout=300,
@@ -223,7 +227,7 @@ def test_a_record_the_ranks_wrote_is_never_replaced(tmp_path):
     assert result.returncode != 0
     document = load_record(record)
     assert document["status"] == "failed" and document["error"]["type"] == "NonFiniteLossError"
-    assert "scalerepro.launch: error:" not in result.stderr
+    assert "scalerepro.launching.launch: error:" not in result.stderr
 
 
 def _listening_sockets(pids: set[int]) -> set[str]:
@@ -259,8 +263,8 @@ def test_a_local_run_listens_on_loopback_only(tmp_path):
     """torchrun --standalone served its rendezvous store on every interface: a connection to the
     machine's external address was accepted. Every socket the ranks listen on must be loopback."""
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "scalerepro.launch", "--ranks-per-node=2", "--", "-m", "scalerepro.train", "--model", "cnn",
-         "--data", "synthetic", "--batch-size", "8", "--steps", "400", "--warmup-steps", "1", "--device", "cpu",
+        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", "--", "-m", "scalerepro.training.train", "--model", "cnn",
+         "--data", "synthetic", "--per-gpu-batch", "8", "--steps", "400", "--warmup-steps", "1", "--device", "cpu",
          "--log-interval", "5", "--eval-samples", "16", "--comm-probe-steps", "0"],
         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

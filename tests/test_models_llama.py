@@ -12,8 +12,9 @@ import torch.nn.functional as F
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import REPO, load_record, python_train
 from scalerepro.models import MODEL_NAMES, ModelShape, build, llama, resolve
+
+from conftest import REPO, load_record, python_train
 
 TINY = ModelShape(seq_len=16, vocab_size=64, num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2)
 BATCH = 2
@@ -255,7 +256,7 @@ def test_trainer_cli_trains_a_tiny_llama(tmp_path) -> None:
     args = [
         "--model", "llama_1b", "--seq-len", "32", "--vocab-size", "128", "--num-layers", "2", "--hidden-size", "64",
         "--num-heads", "4", "--num-kv-heads", "2", "--device", "cpu", "--lr", "3e-3", "--steps", "30", "--warmup-steps", "2",
-        "--batch-size", "16", "--loader", "device", "--synthetic-samples", "2048", "--eval-samples", "64", "--log-interval", "5",
+        "--per-gpu-batch", "16", "--loader", "device", "--synthetic-samples", "2048", "--eval-samples", "64", "--log-interval", "5",
         "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--progress", "off", "--record", str(tmp_path / "r.json"),
     ]  # fmt: skip
     result = python_train(args, timeout=300)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from scalerepro.nvml import (
+from scalerepro.telemetry.nvml import (
     ENERGY_COUNTER,
     ENERGY_POWER_INTEGRAL,
     MEASURED_KEYS,

@@ -17,8 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from scalerepro.parallel import activation_checkpointing, comm_bytes, mesh, pipeline_parallel, tensor_parallel
+
 from conftest import clean_env, free_port
-from scalerepro import parallel
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).resolve().parent / "parallel_worker.py"
 RTOL, ATOL = 1e-4, 1e-5
@@ -140,23 +144,23 @@ def test_activation_checkpointing_wraps_every_or_every_other_block():
     for mode in ("none", "selective", "full"):
         model = models.build(spec)
         names = set(model.state_dict())
-        counts[mode] = parallel.apply_activation_checkpointing(model, mode)
+        counts[mode] = activation_checkpointing.apply_activation_checkpointing(model, mode)
         assert set(model.state_dict()) == names  # checkpoints keep the model's names
     assert counts == {"none": 0, "selective": 2, "full": 4}
 
 
 def test_bubble_fraction_and_stage_split():
-    assert parallel.pipeline_bubble_fraction(2, 4) == pytest.approx(1 / 5)
-    assert parallel.pipeline_bubble_fraction(4, 4) == pytest.approx(3 / 7)
-    assert [list(r) for r in parallel.stage_block_ranges(5, 2)] == [[0, 1, 2], [3, 4]]
-    with pytest.raises(parallel.ParallelError, match="raise --num-layers"):
-        parallel.stage_block_ranges(2, 4)
+    assert pipeline_parallel.pipeline_bubble_fraction(2, 4) == pytest.approx(1 / 5)
+    assert pipeline_parallel.pipeline_bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert [list(r) for r in pipeline_parallel.stage_block_ranges(5, 2)] == [[0, 1, 2], [3, 4]]
+    with pytest.raises(mesh.ParallelError, match="raise --num-layers"):
+        pipeline_parallel.stage_block_ranges(2, 4)
 
 
 def test_mesh_shapes_and_bad_tp_size():
-    assert parallel.mesh_shape("fsdp+tp", 8, 4) == ((2, 4), ("dp", "tp"))
-    with pytest.raises(parallel.ParallelError, match="--tp-size"):
-        parallel.mesh_shape("fsdp+tp", 4, 3)
+    assert mesh.mesh_shape("fsdp+tp", 8, 4) == ((2, 4), ("dp", "tp"))
+    with pytest.raises(mesh.ParallelError, match="--tp-size"):
+        mesh.mesh_shape("fsdp+tp", 4, 3)
 
 
 # ---- sharded checkpoints (DCP) ------------------------------------------------------------------
@@ -188,14 +192,14 @@ def test_dcp_checkpoint_mid_run_resumes_to_the_same_weights(tmp_path):
 
 
 def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
-    """python -m scalerepro.train --parallel fsdp on 2 gloo ranks: a tiny GPT trains and the
+    """python -m scalerepro.training.train --parallel fsdp on 2 gloo ranks: a tiny GPT trains and the
     record says ok, with the strategy in its configuration."""
     from conftest import load_record, torchrun
 
     record_path = tmp_path / "fsdp.json"
     args = [
         "--model", "gpt2_small", "--seq-len", "16", "--vocab-size", "64", "--num-layers", "2", "--hidden-size", "32",
-        "--num-heads", "4", "--batch-size", "4", "--synthetic-samples", "64", "--eval-samples", "16", "--steps", "4",
+        "--num-heads", "4", "--per-gpu-batch", "4", "--synthetic-samples", "64", "--eval-samples", "16", "--steps", "4",
         "--warmup-steps", "1", "--log-interval", "2", "--num-workers", "0", "--parallel", "fsdp",
         "--activation-checkpointing", "selective", "--record", str(record_path),
     ]  # fmt: skip
@@ -238,14 +242,14 @@ def test_fsdp_comm_volume_formula_on_a_known_model():
     for block in model.blocks:  # 9 + 1 = 10 parameters per block
         block.weight = nn.Parameter(torch.zeros(3, 3))
         block.bias = nn.Parameter(torch.zeros(1))
-    figures = parallel.fsdp_comm_bytes_per_step(model, 4, True, 4, 4, 1)
+    figures = comm_bytes.fsdp_comm_bytes_per_step(model, 4, True, 4, 4, 1)
     assert figures == {"all_gather": (2 * 20 + 5) * 4 * 0.75, "reduce_scatter": 25 * 4 * 0.75}
-    assert parallel.fsdp_comm_bytes_per_step(model, 4, False, 2, 4, 2)["all_gather"] == 2 * 25 * 2 * 0.75
+    assert comm_bytes.fsdp_comm_bytes_per_step(model, 4, False, 2, 4, 2)["all_gather"] == 2 * 25 * 2 * 0.75
 
 
 TRAINER_GPT = [
     "--model", "gpt2_small", "--seq-len", "16", "--vocab-size", "64", "--num-layers", "2", "--hidden-size", "32",
-    "--num-heads", "4", "--batch-size", "4", "--synthetic-samples", "256", "--num-workers", "0", "--no-eval",
+    "--num-heads", "4", "--per-gpu-batch", "4", "--synthetic-samples", "256", "--num-workers", "0", "--no-eval",
     "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--keep-final-checkpoint",
 ]  # fmt: skip
 
@@ -257,18 +261,18 @@ def _trainer_gpt_module():
     return models.build(models.resolve("gpt2_small", shape))
 
 
-def _final_sharded_weights(directory: Path, world: int = 2, tensor_parallel: bool = False) -> dict[str, torch.Tensor]:
+def _final_sharded_weights(directory: Path, world: int = 2, split_qkv: bool = False) -> dict[str, torch.Tensor]:
     """The weights of the newest sharded checkpoint in ``directory``, loaded on one process
     into a plain model (DCP reshards W -> 1); a TP run's under its split q/k/v names."""
-    from scalerepro import sharded_checkpoint
+    from scalerepro.training import sharded_checkpoint
 
     newest = sharded_checkpoint.list_checkpoints(directory)[0]
     model = _trainer_gpt_module()
-    if tensor_parallel:
-        parallel.prepare_for_tensor_parallel(model)
+    if split_qkv:
+        tensor_parallel.prepare_for_tensor_parallel(model)
     meta = sharded_checkpoint.load(newest, model)
     assert meta["final"] and len(meta["rng"]) == world  # one RNG state per rank that wrote it
-    return parallel.fuse_qkv({k: v.detach() for k, v in model.state_dict().items()})
+    return tensor_parallel.fuse_qkv({k: v.detach() for k, v in model.state_dict().items()})
 
 
 def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
@@ -299,8 +303,9 @@ def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
 def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does(tmp_path):
     """SIGUSR1 at a log point: every rank writes its shards (DCP), the run is resumed with
     --resume, and the final weights equal those of a run never stopped, bit for bit."""
-    from conftest import load_record, torchrun
     from test_distributed import _signal_last_rank_at_step_20
+
+    from conftest import load_record, torchrun
 
     common = [*TRAINER_GPT, "--steps", "60", "--warmup-steps", "2", "--log-interval", "5", "--parallel", "fsdp"]
     straight = torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
@@ -338,7 +343,7 @@ def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel
     assert record["batch"]["global"] == load_record(tmp_path / "ref.json")["batch"]["global"]
     comm = record["measurements"]["sharding"]["comm_bytes_per_step_analytic"]
     assert comm["tp_all_gather"] > comm["tp_reduce_scatter"] > 0 and ("dp_reduce_scatter" in comm) == (strategy == "fsdp+tp")
-    assert_same_weights(_final_sharded_weights(tmp_path / "tp", world=world, tensor_parallel=True), last_checkpoint_model(tmp_path / "ref"))
+    assert_same_weights(_final_sharded_weights(tmp_path / "tp", world=world, split_qkv=True), last_checkpoint_model(tmp_path / "ref"))
 
 
 def _pipeline_checkpoint_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -347,7 +352,7 @@ def _pipeline_checkpoint_weights(directory: Path) -> dict[str, torch.Tensor]:
     last stage's tied copy (the LM head) are checked equal, bit for bit."""
     import torch.distributed.checkpoint as dcp
 
-    from scalerepro import sharded_checkpoint
+    from scalerepro.training import sharded_checkpoint
 
     newest = sharded_checkpoint.list_checkpoints(directory)[0]
     state = {k: torch.empty_like(v) for k, v in _trainer_gpt_module().state_dict().items()}
@@ -358,7 +363,7 @@ def _pipeline_checkpoint_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_trainer_pipeline_reaches_the_weights_of_one_process(tmp_path, schedule):
-    """python -m scalerepro.train --parallel pp on 2 gloo ranks (2 stages, 2 micro-batches per
+    """python -m scalerepro.training.train --parallel pp on 2 gloo ranks (2 stages, 2 micro-batches per
     step) against one process on the same global batch: ok record (samples counted once per
     global batch, the loss the last stage's), and after 3 AdamW steps the same weights."""
     from conftest import load_record, python_train, torchrun
@@ -387,8 +392,9 @@ def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
     and ends at the weights of the 2-rank run never stopped (tolerance as above: only the order
     of the sums differs; AdamW's moments, the data position and the schedule must all have come
     back for the 40 steps after it to land there)."""
-    from conftest import load_record, torchrun
     from test_distributed import _signal_last_rank_at_step_20
+
+    from conftest import load_record, torchrun
 
     common = [*TRAINER_GPT, "--steps", "40", "--warmup-steps", "2", "--log-interval", "5", "--parallel", "fsdp"]
     straight = torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
@@ -398,7 +404,7 @@ def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "preempted", output[-2000:]
     stopped = record["steps"]["completed"]
-    four = [arg if arg != "4" or previous != "--batch-size" else "2" for previous, arg in zip(["", *common], common)]
+    four = [arg if arg != "4" or previous != "--per-gpu-batch" else "2" for previous, arg in zip(["", *common], common)]
     resumed = torchrun(4, [*four, *stopped_args, "--resume"], timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {tmp_path / 'stopped'}/step-{stopped:08d}.dcp" in resumed.stdout + resumed.stderr
@@ -412,14 +418,14 @@ def test_tp_comm_volume_formula_by_hand():
     fp32, 1 micro-batch, LayerNorms of 32 parameters per block and 16 final: per block 4
     all-gathers and 4 reduce-scatters of 64 x 4 bytes x 1/2 = 128 bytes each; outside the
     blocks 2 all-gathers more; the norms' gradients all-reduced (2 x 1/2 of (2 x 32 + 16) x 4)."""
-    figures = parallel.tp_comm_bytes_per_step(2, 2, 4, 8, 2, 1, norm_parameters_per_block=32, final_norm_parameters=16)
+    figures = comm_bytes.tp_comm_bytes_per_step(2, 2, 4, 8, 2, 1, norm_parameters_per_block=32, final_norm_parameters=16)
     assert figures == {"all_gather": (2 * 4 + 2) * 128, "reduce_scatter": 2 * 4 * 128, "all_reduce": (2 * 32 + 16) * 4}
     # bf16 matmul outputs halve the row-parallel outputs' bytes; 3 micro-batches triple all
-    mixed = parallel.tp_comm_bytes_per_step(2, 2, 4, 8, 2, 3, matmul_bytes=2)
+    mixed = comm_bytes.tp_comm_bytes_per_step(2, 2, 4, 8, 2, 3, matmul_bytes=2)
     assert mixed["reduce_scatter"] == 3 * 2 * 2 * (4 + 2) * 64 * 0.5
 
 
 def test_pipeline_comm_volume_formula_by_hand():
     """Global batch 8, seq 16, hidden 32, vocab 64, 2 stages, fp32 residual stream."""
-    figures = parallel.pipeline_comm_bytes_per_step(8, 16, 32, 64, 2)
+    figures = comm_bytes.pipeline_comm_bytes_per_step(8, 16, 32, 64, 2)
     assert figures == {"send_activations": 8 * 16 * 32 * 4, "send_gradients": 8 * 16 * 32 * 4, "tied_all_reduce": 64 * 32 * 4, "loss_broadcast": 4}

@@ -1,4 +1,4 @@
-"""scalerepro.plan: the invocation's plan without Snakemake's workflow object (config validated,
+"""scalerepro.planning.plan: the invocation's plan without Snakemake's workflow object (config validated,
 scheduler chosen, resources and launch flags resolved), on the shipped configs."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import copy
 import pytest
 import yaml
 
-from conftest import REPO
-from scalerepro import plan as planning
-from scalerepro.schedulers import LOCAL
+from scalerepro.planning import plan as planning
+from scalerepro.schedulers.base import LOCAL
 from scalerepro.schedulers.slurm import SLURM
+
+from conftest import REPO
 
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
 REFERENCES = REPO / "config/references.yaml"
@@ -62,8 +63,11 @@ def test_a_local_gpu_machine_profiles_with_its_gpu_named_and_nsight_missing_fall
     assert found.tools == ("nsys", "ncu") and found.fallback_reason is None
     args = profiling.trainer_args(plan, profiling.runs[0], "torch")
     window = plan.config["profiling"]
-    assert args[-8:] == ["--steps", str(window["window_start"] + window["window_steps"]), "--warmup-steps",
-                         str(window["window_start"]), "--no-eval", "--comm-probe-steps", "0", "--no-resume"]  # fmt: skip and f"results/profiles/{profiling.runs[0]}/torch/record.json" in args
+    assert args[-7:] == ["--steps", str(window["window_start"] + window["window_steps"]), "--warmup-steps",
+                         str(window["window_start"]), "--no-eval", "--comm-probe-steps", "0"]  # fmt: skip
+    assert f"results/profiles/{profiling.runs[0]}/torch/record.json" in args
+    # a profiling job starts afresh: no checkpoint directory (an empty one vanished from the shell command), no resume
+    assert "--checkpoint-dir" not in args and "--resume" not in args and "" not in args
 
 
 def test_nsight_asked_without_fallback_is_one_config_error():

@@ -4,7 +4,6 @@ fallback run for real on the CPU (2 gloo ranks)."""
 
 from __future__ import annotations
 
-import ast
 import csv
 import importlib.util
 import json
@@ -14,10 +13,13 @@ import shutil
 import markupsafe
 import pandas as pd
 import pytest
-import yaml
+
+from scalerepro.analysis import columns
+from scalerepro.analysis.profiles import captures, classify, intervals, ncu, nsys, roofline, torch_trace
+from scalerepro.common import gpu_peaks
+from scalerepro.launching import nsight
 
 from conftest import REPO, torchrun
-from scalerepro.analysis import profile
 
 FIXTURES = REPO / "tests" / "fixtures"
 NS = 1e-9
@@ -36,39 +38,38 @@ def nsys_sqlite(tmp_path_factory):
     return builder.build(tmp_path_factory.mktemp("nsys") / "rank0.sqlite")
 
 
-REFERENCES = yaml.safe_load((REPO / "config/references.yaml").read_text())
 
 
 @pytest.fixture(scope="module")
 def peaks():
-    return profile.gpu_peaks(REFERENCES, "h100_sxm", "bf16")
+    return roofline.gpu_peaks("h100_sxm", "bf16")
 
 
 # ---- interval arithmetic ---------------------------------------------------------------------
 
 
 def test_union_merges_overlapping_and_touching_intervals():
-    assert profile.union([(5, 7), (0, 2), (1, 3), (3, 4), (9, 9)]) == [(0, 4), (5, 7)]
-    assert profile.length([(0, 2), (1, 3)]) == 3
+    assert intervals.union([(5, 7), (0, 2), (1, 3), (3, 4), (9, 9)]) == [(0, 4), (5, 7)]
+    assert intervals.length([(0, 2), (1, 3)]) == 3
 
 
 def test_overlap_of_two_known_intervals():
-    assert profile.intersect([(0, 10)], [(6, 14)]) == [(6, 10)]
-    assert profile.length(profile.intersect([(0, 2), (4, 8)], [(1, 5), (7, 9)])) == 1 + 1 + 1
-    assert profile.intersect([(0, 1)], [(2, 3)]) == []
+    assert intervals.intersect([(0, 10)], [(6, 14)]) == [(6, 10)]
+    assert intervals.length(intervals.intersect([(0, 2), (4, 8)], [(1, 5), (7, 9)])) == 1 + 1 + 1
+    assert intervals.intersect([(0, 1)], [(2, 3)]) == []
 
 
 def test_subtract_leaves_the_uncovered_parts():
-    assert profile.subtract([(0, 10)], [(2, 3), (5, 7)]) == [(0, 2), (3, 5), (7, 10)]
-    assert profile.subtract([(0, 2)], [(0, 5)]) == []
+    assert intervals.subtract([(0, 10)], [(2, 3), (5, 7)]) == [(0, 2), (3, 5), (7, 10)]
+    assert intervals.subtract([(0, 2)], [(0, 5)]) == []
 
 
 # ---- Nsight Systems ----------------------------------------------------------------------------
 
 
 def test_nsys_breakdown_matches_the_hand_computed_answers(nsys_sqlite):
-    (timeline,) = profile.read_nsys_sqlite(nsys_sqlite)
-    b = profile.breakdown(timeline)
+    (timeline,) = nsys.read_nsys_sqlite(nsys_sqlite)
+    b = intervals.breakdown(timeline)
     assert b["steps"] == 2 and b["window_s"] == pytest.approx(20_000 * NS)
     assert b["compute_s"] == pytest.approx(11_000 * NS)
     assert b["communication_s"] == pytest.approx(4_500 * NS)
@@ -78,15 +79,15 @@ def test_nsys_breakdown_matches_the_hand_computed_answers(nsys_sqlite):
     assert b["data_wait_s"] == pytest.approx(3_500 * NS)  # the other process's data range does not count
     assert b["idle_s"] == pytest.approx(2_500 * NS)
     assert b["busy_fraction"] == pytest.approx(0.7)
-    parts = [b[f"{c}_fraction"] for c in profile.CATEGORIES]
+    parts = [b[f"{c}_fraction"] for c in columns.CATEGORIES]
     assert parts == pytest.approx([0.55, 0.15, 0.175, 0.125]) and sum(parts) == pytest.approx(1.0)
     assert b["compute_kernel_time_s"] == pytest.approx(11_000 * NS)
     assert b["comm_kernel_time_s"] == pytest.approx(4_500 * NS)
 
 
 def test_nsys_top_kernels_by_total_time(nsys_sqlite):
-    (timeline,) = profile.read_nsys_sqlite(nsys_sqlite)
-    top = profile.top_calls(timeline.calls)
+    (timeline,) = nsys.read_nsys_sqlite(nsys_sqlite)
+    top = intervals.top_calls(timeline.calls)
     assert [k["name"] for k in top] == [
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
         "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
@@ -99,14 +100,14 @@ def test_nsys_top_kernels_by_total_time(nsys_sqlite):
 
 
 def test_classification_follows_the_thresholds(nsys_sqlite):
-    (timeline,) = profile.read_nsys_sqlite(nsys_sqlite)
-    b = profile.breakdown(timeline)
-    verdict = profile.classify(b, profile.DEFAULT_THRESHOLDS)
+    (timeline,) = nsys.read_nsys_sqlite(nsys_sqlite)
+    b = intervals.breakdown(timeline)
+    verdict = classify.classify(b, classify.DEFAULT_THRESHOLDS)
     assert verdict["class"] == "input-bound"  # data wait 17.5 % / 10 % is the largest score
     assert "data wait 17.5% ≥ 10%" in verdict["evidence"] and "exposed communication 15.0% < 20%" in verdict["evidence"]
-    assert profile.classify(b, {"exposed_comm_min": 0.10, "data_wait_min": 0.5, "idle_min": 0.5})["class"] == "communication-bound"
-    assert profile.classify(b, {"exposed_comm_min": 0.5, "data_wait_min": 0.5, "idle_min": 0.10})["class"] == "launch/latency-bound"
-    assert profile.classify(b, {"exposed_comm_min": 0.5, "data_wait_min": 0.5, "idle_min": 0.5})["class"] == "compute-bound"
+    assert classify.classify(b, {"exposed_comm_min": 0.10, "data_wait_min": 0.5, "idle_min": 0.5})["class"] == "communication-bound"
+    assert classify.classify(b, {"exposed_comm_min": 0.5, "data_wait_min": 0.5, "idle_min": 0.10})["class"] == "launch/latency-bound"
+    assert classify.classify(b, {"exposed_comm_min": 0.5, "data_wait_min": 0.5, "idle_min": 0.5})["class"] == "compute-bound"
 
 
 @pytest.fixture(scope="module", params=["2022.1", "2025.3"])
@@ -120,8 +121,8 @@ def test_the_window_ends_with_the_last_kernel_launched_in_the_steps(nsys_export)
     """The last step's range closes at 20 000 ns on the host; a kernel it launched (at 19 500)
     runs 20 000-21 000 on the GPU. Window [0, 21 000): compute 11 000 + 1 000, the rest as in
     the generated fixture."""
-    (timeline,) = profile.read_nsys_sqlite(nsys_export[0])
-    b = profile.breakdown(timeline)
+    (timeline,) = nsys.read_nsys_sqlite(nsys_export[0])
+    b = intervals.breakdown(timeline)
     assert b["window_s"] == pytest.approx(21_000 * NS) and b["compute_s"] == pytest.approx(12_000 * NS)
     assert b["exposed_comm_s"] == pytest.approx(3_000 * NS) and b["data_wait_s"] == pytest.approx(3_500 * NS)
     assert b["idle_s"] == pytest.approx(2_500 * NS) and b["busy_fraction"] == pytest.approx(15_000 / 21_000)
@@ -130,7 +131,7 @@ def test_the_window_ends_with_the_last_kernel_launched_in_the_steps(nsys_export)
 
 def test_capture_metadata_is_read_where_the_export_has_it(nsys_export):
     path, version = nsys_export
-    meta = profile.read_nsys_metadata(path)
+    meta = nsys.read_nsys_metadata(path)
     assert meta["tool_version"].startswith(f"NVIDIA Nsight Systems {version}")
     assert meta["traced"] == ["Cuda", "NvtxEvents", "OSRuntime"] and meta["cuda_api_calls"] == 7
     gpu = {"2022.1": "NVIDIA A100-SXM4-80GB (compute capability 8.0)", "2025.3": "NVIDIA H100 80GB HBM3 (compute capability 9.0)"}
@@ -144,19 +145,19 @@ def test_a_timeline_without_step_ranges_is_labelled_whole_capture_and_provisiona
     (run / "nsys").mkdir(parents=True)
     builder.build(run / "nsys" / "rank0.sqlite", "2025.3", steps=False)
     (run / "nsys" / "capture.json").write_text(json.dumps({"tool": "nsys", "fallback_reason": None}))
-    summary = profile.summarize(run, "run", profile.DEFAULT_THRESHOLDS, peaks)
+    summary = captures.summarize(run, "run", classify.DEFAULT_THRESHOLDS, peaks)
     assert summary["breakdown"]["window"] == "whole capture (no step ranges)" and summary["breakdown"]["provisional"]
     assert summary["classification"]["provisional"] and summary["classification"]["evidence"].startswith("provisional: window is the whole capture")
     assert any("no scalerepro:step ranges: window: whole capture (no step ranges)" in w for w in summary["warnings"])
-    row = profile.tables([json.loads(json.dumps(summary, default=str))])["profiling"].iloc[0]
+    row = captures.tables([json.loads(json.dumps(summary, default=str))])["profiling"].iloc[0]
     assert row["window"] == "whole capture (no step ranges)" and row["provisional"]
 
 
 def test_no_kernel_under_cuda_tracing_says_what_the_capture_shows(tmp_path):
     builder = _load(FIXTURES / "nsys" / "make_nsys_sqlite.py")
     path = builder.build(tmp_path / "rank0.sqlite", "2025.3", kernels=False)
-    with pytest.raises(profile.ProfileError) as error:
-        profile.read_nsys_sqlite(path)
+    with pytest.raises(intervals.ProfileError) as error:
+        nsys.read_nsys_sqlite(path)
     message = str(error.value)
     assert "no CUPTI_ACTIVITY_KIND_KERNEL table, though CUDA was traced (capture metadata traces Cuda" in message
     assert "7 CUDA API calls recorded" in message and "--trace=cuda" not in message and "\n" not in message
@@ -165,8 +166,8 @@ def test_no_kernel_under_cuda_tracing_says_what_the_capture_shows(tmp_path):
 def test_a_file_that_is_not_an_nsys_export_is_one_clear_error(tmp_path):
     bad = tmp_path / "rank0.sqlite"
     bad.write_text("not a database")
-    with pytest.raises(profile.ProfileError, match="rank0.sqlite: not an SQLite export"):
-        profile.read_nsys_sqlite(bad)
+    with pytest.raises(intervals.ProfileError, match="rank0.sqlite: not an SQLite export"):
+        nsys.read_nsys_sqlite(bad)
 
 
 # ---- Nsight Compute ----------------------------------------------------------------------------
@@ -178,7 +179,7 @@ CC100_2025 = RECORDED / "ncu-2025.x_CC10.0-152SM_cublaslt-gemm_details-display-n
 
 @pytest.fixture(scope="module", params=["2022", "2025"])
 def raw_csv(request, tmp_path_factory):
-    """The raw-metric layout scalerepro.profile_rank asks for, as each ncu generation prints it."""
+    """The raw-metric layout scalerepro.launching.nsight asks for, as each ncu generation prints it."""
     builder = _load(FIXTURES / "ncu" / "make_kernels_csv.py")
     path = tmp_path_factory.mktemp("ncu") / f"kernels-{request.param}.csv"
     builder.write(str(path), request.param)
@@ -191,7 +192,7 @@ def test_the_committed_ncu_fixture_is_what_its_generator_writes(tmp_path):
 
 
 def test_ncu_raw_metric_layout_is_read_per_launch_in_base_units(raw_csv):
-    reading = profile.read_ncu_csv(raw_csv)
+    reading = ncu.read_ncu_csv(raw_csv)
     assert reading.layout == "raw metric names" and reading.problems == []
     launches = reading.launches.set_index("id")
     assert list(launches.index) == [0, 1, 2, 3]
@@ -203,7 +204,7 @@ def test_ncu_raw_metric_layout_is_read_per_launch_in_base_units(raw_csv):
 
 
 def test_roofline_positions_match_the_hand_computed_answers(raw_csv, peaks):
-    roof = {row["kernel"][:20]: row for row in profile.roofline(profile.read_ncu_csv(raw_csv).launches, peaks)}
+    roof = {row["kernel"][:20]: row for row in roofline.roofline(ncu.read_ncu_csv(raw_csv).launches, peaks)}
     add, conv, gemm = roof["void at::native::vec"], roof["implicit_convolve_sg"], roof["sm90_xmma_gemm_bf16b"]
     assert add["achieved_flops_per_s"] == pytest.approx(1e11)
     assert add["flops_fraction"] == pytest.approx(1e11 / 66.9e12)
@@ -225,7 +226,7 @@ def test_roofline_positions_match_the_hand_computed_answers(raw_csv, peaks):
 )  # fmt: skip
 def test_the_tensor_roof_is_the_gpus_and_the_precisions(raw_csv, key, precision, tensor_tflops):
     # the bf16 GEMM: counters 0 FLOPs (the tensor cores are invisible to them), tensor pipe 55 % of 2 ms
-    roof = {row["kernel"][:20]: row for row in profile.roofline(profile.read_ncu_csv(raw_csv).launches, profile.gpu_peaks(REFERENCES, key, precision))}
+    roof = {row["kernel"][:20]: row for row in roofline.roofline(ncu.read_ncu_csv(raw_csv).launches, roofline.gpu_peaks(key, precision))}
     gemm, conv = roof["sm90_xmma_gemm_bf16b"], roof["implicit_convolve_sg"]
     assert gemm["cuda_core_flops"] == 0 and gemm["tensor_flops"] == pytest.approx(1.1e-3 * tensor_tflops * 1e12)
     assert gemm["peak_flops_per_s"] == pytest.approx(tensor_tflops * 1e12) and gemm["flops_fraction"] == pytest.approx(0.55)
@@ -236,23 +237,23 @@ def test_the_tensor_roof_is_the_gpus_and_the_precisions(raw_csv, key, precision,
 def test_a_kernel_with_cuda_core_and_tensor_work_counts_both(raw_csv):
     # the GEMM's epilogue on the CUDA cores (1 GFLOP by the SASS counters) beside its tensor-core
     # main loop (55 % of 2 ms at 989.4 TFLOP/s): the counters alone would see 1 GFLOP of 1.09 TFLOP
-    launches = profile.read_ncu_csv(raw_csv).launches
+    launches = ncu.read_ncu_csv(raw_csv).launches
     launches.loc[launches["kernel"].str.startswith("sm90_xmma"), "flops"] = 0.5e9
-    gemm = {row["kernel"][:20]: row for row in profile.roofline(launches, profile.gpu_peaks(REFERENCES, "h100_sxm", "bf16"))}["sm90_xmma_gemm_bf16b"]
+    gemm = {row["kernel"][:20]: row for row in roofline.roofline(launches, roofline.gpu_peaks("h100_sxm", "bf16"))}["sm90_xmma_gemm_bf16b"]
     assert gemm["cuda_core_flops"] == pytest.approx(1e9) and gemm["tensor_flops"] == pytest.approx(1.1e-3 * 989.4e12)
     assert gemm["flops"] == pytest.approx(1e9 + 1.1e-3 * 989.4e12) and gemm["peak_flops_per_s"] == pytest.approx(989.4e12)
 
 
 def test_tensor_work_that_cannot_be_counted_says_why(raw_csv):
-    launches = profile.read_ncu_csv(raw_csv).launches
-    for peaks, why in ((profile.gpu_peaks(REFERENCES, "a100_sxm_80gb", "fp8"), "has no fp8 tensor cores"),
-                       (profile.gpu_peaks(REFERENCES, "h100_sxm", None), "the run's precision is unknown"),
-                       (profile.gpu_peaks(REFERENCES, "h100_sxm", "fp32"), "a fp32 run uses no tensor-core precision")):  # fmt: skip
-        gemm = {row["kernel"][:20]: row for row in profile.roofline(launches, peaks)}["sm90_xmma_gemm_bf16b"]
+    launches = ncu.read_ncu_csv(raw_csv).launches
+    for peaks, why in ((roofline.gpu_peaks("a100_sxm_80gb", "fp8"), "has no fp8 tensor cores"),
+                       (roofline.gpu_peaks("h100_sxm", None), "the run's precision is unknown"),
+                       (roofline.gpu_peaks("h100_sxm", "fp32"), "a fp32 run uses no tensor-core precision")):  # fmt: skip
+        gemm = {row["kernel"][:20]: row for row in roofline.roofline(launches, peaks)}["sm90_xmma_gemm_bf16b"]
         assert gemm["tensor_flops"] is None and why in gemm["tensor_work"] and gemm["tensor_work"].startswith("not counted")
         assert gemm["flops"] == 0 and gemm["peak"].endswith("FP32 CUDA cores")  # what the counters saw, and said so
     # a capture without a tensor-pipe metric (sections only, sm_100): nothing counted, and said so
-    (row,) = profile.roofline(profile.read_ncu_csv(CC100_2025).launches, profile.gpu_peaks(REFERENCES, "h100_sxm", "bf16"))
+    (row,) = roofline.roofline(ncu.read_ncu_csv(CC100_2025).launches, roofline.gpu_peaks("h100_sxm", "bf16"))
     assert row["tensor_work"] == "not counted: the capture has no tensor-pipe metric for this kernel" and row["flops"] is None
 
 
@@ -261,8 +262,8 @@ def test_hopper_tensor_work_without_wgmma_is_not_set_against_the_wgmma_peak(peak
     HMMA) and for HFMA2.MMA (elementwise bf16 kernels) too; the dense peak is wgmma's. The H100
     recording has the pipe utilisation of real kernels; the wgmma instruction counts (asked for
     since) are planted as such kernels have them: none but in the sm90 GEMM."""
-    launches = profile.read_ncu_csv(H100_NCU).launches
-    rows = lambda frame: {row["kernel"][:25]: row for row in profile.roofline(frame, peaks)}  # noqa: E731
+    launches = ncu.read_ncu_csv(H100_NCU).launches
+    rows = lambda frame: {row["kernel"][:25]: row for row in roofline.roofline(frame, peaks)}  # noqa: E731
     before = rows(launches)  # no instruction counts in the capture: utilisation x peak, as before
     assert before["void cutlass__5x_cudnn::K"]["tensor_flops"] > 0 and before["void at::elementwise_kern"]["tensor_flops"] > 0
     launches["wgmma_instructions"] = launches["kernel"].str.startswith("nvjet_sm90").astype(float) * 1e6
@@ -275,14 +276,14 @@ def test_hopper_tensor_work_without_wgmma_is_not_set_against_the_wgmma_peak(peak
 
 
 def test_the_peaks_follow_the_gpu_the_capture_names(tmp_path):
-    assert profile.peaks_key_for_device(REFERENCES, "NVIDIA H100 80GB HBM3 (compute capability 9.0)") == "h100_sxm"
-    assert [profile.peaks_key_for_device(REFERENCES, n) for n in ("NVIDIA H100 PCIe", "nvidia h100 nvl", "NVIDIA H200", "NVIDIA A100-SXM4-80GB")] == [
-        "h100_pcie", "h100_nvl", "h200", "a100_sxm_80gb"]  # fmt: skip
-    peaks, basis = profile.resolve_peaks(REFERENCES, ["NVIDIA H100 PCIe"], "h100_sxm", "bf16")
+    assert gpu_peaks.peaks_key("NVIDIA H100 80GB HBM3 (compute capability 9.0)") == "h100_sxm"
+    assert [gpu_peaks.peaks_key(n) for n in ("NVIDIA H100 PCIe", "nvidia h100 nvl", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB")] == [
+        "h100_pcie", "h100_nvl", "h200", "a100_sxm_80gb", "a100_pcie_40gb"]  # fmt: skip
+    peaks, basis = roofline.resolve_peaks(["NVIDIA H100 PCIe"], "h100_sxm", "bf16")
     assert peaks["key"] == "h100_pcie" and peaks["tensor_flops"] == 756e12 and "from the capture's device name" in basis
-    assert profile.resolve_peaks(REFERENCES, [], "h100_sxm", "bf16")[1].endswith("as configured: the capture names no GPU), bf16")
-    unknown, why = profile.resolve_peaks(REFERENCES, ["NVIDIA B200"], "h100_sxm", "bf16")
-    assert unknown is None and "no gpu_peaks entry in references.yaml names NVIDIA B200" in why
+    assert roofline.resolve_peaks([], "h100_sxm", "bf16")[1].endswith("as configured: the capture names no GPU), bf16")
+    unknown, why = roofline.resolve_peaks(["NVIDIA B200"], "h100_sxm", "bf16")
+    assert unknown is None and "no entry of the GPU peak table (scalerepro.common.gpu_peaks) names NVIDIA B200" in why
     # summarize: the nsys export's GPU (H100 SXM) and the capture's --precision
     run = tmp_path / "run"
     (run / "nsys").mkdir(parents=True)
@@ -291,8 +292,8 @@ def test_the_peaks_follow_the_gpu_the_capture_names(tmp_path):
     shutil.copy(FIXTURES / "ncu" / "kernels.csv", run / "ncu" / "kernels.csv")
     (run / "nsys" / "capture.json").write_text(json.dumps({"tool": "nsys", "fallback_reason": None}))
     (run / "ncu" / "capture.json").write_text(json.dumps({"tool": "ncu", "fallback_reason": None,
-                                                          "command": ["python", "-m", "scalerepro.train", "--precision", "fp16"]}))  # fmt: skip
-    summary = profile.summarize(run, "run", profile.DEFAULT_THRESHOLDS, None, REFERENCES, "a100_sxm_80gb")
+                                                          "command": ["python", "-m", "scalerepro.training.train", "--precision", "fp16"]}))  # fmt: skip
+    summary = captures.summarize(run, "run", classify.DEFAULT_THRESHOLDS, None, "a100_sxm_80gb")
     assert summary["gpu_peaks"]["key"] == "h100_sxm" and summary["gpu_peaks"]["precision"] == "fp16"
     assert summary["peaks_basis"].startswith("NVIDIA H100 SXM5 80GB (gpu_peaks.h100_sxm, from the capture's device name")
 
@@ -305,16 +306,15 @@ def test_recorded_h100_ncu_of_the_projects_own_command_is_read_whole(peaks):
     README: command, driver): it holds exactly the metrics the command asks for on Hopper (a
     metric ncu does not know, such as a gmma cycles counter, loses the whole profile), read in base
     units; cuDNN's bf16 fprop convolution is compute-bound at 64 % of the dense bf16 peak."""
-    from scalerepro import profile_rank
 
-    reading = profile.read_ncu_csv(H100_NCU)
+    reading = ncu.read_ncu_csv(H100_NCU)
     assert reading.layout == "raw metric names" and reading.problems == [] and reading.compute_capabilities == ["9.0"]
     assert len(reading.launches) == 40
     with open(H100_NCU) as stream:
         written = {row["Metric Name"] for row in csv.DictReader(line for line in stream if not line.startswith("=="))}
     # what the command asked for on Hopper on 2026-11-25 (the wgmma instruction count was added since)
-    assert written == set(profile_rank.NCU_METRICS) | {"sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"}
-    conv = next(row for row in profile.roofline(reading.launches, peaks) if "fprop" in row["kernel"])
+    assert written == set(nsight.NCU_METRICS) | {"sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"}
+    conv = next(row for row in roofline.roofline(reading.launches, peaks) if "fprop" in row["kernel"])
     assert conv["duration_s"] == pytest.approx(1913.888e-6) and conv["bound"] == "compute"
     assert conv["flops_fraction"] == pytest.approx(0.6437, abs=1e-3) and conv["theoretical_occupancy_pct"] == 12.5
 
@@ -326,19 +326,18 @@ def test_every_metric_asked_for_on_hopper_is_one_ncu_knows():
     """A metric ncu does not know fails the whole profile. Each one the command asks for on a
     Hopper GPU is in the real tool's gh100 list (ncu 2025.3.1 on an H100), or was read from a real
     H100 capture (derived metrics such as the theoretical occupancy are not in that list)."""
-    from scalerepro import profile_rank
 
     known = {line.strip() for line in GH100_METRICS.read_text().splitlines() if line and not line.startswith("#")}
     with open(H100_NCU) as stream:
         captured = {row["Metric Name"] for row in csv.DictReader(line for line in stream if not line.startswith("=="))}
-    asked = [*profile_rank.NCU_METRICS, *profile_rank.tensor_pipe_metrics(9)]
+    asked = [*nsight.NCU_METRICS, *nsight.tensor_pipe_metrics(9)]
     unknown = [metric for metric in asked if metric.split(".")[0] not in known and metric not in captured]
     assert unknown == []
 
 
 def test_recorded_ncu_2019_section_display_names_give_duration_occupancy_and_dram():
     """Real V100 output (README.md, source 1): every figure under a display name, "nsecond"."""
-    reading = profile.read_ncu_csv(V100_2019)
+    reading = ncu.read_ncu_csv(V100_2019)
     assert reading.layout == "section display names" and reading.problems == []
     step, flux = reading.launches.set_index("kernel").loc[["cuda_compute_step_factor", "cuda_compute_flux"]].to_dict("records")
     assert step["duration"] == pytest.approx(10_720e-9) and flux["duration"] == pytest.approx(39_200e-9)
@@ -352,14 +351,14 @@ def test_recorded_ncu_2019_section_display_names_give_duration_occupancy_and_dra
 def test_recorded_ncu_2025_ns_units_and_text_values_are_read_not_fatal(peaks):
     """Real sm_100 output (README.md, source 2): "ns", "hz", text-valued launch statistics
     ("PolicySpread", "CachePreferNone", "all"), rule rows and a trailing comma on metric rows."""
-    reading = profile.read_ncu_csv(CC100_2025)
+    reading = ncu.read_ncu_csv(CC100_2025)
     assert reading.layout == "section display names" and reading.problems == []
     (launch,) = reading.launches.to_dict("records")
     assert launch["duration"] == pytest.approx(406_240e-9)  # 406 µs, not 406 240 s
     assert launch["achieved_occupancy_pct"] == 15.53 and launch["theoretical_occupancy_pct"] == 18.75
     assert launch["sm_throughput_pct"] == 23.59 and launch["memory_throughput_pct"] == 21.68 and launch["dram_throughput_pct"] == 0.74
-    assert reading.compute_capabilities == ["10.0"] and profile.read_ncu_csv(V100_2019).compute_capabilities == []  # no CC column in 2019
-    (row,) = profile.roofline(reading.launches, peaks)
+    assert reading.compute_capabilities == ["10.0"] and ncu.read_ncu_csv(V100_2019).compute_capabilities == []  # no CC column in 2019
+    (row,) = roofline.roofline(reading.launches, peaks)
     assert row["duration_s"] == pytest.approx(406_240e-9) and row["achieved_flops_per_s"] is None
     assert row["missing"] == "FLOP count; DRAM bytes"  # sections only: no SASS counters, no DRAM byte count
 
@@ -374,18 +373,18 @@ def _edited(source, tmp_path, old, new):
 
 def test_an_unknown_unit_is_one_line_and_leaves_the_launch_untimed(tmp_path, peaks):
     path = _edited(CC100_2025, tmp_path, '"Duration","ns","406240"', '"Duration","fortnight","406240"')
-    reading = profile.read_ncu_csv(path)
+    reading = ncu.read_ncu_csv(path)
     assert reading.launches.loc[0, "duration"] != reading.launches.loc[0, "duration"]  # NaN: not read as a number of anything
     unit_line, untimed_line = reading.problems
     assert "Duration: unit 'fortnight' not understood" in unit_line and "in 1 of 1 launches: not read" in unit_line
     assert "\n" not in unit_line and "1 of 1 launches have no duration" in untimed_line
-    (row,) = profile.roofline(reading.launches, peaks)
+    (row,) = roofline.roofline(reading.launches, peaks)
     assert row["duration_s"] is None and row["missing"].startswith("duration (1 of 1 launches)")
 
 
 def test_a_metric_value_that_is_not_a_number_is_named_and_not_read(tmp_path):
     path = _edited(V100_2019, tmp_path, '"Achieved Occupancy","%","48.18"', '"Achieved Occupancy","%","n/a"')
-    reading = profile.read_ncu_csv(path)
+    reading = ncu.read_ncu_csv(path)
     assert reading.problems == [f"{path.name}: Achieved Occupancy: value 'n/a' is not a number, in 1 of 2 launches: not read"]
     assert reading.launches["achieved_occupancy_pct"].isna().tolist() == [True, False]
 
@@ -393,8 +392,8 @@ def test_a_metric_value_that_is_not_a_number_is_named_and_not_read(tmp_path):
 def test_an_ncu_file_in_another_layout_is_one_clear_error(tmp_path):
     wide = tmp_path / "kernels.csv"
     wide.write_text('"ID","Kernel Name","gpu__time_duration.sum"\n"0","k","1"\n')
-    with pytest.raises(profile.ProfileError, match="not the long ncu CSV layout"):
-        profile.read_ncu_csv(wide)
+    with pytest.raises(intervals.ProfileError, match="not the long ncu CSV layout"):
+        ncu.read_ncu_csv(wide)
 
 
 # ---- the ncu command: raw metrics, base units, never an NCCL kernel --------------------------------
@@ -404,10 +403,9 @@ NCCL_KERNELS = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_AllReduce
 
 
 def _ncu_command(names=None):
-    from scalerepro import profile_rank
 
-    return profile_rank.command("ncu", "0", "/out", 0, ["python", "-m", "scalerepro.train"], names,
-                                profile_rank.tensor_pipe_metrics(9))  # fmt: skip
+    return nsight.command("ncu", "0", "/out", 0, ["python", "-m", "scalerepro.training.train"], names,
+                                nsight.tensor_pipe_metrics(9))  # fmt: skip
 
 
 def _kernel_regex(command):
@@ -428,10 +426,9 @@ def test_no_ncu_command_the_workflow_builds_can_replay_an_nccl_kernel(names):
 
 
 def test_the_top_kernels_for_ncu_leave_out_nccl(nsys_sqlite):
-    from scalerepro import profile_rank
 
     # by total time: gemm 8000 ns, NCCL 4500, elementwise 2000, vectorized 1000
-    assert profile_rank.top_kernel_names(nsys_sqlite, 2) == ["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "elementwise_kernel"]
+    assert nsight.top_kernel_names(nsys_sqlite, 2) == ["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "elementwise_kernel"]
 
 
 def test_the_ncu_command_asks_for_raw_metrics_in_base_units():
@@ -447,20 +444,19 @@ def test_the_ncu_command_asks_for_raw_metrics_in_base_units():
     needed = {"gpu__time_duration.sum", "dram__bytes.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
               "sm__warps_active.avg.pct_of_peak_sustained_active", "sm__maximum_warps_per_active_cycle_pct",
-              "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", *profile.FLOP_COUNTERS}  # fmt: skip
+              "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", *ncu.FLOP_COUNTERS}  # fmt: skip
     assert needed <= set(metrics)
-    assert set(metrics) <= set(profile.NCU_RAW) | set(profile.FLOP_COUNTERS)  # the reader knows every one it asks for
+    assert set(metrics) <= set(ncu.NCU_RAW) | set(ncu.FLOP_COUNTERS)  # the reader knows every one it asks for
 
 
 def test_the_tensor_pipe_metric_follows_the_gpu_generation(capsys):
-    from scalerepro import profile_rank
 
-    assert profile_rank.tensor_pipe_metrics(8) == ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",)
+    assert nsight.tensor_pipe_metrics(8) == ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",)
     # Hopper: one cycles counter for wgmma and mma.sync (ncu 2025.3 knows no gmma cycles counter on an
     # H100), and the wgmma instruction count that tells them apart
-    assert profile_rank.tensor_pipe_metrics(9) == ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    assert nsight.tensor_pipe_metrics(9) == ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
                                                    "sm__inst_executed_pipe_tensor_op_gmma.sum")
-    assert profile_rank.tensor_pipe_metrics(12) == ()
+    assert nsight.tensor_pipe_metrics(12) == ()
     (line,) = capsys.readouterr().err.splitlines()
     assert "no tensor-pipe metric known for compute capability 12.x" in line
 
@@ -476,12 +472,12 @@ def test_summary_and_tables_of_an_nsys_and_ncu_run(nsys_sqlite, peaks, tmp_path)
     shutil.copy(FIXTURES / "ncu" / "kernels.csv", run / "ncu" / "kernels.csv")
     for tool in ("nsys", "ncu"):
         (run / tool / "capture.json").write_text(json.dumps({"tool": tool, "fallback_reason": None}))
-    summary = profile.summarize(run, run.name, profile.DEFAULT_THRESHOLDS, peaks)
+    summary = captures.summarize(run, run.name, classify.DEFAULT_THRESHOLDS, peaks)
     assert summary["tools"] == ["ncu", "nsys"] and not summary["fallback"]
     assert summary["classification"]["class"] == "input-bound"
     assert summary["breakdown"]["overlap_fraction"] == pytest.approx(1 / 3)
     assert len(summary["roofline"]) == 3 and len(summary["top_kernels"]) == 4
-    t = profile.tables([json.loads(json.dumps(summary, default=str))])
+    t = captures.tables([json.loads(json.dumps(summary, default=str))])
     assert t["profiling"].loc[0, "classification"] == "input-bound"
     assert t["profiling"].loc[0, "busy_fraction"] == pytest.approx(0.7)
     assert len(t["profiling_kernels"]) == 4 and len(t["profiling_roofline"]) == 3
@@ -490,7 +486,7 @@ def test_summary_and_tables_of_an_nsys_and_ncu_run(nsys_sqlite, peaks, tmp_path)
 
 
 def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, peaks, capsys):
-    from scalerepro.analysis import report
+    from scalerepro.analysis.presentation import report
 
     builder = _load(FIXTURES / "nsys" / "make_nsys_sqlite.py")
     run = tmp_path / "strong_resnet50_g8_r1"
@@ -501,8 +497,7 @@ def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, 
     (run / "nsys" / "capture.json").write_text(json.dumps({"tool": "nsys", "fallback_reason": None}))
     (run / "ncu" / "capture.json").write_text(json.dumps({"tool": "ncu", "fallback_reason": None,
                                                           "tool_version": "Version 2025.3.1.0 (build 36398880) (public-release)"}))  # fmt: skip
-    (tmp_path / "references.yaml").write_text((REPO / "config/references.yaml").read_text())
-    code = profile.main(["summarize", "--run-dir", str(run), "--run-id", run.name, "--references", str(tmp_path / "references.yaml"),
+    code = captures.main(["summarize", "--run-dir", str(run), "--run-id", run.name,
                          "--gpu-peaks", "h100_sxm", "--thresholds", "{}", "--out", str(tmp_path / "summary.json")])  # fmt: skip
     assert code == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -513,7 +508,7 @@ def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, 
     assert [line.split(": warning: ", 1)[1] for line in printed] == summary["warnings"]
     tables_dir = tmp_path / "tables"
     tables_dir.mkdir()
-    for name, table in profile.tables([summary]).items():
+    for name, table in captures.tables([summary]).items():
         table.to_csv(tables_dir / f"{name}.csv", index=False)
     row = pd.read_csv(tables_dir / "profiling.csv").iloc[0]
     assert "NVIDIA Nsight Systems 2025.3.2.474" in row["tool_versions"] and "Version 2025.3.1.0" in row["tool_versions"]
@@ -530,9 +525,10 @@ def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, 
 # ---- the torch.profiler fallback, for real on the CPU ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_torch_fallback_profiles_two_gloo_ranks_on_the_cpu(tmp_path):
     out = tmp_path / "torch"
-    args = ["--model", "cnn", "--batch-size", "16", "--synthetic-samples", "512", "--steps", "5", "--warmup-steps", "2",
+    args = ["--model", "cnn", "--per-gpu-batch", "16", "--synthetic-samples", "512", "--steps", "5", "--warmup-steps", "2",
             "--num-workers", "1", "--no-eval", "--comm-probe-steps", "0", "--progress", "off",
             "--profile-mode", "torch", "--profile-window-start", "2", "--profile-window-steps", "3", "--profile-dir", str(out)]  # fmt: skip
     result = torchrun(2, args, timeout=240)
@@ -540,14 +536,15 @@ def test_the_torch_fallback_profiles_two_gloo_ranks_on_the_cpu(tmp_path):
     assert json.loads((out / "window.json").read_text())["captured_steps"] == 3
     operators = pd.read_csv(out / "operators.csv")
     assert {"scalerepro:forward", "scalerepro:backward", "scalerepro:optimizer", "scalerepro:data"} <= set(operators["name"])
-    timeline = profile.read_torch_trace(out / "trace.json")
+    timeline = torch_trace.read_torch_trace(out / "trace.json")
     assert timeline.source == "torch.profiler (CPU operators)" and timeline.steps == 3
-    b = profile.breakdown(timeline)
+    b = intervals.breakdown(timeline)
     assert b["communication_s"] > 0  # gloo's all-reduce of the two ranks' gradients
-    assert sum(b[f"{c}_fraction"] for c in profile.CATEGORIES) == pytest.approx(1.0)
-    assert profile.classify(b, profile.DEFAULT_THRESHOLDS)["class"] in profile.CLASSES
+    assert sum(b[f"{c}_fraction"] for c in columns.CATEGORIES) == pytest.approx(1.0)
+    assert classify.classify(b, classify.DEFAULT_THRESHOLDS)["class"] in columns.BOTTLENECK_CLASSES
 
 
+@pytest.mark.slow
 def test_a_window_past_the_end_of_the_run_is_a_usage_error(tmp_path):
     from conftest import python_train
 
@@ -558,6 +555,7 @@ def test_a_window_past_the_end_of_the_run_is_a_usage_error(tmp_path):
     assert "the profiling window (steps 3..5) ends after the run's 4 steps" in result.stderr
 
 
+@pytest.mark.slow
 def test_cuda_api_mode_on_the_cpu_is_a_one_line_usage_error_naming_the_fallback(tmp_path):
     """It used to fail at the window's first step with torch's "Torch not compiled with CUDA"."""
     from conftest import load_record, python_train
@@ -570,15 +568,3 @@ def test_cuda_api_mode_on_the_cpu_is_a_one_line_usage_error_naming_the_fallback(
     assert "--profile-mode cuda_api" in result.stderr and "use --profile-mode torch" in result.stderr
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "failed" and record["error"]["type"] == "ConfigError"
-
-
-def test_the_gpu_smoke_gives_the_profile_script_every_param_the_rule_does():
-    """benchmarks/gpu/run_profile_shim.py runs the profile rule's script where there is no
-    Snakemake (the GPU machine): a param the rule gains and the shim lacks would break it there."""
-    rule = (REPO / "workflow" / "rules" / "profile.smk").read_text()
-    params_block = rule[rule.index("rule profile:") :].split("params:", 1)[1].split("script:", 1)[0]
-    rule_params = set(re.findall(r"^\s{8}(\w+)=", params_block, flags=re.MULTILINE))
-    shim = ast.parse((REPO / "benchmarks" / "gpu" / "run_profile_shim.py").read_text())
-    [call] = [node.value for node in shim.body if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "params"]
-    shim_params = {keyword.arg for keyword in call.keywords}
-    assert rule_params and shim_params == rule_params, (rule_params, shim_params)

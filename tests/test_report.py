@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from scalerepro.analysis import report
+
+from scalerepro.analysis.presentation import report
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "report"
@@ -87,7 +88,7 @@ def _run_rows(evil: bool) -> list[dict]:
             "repeat": repeat,
             "variant": variant or None,
             "precision": precision,
-            "per_rank_batch": batch,
+            "per_gpu_batch": batch,
             "global_batch": batch * gpus,
             "bucket_cap_mb": 25.0,
             "runtime_min": 30,
@@ -106,7 +107,7 @@ def _run_rows(evil: bool) -> list[dict]:
                     "device_name": H100,
                     "world_size_recorded": gpus,
                     "nodes_recorded": 1,
-                    "slurm_job_id": 4_182_000 + len(rows),
+                    "scheduler_job_id": 4_182_000 + len(rows),
                     "git_commit": "7333a9c6cdfbdc5a5b41d26536c88629aaf3162c",
                     "git_dirty": False,
                     "torch_version": "2.6.0a0+ecf3bae40a.nv25.01",
@@ -277,7 +278,7 @@ def _sensitivity() -> pd.DataFrame:
                 value = 2900 * 8 * (0.84 if precision == "tf32" else 1) * (0.95 if batch == 128 else 1)
                 value *= 0.93 if bucket == 5 else 1
                 rows.append({
-                    "model": "resnet50", "gpus": 8, "bucket_cap_mb": bucket, "per_rank_batch": batch,
+                    "model": "resnet50", "gpus": 8, "bucket_cap_mb": bucket, "per_gpu_batch": batch,
                     "precision": precision, "samples_per_s_median": value, "samples_per_s_min": value,
                     "samples_per_s_max": value, "step_time_median_s": batch * 8 / value,
                     "exposed_comm_fraction": 0.9 / bucket**0.5, "repeats_ok": 1, "repeats_total": 1, "note": "",
@@ -298,9 +299,9 @@ def _communication() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# scaling_model.csv as scalerepro.analysis.scaling_model writes it: a measured cell and a prediction alone.
+# scaling_model.csv as scalerepro.analysis.tables.scaling_model writes it: a measured cell and a prediction alone.
 SCALING_MODEL_CSV = """\
-study,model,gpus,nodes,basis,network,alpha_step_us,link_gbps,per_rank_batch,compute_scale,buckets,gradient_bytes,allreduce_s,exposed_comm_s,step_time_measured_s,step_time_predicted_s,step_time_error,efficiency_measured,efficiency_predicted,profile_run,note
+study,model,gpus,nodes,basis,network,alpha_step_us,link_gbps,per_gpu_batch,compute_scale,buckets,gradient_bytes,allreduce_s,exposed_comm_s,step_time_measured_s,step_time_predicted_s,step_time_error,efficiency_measured,efficiency_predicted,profile_run,note
 strong,resnet50,8,1,measured,fit to g8.json (nccl 11 sizes),4.1,370.5,32,0.125,4,102228128,0.0012,0.0004,0.0122,0.0119,-0.0246,0.908,0.93,strong_resnet50_g1_r1,
 strong,resnet50,64,8,predicted,NDR InfiniBand 400 Gb/s (one ConnectX-7 port per GPU) (references.yaml links.inter_node),9.6,50,4,0.0156,4,102228128,0.0052,0.0049,,0.0066,,,0.26,strong_resnet50_g1_r1,prediction only: beyond the 8 GPUs the study ran on
 """
@@ -343,7 +344,7 @@ def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sampl
     }
     (tables / "summary.json").write_text(json.dumps(summary, indent=2))
 
-    for index, name in enumerate(report.FIGURES):
+    for index, name in enumerate(report.FIGURE_NAMES):
         if name in drop_plots:
             continue
         (plots / f"{name}.png").write_bytes(png_bytes(64, 40, (40, 90 + 15 * index, 160)))
@@ -501,7 +502,7 @@ def test_report_is_self_contained(study):
     tags = Tags(page)
     assert not tags.named("link") and not tags.named("script") and not tags.named("iframe")
     images = tags.named("img")
-    assert len(images) == len(report.FIGURES) - 1  # energy_per_sample is missing on purpose
+    assert len(images) == len(report.FIGURE_NAMES) - 1  # energy_per_sample is missing on purpose
     for attrs in images:
         assert attrs["src"].startswith(("data:image/svg+xml;base64,", "data:image/png;base64,")), attrs["src"][:60]
         base64.b64decode(attrs["src"].split(",", 1)[1], validate=True)
@@ -651,7 +652,7 @@ def test_comparison_sets_each_reference_beside_its_own_runs(study):
     assert "lambda-rn50-a100sxm-fp16-8" in context and "seed-resnet50-8" in context and "expected (seed document)" in context
     assert "lambda-rn50-a100sxm-fp16-8" not in reproduction and "never a pass or fail" in context
     assert "NVIDIA H100 SXM5 80GB" in comparison and "989.4" in comparison and "datasheet" in comparison
-    assert "BF16 dense TFLOP/s" in comparison and "NVML: NVIDIA H100 80GB HBM3" in comparison  # peaks by device name
+    assert "bf16 (TFLOP/s)" in comparison and "NVML: NVIDIA H100 80GB HBM3" in comparison  # peaks by device name
 
 
 def test_cost_and_reproducibility(study):
@@ -701,7 +702,7 @@ def test_missing_and_empty_inputs_are_holes_not_crashes(tmp_path):
     page = report.render(
         tables, tmp_path / "no-plots", tmp_path / "none.json", tmp_path / "none.json", REFERENCES, TEMPLATES
     )
-    assert page.count("Figure missing:") == len(report.FIGURES)
+    assert page.count("Figure missing:") == len(report.FIGURE_NAMES)
     assert "<img" not in page
     assert "Not measured: runs.csv has no rows: there are no runs" in section(page, "summary")
     assert "Not measured: checks.csv has no rows." in section(page, "summary")
@@ -747,8 +748,9 @@ def _parallelism_html(page: str) -> str:
 
 @pytest.mark.parametrize("device_type", ["cuda", "cpu"])
 def test_the_parallelism_section_compares_the_strategies_and_names_what_is_not_measured(tmp_path, device_type):
+    from scalerepro.analysis.tables import aggregate
+
     from analysis_fixtures import TOKENS, write_parallelism_study
-    from scalerepro.analysis import aggregate
 
     tables = aggregate.aggregate(**write_parallelism_study(tmp_path / "study", device_type), targets={})
     aggregate.write_tables(tables, tmp_path / "tables")
@@ -826,8 +828,8 @@ def test_runs_without_torch(tmp_path):
     code = (
         "import runpy, sys\n"
         "sys.modules['torch'] = None  # importing torch now raises ImportError\n"
-        "sys.argv[0] = 'scalerepro.analysis.report'\n"
-        "runpy.run_module('scalerepro.analysis.report', run_name='__main__')\n"
+        "sys.argv[0] = 'scalerepro.analysis.presentation.report'\n"
+        "runpy.run_module('scalerepro.analysis.presentation.report', run_name='__main__')\n"
     )
     args = [
         "--tables",
@@ -1022,6 +1024,7 @@ class Chromium:
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (Debian: apt-get install chromium)")
+@pytest.mark.slow
 def test_report_in_headless_chromium(study, tmp_path):
     _, page, out = study
     # A negative control: a copy of the report with a broken image and a console error, to
@@ -1043,7 +1046,7 @@ def test_report_in_headless_chromium(study, tmp_path):
     assert control["broken_images"] and any("planted" in error for error in control["errors"])
     assert any("no-such-figure.png" in error or "ERR_FILE_NOT_FOUND" in error for error in control["errors"])
 
-    assert len(found["images"]) == len(report.FIGURES) - 1, found["images"]
+    assert len(found["images"]) == len(report.FIGURE_NAMES) - 1, found["images"]
     assert not found["broken_images"], found["broken_images"]
     assert not found["errors"], found["errors"]
     assert not found["foreign_requests"], found["foreign_requests"]
@@ -1081,7 +1084,7 @@ def test_every_figure_is_in_the_one_list_drawn_and_shown():
     declares and those the templates show are the same set."""
     import inspect
 
-    from scalerepro.analysis import figures, plots
+    from scalerepro.analysis.presentation import figures, plots
 
     drawers = {
         name for name, function in vars(plots).items()
@@ -1089,8 +1092,8 @@ def test_every_figure_is_in_the_one_list_drawn_and_shown():
         and function.__annotations__.get("return") == "Figure" and list(inspect.signature(function).parameters) == ["t"]
     }  # fmt: skip
     assert drawers - set(plots.STORE_FIGURES) == set(figures.FIGURE_NAMES), "a figure function is missing from the list"
-    assert tuple(plots.FIGURES) == figures.FIGURE_NAMES == tuple(report.FIGURES)
+    assert tuple(plots.FIGURE_DRAWERS) == figures.FIGURE_NAMES == tuple(report.FIGURE_NAMES)
     shown = re.findall(r'figures(?:\.(\w+)|\["(\w+)"\])', "".join(p.read_text() for p in TEMPLATE_FILES))
     assert sorted({a or b for a, b in shown}) == sorted(figures.FIGURE_NAMES), "a listed figure is not shown, or one shown is not listed"
     rules = (REPO / "workflow/rules/common.smk").read_text()
-    assert "from scalerepro.analysis.figures import FIGURE_NAMES as PLOT_NAMES" in rules  # the workflow reads the same list
+    assert "from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES" in rules  # the workflow reads the same list

@@ -15,11 +15,8 @@ import pandas as pd
 import pytest
 import torch.distributed as dist
 
-from analysis_fixtures import Study, make_record, validate, write_comm
-from conftest import clean_env, load_record
-from scalerepro import buckets
-from scalerepro.analysis import aggregate
-from scalerepro.analysis.scaling_model import (
+from scalerepro.analysis.tables import aggregate
+from scalerepro.analysis.tables.scaling_model import (
     RingNetwork,
     StepProfile,
     config_network,
@@ -31,7 +28,11 @@ from scalerepro.analysis.scaling_model import (
     within_step,
 )
 from scalerepro.models.cnn import SmallCNN
-from scalerepro.train import main
+from scalerepro.training import buckets
+from scalerepro.training.train import main
+
+from analysis_fixtures import Study, make_record, validate, write_comm
+from conftest import clean_env, load_record
 
 REFERENCES = Path(__file__).resolve().parents[1] / "config" / "references.yaml"
 
@@ -154,7 +155,7 @@ def test_bucket_layout_follows_ddp():
 
 def test_one_rank_run_records_buckets(tmp_path):
     argv = [
-        "--model", "cnn", "--steps", "8", "--warmup-steps", "2", "--batch-size", "8", "--num-workers", "0",
+        "--model", "cnn", "--steps", "8", "--warmup-steps", "2", "--per-gpu-batch", "8", "--num-workers", "0",
         "--synthetic-samples", "256", "--eval-samples", "32", "--bucket-cap-mb", "0.1",
         "--record", str(tmp_path / "r.json"),
     ]  # fmt: skip
@@ -174,14 +175,14 @@ def test_one_rank_run_records_buckets(tmp_path):
 
 def test_table_puts_prediction_beside_measurement_and_predicts_beyond(tmp_path):
     s = Study(tmp_path)
-    one = make_record("strong_resnet50_g1_r1", per_rank_batch=32, samples_per_s=32 / 18e-3)
+    one = make_record("strong_resnet50_g1_r1", per_gpu_batch=32, samples_per_s=32 / 18e-3)
     one["measurements"]["backward_buckets"] = {
         "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1,
         "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
         "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)],
     }  # fmt: skip
-    s.add("strong", 1, 1, per_rank_batch=32, record=validate(one))
-    s.add("strong", 2, 1, per_rank_batch=16, samples_per_s=32 / 15e-3)
+    s.add("strong", 1, 1, per_gpu_batch=32, record=validate(one))
+    s.add("strong", 2, 1, per_gpu_batch=16, samples_per_s=32 / 15e-3)
     # 2-GPU benchmark of the RING network above: t = S / 1 GB/s
     comm = write_comm(tmp_path / "g2.json", 2, 1, {s: s / 1e9 * 1e6 for s in (1 << 20, 1 << 24)})
     references = tmp_path / "references.yaml"
@@ -205,15 +206,15 @@ def _strong_study(tmp_path, gpus_per_node: int, global_batch: int, micro_1: int,
     """A strong-scaling study: a 1-GPU run of micro-batch ``micro_1`` x ``accum_1`` (= G) with the
     overlap fixture's step, a 2-GPU run and the 2-GPU benchmark of RING (1 GB/s, one node)."""
     s = Study(tmp_path)
-    one = make_record("strong_resnet50_g1_r1", per_rank_batch=micro_1, samples_per_s=global_batch / 18e-3)
+    one = make_record("strong_resnet50_g1_r1", per_gpu_batch=micro_1, samples_per_s=global_batch / 18e-3)
     one["measurements"]["backward_buckets"] = {
         "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": accum_1,
         "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
         "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)],
     }  # fmt: skip
     one["measurements"]["step_time_s"]["median"] = 18e-3 + (accum_1 - 1) * 16e-3  # other 1 ms: t(1) = 1 + A(6 + 10) + 1
-    s.add("strong", 1, 1, per_rank_batch=micro_1, grad_accum_steps=accum_1, record=validate(one))
-    s.add("strong", 2, 1, per_rank_batch=global_batch // 2 // max(1, accum_1 // 2), grad_accum_steps=max(1, accum_1 // 2),
+    s.add("strong", 1, 1, per_gpu_batch=micro_1, grad_accum_steps=accum_1, record=validate(one))
+    s.add("strong", 2, 1, per_gpu_batch=global_batch // 2 // max(1, accum_1 // 2), grad_accum_steps=max(1, accum_1 // 2),
           samples_per_s=global_batch / 30e-3)  # fmt: skip
     matrix = pd.read_csv(s.write_matrix())
     matrix["global_batch"] = global_batch  # the same at every N (scaling.strong.global_batch)
@@ -229,20 +230,20 @@ def test_predictions_split_the_global_batch_into_whole_samples(tmp_path):
     matrix, comm = _strong_study(tmp_path, gpus_per_node=64, global_batch=64, micro_1=32, accum_1=2)
     table = aggregate.aggregate(matrix, [comm], REFERENCES, {}, predict_gpus=[3, 4, 8, 48, 64])["scaling_model"].set_index("gpus")
     assert list(table.index) == [1, 2, 3, 4, 8, 48, 64]
-    assert table.loc[[4, 8, 64], "per_rank_batch"].tolist() == [16, 8, 1] and (table.loc[[4, 8, 64], "grad_accum_steps"] == 1).all()
+    assert table.loc[[4, 8, 64], "per_gpu_batch"].tolist() == [16, 8, 1] and (table.loc[[4, 8, 64], "grad_accum_steps"] == 1).all()
     assert table.loc[1, "grad_accum_steps"] == 2 and table.loc[4, "compute_scale"] == pytest.approx(16 / 32)
     for gpus in (3, 48):
-        assert pd.isna(table.loc[gpus, "step_time_predicted_s"]) and pd.isna(table.loc[gpus, "per_rank_batch"])
+        assert pd.isna(table.loc[gpus, "step_time_predicted_s"]) and pd.isna(table.loc[gpus, "per_gpu_batch"])
         assert table.loc[gpus, "note"] == f"no prediction: the global batch 64 does not split evenly over {gpus} GPUs"
-    assert table["per_rank_batch"].dropna().map(float.is_integer).all()
+    assert table["per_gpu_batch"].dropna().map(float.is_integer).all()
 
 
 def test_predictions_accumulate_where_the_share_exceeds_the_micro_batch(tmp_path):
     # G = 256, micro-batch 32: 8 micro-batches at 1 GPU, 4 at 2 (measured), 2 x 32 at 4 GPUs
     matrix, comm = _strong_study(tmp_path, gpus_per_node=8, global_batch=256, micro_1=32, accum_1=8)
     table = aggregate.aggregate(matrix, [comm], REFERENCES, {}, predict_gpus=[4])["scaling_model"].set_index("gpus")
-    assert (table.loc[2, "per_rank_batch"], table.loc[2, "grad_accum_steps"]) == (32, 4)
-    assert (table.loc[4, "per_rank_batch"], table.loc[4, "grad_accum_steps"], table.loc[4, "compute_scale"]) == (32, 2, 1.0)
+    assert (table.loc[2, "per_gpu_batch"], table.loc[2, "grad_accum_steps"]) == (32, 4)
+    assert (table.loc[4, "per_gpu_batch"], table.loc[4, "grad_accum_steps"], table.loc[4, "compute_scale"]) == (32, 2, 1.0)
     # at 4 GPUs on RING-like measured links (alpha 0, B 1 GB/s fitted from g2.json, one node):
     # 2(N-1)/N = 1.5, buckets 6, 1.5, 4.5 ms: e1 = 2 + 6 = 8, e2 = 9.5, e3 = 14 ms;
     # t = other 1 + 2 x 6 + (2 - 1) x 10 + max(10, 14) + 1 = 38 ms
@@ -270,9 +271,9 @@ def test_beyond_the_hardware_the_measured_bus_bandwidth_wins(tmp_path):
 def test_records_without_buckets_say_why(tmp_path):
     s = Study(tmp_path)
     for gpus, batch in ((1, 32), (2, 16)):
-        older = make_record(f"strong_resnet50_g{gpus}_r1", world_size=gpus, per_rank_batch=batch)
+        older = make_record(f"strong_resnet50_g{gpus}_r1", world_size=gpus, per_gpu_batch=batch)
         del older["measurements"]["backward_buckets"]  # a record from before the scaling model
-        s.add("strong", gpus, 1, per_rank_batch=batch, record=validate(older))
+        s.add("strong", gpus, 1, per_gpu_batch=batch, record=validate(older))
     tables = aggregate.aggregate(s.write_matrix(), [], REFERENCES, {}, predict_gpus=[4])
     table = tables["scaling_model"]
     assert table["step_time_predicted_s"].isna().all()
@@ -294,23 +295,24 @@ def _run(command: list[str], timeout: float = 120) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_real_buckets_and_benchmark_drive_the_prediction(tmp_path):
     """A 1-rank and a 2-rank cnn run (weak scaling: the same batch and data per rank, so an epoch
     has as many steps at 1 and 2 ranks) and the 2-rank all-reduce benchmark, aggregated."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     common = [
-        "-m", "scalerepro.train", "--model", "cnn", "--batch-size", "32", "--steps", "40", "--warmup-steps", "5",
+        "-m", "scalerepro.training.train", "--model", "cnn", "--per-gpu-batch", "32", "--steps", "40", "--warmup-steps", "5",
         "--loader", "device", "--no-eval", "--bucket-cap-mb", "0.1", "--comm-probe-steps", "0", "--progress", "off",
     ]  # fmt: skip
     for gpus in (1, 2):
         samples = str(1024 * gpus)
         _run([*torchrun, f"--nproc-per-node={gpus}", *common, "--synthetic-samples", samples, "--record", str(tmp_path / f"g{gpus}.json")])
     sizes = [str(4**k) for k in range(6, 12)]  # 4 KiB .. 4 MiB: the buckets' sizes and enough range for B
-    _run([*torchrun, "--nproc-per-node=2", "-m", "scalerepro.commbench", "--out", str(tmp_path / "comm.json"),
+    _run([*torchrun, "--nproc-per-node=2", "-m", "scalerepro.training.commbench", "--out", str(tmp_path / "comm.json"),
           "--device", "cpu", "--sizes", *sizes, "--iterations", "30"])  # fmt: skip
     s = Study(tmp_path / "study")
     for gpus in (1, 2):
-        s.add("weak", gpus, 1, per_rank_batch=32, model="cnn", record=load_record(tmp_path / f"g{gpus}.json"))
+        s.add("weak", gpus, 1, per_gpu_batch=32, model="cnn", record=load_record(tmp_path / f"g{gpus}.json"))
     tables = aggregate.aggregate(s.write_matrix(), [tmp_path / "comm.json"], REFERENCES, {}, predict_gpus=[])
     row = tables["scaling_model"].set_index("gpus").loc[2]
     assert not pd.isna(row["step_time_predicted_s"]), row["note"]

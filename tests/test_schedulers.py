@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from scalerepro import schedulers
-from scalerepro.schedulers import LOCAL, SchedulerError
+from scalerepro.planning.submission import SUBMISSIONS
+from scalerepro.schedulers.base import LOCAL, SchedulerError
 from scalerepro.schedulers.slurm import SLURM
 
 
@@ -36,16 +37,16 @@ def test_the_executor_of_a_command_line(argv, environ, expected) -> None:
 
 def test_slurm_submission_resources_quote_every_extra_token() -> None:
     settings = {"extra": ["--comment=a b"], "signal_before_end_s": 300}
-    resources = SLURM.submission_resources(settings, ranks_per_node=4, nodes=2, gpus=True, signal=True, exclusive=True)
+    resources = SUBMISSIONS["slurm"].submission_resources(settings, ranks_per_node=4, nodes=2, gpus=True, signal=True, exclusive=True)
     assert resources == {"mpi": "", "tasks_per_gpu": 0, "gres": "gpu:4", "slurm_extra": "'--comment=a b' --exclusive --signal=USR1@300"}
-    bare = SLURM.submission_resources({"extra": [], "signal_before_end_s": 1}, 1, 1, gpus=False, signal=False, exclusive=False)
+    bare = SUBMISSIONS["slurm"].submission_resources({"extra": [], "signal_before_end_s": 1}, 1, 1, gpus=False, signal=False, exclusive=False)
     assert bare["gres"] is None and bare["slurm_extra"] is None
 
 
 def test_slurm_check_without_sinfo_is_one_clear_error(monkeypatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(SchedulerError, match="sinfo is not on PATH"):
-        SLURM.check({"partition": None})
+        SUBMISSIONS["slurm"].check({"partition": None})
 
 
 def test_slurm_facts_parses_a_job_environment() -> None:

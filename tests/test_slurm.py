@@ -23,6 +23,9 @@ import yaml
 from conftest import REPO, clean_env, load_record
 from test_workflow import COPY_IGNORE, cifar_server  # noqa: F401 - a fixture, used by name
 
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
 STUDY = REPO / "tests" / "slurm" / "study.yaml"
 # The profile as committed, with status checks fast enough for jobs that last seconds.
@@ -138,7 +141,7 @@ def test_sacct_shows_one_job_per_rule_job(slurm_study):
     assert expected <= set(comments) and all(c.startswith("rule_") for c in comments), comments
     assert all(job["State"] == "COMPLETED" for job in jobs)
     # Local rules (the download, the fingerprint, small tables) ran on the submitting host.
-    assert not any("fetch_cifar10" in c or "trainer_fingerprint" in c for c in comments)
+    assert not any("fetch_cifar10" in c or "code_fingerprint" in c for c in comments)
     assert (workdir / "results/data/cifar10/manifest.json").exists()
 
 
@@ -203,18 +206,18 @@ def test_a_preempted_run_checkpoints_is_retried_and_matches_an_uninterrupted_run
     # The same run, uninterrupted, on this machine: the same final loss, bit for bit.
     reference = workdir / "reference.json"
     command = record["command_line"]
-    args = command[command.index("scalerepro.train") + 1 :] if "scalerepro.train" in command else command[1:]
+    args = command[command.index("scalerepro.training.train") + 1 :] if "scalerepro.training.train" in command else command[1:]
     args = [a for a in args if a != "--resume"]
     for flag, value in (("--record", str(reference)), ("--checkpoint-dir", str(workdir / "reference-ckpt"))):
         args[args.index(flag) + 1] = value
-    subprocess.run([sys.executable, "-m", "scalerepro.train", *args], cwd=workdir, env=clean_env(), check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "scalerepro.training.train", *args], cwd=workdir, env=clean_env(), check=True, timeout=300)
     assert _final_loss(load_record(reference)) == _final_loss(record)
 
 
 def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env):
     workdir = _copy(tmp_path_factory, "slurm-fail")
     env = _env(slurm_env)
-    # A bad trainer flag is now refused before anything is submitted (scalerepro.study), and a
+    # A bad trainer flag is now refused before anything is submitted (scalerepro.planning.study), and a
     # run that fails inside the trainer leaves a failed record (its job succeeds). What still fails
     # a job: the site's Slurm module not loaded in it, so srun is not on the job's PATH.
     config = _write_config(workdir, "failing.yaml", {

@@ -25,8 +25,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from scalerepro.analysis.history import bundle, compare, store
+from scalerepro.analysis.presentation import report
+
 from conftest import REPO, clean_env, load_record
-from scalerepro.analysis import bundle, compare, report, store
 
 REPEATS = 6
 SLOWDOWN = 2.0  # the CNN's steps in the candidate study take this many times as long
@@ -34,9 +36,12 @@ COMMON = [
     "--data", "synthetic", "--steps", "30", "--warmup-steps", "6", "--synthetic-samples", "512", "--no-eval",
     "--loader", "device", "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--progress", "off", "--device", "cpu",
 ]  # fmt: skip
+# The studies' runs are timed and their ratios asserted: nothing runs beside this file's tests.
+pytestmark = pytest.mark.measures
+
 CELLS = {
-    "cnn": (8, ["--model", "cnn", "--batch-size", "8"]),
-    "gpt2_small": (8, ["--model", "gpt2_small", "--batch-size", "8", "--num-layers", "2", "--hidden-size", "64",
+    "cnn": (8, ["--model", "cnn", "--per-gpu-batch", "8"]),
+    "gpt2_small": (8, ["--model", "gpt2_small", "--per-gpu-batch", "8", "--num-layers", "2", "--hidden-size", "64",
                        "--num-heads", "2", "--seq-len", "32", "--vocab-size", "256"]),
 }  # fmt: skip
 CONFIG = {
@@ -74,7 +79,7 @@ def _study_dir(root: Path, config: dict) -> Path:
             run_id = f"strong_{model}_g1_r{repeat}"
             rows.append({
                 "run_id": run_id, "study": "strong", "model": model, "gpus": 1, "nodes": 1, "gpus_per_node": 1,
-                "repeat": repeat, "variant": "", "precision": "fp32", "per_rank_batch": batch, "global_batch": batch,
+                "repeat": repeat, "variant": "", "precision": "fp32", "per_gpu_batch": batch, "global_batch": batch,
                 "bucket_cap_mb": 25.0, "runtime_min": 10, "record": f"results/runs/{run_id}/record.json",
                 "rerun": f"snakemake --cores all --forcerun results/runs/{run_id}/record.json",
             })  # fmt: skip
@@ -90,7 +95,7 @@ def studies(tmp_path_factory) -> dict[str, Path]:
     """The baseline and the candidate study directories (the layout the workflow writes)."""
     root = tmp_path_factory.mktemp("studies")
     dirs = {name: _study_dir(root / name, CONFIG) for name in ("baseline", "candidate")}
-    inventory = _python("-m", "scalerepro.inventory", "--out", str(dirs["baseline"] / "results/inventory/system.json"))
+    inventory = _python("-m", "scalerepro.telemetry.inventory", "--out", str(dirs["baseline"] / "results/inventory/system.json"))
     assert inventory.returncode == 0, inventory.stderr
     shutil.copy(dirs["baseline"] / "results/inventory/system.json", dirs["candidate"] / "results/inventory/system.json")
     plan = []
@@ -115,7 +120,7 @@ def studies(tmp_path_factory) -> dict[str, Path]:
 
 def append(study_dir: Path, store_path: Path, *extra: str) -> subprocess.CompletedProcess:
     return _python(
-        "-m", "scalerepro.analysis.store", "append", "--store", str(store_path),
+        "-m", "scalerepro.analysis.history.store", "append", "--store", str(store_path),
         "--matrix", "results/tables/matrix.csv", "--config", "results/tables/config.json",
         "--inventory", "results/inventory/system.json", "--receipt", "results/tables/store.json",
         "--history", "results/tables/history.csv", *extra, cwd=study_dir,
@@ -173,7 +178,7 @@ def test_two_processes_appending_at_once_both_land(studies, tmp_path):
     history = tmp_path / "history.duckdb"
     writers = [
         subprocess.Popen(
-            [sys.executable, "-m", "scalerepro.analysis.store", "append", "--store", str(history),
+            [sys.executable, "-m", "scalerepro.analysis.history.store", "append", "--store", str(history),
              "--matrix", "results/tables/matrix.csv", "--config", "results/tables/config.json",
              "--inventory", "results/inventory/system.json"],
             cwd=directory, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -233,19 +238,24 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
         )
     finally:
         os.chdir(cwd)
-    with duckdb.connect(str(history)) as connection:  # a store as version 1 wrote it
-        store.migrate(connection, 0, to=1)
+    with duckdb.connect(str(history)) as connection:  # a store as version 1 wrote it: its tables and column names
+        store.migrate(connection, 0)
         store.append(connection, baseline)
+        for new, old in store.RENAMED_RUN_COLUMNS.items():
+            connection.execute(f'ALTER TABLE runs RENAME COLUMN "{new}" TO "{old}"')
+        connection.execute("DROP TABLE imports")
+        connection.execute("UPDATE store_meta SET value = '1' WHERE key = 'schema_version'")
+        assert {"per_rank_batch", "slurm_job_id"} <= {row[0] for row in connection.execute("DESCRIBE runs").fetchall()}
         old_rows = connection.execute("SELECT * FROM runs ORDER BY run_id").fetchall()
         old_study = connection.execute("SELECT * FROM studies").fetchall()
-    refused = _python("-m", "scalerepro.compare", "latest", baseline.study_id, "--store", str(history))
+    refused = _python("-m", "scalerepro.analysis.history.compare", "latest", baseline.study_id, "--store", str(history))
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
-        f"compare: the results store {history} has schema version 1 (current: {store.SCHEMA_VERSION}): "
-        f"migrate it with `python -m scalerepro.analysis.store migrate --store {history}`"
+        f"compare: the results store {history} has schema version 1 (current: {store.STORE_SCHEMA_VERSION}): "
+        f"migrate it with `python -m scalerepro.analysis.history.store migrate --store {history}`"
     ]
     receipt = _appended(studies["candidate"], history)  # a writable open migrates
     with duckdb.connect(str(history), read_only=True) as connection:
-        assert store.schema_version(connection) == store.SCHEMA_VERSION == 2
+        assert store.schema_version(connection) == store.STORE_SCHEMA_VERSION == 3
         assert (
             connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
         )
@@ -265,9 +275,9 @@ def test_a_newer_or_foreign_duckdb_file_is_refused_in_one_line(tmp_path):
     foreign = tmp_path / "foreign.duckdb"
     with duckdb.connect(str(foreign)) as connection:
         connection.execute("CREATE TABLE t (x INTEGER)")
-    for path, expected in ((newer, "schema version 99, newer than this scalerepro understands (2): upgrade scalerepro"),
+    for path, expected in ((newer, "schema version 99, newer than this scalerepro understands (3): upgrade scalerepro"),
                            (foreign, "is not a scalerepro results store")):  # fmt: skip
-        result = _python("-m", "scalerepro.analysis.store", "list", "--store", str(path))
+        result = _python("-m", "scalerepro.analysis.history.store", "list", "--store", str(path))
         assert (
             result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr
         ), result.stderr
@@ -315,7 +325,7 @@ def test_the_slowed_model_and_only_it_is_flagged_slower_with_its_factor_inside_t
     out = tmp_path / "versus.csv"
     facts = tmp_path / "versus.json"
     result = _python(
-        "-m", "scalerepro.compare", baseline, "latest", "--store", str(history), "--confidence", "0.999",
+        "-m", "scalerepro.analysis.history.compare", baseline, "latest", "--store", str(history), "--confidence", "0.999",
         "--threshold", "0.2", "--csv", str(out), "--json", str(facts),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -336,7 +346,7 @@ def test_the_slowed_model_and_only_it_is_flagged_slower_with_its_factor_inside_t
     assert summary["environment_differences"] == [] and summary["config_differences"] == []
     assert summary["verdicts"]["slower"] == 1 and summary["confidence"] == 0.999
 
-    defaults = _python("-m", "scalerepro.compare", "latest", candidate, "--store", str(history), "--fail-on-slower")
+    defaults = _python("-m", "scalerepro.analysis.history.compare", "latest", candidate, "--store", str(history), "--fail-on-slower")
     assert defaults.returncode == 1, defaults.stderr  # the CNN is slower at the defaults too: a CI gate fails
     print(defaults.stdout)
 
@@ -350,7 +360,7 @@ def test_selectors_name_the_study_or_say_in_one_line_why_not(studies, tmp_path):
     # a commit, a cluster, a receipt: each the latest matching study other than the other side
     for selector in (commit[:7], cluster, str(studies["baseline"] / "results/tables/store.json")):
         facts = tmp_path / "facts.json"
-        result = _python("-m", "scalerepro.compare", selector, "latest", "--store", str(history), "--json", str(facts))
+        result = _python("-m", "scalerepro.analysis.history.compare", selector, "latest", "--store", str(history), "--json", str(facts))
         assert result.returncode == 0, (selector, result.stderr)
         chosen = json.loads(facts.read_text())
         assert (chosen["baseline"]["study_id"], chosen["candidate"]["study_id"]) == (baseline["study_id"], candidate["study_id"])
@@ -358,15 +368,15 @@ def test_selectors_name_the_study_or_say_in_one_line_why_not(studies, tmp_path):
     for selector, expected in (("nosuchcluster", "no study in the store matches 'nosuchcluster'"),
                                (f"{cluster}:nosuchpartition", f"no study in the store matches '{cluster}:nosuchpartition'"),
                                (prefix, f"'{prefix}' is the start of 2 study ids")):  # fmt: skip
-        result = _python("-m", "scalerepro.compare", selector, "latest", "--store", str(history))
+        result = _python("-m", "scalerepro.analysis.history.compare", selector, "latest", "--store", str(history))
         assert (
             result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr
         ), result.stderr
     only = tmp_path / "only.duckdb"
     _appended(studies["baseline"], only)
-    alone = _python("-m", "scalerepro.compare", "latest", "latest", "--store", str(only))
+    alone = _python("-m", "scalerepro.analysis.history.compare", "latest", "latest", "--store", str(only))
     assert alone.returncode == 2 and "'latest': the store has no study other than" in alone.stderr, alone.stderr
-    missing = _python("-m", "scalerepro.compare", "a", "b", "--store", str(tmp_path / "none.duckdb"))
+    missing = _python("-m", "scalerepro.analysis.history.compare", "a", "b", "--store", str(tmp_path / "none.duckdb"))
     assert (
         missing.returncode == 2 and "no results store at" in missing.stderr and not (tmp_path / "none.duckdb").exists()
     )
@@ -385,7 +395,7 @@ def exported(studies, tmp_path_factory) -> dict[str, Path]:
     for directory in studies.values():
         _appended(directory, history)
     out = root / "candidate.zip"
-    result = _python("-m", "scalerepro.bundle", "export", "--out", str(out), "--store", str(history), "--workflow", str(REPO),
+    result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(history), "--workflow", str(REPO),
                      cwd=studies["candidate"])  # fmt: skip
     assert result.returncode == 0, result.stderr
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
@@ -397,7 +407,7 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
     other = tmp_path / "other.duckdb"
     unpacked = tmp_path / "unpacked"
     digest = hashlib.sha256(exported["bundle"].read_bytes()).hexdigest()
-    result = _python("-m", "scalerepro.bundle", "import", str(exported["bundle"]), "--store", str(other),
+    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(other),
                      "--expect-sha256", digest, "--extract", str(unpacked))  # fmt: skip
     assert result.returncode == 0, result.stderr
     study_id = json.loads((studies["candidate"] / "results/tables/store.json").read_text())["study_id"]
@@ -413,7 +423,7 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
         ["sha256sum", "--check", "--quiet", bundle.MANIFEST], cwd=unpacked, capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    again = _python("-m", "scalerepro.bundle", "import", str(exported["bundle"]), "--store", str(other))
+    again = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(other))
     assert again.returncode == 0 and "already in the store, unchanged" in again.stdout
 
     crate = json.loads((unpacked / "ro-crate-metadata.json").read_text())
@@ -430,14 +440,14 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
     results = {ref["@id"] for ref in action["result"]}
     assert "results/runs/strong_cnn_g1_r1/record.json" in results and "results/tables/matrix.csv" in results
     commands = (unpacked / "commands.sh").read_text()
-    assert "python -m scalerepro.train --model cnn --batch-size 8" in commands.replace(sys.executable, "python")
+    assert "python -m scalerepro.training.train --model cnn --per-gpu-batch 8" in commands.replace(sys.executable, "python")
 
 
 def test_a_bundle_can_be_compared_without_importing_it(studies, exported, tmp_path):
     baseline = json.loads((studies["baseline"] / "results/tables/store.json").read_text())["study_id"]
     from_store = _python(
         "-m",
-        "scalerepro.compare",
+        "scalerepro.analysis.history.compare",
         baseline,
         "latest",
         "--store",
@@ -445,7 +455,7 @@ def test_a_bundle_can_be_compared_without_importing_it(studies, exported, tmp_pa
         "--csv",
         str(tmp_path / "a.csv"),
     )
-    from_bundle = _python("-m", "scalerepro.compare", baseline, str(exported["bundle"]), "--store", str(exported["store"]),
+    from_bundle = _python("-m", "scalerepro.analysis.history.compare", baseline, str(exported["bundle"]), "--store", str(exported["store"]),
                           "--csv", str(tmp_path / "b.csv"))  # fmt: skip
     assert from_store.returncode == from_bundle.returncode == 0, from_bundle.stderr
     assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
@@ -490,7 +500,7 @@ def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(st
     for name, (path, expected) in cases.items():
         extra = ["--expect-sha256", "0" * 64] if name == "another bundle" else []
         unpack = ["--extract", str(tmp_path / name)] if name in ("tampered", "truncated") else []
-        result = _python("-m", "scalerepro.bundle", "import", str(path), "--store", str(history), *unpack, *extra)
+        result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(path), "--store", str(history), *unpack, *extra)
         lines = result.stderr.strip().splitlines()
         assert (
             result.returncode == 2 and len(lines) == 1 and lines[0].startswith("bundle: ") and expected in lines[0]
@@ -525,13 +535,13 @@ def test_the_report_shows_history_and_the_baseline_comparison(studies, tmp_path)
     for name in ("history.csv", "store.json"):
         shutil.copy(studies["candidate"] / "results/tables" / name, tables / name)
     versus, facts = tables / "versus_baseline.csv", tables / "versus_baseline.json"
-    compared = _python("-m", "scalerepro.compare", "latest", "latest", "--store", str(history), "--csv", str(versus), "--json", str(facts),
+    compared = _python("-m", "scalerepro.analysis.history.compare", "latest", "latest", "--store", str(history), "--csv", str(versus), "--json", str(facts),
                        "--confidence", "0.999", "--threshold", "0.2")  # fmt: skip
     assert compared.returncode == 0, compared.stderr
     plots = tmp_path / "plots"
     drawn = _python(
         "-m",
-        "scalerepro.analysis.plots",
+        "scalerepro.analysis.presentation.plots",
         "--tables",
         str(tables),
         "--out",

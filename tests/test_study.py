@@ -8,8 +8,9 @@ import copy
 import pytest
 import yaml
 
+from scalerepro.planning import study
+
 from conftest import REPO
-from scalerepro import study
 
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -14,11 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import clean_env, load_record, python_train
-from scalerepro import buckets, checkpoint, distributed
+from scalerepro.common.exits import EXIT_PREEMPTED
 from scalerepro.config import parse_args
-from scalerepro.train import EXIT_PREEMPTED, main
-from scalerepro.trainer import StopRequest, Trainer
+from scalerepro.training import buckets, checkpoint, distributed
+from scalerepro.training.train import main
+from scalerepro.training.trainer import StopRequest, Trainer
+
+from conftest import clean_env, load_record, python_train
+
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
 
 SMALL_TRANSFORMER = ["--num-layers", "2", "--hidden-size", "64", "--num-heads", "2"]
 # (model flags, steps, batch): small shapes that learn the synthetic task within the steps given.
@@ -34,7 +39,7 @@ LEARNING_RUNS = {
 
 def small_run(tmp_path: Path, *extra: str, steps: int = 12, name: str = "run") -> list[str]:
     return [
-        "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "16", "--num-workers", "0",
+        "--steps", str(steps), "--warmup-steps", "2", "--per-gpu-batch", "16", "--num-workers", "0",
         "--synthetic-samples", "1024", "--eval-samples", "128", "--log-interval", "4",
         "--record", str(tmp_path / f"{name}.json"), *extra,
     ]  # fmt: skip
@@ -44,7 +49,7 @@ def small_run(tmp_path: Path, *extra: str, steps: int = 12, name: str = "run") -
 def test_loss_falls_on_synthetic_data(model, tmp_path):
     flags, steps, batch = LEARNING_RUNS[model]
     argv = [
-        *flags, "--steps", str(steps), "--warmup-steps", "2", "--batch-size", str(batch), "--loader", "device",
+        *flags, "--steps", str(steps), "--warmup-steps", "2", "--per-gpu-batch", str(batch), "--loader", "device",
         "--synthetic-samples", "8192", "--eval-samples", "256", "--log-interval", str(steps // 4),
         "--lr-warmup-steps", str(steps // 10), "--record", str(tmp_path / "r.json"),
     ]  # fmt: skip
@@ -64,7 +69,7 @@ def test_record_figures_follow_their_formulas(tmp_path):
     assert main(small_run(tmp_path, "--model", "cnn", "--grad-accum-steps", "2")) == 0
     r = load_record(tmp_path / "run.json")
     m = r["measurements"]
-    assert r["batch"] == {"per_rank": 16, "grad_accum_steps": 2, "global": 32}
+    assert r["batch"] == {"per_gpu": 16, "grad_accum_steps": 2, "global": 32}
     assert m["measured_samples"] == m["measured_steps"] * 32 == 10 * 32
     assert m["samples_per_s"] == pytest.approx(m["measured_samples"] / m["window_s"])
     assert m["step_time_s"]["p10"] <= m["step_time_s"]["median"] <= m["step_time_s"]["p90"]
@@ -89,7 +94,7 @@ def test_data_stall_counts_the_measured_steps_only(tmp_path):
     # waits too gave 1.7-1.8 here (issue 14: 0.449 where the in-window figure was 0.050).
     # A process of its own with one intra-op thread, as the workflow runs it (inside the test
     # process these steps took 0.4 s each instead of about 5 ms, and the window outlasted the wait).
-    argv = ["--model", "cnn", "--batch-size", "2", "--steps", "4", "--warmup-steps", "2", "--num-workers", "1",
+    argv = ["--model", "cnn", "--per-gpu-batch", "2", "--steps", "4", "--warmup-steps", "2", "--num-workers", "1",
             "--synthetic-samples", "1024", "--no-eval", "--comm-probe-steps", "0", "--record", str(tmp_path / "r.json")]  # fmt: skip
     done = python_train(argv)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -144,7 +149,7 @@ def test_sigusr1_checkpoints_then_resume_is_bit_exact(tmp_path):
     record_path = tmp_path / "interrupted.json"
     args = [*common, "--checkpoint-dir", str(interrupted), "--record", str(record_path)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "scalerepro.train", *args], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "scalerepro.training.train", *args], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     for line in process.stdout:  # wait until training is under way, then send the preemption warning
         if line.startswith("step 20/"):
@@ -177,9 +182,9 @@ def test_resume_passes_over_a_truncated_checkpoint_and_another_runs_naming_each(
     assert main([*common, "--resume"]) == 0
     skipped = load_record(tmp_path / "run.json")["steps"]["checkpoints_skipped"]
     assert [s["path"] for s in skipped] == [str(final)] and skipped[0]["reason"].startswith("unreadable")
-    result = python_train([*common, "--resume", "--batch-size", "8"])  # the finished run's final checkpoint
+    result = python_train([*common, "--resume", "--per-gpu-batch", "8"])  # the finished run's final checkpoint
     assert result.returncode == 0, result.stderr
-    assert "written by a different configuration (batch_size was 16, now 8" in result.stdout
+    assert "written by a different configuration (per_gpu_batch was 16, now 8" in result.stdout
 
 
 def test_non_finite_loss_names_the_step(tmp_path):
@@ -196,7 +201,7 @@ def test_non_finite_loss_names_the_step(tmp_path):
     [
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--precision", "fp8"], "invalid choice: 'fp8'"),
-        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--per-gpu-batch", "0"], "--per-gpu-batch must be at least 1"),
         (["--steps", "5", "--epochs", "1"], "give --steps or --epochs, not both"),
         (["--model", "alexnet"], "unknown model 'alexnet'"),
         (["--model", "alexnet", "--data", "{cifar}"], "unknown model 'alexnet'"),
@@ -224,7 +229,7 @@ def test_missing_dataset_from_the_command_line(tmp_path):
     result = python_train(["--data", str(tmp_path / "absent"), "--record", str(tmp_path / "r.json")], timeout=60)
     assert result.returncode == 2
     assert result.stderr == (
-        f"scalerepro.train: error: rank 0: dataset directory '{tmp_path / 'absent'}' does not exist: "
+        f"scalerepro.training.train: error: rank 0: dataset directory '{tmp_path / 'absent'}' does not exist: "
         f"run the workflow's fetch rule to prepare it (snakemake {tmp_path / 'absent'}) or train with --data synthetic\n"
     )
     record = load_record(tmp_path / "r.json")
@@ -234,7 +239,7 @@ def test_missing_dataset_from_the_command_line(tmp_path):
 def test_help_documents_every_flag_with_its_default():
     result = python_train(["--help"], timeout=60)
     assert result.returncode == 0
-    for flag in ("--model", "--data", "--batch-size", "--steps", "--epochs", "--warmup-steps", "--precision", "--record",
+    for flag in ("--model", "--data", "--per-gpu-batch", "--steps", "--epochs", "--warmup-steps", "--precision", "--record",
                  "--checkpoint-dir", "--resume", "--seed", "--channels-last", "--compile", "--bucket-cap-mb",
                  "--gradient-as-bucket-view", "--static-graph", "--optimizer-impl", "--loader", "--num-workers",
                  "--pin-memory", "--persistent-workers", "--prefetch-factor"):  # fmt: skip
@@ -333,7 +338,7 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
     leaves the scheduler alone."""
     config = parse_args([
         "--model", "gpt2_small", "--seq-len", "32", "--vocab-size", "128", *SMALL_TRANSFORMER, "--dropout", "0.1",
-        "--lr-schedule", "onecycle", "--steps", "4", "--warmup-steps", "1", "--batch-size", "8", "--num-workers", "0",
+        "--lr-schedule", "onecycle", "--steps", "4", "--warmup-steps", "1", "--per-gpu-batch", "8", "--num-workers", "0",
         "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "0", "--bucket-probe-steps", "3",
         "--bucket-cap-mb", "0.02", "--progress", "off",
     ])  # fmt: skip
@@ -378,9 +383,9 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
 # it. Run in a child process, so that the test process's own history of RSS is not in the figure.
 _PROBE_THAT_GROWS = """
 import json, sys, torch
-from scalerepro import metrics
-from scalerepro.train import main
-from scalerepro.trainer import Trainer
+from scalerepro.telemetry import metrics
+from scalerepro.training.train import main
+from scalerepro.training.trainer import Trainer
 
 original = Trainer._probe_backward_buckets
 
@@ -409,7 +414,7 @@ def test_peak_memory_is_the_measured_windows_not_what_runs_after_it(tmp_path):
 def test_fp32_is_ieee_and_tf32_is_tf32_in_matmuls_and_convolutions():
     # through torch's fp32_precision settings: the deprecated allow_tf32 switches leave the
     # convolutions' setting at "none" (seen with torch 2.13)
-    from scalerepro.trainer import _precision_setup
+    from scalerepro.training.trainer import _precision_setup
 
     before = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
     try:
@@ -421,7 +426,7 @@ def test_fp32_is_ieee_and_tf32_is_tf32_in_matmuls_and_convolutions():
 
 
 def test_mid_run_checkpoints_are_outside_the_energy_window(tmp_path, monkeypatch):
-    from scalerepro.nvml import NvmlSampler
+    from scalerepro.telemetry.nvml import NvmlSampler
 
     events: list[str] = []
     monkeypatch.setattr(NvmlSampler, "pause", lambda self: events.append("pause"))

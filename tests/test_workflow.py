@@ -23,6 +23,9 @@ import yaml
 from cifar_archive import Batch, official_files, write_archive
 from conftest import REPO, clean_env, learnable_cifar_split, load_record
 
+# Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 COPY_IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "__pycache__", "*.egg-info", ".pytest_cache", ".whl", ".gl")
 
@@ -104,7 +107,7 @@ def test_the_whole_dag_ran_and_every_record_is_valid(study):
     assert records["strong_cnn_g1_r1"]["batch"]["grad_accum_steps"] == 2 and strong2["batch"]["grad_accum_steps"] == 1
     assert strong2["data"]["kind"] == "cifar10" and strong2["data"]["train_samples"] == 500
     weak2 = records["weak_cnn_g2_r1"]
-    assert weak2["data"]["kind"] == "synthetic" and weak2["data"]["train_samples"] == 512 and weak2["batch"]["per_rank"] == 16
+    assert weak2["data"]["kind"] == "synthetic" and weak2["data"]["train_samples"] == 512 and weak2["batch"]["per_gpu"] == 16
     assert records["ablation_cnn_g2_all_r1"]["knobs"]["loader"] == "device"
     assert records["ablation_cnn_g2_all_r1"]["knobs"]["optimizer_impl"] == "fused"
     assert records["sensitivity_cnn_g2_bucket1-batch16-bf16_r1"]["knobs"]["bucket_cap_mb"] == 1.0
@@ -233,10 +236,14 @@ def test_the_scaling_model_predicts_the_cpu_runs(study):
     assert "Scaling model" in (study / "results/report/index.html").read_text()
 
 
-def test_nothing_left_to_do_and_reruns_are_exact(study):
-    def planned(*args: str) -> dict[str, int]:
+def test_nothing_left_to_do_and_reruns_are_exact(study, tmp_path):
+    """Each edit reruns exactly the rules whose programs import the edited file
+    (scalerepro.common.source_closure): a planning edit reruns nothing, a training edit every
+    training and profiling job and what follows them, an analysis edit the steps that import it."""
+
+    def planned(*args: str, workdir: Path = study) -> dict[str, int]:
         url, md5 = json.loads((study / "study_args").read_text())
-        result = snakemake(study, "-n", "--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", *args)
+        result = snakemake(workdir, "-n", "--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", *args)
         assert result.returncode == 0, result.stderr[-3000:]
         text = result.stdout + result.stderr
         if "Nothing to be done" in text:
@@ -255,13 +262,23 @@ def test_nothing_left_to_do_and_reruns_are_exact(study):
         finally:
             path.write_bytes(original)
 
-    after_trainer_edit = edited(study / "workflow/scalerepro/trainer.py")
-    assert after_trainer_edit == {"trainer_fingerprint": 1, "train": CI_RUNS, "comm_benchmark": 1, "system_inventory": 1, "aggregate": 1, "plots": 1, "report": 1, "all": 1,
+    # The study moved to another folder (mtimes kept, as cp -a or rsync -a keep them) is still done.
+    moved = tmp_path / "moved" / "scalerepro"
+    shutil.copytree(study, moved, symlinks=True)
+    assert planned(workdir=moved) == {}
+    # Planning code runs in no job: editing it reruns nothing (it reran every training job while
+    # every .py outside analysis/ counted as trainer code).
+    for planning_module in ("planning/study.py", "planning/plan.py", "planning/submission.py", "data/fetch.py"):
+        assert edited(study / "workflow/scalerepro" / planning_module) == {}, planning_module
+    after_trainer_edit = edited(study / "workflow/scalerepro/training/trainer.py")
+    assert after_trainer_edit == {"code_fingerprint": 2, "train": CI_RUNS, "aggregate": 1, "plots": 1, "report": 1, "all": 1,
                                   "profile": 2, "profile_summary": 2, "profile_table": 1, "store_study": 1, "store_plots": 1}  # fmt: skip
-    assert edited(study / "workflow/scalerepro/analysis/profile.py") == {"profile_summary": 2, "profile_table": 1, "plots": 1, "report": 1, "all": 1}
+    # the launcher starts every job's ranks, the comm benchmark's too
+    assert edited(study / "workflow/scalerepro/launching/launch.py") == {**after_trainer_edit, "code_fingerprint": 3, "comm_benchmark": 1}
+    assert edited(study / "workflow/scalerepro/analysis/profiles/captures.py") == {"profile_summary": 2, "profile_table": 1, "plots": 1, "report": 1, "all": 1}
     assert edited(study / "report/templates/report.html.j2") == {"report": 1, "all": 1}
-    assert edited(study / "workflow/scalerepro/analysis/plots.py") == {"plots": 1, "store_plots": 1, "report": 1, "all": 1}
-    assert edited(study / "workflow/scalerepro/analysis/store.py") == {"store_study": 1, "store_plots": 1, "report": 1, "all": 1}
+    assert edited(study / "workflow/scalerepro/analysis/presentation/plots.py") == {"plots": 1, "store_plots": 1, "report": 1, "all": 1}
+    assert edited(study / "workflow/scalerepro/analysis/history/store.py") == {"store_study": 1, "store_plots": 1, "report": 1, "all": 1}
     assert planned("--forcerun", "aggregate") == {"aggregate": 1, "store_study": 1, "plots": 1, "store_plots": 1, "report": 1, "all": 1}
     one_run = {"train": 1, "aggregate": 1, "store_study": 1, "plots": 1, "store_plots": 1, "report": 1, "all": 1}
     assert planned("--forcerun", "results/runs/strong_cnn_g1_r1/record.json") == one_run
@@ -345,9 +362,9 @@ def _planned_trainer_flags(env: dict[str, str], *args: str) -> dict[str, list[st
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = {}
     for line in result.stdout.splitlines():
-        if line.startswith("Shell command: python -m scalerepro.run_job "):
+        if line.startswith("Shell command: python -m scalerepro.launching.run_job "):
             argv = shlex.split(line.removeprefix("Shell command: "))
-            flags = argv[argv.index("scalerepro.train") + 1 :]
+            flags = argv[argv.index("scalerepro.training.train") + 1 :]
             runs[flags[flags.index("--run-id") + 1]] = flags
     return runs
 
@@ -437,7 +454,7 @@ def test_the_study_is_stored_and_a_rerun_compares_with_it(study, tmp_path):
     assert facts["environment_differences"] == [] and facts["config_differences"] == []
     table = pd.read_csv(study / "results/tables/versus_baseline.csv", keep_default_na=False)
     matrix = pd.read_csv(study / "results/tables/matrix.csv", keep_default_na=False).set_index("run_id")
-    keys = ["study", "model", "variant", "precision", "per_rank_batch", "gpus"]
+    keys = ["study", "model", "variant", "precision", "per_gpu_batch", "gpus"]
     has_rerun = (table[keys] == matrix.loc[first, keys]).all(axis=1)
     assert has_rerun.sum() == 1 and len(table) == len(matrix.groupby(keys))
     untouched = table[~has_rerun]
@@ -452,7 +469,7 @@ def test_after_a_trainer_edit_the_rerun_measures_again(study):
     """Last in this file: it edits the study's trainer. Every train job reruns (the trainer's
     fingerprint changed) and each must measure anew, not resume a finished run and record nothing."""
     before = _records(study)
-    trainer = study / "workflow/scalerepro/trainer.py"
+    trainer = study / "workflow/scalerepro/training/trainer.py"
     trainer.write_text(trainer.read_text() + "\n# an edit: the rerun must measure again\n")
     url, md5 = json.loads((study / "study_args").read_text())
     targets = [f"results/runs/{run}/record.json" for run in ("strong_cnn_g1_r1", "strong_cnn_g2_r1")]
@@ -470,7 +487,7 @@ def test_snakemake_report_zip_holds_the_figures_tables_and_report(study, tmp_pat
     """`snakemake --report` on the finished CI study (no job runs): the rules' report() outputs."""
     import zipfile
 
-    from scalerepro.analysis.figures import FIGURE_NAMES
+    from scalerepro.analysis.presentation.figures import FIGURE_NAMES
 
     url, md5 = json.loads((study / "study_args").read_text())
     archive = tmp_path / "report.zip"

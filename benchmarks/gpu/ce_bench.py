@@ -1,6 +1,6 @@
 """What GPT-2's loss costs per step at batch 32 x 1024 on the GPU: F.cross_entropy over the
 32,768 x 50,304 logits under bf16 autocast, eager (the trainer before issue 13) against compiled
-(what --compile does now: scalerepro.objective.ModelWithLoss puts the loss in the compiled region).
+(what --compile does now: scalerepro.training.objective.ModelWithLoss puts the loss in the compiled region).
 CUDA events around 10 fwd+bwd after 3 warm-ups; random logits and targets."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from scalerepro import hardware
+from scalerepro.common import gpu_peaks
 
 path, on_cpu = sys.argv[1], "--cpu" in sys.argv[2:]
 record = json.load(open(path))
@@ -37,7 +37,7 @@ need = {"status ok": record["status"] == "ok", "samples_per_s": bool(m.get("samp
 if parallel.get("backend"):  # a process group: DDP's probes must have measured
     need.update({"exposed communication measured": comm.get("reason") is None, "bucket probe measured": buckets.get("reason") is None})
 if not on_cpu:
-    expected_peak = hardware.gpu_model(record["hardware"]["gpu"]["name"])  # None: a GPU the table lacks
+    expected_peak = gpu_peaks.gpu_model(record["hardware"]["gpu"]["name"])  # None: a GPU the table lacks
     need.update({
         "device cuda": parallel.get("device_type") == "cuda",
         "mfu": m.get("mfu") is not None,

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from scalerepro import hardware
-from scalerepro.nvml import NvmlSampler, nvml_uuid_for_torch_device
+from scalerepro.common import gpu_peaks
+from scalerepro.telemetry import hardware
+from scalerepro.telemetry.nvml import NvmlSampler, nvml_uuid_for_torch_device
 
 H100_SXM_NAME = "NVIDIA H100 80GB HBM3"  # what torch and NVML call the SXM part
 bad: list[str] = []
@@ -23,9 +24,9 @@ print(f"torch {torch.__version__} cuda {torch.version.cuda} cudnn {torch.backend
       f"nccl {torch.cuda.nccl.version() if cuda else None}")  # fmt: skip
 bf16, source = hardware.peak_flops(name, "bf16")
 where = "" if cuda else " (no CUDA here: the H100 SXM name from issue 11)"
-print(f"device {name!r}{where} -> peak table {hardware.gpu_model(name)!r}: bf16 {bf16} ({source[:60]}...) "
+print(f"device {name!r}{where} -> peak table {gpu_peaks.gpu_model(name)!r}: bf16 {bf16} ({source[:60]}...) "
       f"fp32 {hardware.peak_flops(name, 'fp32')[0]}")
-if "H100" in name and hardware.gpu_model(name) != "H100 SXM5":
+if "H100" in name and gpu_peaks.gpu_model(name) != "H100 SXM5":
     bad.append("the peak table did not pick H100 SXM5")
 if not cuda:
     print("skipped without CUDA: NVML sampler, matmul rate, SDPA kernels, torch.compile on the GPU")

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from scalerepro import cifar10
+from scalerepro.data import cifar10
 from scalerepro.data.sources import CifarImages, SyntheticCausalLM, SyntheticImages, SyntheticMaskedLM
 
 path = sys.argv[1]

@@ -1,4 +1,4 @@
-"""What ncu wrote, read by the project's own reader (scalerepro.analysis.profile): the name
+"""What ncu wrote, read by the project's own readers (scalerepro.analysis.profiles: ncu, roofline): the name
 layout, the problems it reports, each launch's duration, tensor-pipe share and FLOPs, whether
 tensor-core kernels (GEMM/conv) are among them, and the roofline on the H100 SXM peaks of
 config/references.yaml. Exit 1 if the CSV cannot be read or holds no tensor-core kernel.
@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 import sys
 
-import yaml
-
-from scalerepro.analysis.profile import ProfileError, gpu_peaks, read_ncu_csv, roofline
+from scalerepro.analysis.profiles.intervals import ProfileError
+from scalerepro.analysis.profiles.ncu import read_ncu_csv
+from scalerepro.analysis.profiles.roofline import gpu_peaks, roofline
 
 path, precision = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "bf16"
 GEMM_OR_CONV = re.compile(r"gemm|xmma|cutlass|nvjet|fprop|dgrad|wgrad|conv|mma", re.IGNORECASE)
@@ -25,8 +25,7 @@ print(f"{path}: {len(frame)} launches, layout {reading.layout!r}, compute capabi
 for problem in reading.problems:
     print(f"  problem: {problem}")
 print(frame[["id", "kernel", "duration", "tensor_pipe_pct", "flops", "dram_bytes"]].to_string(max_colwidth=60))
-with open("config/references.yaml") as stream:
-    peaks = gpu_peaks(yaml.safe_load(stream), "h100_sxm", precision)
+peaks = gpu_peaks("h100_sxm", precision)
 def tflops(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 1e12:.1f}"
 

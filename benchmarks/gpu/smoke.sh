@@ -11,7 +11,7 @@
 #             synthetic): resnet50, gpt2_small, resnet18_cifar, bert_base, vit_b_16, llama_1b;
 #             each record checked for every figure, the goal table (~75 s a model with a cold
 #             compile, llama_1b ~120 s; SMOKE_MODELS="vit_b_16 llama_1b" runs only those)
-#   record    1-GPU record via scalerepro.launch; NCCL + DDP at one rank (--process-group-at-one-rank)
+#   record    1-GPU record via scalerepro.launching.launch; NCCL + DDP at one rank (--process-group-at-one-rank)
 #             with both probes; the comm benchmark's CUDA path (~110 s)
 #   profile   the profile rule's script: torch.profiler fallback, then ncu (where it reads counters)
 #             on the window's first kernels, the project's ncu reader and roofline (~160 s)
@@ -32,7 +32,7 @@
 # SMOKE_DEVICE=cpu rehearses every stage on a machine without a GPU (small models, gloo, eager,
 # the torch profiler only), so that a stage broken by a change fails here and not in device time.
 set -uo pipefail
-[ -f workflow/scalerepro/trainer.py ] || { echo "run this from the repository root"; exit 2; }
+[ -f workflow/scalerepro/training/trainer.py ] || { echo "run this from the repository root"; exit 2; }
 [ $# -gt 0 ] || set -- env
 HERE=benchmarks/gpu
 PY=${PYTHON:-python3}
@@ -93,7 +93,7 @@ check() {
 gpu() { [ "$DEVICE" = cuda ]; }
 record_check() { if gpu; then $PY $HERE/check_record.py "$1"; else $PY $HERE/check_record.py "$1" --cpu; fi; }
 
-# Whether ncu can read here every metric scalerepro.profile_rank asks for on this GPU, on a tiny
+# Whether ncu can read here every metric scalerepro.launching.nsight asks for on this GPU, on a tiny
 # CUDA program: the real tool's answer, not its --query-metrics list (which omits derived metrics
 # such as sm__maximum_warps_per_active_cycle_pct). The H200 kind's gVisor machines read no
 # counter at all ("LibraryNotLoaded"). The answer is kept for the call's later stages.
@@ -181,11 +181,11 @@ stage_frontier() {
 # Entries are MODEL:LABEL:FLAGS, FLAGS split on spaces (a trainer flag's value joins it with "=").
 # ResNet-18 first: it misses its goal, launch-bound (GPU utilisation ~50 % at 14 ms a step).
 LEVERS=("resnet18_cifar:baseline:--presets baseline" "resnet18_cifar:eager:--flags=--compile=none"
-        "resnet18_cifar:cudagraphs:--flags=--compile=reduce-overhead" "resnet18_cifar:batch1024:--batch-size 1024"
+        "resnet18_cifar:cudagraphs:--flags=--compile=reduce-overhead" "resnet18_cifar:batch1024:--per-gpu-batch 1024"
         "resnet18_cifar:dataloader:--flags=--loader=dataloader"
         "resnet50:baseline:--presets baseline" "resnet50:fp16:--flags=--precision=fp16" "resnet50:nchw:--flags=--no-channels-last"
-        "resnet50:eager:--flags=--compile=none" "resnet50:foreach:--flags=--optimizer-impl=foreach" "resnet50:batch512:--batch-size 512"
-        "gpt2_small:baseline:--presets baseline" "gpt2_small:foreach:--flags=--optimizer-impl=foreach" "gpt2_small:batch64:--batch-size 64")
+        "resnet50:eager:--flags=--compile=none" "resnet50:foreach:--flags=--optimizer-impl=foreach" "resnet50:batch512:--per-gpu-batch 512"
+        "gpt2_small:baseline:--presets baseline" "gpt2_small:foreach:--flags=--optimizer-impl=foreach" "gpt2_small:batch64:--per-gpu-batch 64")
 stage_levers() {
   note "stage levers on $DEVICE $(date -u +%FT%TZ)"
   local lever model label flags steps
@@ -208,25 +208,25 @@ stage_record() {
   [ -f "$DIR/fakecifar/manifest.json" ] || $PY $HERE/loader_check.py "$DIR/fakecifar" 2048 > /dev/null
   local model=resnet50 batch=256 steps=60 cifar_batch=512 compile=(--compile) profile=(--profile-mode cuda_api --profile-window-start 30 --profile-window-steps 2)
   gpu || { model=cnn; batch=64; steps=12; cifar_batch=32; compile=(); profile=(); }  # CPU rehearsal: small, eager, no CUDA profiler API
-  # 1. a 1-GPU cell as the workflow runs it: scalerepro.launch -> torchrun, one rank, no process group
+  # 1. a 1-GPU cell as the workflow runs it: scalerepro.launching.launch -> torchrun, one rank, no process group
   rm -f "$DIR/record_g1.json"
-  run 60 200 $PY -m scalerepro.launch --ranks-per-node 1 --name smoke -- -m scalerepro.train --model $model --batch-size $batch \
+  run 60 200 $PY -m scalerepro.launching.launch --ranks-per-node 1 --name smoke -- -m scalerepro.training.train --model $model --per-gpu-batch $batch \
       --preset optimised --device "$DEVICE" --steps $steps --warmup-steps $((steps / 4)) --log-interval 10 --no-eval \
       --synthetic-samples $((batch * 8)) --comm-probe-steps 4 --bucket-probe-steps 3 --record "$DIR/record_g1.json" --progress off 2>&1 | tail -4
   local figures="NVML energy, power, utilisation, SM clock, MFU, CUDA-event steps, peak memory"
   gpu || figures="CPU rehearsal: status, throughput, step times"
-  check "1-GPU record via scalerepro.launch ($figures)" record_check "$DIR/record_g1.json"
+  check "1-GPU record via scalerepro.launching.launch ($figures)" record_check "$DIR/record_g1.json"
   # 2. a real communicator of one (NCCL on the GPU): DDP's reducer, compile with DDPOptimizer, the NVTX
   #    all-reduce hook, the device loader with CIFAR augmentation, evaluation, both probes
   rm -f "$DIR/record_ddp_w1.json"
-  run 60 200 $PY -m scalerepro.train --process-group-at-one-rank --model resnet18_cifar --data "$DIR/fakecifar" \
-      --batch-size $cifar_batch --precision bf16 --channels-last "${compile[@]}" --loader device \
+  run 60 200 $PY -m scalerepro.training.train --process-group-at-one-rank --model resnet18_cifar --data "$DIR/fakecifar" \
+      --per-gpu-batch $cifar_batch --precision bf16 --channels-last "${compile[@]}" --loader device \
       --optimizer-impl fused --device "$DEVICE" --steps 60 --warmup-steps 20 --log-interval 10 --eval-samples 1024 \
       --comm-probe-steps 4 --bucket-probe-steps 3 "${profile[@]}" --record "$DIR/record_ddp_w1.json" --progress off 2>&1 | tail -4
   check "one rank with a process group: DDP, both probes" record_check "$DIR/record_ddp_w1.json"
   # 3. the all-reduce benchmark's timing path (CUDA events on the GPU) on a communicator of one
   rm -f "$DIR/comm_w1.json"
-  run 20 90 $PY -m scalerepro.commbench --process-group-at-one-rank --device "$DEVICE" --iterations 20 --warmup 5 \
+  run 20 90 $PY -m scalerepro.training.commbench --process-group-at-one-rank --device "$DEVICE" --iterations 20 --warmup 5 \
       --sizes 1024 65536 4194304 268435456 --out "$DIR/comm_w1.json" 2>&1 | tail -4
   check "commbench at one rank wrote its table" test -s "$DIR/comm_w1.json"
 }
@@ -236,24 +236,26 @@ stage_profile() {
   # resnet50 at the frontier's batch: a compile cache from the frontier stage is hit
   local prof="$DIR/profiles/smoke" model=resnet50 batch=256
   gpu || { model=cnn; batch=32; }
-  local trainer=(--model $model --batch-size $batch --preset optimised --steps 12 --warmup-steps 10 --seed 1 --device "$DEVICE"
+  local trainer=(--model $model --per-gpu-batch $batch --preset optimised --steps 12 --warmup-steps 10 --seed 1 --device "$DEVICE"
                  --synthetic-samples $((batch * 16)) --run-id smoke --no-eval --comm-probe-steps 0 --bucket-probe-steps 0 --no-resume --progress off)
   rm -rf "$prof"
   # the torch.profiler fallback (what the rule runs where Nsight is missing)
-  run 40 150 $PY $HERE/run_profile_shim.py "$prof" torch 0 -- "${trainer[@]}" --record "$prof/torch/record.json"
+  run 40 150 $PY -m scalerepro.launching.profile_job --tool torch --capture "$prof/torch/capture.json" --log "$prof/torch/profile.log" \
+    --window-start 10 --window-steps 2 --launch --nodes=1 --ranks-per-node=1 --cpus-per-node=8 --port=29400 --name=profile_smoke -- "${trainer[@]}" --record "$prof/torch/record.json"
   check "torch.profiler fallback wrote trace.json and operators.csv" test -s "$prof/torch/trace.json" -a -s "$prof/torch/operators.csv"
   if gpu && ncu_usable; then
     # ncu on the window's first 40 non-NCCL kernels (no nsys here to pick the top ones): the loader's,
     # then the forward's convolutions and GEMMs
-    run 90 300 $PY $HERE/run_profile_shim.py "$prof" ncu 40 -- "${trainer[@]}" --record "$prof/ncu/record.json"
-    note "INFO run_profile.py ncu exit $?; capture: $(tr -d '\n ' < "$prof/ncu/capture.json" 2> /dev/null | cut -c1-200)"
+    run 90 300 $PY -m scalerepro.launching.profile_job --tool ncu --capture "$prof/ncu/capture.json" --log "$prof/ncu/profile.log" \
+      --window-start 10 --window-steps 2 --ncu-kernels 40 --launch --nodes=1 --ranks-per-node=1 --cpus-per-node=8 --port=29400 --name=profile_smoke -- "${trainer[@]}" --record "$prof/ncu/record.json"
+    note "INFO profile_job ncu exit $?; capture: $(tr -d '\n ' < "$prof/ncu/capture.json" 2> /dev/null | cut -c1-200)"
     tail -n 5 "$prof/ncu/profile.log" 2> /dev/null
     check "ncu CSV read by the project's reader, tensor-core kernels among the profiled" $PY $HERE/ncu_report.py "$prof/ncu/kernels.csv" bf16
   else
     note "SKIP ncu profile: $(cat "$DIR/ncu_usable.txt" 2> /dev/null || echo 'CPU rehearsal'); the ncu reader rehearsed on the committed fixture"
     check "ncu reader and roofline on tests/fixtures/ncu/kernels.csv" $PY $HERE/ncu_report.py tests/fixtures/ncu/kernels.csv bf16
   fi
-  check "analysis summary of the profiles" $PY -m scalerepro.analysis.profile summarize --run-dir "$prof" --run-id smoke \
+  check "analysis summary of the profiles" $PY -m scalerepro.analysis.profiles.captures summarize --run-dir "$prof" --run-id smoke \
       --references config/references.yaml --gpu-peaks h100_sxm --precision bf16 --thresholds '{}' --out "$prof/summary.json"
 }
 

@@ -43,8 +43,7 @@ rule aggregate:
         records=[record_path(run) for run in RUNS.values()],
         comm=expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS),
         references="config/references.yaml",
-        code=analysis_module("aggregate"),
-        scaling_model=str(PACKAGE / "analysis" / "scaling_model.py"),
+        code=program_sources("aggregate"),
     output:
         tables=report(
             expand(
@@ -79,7 +78,7 @@ rule aggregate:
         targets=targets_args(),
         predict=" ".join(str(n) for n in CONFIG["scaling"].get("predict_gpus", [])),
     shell:
-        "python -m scalerepro.analysis.aggregate --matrix {input.matrix} --comm {params.comm}"
+        "python -m scalerepro.analysis.tables.aggregate --matrix {input.matrix} --comm {params.comm}"
         " --references {input.references} --out results/tables {params.targets}"
         " --predict-gpus {params.predict} > {log} 2>&1"
 
@@ -88,7 +87,7 @@ rule plots:
     input:
         tables=rules.aggregate.output.tables,
         profiling=profiling_tables(),
-        code=analysis_module("plots"),
+        code=program_sources("plots"),
     output:
         report(
             expand("results/plots/{name}.{ext}", name=PLOT_NAMES, ext=["png", "svg"]),
@@ -102,4 +101,4 @@ rule plots:
     resources:
         **CLUSTER_RESOURCES,
     shell:
-        "python -m scalerepro.analysis.plots --tables results/tables --out results/plots > {log} 2>&1"
+        "python -m scalerepro.analysis.presentation.plots --tables results/tables --out results/plots > {log} 2>&1"

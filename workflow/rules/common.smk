@@ -1,4 +1,4 @@
-# Helpers shared by the rules: the invocation's plan (scalerepro.plan: config validated, study
+# Helpers shared by the rules: the invocation's plan (scalerepro.planning.plan: config validated, study
 # matrix, scheduler, resources) and the small input/param functions the rules call.
 
 import json
@@ -15,11 +15,13 @@ REPO = Path(workflow.basedir)
 PACKAGE = REPO / "workflow" / "scalerepro"
 # The plan, from this checkout's package (it imports no torch).
 sys.path.insert(0, str(PACKAGE.parent))
-from scalerepro import plan as planning
-from scalerepro import schedulers, study
-from scalerepro.analysis.figures import FIGURE_NAMES as PLOT_NAMES
-from scalerepro.files import trainer_source_files
-from scalerepro.plan import record_path
+from scalerepro import schedulers
+from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES
+from scalerepro.common.source_closure import source_files
+from scalerepro.planning import plan as planning
+from scalerepro.planning import study
+from scalerepro.planning.plan import record_path
+from scalerepro.schedulers.base import SchedulerError
 
 ENV_TRAIN = "../../envs/train.yaml"
 ENV_ANALYSIS = "../../envs/analysis.yaml"
@@ -47,9 +49,9 @@ try:
         local_gpu_names=schedulers.local_gpu_names(),
     )
     if workflow.is_main_process and not PLAN.local_runs:
-        PLAN.scheduler.check(PLAN.config[PLAN.scheduler.name])
+        PLAN.check_scheduler()
     PROFILING_PLAN = planning.profiling_plan(PLAN, local_exec=workflow.local_exec)
-except (planning.ConfigError, study.StudyError, schedulers.SchedulerError) as error:
+except (planning.ConfigError, study.StudyError, SchedulerError) as error:
     raise WorkflowError(str(error)) from None
 
 CONFIG, STUDY, DEVICE = PLAN.config, PLAN.study, PLAN.device
@@ -75,25 +77,49 @@ if (
     # GPUs, and each measures the other (resources.exclusive: false packs them).
     workflow.register_resource("measured", 1)
 
-# One file standing for the trainer's sources: each training job depends on it rather than on
-# every source file, which keeps DAG construction fast for thousand-run matrices.
-TRAINER_FINGERPRINT = "results/fingerprints/trainer.sha256"
+# The programs the rules run, each by its entry modules: a rule depends on the files those import
+# (scalerepro.common.source_closure), so an edit reruns exactly the rules that run the edited
+# code. A job that starts ranks depends on one fingerprint file of its program's sources rather
+# than on each file, which keeps DAG construction fast for thousand-run matrices.
+PROGRAMS = {
+    "train": (
+        "scalerepro.launching.run_job",
+        "scalerepro.launching.launch",
+        "scalerepro.training.train",
+    ),
+    "comm_benchmark": ("scalerepro.launching.launch", "scalerepro.training.commbench"),
+    "profile": (
+        "scalerepro.launching.profile_job",
+        "scalerepro.launching.launch",
+        "scalerepro.launching.nsight",
+        "scalerepro.training.train",
+    ),
+    "inventory": ("scalerepro.telemetry.inventory",),
+    "aggregate": ("scalerepro.analysis.tables.aggregate",),
+    "plots": ("scalerepro.analysis.presentation.plots",),
+    "store": ("scalerepro.analysis.history.store",),
+    "compare": ("scalerepro.analysis.history.compare",),
+    "profile_summary": ("scalerepro.analysis.profiles.captures",),
+    "report": ("scalerepro.analysis.presentation.report",),
+}
 
 
 wildcard_constraints:
     run=r"[A-Za-z0-9_.-]+",
+    program="|".join(PROGRAMS),
     gpus=r"\d+",
 
 
-def trainer_sources():
-    """The torch side of the package: editing any of it reruns the training jobs."""
-    return [str(path) for path in trainer_source_files(PACKAGE)]
+def program_sources(program):
+    """The package files ``program`` runs, relative to the workflow's directory (a study moved
+    to another folder keeps its inputs' names, and so stays up to date)."""
+    return [
+        str(path.relative_to(REPO)) for path in source_files(PROGRAMS[program], PACKAGE)
+    ]
 
 
-def analysis_module(name):
-    """The source of one analysis step: editing it reruns that step and what follows only."""
-    shared = [PACKAGE / "files.py", PACKAGE / "analysis" / "__init__.py"]
-    return [str(path) for path in (*shared, PACKAGE / "analysis" / f"{name}.py")]
+def program_fingerprint(program):
+    return f"results/fingerprints/{program}.sha256"
 
 
 def data_input(wildcards):
@@ -115,7 +141,7 @@ def run_threads(wildcards):
 
 
 def run_priority(wildcards):
-    """Repeat 1 of every cell before any repeat 2 (scalerepro.plan.Plan.train_priority)."""
+    """Repeat 1 of every cell before any repeat 2 (scalerepro.planning.plan.Plan.train_priority)."""
     return PLAN.train_priority(RUNS[wildcards.run])
 
 
@@ -125,14 +151,14 @@ def comm_resources(key):
 
 
 def run_launch_args(prefix=""):
-    """scalerepro.launch's flags for the job of ``wildcards.run`` (named ``prefix`` then the run id)."""
+    """scalerepro.launching.launch's flags for the job of ``wildcards.run`` (named ``prefix`` then the run id)."""
     return lambda wc: PLAN.launch_args(
         RUNS[wc.run].ranks_per_node, RUNS[wc.run].nodes, f"{prefix}{wc.run}"
     )
 
 
 def run_trainer_args(wildcards):
-    """Every trainer flag of one training job (scalerepro.study.Study.trainer_args)."""
+    """Every trainer flag of one training job (scalerepro.planning.study.Study.trainer_args)."""
     run_dir = f"results/runs/{wildcards.run}"
     return STUDY.trainer_args(
         RUNS[wildcards.run], f"{run_dir}/record.json", f"{run_dir}/checkpoints"
@@ -150,7 +176,7 @@ def matrix_rows():
 
 
 def targets_args():
-    """--targets of scalerepro.analysis.aggregate: the config's targets (checks included) as JSON."""
+    """--targets of scalerepro.analysis.tables.aggregate: the config's targets (checks included) as JSON."""
     return f"--targets {shlex.quote(json.dumps(CONFIG['targets']))}"
 
 

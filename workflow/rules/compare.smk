@@ -26,7 +26,7 @@ rule store_study:
         runs="results/tables/runs.csv",
         config="results/tables/config.json",
         inventory="results/inventory/system.json",
-        code=analysis_module("store"),
+        code=program_sources("store"),
     output:
         receipt="results/tables/store.json",
         history="results/tables/history.csv",
@@ -37,7 +37,7 @@ rule store_study:
     params:
         store=STORE,
     shell:
-        "python -m scalerepro.analysis.store append --store {params.store:q} --matrix {input.matrix}"
+        "python -m scalerepro.analysis.history.store append --store {params.store:q} --matrix {input.matrix}"
         " --config {input.config} --inventory {input.inventory}"
         " --receipt {output.receipt} --history {output.history} > {log} 2>&1"
 
@@ -50,7 +50,7 @@ if BASELINE is not None:
     rule compare:
         input:
             receipt=rules.store_study.output.receipt,
-            code=analysis_module("compare"),
+            code=program_sources("compare"),
         output:
             table=VERSUS_BASELINE[0],
             facts=VERSUS_BASELINE[1],
@@ -63,7 +63,7 @@ if BASELINE is not None:
             baseline=BASELINE,
             threshold=CONFIG["compare"]["threshold"],
         shell:
-            "python -m scalerepro.compare {params.baseline:q} {input.receipt} --store {params.store:q}"
+            "python -m scalerepro.analysis.history.compare {params.baseline:q} {input.receipt} --store {params.store:q}"
             " --threshold {params.threshold} --csv {output.table} --json {output.facts} > {log} 2>&1"
 
 
@@ -71,7 +71,7 @@ rule store_plots:
     input:
         history=rules.store_study.output.history,
         versus=VERSUS_BASELINE,
-        code=analysis_module("plots"),
+        code=program_sources("plots"),
     output:
         expand("results/plots/{name}.{ext}", name=STORE_PLOTS, ext=["png", "svg"]),
     log:
@@ -83,5 +83,5 @@ rule store_plots:
     params:
         names=" ".join(STORE_PLOTS),
     shell:
-        "python -m scalerepro.analysis.plots --tables results/tables --out results/plots --only {params.names}"
+        "python -m scalerepro.analysis.presentation.plots --tables results/tables --out results/plots --only {params.names}"
         " > {log} 2>&1"

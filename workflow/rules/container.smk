@@ -6,7 +6,7 @@
 rule build_container:
     input:
         definition="containers/scalerepro.def",
-        package=trainer_sources(),
+        package=program_sources("train") + program_sources("profile"),
         pyproject="pyproject.toml",
     output:
         CONFIG["container"]["sif"],

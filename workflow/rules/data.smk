@@ -22,5 +22,5 @@ rule fetch_cifar10:
         ),
         md5=CONFIG["cifar10"]["md5"] or "",
     shell:
-        "python -m scalerepro.fetch --out {output} {params.source} --md5 {params.md5:q}"
+        "python -m scalerepro.data.fetch --out {output} {params.source} --md5 {params.md5:q}"
         " --download-dir results/downloads > {log} 2>&1"

@@ -12,7 +12,7 @@ wildcard_constraints:
 rule profile:
     input:
         profile_inputs,
-        package=TRAINER_FINGERPRINT,
+        code=program_fingerprint("profile"),
         image=container_inputs(),
     output:
         capture="results/profiles/{run}/{tool}/capture.json",
@@ -38,17 +38,19 @@ rule profile:
         slurm_extra=run_resources("slurm_extra"),
         measured=run_resources("measured"),
     params:
-        tool=lambda wc: wc.tool,
-        fallback=PROFILING["fallback"],
-        fallback_reason=PROFILING_FALLBACK_REASON,
+        fallback="" if PROFILING["fallback"] else "--no-fallback",
+        fallback_reason=PROFILING_FALLBACK_REASON or "",
         ranks=PROFILING["ranks"],
         window_start=PROFILING["window_start"],
         window_steps=PROFILING["window_steps"],
         ncu_kernels=PROFILING["ncu_kernels"],
         launch=run_launch_args(prefix="profile_"),
         args=profile_trainer_args,
-    script:
-        "../scripts/run_profile.py"
+    shell:
+        "python -m scalerepro.launching.profile_job --tool {wildcards.tool} --capture {output.capture:q} --log {log:q}"
+        " {params.fallback} --fallback-reason={params.fallback_reason:q} --ranks {params.ranks:q}"
+        " --window-start {params.window_start} --window-steps {params.window_steps} --ncu-kernels {params.ncu_kernels}"
+        " --launch {params.launch:q} -- {params.args:q}"
 
 
 rule profile_summary:
@@ -58,8 +60,7 @@ rule profile_summary:
             run=wc.run,
             tool=PROFILING_TOOLS,
         ),
-        references="config/references.yaml",
-        code=analysis_module("profile"),
+        code=program_sources("profile_summary"),
     output:
         "results/profiles/{run}/summary.json",
     log:
@@ -76,8 +77,8 @@ rule profile_summary:
         precision=lambda wc: RUNS[wc.run].precision,
         device=device_name_flags(),
     shell:
-        "python -m scalerepro.analysis.profile summarize --run-dir results/profiles/{wildcards.run}"
-        " --run-id {wildcards.run} --references {input.references} --gpu-peaks {params.gpu_peaks:q}"
+        "python -m scalerepro.analysis.profiles.captures summarize --run-dir results/profiles/{wildcards.run}"
+        " --run-id {wildcards.run} --gpu-peaks {params.gpu_peaks:q}"
         " --precision {params.precision:q} {params.device:q}"
         " --thresholds {params.thresholds:q} --out {output} > {log} 2>&1"
 
@@ -85,7 +86,7 @@ rule profile_summary:
 rule profile_table:
     input:
         summaries=expand("results/profiles/{run}/summary.json", run=PROFILED_RUNS),
-        code=analysis_module("profile"),
+        code=program_sources("profile_summary"),
     output:
         PROFILING_TABLES,
     log:
@@ -95,5 +96,5 @@ rule profile_table:
     resources:
         **CLUSTER_RESOURCES,
     shell:
-        "python -m scalerepro.analysis.profile table --summaries {input.summaries}"
+        "python -m scalerepro.analysis.profiles.captures table --summaries {input.summaries}"
         " --out results/tables > {log} 2>&1"

@@ -13,8 +13,12 @@ rule report:
         history=rules.store_study.output.history,
         store_plots=rules.store_plots.output,
         versus=VERSUS_BASELINE,
-        code=analysis_module("report"),
-        templates=sorted(str(p) for p in (REPO / "report").rglob("*") if p.is_file()),
+        code=program_sources("report"),
+        templates=sorted(
+            str(p.relative_to(REPO))
+            for p in (REPO / "report").rglob("*")
+            if p.is_file()
+        ),
     output:
         report(
             "results/report/index.html",
@@ -30,7 +34,7 @@ rule report:
     params:
         versus=VERSUS_BASELINE_ARGS,
     shell:
-        "python -m scalerepro.analysis.report --tables results/tables --plots results/plots"
+        "python -m scalerepro.analysis.presentation.report --tables results/tables --plots results/plots"
         " --inventory {input.inventory} --config {input.config} --references {input.references}"
         " --history {input.history} {params.versus}"
         " --templates report --out {output} > {log} 2>&1"

@@ -2,16 +2,16 @@
 
 
 localrules:
-    trainer_fingerprint,
+    code_fingerprint,
 
 
-rule trainer_fingerprint:
+rule code_fingerprint:
     input:
-        trainer_sources(),
+        lambda wc: program_sources(wc.program),
     output:
-        TRAINER_FINGERPRINT,
+        program_fingerprint("{program}"),
     log:
-        "results/logs/trainer_fingerprint.log",
+        "results/logs/code_fingerprint_{program}.log",
     conda:
         ENV_TRAIN
     script:
@@ -21,7 +21,7 @@ rule trainer_fingerprint:
 rule train:
     input:
         data=data_input,
-        package=TRAINER_FINGERPRINT,
+        code=program_fingerprint("train"),
         image=container_inputs(),
     output:
         record="results/runs/{run}/record.json",
@@ -52,13 +52,13 @@ rule train:
         args=run_trainer_args,
     # A shell command (not a script), so that `snakemake -n -p` prints every run's flags.
     shell:
-        "python -m scalerepro.run_job {output.record:q} {log:q} {params.launch:q}"
-        " -- -m scalerepro.train {params.args:q}"
+        "python -m scalerepro.launching.run_job {output.record:q} {log:q} {params.launch:q}"
+        " -- -m scalerepro.training.train {params.args:q}"
 
 
 rule comm_benchmark:
     input:
-        package=TRAINER_FINGERPRINT,
+        code=program_fingerprint("comm_benchmark"),
         image=container_inputs(),
     output:
         "results/comm/g{gpus}.json",
@@ -85,5 +85,5 @@ rule comm_benchmark:
         iterations=CONFIG["communication"]["iterations"],
         device=DEVICE,
     shell:
-        "python -m scalerepro.launch {params.launch} -- -m scalerepro.commbench --out {output}"
+        "python -m scalerepro.launching.launch {params.launch} -- -m scalerepro.training.commbench --out {output}"
         " --device {params.device} --sizes {params.sizes} --iterations {params.iterations} > {log} 2>&1"

@@ -1,6 +1,6 @@
 """Typed configuration of one training run, and the command line generated from it.
 
-Every flag of ``python -m scalerepro.train`` is a field below: its type, default and help text
+Every flag of ``python -m scalerepro.training.train`` is a field below: its type, default and help text
 live in one place, ``--help`` is generated from them, and the run record stores the resolved
 dataclasses verbatim (``dataclasses.asdict``), so a record always says exactly how it was made.
 
@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .cli import OneLineErrorParser
+from scalerepro.common.cli import OneLineErrorParser
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 CompileMode = Literal[
@@ -162,7 +162,7 @@ class PerfConfig:
 
 @dataclass
 class RunConfig:
-    batch_size: int = _opt(32, "samples per rank per micro-batch")
+    per_gpu_batch: int = _opt(32, "samples per GPU (rank) per micro-batch; the global batch is this x accumulation steps x data-parallel ranks")
     steps: int | None = _opt(None, "optimizer steps to run (default 100 unless --epochs is given)")
     epochs: int | None = _opt(None, "epochs to run instead of --steps")
     warmup_steps: int = _opt(10, "first steps excluded from the measured window (compilation, allocator and cuDNN warm-up)")
@@ -174,7 +174,7 @@ class RunConfig:
     seed: int = _opt(0, "seed of model init, data order, synthetic data and augmentation")
     log_interval: int = _opt(10, "steps between log lines (the loss is read from the device only then)")
     eval: bool = _opt(True, "evaluate on held-out data after every epoch and at the end")
-    eval_batch_size: int | None = _opt(None, "evaluation batch per rank (default: --batch-size)")
+    eval_batch_size: int | None = _opt(None, "evaluation batch per rank (default: --per-gpu-batch)")
     comm_probe_steps: int = _opt(8, "after training, steps timed with and without gradient all-reduce to measure exposed communication (0: off)")
     bucket_probe_steps: int = _opt(5, "after training, steps timing forward, backward with each DDP bucket's ready time, and the optimizer, for the scaling model (0: off)")
     nvml_interval_s: float = _opt(0.1, "NVML sampling period in seconds")
@@ -215,7 +215,7 @@ class TrainConfig:
         model or the dataset happen where those are resolved."""
         r, o, d = self.run, self.optim, self.data
         positive = {
-            "--batch-size": r.batch_size,
+            "--per-gpu-batch": r.per_gpu_batch,
             "--log-interval": r.log_interval,
             "--grad-accum-steps": o.grad_accum_steps,
             "--lr-base-batch": o.lr_base_batch,
@@ -298,7 +298,7 @@ def _argparse_kwargs(f: dataclasses.Field, annotation: Any) -> dict[str, Any]:
 
 
 @functools.cache  # built from the dataclasses' type hints (~5 ms); parsing does not change it
-def build_parser(prog: str = "python -m scalerepro.train") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m scalerepro.training.train") -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog=prog,
         description="Train a model with PyTorch DDP for a measured window and write one JSON run record.",

@@ -1,4 +1,4 @@
-"""Write the SHA-256 of each trainer source file and of them all: the file training jobs depend on."""
+"""Write the SHA-256 of each source file of one program and of them all: the file its jobs depend on."""
 
 import hashlib
 from pathlib import Path

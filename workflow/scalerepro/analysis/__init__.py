@@ -1,9 +1,9 @@
-"""The analysis side of a study: run records -> tidy tables (``aggregate``, with the statistics
-over repeats of ``repeats`` and the alpha-beta ``scaling_model``) -> figures (``plots``) -> one
-HTML report (``report``); ``profile`` reduces profiler captures, ``rebuild`` redoes all of it from a
-finished study's files; every study is kept in a results store (``store``), compared with another
-(``compare``) and shipped as a bundle (``bundle``).
+"""The analysis side of a study: run records -> tidy tables (``tables``) -> figures and one HTML
+report (``presentation``); profiler captures reduced (``profiles``); every study kept, compared
+and shipped (``history``); ``columns`` names every table's columns and vocabularies once;
+``rebuild`` redoes all of it from a finished study's files.
 
-It reads only the JSON run records, the study matrix and the communication benchmark files, and
-never imports torch or the trainer: the analysis environment has neither.
+It reads only the JSON run records, the study matrix, the profile captures and the communication
+benchmark files, and imports nothing of the package but ``scalerepro.common``: never torch or
+the trainer (the analysis environment has neither).
 """

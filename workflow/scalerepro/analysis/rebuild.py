@@ -32,12 +32,16 @@ from typing import Any
 
 import pandas as pd
 
-from . import aggregate, plots, profile, report
+from scalerepro.analysis import columns
+from scalerepro.analysis.presentation import plots, report
+from scalerepro.analysis.profiles import captures
+from scalerepro.analysis.tables import aggregate
+from scalerepro.common.files import write_text_atomically
 
 
 def _targets(config: dict) -> dict[str, Any]:
     """The targets the aggregation knows (checks included), from the resolved config."""
-    return {key: value for key, value in (config.get("targets") or {}).items() if key in aggregate.TARGETS}
+    return {key: value for key, value in (config.get("targets") or {}).items() if key in columns.TARGETS}
 
 
 def rebuild(results: Path, references: Path, templates: Path) -> dict[str, object]:
@@ -61,13 +65,13 @@ def rebuild(results: Path, references: Path, templates: Path) -> dict[str, objec
     summary = aggregate.write_tables(tables, tables_dir)
     summaries = sorted((results / "profiles").glob("*/summary.json"))
     if summaries:
-        for name, table in profile.tables(json.loads(p.read_text()) for p in summaries).items():
+        for name, table in captures.tables(json.loads(p.read_text()) for p in summaries).items():
             table.to_csv(tables_dir / f"{name}.csv", index=False)
     drawn = plots.draw(plots.read_tables(tables_dir), results / "plots")
     out = results / "report" / "index.html"
     inventory = results / "inventory" / "system.json"
     html = report.render(tables_dir, results / "plots", inventory, config_path, references, templates, out.parent)
-    report.write_atomically(out, html)
+    write_text_atomically(out, html)
     return {"summary": summary, "figures": drawn, "profiled_runs": len(summaries), "report": out}
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from .sources import Batch, Source
+from scalerepro.data.sources import Batch, Source
 
 
 class ShardSampler(DistributedSampler):

@@ -38,12 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .transformer import padded_vocab_size
+from scalerepro.models.transformer import INIT_STD, padded_vocab_size
 
 # torchtitan's llama3 defaults.
 NORM_EPS = 1e-5
 ROPE_THETA = 500_000.0
-INIT_STD = 0.02
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,20 @@
 """Where a job runs and how its ranks start: the one seam between scalerepro and a batch system.
 
-A backend (``Scheduler``) answers, for the workflow on the submitting host:
-
-* ``executor``: the Snakemake executor plugin that submits to it (``--executor``/profile);
-* ``submission_resources``: the rule resources that plugin turns into a job of N nodes x R ranks;
-* ``check``: that the system answers and the configured queue exists (one-line errors);
-
-and, inside a job, for the launcher and the ranks (no torch imported here):
+A backend (``Scheduler``) names the Snakemake executor plugin that submits to it
+(``--executor``/profile) and answers, inside a job, for the launcher and the ranks (no torch
+imported here):
 
 * ``in_job``: whether this process runs inside one of its jobs;
 * ``job_facts``: the job's facts for the run record (``record["scheduler"]``);
 * ``launch_command``: the command that starts every rank of the job (torchrun on each node);
 * ``rank_env``: who this rank is, when the system itself started one process per rank.
 
-``LOCAL`` (this machine, no batch system) is the fallback; ``scalerepro.schedulers.slurm`` is
-registered below. A second backend (Flux, PBS, LSF) is one module with one class, registered in
-``_BACKENDS``: see README, "Add a scheduler".
+What every backend is made of is in ``scalerepro.schedulers.base`` (with ``LOCAL``, this machine
+with no batch system, the fallback); ``scalerepro.schedulers.slurm`` is registered below, and
+``scalerepro.schedulers.cores`` gives each rank its share of the job's cores. What the workflow asks a scheduler for when it submits (resources, the check
+that it answers) is planning, not run time: ``scalerepro.planning.submission``, so that editing it
+reruns no training job. A second backend (Flux, PBS, LSF) is one class here and one there: see
+README, "Add a scheduler".
 """
 
 from __future__ import annotations
@@ -24,84 +23,8 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
-
-class SchedulerError(RuntimeError):
-    """The batch system cannot be used as configured; the message says why and what to change."""
-
-
-@dataclass(frozen=True)
-class RankEnv:
-    """Who this rank is, as the launcher that started it says (see scalerepro.distributed)."""
-
-    launcher: str  # "local" (scalerepro.launch on one machine) | "torchrun" | a scheduler's name | "single"
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    master_addr: str | None
-    master_port: int | None
-
-
-@dataclass(frozen=True)
-class LaunchRequest:
-    """One job's ranks, as ``python -m scalerepro.launch`` was asked for them."""
-
-    nodes: int
-    ranks_per_node: int
-    cpus_per_node: int | None  # None: all the job has (locally: every core this process may use)
-    port: int
-    name: str | None
-    gpus: bool  # ask the scheduler for a GPU per rank
-    container: str | None
-    program: Sequence[str]
-
-
-class Scheduler:
-    """A batch system. Subclasses override what their system does differently; the defaults
-    describe a machine with no batch system."""
-
-    name = "local"
-    executor: str | None = None  # Snakemake's --executor for it (None: jobs run where Snakemake runs)
-
-    def in_job(self, environ: Mapping[str, str]) -> bool:
-        return False
-
-    def job_facts(self, environ: Mapping[str, str]) -> dict[str, Any]:
-        """The record's ``scheduler`` block: at least name, job_id, cluster_name, partition."""
-        return {"name": self.name, "job_id": None, "cluster_name": None, "partition": None}
-
-    def node_name(self, environ: Mapping[str, str]) -> str | None:
-        """The scheduler's name for this node, where it differs from the host name."""
-        return None
-
-    def rank_env(self, environ: Mapping[str, str]) -> RankEnv | None:
-        return None
-
-    def launch_command(self, request: LaunchRequest, python: str, environ: Mapping[str, str]) -> list[str]:
-        raise NotImplementedError(f"{self.name} starts its ranks in scalerepro.launch.run_local")
-
-    def node_command(self, request: LaunchRequest, python: str, environ: Mapping[str, str]) -> list[str]:
-        """On each node of the job, inside the task ``launch_command`` started there: torchrun."""
-        raise NotImplementedError(f"{self.name} has no node agent")
-
-    def rendezvous_port(self, base: int, environ: Mapping[str, str]) -> int:
-        return base
-
-    def submission_resources(self, settings: Mapping[str, Any], ranks_per_node: int, nodes: int, gpus: bool, signal: bool, exclusive: bool) -> dict[str, Any]:
-        return {}
-
-    def queue_resources(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """Account, partition, QoS and the like, for every job the workflow submits."""
-        return {}
-
-    def check(self, settings: Mapping[str, Any]) -> None:
-        """On the submitting host: the system answers and ``settings`` fit it."""
-
-
-LOCAL = Scheduler()
+from scalerepro.schedulers.base import LOCAL, Scheduler
 
 
 def local_gpu_names(environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -125,7 +48,7 @@ def visible_gpu_names(nvidia_smi_l: str, cuda_visible_devices: str | None) -> li
     As the CUDA runtime reads the variable: unset, every GPU; otherwise a comma-separated list of
     GPU indices or UUIDs ("GPU-..." or "MIG-...", a unique prefix is enough), read up to the
     first entry that names no device, so that an empty value, "-1" or "NoDevFiles" leave none. A
-    MIG instance is named as scalerepro.hardware reads it: "<GPU name> MIG 3g.40gb"."""
+    MIG instance is named as scalerepro.telemetry.hardware reads it: "<GPU name> MIG 3g.40gb"."""
     devices = []  # (GPU index or None for a MIG instance, UUID, name)
     gpu_name = ""
     for line in nvidia_smi_l.splitlines():
@@ -148,7 +71,7 @@ def visible_gpu_names(nvidia_smi_l: str, cuda_visible_devices: str | None) -> li
 
 
 def _backends() -> dict[str, Scheduler]:
-    from .slurm import SLURM
+    from scalerepro.schedulers.slurm import SLURM
 
     return {backend.name: backend for backend in (SLURM,)}
 
@@ -184,15 +107,3 @@ def invocation_executor(argv: Sequence[str], environ: Mapping[str, str], profile
         elif arg.startswith("--profile="):
             profile = arg.split("=", 1)[1]
     return executor if executor is not None or not profile else profile_executor(profile)
-
-
-def torchrun_command(python: str, nodes: int, ranks_per_node: int, endpoint: str | None, rdzv_id: str, program: Sequence[str], log_dir: str | None = None) -> list[str]:
-    """torchrun for one node's ranks: standalone on one node, c10d rendezvous at ``endpoint``
-    across nodes; every rank's output to the console, each line prefixed with its local rank
-    (``--tee``, which also writes them under ``log_dir``; torchrun picks a directory when None)."""
-    command = [python, "-m", "torch.distributed.run", f"--nproc-per-node={ranks_per_node}"]
-    if nodes == 1:
-        command.append("--standalone")
-    else:
-        command += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
-    return command + ["--tee=3", *([f"--log-dir={log_dir}"] if log_dir else [])] + list(program)

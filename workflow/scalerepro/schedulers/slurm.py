@@ -1,7 +1,7 @@
 """Slurm: jobs submitted by snakemake-executor-plugin-slurm, ranks started by one srun step.
 
 Inside an allocation the launcher runs one step, ``srun --nodes N --ntasks N --ntasks-per-node 1``,
-whose task on each node (``python -m scalerepro.launch --node-agent``) execs torchrun with c10d
+whose task on each node (``python -m scalerepro.launching.launch --node-agent``) execs torchrun with c10d
 rendezvous on the first host of the step's node list. Everything the step needs is passed to srun
 explicitly: Snakemake's Slurm job step strips most ``SLURM_*`` variables from a rule's
 environment, so the allocation's defaults cannot be relied on, and the node list is read inside
@@ -12,14 +12,13 @@ recognised too (``rank_env``).
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
 import socket
 import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from . import LaunchRequest, RankEnv, Scheduler, SchedulerError, torchrun_command
+from scalerepro.schedulers.base import LaunchRequest, RankEnv, Scheduler, SchedulerError, torchrun_command
 
 # The c10d rendezvous port of a multi-node job: a base plus the job id modulo a span, so that two
 # jobs whose first node is the same host rarely meet on one port.
@@ -146,7 +145,7 @@ class Slurm(Scheduler):
         ]  # fmt: skip
         container = ["apptainer", "exec", *(["--nv"] if request.gpus else []), request.container] if request.container else []
         agent = [
-            "python" if request.container else python, "-m", "scalerepro.launch", f"--node-agent={self.name}", f"--nodes={request.nodes}",
+            "python" if request.container else python, "-m", "scalerepro.launching.launch", f"--node-agent={self.name}", f"--nodes={request.nodes}",
             f"--ranks-per-node={request.ranks_per_node}", *([f"--cpus-per-node={request.cpus_per_node}"] if request.cpus_per_node else []),
             f"--port={request.port}", "--", *request.program,
         ]  # fmt: skip
@@ -156,57 +155,10 @@ class Slurm(Scheduler):
         """Inside the step, on each node: the torchrun command for this node."""
         nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
         if request.nodes > 1 and not nodelist:
-            raise SchedulerError("--node-agent runs inside an srun step (no SLURM_STEP_NODELIST here): start jobs with scalerepro.launch")
+            raise SchedulerError("--node-agent runs inside an srun step (no SLURM_STEP_NODELIST here): start jobs with scalerepro.launching.launch")
         endpoint = f"{resolve_host(first_host(nodelist))}:{request.port}" if request.nodes > 1 else None
         rdzv_id = f"{environ.get('SLURM_JOB_ID', 'local')}.{environ.get('SLURM_STEP_ID', '0')}"
         return torchrun_command(python, request.nodes, request.ranks_per_node, endpoint, rdzv_id, request.program)
-
-    # ---- the workflow side: what the Snakemake executor plugin submits ----
-
-    def queue_resources(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """Account, partition, QoS and constraint of every job (unset ones omitted)."""
-        names = {"slurm_account": "account", "slurm_partition": "partition", "qos": "qos", "constraint": "constraint"}
-        return {resource: settings[key] for resource, key in names.items() if settings[key] is not None}
-
-    def submission_resources(self, settings: Mapping[str, Any], ranks_per_node: int, nodes: int, gpus: bool, signal: bool, exclusive: bool) -> dict[str, Any]:
-        """sbatch settings of a job that starts ranks: ``nodes`` nodes with ``ranks_per_node`` GPUs
-        each (``--gres=gpu:<n>`` is per node), one task per node holding all its CPUs.
-
-        ``mpi`` (any value) tells the plugin's job step that the job starts its own srun step;
-        without it the rule would run inside an ``srun -n1`` step, which Slurm's warning signal
-        reaches and kills. Its empty value keeps sbatch's MPI task-count checks out of the way.
-        ``tasks_per_gpu=0`` stops the plugin from asking for one task per GPU. A measured job
-        gets whole nodes (``--exclusive``) unless resources.exclusive is false."""
-        extra = [
-            *settings["extra"],
-            *(["--exclusive"] if exclusive else []),
-            *([f"--signal=USR1@{settings['signal_before_end_s']}"] if signal else []),
-        ]
-        return {
-            "mpi": "",
-            "tasks_per_gpu": 0,
-            "gres": f"gpu:{ranks_per_node}" if gpus else None,
-            # The plugin pastes slurm_extra into its sbatch shell command: every token is quoted
-            # (and the schema allows only --name[=value] tokens of shell-inert characters).
-            "slurm_extra": shlex.join(extra) or None,
-        }
-
-    def check(self, settings: Mapping[str, Any]) -> None:
-        """The controller answers and the configured partition exists."""
-        if shutil.which("sinfo") is None:
-            raise SchedulerError("sinfo is not on PATH: run the workflow on the cluster's login node, or load its Slurm module")
-        listed = subprocess.run(["sinfo", "--noheader", "--format=%R"], capture_output=True, text=True)
-        if listed.returncode != 0:
-            said = listed.stderr.strip().splitlines()[-1] if listed.stderr.strip() else "no output"
-            raise SchedulerError(
-                f"the Slurm controller does not answer (sinfo: {said}): check `scontrol ping` and that SLURM_CONF points at this cluster"
-            )
-        partitions = sorted(set(listed.stdout.split()))
-        if settings["partition"] is not None and settings["partition"] not in partitions:
-            raise SchedulerError(
-                f"config error at 'slurm.partition': {settings['partition']!r} is not a partition of this cluster "
-                f"(sinfo lists: {', '.join(partitions)}): set slurm.partition in config/config.yaml"
-            )
 
 
 SLURM = Slurm()

@@ -1,0 +1,187 @@
+"""The columns and vocabularies of the study's tidy tables: every writer and reader of a table
+(aggregation, profiles, store, report, plots) imports them from here, so each name is spelled once.
+"""
+
+from __future__ import annotations
+
+MATRIX_COLUMNS = (
+    "run_id", "study", "model", "gpus", "nodes", "gpus_per_node", "repeat", "variant", "precision", "per_gpu_batch",
+    "global_batch", "bucket_cap_mb", "runtime_min", "record", "rerun",
+)  # fmt: skip
+# Matrix columns that older matrices lack, and what their absence means.
+OPTIONAL_MATRIX_COLUMNS = {"reference": "", "grad_accum_steps": 1, "parallel": "ddp", "data_parallel": None}
+RUN_STATUSES = ("ok", "failed", "preempted", "missing")
+
+# runs.csv column <- path of the value in a run record.
+RECORD_FIELDS: dict[str, tuple[str, ...]] = {
+    "status": ("status",),
+    "stop_signal": ("stop_signal",),
+    "samples_per_s": ("measurements", "samples_per_s"),
+    "tokens_per_s": ("measurements", "tokens_per_s"),
+    "step_time_median_s": ("measurements", "step_time_s", "median"),
+    "step_time_p10_s": ("measurements", "step_time_s", "p10"),
+    "step_time_p90_s": ("measurements", "step_time_s", "p90"),
+    "epoch_time_s": ("measurements", "epoch_time_s"),
+    "window_s": ("measurements", "window_s"),
+    "mfu": ("measurements", "mfu"),
+    "exposed_comm_fraction": ("measurements", "exposed_communication", "fraction"),
+    "data_stall_fraction": ("measurements", "data_stall_fraction"),
+    "gpu_util_mean_pct": ("measurements", "nvml", "gpu_util_mean_pct"),
+    "power_mean_w": ("measurements", "nvml", "power_mean_w"),
+    "energy_j": ("measurements", "nvml", "energy_j"),
+    "energy_per_sample_j": ("measurements", "energy_per_sample_j"),
+    "energy_per_sample_net_j": ("measurements", "energy_per_sample_net_j"),
+    "idle_power_w": ("measurements", "nvml", "idle_power_w"),
+    "nvml_reason": ("measurements", "nvml", "reason"),
+    "device_type": ("parallel", "device_type"),
+    "world_size_recorded": ("parallel", "world_size"),
+    "nodes_recorded": ("parallel", "nodes"),
+    "scheduler_job_id": ("scheduler", "job_id"),  # the batch job (any scheduler; the name is the store's column)
+    "git_commit": ("git", "commit"),
+    "git_dirty": ("git", "dirty"),
+    "torch_version": ("versions", "torch"),
+    "started_at": ("started_at",),
+    "ended_at": ("ended_at",),
+    # the conditions a run ran under, as its record says (the comparison sets them beside a reference's)
+    "precision_recorded": ("precision",),
+    "per_gpu_batch_recorded": ("batch", "per_gpu"),
+    "grad_accum_recorded": ("batch", "grad_accum_steps"),
+    "tokens_per_sample": ("model", "tokens_per_sample"),
+    "channels_last": ("knobs", "channels_last"),
+    "data_kind": ("data", "kind"),
+    "optimizer_kind": ("optimizer", "kind"),
+    "compile_mode": ("knobs", "compile"),
+    # why mfu is empty, when it is (e.g. no peak FLOP/s tabulated for a CPU)
+    "peak_flops_source": ("measurements", "peak_flops_source"),
+    # sharded runs (--parallel fsdp, tp, fsdp+tp): measurements.sharding, null under ddp
+    "state_bytes_per_rank_max": ("measurements", "sharding", "state_bytes_per_rank_max"),
+    "state_bytes_per_rank_min": ("measurements", "sharding", "state_bytes_per_rank_min"),
+    "comm_reason": ("measurements", "sharding", "comm_reason"),
+    "pipeline_bubble_fraction": ("measurements", "sharding", "pipeline_bubble_fraction"),
+    "activations_reason": ("measurements", "memory_split", "activations_reason"),
+    "reshard_after_forward": ("measurements", "sharding", "reshard_after_forward"),
+}
+# The columns read_record gives: those above and the ones it derives.
+RECORD_COLUMNS = (
+    "run_id", *RECORD_FIELDS, "error", "peak_memory_bytes", "peak_memory_kind", "final_train_loss", "final_eval_loss",
+    "final_eval_accuracy", "device_name", "parallel_recorded", "mesh", "comm_bytes_per_step", "comm_by_collective",
+    "params_bytes_per_rank", "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank",
+)  # fmt: skip
+RUN_COLUMNS = (
+    *MATRIX_COLUMNS, *OPTIONAL_MATRIX_COLUMNS, "status", "error", "stop_signal", "consistent", "counts", "samples_per_s",
+    "tokens_per_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "epoch_time_s", "window_s", "mfu",
+    "exposed_comm_fraction", "data_stall_fraction", "gpu_util_mean_pct", "power_mean_w", "energy_j",
+    "energy_per_sample_j", "energy_per_sample_net_j", "idle_power_w", "nvml_reason", "peak_memory_bytes",
+    "peak_memory_kind", "final_train_loss", "final_eval_loss", "final_eval_accuracy", "duration_s", "device_type",
+    "device_name", "world_size_recorded", "nodes_recorded", "scheduler_job_id", "git_commit", "git_dirty",
+    "torch_version", "started_at", "precision_recorded", "per_gpu_batch_recorded", "grad_accum_recorded",
+    "tokens_per_sample", "channels_last", "data_kind", "optimizer_kind", "compile_mode", "peak_flops_source",
+    "parallel_recorded", "mesh", "reshard_after_forward", "state_bytes_per_rank_max", "state_bytes_per_rank_min",
+    "comm_bytes_per_step", "comm_by_collective", "comm_reason", "pipeline_bubble_fraction", "params_bytes_per_rank",
+    "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank", "activations_reason",
+)  # fmt: skip
+EPOCH_COLUMNS = ("run_id", "epoch", "step", "complete", "train_loss", "eval_loss", "eval_accuracy")
+LOSS_COLUMNS = ("run_id", "step", "loss", "samples_per_s")
+COMM_COLUMNS = ("gpus", "size_bytes", "nodes", "backend", "time_us_median", "algbw_gbps", "busbw_gbps")
+# The conditions of a reference (config/references.yaml), compared with a run's in this order.
+CONDITIONS = ("gpu", "precision", "per_gpu_samples_per_step", "seq_len", "memory_format", "data", "optimizer")
+REFERENCE_COLUMNS = (
+    "id", "model", "gpus", "metric", "value", "kind", "source", *CONDITIONS, "framework", "metric_notes",
+    "trainer_model", "trainer_per_gpu_batch", "trainer_flags", "unmatched", "note",
+)  # fmt: skip
+REFERENCE_KINDS = ("published", "expected (seed document)", "mlperf")
+REFERENCE_METRICS = ("samples_per_s", "tokens_per_s_per_gpu")
+REFERENCE_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "mixed")
+# Spread of a cell's throughput over its repeats (scalerepro.analysis.repeats): n is repeats_ok.
+SPREAD = ("samples_per_s_cv", "samples_per_s_ci_low", "samples_per_s_ci_high", "noisy")
+THROUGHPUT = ("samples_per_s_median", "samples_per_s_min", "samples_per_s_max", *SPREAD)
+# (max T - min T) / min T over a weak-scaling model's GPU counts, on each of its weak rows
+WEAK_VARIATION = ("weak_variation", "weak_variation_ci_low", "weak_variation_ci_high")
+SCALING_COLUMNS = (
+    "study", "model", "gpus", "nodes", "repeats_ok", "repeats_total", *THROUGHPUT, "samples_per_s_per_gpu",
+    "step_time_median_s", "epoch_time_s", "epoch_time_cv", "speedup", "ideal_speedup", "efficiency",
+    "efficiency_ci_low", "efficiency_ci_high", *WEAK_VARIATION, "note",
+)  # fmt: skip
+SENSITIVITY_KEYS = ("model", "gpus", "bucket_cap_mb", "per_gpu_batch", "precision")
+SENSITIVITY_COLUMNS = (
+    *SENSITIVITY_KEYS, "repeats_ok", "repeats_total", *THROUGHPUT, "step_time_median_s", "exposed_comm_fraction", "note",
+)  # fmt: skip
+ABLATION_COLUMNS = (
+    "model", "gpus", "variant", "repeats_ok", "repeats_total", *THROUGHPUT, "gain", "gain_ci_low", "gain_ci_high", "note",
+)  # fmt: skip
+# runs.csv column -> the key of measurements.memory_split.per_rank it is the largest over the ranks of
+MEMORY_SPLIT = {
+    "params_bytes_per_rank": "parameters", "grads_bytes_per_rank": "gradients",
+    "optimizer_bytes_per_rank": "optimizer_state", "activations_bytes_per_rank": "activations",
+}  # fmt: skip
+# A parallelism cell: a model under one --parallel strategy at one GPU count (its batch follows).
+PARALLELISM_KEYS = ("model", "gpus", "nodes", "parallel", "variant", "data_parallel", "per_gpu_batch", "global_batch")
+# The sharding figures of a record (measurements.sharding), medians over a cell's counted repeats.
+SHARDING_FIGURES = (
+    "state_bytes_per_rank_max", "state_bytes_per_rank_min", "comm_bytes_per_step", "pipeline_bubble_fraction",
+    *MEMORY_SPLIT,
+)  # fmt: skip
+PARALLELISM_COLUMNS = (
+    *PARALLELISM_KEYS, "repeats_ok", "repeats_total", *THROUGHPUT, "tokens_per_s_median", "tokens_per_s_ci_low",
+    "tokens_per_s_ci_high", "tokens_per_s_per_gpu", "mfu", "peak_memory_bytes", "peak_memory_kind", "mesh",
+    "reshard_after_forward", *SHARDING_FIGURES, "comm_by_collective", "device_name", "cell", "note",
+)  # fmt: skip
+VERDICTS = ("reproduced", "above", "below", "not comparable", "not measured")
+COMPARISON_COLUMNS = (
+    "reference", "group", "kind", "model", "gpus", "metric", "published", "measured", "measured_ci_low",
+    "measured_ci_high", "repeats", "measured_cv", "noisy", "ratio", "verdict", "differs", "measured_cell",
+    "measured_device", "measured_conditions", "published_conditions", *CONDITIONS, "framework", "metric_notes",
+    "source", "note",
+)  # fmt: skip
+CHECK_COLUMNS = (
+    "check", "target", "threshold", "measured", "interval_low", "interval_high", "value", "status", "detail", "unit",
+)  # fmt: skip
+CHECK_STATUSES = ("pass", "fail", "inconclusive", "not measured")
+CPU_STUDY = (
+    "a CPU study, judged at CPU scale (the thresholds of cpu_overrides): ranks pinned to one host's cores judge "
+    "the pipeline and the instrument (the code path, the collectives, the bookkeeping), not a cluster"
+)
+# Targets: key -> what it sets (``checks``: see parse_checks and config/README.md).
+TARGETS = {
+    "checks": "name -> {description, table, where, metric, reduce, direction, strict, threshold, unit}",
+    "reproduce_tolerance": "a reference is reproduced when |measured / published - 1| is at most this (default 0.10)",
+    "noise_cv_max": "a cell whose throughput varies more than this over its repeats (CV) is flagged noisy (default 0.05)",
+}
+DEFAULT_REPRODUCE_TOLERANCE = 0.10
+DEFAULT_NOISE_CV_MAX = 0.05
+
+# --- profiles ---
+CATEGORIES = ("compute", "exposed_comm", "data_wait", "idle")
+BOTTLENECK_CLASSES = ("compute-bound", "communication-bound", "input-bound", "launch/latency-bound")
+
+
+PROFILING_COLUMNS = (
+    "run_id", "tools", "fallback", "fallback_reason", "source", "ranks", "steps", "window_s", "busy_fraction",
+    "compute_fraction", "exposed_comm_fraction", "data_wait_fraction", "idle_fraction", "overlap_fraction",
+    "compute_s", "communication_s", "overlap_s", "exposed_comm_s", "data_wait_s", "idle_s",
+    "compute_kernel_time_s", "comm_kernel_time_s", "median_call_us", "window", "classification", "provisional",
+    "evidence", "tool_versions", "gpus", "driver", "warnings",
+)  # fmt: skip
+KERNEL_COLUMNS = ("run_id", "rank_in_run", "name", "kind", "calls", "total_s", "mean_us", "share")
+ROOFLINE_COLUMNS = (
+    "run_id", "kernel", "launches", "duration_s", "flops", "flops_source", "cuda_core_flops", "tensor_flops",
+    "tensor_work", "achieved_flops_per_s", "peak_flops_per_s", "peak", "flops_fraction", "dram_bytes",
+    "dram_bytes_per_s", "dram_fraction", "arithmetic_intensity", "ridge_intensity", "attainable_flops_per_s", "bound",
+    "sm_throughput_pct", "memory_throughput_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct",
+    "peak_dram_bytes_per_s", "dram_bytes_source", "peaks_basis", "missing",
+)  # fmt: skip
+FILE_COLUMNS = ("run_id", "path", "description", "bytes")
+
+# --- the results store and study-vs-study comparisons ---
+# The columns that identify a cell: runs that differ only in their repeat.
+CELL_KEYS = ("study", "model", "variant", "precision", "per_gpu_batch", "gpus")
+HISTORY_COLUMNS = (
+    *CELL_KEYS, "study_id", "started_at", "git_commit", "git_dirty", "cluster", "device_name", "repeats",
+    "samples_per_s_median", "samples_per_s_min", "samples_per_s_max", "this_study",
+)  # fmt: skip
+# scalerepro.analysis.history.compare: one study against another, cell by cell.
+VERSUS_VERDICTS = ("faster", "slower", "no significant change", "too few repeats", "only in baseline", "only in candidate")
+VERSUS_COLUMNS = (
+    *CELL_KEYS, "baseline_repeats", "baseline_median", "candidate_repeats", "candidate_median", "ratio",
+    "ratio_low", "ratio_high", "confidence", "threshold", "verdict", "differs",
+)  # fmt: skip

@@ -1,0 +1,989 @@
+"""Render the study's report: one self-contained HTML file that opens offline.
+
+Inputs are the aggregation's tidy tables (``--tables``), the figures (``--plots``), the system
+inventory, the resolved workflow config and ``config/references.yaml``. The CSS is inlined and
+every figure is embedded as a base64 ``data:`` URI (the SVG where there is one, else the PNG), so
+the file needs no network, no neighbouring files and no JavaScript.
+
+Nothing is invented: a table that is missing or empty, a column that is absent and a figure
+that was not drawn all show as visible holes ("not measured", "—", "figure missing"), and runs
+that did not finish are listed with their error and the command that reruns them. Every string
+that comes from the config, the records or the inventory is HTML-escaped by Jinja's autoescape.
+
+    python -m scalerepro.analysis.presentation.report --tables results/tables --plots results/plots \
+        --inventory results/inventory/system.json --config results/tables/config.json \
+        --references config/references.yaml --templates report --out results/report/index.html
+
+This module is on the analysis side: it never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import markupsafe
+import pandas as pd
+import yaml
+
+from scalerepro.analysis.columns import CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, VERDICTS
+from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+from scalerepro.common.files import write_text_atomically
+from scalerepro.common.gpu_peaks import PEAKS
+
+# The tables the aggregation writes, by file stem.
+TABLES = (
+    "runs", "scaling", "sensitivity", "ablation", "parallelism", "communication", "comparison", "checks", "cost",
+    "scaling_model",
+)  # fmt: skip
+
+
+# The report's sections, in order: (anchor id, title, subsections). Their numbers are made from
+# this order (section_numbers) and the templates show ``secno[id]``, never a typed number: a new
+# section is its template plus one entry here.
+SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+    ("summary", "Summary", ()),
+    ("system", "The system", ()),
+    ("results", "Results", (
+        ("scaling", "Scaling"), ("sensitivity", "Sensitivity"), ("ablation", "Ablation"),
+        ("parallelism", "Parallelism strategies"), ("communication", "Communication"), ("convergence", "Loss and accuracy"), ("energy", "Power and energy"),
+        ("per-run", "Per-run measurements"), ("scaling-model", "Scaling model"), ("profiling", "Profiling"),
+    )),
+    ("comparison", "Measured vs published", ()),
+    ("failures", "Failed or missing runs", ()),
+    ("cost", "Cost of the study", ()),
+    ("reproducibility", "Reproducibility", ()),
+    ("history", "Versus baseline and history", (
+        ("versus-baseline", "Versus baseline"), ("history-cells", "Headline cells across studies"),
+    )),
+)  # fmt: skip
+
+
+def section_numbers(sections: Sequence[tuple[str, str, Sequence[tuple[str, str]]]] = SECTIONS) -> dict[str, str]:
+    """Anchor id -> "3" / "3.1", from the order of ``sections``."""
+    numbers = {}
+    for i, (anchor, _, subsections) in enumerate(sections, 1):
+        numbers[anchor] = str(i)
+        numbers.update({sub: f"{i}.{j}" for j, (sub, _) in enumerate(subsections, 1)})
+    return numbers
+
+
+def section_titles(sections: Sequence[tuple[str, str, Sequence[tuple[str, str]]]] = SECTIONS) -> dict[str, str]:
+    """Anchor id -> its heading, so that a title is typed once, in ``sections``."""
+    titles = {}
+    for anchor, title, subsections in sections:
+        titles[anchor] = title
+        titles.update(subsections)
+    return titles
+
+
+
+MISSING = "—"  # what every absent or non-finite value renders as
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the inputs
+# --------------------------------------------------------------------------------------------
+
+
+def read_table(tables_dir: Path, name: str) -> pd.DataFrame:
+    """``<tables_dir>/<name>.csv`` as a DataFrame; an empty one when the file is missing, empty
+    or has a header only. Columns are read by name by the callers, never by position. A file
+    that is there but is not CSV is an error naming it (a bug upstream, not a hole)."""
+    path = Path(tables_dir) / f"{name}.csv"
+    if not path.is_file():
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+    except pd.errors.ParserError as error:
+        raise ValueError(f"{path}: not a valid CSV table: {error}") from error
+
+
+def read_json(path: Path | None) -> Any:
+    """A JSON document, or None when the path is not given or not a file."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON: {error}") from error
+
+
+def read_yaml(path: Path | None) -> Any:
+    if path is None or not Path(path).is_file():
+        return None
+    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+
+
+class Row(dict):
+    """One table row. A column the table does not have reads as None, so the template shows
+    "—" instead of failing when an optional column is absent."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def is_missing(value: Any) -> bool:
+    """None, a Jinja undefined, an empty string or a non-finite float: shown as "—"."""
+    if value is None or isinstance(value, jinja2.Undefined):
+        return True
+    if isinstance(value, str):
+        return value.strip() == ""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _plain(value: Any) -> Any:
+    """numpy/pandas scalars -> Python scalars; NaN/NA -> None."""
+    if is_missing(value):
+        return None
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            return value.item()
+        except (ValueError, AttributeError):
+            return value
+    return value
+
+
+def rows(frame: pd.DataFrame, sort_by: Sequence[str] = ()) -> list[Row]:
+    """The frame's rows as :class:`Row` dicts, sorted by those of ``sort_by`` that it has."""
+    if frame.empty:
+        return []
+    keys = [key for key in sort_by if key in frame.columns]
+    if keys:
+        frame = frame.sort_values(keys, kind="stable", na_position="last")
+    return [Row({column: _plain(value) for column, value in record.items()}) for record in frame.to_dict("records")]
+
+
+def truthy(value: Any) -> bool | None:
+    """A flag as CSV round-trips it (True, "True", "true", 1, "1"), or None when absent."""
+    if is_missing(value):
+        return None
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        return None
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    uri: str | None  # the data: URI, or None when no usable file was found
+    file: str | None  # which file was embedded
+    problem: str | None  # why there is no figure
+
+
+def load_figure(plots_dir: Path | None, name: str) -> Figure:
+    """Embed ``<name>.svg`` (preferred) or ``<name>.png`` as a data URI; a file that is empty or
+    is not what its extension says is skipped, so the report shows a hole, not a broken image."""
+    if plots_dir is None:
+        return Figure(name, None, None, "no plots directory was given")
+    problems = []
+    for extension, mime in (("svg", "image/svg+xml"), ("png", "image/png")):
+        path = Path(plots_dir) / f"{name}.{extension}"
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if extension == "svg" and b"<svg" not in data[:4096]:
+            problems.append(f"{path.name} is not an SVG document")
+            continue
+        if extension == "png" and not data.startswith(_PNG_SIGNATURE):
+            problems.append(f"{path.name} is not a PNG image")
+            continue
+        uri = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+        return Figure(name, uri, path.name, None)
+    if not problems:
+        problems.append(f"neither {name}.svg nor {name}.png is in {plots_dir}")
+    return Figure(name, None, None, "; ".join(problems))
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting (Jinja filters); every one renders a missing value as "—"
+# --------------------------------------------------------------------------------------------
+
+
+def _number(value: Any) -> float | None:
+    if is_missing(value) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def fmt_text(value: Any) -> str:
+    if is_missing(value):
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value.is_integer():
+            return str(int(value))
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
+
+
+def fmt_int(value: Any) -> str:
+    number = _number(value)
+    return fmt_text(value) if number is None else f"{round(number):,}"
+
+
+def fmt_number(value: Any, digits: int = 1) -> str:
+    number = _number(value)
+    return fmt_text(value) if number is None else f"{number:,.{digits}f}"
+
+
+def fmt_rate(value: Any) -> str:
+    """A throughput: thousands separators, decimals only below 10 (12,345 · 87 · 4.2 · 0.35)."""
+    number = _number(value)
+    if number is None:
+        return fmt_text(value)
+    magnitude = abs(number)
+    digits = 0 if magnitude >= 10 else 1 if magnitude >= 1 else 2
+    return f"{number:,.{digits}f}"
+
+
+def fmt_auto(value: Any) -> str:
+    """A measurement spanning orders of magnitude (bandwidths, latencies) with about three
+    significant digits and no exponent: 12,345 · 467.5 · 20.97 · 0.0512."""
+    number = _number(value)
+    if number is None:
+        return fmt_text(value)
+    magnitude = abs(number)
+    if magnitude >= 1000:
+        return f"{number:,.0f}"
+    if magnitude >= 100:
+        return f"{number:.1f}"
+    if magnitude >= 1 or magnitude == 0:
+        return f"{number:.2f}"
+    return f"{number:.3g}"
+
+
+def fmt_sig(value: Any, digits: int = 4) -> str:
+    number = _number(value)
+    return fmt_text(value) if number is None else f"{number:.{digits}g}"
+
+
+def fmt_percent(fraction: Any, digits: int = 1) -> str:
+    """A fraction (0.931) as a percentage (93.1 %)."""
+    number = _number(fraction)
+    return fmt_text(fraction) if number is None else f"{100 * number:.{digits}f} %"
+
+
+def fmt_percent_value(percent: Any, digits: int = 1) -> str:
+    """A value that is already in percent (GPU utilisation 87.5) as "87.5 %"."""
+    number = _number(percent)
+    return fmt_text(percent) if number is None else f"{number:.{digits}f} %"
+
+
+def fmt_gain(fraction: Any, digits: int = 1) -> str:
+    """A relative change (0.25 = 25 % faster) with its sign: +25.0 %, −4.0 %."""
+    number = _number(fraction)
+    if number is None:
+        return fmt_text(fraction)
+    return f"{100 * number:+.{digits}f} %".replace("-", "−")
+
+
+def fmt_ratio(value: Any) -> str:
+    number = _number(value)
+    return fmt_text(value) if number is None else f"{number:.2f}×"
+
+
+def fmt_bytes(value: Any) -> str:
+    """IEC units; whole multiples (message sizes) without decimals: 4 KiB, 1.5 GiB."""
+    number = _number(value)
+    if number is None:
+        return fmt_text(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(number) < 1024 or unit == "PiB":
+            break
+        number /= 1024
+    if unit == "B" or number.is_integer():
+        return f"{number:,.0f} {unit}"
+    return f"{number:,.1f} {unit}"
+
+
+def fmt_milliseconds(seconds: Any) -> str:
+    """Seconds shown in milliseconds, for a column whose header says (ms)."""
+    number = _number(seconds)
+    return fmt_text(seconds) if number is None else f"{number * 1e3:,.1f}"
+
+
+# Column formats the table macro understands; the numeric ones are right-aligned.
+FORMATS = {
+    "text": fmt_text,
+    "code": fmt_text,
+    "badge": fmt_text,
+    "int": fmt_int,
+    "num0": lambda v: fmt_number(v, 0),
+    "num1": lambda v: fmt_number(v, 1),
+    "num2": lambda v: fmt_number(v, 2),
+    "rate": fmt_rate,
+    "auto": fmt_auto,
+    "sig": fmt_sig,
+    "pct": fmt_percent,
+    "pctv": fmt_percent_value,
+    "ratio": fmt_ratio,
+    "gain": fmt_gain,
+    "bytes": fmt_bytes,
+    "ms": fmt_milliseconds,
+    "flag": lambda v: MISSING if is_missing(v) else "noisy" if truthy(v) else "",  # the noisy-cell flag
+}
+TEXT_FORMATS = {"text", "code", "badge"}
+
+
+def cell(row: Mapping[str, Any], key: str, fmt: str = "text") -> str:
+    """One table cell as text. Three composite formats read several columns:
+    ``span:<fmt>`` shows ``<key>_min``–``<key>_max``; ``ci:<fmt>`` shows ``<key>_low``–``<key>_high``
+    (a 95 % interval, "—" without one); ``of`` shows ``<key>_ok`` / ``<key>_total``."""
+    if fmt.startswith("span:"):
+        inner = FORMATS[fmt.split(":", 1)[1]]
+        low, high = row.get(f"{key}_min"), row.get(f"{key}_max")
+        if is_missing(low) and is_missing(high):
+            return MISSING
+        if inner(low) == inner(high):
+            return inner(low)  # one value (a single repeat): no spread to show
+        return f"{inner(low)} – {inner(high)}"
+    if fmt.startswith("ci:"):
+        inner = FORMATS[fmt.split(":", 1)[1]]
+        low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
+        if is_missing(low) or is_missing(high):
+            return MISSING  # fewer than 2 repeats: no interval
+        return f"{inner(low)} – {inner(high)}"
+    if fmt == "of":
+        done, total = row.get(f"{key}_ok"), row.get(f"{key}_total")
+        return fmt_int(done) if is_missing(total) else f"{fmt_int(done)} / {fmt_int(total)}"
+    return FORMATS[fmt](row.get(key))
+
+
+def shown_columns(
+    table_rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple], optional: Iterable[str] = ()
+) -> list:
+    """``columns`` without the ``optional`` ones that no row has a value in (e.g. an all-empty
+    ``note``), so a table does not carry a column of dashes that says nothing."""
+    optional = set(optional)
+    return [
+        column
+        for column in columns
+        if column[0] not in optional or any(not is_missing(row.get(column[0])) for row in table_rows)
+    ]
+
+
+def is_numeric_format(fmt: str) -> bool:
+    return fmt not in TEXT_FORMATS
+
+
+def css_token(value: Any) -> str:
+    """A status as a CSS class suffix ("not measured" -> "not-measured"); only [a-z0-9-]."""
+    text = fmt_text(value).lower()
+    token = "".join(ch if ch.isalnum() else "-" for ch in text).strip("-")
+    return token or "unknown"
+
+
+def breakable(value: Any) -> markupsafe.Markup:
+    """Escaped text that may wrap after its underscores (long run ids in narrow columns)."""
+    return markupsafe.escape(fmt_text(value)).replace("_", markupsafe.Markup("_<wbr>"))
+
+
+def label(key: str) -> str:
+    """A snake_case key as a heading: units and precisions spelled out, the rest as written."""
+    spelled = {
+        "tflops": "TFLOP/s", "tbps": "TB/s", "gbps": "GB/s", "w": "W", "mhz": "MHz", "pct": "%",
+        "gpus": "GPUs", "cpus": "CPUs", "id": "ID", "ids": "IDs",
+    }  # fmt: skip
+    upper = {"bf16", "fp16", "fp32", "tf32", "fp8", "hbm", "gpu", "cpu", "pci", "uuid", "cuda", "nccl", "numa"}
+    return " ".join(spelled.get(word, word.upper() if word in upper else word) for word in str(key).split("_"))
+
+
+# --------------------------------------------------------------------------------------------
+# What the report says, derived from the tables (small and explicit; the statistics themselves
+# are the aggregation's)
+# --------------------------------------------------------------------------------------------
+
+
+def _unique(frame: pd.DataFrame, column: str) -> list[Any]:
+    if column not in frame.columns:
+        return []
+    values = [_plain(value) for value in frame[column].dropna().unique()]
+    return sorted(values, key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
+
+
+def _ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that completed (status ok)."""
+    if runs.empty or "status" not in runs.columns:
+        return runs.iloc[0:0]
+    return runs[runs["status"] == "ok"]
+
+
+def _counting_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs the aggregation's statistics are over: its ``counts`` column of runs.csv."""
+    if runs.empty or "counts" not in runs.columns:
+        return runs.iloc[0:0]
+    return runs[runs["counts"].map(truthy).eq(True)]
+
+
+def _dates(runs: pd.DataFrame) -> tuple[str | None, str | None]:
+    if "started_at" not in runs.columns:
+        return None, None
+    stamps = pd.to_datetime(runs["started_at"], utc=True, errors="coerce", format="ISO8601").dropna()
+    if stamps.empty:
+        return None, None
+    return stamps.min().strftime("%Y-%m-%d %H:%M UTC"), stamps.max().strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _counts(frame: pd.DataFrame, column: str, order: Iterable[str]) -> list[tuple[str, int]]:
+    """How many rows have each value of ``column``: the values in ``order`` first, then the rest."""
+    if column not in frame.columns:
+        return []
+    counts = frame[column].fillna("unknown").astype(str).value_counts().to_dict()
+    ordered = [(key, counts.pop(key)) for key in order if key in counts]
+    return ordered + sorted(counts.items())
+
+
+def overview(runs: pd.DataFrame) -> dict[str, Any]:
+    """What was run: models, GPU and node counts, devices, dates, runs by study and status."""
+    by_study = []
+    if "study" in runs.columns:
+        for study, group in runs.groupby(runs["study"].fillna("unknown").astype(str), sort=True):
+            ok = int((group["status"] == "ok").sum()) if "status" in group.columns else 0
+            by_study.append({"study": study, "runs": len(group), "ok": ok})
+    first, last = _dates(runs)
+    return {
+        "runs": len(runs),
+        "by_status": _counts(runs, "status", RUN_STATUSES),
+        "by_study": by_study,
+        "models": _unique(runs, "model"),
+        "gpus": [fmt_int(value) for value in _unique(runs, "gpus")],
+        "nodes": [fmt_int(value) for value in _unique(runs, "nodes")],
+        "devices": _unique(runs, "device_name"),
+        "device_types": _unique(runs, "device_type"),
+        "first_started": first,
+        "last_started": last,
+    }
+
+
+# The columns that tell one configuration from another; repeats of a configuration share them.
+CONFIG_COLUMNS = ("study", "variant", "precision", "per_gpu_batch", "bucket_cap_mb")
+
+
+def describe_config(row: Mapping[str, Any]) -> str:
+    parts = []
+    for key in ("study", "variant", "precision"):
+        if not is_missing(row.get(key)):
+            parts.append(fmt_text(row.get(key)))
+    if not is_missing(row.get("per_gpu_batch")):
+        parts.append(f"batch {fmt_int(row.get('per_gpu_batch'))}/GPU")
+    if not is_missing(row.get("bucket_cap_mb")):
+        parts.append(f"bucket {fmt_text(row.get('bucket_cap_mb'))} MB")
+    return " · ".join(parts) or MISSING
+
+
+def _fastest(cells: pd.DataFrame) -> dict[str, Any] | None:
+    """The configuration with the highest median throughput among ``cells`` (one row each)."""
+    if cells.empty:
+        return None
+    top = Row({key: _plain(value) for key, value in cells.loc[cells["samples_per_s"].idxmax()].items()})
+    return {"samples_per_s": top["samples_per_s"], "repeats": top["repeats"], "config": describe_config(top)}
+
+
+def headline(runs: pd.DataFrame, scaling: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per model: the fastest configuration at 1 GPU and at the largest GPU count it ran on (the
+    median over that configuration's completed repeats, so one lucky repeat cannot win), and the
+    strong-scaling row at the strong study's largest GPU count (its efficiency and speedup)."""
+    ok = _counting_runs(runs)
+    out: list[dict[str, Any]] = []
+    if {"model", "gpus", "samples_per_s"} <= set(ok.columns):
+        ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
+        keys = ["model", "gpus", *[column for column in CONFIG_COLUMNS if column in ok.columns]]
+        medians = (
+            ok.groupby(keys, dropna=False)["samples_per_s"].agg(samples_per_s="median", repeats="count").reset_index()
+        )
+        for model, cells in medians.groupby("model", sort=True):
+            max_gpus = _plain(cells["gpus"].max())
+            out.append(
+                {
+                    "model": model,
+                    "one": _fastest(cells[cells["gpus"] == 1]),
+                    "max_gpus": max_gpus,
+                    "at_max": _fastest(cells[cells["gpus"] == max_gpus]) if max_gpus != 1 else None,
+                }
+            )
+    strong_rows: dict[Any, Row] = {}
+    if {"study", "model", "gpus"} <= set(scaling.columns):
+        strong = scaling[(scaling["study"] == "strong") & scaling["gpus"].notna()]
+        for model, group in strong.groupby("model", sort=True):
+            strong_rows[model] = Row({key: _plain(value) for key, value in group.loc[group["gpus"].idxmax()].items()})
+    for item in out:
+        item["strong"] = strong_rows.pop(item["model"], None)
+    # A model with a strong-scaling row but no completed run with a throughput still shows it.
+    out += [
+        {"model": model, "one": None, "max_gpus": None, "at_max": None, "strong": row}
+        for model, row in strong_rows.items()
+    ]
+    return out
+
+
+def unfinished(runs: pd.DataFrame) -> list[Row]:
+    """Every run whose status is not ok (including a missing status), worst first."""
+    if runs.empty:
+        return []
+    if "status" not in runs.columns:
+        return rows(runs, ("study", "model", "gpus", "run_id"))
+    frame = runs[runs["status"].fillna("") != "ok"].copy()
+    order = {status: index for index, status in enumerate(("failed", "preempted", "missing"))}
+    frame["_order"] = frame["status"].map(order).fillna(len(order))
+    found = rows(frame, ("_order", "study", "model", "gpus", "repeat", "run_id"))
+    for row in found:
+        row.pop("_order", None)
+    return found
+
+
+def inconsistent(runs: pd.DataFrame) -> list[Row]:
+    """Completed runs whose record disagrees with what the study planned (``consistent`` false)."""
+    ok = _ok_runs(runs)
+    if "consistent" not in ok.columns:
+        return []
+    return rows(ok[ok["consistent"].map(truthy).eq(False)], ("study", "model", "gpus", "run_id"))
+
+
+def provenance(runs: pd.DataFrame) -> dict[str, Any]:
+    """Git commits (with dirtiness and how many runs each), torch versions and devices seen;
+    runs that recorded no commit are counted apart, not as a commit of their own."""
+    commits = []
+    unrecorded = len(runs)
+    if "git_commit" in runs.columns:
+        frame = runs[runs["git_commit"].notna()]
+        frame = frame.assign(_dirty=frame["git_dirty"].map(truthy) if "git_dirty" in frame.columns else None)
+        unrecorded = len(runs) - len(frame)
+        for commit, group in frame.groupby("git_commit", sort=True):
+            dirty = {flag for flag in group["_dirty"] if flag is not None}
+            commits.append(
+                {
+                    "commit": commit,
+                    "runs": len(group),
+                    "dirty": "yes" if dirty == {True} else "no" if dirty == {False} else "mixed" if dirty else MISSING,
+                }
+            )
+    return {
+        "commits": commits,
+        "unrecorded": unrecorded,  # runs with no commit (typically: no record at all)
+        "torch": _unique(runs, "torch_version"),
+        "devices": _unique(runs, "device_name"),
+    }
+
+
+def unmatched_references(references: Sequence[Mapping[str, Any]], comparison: pd.DataFrame) -> list[Mapping[str, Any]]:
+    """Published references that have no row in the comparison table (a row whose measurement
+    is missing is shown there as "not measured", so it is not repeated here)."""
+    listed: set[str] = set()
+    if "reference" in comparison.columns:
+        listed = {str(value) for value in comparison["reference"].dropna()}
+    return [ref for ref in references if str(ref.get("id")) not in listed]
+
+
+def gpu_peaks() -> list[dict[str, Any]]:
+    """The GPU peak table (``scalerepro.common.gpu_peaks``: MFU's denominators and the roofline's
+    roofs), one entry per GPU with the figures it gives."""
+    out = []
+    for entry in PEAKS.values():
+        figures = [(f"{precision} (TFLOP/s)", entry.tflops(precision)) for precision in ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")]
+        figures.append(("HBM (TB/s)", entry.hbm_tbps))
+        out.append({
+            "key": entry.key,
+            "name": entry.name,
+            "source": entry.source,
+            "device_names": ", ".join(entry.device_names),
+            "figures": [(name, value) for name, value in figures if value is not None],
+        })  # fmt: skip
+    return out
+
+
+def comparison_groups(comparison: pd.DataFrame) -> dict[str, list[Row]]:
+    """The comparison rows by group: "reproduction" (the study's GPU) and "context" (another
+    GPU, never a pass or fail), each in model, GPU count, reference order."""
+    if comparison.empty:
+        return {"reproduction": [], "context": []}
+    group = comparison["group"] if "group" in comparison.columns else pd.Series("reproduction", index=comparison.index)
+    return {name: rows(comparison[group.eq(name)], ("model", "gpus", "metric", "reference")) for name in ("reproduction", "context")}
+
+
+def verdict_counts(comparison: pd.DataFrame) -> list[tuple[str, int]]:
+    """How many references got each verdict (the condition of "not comparable" aside)."""
+    if "verdict" not in comparison.columns or comparison.empty:
+        return []
+    return _counts(comparison.assign(kind_of=comparison["verdict"].astype(str).str.split(":").str[0]), "kind_of", VERDICTS)
+
+
+def noisy_cells(tables: Mapping[str, pd.DataFrame]) -> list[dict[str, Any]]:
+    """The cells flagged noisy (throughput CV above targets.noise_cv_max), table by table."""
+    found = []
+    for name, keys in (("scaling", ("study", "model", "gpus")), ("sensitivity", ("model", "gpus", "precision", "per_gpu_batch", "bucket_cap_mb")),
+                       ("ablation", ("model", "gpus", "variant")), ("parallelism", ("model", "gpus", "parallel"))):  # fmt: skip
+        frame = tables.get(name, pd.DataFrame())
+        if "noisy" not in frame.columns:
+            continue
+        for row in rows(frame[frame["noisy"].map(truthy).eq(True)]):
+            cell = ", ".join(f"{label(k)} {fmt_text(row.get(k))}" for k in keys if not is_missing(row.get(k)))
+            found.append({"table": name, "cell": cell, "cv": row.get("samples_per_s_cv"), "n": row.get("repeats_ok")})
+    return found
+
+
+# Headings for the inventory keys scalerepro.telemetry.inventory writes; any other key gets label(key).
+INVENTORY_TITLES = {
+    "cpu": "CPU",
+    "gpus": "GPUs (NVML)",
+    "cuda_visible": "CUDA devices visible to torch",
+    "nvidia_smi_topo": "GPU and NIC topology (nvidia-smi topo -m)",
+    "infiniband": "InfiniBand ports",
+    "software": "Software",
+    "scheduler": "Scheduler job",
+}
+
+
+def describe_inventory(inventory: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Lay the inventory out generically, in its own order: top-level scalars as one list
+    ("host"), then each mapping as a list, each list of mappings as a table (columns = union of
+    keys), each multi-line text as preformatted text. Keys ending in ``_bytes`` get IEC units."""
+    if inventory is None:
+        return None
+    if not isinstance(inventory, Mapping):
+        return {"host": [("inventory", json.dumps(inventory))], "blocks": []}
+
+    def value(key: str, item: Any, exact: bool = True) -> str:
+        if isinstance(item, (dict, list)):
+            return json.dumps(item, sort_keys=True)
+        if str(key).endswith("_bytes") and _number(item) is not None:
+            return f"{fmt_bytes(item)} ({fmt_int(item)} B)" if exact else fmt_bytes(item)
+        return fmt_text(item)
+
+    def numeric(item: Any) -> bool:
+        return isinstance(item, (int, float)) and not isinstance(item, bool)
+
+    host: list[tuple[str, str]] = []
+    blocks: list[dict[str, Any]] = []
+    for key, item in inventory.items():
+        title = INVENTORY_TITLES.get(key, label(key))
+        if isinstance(item, str) and "\n" in item:
+            blocks.append({"kind": "text", "key": key, "title": title, "text": item})
+        elif isinstance(item, Mapping):
+            blocks.append(
+                {
+                    "kind": "pairs",
+                    "key": key,
+                    "title": title,
+                    "items": [(label(k), value(k, v)) for k, v in item.items()],
+                }
+            )
+        elif isinstance(item, list) and item and all(isinstance(entry, Mapping) for entry in item):
+            columns = list(dict.fromkeys(k for entry in item for k in entry))
+            blocks.append(
+                {
+                    "kind": "table",
+                    "key": key,
+                    "title": title,
+                    "columns": [
+                        (label(column), all(numeric(e.get(column)) for e in item if e.get(column) is not None))
+                        for column in columns
+                    ],
+                    "rows": [[value(column, entry.get(column), exact=False) for column in columns] for entry in item],
+                }
+            )
+        elif isinstance(item, list):
+            host.append((title, ", ".join(value(key, entry) for entry in item) if item else "none"))
+        else:
+            host.append((title, value(key, item)))
+    return {"host": host, "blocks": blocks}
+
+
+def profiling_section(tables_dir: Path, report_dir: Path | None) -> dict[str, Any]:
+    """Per profiled run: its breakdown and classification (profiling.csv), top kernels or
+    operators, Nsight Compute roofline rows, and its raw files with links relative to the report
+    (the files stay in results/profiles/, next to results/report/)."""
+    tables = {name: read_table(tables_dir, name) for name in ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files")}
+
+    def of_run(name: str, run_id: Any) -> list[Row]:
+        frame = tables[name]
+        return rows(frame[frame["run_id"] == run_id]) if "run_id" in frame.columns else []
+
+    runs = []
+    for row in rows(tables["profiling"], ("run_id",)):
+        files = of_run("profiling_files", row["run_id"])
+        for f in files:
+            f["href"] = os.path.relpath(f["path"], report_dir) if report_dir is not None else f["path"]
+        runs.append({"run": row, "kernels": of_run("profiling_kernels", row["run_id"]),
+                     "roofline": of_run("profiling_roofline", row["run_id"]), "files": files})  # fmt: skip
+    return {"planned": (Path(tables_dir) / "profiling.csv").is_file(), "runs": runs}
+
+
+def history_section(
+    history_path: Path | None, versus_table_path: Path | None, versus_facts_path: Path | None,
+    plots_dir: Path | None, config: Mapping[str, Any] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The results store's view of the study (``scalerepro.analysis.history.store``, ``scalerepro.analysis.history.compare``):
+    each headline cell across the stored studies, and the comparison with the baseline when
+    ``compare.baseline`` is set. An absent input is said to be absent, never drawn as empty."""
+    config = config if isinstance(config, Mapping) else {}
+    history = read_table(history_path.parent, history_path.stem) if history_path is not None else pd.DataFrame()
+    studies = int(history["study_id"].nunique()) if "study_id" in history.columns else 0
+    # The store's receipt beside the history (store_study writes both): how many studies it holds.
+    receipt = read_json(history_path.parent / "store.json") if history_path is not None else None
+    section: dict[str, Any] = {
+        "store": (config.get("store") or {}).get("path"),
+        "baseline": (config.get("compare") or {}).get("baseline"),
+        "consulted": history_path is not None and history_path.is_file(),
+        "in_store": receipt.get("studies_in_store") if isinstance(receipt, Mapping) else None,
+        "studies": studies,
+        "rows": rows(history, ("model", "gpus", "per_gpu_batch", "started_at")),
+        "figure": load_figure(plots_dir, "history") if studies >= 2 else None,
+        "versus": None,
+    }
+    if versus_facts_path is not None and versus_table_path is not None:
+        section["versus"] = {
+            "facts": read_json(versus_facts_path) or {},
+            "rows": rows(read_table(versus_table_path.parent, versus_table_path.stem)),
+            "figure": load_figure(plots_dir, "versus_baseline"),
+        }
+    return section
+
+
+def parallelism_why_empty(config: Any, empty: str) -> str:
+    """Why the parallelism section has no rows: the study switched off in the configuration,
+    or (switched on) the table's own state."""
+    settings = config.get("parallelism") if isinstance(config, Mapping) else None
+    if isinstance(settings, Mapping) and not settings.get("enabled", False):
+        return "Not measured: the parallelism study is disabled in the configuration (parallelism.enabled: false)"
+    if config is not None and settings is None:
+        return "Not measured: the configuration has no parallelism study (no parallelism: entry)"
+    return empty
+
+
+def split_cost(cost: pd.DataFrame) -> tuple[list[Row], Row | None]:
+    """The per-study rows of ``cost.csv`` and its 'total' row (None when it has none)."""
+    if "study" not in cost.columns:
+        return rows(cost), None
+    is_total = cost["study"].astype(str) == "total"
+    total = rows(cost[is_total])
+    return rows(cost[~is_total]), (total[0] if total else None)
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------
+
+
+def make_environment(templates_dir: Path) -> jinja2.Environment:
+    """The Jinja environment: templates from ``<templates_dir>/templates``, autoescape on for
+    every template (they are all HTML), filters for the formats above."""
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(templates_dir) / "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    environment.filters.update(
+        text=fmt_text,
+        int=fmt_int,
+        num=fmt_number,
+        rate=fmt_rate,
+        pct=fmt_percent,
+        ratio=fmt_ratio,
+        token=css_token,
+        breakable=breakable,
+    )
+    environment.globals.update(
+        cell=cell,
+        shown_columns=shown_columns,
+        is_numeric_format=is_numeric_format,
+        is_missing=is_missing,
+        MISSING=MISSING,
+    )
+    environment.tests["missing"] = is_missing
+    return environment
+
+
+def _stylesheet(templates_dir: Path) -> str:
+    """The report's own CSS, inlined into a <style> element (and so not escaped)."""
+    path = Path(templates_dir) / "style.css"
+    css = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if "</style" in css.lower():
+        raise ValueError(f"{path} contains '</style', which would end the inlined stylesheet")
+    return css
+
+
+MEASURED_COLUMNS = (
+    "power_mean_w",
+    "energy_per_sample_j",
+    "energy_per_sample_net_j",
+    "gpu_util_mean_pct",
+    "final_train_loss",
+    "final_eval_accuracy",
+)
+
+
+def build_context(
+    tables_dir: Path,
+    plots_dir: Path | None,
+    inventory_path: Path | None,
+    config_path: Path | None,
+    references_path: Path | None,
+    report_dir: Path | None = None,
+    history_path: Path | None = None,
+    versus_table_path: Path | None = None,
+    versus_facts_path: Path | None = None,
+) -> dict[str, Any]:
+    """Everything the templates show, read and derived once."""
+    tables = {name: read_table(Path(tables_dir), name) for name in TABLES}
+    # What an empty table's section says: the file is absent, or there but without rows (e.g. a
+    # study with no sensitivity runs).
+    empty = {
+        name: f"Not measured: {name}.csv "
+        + ("has no rows" if (Path(tables_dir) / f"{name}.csv").is_file() else "is not there")
+        for name in TABLES
+    }
+    runs, scaling = tables["runs"], tables["scaling"]
+    inventory = read_json(inventory_path)
+    config = read_json(config_path)
+    references_doc = read_yaml(references_path) or {}
+    references = list(references_doc.get("references") or [])
+    summary = read_json(Path(tables_dir) / "summary.json")
+    ok = _ok_runs(runs)
+    # Which per-run measurements any completed run has: a section with none says so instead of
+    # showing a table of dashes.
+    measured = {column: bool(column in ok.columns and ok[column].notna().any()) for column in MEASURED_COLUMNS}
+    cost, cost_total = split_cost(tables["cost"])
+    # Why the runs have no NVML figures, as their records say (e.g. a CPU run).
+    nvml_reasons = _unique(ok, "nvml_reason")
+    targets = (config or {}).get("targets") or {} if isinstance(config, dict) else {}
+    return {
+        "empty": empty,
+        "cpu_study": bool(not ok.empty and "device_type" in ok.columns and set(ok["device_type"].dropna()) == {"cpu"}),
+        "tolerance": targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE),
+        "noise_cv_max": targets.get("noise_cv_max", DEFAULT_NOISE_CV_MAX),
+        "noisy": noisy_cells(tables),
+        "comparison_groups": comparison_groups(tables["comparison"]),
+        "verdict_counts": verdict_counts(tables["comparison"]),
+        "generated_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "overview": overview(runs),
+        "summary_json": json.dumps(summary, indent=2, sort_keys=True) if summary is not None else None,
+        "checks": rows(tables["checks"]),
+        "check_counts": _counts(tables["checks"], "status", CHECK_STATUSES),
+        "headline": headline(runs, scaling),
+        "inventory": describe_inventory(inventory),
+        "software": (inventory or {}).get("software") if isinstance(inventory, dict) else None,
+        "scaling": {
+            study: rows(group, ("model", "gpus"))
+            for study, group in (scaling.groupby("study", sort=True) if "study" in scaling.columns else [])
+        },
+        "scaling_unlabelled": rows(scaling, ("model", "gpus")) if "study" not in scaling.columns else [],
+        "sensitivity": rows(tables["sensitivity"], ("model", "gpus", "precision", "per_gpu_batch", "bucket_cap_mb")),
+        # The aggregation's variant order (baseline first) is kept within a model and GPU count.
+        "ablation": rows(tables["ablation"], ("model", "gpus")),
+        # the aggregation's strategy order (matrix order) is kept within a model and GPU count
+        "parallelism": rows(tables["parallelism"], ("model", "gpus")),
+        "parallelism_why_empty": parallelism_why_empty(config, empty["parallelism"]),
+        "communication": rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
+        "comparison": rows(tables["comparison"], ("model", "gpus", "metric", "reference")),
+        "scaling_model": rows(tables["scaling_model"], ("study", "model", "gpus")),
+        "links": (references_doc.get("links") or {}),
+        "unmatched_references": unmatched_references(references, tables["comparison"]),
+        "peaks": gpu_peaks(),
+        "references_path": str(references_path) if references_path is not None else None,
+        "ok_runs": rows(ok, ("study", "model", "gpus", "variant", "repeat", "run_id")),
+        "measured": measured,
+        "nvml_reasons": nvml_reasons,
+        "unfinished": unfinished(runs),
+        "inconsistent": inconsistent(runs),
+        "cost": cost,
+        "cost_total": cost_total,
+        "provenance": provenance(runs),
+        "all_runs": rows(runs, ("study", "model", "gpus", "variant", "repeat", "run_id")),
+        "config_json": json.dumps(config, indent=2) if config is not None else None,
+        "figures": {name: load_figure(plots_dir, name) for name in FIGURE_NAMES},
+        "sections": SECTIONS,
+        "secno": section_numbers(),
+        "sectitle": section_titles(),
+        "tables_dir": str(tables_dir),
+        "profiling": profiling_section(Path(tables_dir), report_dir),
+        "history": history_section(history_path, versus_table_path, versus_facts_path, plots_dir, config),
+    }
+
+
+def render(
+    tables_dir: str | os.PathLike[str],
+    plots_dir: str | os.PathLike[str] | None,
+    inventory_path: str | os.PathLike[str] | None,
+    config_path: str | os.PathLike[str] | None,
+    references_path: str | os.PathLike[str] | None,
+    templates_dir: str | os.PathLike[str],
+    report_dir: str | os.PathLike[str] | None = None,
+    history_path: str | os.PathLike[str] | None = None,
+    versus_table_path: str | os.PathLike[str] | None = None,
+    versus_facts_path: str | os.PathLike[str] | None = None,
+) -> str:
+    """The report as one HTML string. ``templates_dir`` holds ``templates/report.html.j2`` (and
+    its partials) and ``style.css``. Missing inputs become visible holes, never errors."""
+    environment = make_environment(Path(templates_dir))
+    context = build_context(
+        Path(tables_dir),
+        Path(plots_dir) if plots_dir is not None else None,
+        Path(inventory_path) if inventory_path is not None else None,
+        Path(config_path) if config_path is not None else None,
+        Path(references_path) if references_path is not None else None,
+        Path(report_dir) if report_dir is not None else None,
+        *(Path(p) if p is not None else None for p in (history_path, versus_table_path, versus_facts_path)),
+    )
+    context["css"] = _stylesheet(Path(templates_dir))
+    return environment.get_template("report.html.j2").render(**context)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalerepro.analysis.presentation.report",
+        description="Render the scaling study's report as one self-contained HTML file.",
+    )
+    parser.add_argument(
+        "--tables", required=True, type=Path, help="directory of the aggregation's CSV tables and summary.json"
+    )
+    parser.add_argument("--plots", required=True, type=Path, help="directory of <figure>.svg / <figure>.png")
+    parser.add_argument("--inventory", required=True, type=Path, help="system inventory JSON")
+    parser.add_argument("--config", required=True, type=Path, help="the resolved workflow config as JSON")
+    parser.add_argument("--references", required=True, type=Path, help="config/references.yaml")
+    parser.add_argument("--templates", required=True, type=Path, help="directory holding templates/ and style.css")
+    parser.add_argument("--out", required=True, type=Path, help="the HTML file to write")
+    parser.add_argument("--history", type=Path, help="history.csv of the results store (scalerepro.analysis.history.store)")
+    parser.add_argument("--versus-baseline", nargs=2, type=Path, metavar=("CSV", "JSON"), help="the compare rule's table and facts")
+    args = parser.parse_args(argv)
+    versus = args.versus_baseline or (None, None)
+    html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates, args.out.parent,
+                  args.history, *versus)  # fmt: skip
+    write_text_atomically(args.out, html)
+    print(f"report: {args.out} ({len(html.encode('utf-8')) / 1024:.0f} KiB)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The roofline of each profiled kernel: its FLOPs and DRAM bytes from ncu's counters against the
+peaks of the run's GPU (the GPU peak table, ``scalerepro.common.gpu_peaks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from scalerepro.analysis.profiles.intervals import ProfileError
+from scalerepro.common.gpu_peaks import PEAKS, TBPS, TFLOPS, peaks_key
+
+# The tensor-core precisions of a training run; fp32 (TF32 off) runs no tensor-core math: no tensor roof.
+TENSOR_PRECISIONS = ("tf32", "bf16", "fp16", "fp8")
+
+
+def gpu_peaks(key: str, precision: str | None = None) -> dict[str, Any]:
+    """Peaks of the GPU peak table's entry ``key`` (``scalerepro.common.gpu_peaks``), in base
+    units: fp32 FLOP/s (CUDA cores, the roof of the SASS FP counters), the dense tensor-core FLOP/s
+    of ``precision`` (None for fp32, an unknown precision or one the GPU lacks, with
+    ``tensor_reason`` saying which), DRAM bytes/s."""
+    entry = PEAKS.get(key)
+    if entry is None:
+        raise ProfileError(f"the GPU peak table has no {key!r} (known: {', '.join(PEAKS)}): choose one for profiling.gpu_peaks")
+    if entry.hbm_tbps is None:
+        raise ProfileError(f"the GPU peak table gives no memory bandwidth for {entry.name}: no roofline for it")
+    if precision is None:
+        tensor, why = None, "the run's precision is unknown (pass --precision): no tensor-core roof to count against"
+    elif precision not in TENSOR_PRECISIONS:
+        tensor, why = None, f"a {precision} run uses no tensor-core precision"
+    elif entry.tflops(precision) is None:
+        tensor, why = None, f"{entry.name} has no {precision} tensor cores"
+    else:
+        tensor, why = entry.tflops(precision) * TFLOPS, None
+    return {
+        "key": key,
+        "name": entry.name,
+        "precision": precision,
+        "fp32_flops": entry.fp32 * TFLOPS,
+        "tensor_flops": tensor,
+        "tensor_reason": why,
+        "dram_bytes_per_s": entry.hbm_tbps * TBPS,
+    }
+
+
+def resolve_peaks(device_names: Sequence[str], configured: str | None, precision: str | None) -> tuple[dict[str, Any] | None, str]:
+    """The peaks of the GPU the capture ran on (its device name looked up in the GPU peak table)
+    and of the run's precision, and where they come from. The configured key (profiling.gpu_peaks)
+    applies only when the capture names no GPU; a named GPU that the table lacks gets no peaks (its
+    fractions would be of another GPU's roofs)."""
+    names = sorted(set(device_names))
+    found = sorted({key for key in map(peaks_key, names) if key})
+    if len(found) > 1:
+        return None, f"the capture ran on several GPU models ({', '.join(names)}): no single roof"
+    key, basis = (found[0], f"from the capture's device name {', '.join(names)}") if found else (configured, "as configured: the capture names no GPU")
+    if names and not found:
+        return None, f"no entry of the GPU peak table (scalerepro.common.gpu_peaks) names {', '.join(names)}: add it to get a roofline"
+    if key is None:
+        return None, "the capture names no GPU and no gpu_peaks entry is configured"
+    try:
+        peaks = gpu_peaks(key, precision)
+    except ProfileError as error:
+        return None, str(error)
+    return peaks, f"{peaks['name']} (gpu_peaks.{key}, {basis}), {precision or 'precision unknown'}"
+
+
+def precision_of_capture(captures: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The trainer's --precision on a capture's command line (capture.json ``command``), or a
+    ``precision`` the capture states; None when neither says."""
+    for capture in captures.values():
+        if capture.get("precision"):
+            return str(capture["precision"])
+        command = [str(part) for part in capture.get("command") or []]
+        for flag, value in zip(command, command[1:]):
+            if flag == "--precision":
+                return value
+        for part in command:
+            if part.startswith("--precision="):
+                return part.split("=", 1)[1]
+    return None
+
+
+def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per kernel name, over its launches that have a duration: achieved FLOP/s and DRAM B/s,
+    their fractions of the peaks, arithmetic intensity, the attainable FLOP/s at that intensity
+    and which roof bounds it. ``missing`` says what a row lacks (no duration: no rates at all).
+
+    FLOPs = CUDA-core FLOPs (SASS FP counters, FMA = 2) + tensor-core FLOPs, the latter estimated
+    as tensor-pipe utilisation x duration x the dense tensor peak of the run's precision on this
+    GPU (the SASS counters do not see tensor-core work). A kernel with tensor-core work is set
+    against that tensor peak, any other against the CUDA-core FP32 peak. Where the tensor-core
+    work cannot be counted (no tensor-pipe metric in the capture, or no tensor peak for the
+    precision) ``tensor_work`` says so and the FLOPs are the CUDA cores' only."""
+    out = []
+    tensor_peak = peaks.get("tensor_flops")
+    for kernel, every in launches.groupby("kernel", sort=False):
+        group = every[every["duration"].notna()]
+        missing = []
+        if len(group) < len(every):
+            missing.append(f"duration ({len(every) - len(group)} of {len(every)} launches)")
+        seconds = group["duration"].sum() if len(group) else None
+        has_counters = len(group) > 0 and group["flops"].notna().all()
+        has_tensor = len(group) > 0 and group["tensor_pipe_pct"].notna().any()
+        cuda_core = float(group["flops"].sum()) if has_counters else None
+        tensor_busy_s = float((group["tensor_pipe_pct"].fillna(0) / 100 * group["duration"]).sum()) if has_tensor else None
+        tensor: float | None = None
+        if not has_tensor:
+            tensor_work = "not counted: the capture has no tensor-pipe metric for this kernel"
+        elif tensor_busy_s == 0:
+            tensor, tensor_work = 0.0, "none: the tensor pipe was idle"
+        elif tensor_peak is None:
+            tensor_work = f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time, but {peaks.get('tensor_reason')}"
+        elif group["wgmma_instructions"].notna().any() and group["wgmma_instructions"].fillna(0).sum() == 0:
+            # Hopper's tensor-pipe counter also counts mma.sync (HMMA) and the half-precision FMAs
+            # issued to the tensor pipe (HFMA2.MMA, elementwise kernels): neither runs at the wgmma
+            # rate the dense peak is quoted for, so utilisation x that peak would overstate them
+            tensor_work = (f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time with no wgmma instruction "
+                           "(mma.sync or HFMA2.MMA work, which the dense wgmma peak does not bound)")
+            missing.append("tensor-core FLOPs")
+        else:
+            # tensor FLOPs = tensor-pipe busy share x duration x dense tensor peak of the precision
+            tensor = tensor_busy_s * tensor_peak
+            tensor_work = f"estimate: tensor-pipe utilisation x {peaks.get('precision')} tensor peak"
+        if cuda_core is None and tensor is None:
+            flops, source = None, "not measured: no FP counters, and tensor-core work " + tensor_work
+            if len(group):
+                missing.append("FLOP count")
+        else:
+            flops = (cuda_core or 0.0) + (tensor or 0.0)
+            parts = ["SASS FP counters (FMA = 2)" if cuda_core is not None else "no SASS FP counters"]
+            parts.append(f"tensor cores: {tensor_work}")
+            source = "; ".join(parts)
+        on_tensor = tensor is not None and tensor > 0
+        peak = tensor_peak if on_tensor else peaks["fp32_flops"]
+        peak_name = f"{peaks.get('name')} {peaks.get('precision')} dense tensor" if on_tensor else f"{peaks.get('name')} FP32 CUDA cores"
+        dram_bytes = group["dram_bytes"].sum() if len(group) and group["dram_bytes"].notna().all() else None
+        if len(group) and dram_bytes is None:
+            missing.append("DRAM bytes")
+        achieved = flops / seconds if seconds and flops is not None else None
+        bandwidth = dram_bytes / seconds if seconds and dram_bytes is not None else None
+        intensity = flops / dram_bytes if dram_bytes and flops is not None else None
+        ridge = peak / peaks["dram_bytes_per_s"]  # FLOP/byte where the two roofs meet
+        attainable = min(peak, intensity * peaks["dram_bytes_per_s"]) if intensity is not None else None
+        sources = sorted(set(group["dram_bytes_source"].dropna())) if "dram_bytes_source" in group else []
+        out.append(
+            {
+                "kernel": kernel,
+                "launches": len(every),
+                "duration_s": seconds,
+                "flops": flops,
+                "flops_source": source,
+                "cuda_core_flops": cuda_core,
+                "tensor_flops": tensor,
+                "tensor_work": tensor_work,
+                "achieved_flops_per_s": achieved,
+                "peak_flops_per_s": peak,
+                "peak": peak_name,
+                "flops_fraction": achieved / peak if achieved is not None else None,
+                "dram_bytes": dram_bytes,
+                "dram_bytes_source": ", ".join(sources) or None,
+                "dram_bytes_per_s": bandwidth,
+                "dram_fraction": bandwidth / peaks["dram_bytes_per_s"] if bandwidth is not None else None,
+                "arithmetic_intensity": intensity,
+                "ridge_intensity": ridge,
+                "attainable_flops_per_s": attainable,
+                "bound": None if intensity is None else ("memory" if intensity < ridge else "compute"),
+                "sm_throughput_pct": every["sm_throughput_pct"].mean(),
+                "memory_throughput_pct": every["memory_throughput_pct"].mean(),
+                "achieved_occupancy_pct": every["achieved_occupancy_pct"].mean(),
+                "theoretical_occupancy_pct": every["theoretical_occupancy_pct"].mean(),
+                "missing": "; ".join(missing) or None,
+            }
+        )
+    return sorted(out, key=lambda row: -(row["duration_s"] or 0.0))

@@ -1,0 +1,4 @@
+"""Run records to tidy tables: ``readers`` (matrix, records, comm benchmark), ``cell_tables``
+(scaling, sensitivity, ablation, parallelism, cost), ``reproduction`` (published references),
+``checking`` (checks as data), ``repeats`` (statistics over repeats), ``scaling_model`` (the
+alpha-beta model) and ``aggregate`` (the rule's entry point)."""

@@ -1,0 +1,266 @@
+"""Run records + the study matrix -> tidy tables for the plots and the report.
+
+    python -m scalerepro.analysis.tables.aggregate --matrix results/tables/matrix.csv \
+        --comm results/comm/g2.json results/comm/g4.json --references config/references.yaml \
+        --out results/tables --targets "$(yq -o json .targets config/config.yaml)"
+
+Inputs: the matrix (one row per *expected* run, with the path of its record; relative paths are
+resolved against the current directory, the workflow's working directory), the run records
+(``workflow/schemas/run_record.schema.json``), one all-reduce benchmark file per GPU count
+(``scalerepro.training.commbench``) and the published references (``config/references.yaml``). Only the
+record fields listed below are read. Nothing is invented: a figure that cannot be computed is
+empty (NaN) and a ``note``/``detail`` column says why.
+
+Definitions. A *cell* is a group of matrix rows that differ only in ``repeat``. A run *counts*
+when its status is ``ok`` and its record agrees with the matrix (``consistent`` is not false);
+a cell's statistics, and the run-level checks, are over the runs that count (any other repeat
+is in ``repeats_total`` only). thr = median samples/s of a cell, T = median time per epoch of a cell.
+Every cell with repeats has n (repeats_ok), median, min, max, CV and the seeded bootstrap 95 %
+interval of its median, and every ratio of cells (efficiency, gain) an interval from paired
+bootstrap medians (``scalerepro.analysis.tables.repeats``). A cell whose throughput CV exceeds the
+``noise_cv_max`` target (default 0.05) is ``noisy``.
+
+    speedup               S(N) = thr(N) / thr(1)             thr(1): same study and model at 1 GPU
+    strong efficiency     E(N) = thr(N) / (N thr(1))         (= T(1) / (N T(N)), global batch fixed)
+    weak efficiency       E(N) = T(1) / T(N)                 (per-GPU batch and data fixed)
+    ablation gain         G    = thr(variant) / thr(baseline) - 1
+    all-reduce bandwidth  algbw = size / t,  busbw = algbw * 2 (N - 1) / N   (nccl-tests)
+    comparison ratio      measured / published  (reproduced when |ratio - 1| <= reproduce_tolerance)
+    weak variation        (max T - min T) / min T over the GPU counts of a model
+
+Tables written to ``--out`` (CSV, one row per line described):
+
+runs.csv -- one row per matrix row (a run without a record is ``missing``, never dropped).
+    The matrix columns: run_id, study, model, gpus (world size), nodes, gpus_per_node, repeat,
+    variant, precision, per_gpu_batch, global_batch, bucket_cap_mb, runtime_min (time limit
+    requested per run), record (path of its record), rerun (the command that reruns it),
+    reference (the reference a ``reproduce`` run is for; empty in other studies and in matrices
+    from before the column), grad_accum_steps (1 in matrices from before it), parallel (the
+    --parallel strategy; ddp in matrices from before it), data_parallel (replicas reading
+    different data; gpus in matrices from before it); then
+    status            ok | failed | preempted | missing
+    error             the record's error message; for a missing run, why there is no record
+    stop_signal       SIGTERM | SIGUSR1 when the run was stopped by one
+    consistent        the record's world size and node count equal the matrix's gpus and nodes
+                      (empty when the record does not say)
+    samples_per_s, tokens_per_s                  measured window, global (measurements.*)
+    step_time_median_s, step_time_p10_s, step_time_p90_s
+    epoch_time_s      steps per epoch x median step time
+    window_s          seconds of the measured window
+    mfu, exposed_comm_fraction, data_stall_fraction          fractions (0..1)
+    gpu_util_mean_pct, power_mean_w (sum over GPUs), energy_j, energy_per_sample_j   NVML, over
+                      the measured steps (records since energy_per_sample_net_j: evaluation
+                      paused out); energy_per_sample_net_j: the same less the GPUs' idle power
+                      x time, idle_power_w (empty in older records)
+    nvml_reason       why NVML figures are empty (e.g. a CPU run)
+    peak_memory_bytes peak CUDA allocated bytes, else the peak RSS of a rank
+    peak_memory_kind  cuda_allocated | rss
+    final_train_loss, final_eval_loss, final_eval_accuracy   the last history entry
+    duration_s        ended_at - started_at of the record
+    device_type       cuda | cpu
+    device_name       hardware.gpu.name, else the CPU model
+    world_size_recorded, nodes_recorded, scheduler_job_id, git_commit, git_dirty, torch_version,
+    started_at        ISO 8601, UTC
+    precision_recorded, per_gpu_batch_recorded, grad_accum_recorded, tokens_per_sample,
+    channels_last, data_kind, optimizer_kind, compile_mode    the conditions the record states
+    peak_flops_source why mfu is empty, when it is
+    parallel_recorded the strategy the record ran (measurements.sharding.strategy; ddp where the
+                      entry is null; a completed run that names another than the plan does not count)
+    mesh, reshard_after_forward, state_bytes_per_rank_max, state_bytes_per_rank_min (parameters +
+                      optimizer state held by a rank at the end), comm_bytes_per_step (analytic, bytes
+                      each rank sends per optimizer step, summed over its collectives), comm_by_collective
+                      (the same by collective, as text), comm_reason, pipeline_bubble_fraction (pp:
+                      (p-1)/(m+p-1))    measurements.sharding of a sharded run, empty under ddp
+    params_bytes_per_rank, grads_bytes_per_rank, optimizer_bytes_per_rank, activations_bytes_per_rank,
+    activations_reason    measurements.memory_split: each the largest over the ranks (activations =
+                      CUDA peak allocated - the model state; not measured on a CPU, the reason says why)
+epochs.csv -- one row per history entry of every record: run_id, epoch, step, complete
+    (false for a partial last epoch), train_loss, eval_loss, eval_accuracy.
+loss_log.csv -- one row per logged step of every record: run_id, step, loss, samples_per_s.
+scaling.csv -- one row per (study in strong|weak, model, gpus): study, model, gpus, nodes,
+    repeats_ok (n), repeats_total, samples_per_s_median, samples_per_s_min, samples_per_s_max,
+    samples_per_s_cv, samples_per_s_ci_low, samples_per_s_ci_high (95 % interval of the
+    median), noisy, samples_per_s_per_gpu (median / gpus), step_time_median_s, epoch_time_s
+    (medians), epoch_time_cv, speedup, ideal_speedup (= gpus), efficiency (strong or weak,
+    above), efficiency_ci_low, efficiency_ci_high, weak_variation, weak_variation_ci_low,
+    weak_variation_ci_high (weak rows: the model's variation over its GPU counts, above), note.
+sensitivity.csv -- one row per (model, gpus, bucket_cap_mb, per_gpu_batch, precision):
+    those, repeats_ok, repeats_total, the throughput's median, min, max, CV, interval and noisy
+    flag (as scaling.csv), step_time_median_s, exposed_comm_fraction (median), note.
+ablation.csv -- one row per (model, gpus, variant), in matrix order (baseline first): those,
+    repeats_ok, repeats_total, the throughput's median, min, max, CV, interval and noisy flag,
+    gain (fraction; 0.25 = 25 % faster than the baseline), gain_ci_low, gain_ci_high, note.
+parallelism.csv -- one row per (model, gpus, strategy) of the ``parallelism`` study, in matrix
+    order: model, gpus, nodes, parallel, variant, data_parallel, per_gpu_batch (per replica),
+    global_batch (the same for every strategy at a GPU count), repeats_ok, repeats_total, the
+    throughput's median, min, max, CV, interval and noisy flag (as scaling.csv),
+    tokens_per_s_median with tokens_per_s_ci_low/high, tokens_per_s_per_gpu (= tokens/s / gpus),
+    mfu, peak_memory_bytes (a GPU's peak, the largest over ranks), peak_memory_kind, mesh,
+    reshard_after_forward, state_bytes_per_rank_max/min, comm_bytes_per_step, comm_by_collective,
+    pipeline_bubble_fraction, the memory split per rank (params, grads, optimizer, activations),
+    all medians over the counted repeats; device_name, cell (names the row in a check), note
+    ("not measured: <figure> (<why>)" for each empty figure).
+communication.csv -- one row per (gpus, size_bytes): gpus, size_bytes, nodes, backend,
+    time_us_median (slowest rank's median of single all-reduces: not nccl-tests' time, see
+    scalerepro.training.commbench), algbw_gbps, busbw_gbps (GB = 1e9 bytes).
+comparison.csv -- one row per reference in references.yaml, the reproduction group first, then
+    the context (another GPU): reference (its id), group (reproduction | context), kind
+    (published | expected (seed document) | mlperf), model, gpus, metric (samples_per_s |
+    tokens_per_s_per_gpu), published, measured (the median of the ``reproduce`` runs of this
+    reference, in its metric), measured_ci_low, measured_ci_high, repeats, measured_cv, noisy,
+    ratio, verdict (reproduced | above | below | not comparable: <condition> | not measured: see
+    comparison_table), differs (the condition that differs, with both values), measured_cell
+    (the runs), measured_device, measured_conditions and published_conditions (side by side,
+    one line each), the reference's conditions (gpu, precision, per_gpu_samples_per_step, seq_len,
+    memory_format, data, optimizer), framework, metric_notes, source, note.
+checks.csv -- one row per entry of ``targets.checks`` (``--targets``; each entry is data: which
+    table, which rows (where), which metric column, how reduced, threshold, direction, unit; see
+    parse_checks, evaluated by the one ``evaluate``): check (the entry's name), target (text:
+    what is checked and against what), threshold (number), measured (number, in the unit),
+    interval_low, interval_high (the worst row's 95 % interval, where its table has one), value
+    (``measured`` as text), status (pass | fail | inconclusive: the interval holds the
+    threshold | not measured), detail (which rows, or why; on a CPU study what a CPU study judges), unit.
+cost.csv -- one row per study plus a ``total`` row: study, runs (matrix rows),
+    gpu_hours_used = sum(duration_s x gpus) / 3600 and node_hours_used = sum(duration_s x
+    nodes) / 3600 over the runs with a record, gpu_hours_requested = sum(runtime_min / 60 x
+    gpus) and node_hours_requested over every matrix row (what an allocation request states).
+    On a CPU study "gpus" are ranks.
+scaling_model.csv -- the alpha-beta model's predicted step time and efficiency beside the
+    measured ones, and predictions alone beyond the study's hardware (``--predict-gpus``): see
+    ``scalerepro.analysis.tables.scaling_model``.
+summary.json -- run counts by status, device names and types, git commits, torch versions,
+    inconsistent runs, check counts, comparison verdict counts, cpu_study, noisy_cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scalerepro.analysis.columns import CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, TARGETS, VERDICTS
+from scalerepro.analysis.tables import scaling_model
+from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, parallelism_table, scaling_table, sensitivity_table
+from scalerepro.analysis.tables.checking import checks_table, cpu_study, parse_checks
+from scalerepro.analysis.tables.readers import communication_table, read_matrix, read_runs
+from scalerepro.analysis.tables.reproduction import comparison_table, read_references, read_target_gpu
+from scalerepro.common.cli import OneLineErrorParser
+
+
+def summarise(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+    """The aggregation at a glance, for summary.json and the log."""
+    runs, checks = tables["runs"], tables["checks"]
+    statuses = runs["status"].value_counts()
+    return {
+        "runs": len(runs),
+        "status": {status: int(statuses.get(status, 0)) for status in RUN_STATUSES},
+        "inconsistent_runs": sorted(runs.loc[runs["consistent"].eq(False).fillna(False), "run_id"]),
+        "device_names": sorted(runs["device_name"].dropna().unique()),
+        "device_types": sorted(runs["device_type"].dropna().unique()),
+        "git_commits": sorted(runs["git_commit"].dropna().unique()),
+        "torch_versions": sorted(runs["torch_version"].dropna().unique()),
+        "checks": {status: int(checks["status"].eq(status).sum()) for status in CHECK_STATUSES},
+        "comparison": {
+            verdict: int(tables["comparison"]["verdict"].str.startswith(verdict).sum()) for verdict in VERDICTS
+        } if "comparison" in tables else {},
+        "cpu_study": cpu_study(runs),
+        "noisy_cells": int(sum(tables[name]["noisy"].fillna(False).astype(bool).sum()
+                               for name in ("scaling", "sensitivity", "ablation", "parallelism") if name in tables)),
+    }
+
+
+def aggregate(
+    matrix_path: str | os.PathLike[str],
+    comm_paths: Iterable[str | os.PathLike[str]],
+    references_path: str | os.PathLike[str],
+    targets: Mapping[str, Any],
+    predict_gpus: Sequence[int] = scaling_model.DEFAULT_PREDICT_GPUS,
+) -> dict[str, pd.DataFrame]:
+    """Every table, by file stem (see the module docstring)."""
+    comm_paths = list(comm_paths)
+    tolerance = targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE)
+    noise = targets.get("noise_cv_max", DEFAULT_NOISE_CV_MAX)
+    runs, epochs, losses = read_runs(read_matrix(matrix_path))
+    references = read_references(references_path)
+    tables = {
+        "runs": runs,
+        "epochs": epochs,
+        "loss_log": losses,
+        "scaling": scaling_table(runs, noise),
+        "sensitivity": sensitivity_table(runs, noise),
+        "ablation": ablation_table(runs, noise),
+        "parallelism": parallelism_table(runs, noise),
+        "communication": communication_table(comm_paths),
+        "comparison": comparison_table(runs, references, tolerance, noise, read_target_gpu(references_path)),
+        "cost": cost_table(runs),
+    }
+    tables["checks"] = checks_table(tables, targets)
+    tables["scaling_model"] = scaling_model.scaling_model_table(
+        runs, tables["scaling"], comm_paths, references_path, predict_gpus
+    )
+    return tables
+
+
+def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Write ``<name>.csv`` per table and summary.json into ``out_dir``; returns the summary."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        table.to_csv(out / f"{name}.csv", index=False)
+    summary = summarise(tables)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _targets(text: str) -> dict[str, Any]:
+    """``--targets``: the config's ``targets`` mapping as JSON, checked here so that a bad entry
+    stops the aggregation with one line before any table is written."""
+    try:
+        targets = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error}): pass the config's targets mapping as JSON") from None
+    if not isinstance(targets, dict) or set(targets) - set(TARGETS):
+        raise argparse.ArgumentTypeError(f"a mapping of {', '.join(TARGETS)} is expected, got {text[:80]!r}")
+    try:
+        parse_checks(targets)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return targets
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = OneLineErrorParser(
+        prog="python -m scalerepro.analysis.tables.aggregate",
+        description="Join the run records onto the study matrix and write the study's tidy tables.",
+        epilog="targets: " + "; ".join(f"{key}: {what}" for key, what in TARGETS.items()),
+    )
+    parser.add_argument("--matrix", required=True, type=Path, help="matrix.csv, one row per expected run")
+    parser.add_argument("--comm", nargs="*", default=[], type=Path, help="all-reduce benchmark JSON files")
+    parser.add_argument("--references", required=True, type=Path, help="config/references.yaml")
+    parser.add_argument("--out", required=True, type=Path, help="directory for the CSV tables and summary.json")
+    parser.add_argument("--targets", default={}, type=_targets, metavar="JSON", help="the config's targets mapping")
+    parser.add_argument(
+        "--predict-gpus", nargs="*", type=int, default=list(scaling_model.DEFAULT_PREDICT_GPUS), metavar="N",
+        help="GPU counts the scaling model predicts beyond the study's hardware (links from --references)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    tables = aggregate(args.matrix, args.comm, args.references, args.targets, args.predict_gpus)
+    summary = write_tables(tables, args.out)
+    print(
+        f"aggregate: {summary['runs']} runs {summary['status']}, checks {summary['checks']}, "
+        f"{len(tables)} tables in {args.out} ({time.perf_counter() - start:.2f} s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

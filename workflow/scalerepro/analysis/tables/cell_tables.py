@@ -1,0 +1,255 @@
+"""Cells of repeats and the tables built from them: scaling (strong and weak), sensitivity,
+ablation, parallelism and cost, each figure a median with its spread over the cell's repeats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from scalerepro.analysis.columns import (
+    ABLATION_COLUMNS,
+    DEFAULT_NOISE_CV_MAX,
+    PARALLELISM_COLUMNS,
+    PARALLELISM_KEYS,
+    SCALING_COLUMNS,
+    SENSITIVITY_COLUMNS,
+    SENSITIVITY_KEYS,
+    SHARDING_FIGURES,
+    WEAK_VARIATION,
+)
+from scalerepro.analysis.tables import repeats
+
+# --------------------------------------------------------------------------------------------
+# Cells: statistics over the completed repeats
+# --------------------------------------------------------------------------------------------
+
+
+def _joined(values: pd.Series) -> str:
+    return ", ".join(sorted(values.dropna().astype(str).unique()))
+
+
+def counts(runs: pd.DataFrame) -> pd.Series:
+    """The runs that count: completed, and the record agrees with the plan (the ``counts``
+    column of runs.csv; read that column, do not call this again)."""
+    return (runs["status"].eq("ok") & runs["consistent"].ne(False).fillna(True)).astype(bool)
+
+
+def _values(runs: pd.DataFrame, column: str) -> pd.Series:
+    """``column`` of the runs that count, NaN for the others (which median, min and max skip)."""
+    return runs[column].where(runs["counts"])
+
+
+def cell_stats(runs: pd.DataFrame, keys: Sequence[str], noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    """One row per cell (``keys``), in first-seen order: repeats planned and counted, the median
+    of each figure over the repeats that count, and the spread of the throughput (min, max, CV,
+    the bootstrap 95 % interval of the median: scalerepro.analysis.tables.repeats); ``noisy`` when the
+    CV exceeds ``noise_cv_max``."""
+    ok = runs["counts"]
+    measures = ["samples_per_s", "tokens_per_s", "step_time_median_s", "epoch_time_s", "exposed_comm_fraction"]
+    # a repeat that does not count gets NaN, which median/min/max skip
+    frame = runs[list(keys)].join(runs[[*measures, "device_name"]].where(ok, axis=0)).assign(ok=ok)
+    groups = frame.groupby(list(keys), sort=False, dropna=False)
+    cells = groups.agg(
+        repeats_ok=("ok", "sum"),
+        repeats_total=("ok", "size"),
+        samples_per_s_median=("samples_per_s", "median"),
+        samples_per_s_min=("samples_per_s", "min"),
+        samples_per_s_max=("samples_per_s", "max"),
+        tokens_per_s_median=("tokens_per_s", "median"),
+        step_time_median_s=("step_time_median_s", "median"),
+        epoch_time_s=("epoch_time_s", "median"),
+        exposed_comm_fraction=("exposed_comm_fraction", "median"),
+        device_name=("device_name", _joined),
+    ).reset_index()
+    spread = [
+        (repeats.describe(group["samples_per_s"], key), repeats.describe(group["epoch_time_s"], ("epoch", key)))
+        for key, group in groups
+    ]
+    cells["samples_per_s_cv"] = [thr["cv"] for thr, _ in spread]
+    cells["samples_per_s_ci_low"] = [thr["ci_low"] for thr, _ in spread]
+    cells["samples_per_s_ci_high"] = [thr["ci_high"] for thr, _ in spread]
+    cells["epoch_time_cv"] = [epoch["cv"] for _, epoch in spread]
+    # noisy: the throughput's CV over the repeats above the target (never with fewer than 2)
+    cells["noisy"] = cells["samples_per_s_cv"].gt(noise_cv_max)
+    return cells
+
+
+def _cell_values(runs: pd.DataFrame, column: str, where: pd.Series) -> np.ndarray:
+    return _values(runs, column)[where].dropna().to_numpy(dtype=float)
+
+
+NO_REPEAT = "no completed repeat"
+
+
+def _noise_note(cells: pd.DataFrame) -> pd.Series:
+    return "noisy: throughput CV " + (100 * cells["samples_per_s_cv"]).round(1).astype(str) + " % over the repeats"
+
+
+def scaling_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    scaled = runs[runs["study"].isin(["strong", "weak"])]
+    cells = cell_stats(scaled, ["study", "model", "gpus", "nodes"], noise_cv_max)
+    one = cells.loc[cells["gpus"].eq(1), ["study", "model", "samples_per_s_median", "epoch_time_s"]]
+    cells = cells.merge(one, on=["study", "model"], how="left", suffixes=("", "_1gpu"))
+    thr, thr1 = cells["samples_per_s_median"], cells["samples_per_s_median_1gpu"]
+    cells["samples_per_s_per_gpu"] = thr / cells["gpus"]
+    cells["speedup"] = thr / thr1  # S(N) = thr(N) / thr(1)
+    cells["ideal_speedup"] = cells["gpus"]
+    cells["efficiency"] = np.where(
+        cells["study"].eq("strong"),
+        thr / (cells["gpus"] * thr1),  # strong: E = thr(N) / (N thr(1))
+        cells["epoch_time_s_1gpu"] / cells["epoch_time_s"],  # weak: E = T(1) / T(N)
+    )
+    # the efficiency's 95 % interval: the same formula on paired bootstrap medians of the two cells
+    low, high = [], []
+    for study, model, gpus in zip(cells["study"], cells["model"], cells["gpus"]):
+        at = scaled["study"].eq(study) & scaled["model"].eq(model)
+        column = "samples_per_s" if study == "strong" else "epoch_time_s"
+        n_cell = (_cell_values(scaled, column, at & scaled["gpus"].eq(gpus)), (study, model, gpus, column))
+        one_cell = (_cell_values(scaled, column, at & scaled["gpus"].eq(1)), (study, model, 1, column))
+        if study == "strong":
+            bounds = repeats.ratio_interval([n_cell, one_cell], lambda n, one, g=gpus: n / (g * one))
+        else:
+            bounds = repeats.ratio_interval([n_cell, one_cell], lambda n, one: one / n)
+        low.append(bounds[0])
+        high.append(bounds[1])
+    cells["efficiency_ci_low"], cells["efficiency_ci_high"] = low, high
+    cells = cells.merge(weak_variation(scaled, cells), on=["study", "model"], how="left")
+    cells["note"] = np.select(
+        [cells["repeats_ok"].eq(0), thr1.isna(), cells["noisy"]],
+        [NO_REPEAT, "no completed 1-GPU run of this study and model: speedup and efficiency undefined",
+         _noise_note(cells)],
+        "",
+    )  # fmt: skip
+    return cells.sort_values(["study", "model", "gpus"], kind="stable")[list(SCALING_COLUMNS)].reset_index(drop=True)
+
+
+def weak_variation(scaled: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
+    """Per weak-scaling model with epoch times at two or more GPU counts: the variation
+    (max T - min T) / min T over those counts, and its 95 % interval from paired bootstrap medians
+    of every count's epoch time. One row per (study, model); the scaling table repeats it on each
+    of the model's weak rows (a derived column, so a check on it is a plain select + reduce)."""
+    weak = cells[cells["study"].eq("weak")].dropna(subset=["epoch_time_s"])
+    rows = []
+    for model, group in weak.groupby("model", sort=False):
+        if len(group) < 2:
+            continue
+        times = group["epoch_time_s"]
+        at = scaled["study"].eq("weak") & scaled["model"].eq(model)
+        per_count = [(_cell_values(scaled, "epoch_time_s", at & scaled["gpus"].eq(g)), ("weak", model, g, "epoch_time_s"))
+                     for g in sorted(group["gpus"])]  # fmt: skip
+        low, high = repeats.ratio_interval(per_count, lambda *m: (np.max(m, axis=0) - np.min(m, axis=0)) / np.min(m, axis=0))
+        rows.append(("weak", model, (times.max() - times.min()) / times.min(), low, high))
+    return pd.DataFrame(rows, columns=["study", "model", *WEAK_VARIATION])
+
+
+def sensitivity_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    cells = cell_stats(runs[runs["study"].eq("sensitivity")], SENSITIVITY_KEYS, noise_cv_max)
+    cells["note"] = np.select([cells["repeats_ok"].eq(0), cells["noisy"]], [NO_REPEAT, _noise_note(cells)], "")
+    return cells[list(SENSITIVITY_COLUMNS)]
+
+
+def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    ablation = runs[runs["study"].eq("ablation")]
+    cells = cell_stats(ablation, ["model", "gpus", "variant"], noise_cv_max)
+    baseline = cells.loc[cells["variant"].eq("baseline"), ["model", "gpus", "samples_per_s_median"]]
+    cells = cells.merge(baseline, on=["model", "gpus"], how="left", suffixes=("", "_baseline"))  # keeps matrix order
+    # G = thr(variant) / thr(baseline) - 1
+    cells["gain"] = cells["samples_per_s_median"] / cells["samples_per_s_median_baseline"] - 1
+    low, high = [], []
+    for model, gpus, variant in zip(cells["model"], cells["gpus"], cells["variant"]):
+        at = ablation["model"].eq(model) & ablation["gpus"].eq(gpus)
+        this = (_cell_values(ablation, "samples_per_s", at & ablation["variant"].eq(variant)), (model, gpus, variant))
+        base = (_cell_values(ablation, "samples_per_s", at & ablation["variant"].eq("baseline")), (model, gpus, "baseline"))
+        bounds = repeats.ratio_interval([this, base], lambda v, b: v / b - 1) if variant != "baseline" else (0.0, 0.0)
+        low.append(bounds[0])
+        high.append(bounds[1])
+    cells["gain_ci_low"], cells["gain_ci_high"] = low, high
+    cells["note"] = np.select(
+        [cells["repeats_ok"].eq(0), cells["samples_per_s_median_baseline"].isna(), cells["noisy"]],
+        [NO_REPEAT, "no completed baseline run: gain undefined", _noise_note(cells)],
+        "",
+    )
+    return cells[list(ABLATION_COLUMNS)]
+
+
+def parallelism_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    """One row per (model, gpus, strategy) of the ``parallelism`` study, in matrix order: the
+    throughput's statistics (cell_stats), tokens/s with its interval, and the medians over the
+    counted repeats of MFU, peak memory per GPU and the sharding figures. Every empty figure of a
+    cell with a completed repeat is named in ``note`` as "not measured: <figure> (<why>)"."""
+    study = runs[runs["study"].eq("parallelism")]
+    keys = list(PARALLELISM_KEYS)
+    cells = cell_stats(study, keys, noise_cv_max)
+    groups = study.assign(**{c: _values(study, c) for c in ("tokens_per_s", "mfu", "peak_memory_bytes", *SHARDING_FIGURES)})
+    groups = groups.groupby(keys, sort=False, dropna=False)
+    tokens = [repeats.describe(group["tokens_per_s"], ("tokens", *key)) for key, group in groups]
+    cells["tokens_per_s_ci_low"] = [t["ci_low"] for t in tokens]
+    cells["tokens_per_s_ci_high"] = [t["ci_high"] for t in tokens]
+    # tokens/s per GPU = tokens/s (global, median over the repeats) / gpus
+    cells["tokens_per_s_per_gpu"] = cells["tokens_per_s_median"] / cells["gpus"]
+    # MFU = achieved FLOP/s / (gpus x peak FLOP/s per GPU), as each record computed it; median here
+    figures = groups[["mfu", "peak_memory_bytes", *SHARDING_FIGURES]].median().reset_index(drop=True)
+    for column in figures:
+        cells[column] = figures[column].to_numpy()
+    counted = study[study["counts"]].groupby(keys, sort=False, dropna=False)
+    text = {c: counted[c].agg(_joined) for c in ("peak_memory_kind", "mesh", "reshard_after_forward", "peak_flops_source",
+                                                 "comm_reason", "comm_by_collective", "activations_reason")}  # fmt: skip
+    for column, values in text.items():
+        cells[column] = [values.get(tuple(key), "") for key in cells[keys].itertuples(index=False)]
+    cells["note"] = [_parallelism_note(cell) for cell in cells.to_dict("records")]
+    cells["cell"] = cells["model"] + " g" + cells["gpus"].astype(str) + " " + cells["parallel"]  # names it in a check
+    return cells[list(PARALLELISM_COLUMNS)]
+
+
+def _parallelism_note(cell: Mapping[str, Any]) -> str:
+    """Why each empty figure of a parallelism cell is empty, so a hole never reads as a zero."""
+    if not cell["repeats_ok"]:
+        return f"not measured: {NO_REPEAT} of {cell['repeats_total']} planned (see the failed or missing runs)"
+    notes, sharded = [], cell["parallel"] != "ddp"
+    if pd.isna(cell["tokens_per_s_median"]):
+        notes.append("not measured: tokens/s (the model has no tokens per sample)")
+    if pd.isna(cell["mfu"]):
+        notes.append(f"not measured: MFU ({cell['peak_flops_source'] or 'the records give no peak FLOP/s'})")
+    if pd.isna(cell["peak_memory_bytes"]):
+        notes.append("not measured: peak memory (the records give none)")
+    elif cell["peak_memory_kind"] == "rss":
+        notes.append("peak memory is a rank's peak RSS (host memory, no GPU), not device memory")
+    if pd.isna(cell["state_bytes_per_rank_max"]):
+        notes.append(
+            "not measured: state bytes per rank (the trainer records them for sharded runs; under ddp every rank "
+            "holds the whole model and optimizer state)" if not sharded else
+            "not measured: state bytes per rank (the records have no sharding entry)"
+        )  # fmt: skip
+    if pd.isna(cell["comm_bytes_per_step"]):
+        why = cell["comm_reason"] or (
+            "not counted under ddp: the trainer counts it for the sharded strategies (fsdp, tp, fsdp+tp, pp)" if not sharded
+            else "the records have no analytic volume"
+        )  # fmt: skip
+        notes.append(f"not measured: communication per step ({why})")
+    if pd.isna(cell["activations_bytes_per_rank"]) and not pd.isna(cell["params_bytes_per_rank"]):
+        notes.append(f"not measured: activation memory ({cell['activations_reason'] or 'the records give none'})")
+    if cell["noisy"]:
+        notes.append(f"noisy: throughput CV {100 * cell['samples_per_s_cv']:.1f} % over the repeats")
+    return "; ".join(notes)
+
+
+# --------------------------------------------------------------------------------------------
+# Cost, summary, entry points
+# --------------------------------------------------------------------------------------------
+
+
+def cost_table(runs: pd.DataFrame) -> pd.DataFrame:
+    hours = runs.assign(
+        gpu_hours_used=runs["duration_s"] * runs["gpus"] / 3600,  # runs without a record add nothing
+        node_hours_used=runs["duration_s"] * runs["nodes"] / 3600,
+        gpu_hours_requested=runs["runtime_min"] / 60 * runs["gpus"],
+        node_hours_requested=runs["runtime_min"] / 60 * runs["nodes"],
+    )
+    columns = ["gpu_hours_used", "node_hours_used", "gpu_hours_requested", "node_hours_requested"]
+    per_study = hours.groupby("study", sort=False).agg(runs=("run_id", "size"), **{c: (c, "sum") for c in columns})
+    per_study.loc["total"] = per_study.sum()
+    return per_study.rename_axis("study").reset_index().astype({"runs": int})

@@ -1,0 +1,186 @@
+"""Reading a study's files into frames: the matrix, each run's JSON record (one row of runs.csv, its
+epochs and its loss curve) and the communication benchmark's CSVs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from scalerepro.analysis.columns import (
+    COMM_COLUMNS,
+    EPOCH_COLUMNS,
+    LOSS_COLUMNS,
+    MATRIX_COLUMNS,
+    MEMORY_SPLIT,
+    OPTIONAL_MATRIX_COLUMNS,
+    RECORD_COLUMNS,
+    RECORD_FIELDS,
+    RUN_COLUMNS,
+)
+from scalerepro.analysis.tables.cell_tables import counts
+
+# --------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------
+
+
+def _dig(document: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(document, dict):
+            return None
+        document = document.get(key)
+    return document
+
+
+def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], list[tuple]]:
+    """One record as (its runs.csv fields, its epochs.csv rows, its loss_log.csv rows).
+    A record that is absent or unreadable gives status "missing" and the reason as its error."""
+    try:
+        document = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        return {"run_id": run_id, "status": "missing", "error": f"no run record at {path}"}, [], []
+    except (OSError, ValueError) as error:
+        return {"run_id": run_id, "status": "missing", "error": f"unreadable run record {path}: {error}"}, [], []
+    fields = {column: _dig(document, where) for column, where in RECORD_FIELDS.items()}
+    if fields["per_gpu_batch_recorded"] is None:  # records of schema version 2 name it batch.per_rank
+        fields["per_gpu_batch_recorded"] = _dig(document, ("batch", "per_rank"))
+    memory = _dig(document, ("measurements", "memory")) or {}
+    allocated, rss = memory.get("allocated_bytes_max"), memory.get("rss_bytes_max")
+    history = document.get("history") or []
+    last = history[-1] if history else {}
+    fields.update(
+        run_id=run_id,
+        error=_dig(document, ("error", "message")),
+        peak_memory_bytes=rss if allocated is None else allocated,
+        peak_memory_kind="cuda_allocated" if allocated is not None else "rss" if rss is not None else None,
+        final_train_loss=last.get("train_loss"),
+        final_eval_loss=last.get("eval_loss"),
+        final_eval_accuracy=last.get("eval_accuracy"),
+        device_name=_dig(document, ("hardware", "gpu", "name")) or _dig(document, ("hardware", "cpu_model")),
+        **_sharding(_dig(document, ("measurements",))),
+    )
+    if fields["status"] == "ok" and not (_dig(document, ("measurements", "measured_steps")) and fields["samples_per_s"]):
+        # A record with no measurements is a failure, whatever it says of itself.
+        fields.update(status="failed", error="the record says ok but its measured window is empty (no steps, no throughput)")
+    if fields["scheduler_job_id"] is not None:
+        fields["scheduler_job_id"] = str(fields["scheduler_job_id"])  # an integer or a string in the schema
+    epochs = [(run_id, *map(entry.get, EPOCH_COLUMNS[1:])) for entry in history]
+    losses = [(run_id, *map(entry.get, LOSS_COLUMNS[1:])) for entry in document.get("loss_log") or []]
+    return fields, epochs, losses
+
+
+def _sharding(measurements: Any) -> dict[str, Any]:
+    """The strategy a record says it ran (parallel_recorded: measurements.sharding.strategy, "ddp"
+    where the entry is there and null, None where the record predates it or measured nothing),
+    its device mesh as text ("2x2 (dp_shard, tp)"), its communication per step and its memory
+    split per rank."""
+    measurements = measurements if isinstance(measurements, dict) else {}
+    split = _memory_split(measurements.get("memory_split"))
+    unsharded = {"mesh": None, "comm_bytes_per_step": None, "comm_by_collective": None, **split}
+    if "sharding" not in measurements:
+        return {"parallel_recorded": None, **unsharded}
+    sharding = measurements["sharding"]
+    if not isinstance(sharding, dict):
+        return {"parallel_recorded": "ddp", **unsharded}
+    mesh = sharding.get("mesh") or {}
+    shape = "x".join(str(n) for n in mesh.get("shape") or ())
+    dims = ", ".join(mesh.get("dims") or ())
+    # the analytic bytes a rank sends per optimizer step, by collective (the keys differ by strategy:
+    # all_gather/reduce_scatter under fsdp, tp_* and dp_* under tp and fsdp+tp, send_* under pp)
+    volume = sharding.get("comm_bytes_per_step_analytic")
+    volume = {k: v for k, v in volume.items() if isinstance(v, (int, float))} if isinstance(volume, dict) else {}
+    return {
+        "parallel_recorded": sharding.get("strategy"),
+        "mesh": f"{shape} ({dims})" if dims else shape or None,
+        # communication per step = the sum over the collectives of the bytes each rank sends
+        "comm_bytes_per_step": float(sum(volume.values())) if volume else None,
+        "comm_by_collective": "; ".join(f"{k} {v:,.0f} B" for k, v in volume.items()) or None,
+        **split,
+    }
+
+
+def _memory_split(split: Any) -> dict[str, Any]:
+    """measurements.memory_split: bytes of parameters, gradients, optimizer state and activations,
+    each the largest over the ranks (the rank that sets a GPU's memory need)."""
+    ranks = split.get("per_rank") if isinstance(split, dict) else None
+    if not isinstance(ranks, list) or not ranks:
+        return dict.fromkeys(MEMORY_SPLIT)
+    values = {column: [r.get(kind) for r in ranks if isinstance(r, dict) and r.get(kind) is not None] for column, kind in MEMORY_SPLIT.items()}
+    return {column: max(found) if found else None for column, found in values.items()}
+
+
+def read_matrix(path: str | os.PathLike[str]) -> pd.DataFrame:
+    matrix = pd.read_csv(path, dtype={"run_id": str, "variant": str, "record": str, "rerun": str, "reference": str})
+    absent = [column for column in MATRIX_COLUMNS if column not in matrix.columns]
+    if absent:
+        raise ValueError(f"{path}: the study matrix lacks the columns {absent}")
+    if matrix["run_id"].duplicated().any():
+        raise ValueError(f"{path}: run_id repeats: {sorted(matrix.loc[matrix.run_id.duplicated(), 'run_id'])}")
+    for column, default in OPTIONAL_MATRIX_COLUMNS.items():  # a matrix from before the column
+        matrix[column] = matrix[column].fillna(default) if column in matrix.columns else default
+    # data_parallel: the replicas reading different data; every rank is one under DDP (older matrices)
+    matrix["data_parallel"] = matrix["data_parallel"].fillna(matrix["gpus"]).astype(int)
+    return matrix.assign(variant=matrix["variant"].fillna(""), grad_accum_steps=matrix["grad_accum_steps"].astype(int))
+
+
+def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """runs, epochs and loss_log tables: every matrix row left-joined with its record."""
+    # Sequential on purpose: json.loads holds the GIL and a page-cached read is ~20 us, so a
+    # thread pool was measured slower (10,000 records: 1.5-2.8 s with 2-8 threads vs 1.1 s).
+    parsed = list(map(read_record, matrix["run_id"], matrix["record"]))
+    fields = pd.DataFrame.from_records([p[0] for p in parsed], columns=RECORD_COLUMNS)
+    runs = matrix.merge(fields, on="run_id", how="left", validate="one_to_one")
+    ended = pd.to_datetime(runs["ended_at"], format="ISO8601", utc=True)
+    started = pd.to_datetime(runs["started_at"], format="ISO8601", utc=True)
+    runs["duration_s"] = (ended - started).dt.total_seconds()
+    for column in ("world_size_recorded", "nodes_recorded", "peak_memory_bytes", "per_gpu_batch_recorded",
+                   "grad_accum_recorded", "tokens_per_sample"):  # fmt: skip
+        runs[column] = runs[column].astype("Int64")
+    runs["channels_last"] = runs["channels_last"].astype("boolean")
+    for column in ("state_bytes_per_rank_max", "state_bytes_per_rank_min", *MEMORY_SPLIT):
+        runs[column] = runs[column].astype("Int64")
+    recorded = runs["world_size_recorded"].notna() & runs["nodes_recorded"].notna()
+    matches = runs["world_size_recorded"].eq(runs["gpus"]) & runs["nodes_recorded"].eq(runs["nodes"])
+    # ... and a completed run's record names the planned --parallel strategy (where it names one)
+    matches &= runs["parallel_recorded"].isna() | runs["parallel_recorded"].eq(runs["parallel"]) | runs["status"].ne("ok")
+    runs["consistent"] = matches.astype("boolean").where(recorded)
+    runs["git_dirty"] = runs["git_dirty"].astype("boolean")
+    epochs = pd.DataFrame.from_records([row for p in parsed for row in p[1]], columns=EPOCH_COLUMNS)
+    losses = pd.DataFrame.from_records([row for p in parsed for row in p[2]], columns=LOSS_COLUMNS)
+    # Whether a run counts is decided here, once, and read from runs.csv by every table, figure
+    # and the report.
+    runs["counts"] = counts(runs)
+    return runs[list(RUN_COLUMNS)], epochs, losses
+
+
+# --------------------------------------------------------------------------------------------
+# Communication and published references
+# --------------------------------------------------------------------------------------------
+
+
+def communication_table(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
+    """All-reduce results of every file; the bandwidths are checked against the times."""
+    frames = []
+    for path in paths:
+        document = json.loads(Path(path).read_text())
+        frame = pd.DataFrame(document["results"], columns=["size_bytes", "time_us_median", "algbw_gbps", "busbw_gbps"])
+        n = document["world_size"]
+        algbw = frame["size_bytes"] / (frame["time_us_median"] * 1e3)  # algbw = size / t, in GB/s
+        busbw = algbw * 2 * (n - 1) / n  # busbw = algbw * 2 (N - 1) / N
+        consistent = np.allclose(frame["algbw_gbps"], algbw, rtol=1e-6) and np.allclose(
+            frame["busbw_gbps"], busbw, rtol=1e-6
+        )
+        if not consistent:
+            raise ValueError(f"{path}: algbw_gbps/busbw_gbps disagree with size / time and 2 (N - 1) / N for N = {n}")
+        frames.append(frame.assign(gpus=n, nodes=document["nodes"], backend=document["backend"]))
+    if not frames:
+        return pd.DataFrame(columns=COMM_COLUMNS)
+    table = pd.concat(frames, ignore_index=True)[list(COMM_COLUMNS)]
+    return table.sort_values(["gpus", "size_bytes"], ignore_index=True)

@@ -1,0 +1,455 @@
+"""The alpha-beta scaling model: predict the step time and the scaling efficiency at N GPUs from
+a one-GPU run and the all-reduce benchmark, and set the prediction beside the measurement.
+
+Inputs. From the one-GPU run's record (``measurements.backward_buckets``, ``scalerepro.training.buckets``):
+DDP's gradient buckets in all-reduce order, bytes S_k and ready time r_k (backward start -> every
+gradient of bucket k accumulated), and the compute phases of one step (forward f, backward b,
+optimizer o, A micro-batches per step), plus the run's median step time t(1). From the all-reduce
+benchmark at N GPUs (``scalerepro.training.commbench``, results/comm/g<N>.json): time t over message size S.
+
+Network (ring all-reduce: a reduce-scatter and an all-gather, 2(N-1) steps, each sending S/N
+bytes over the ring's slowest link):
+
+    t_ring(S, N) = 2(N-1) alpha + 2(N-1)/N * S / B
+
+alpha: latency of one ring step (s), B: the slowest link's bandwidth (bytes/s). With x1 = 2(N-1)
+and x2 = 2(N-1)/N * S the model is linear in (alpha, 1/B); it is fitted to the benchmark's
+median times by least squares on the relative error, sum(((t_ring - t) / t)^2), because the
+sizes span orders of magnitude and absolute errors would ignore the small messages that
+determine alpha. (busbw = S/t * 2(N-1)/N tends to B for large S: B is the measured bus
+bandwidth.) For GPU counts beyond the study's hardware, alpha and B come from what the study
+measured on the same kind of link: the fit at the largest count measured within one node for N
+GPUs that fit in one node, the fit at the largest count measured across nodes for N that span
+nodes. Where the study measured no such link, they come from ``links`` in
+config/references.yaml: NVLink within a node, InfiniBand across nodes (a ring is as fast as its
+slowest link), B = line rate x the link's efficiency (default 0.85: all-reduce bus bandwidth
+does not reach the line rate; the source of each figure is in the file and in the table).
+
+Step (all-reduces in bucket order on one communication stream, each starting when its bucket is
+ready and the previous all-reduce is done, overlapping the rest of the backward):
+
+    m_N, A_N = the micro-batch per GPU and micro-batches per step at N (integers: the matrix's
+         per_gpu_batch and grad_accum_steps for a measured count; beyond the hardware, strong
+         scaling splits the study's global batch G into G / N per GPU, in micro-batches of at
+         most the 1-GPU micro-batch m_1, and a G that does not split evenly gets no prediction;
+         weak scaling keeps m_1 and A_1)
+    c  = compute scale = m_N / m_1   (compute time proportional to the micro-batch: an assumption)
+    e_0 = 0;  e_k = max(c r_k, e_(k-1)) + t_ring(S_k, N)            end of bucket k's all-reduce
+    other = t(1) - (A_1 (f + b) + o)                                 data wait and loop overhead
+                                                                     of the measured 1-GPU step
+    (when the probe's phases add up to more than t(1), its few steps having caught a slower
+    moment than the window's median, f, b, o and every r_k are scaled by t(1) / (A_1 (f + b) + o),
+    so that the model gives t(1) back at one GPU)
+    t(N) = other + A_N c f + (A_N - 1) c b + max(c b, e_last) + o    (only the last micro-batch
+                                                                     all-reduces: no_sync)
+
+The optimizer and "other" do not shrink with the batch. Predicted efficiency, by the study's
+definitions (``scalerepro.analysis.tables.aggregate``) with median step times on both sides:
+
+    strong (global batch fixed)     E(N) = thr(N) / (N thr(1)) = t(1) / (N t(N))
+    weak (per-GPU batch, data fixed) E(N) = T(1) / T(N)        = t(1) / t(N)   (same steps per epoch)
+
+What it leaves out: contention for memory bandwidth and cores between ranks on one host (and
+between the all-reduce and the backward on one GPU), DDP's copies into and out of the buckets,
+stragglers and the data loader at N ranks.
+
+Table ``scaling_model.csv``, one row per (study, model, GPU count), in strong|weak order:
+    study, model, gpus, nodes, basis (measured: a measured cell, prediction beside it |
+    predicted: a count beyond the study's hardware, prediction alone), network (where alpha and
+    B come from), alpha_step_us, link_gbps (B in GB/s, 1e9 bytes/s), global_batch,
+    per_gpu_batch (m_N), grad_accum_steps (A_N), compute_scale (c), buckets, gradient_bytes,
+    allreduce_s (sum of t_ring over the buckets), exposed_comm_s (max(c b, e_last) - c b),
+    step_time_measured_s, step_time_predicted_s, step_time_error (predicted / measured - 1),
+    efficiency_measured (scaling.csv's), efficiency_predicted, efficiency_error (predicted -
+    measured), profile_run (the one-GPU run whose buckets were replayed), note.
+
+This module is on the analysis side: it never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+SCALING_MODEL_COLUMNS = (
+    "study", "model", "gpus", "nodes", "basis", "network", "alpha_step_us", "link_gbps", "global_batch",
+    "per_gpu_batch", "grad_accum_steps", "compute_scale", "buckets", "gradient_bytes", "allreduce_s",
+    "exposed_comm_s", "step_time_measured_s", "step_time_predicted_s", "step_time_error", "efficiency_measured",
+    "efficiency_predicted", "efficiency_error", "profile_run", "note",
+)  # fmt: skip
+DEFAULT_PREDICT_GPUS = (8, 16, 64)
+# The share of a link's line rate an all-reduce reaches as bus bandwidth, where references.yaml
+# gives none for the link (issue 14: NVLink 4 all-reduce reaches about 370 of 450 GB/s).
+DEFAULT_LINK_EFFICIENCY = 0.85
+
+
+# --------------------------------------------------------------------------------------------
+# Network: the ring all-reduce and its fit
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RingNetwork:
+    """The alpha-beta model of a ring all-reduce over ``gpus`` GPUs."""
+
+    gpus: int
+    alpha_step_s: float  # latency of one of the 2(N-1) ring steps
+    link_bytes_per_s: float  # B: the ring's slowest link
+    source: str  # where alpha and B come from
+
+    def allreduce_s(self, size_bytes: float) -> float:
+        """t_ring(S, N) = 2(N-1) alpha + 2(N-1)/N * S / B; nothing to reduce on one GPU."""
+        n = self.gpus
+        if n == 1:
+            return 0.0
+        return 2 * (n - 1) * self.alpha_step_s + 2 * (n - 1) / n * size_bytes / self.link_bytes_per_s
+
+
+def fit_ring(sizes_bytes: Sequence[float], times_s: Sequence[float], gpus: int, source: str = "fit") -> RingNetwork:
+    """alpha and B of t_ring(S, N) by least squares on the relative error (module docstring).
+    A negative alpha (noise on a link whose latency is below the resolution) is refitted as 0; a
+    time that does not grow with the size (noise over a latency-bound range of sizes) leaves B
+    unresolved: it is refitted with alpha alone and B infinite, and ``source`` says so."""
+    sizes, times = np.asarray(sizes_bytes, dtype=float), np.asarray(times_s, dtype=float)
+    if gpus < 2:
+        raise ValueError(f"an all-reduce fit needs at least 2 GPUs (got {gpus})")
+    if len(np.unique(sizes)) < 2 or np.any(times <= 0):
+        raise ValueError(f"{source}: fitting alpha and B needs positive times at two or more message sizes")
+    x1 = np.full_like(sizes, 2.0 * (gpus - 1))  # multiplies alpha
+    x2 = 2.0 * (gpus - 1) / gpus * sizes  # multiplies 1/B
+    # dividing each equation by its measured time turns absolute into relative residuals
+    (alpha, inverse_b), *_ = np.linalg.lstsq(np.column_stack([x1, x2]) / times[:, None], np.ones_like(times), rcond=None)
+    if alpha < 0:
+        alpha = 0.0
+        inverse_b = float(np.sum(x2 / times) / np.sum((x2 / times) ** 2))  # 1-parameter least squares
+    if inverse_b <= 0:
+        alpha = float(np.sum(x1 / times) / np.sum((x1 / times) ** 2))  # 1-parameter least squares
+        source += "; the time does not grow with the size: alpha alone, B unresolved (infinite)"
+        return RingNetwork(gpus, alpha, math.inf, source)
+    return RingNetwork(gpus, float(alpha), float(1.0 / inverse_b), source)
+
+
+def fit_comm_file(path: str | os.PathLike[str]) -> RingNetwork:
+    """alpha and B of one ``scalerepro.training.commbench`` file (its median times)."""
+    document = json.loads(Path(path).read_text())
+    rows = document["results"]
+    return fit_ring(
+        [row["size_bytes"] for row in rows],
+        [row["time_us_median"] * 1e-6 for row in rows],
+        document["world_size"],
+        source=f"fit to {Path(path).name} ({document['backend']}, {len(rows)} sizes)",
+    )
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link from ``links`` in references.yaml."""
+
+    key: str
+    name: str
+    bandwidth_bytes_per_s: float  # line rate, one direction
+    efficiency: float  # the share of it an all-reduce reaches as bus bandwidth
+    hop_latency_s: float
+    source: str
+
+
+def read_links(references_path: str | os.PathLike[str] | None) -> dict[str, Link]:
+    """``links.intra_node`` and ``links.inter_node`` of references.yaml (GB/s and microseconds)."""
+    if references_path is None or not Path(references_path).is_file():
+        return {}
+    entries = (yaml.safe_load(Path(references_path).read_text()) or {}).get("links") or {}
+    return {
+        key: Link(
+            key,
+            entry["name"],
+            float(entry["bandwidth_gbps"]) * 1e9,
+            float(entry.get("efficiency", DEFAULT_LINK_EFFICIENCY)),
+            float(entry["hop_latency_us"]) * 1e-6,
+            f"{entry['bandwidth_source']}; efficiency: "
+            f"{entry.get('efficiency_source', f'the default {DEFAULT_LINK_EFFICIENCY} of line rate')}; latency: {entry['latency_source']}",
+        )
+        for key, entry in entries.items()
+    }
+
+
+def config_network(links: Mapping[str, Link], gpus: int, gpus_per_node: int) -> RingNetwork:
+    """The ring over ``gpus`` GPUs on links from the config: NVLink within one node, else the
+    inter-node link (the slowest link of the ring), with that link's per-hop latency, at
+    B = line rate x the link's efficiency."""
+    nodes = -(-gpus // gpus_per_node)
+    key = "inter_node" if nodes > 1 else "intra_node"
+    if key not in links:
+        raise ValueError(f"config/references.yaml has no links.{key}: add its bandwidth_gbps and hop_latency_us")
+    link = links[key]
+    # B = line rate x efficiency: an all-reduce's bus bandwidth stays below the line rate
+    bandwidth = link.bandwidth_bytes_per_s * link.efficiency
+    source = (f"{link.name}: {link.bandwidth_bytes_per_s / 1e9:g} GB/s line rate x {link.efficiency:g} "
+              f"(references.yaml links.{key}; the study measured no such link)")  # fmt: skip
+    return RingNetwork(gpus, link.hop_latency_s, bandwidth, source)
+
+
+def measured_network(fits: Mapping[int, tuple[RingNetwork, int]], gpus: int, gpus_per_node: int) -> RingNetwork | None:
+    """alpha and B measured on the kind of link a ring over ``gpus`` GPUs runs on: the fit at the
+    largest count the study measured within one node (``gpus`` fit in one node) or across nodes
+    (they span nodes); None when the study measured no such link. ``fits``: count -> (fit, nodes)."""
+    across = -(-gpus // gpus_per_node) > 1
+    same_kind = [(n, fit) for n, (fit, nodes) in fits.items() if (nodes > 1) == across and math.isfinite(fit.link_bytes_per_s)]
+    if not same_kind:
+        return None
+    n, fit = max(same_kind, key=lambda item: item[0])
+    where = "across nodes" if across else "within one node"
+    source = f"measured {where}: {fit.source}, B = {fit.link_bytes_per_s / 1e9:.3g} GB/s bus bandwidth at {n} GPUs"
+    return RingNetwork(gpus, fit.alpha_step_s, fit.link_bytes_per_s, source)
+
+
+# --------------------------------------------------------------------------------------------
+# The step: all-reduces overlapping the backward
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """A one-GPU run's step, from its record (see the module docstring for the symbols)."""
+
+    step_s: float  # t(1): the run's median step time
+    forward_s: float  # f
+    backward_s: float  # b
+    optimizer_s: float  # o
+    micro_batches: int  # A
+    bucket_bytes: tuple[int, ...]  # S_k, in all-reduce order
+    bucket_ready_s: tuple[float, ...]  # r_k
+
+    @property
+    def other_s(self) -> float:
+        """other = t(1) - (A (f + b) + o), at least 0: what the probe's phases do not cover."""
+        return max(self.step_s - (self.micro_batches * (self.forward_s + self.backward_s) + self.optimizer_s), 0.0)
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    step_s: float  # t(N)
+    allreduce_s: float  # sum of t_ring(S_k, N)
+    exposed_comm_s: float  # max(c b, e_last) - c b
+    backward_phase_s: float  # max(c b, e_last)
+
+
+def simulate_step(
+    profile: StepProfile, network: RingNetwork, compute_scale: float = 1.0, micro_batches: int | None = None
+) -> StepPrediction:
+    """t(N) of the module docstring: bucket k's all-reduce starts at max(c r_k, e_(k-1)).
+    ``micro_batches``: A_N, micro-batches per step at N GPUs (default: the profile's A_1)."""
+    c = compute_scale
+    end = 0.0
+    total = 0.0
+    for size, ready in zip(profile.bucket_bytes, profile.bucket_ready_s):
+        duration = network.allreduce_s(size)
+        end = max(c * ready, end) + duration  # e_k = max(c r_k, e_(k-1)) + t_ring(S_k, N)
+        total += duration
+    backward = c * profile.backward_s
+    backward_phase = max(backward, end)
+    a = profile.micro_batches if micro_batches is None else micro_batches
+    step = profile.other_s + a * c * profile.forward_s + (a - 1) * backward + backward_phase + profile.optimizer_s
+    return StepPrediction(step, total, backward_phase - backward, backward_phase)
+
+
+def predicted_efficiency(study: str, step_1_s: float, step_n_s: float, gpus: int) -> float:
+    """strong: E = t(1) / (N t(N)) (global batch fixed); weak: E = t(1) / t(N)."""
+    return step_1_s / (gpus * step_n_s) if study == "strong" else step_1_s / step_n_s
+
+
+# --------------------------------------------------------------------------------------------
+# From the study's records and tables to scaling_model.csv
+# --------------------------------------------------------------------------------------------
+
+
+def read_profile(record_path: str | os.PathLike[str]) -> tuple[StepProfile | None, str]:
+    """The step profile of one run record, or None and why there is none."""
+    try:
+        document = json.loads(Path(record_path).read_text())
+    except (OSError, ValueError) as error:
+        return None, f"unreadable run record {record_path}: {error}"
+    measurements = document.get("measurements") or {}
+    probe = measurements.get("backward_buckets")
+    if probe is None:
+        return None, "its record has no backward_buckets (recorded before the scaling model)"
+    if not probe.get("steps") or not probe.get("buckets"):
+        return None, f"its bucket probe did not run: {probe.get('reason')}"
+    step = (measurements.get("step_time_s") or {}).get("median")
+    if step is None:
+        return None, "its record has no median step time"
+    return StepProfile(
+        step_s=step,
+        forward_s=probe["forward_s"],
+        backward_s=probe["backward_s"],
+        optimizer_s=probe["optimizer_s"],
+        micro_batches=probe.get("micro_batches_per_step", 1),
+        bucket_bytes=tuple(bucket["bytes"] for bucket in probe["buckets"]),
+        bucket_ready_s=tuple(bucket["ready_s"] for bucket in probe["buckets"]),
+    ), ""
+
+
+def median_profile(profiles: Sequence[StepProfile]) -> StepProfile:
+    """The element-wise median of repeats of one cell (their bucket layouts must agree)."""
+    layouts = {p.bucket_bytes for p in profiles}
+    if len(layouts) != 1:
+        raise ValueError(f"repeats of one cell recorded different bucket layouts: {sorted(layouts)}")
+
+    def med(values: Iterable[float]) -> float:
+        return statistics.median(values)
+
+    return StepProfile(
+        step_s=med(p.step_s for p in profiles),
+        forward_s=med(p.forward_s for p in profiles),
+        backward_s=med(p.backward_s for p in profiles),
+        optimizer_s=med(p.optimizer_s for p in profiles),
+        micro_batches=profiles[0].micro_batches,
+        bucket_bytes=profiles[0].bucket_bytes,
+        bucket_ready_s=tuple(med(values) for values in zip(*(p.bucket_ready_s for p in profiles))),
+    )
+
+
+def within_step(profile: StepProfile) -> StepProfile:
+    """The profile with its phases scaled down to fit in t(1) when they add up to more (see the
+    module docstring); unchanged otherwise."""
+    phases = profile.micro_batches * (profile.forward_s + profile.backward_s) + profile.optimizer_s
+    scale = min(1.0, profile.step_s / phases)
+    return StepProfile(
+        step_s=profile.step_s,
+        forward_s=scale * profile.forward_s,
+        backward_s=scale * profile.backward_s,
+        optimizer_s=scale * profile.optimizer_s,
+        micro_batches=profile.micro_batches,
+        bucket_bytes=profile.bucket_bytes,
+        bucket_ready_s=tuple(scale * ready for ready in profile.bucket_ready_s),
+    )
+
+
+def _row(**values: Any) -> dict[str, Any]:
+    return {column: values.get(column) for column in SCALING_MODEL_COLUMNS}
+
+
+def strong_split(global_batch: int, gpus: int, micro_batch_1: int) -> tuple[int, int] | str:
+    """(micro-batch per GPU, micro-batches per step) of a global batch G over N GPUs, in
+    micro-batches of at most the 1-GPU micro-batch m_1; or why there is none (integers only:
+    no GPU trains a fraction of a sample)."""
+    if global_batch % gpus:
+        return f"the global batch {global_batch} does not split evenly over {gpus} GPUs"
+    share = global_batch // gpus  # samples per GPU per step
+    if share <= micro_batch_1:
+        return share, 1
+    if share % micro_batch_1:
+        return f"{share} samples per GPU do not split into micro-batches of {micro_batch_1}"
+    return micro_batch_1, share // micro_batch_1
+
+
+def scaling_model_table(
+    runs: pd.DataFrame,
+    scaling: pd.DataFrame,
+    comm_paths: Iterable[str | os.PathLike[str]],
+    references_path: str | os.PathLike[str] | None,
+    predict_gpus: Sequence[int] = DEFAULT_PREDICT_GPUS,
+) -> pd.DataFrame:
+    """scaling_model.csv (module docstring). ``runs``/``scaling`` are the aggregation's tables."""
+    fits: dict[int, tuple[RingNetwork, int]] = {}  # GPU count -> (alpha, B fitted, nodes)
+    fit_problems = {}
+    for path in comm_paths:
+        document = json.loads(Path(path).read_text())
+        try:
+            fits[document["world_size"]] = (fit_comm_file(path), document["nodes"])
+        except ValueError as error:
+            fit_problems[document["world_size"]] = str(error)
+    links = read_links(references_path)
+    rows = []
+    scaled = runs[runs["study"].isin(["strong", "weak"])]
+    for (study, model), cell_runs in scaled.groupby(["study", "model"], sort=True):
+        cells = scaling[scaling["study"].eq(study) & scaling["model"].eq(model)].set_index("gpus")
+        one = cell_runs[cell_runs["gpus"].eq(1) & cell_runs["counts"]]
+        first = cell_runs.drop_duplicates("gpus").set_index("gpus")
+        batches = first["per_gpu_batch"]
+        accumulation = first["grad_accum_steps"] if "grad_accum_steps" in first else pd.Series(1, index=first.index)
+        gpus_per_node = int(cell_runs["gpus_per_node"].iloc[0])
+        found = [read_profile(path) for path in one["record"]]
+        profiles = [profile for profile, _ in found if profile is not None]
+        base = {"study": study, "model": model}
+        if not profiles:
+            why = "; ".join(sorted({reason for _, reason in found})) or "no completed 1-GPU run of this study and model"
+            for gpus, cell in cells.iterrows():
+                rows.append(_row(**base, gpus=gpus, nodes=cell["nodes"], basis="measured",
+                                 step_time_measured_s=cell["step_time_median_s"], efficiency_measured=cell["efficiency"],
+                                 per_gpu_batch=batches.get(gpus), note=f"no prediction: {why}"))  # fmt: skip
+            continue
+        profile = within_step(median_profile(profiles))
+        profile_run = ", ".join(one["run_id"][[p is not None for p, _ in found]])
+        micro_1 = int(batches[1])
+        # the strong study's global batch G, the same at every N (the 1-GPU cell's, for matrices
+        # from before it was: there G was the 1-GPU per-GPU batch)
+        global_batch = int(first.loc[1, "global_batch"]) if study == "strong" else None
+        measured_max = max(cells.index)
+        targets = [(g, "measured") for g in cells.index] + [
+            (g, "predicted") for g in sorted(set(predict_gpus)) if g > measured_max
+        ]
+        for gpus, basis in targets:
+            cell = cells.loc[gpus] if basis == "measured" else None
+            nodes = cell["nodes"] if cell is not None else -(-gpus // gpus_per_node)
+            row = _row(**base, gpus=gpus, nodes=nodes, basis=basis, buckets=len(profile.bucket_bytes),
+                       gradient_bytes=sum(profile.bucket_bytes), profile_run=profile_run,
+                       global_batch=global_batch if study == "strong" else None,
+                       step_time_measured_s=None if cell is None else cell["step_time_median_s"],
+                       efficiency_measured=None if cell is None else cell["efficiency"], note="")  # fmt: skip
+            # m_N and A_N: the matrix's where measured; beyond it G / N (strong) or m_1, A_1 (weak)
+            if basis == "measured":
+                split: tuple[int, int] | str = (int(batches[gpus]), int(accumulation.get(gpus, 1)))
+            elif study == "strong":
+                split = strong_split(global_batch, gpus, micro_1)
+            else:
+                split = (micro_1, profile.micro_batches)
+            if isinstance(split, str):
+                row["note"] = f"no prediction: {split}"
+                rows.append(row)
+                continue
+            micro, accum = split
+            compute_scale = micro / micro_1  # c = m_N / m_1
+            row.update(per_gpu_batch=micro, grad_accum_steps=accum, compute_scale=compute_scale)
+            try:
+                if gpus == 1:
+                    network = RingNetwork(1, 0.0, math.inf, "one GPU: no all-reduce")
+                elif basis == "measured":
+                    if gpus not in fits:
+                        raise ValueError(fit_problems.get(gpus, f"no all-reduce benchmark at {gpus} GPUs (results/comm/g{gpus}.json)"))
+                    network = fits[gpus][0]
+                else:
+                    network = measured_network(fits, gpus, gpus_per_node) or config_network(links, gpus, gpus_per_node)
+            except ValueError as error:
+                row["note"] = f"no prediction: {error}"
+                rows.append(row)
+                continue
+            prediction = simulate_step(profile, network, compute_scale, accum)
+            row.update(
+                network=network.source,
+                alpha_step_us=network.alpha_step_s * 1e6,
+                link_gbps=network.link_bytes_per_s / 1e9 if math.isfinite(network.link_bytes_per_s) else None,
+                allreduce_s=prediction.allreduce_s,
+                exposed_comm_s=prediction.exposed_comm_s,
+                step_time_predicted_s=prediction.step_s,
+                efficiency_predicted=predicted_efficiency(study, profile.step_s, prediction.step_s, gpus),
+            )
+            if row["step_time_measured_s"] is not None and not pd.isna(row["step_time_measured_s"]):
+                # the prediction's error beside the measured cell
+                row["step_time_error"] = prediction.step_s / row["step_time_measured_s"] - 1  # predicted / measured - 1
+            if row["efficiency_measured"] is not None and not pd.isna(row["efficiency_measured"]):
+                row["efficiency_error"] = row["efficiency_predicted"] - row["efficiency_measured"]  # predicted - measured
+            if basis == "predicted":
+                row["note"] = f"prediction only: beyond the {measured_max:g} GPUs the study ran on"
+            rows.append(row)
+    table = pd.DataFrame(rows, columns=SCALING_MODEL_COLUMNS)
+    return table.sort_values(["study", "model", "gpus"], kind="stable", ignore_index=True)

@@ -1,0 +1,68 @@
+"""Atomic file writes: a reader sees the old file or the new one, never a torn one.
+
+Write to a temporary file in the target's directory, flush it to disk, give it the mode a plain
+``open`` would (mkstemp makes it private, 0600, which hides results from a cluster group), then
+rename it over the target. Standard library only: both sides of the project use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Yield a binary stream; on a clean exit it replaces ``path``, on an error it is removed."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, 0o666 & ~current_umask())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    """The hex SHA-256 of a file, read in 1 MiB blocks (hashlib.file_digest needs Python 3.11)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomically(path: str | os.PathLike[str], document: dict[str, Any]) -> None:
+    """Write ``document`` as JSON (no NaN: a record must be JSON any reader takes); readers see
+    the old file or the new one, never a torn one."""
+    with atomic_file(path) as stream:
+        stream.write((json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
+
+
+def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_file(path) as stream:
+        stream.write(text.encode("utf-8"))
+
+
+def utc_now() -> str:
+    """Now, in UTC, as the ISO 8601 text every record and store row carries (milliseconds)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")

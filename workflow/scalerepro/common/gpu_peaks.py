@@ -1,0 +1,172 @@
+"""The GPU peak table: dense peak throughput and memory bandwidth of each GPU the project knows,
+with where each figure comes from. It is the one copy: the rank takes the MFU denominator from it
+(``scalerepro.telemetry.hardware.peak_flops``), the analysis the roofs of the roofline
+(``scalerepro.analysis.profiles.roofline``) and the report its table of peaks. Standard library
+only: both sides import it.
+
+Figures are TFLOP/s (TB/s for memory) per GPU, dense (no 2:4 sparsity). Datasheets print tensor
+figures "with sparsity"; the dense rate, what a dense matmul can reach, is half of it (NVIDIA's
+footnote: "Shown with sparsity. Specifications are one-half lower without sparsity"). ``fp32`` is
+the CUDA-core (non-tensor) FMA rate, the roof of the SASS FP counters; ``tf32``/``fp16``/``bf16``/
+``fp8`` are tensor-core rates with FP32 accumulation. None: the source gives no such figure (fp8 on
+Ampere), or no source for it is recorded here; the figures that need it say so.
+
+How the H100 SXM5 figures check out: 132 SMs x 128 FP32 lanes x 2 FLOP/FMA x 1.98 GHz = 66.9 T,
+and 132 SMs x 4096 dense FP16 FLOP/clock x 1.83 GHz = 989.4 T; the datasheet prints the same
+rounded (67; TF32 989*/2; FP16/BF16 1979*/2). H200, GH200 and H800 SXM5 are the same GH100 die,
+SM count and clocks (their datasheets print the H100 SXM compute figures), so the whitepaper's
+unrounded figures apply to them; they differ in memory (and the H800 in FP64 and NVLink).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TFLOPS = 1e12  # FLOP/s per TFLOP/s
+TBPS = 1e12  # bytes/s per TB/s
+
+_H100_WHITEPAPER = (
+    "NVIDIA H100 Tensor Core GPU Architecture whitepaper, A100/H100 comparison table, "
+    "dense figures (https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper)"
+)
+_H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet)"
+_H200_DATASHEET = "NVIDIA H200 Tensor Core GPU datasheet / product page technical specifications (https://www.nvidia.com/en-us/data-center/h200/)"
+_GH200_DATASHEET = "NVIDIA GH200 Grace Hopper Superchip datasheet, Hopper GPU column (https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip)"
+_H800_DATASHEET = "NVIDIA H800 Tensor Core GPU datasheet / product page technical specifications (https://www.nvidia.cn/data-center/h800/)"
+_A100_DATASHEET = (
+    "NVIDIA A100 Tensor Core GPU datasheet; the same compute figures for 40 GB and 80 GB, SXM4 and PCIe "
+    "(https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
+)
+_SPARSE_TO_DENSE = 0.5
+
+
+@dataclass(frozen=True)
+class GpuPeaks:
+    key: str  # the table's key (config `profiling.gpu_peaks` names one)
+    model: str  # the compute part, as the record's MFU source names it ("H100 SXM5")
+    name: str  # the full product name, memory included
+    device_names: tuple[str, ...]  # what NVML/torch call it, exactly (documentation: matching is by rules)
+    fp64: float | None
+    fp32: float
+    tf32: float
+    fp16: float
+    bf16: float
+    fp8: float | None
+    hbm_tbps: float | None
+    source: str
+
+    def tflops(self, precision: str) -> float | None:
+        """Dense TFLOP/s at ``precision`` (fp64, fp32, tf32, fp16, bf16, fp8), None where unknown."""
+        return getattr(self, precision)
+
+
+_TABLE = (
+    GpuPeaks("h100_sxm", "H100 SXM5", "NVIDIA H100 SXM5 80GB", ("NVIDIA H100 80GB HBM3",),
+             33.5, 66.9, 494.7, 989.4, 989.4, 1978.9, 3.35, f"{_H100_WHITEPAPER}; HBM3 3.35 TB/s from the {_H100_DATASHEET}"),
+    # the whitepaper's PCIe column (114 SMs); the datasheet's: 51, 756*/2, 1513*/2
+    GpuPeaks("h100_pcie", "H100 PCIe", "NVIDIA H100 PCIe 80GB", ("NVIDIA H100 PCIe",),
+             25.6, 51.2, 378.0, 756.0, 756.0, 1513.0, 2.0, f"{_H100_WHITEPAPER}, H100 PCIe column; HBM2e 2.0 TB/s from the {_H100_DATASHEET}"),
+    # datasheet, H100 NVL column per GPU: FP32 60; TF32 835*, FP16/BF16 1671*, FP8 3341* (with sparsity)
+    GpuPeaks("h100_nvl", "H100 NVL", "NVIDIA H100 NVL 94GB", ("NVIDIA H100 NVL",),
+             30.0, 60.0, 835.0 * _SPARSE_TO_DENSE, 1671.0 * _SPARSE_TO_DENSE, 1671.0 * _SPARSE_TO_DENSE, 3341.0 * _SPARSE_TO_DENSE, 3.9,
+             f"{_H100_DATASHEET}, H100 NVL column, per GPU; tensor figures printed with sparsity, halved"),
+    GpuPeaks("h200", "H200 SXM", "NVIDIA H200 SXM 141GB", ("NVIDIA H200",),
+             33.5, 66.9, 494.7, 989.4, 989.4, 1978.9, 4.8,
+             f"{_H200_DATASHEET}: identical compute figures to H100 SXM, so the {_H100_WHITEPAPER}; HBM3e 4.8 TB/s"),
+    # datasheet, H200 NVL column: FP32 60; TF32 835*, FP16/BF16 1671* (with sparsity)
+    GpuPeaks("h200_nvl", "H200 NVL", "NVIDIA H200 NVL", ("NVIDIA H200 NVL",),
+             None, 60.0, 835.0 * _SPARSE_TO_DENSE, 1671.0 * _SPARSE_TO_DENSE, 1671.0 * _SPARSE_TO_DENSE, None, None,
+             f"{_H200_DATASHEET}, H200 NVL column; tensor figures printed with sparsity, halved"),
+    # datasheet, Hopper GPU column: FP32 67; TF32 494 (989*), FP16/BF16 990 (1979*)
+    GpuPeaks("gh200", "GH200", "NVIDIA GH200 Grace Hopper Superchip (Hopper GPU)", ("NVIDIA GH200 480GB",),
+             None, 66.9, 494.7, 989.4, 989.4, None, None,
+             f"{_GH200_DATASHEET}: identical compute figures to H100 SXM, so the {_H100_WHITEPAPER}"),
+    # datasheet, H800 SXM5: the H100 SXM compute figures (the H800 differs in FP64 and NVLink)
+    GpuPeaks("h800_sxm", "H800 SXM5", "NVIDIA H800 SXM5", ("NVIDIA H800",),
+             None, 66.9, 494.7, 989.4, 989.4, None, None,
+             f"{_H800_DATASHEET}, SXM column: identical compute figures to H100 SXM, so the {_H100_WHITEPAPER}"),
+    GpuPeaks("h800_pcie", "H800 PCIe", "NVIDIA H800 PCIe", ("NVIDIA H800 PCIe",),
+             None, 51.2, 378.0, 756.0, 756.0, None, None,
+             f"{_H800_DATASHEET}, PCIe column: identical compute figures to H100 PCIe, so the {_H100_WHITEPAPER}"),
+    # datasheet: FP32 19.5; TF32 156, FP16/BF16 312 (dense; 312*/624* with sparsity); no FP8 on Ampere
+    GpuPeaks("a100_sxm_80gb", "A100 SXM4", "NVIDIA A100 SXM4 80GB", ("NVIDIA A100-SXM4-80GB",),
+             9.7, 19.5, 156.0, 312.0, 312.0, None, 2.039, f"{_A100_DATASHEET}; HBM2e 2,039 GB/s for the 80GB SXM4"),
+    GpuPeaks("a100_sxm_40gb", "A100 SXM4", "NVIDIA A100 SXM4 40GB", ("NVIDIA A100-SXM4-40GB",),
+             9.7, 19.5, 156.0, 312.0, 312.0, None, 1.555, f"{_A100_DATASHEET}; HBM2 1,555 GB/s for the 40GB"),
+    GpuPeaks("a100_pcie_80gb", "A100 PCIe", "NVIDIA A100 PCIe 80GB", ("NVIDIA A100 80GB PCIe",),
+             9.7, 19.5, 156.0, 312.0, 312.0, None, 1.935, f"{_A100_DATASHEET}; HBM2e 1,935 GB/s for the 80GB PCIe"),
+    GpuPeaks("a100_pcie_40gb", "A100 PCIe", "NVIDIA A100 PCIe 40GB", ("NVIDIA A100-PCIE-40GB",),
+             9.7, 19.5, 156.0, 312.0, 312.0, None, None, _A100_DATASHEET),
+)  # fmt: skip
+PEAKS: dict[str, GpuPeaks] = {entry.key: entry for entry in _TABLE}
+
+# A MIG instance gets a whole number of the GPU's 7 compute slices ("3g.40gb": 3 of 7; A100,
+# H100, H200 and GH200 all have 7): NVIDIA Multi-Instance GPU User Guide, "Supported MIG
+# Profiles", whose tables give each profile's fraction of the SMs as <slices>/7. The clock is the
+# whole GPU's, so the instance's peak is that fraction of the GPU's.
+MIG_COMPUTE_SLICES = 7
+MIG_USER_GUIDE = "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/index.html#supported-mig-profiles"
+_MIG_PROFILE = re.compile(r"\bMIG\s+(\d+)g\.(\d+)gb", re.IGNORECASE)
+_NSYS_SUFFIX = re.compile(r"\s*\(compute capability [^)]*\)$")  # nsys writes "name (compute capability 9.0)"
+# Devices that report "NVIDIA H100" / "NVIDIA H800" with no form factor: the 96 GB HBM2e SXM
+# parts do (pytorch/torchtitan pull request 554, where a memory-size rule was rejected for exactly
+# that reason), while the PCIe and NVL cards name themselves. Rule: take the SXM part, the variant
+# with the highest peak, so that MFU can only be understated, never overstated.
+BARE_NAME_RULE = (
+    "the device name gives no form factor: the SXM part is assumed (the highest peak, so MFU is "
+    "never overstated; PCIe and NVL cards report it in their names; https://github.com/pytorch/torchtitan/pull/554)"
+)
+
+
+def _tokens(device_name: str) -> set[str]:
+    return set(re.split(r"[^A-Z0-9]+", _MIG_PROFILE.sub("", _NSYS_SUFFIX.sub("", device_name)).upper()))
+
+
+def peaks_key(device_name: str | None) -> str | None:
+    """The table's key for a device name as NVML/torch (or nsys) report it, None if not known.
+
+    Names seen in the wild: "NVIDIA H100 80GB HBM3" (SXM5), "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+    "NVIDIA H100" (96 GB SXM parts, see ``BARE_NAME_RULE``), "NVIDIA H800", "NVIDIA H800 PCIe",
+    "NVIDIA GH200 480GB", "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB",
+    "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB"; a MIG instance
+    appends its profile ("NVIDIA H100 80GB HBM3 MIG 3g.40gb") and maps to its GPU's entry.
+    """
+    if not device_name:
+        return None
+    tokens = _tokens(device_name)
+    if "GH200" in tokens:
+        return "gh200"
+    if "H100" in tokens:
+        return "h100_nvl" if "NVL" in tokens else "h100_pcie" if "PCIE" in tokens else "h100_sxm"
+    if "H800" in tokens:
+        return "h800_pcie" if "PCIE" in tokens else "h800_sxm"
+    if "H200" in tokens:
+        # The SXM part reports plain "NVIDIA H200"; the only other H200 is the NVL (PCIe card).
+        return "h200_nvl" if "NVL" in tokens else "h200"
+    if "A100" in tokens:
+        memory = "40gb" if "40GB" in tokens else "80gb"
+        if "PCIE" in tokens:
+            return f"a100_pcie_{memory}"
+        if any(t.startswith("SXM") for t in tokens):
+            return f"a100_sxm_{memory}"
+    return None
+
+
+def gpu_model(device_name: str | None) -> str | None:
+    """The compute part of a device name ("H100 SXM5"), None if the table does not know it."""
+    key = peaks_key(device_name)
+    return PEAKS[key].model if key else None
+
+
+def names_no_form_factor(device_name: str) -> bool:
+    tokens = _tokens(device_name)
+    return bool(tokens & {"H100", "H800"}) and not tokens & {"NVL", "PCIE", "HBM3"} and not any(t.startswith("SXM") for t in tokens)
+
+
+def mig_slices(device_name: str | None) -> tuple[int, str] | None:
+    """(compute slices of 7, profile) of a MIG instance's device name, or None for a whole GPU."""
+    found = _MIG_PROFILE.search(device_name or "")
+    if found is None:
+        return None
+    return int(found.group(1)), f"{found.group(1)}g.{found.group(2)}gb"

@@ -1,0 +1,56 @@
+"""Run one training job of the study and turn its record into the job's exit status.
+
+    python -m scalerepro.launching.run_job RECORD LOG LAUNCH_FLAGS... -- -m scalerepro.training.train TRAINER_FLAGS...
+
+The workflow's ``train`` rule runs this as its shell command, so ``snakemake -n -p`` prints every
+run's launcher and trainer flags. ``scalerepro.launching.launch`` starts the ranks (torchrun here, one srun
+task per node inside a Slurm job); everything they print goes to LOG. Outcomes, read from the
+record the ranks (or, when they wrote none, the launcher) wrote:
+
+  ok         -> exit 0;
+  failed     -> exit 0 too: the record documents the failure and the report shows the run as a
+                hole with its error (rerun it with --forcerun once fixed);
+  preempted  -> exit 75, so Snakemake's retry (or the next invocation) resumes it from its
+                checkpoint;
+  no record  -> the launcher's exit code: see LOG.
+
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from scalerepro.common.exits import EXIT_PREEMPTED
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or "--" not in argv[2:]:
+        print("usage: python -m scalerepro.launching.run_job RECORD LOG LAUNCH_FLAGS... -- -m scalerepro.training.train FLAGS...", file=sys.stderr)
+        return 2
+    record, log_path, launch_argv = Path(argv[0]), argv[1], argv[2:]
+    command = [sys.executable, "-m", "scalerepro.launching.launch", *launch_argv]
+    with open(log_path, "a") as log:
+        log.write(f"$ {shlex.join(command)}\n")
+        log.flush()
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+
+    status = json.loads(record.read_text())["status"] if record.exists() else None
+    if status == "ok" and code == 0:
+        return 0
+    if status == "failed":
+        print(f"{record.parent.name}: the run failed; its record holds the error (log: {log_path})", file=sys.stderr)
+        return 0
+    if status == "preempted":
+        print(f"{record.parent.name}: preempted; rerun resumes from its checkpoint", file=sys.stderr)
+        return EXIT_PREEMPTED
+    print(f"{record.parent.name}: the launcher exited {code} without a record: see {log_path}", file=sys.stderr)
+    return code or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

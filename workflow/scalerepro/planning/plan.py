@@ -1,0 +1,278 @@
+"""One workflow invocation's plan: the config validated, where the jobs run, the study, and what
+each job asks of its scheduler. The rules (workflow/rules/*.smk) wire what this resolves.
+
+No torch and no Snakemake workflow object: the config is validated with
+``snakemake.utils.validate`` (the workflow's environment has it), everything else is plain
+Python, unit-tested in tests/test_plan.py. ``load`` is the one entry point.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalerepro import schedulers
+from scalerepro.common import gpu_peaks
+from scalerepro.planning import study, submission
+from scalerepro.planning.study import Run, Study
+from scalerepro.schedulers.base import LOCAL, Scheduler
+
+
+class ConfigError(ValueError):
+    """A config value the workflow cannot use; one line: where, what is wrong, what to do."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"config error at '{key}': {message}")
+
+
+def validate(config: dict[str, Any], schema: Path) -> None:
+    """snakemake.utils.validate (which also fills in the schema's defaults, in place), its first
+    problem turned into one line naming the key."""
+    import jsonschema
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate as snakemake_validate
+
+    try:
+        snakemake_validate(config, str(schema), set_default=True)
+    except WorkflowError as wrapped:
+        if not isinstance(wrapped.__context__, jsonschema.ValidationError):
+            raise  # the schema itself did not load: a bug here, not a config error
+        # the jsonschema error that validate() wrapped (it keeps only its text in the message)
+        error = jsonschema.exceptions.best_match([wrapped.__context__])
+        where = ".".join(str(part) for part in error.absolute_path) or "top level"
+        if "propertyNames" in error.schema_path:
+            message = f"unknown key {error.instance!r}"
+        elif error.validator == "pattern" and "description" in error.schema:
+            # the schema says in words what a valid value is; the regex alone says little
+            message = f"{error.instance!r} is not {error.schema['description']}"
+        else:
+            message = error.message
+        raise ConfigError(where, f"{message} (allowed keys and values: {schema.relative_to(schema.parents[2])})") from None
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: dict[str, Any]
+    study: Study
+    scheduler: Scheduler  # where the jobs run: LOCAL, or the scheduler this invocation submits to
+    # Whose submission settings the jobs carry: the scheduler submitted to, else the config's
+    # cluster (Slurm), so that a dry run on a laptop shows what a cluster run would submit.
+    cluster: Scheduler
+    local_gpu_names: tuple[str, ...]
+
+    @property
+    def local_runs(self) -> bool:
+        return self.scheduler is LOCAL
+
+    @property
+    def device(self) -> str:
+        return self.study.device
+
+    @property
+    def cluster_settings(self) -> dict[str, Any]:
+        """The cluster's config section (``slurm:``): queue, extra flags, rendezvous port, env."""
+        return self.config[self.cluster.name]
+
+    @property
+    def cluster_gpus(self) -> bool:
+        """Whether jobs ask the cluster for GPUs (e.g. slurm.gpus: auto follows the device)."""
+        asked = self.cluster_settings["gpus"]
+        return self.device == "cuda" if asked == "auto" else asked
+
+    @property
+    def container(self) -> str | None:
+        return self.config["container"]["sif"] if self.config["container"]["enabled"] else None
+
+    def ranks_and_nodes(self, gpus: int) -> tuple[int, int]:
+        """(ranks per node, nodes) of a job over ``gpus`` GPUs (scalerepro.planning.study.nodes_for)."""
+        return study.nodes_for(gpus, self.study.gpus_per_node, self.local_runs, "scaling.gpu_counts")
+
+    def check_scheduler(self) -> None:
+        """On the submitting host: the scheduler jobs go to answers and its settings fit it."""
+        submission.for_scheduler(self.scheduler).check(self.config[self.scheduler.name])
+
+    def queue_resources(self) -> dict[str, Any]:
+        """Account, partition, QoS and the like, for every job the workflow submits."""
+        return submission.for_scheduler(self.cluster).queue_resources(self.cluster_settings)
+
+    def submission(self, ranks_per_node: int, nodes: int, signal: bool = False) -> dict[str, Any]:
+        """What the cluster's executor needs to start a job of ``nodes`` x ``ranks_per_node``
+        ranks; measured jobs get their nodes to themselves unless resources.exclusive is false."""
+        return submission.for_scheduler(self.cluster).submission_resources(self.cluster_settings, ranks_per_node, nodes, self.cluster_gpus, signal, self.study.exclusive())
+
+    def train_resources(self, run: Run) -> dict[str, Any]:
+        """A training job's resources, from its GPU count (every key a rule resource)."""
+        per_gpu, cuda = self.config["resources"], self.device == "cuda"
+        return {
+            "nodes": run.nodes,
+            "tasks": run.nodes,
+            "gpus": run.gpus if cuda else 0,
+            "gpus_per_node": run.ranks_per_node if cuda else 0,
+            "cpus_per_task": run.ranks_per_node * per_gpu["cpus_per_gpu"],
+            "mem_mb": run.ranks_per_node * per_gpu["mem_mb_per_gpu"],
+            "runtime": per_gpu["runtime_min"],
+            "measured": 1,
+            **self.submission(run.ranks_per_node, run.nodes, signal=True),
+        }
+
+    def train_threads(self, run: Run) -> int:
+        return run.ranks_per_node * self.config["resources"]["cpus_per_gpu"]
+
+    @staticmethod
+    def train_priority(run: Run) -> int:
+        """Snakemake starts ready jobs of higher priority first: every cell's repeat 1, then every
+        cell's repeat 2, and so on. The repeats of a cell are spread over the study, so a drift
+        of the machine (another job, heat) falls on every cell alike instead of on one cell's
+        block of repeats, where it would read as that cell's knob."""
+        return -run.repeat
+
+    def comm_resources(self, gpus: int) -> dict[str, Any]:
+        """The all-reduce benchmark's resources over ``gpus`` GPUs."""
+        ranks_per_node, nodes = self.ranks_and_nodes(gpus)
+        return {
+            "nodes": nodes,
+            "gpus": gpus if self.device == "cuda" else 0,
+            "runtime": 15,
+            "measured": 1,
+            **self.submission(ranks_per_node, nodes),
+        }
+
+    def launch_args(self, ranks_per_node: int, nodes: int, name: str) -> list[str]:
+        """Flags of ``python -m scalerepro.launching.launch`` for a job of ``nodes`` x ``ranks_per_node``
+        ranks: started here, or (inside a cluster job) by the scheduler on every node."""
+        cluster = self.cluster_settings
+        return [
+            f"--nodes={nodes}", f"--ranks-per-node={ranks_per_node}",
+            f"--cpus-per-node={ranks_per_node * self.config['resources']['cpus_per_gpu']}",
+            f"--port={cluster['rendezvous_port']}", f"--name={name}",
+            *(["--slurm-gpus"] if self.cluster_gpus else []),
+            *(f"--env={key}={value}" for key, value in cluster["env"].items()),
+            *([f"--container={self.container}"] if self.container and not self.local_runs else []),
+        ]  # fmt: skip
+
+    def ranks_container(self) -> str | None:
+        """The image Snakemake runs a rank-starting rule in: on a cluster the launcher runs the
+        image itself, inside each node's task (srun is not in the image)."""
+        return self.container if self.local_runs else None
+
+    def rerun_command(self, run: Run) -> str:
+        where = "--cores all" if self.local_runs else f"--profile {self.scheduler.name}"
+        return f"snakemake {where} --forcerun {record_path(run)}"
+
+    def matrix_rows(self) -> list[dict[str, Any]]:
+        return study.matrix_rows(self.study, record_path, self.rerun_command)
+
+    def profiled_device_name(self) -> str | None:
+        """The GPU model the profiled runs use, where known before they run: this machine's
+        (local runs) or reproduce.gpu (a cluster); the capture names it otherwise."""
+        if self.device != "cuda":
+            return None
+        if self.local_runs:
+            return self.local_gpu_names[0] if self.local_gpu_names else None
+        return self.config["reproduce"].get("gpu")
+
+
+def record_path(run: Run) -> str:
+    return f"results/runs/{run.run_id}/record.json"
+
+
+def load(
+    config: dict[str, Any], *, schema: Path, references: Path, executor: str | None, in_job: bool, local_gpu_names: Sequence[str]
+) -> Plan:
+    """The plan of one invocation. ``executor`` is the one its command line asks for; inside a
+    job (Snakemake re-runs the workflow in each), the scheduler whose job this is, so that the
+    study resolves exactly as it did on the submitting host."""
+    scheduler = schedulers.current() if in_job else schedulers.for_executor(executor)
+    on_cluster = scheduler is not LOCAL
+    validate(config, schema)
+    if config["device"] == "auto" and study.resolve_device(config, on_cluster=on_cluster, local_gpus=len(local_gpu_names)) == "cpu":
+        # no GPU here and none asked for: the small CPU matrix
+        config = study.merge(config, config.get("cpu_overrides", {}))
+        validate(config, schema)
+    published = yaml.safe_load(references.read_text()).get("references", [])
+    built = study.build(
+        config, on_cluster=on_cluster, local_gpus=len(local_gpu_names),
+        local_gpu_name=local_gpu_names[0] if local_gpu_names else None, references=published,
+    )  # fmt: skip
+    return Plan(config, built, scheduler, scheduler if on_cluster else schedulers.backend("slurm"), tuple(local_gpu_names))
+
+
+# ---- profiling: which runs, which tools, each job's flags -------------------------------------
+
+PROFILING_TABLES = tuple(f"results/tables/{name}.csv" for name in ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files"))
+
+
+@dataclass(frozen=True)
+class ProfilingPlan:
+    runs: tuple[str, ...]  # run ids to profile
+    tools: tuple[str, ...]  # nsys, ncu or torch
+    fallback_reason: str | None  # why the torch profiler replaced what was asked, else None
+    settings: dict[str, Any]
+
+    def trainer_args(self, plan: Plan, run_id: str, tool: str) -> list[str]:
+        """The run's own flags, then: stop right after the window, warm up until it, no
+        evaluation, no probe, no checkpoints (a profiling job always starts afresh)."""
+        window_end = self.settings["window_start"] + self.settings["window_steps"]
+        record = f"results/profiles/{run_id}/{tool}/record.json"
+        return [
+            *plan.study.trainer_args(plan.study.runs[run_id], record, None),
+            "--steps", str(window_end), "--warmup-steps", str(self.settings["window_start"]),
+            "--no-eval", "--comm-probe-steps", "0",
+        ]  # fmt: skip
+
+    def tables(self) -> list[str]:
+        """The profiling tables, as inputs of the plots and the report (none when disabled)."""
+        return list(PROFILING_TABLES) if self.settings["enabled"] else []
+
+
+def profiling_plan(plan: Plan, local_exec: bool, which: Callable[[str], str | None] = shutil.which) -> ProfilingPlan:
+    settings = plan.config["profiling"]
+    if not settings["enabled"]:
+        return ProfilingPlan((), (), None, settings)
+    if settings["gpu_peaks"] not in gpu_peaks.PEAKS:
+        raise ConfigError("profiling.gpu_peaks", f"{settings['gpu_peaks']!r} is not in the GPU peak table (scalerepro.common.gpu_peaks): choose one of {', '.join(gpu_peaks.PEAKS)}")
+    tools, reason = _profiling_tools(settings, plan.device, local_exec, which)
+    return ProfilingPlan(tuple(_profiled_runs(plan, settings)), tuple(tools), reason, settings)
+
+
+def _profiled_runs(plan: Plan, settings: dict[str, Any]) -> list[str]:
+    """The config's list, or (auto) strong scaling, repeat 1, each model at 1 GPU and at the
+    largest GPU count (weak scaling when strong is disabled)."""
+    runs = plan.study.runs
+    if settings["runs"] != "auto":
+        unknown = [run for run in settings["runs"] if run not in runs]
+        if unknown:
+            raise ConfigError("profiling.runs", f"{unknown[0]} is not a run of this study: see results/tables/matrix.csv")
+        return list(settings["runs"])
+    which_study = "strong" if plan.config["scaling"]["strong"]["enabled"] else "weak"
+    ends = {plan.study.gpu_counts[0], plan.study.gpu_counts[-1]}
+    return [run.run_id for run in runs.values() if run.study == which_study and run.repeat == 1 and run.gpus in ends]
+
+
+def _profiling_tools(settings: dict[str, Any], device: str, local_exec: bool, which: Callable[[str], str | None]) -> tuple[list[str], str | None]:
+    """(tools, why the torch fallback replaced what was asked, or None). A Nsight tool needs CUDA
+    and its binary; where either is missing the fallback applies if allowed, else an error."""
+    wanted = settings["tool"]
+    if wanted == "torch":
+        return ["torch"], None
+    asked = ["nsys", "ncu"] if wanted == "auto" else [wanted]
+    # On a cluster the tools are looked for on the node that runs the job (scalerepro.launching.profile_job).
+    found = [tool for tool in asked if which(tool) or not local_exec]
+    if not found:
+        reason = f"{' and '.join(asked)} {'is' if len(asked) == 1 else 'are'} not on PATH"
+    elif device != "cuda":
+        reason = f"Nsight tools profile CUDA runs and this study runs on the {device}"
+    else:
+        return found, None
+    if settings["fallback"]:
+        return ["torch"], reason
+    raise ConfigError(
+        "profiling.tool",
+        f"{wanted} was asked for but {reason}, and profiling.fallback is false: "
+        "install Nsight, set profiling.tool: torch, or set profiling.fallback: true",
+    )

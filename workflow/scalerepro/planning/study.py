@@ -1,0 +1,359 @@
+"""The study model: the validated config in, every training run of the study out.
+
+Pure Python (no Snakemake, no torch), so the matrix can be unit-tested on its own; the rules
+(workflow/rules/*.smk) only wire what it resolves. A study is
+
+* strong scaling: one global batch per model (``scaling.strong.global_batch``, default the per-GPU
+  batch x the largest GPU count), the same at every count N. Each GPU's share G/N runs as micro-
+  batches of at most the model's per-GPU batch, gradients accumulated over them;
+* weak scaling: the per-GPU batch and the per-GPU data fixed, so an epoch grows with N;
+* sensitivity: bucket size x per-GPU batch x precision at one count;
+* ablation: a baseline, each optimisation alone on top of it, then all of them;
+* parallelism: each language model under each strategy (ddp, fsdp, tp, fsdp+tp) at each GPU
+  count, the global batch the same for every strategy at a count (per_gpu_batch x N), so their
+  throughput, memory and communication compare like with like;
+* reproduce: one run under the conditions of each published reference (config/references.yaml)
+  whose GPU model and count this machine or cluster has, so the report can set it beside the
+  publication.
+
+Every run's trainer flags are parsed by the trainer's own parser (``scalerepro.config``), so a
+flag the trainer would refuse is a config error before anything runs, and what the matrix says
+of a run (precision, bucket size, accumulation) is what the trainer will do, never a restated
+default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from scalerepro import config as trainer_config
+from scalerepro.parallel import mesh
+
+DATA_DIR = "results/data/cifar10"
+STUDIES = ("strong", "weak", "sensitivity", "ablation", "parallelism", "reproduce")
+
+
+class StudyError(ValueError):
+    """A config the study cannot be built from; one line naming the key and the fix."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"config error at '{key}': {message}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training job of the study: a cell of the matrix and one repeat of it."""
+
+    run_id: str
+    study: str  # one of STUDIES
+    model: str
+    gpus: int
+    nodes: int
+    ranks_per_node: int
+    repeat: int
+    variant: str
+    per_gpu_batch: int  # the micro-batch of each rank
+    grad_accum_steps: int
+    precision: str  # as the trainer resolves the run's flags
+    bucket_cap_mb: float
+    args: tuple[str, ...]  # the run's own trainer flags (after the study's trainer_args)
+    reference: str  # the reference a reproduce run stands beside ("" for the others)
+    parallel: str = "ddp"  # the trainer's --parallel strategy
+    data_parallel: int = 0  # replicas reading different data (ranks of a TP group read one batch); 0: all ranks
+
+    @property
+    def global_batch(self) -> int:
+        # global batch = micro-batch of each replica x accumulation steps x data-parallel replicas
+        return self.per_gpu_batch * self.grad_accum_steps * (self.data_parallel or self.gpus)
+
+
+@dataclass(frozen=True)
+class Study:
+    config: dict[str, Any]
+    device: str  # cuda | cpu
+    local: bool  # the ranks run on this machine (no scheduler)
+    gpus_per_node: int
+    gpu_counts: tuple[int, ...]
+    runs: dict[str, Run]
+
+    @property
+    def comm_gpu_counts(self) -> list[int]:
+        return [n for n in self.gpu_counts if n > 1] if self.config["communication"]["enabled"] else []
+
+    def trainer_args(self, run: Run, record: str, checkpoint_dir: str | None) -> list[str]:
+        """Every flag of one run: the study's, the run's, then where it writes (no checkpoints,
+        and so no resume, without ``checkpoint_dir``)."""
+        checkpoints = ["--checkpoint-dir", checkpoint_dir, "--resume"] if checkpoint_dir else []
+        return [*self._base_flags(run), *run.args, "--record", record, *checkpoints, "--progress", "off"]
+
+    def _base_flags(self, run: Run) -> list[str]:
+        data = DATA_DIR if self.config["data"] == "cifar10" else "synthetic"
+        return [
+            "--model", run.model, "--data", data, "--per-gpu-batch", str(run.per_gpu_batch),
+            "--grad-accum-steps", str(run.grad_accum_steps), "--steps", str(self.config["steps"]),
+            "--warmup-steps", str(self.config["warmup_steps"]), "--seed", str(run.repeat), "--device", self.device,
+            "--run-id", run.run_id, *self.config["trainer_args"],
+        ]  # fmt: skip
+
+    def uses_cifar(self, run: Run) -> bool:
+        return self.config["data"] == "cifar10" and _last(list(run.args), "--data") != "synthetic"
+
+    def exclusive(self) -> bool:
+        """Measured runs have their machine (locally) or their nodes (Slurm) to themselves."""
+        return self.config["resources"].get("exclusive", True)
+
+
+def _last(args: list[str], name: str, default: str | None = None) -> str | None:
+    """The last value given for ``name`` in a flag list (argparse semantics), else ``default``."""
+    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == name]
+    return values[-1] if values else default
+
+
+def parse_trainer_flags(argv: list[str], key: str) -> trainer_config.TrainConfig:
+    """The trainer's own reading of ``argv``; a flag it refuses is a config error at ``key``."""
+    refused = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(refused):
+            return trainer_config.parse_args(argv)
+    except SystemExit:
+        reason = refused.getvalue().strip().splitlines()[-1] if refused.getvalue().strip() else "refused"
+        raise StudyError(key, f"the trainer refuses these flags: {reason.removeprefix('scalerepro.training.train: error: ')}") from None
+
+
+def resolve_device(config: dict[str, Any], *, on_cluster: bool, local_gpus: int) -> str:
+    """auto: the GPUs when there are any (or the jobs run on a cluster), else the CPU."""
+    if config["device"] != "auto":
+        return config["device"]
+    return "cuda" if local_gpus or on_cluster else "cpu"
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge two config mappings; lists and scalars in ``overrides`` replace."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        merged[key] = merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
+def build(config: dict[str, Any], *, on_cluster: bool, local_gpus: int, local_gpu_name: str | None = None, references: list[dict[str, Any]] = ()) -> Study:
+    """The study of a validated ``config`` (cpu_overrides already applied where they apply)."""
+    device = resolve_device(config, on_cluster=on_cluster, local_gpus=local_gpus)
+    local = not on_cluster
+    gpus_per_node = _gpus_per_node(config, device, local, local_gpus)
+    gpu_counts = _gpu_counts(config, local, gpus_per_node)
+    if device == "cuda" and local and max(gpu_counts) > local_gpus:
+        raise StudyError(
+            "scaling.gpu_counts",
+            f"the study asks for {max(gpu_counts)} GPUs but this machine has {local_gpus}: lower scaling.gpu_counts, or run on a cluster with --profile slurm",
+        )
+    if config["warmup_steps"] >= config["steps"]:
+        raise StudyError("warmup_steps", f"{config['warmup_steps']} warm-up steps leave none of the {config['steps']} steps measured: lower it below steps")
+    shell = Study(config, device, local, gpus_per_node, tuple(gpu_counts), {})
+    builder = _Builder(shell)
+    builder.scaling()
+    builder.sensitivity()
+    builder.ablation()
+    builder.parallelism()
+    builder.reproduce(references, local_gpu_name if local else config.get("reproduce", {}).get("gpu"))
+    return Study(config, device, local, gpus_per_node, tuple(gpu_counts), builder.runs)
+
+
+def nodes_for(gpus: int, gpus_per_node: int, local: bool, key: str) -> tuple[int, int]:
+    """(ranks per node, nodes) of a job over ``gpus`` GPUs: nodes = ceil(gpus / gpus_per_node).
+    Locally there is one node; several nodes must split the ranks evenly."""
+    nodes = -(-gpus // gpus_per_node)
+    if nodes > 1 and local:
+        raise StudyError(
+            key,
+            f"a run over {gpus} ranks needs {nodes} nodes of gpus_per_node={gpus_per_node}, and local runs have one: "
+            f"ask for at most {gpus_per_node}, raise gpus_per_node, or run with --profile slurm",
+        )
+    if gpus % nodes:
+        raise StudyError(key, f"{gpus} GPUs do not split evenly over {nodes} nodes of {gpus_per_node}: choose a multiple of gpus_per_node")
+    return gpus // nodes, nodes
+
+
+def strong_batches(global_batch: int, gpus: int, per_gpu_batch: int, key: str) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) of one GPU's share of a strong-scaling global batch.
+
+    share = G / N must be whole; it runs as the fewest micro-batches of at most ``per_gpu_batch``
+    that divide it evenly: accumulation = the smallest a >= ceil(share / per_gpu_batch) dividing
+    share, micro-batch = share / a."""
+    if global_batch % gpus:
+        raise StudyError(key, f"the global batch {global_batch} does not split evenly over {gpus} GPUs: choose a multiple of every GPU count")
+    share = global_batch // gpus
+    steps = next(a for a in range(math.ceil(share / per_gpu_batch), share + 1) if share % a == 0)
+    return share // steps, steps
+
+
+def _gpus_per_node(config: dict[str, Any], device: str, local: bool, local_gpus: int) -> int:
+    if config["gpus_per_node"] != "auto":
+        return config["gpus_per_node"]
+    if device == "cuda" and local:
+        return max(local_gpus, 1)
+    raise StudyError("gpus_per_node", "'auto' only resolves on a local GPU machine: set gpus_per_node in the config")
+
+
+def _gpu_counts(config: dict[str, Any], local: bool, gpus_per_node: int) -> list[int]:
+    counts = config["scaling"]["gpu_counts"]
+    if counts == "auto":
+        limit = gpus_per_node if local else config["scaling"]["max_gpus"]
+        counts = [2**k for k in range(int(math.log2(limit)) + 1)]
+    return sorted(counts)
+
+
+class _Builder:
+    def __init__(self, study: Study):
+        self.study, self.config, self.runs = study, study.config, {}
+
+    def add(self, study: str, model: str, gpus: int, repeats: int, variant: str, per_gpu_batch: int, args: tuple[str, ...], key: str, grad_accum_steps: int = 1, reference: str = "", flags_key: str | None = None) -> None:
+        """Add ``repeats`` runs of one cell; ``key`` names the setting that chose its GPU count,
+        ``flags_key`` the one its flags came from (both named by the errors)."""
+        ranks_per_node, nodes = nodes_for(gpus, self.study.gpus_per_node, self.study.local, key)
+        flags_key = flags_key or f"trainer_args' or 'models.{model}.args"
+        if study != "reproduce":
+            self.per_gpu_batch(model, key)  # the model has its entry
+        args = (*self.config["models"].get(model, {}).get("args", []), *args)
+        parsed = None
+        for repeat in range(1, repeats + 1):
+            run_id = "_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part)
+            if parsed is None:  # repeats differ in seed and run id only: the trainer reads them alike
+                draft = Run(run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, per_gpu_batch, grad_accum_steps, "", 0.0, tuple(args), reference)
+                # what the trainer will do with these flags, read by the trainer's own parser
+                parsed = parse_trainer_flags(self.study.trainer_args(draft, "record.json", "checkpoints"), flags_key)
+            self.runs[run_id] = Run(
+                run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, parsed.run.per_gpu_batch,
+                parsed.optim.grad_accum_steps, parsed.perf.precision, float(parsed.parallel.bucket_cap_mb), tuple(args), reference,
+                parsed.parallel.parallel, data_parallel_size(parsed.parallel, gpus, ranks_per_node, flags_key),
+            )  # fmt: skip
+
+    def per_gpu_batch(self, model: str, key: str) -> int:
+        """The model's per-GPU batch (models.<model>); a model without an entry is an error at ``key``."""
+        if model not in self.config["models"]:
+            raise StudyError(key, f"{model} has no entry under models: add models.{model}.per_gpu_batch")
+        return self.config["models"][model]["per_gpu_batch"]
+
+    def scaling(self) -> None:
+        scaling, counts = self.config["scaling"], self.study.gpu_counts
+        strong_batch = scaling["strong"].get("global_batch", {})
+        for model in scaling["models"]:
+            batch = self.per_gpu_batch(model, "scaling.models")
+            global_batch = strong_batch.get(model, batch * max(counts))
+            for gpus in counts:
+                if scaling["strong"]["enabled"]:
+                    key = f"scaling.strong.global_batch.{model}" if model in strong_batch else f"models.{model}.per_gpu_batch"
+                    micro, accum = strong_batches(global_batch, gpus, batch, key)
+                    self.add("strong", model, gpus, self.config["repeats"], "", micro, (), "scaling.gpu_counts", grad_accum_steps=accum)
+                if scaling["weak"]["enabled"]:
+                    samples = scaling["weak"]["samples_per_gpu"] * gpus
+                    flags = ("--data", "synthetic", "--synthetic-samples", str(samples))
+                    self.add("weak", model, gpus, self.config["repeats"], "", batch, flags, "scaling.gpu_counts")
+
+    def _gpus(self, choice: int | str) -> int:
+        return max(self.study.gpu_counts) if choice == "max" else choice
+
+    def sensitivity(self) -> None:
+        sens = self.config["sensitivity"]
+        if not sens["enabled"]:
+            return
+        for bucket in sens["bucket_cap_mb"]:
+            for batch in sens["per_gpu_batch"]:
+                for precision in sens["precision"]:
+                    variant = f"bucket{bucket:g}-batch{batch}-{precision}"
+                    flags = ("--bucket-cap-mb", f"{bucket:g}", "--precision", precision)
+                    self.add("sensitivity", sens["model"], self._gpus(sens["gpus"]), sens["repeats"], variant, batch, flags, "sensitivity.gpus", flags_key="sensitivity")
+
+    def ablation(self) -> None:
+        abl = self.config["ablation"]
+        if not abl["enabled"]:
+            return
+        batch = self.per_gpu_batch(abl["model"], "ablation.model")
+        variants = {"baseline": [], **{o["name"]: o["flags"] for o in abl["optimisations"]}}
+        variants["all"] = [flag for o in abl["optimisations"] for flag in o["flags"]]
+        for variant, flags in variants.items():
+            self.add("ablation", abl["model"], self._gpus(abl["gpus"]), abl["repeats"], variant, batch, (*abl["baseline"], *flags), "ablation.gpus", flags_key=f"ablation.optimisations ({variant})")
+
+    def parallelism(self) -> None:
+        """Each model under each strategy at each GPU count of ``parallelism.gpu_counts`` (auto:
+        the study's counts above 1). At N GPUs every strategy trains the same global batch,
+        per_gpu_batch x N, each data-parallel replica reading N / replicas of it (one replica
+        under tp, N / tp-size under fsdp+tp). fsdp+tp is planned where the GPUs hold at least two
+        TP groups (fewer would be tp alone), tp where they are at least two."""
+        par = self.config.get("parallelism", {})
+        if not par.get("enabled", False):
+            return
+        counts = [n for n in self.study.gpu_counts if n > 1] if par["gpu_counts"] == "auto" else par["gpu_counts"]
+        for model in par["models"]:
+            batch = self.per_gpu_batch(model, "parallelism.models")
+            for gpus in counts:
+                ranks_per_node, _ = nodes_for(gpus, self.study.gpus_per_node, self.study.local, "parallelism.gpu_counts")
+                for strategy in par["strategies"]:
+                    # synthetic tokens: the study's data: cifar10 is images, and these are language models
+                    flags = ("--data", "synthetic", "--parallel", strategy, *par["args"].get(strategy, []))
+                    key = f"parallelism.args.{strategy}"
+                    settings = parse_trainer_flags(["--model", model, *flags], key).parallel
+                    tp_size = mesh.default_tp_size(strategy, gpus, ranks_per_node, settings.tp_size) or 1
+                    if (strategy == "tp" and gpus < 2) or (strategy == "fsdp+tp" and gpus // tp_size < 2):
+                        continue
+                    replicas = data_parallel_size(settings, gpus, ranks_per_node, key)
+                    variant = strategy.replace("+", "-")
+                    per_replica = batch * gpus // replicas
+                    self.add("parallelism", model, gpus, par["repeats"], variant, per_replica, flags, "parallelism.gpu_counts", flags_key=key)
+
+    def reproduce(self, references: list[dict[str, Any]], gpu_name: str | None) -> None:
+        """A run under each reference's conditions, where this machine (or the cluster's
+        ``reproduce.gpu``) is the reference's GPU model with enough GPUs; the others are shown
+        as not comparable by the report, naming the condition that differs."""
+        settings = self.config.get("reproduce", {})
+        if not settings.get("enabled", True) or gpu_name is None:
+            return
+        available = max(self.study.gpu_counts) if self.study.local else self.config["scaling"]["max_gpus"]
+        scheduled = set()
+        for reference in references:
+            trainer, conditions = reference.get("trainer"), reference.get("conditions") or {}
+            if trainer is None or conditions.get("gpu") != gpu_name or reference["gpus"] > available:
+                continue
+            # one run per distinct trainer run: references that share one (a series re-measured
+            # on a newer software stack) are set beside the same run by the comparison
+            identity = (trainer["model"], reference["gpus"], trainer["per_gpu_batch"], tuple(trainer.get("flags", ())))
+            if identity in scheduled:
+                continue
+            scheduled.add(identity)
+            key = f"references: {reference['id']}"
+            self.add(
+                "reproduce", trainer["model"], reference["gpus"], settings.get("repeats", 1), _variant(reference["id"]),
+                trainer["per_gpu_batch"], tuple(trainer.get("flags", ())), key, reference=reference["id"], flags_key=key,
+            )  # fmt: skip
+
+
+def data_parallel_size(parallel: trainer_config.ParallelConfig, gpus: int, ranks_per_node: int, key: str) -> int:
+    """How many replicas read different data under the trainer's ``parallel`` settings on
+    ``gpus`` ranks (scalerepro.parallel.mesh, as the trainer computes it)."""
+    tp_size = mesh.default_tp_size(parallel.parallel, gpus, ranks_per_node, parallel.tp_size)
+    try:
+        return mesh.data_parallel_coordinates(parallel.parallel, 0, gpus, tp_size)[1]
+    except mesh.ParallelError as error:
+        raise StudyError(key, str(error)) from None
+
+
+def _variant(reference_id: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "-" for c in reference_id)
+
+
+def matrix_rows(study: Study, record_path, rerun_command) -> list[dict[str, Any]]:
+    """The study matrix as rows for matrix.csv (what the aggregation joins records onto)."""
+    return [
+        {
+            "run_id": run.run_id, "study": run.study, "model": run.model, "gpus": run.gpus, "nodes": run.nodes,
+            "gpus_per_node": study.gpus_per_node, "repeat": run.repeat, "variant": run.variant, "precision": run.precision,
+            "per_gpu_batch": run.per_gpu_batch, "grad_accum_steps": run.grad_accum_steps, "global_batch": run.global_batch,
+            "bucket_cap_mb": run.bucket_cap_mb, "parallel": run.parallel, "data_parallel": run.data_parallel or run.gpus, "reference": run.reference, "runtime_min": study.config["resources"]["runtime_min"],
+            "record": record_path(run), "rerun": rerun_command(run),
+        }  # fmt: skip
+        for run in study.runs.values()
+    ]

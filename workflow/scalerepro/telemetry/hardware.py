@@ -1,0 +1,249 @@
+"""What ran a benchmark: the MFU denominator (from the GPU peak table, ``scalerepro.common.gpu_peaks``), software versions, host, git state, Slurm job.
+
+Everything here is read, never assumed: a fact that cannot be read on this machine is None, with
+the reason beside it. torch is imported inside the functions that need it, so importing this
+module works without torch, and the CPU build of torch is enough to call any of them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from scalerepro.common import gpu_peaks
+
+# What the MFU of a run can be counted against (the trainer's --precision, tf32 for fp32 convolutions).
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+def peak_flops(
+    gpu_name: str | None, precision: str, override_tflops: float | None = None
+) -> tuple[float | None, str]:
+    """Dense peak FLOP/s of one GPU at ``precision``, and its source; or (None, the reason).
+
+    ``precision`` names the arithmetic the matmuls and convolutions actually run in. Note that
+    torch runs FP32 convolutions on TF32 tensor cores by default on Ampere and newer
+    (``torch.backends.cudnn.allow_tf32`` is True) while FP32 matmuls stay FP32
+    (``torch.backends.cuda.matmul.allow_tf32`` is False): pick "tf32" for an FP32 conv net.
+
+    ``override_tflops`` (TFLOP/s, per GPU) wins over the table, for a GPU it lacks or a clock-
+    capped part, and is recorded as a user override.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if override_tflops is not None:
+        if not override_tflops > 0:
+            raise ValueError(f"override_tflops must be positive, got {override_tflops!r}")
+        return override_tflops * gpu_peaks.TFLOPS, f"user override ({override_tflops} TFLOP/s per GPU)"
+    if not gpu_name:
+        return None, "no GPU: peak throughput is tabulated for NVIDIA GPUs only"
+    key = gpu_peaks.peaks_key(gpu_name)
+    if key is None:
+        return None, (
+            f"no peak-throughput entry for {gpu_name!r} (known: {', '.join(sorted({p.model for p in gpu_peaks.PEAKS.values()}))}); "
+            "pass a user override"
+        )
+    peak = gpu_peaks.PEAKS[key]
+    source = f"{peak.model}, dense {precision}: {peak.source}"
+    if gpu_peaks.names_no_form_factor(gpu_name):
+        source += f"; {gpu_peaks.BARE_NAME_RULE}"
+    flops = peak.tflops(precision) * gpu_peaks.TFLOPS
+    mig = gpu_peaks.mig_slices(gpu_name)
+    if mig is None:
+        return flops, source
+    # MIG instance peak = GPU peak x compute slices / 7
+    slices, profile = mig
+    if not 1 <= slices <= gpu_peaks.MIG_COMPUTE_SLICES:
+        return None, f"MIG profile {profile} of {gpu_name!r} claims {slices} of {gpu_peaks.MIG_COMPUTE_SLICES} compute slices: pass a user override"
+    return flops * slices / gpu_peaks.MIG_COMPUTE_SLICES, (
+        f"MIG {profile}: {slices}/{gpu_peaks.MIG_COMPUTE_SLICES} of the GPU's compute slices ({gpu_peaks.MIG_USER_GUIDE}) x {source}"
+    )
+
+
+def _distribution_version(name: str) -> str | None:
+    """Installed version of a distribution, read from its metadata without importing it."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def software_versions(import_torch: bool = True) -> dict[str, Any]:
+    """Versions of the software a run's numbers depend on; None where not installed or no CUDA.
+
+    ``cudnn`` is torch's integer as is (e.g. 90100): its encoding changed between cuDNN 8 and 9,
+    so decoding it here could mislabel it. ``import_torch=False`` (the launcher, which must not
+    import torch) reads torch's version from its metadata and leaves CUDA, cuDNN and NCCL None.
+    """
+    from scalerepro import __version__
+
+    versions: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": None,
+        "cuda": None,
+        "cudnn": None,
+        "nccl": None,
+        # torchvision is read from metadata, not imported: importing it on a CPU torch can fail
+        # (see scalerepro.models._torchvision) and costs seconds.
+        "torchvision": _distribution_version("torchvision"),
+        "numpy": _distribution_version("numpy"),
+        "nvidia-ml-py": _distribution_version("nvidia-ml-py"),
+        "scalerepro": __version__,
+        "platform": platform.platform(),
+    }
+    if not import_torch:
+        versions["torch"] = _distribution_version("torch")
+        return versions
+    try:
+        import torch
+    except ImportError:
+        return versions
+    versions["torch"] = torch.__version__
+    versions["cuda"] = torch.version.cuda
+    versions["cudnn"] = torch.backends.cudnn.version()
+    if torch.cuda.is_available():
+        # (major, minor, patch) or (major, minor, patch, suffix) -> "2.21.5" / "2.21.5+cuda12.4"
+        nccl = torch.cuda.nccl.version()
+        versions["nccl"] = ".".join(str(part) for part in nccl[:3]) + "".join(
+            str(part) for part in nccl[3:]
+        )
+    return versions
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _memory_total_bytes() -> int | None:
+    return psutil.virtual_memory().total
+
+
+def _driver_version() -> tuple[str | None, str | None]:
+    """(NVIDIA driver version, None) from NVML, or (None, why not)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "pynvml is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return None, f"NVML could not be initialised: {exc}"
+    try:
+        return pynvml.nvmlSystemGetDriverVersion(), None
+    except pynvml.NVMLError as exc:
+        return None, f"NVML did not report the driver version: {exc}"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _gpu_facts(import_torch: bool = True) -> dict[str, Any]:
+    """The visible CUDA devices, described by device 0 (nodes are assumed homogeneous)."""
+    gpu: dict[str, Any] = {
+        "name": None,
+        "count": None,
+        "memory_bytes": None,
+        "compute_capability": None,
+        "driver_version": None,
+        "reason": None,
+    }
+    reasons: list[str] = []
+    try:
+        if not import_torch:
+            raise ImportError
+        import torch
+    except ImportError:
+        reasons.append("torch is not installed" if import_torch else "not read: this process imports no torch")
+    else:
+        gpu["count"] = torch.cuda.device_count()
+        if gpu["count"] > 0:
+            props = torch.cuda.get_device_properties(0)
+            gpu["name"] = props.name
+            gpu["memory_bytes"] = props.total_memory
+            gpu["compute_capability"] = f"{props.major}.{props.minor}"
+        else:
+            reasons.append("no CUDA device visible to torch")
+    gpu["driver_version"], driver_reason = _driver_version()
+    if driver_reason is not None:
+        reasons.append(f"driver version: {driver_reason}")
+    gpu["reason"] = "; ".join(reasons) or None
+    return gpu
+
+
+def host_facts(import_torch: bool = True) -> dict[str, Any]:
+    """The machine this process runs on: CPU, memory, and its GPUs (``gpu``; not read without
+    ``import_torch``)."""
+    try:
+        # The CPUs this process may run on (cgroup/cpuset, taskset, Slurm binding), which is what
+        # bounds data-loader workers; os.cpu_count() counts the whole machine.
+        usable_cpus: int | None = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable_cpus = None
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": usable_cpus,
+        "memory_total_bytes": _memory_total_bytes(),
+        "gpu": _gpu_facts(import_torch),
+    }
+
+
+# A guard, not an expectation: both commands take milliseconds on a normal checkout.
+_GIT_TIMEOUT_S = 2.0
+
+
+def _git(args: list[str], cwd: Path) -> tuple[str | None, str | None]:
+    """(stdout, None) of a successful git command, or (None, why it failed)."""
+    try:
+        done = subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=_GIT_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:  # cwd is checked by the caller, so this is the executable
+        return None, "git is not installed"
+    except subprocess.TimeoutExpired:
+        return None, f"git {args[0]} took longer than {_GIT_TIMEOUT_S} s"
+    except OSError as exc:
+        return None, f"git could not run: {exc}"
+    if done.returncode != 0:
+        message = done.stderr.strip().splitlines()
+        return None, f"git {' '.join(args)} failed: {message[0] if message else done.returncode}"
+    return done.stdout, None
+
+
+def git_info(start: Path) -> dict[str, Any]:
+    """Commit and dirtiness of the checkout containing ``start``; never raises.
+
+    ``dirty`` counts modified, staged and untracked-but-not-ignored files, since any of them can
+    change what runs.
+    """
+    if not start.is_dir():
+        return {"commit": None, "dirty": None, "reason": f"{start} is not a directory"}
+    commit, reason = _git(["rev-parse", "HEAD"], start)
+    if commit is None:
+        return {"commit": None, "dirty": None, "reason": reason}
+    status, reason = _git(["status", "--porcelain"], start)
+    return {
+        "commit": commit.strip(),
+        "dirty": None if status is None else bool(status.strip()),
+        "reason": reason,
+    }
+

@@ -1,0 +1,147 @@
+"""The run record: one self-describing JSON document per run, written atomically by rank 0.
+
+This is the only thing the analysis side reads. Its schema is
+``workflow/schemas/run_record.schema.json``; bump ``RECORD_SCHEMA_VERSION`` with any change a reader
+must know about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from scalerepro import schedulers
+from scalerepro.common.files import utc_now
+from scalerepro.config import preset_overrides
+from scalerepro.telemetry import hardware
+
+RECORD_SCHEMA_VERSION = 3  # 2: the scheduler's job facts under "scheduler" (was "slurm"); 3: batch.per_gpu (was batch.per_rank)
+
+
+def build(
+    *,
+    run_id: str,
+    status: str,
+    config: Any,
+    started_at: str,
+    argv: list[str],
+    error: dict[str, str] | None = None,
+    trainer: Any = None,
+    ctx: Any = None,
+    measurements: dict[str, Any] | None = None,
+    measurements_scope: str | None = None,
+    stop_signal: str | None = None,
+    checkpoint_path: str | None = None,
+    import_torch: bool = True,
+) -> dict[str, Any]:
+    """Assemble the record. ``trainer``/``ctx`` are None when the run failed before they existed;
+    the fields they would fill are then null, never invented. ``import_torch=False`` (the
+    launcher's record of ranks that wrote none) leaves the facts only torch can read null."""
+    record: dict[str, Any] = {
+        "schema_version": RECORD_SCHEMA_VERSION,
+        "run_id": run_id,
+        "status": status,
+        "error": error,
+        "stop_signal": stop_signal,
+        "started_at": started_at,
+        "ended_at": utc_now(),
+        "command_line": [sys.executable, "-m", "scalerepro.training.train", *argv],
+        "seed": config.run.seed,
+        "precision": config.perf.precision,
+        "knobs": {
+            "preset": config.perf.preset,
+            # the flags given explicitly on top of the preset, with the values they set
+            "preset_overrides": preset_overrides(config),
+            "cudnn_benchmark": config.perf.cudnn_benchmark,
+            "channels_last": config.perf.channels_last,
+            "compile": config.perf.compile,
+            "loader": config.data.loader,
+            "optimizer_impl": config.optim.optimizer_impl,
+            "bucket_cap_mb": config.parallel.bucket_cap_mb,
+            "gradient_as_bucket_view": config.parallel.gradient_as_bucket_view,
+            "static_graph": config.parallel.static_graph,
+            "sync_batchnorm": config.parallel.sync_batchnorm,
+            "grad_accum_steps": config.optim.grad_accum_steps,
+        },
+        "config": dataclasses.asdict(config),
+        "git": hardware.git_info(Path(__file__).resolve().parent),
+        "versions": hardware.software_versions(import_torch),
+        "hardware": hardware.host_facts(import_torch),
+        "scheduler": schedulers.current().job_facts(os.environ),
+        "model": None,
+        "optimizer": None,
+        "parallel": None,
+        "batch": None,
+        "data": None,
+        "steps": None,
+        "epochs": None,
+        "measurements": measurements,
+        "measurements_scope": measurements_scope,
+        "history": [],
+        "loss_log": [],
+        "checkpoint": checkpoint_path,
+    }
+    if ctx is not None:
+        gpus_per_node = ctx.env.local_world_size if ctx.device.type == "cuda" else 0
+        record["parallel"] = {
+            "launcher": ctx.env.launcher,
+            "backend": ctx.backend,
+            "device_type": ctx.device.type,
+            "world_size": ctx.world_size,
+            "nodes": ctx.num_nodes,
+            "ranks_per_node": ctx.env.local_world_size,
+            "gpus_per_node": gpus_per_node,
+            "gpus": gpus_per_node * ctx.num_nodes,
+            "hostnames": sorted(set(ctx.hostnames)),
+        }
+    else:
+        record["parallel"] = {"hostnames": [socket.gethostname()]}
+    if trainer is not None:
+        spec, progress = trainer.spec, trainer.progress
+        record["model"] = {
+            "name": spec.name,
+            "task": spec.task,
+            "family": spec.family,
+            "num_parameters": spec.num_parameters,
+            "tokens_per_sample": spec.tokens_per_sample,
+            "train_flops_per_sample": spec.train_flops_per_sample,
+            "flops_source": spec.flops_source,
+            "shape": dataclasses.asdict(spec.shape),
+        }
+        record["optimizer"] = {**dataclasses.asdict(trainer.optim_resolved), "schedule": config.optim.lr_schedule}
+        record["batch"] = {
+            "per_gpu": config.run.per_gpu_batch,
+            "grad_accum_steps": config.optim.grad_accum_steps,
+            # global batch = per-rank micro-batch x data-parallel ranks (all but TP's) x accumulation steps
+            "global": trainer.global_batch,
+        }
+        record["data"] = {
+            "kind": "synthetic" if config.data.data == "synthetic" else "cifar10",
+            "path": None if config.data.data == "synthetic" else str(Path(config.data.data).resolve()),
+            "train_samples": trainer.train_source.num_samples,
+            "eval_samples": trainer.eval_source.num_samples,
+            "loader": config.data.loader,
+        }
+        record["steps"] = {
+            "total": trainer.total_steps,
+            # the LR schedule's steps; fewer than total when --min-window-s lengthened the run
+            "scheduled": trainer.scheduled_steps,
+            "completed": progress.step,
+            "warmup": config.run.warmup_steps,
+            "per_epoch": trainer.steps_per_epoch,
+            "resumed_from": trainer.resumed_from,
+            # newer checkpoints passed over on resume, each with why (scalerepro.training.checkpoint)
+            "checkpoints_skipped": trainer.checkpoints.skipped if trainer.checkpoints is not None else [],
+        }
+        record["epochs"] = {
+            # planned epochs = total steps / steps per epoch (fractional for runs counted in steps)
+            "planned": trainer.total_steps / trainer.steps_per_epoch,
+            "completed": sum(1 for h in progress.history if h["complete"]),
+        }
+        record["history"] = progress.history
+        record["loss_log"] = trainer.loss_log
+    return record
