@@ -25,10 +25,23 @@ include: "workflow/rules/compare.smk"
 include: "workflow/rules/report.smk"
 
 
+# Every file the report, the store and a bundle are made from is a target: one that is lost (a
+# killed step, a full disk, a hand) is rebuilt, where Snakemake would pass over a missing
+# intermediate whose consumers exist.
 rule all:
     default_target: True
     input:
         "results/report/index.html",
+        rules.study_matrix.output,
+        rules.study_config.output,
+        rules.system_inventory.output,
+        [record_path(run) for run in RUNS.values()],
+        expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS),
+        rules.aggregate.output,
+        rules.plots.output,
+        profiling_tables(),
+        rules.store_study.output,
+        rules.store_plots.output,
 
 
 onsuccess:

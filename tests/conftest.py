@@ -94,6 +94,15 @@ def _machine(mode: int) -> Iterator[None]:
             fcntl.flock(machine, fcntl.LOCK_UN)
 
 
+# The two studies (minutes each, mostly waiting on Snakemake and Slurm) go first, one on each worker:
+# collected in name order they started last, and one of them was the whole run's tail.
+LONGEST_FIRST = ("test_slurm.py", "test_workflow.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: 0 if item.path.name in LONGEST_FIRST else 1)  # stable: each file's order kept
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     with _machine(fcntl.LOCK_EX if item.get_closest_marker("measures") else fcntl.LOCK_SH):

@@ -22,6 +22,9 @@ PAYLOAD = f"$(touch {MARK})"
 
 # (id, dotted key to set, value, text the error line must contain)
 BAD = [
+    ("compare-threshold-nan", "compare.threshold", float("nan"), "compare.threshold': nan is not a finite number"),
+    ("tolerance-nan", "targets.reproduce_tolerance", float("nan"), "targets.reproduce_tolerance': nan is not a finite number"),
+    ("inf-in-overrides", "cpu_overrides.targets.reproduce_tolerance", float("inf"), "inf is not a finite number"),
     ("unknown-top-key", "colour", "blue", "colour"),
     ("unknown-nested-key", "scaling.strong.enable", True, "enable"),
     ("study-name-empty", "study_name", "", "study_name"),

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -382,6 +383,27 @@ def test_selectors_name_the_study_or_say_in_one_line_why_not(studies, tmp_path):
     )
 
 
+def test_a_cluster_named_with_a_colon_is_selected_alone_or_with_its_partition(studies, tmp_path):
+    """CLUSTER:PARTITION split at the first colon, so "site:a" could never be selected."""
+    history = tmp_path / "history.duckdb"
+    baseline = _appended(studies["baseline"], history)["study_id"]
+    _appended(studies["candidate"], history)
+    with duckdb.connect(str(history)) as connection:
+        connection.execute("UPDATE studies SET cluster = 'site:a', \"partition\" = 'gpu' WHERE study_id = ?", [baseline])
+        assert store.resolve(connection, "site:a") == baseline
+        assert store.resolve(connection, "site:a:gpu") == baseline
+        with pytest.raises(store.StoreError, match="no study in the store matches 'site:a:cpu'"):
+            store.resolve(connection, "site:a:cpu")
+
+
+def test_migrate_at_a_mistyped_path_creates_no_store(tmp_path):
+    result = _python("-m", "scalerepro.analysis.history.store", "migrate", "--store", str(tmp_path / "histroy.duckdb"))
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"store: no results store at {tmp_path / 'histroy.duckdb'}: nothing to migrate (check the path)"
+    ]
+    assert not (tmp_path / "histroy.duckdb").exists()
+
+
 # --------------------------------------------------------------------------------------------
 # Bundles
 # --------------------------------------------------------------------------------------------
@@ -394,6 +416,10 @@ def exported(studies, tmp_path_factory) -> dict[str, Path]:
     history = root / "history.duckdb"
     for directory in studies.values():
         _appended(directory, history)
+    # the outputs a study's workflow writes (tables, figures, report): export refuses a study without them
+    rebuilt = _python("-m", "scalerepro.analysis.rebuild", "--results", "results", "--references", str(REPO / "config/references.yaml"),
+                      "--templates", str(REPO / "report"), cwd=studies["candidate"])  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stderr
     out = root / "candidate.zip"
     result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(history), "--workflow", str(REPO),
                      cwd=studies["candidate"])  # fmt: skip
@@ -401,6 +427,46 @@ def exported(studies, tmp_path_factory) -> dict[str, Path]:
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
     assert f"sha256 {digest}" in result.stdout and (root / "candidate.zip.sha256").read_text().startswith(digest)
     return {"store": history, "bundle": out, "root": root}
+
+
+def test_a_bundle_against_latest_is_compared_with_the_newest_other_study(studies, exported, tmp_path):
+    """`compare BUNDLE latest` said "same study" when the bundle's study was the newest stored."""
+    facts = tmp_path / "facts.json"
+    result = _python("-m", "scalerepro.analysis.history.compare", str(exported["bundle"]), "latest", "--store", str(exported["store"]),
+                     "--json", str(facts))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    chosen = json.loads(facts.read_text())
+    baseline_id = json.loads((studies["baseline"] / "results/tables/store.json").read_text())["study_id"]
+    candidate_id = json.loads((studies["candidate"] / "results/tables/store.json").read_text())["study_id"]
+    assert (chosen["baseline"]["study_id"], chosen["candidate"]["study_id"]) == (candidate_id, baseline_id)
+
+
+def test_export_refuses_a_study_with_an_output_missing(studies, exported, tmp_path):
+    """After a killed step, a full disk or a hand, export shipped what was left (4 of 17 tables)."""
+    study = tmp_path / "study"
+    shutil.copytree(studies["candidate"], study)
+    (study / "results/tables/cost.csv").unlink()
+    out = tmp_path / "out.zip"
+    result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(exported["store"]),
+                     "--workflow", str(REPO), cwd=study)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "lacks 1 of the study's outputs (tables/cost.csv)" in lines[0], result.stderr
+    assert not out.exists()
+
+
+def test_export_packs_no_file_from_outside_the_study(studies, exported, tmp_path):
+    """A symbolic link in results/ was followed: export packed the file it pointed to."""
+    study = tmp_path / "study"
+    shutil.copytree(studies["candidate"], study)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the study's\n")
+    (study / "results/tables/planted.csv").symlink_to(secret)
+    out = tmp_path / "out.zip"
+    result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(exported["store"]),
+                     "--workflow", str(REPO), cwd=study)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "results/tables/planted.csv is a symbolic link" in lines[0], result.stderr
+    assert not out.exists() and not Path(f"{out}.sha256").exists()
 
 
 def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
@@ -507,6 +573,100 @@ def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(st
         ), (name, result.stderr)
         assert not (tmp_path / name).exists(), name  # nothing unpacked
         assert history.read_bytes() == before_bytes and _dump(history) == before, name
+
+
+def _forged(source: Path, target: Path, change_rows) -> Path:
+    """A copy of the bundle whose store rows ``change_rows(rows)`` alters, its manifest made to match
+    (what a stranger can write: every checksum agrees)."""
+    with zipfile.ZipFile(source) as original:
+        members = {info.filename: original.read(info.filename) for info in original.infolist()}
+    rows = json.loads(members[bundle.STUDY_ROWS])
+    change_rows(rows)
+    members[bundle.STUDY_ROWS] = json.dumps(rows).encode()
+    lines = members[bundle.MANIFEST].decode().splitlines()
+    digest = hashlib.sha256(members[bundle.STUDY_ROWS]).hexdigest()
+    members[bundle.MANIFEST] = "".join(
+        f"{digest}  {bundle.STUDY_ROWS}\n" if line.endswith(f"  {bundle.STUDY_ROWS}") else f"{line}\n" for line in lines
+    ).encode()
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as copy:
+        for name, data in members.items():
+            copy.writestr(name, data)
+    return target
+
+
+def _with_member(source: Path, target: Path, name: str, data: bytes) -> Path:
+    """A copy of the bundle with one more member, listed in its manifest with its checksum."""
+    with zipfile.ZipFile(source) as original:
+        members = {info.filename: original.read(info.filename) for info in original.infolist()}
+    members[name] = data
+    members[bundle.MANIFEST] += f"{hashlib.sha256(data).hexdigest()}  {name}\n".encode()
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as copy:
+        for member, content in members.items():
+            copy.writestr(member, content)
+    return target
+
+
+def test_a_bundle_member_is_read_in_bounded_chunks(exported, tmp_path, monkeypatch):
+    """A listed 1 GiB member of a 2 MB zip took 2.2 GB of memory on import: members are hashed as
+    streams (a 64 MiB member: well under 32 MiB held), and one larger than a member may be is refused
+    from its header, before it is read."""
+    big = _with_member(exported["bundle"], tmp_path / "big.zip", "results/tables/big.csv", b"0" * (64 << 20))
+    assert big.stat().st_size < 2 << 20
+    tracemalloc.start()
+    try:
+        bundle.read_bundle(big)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, peak
+    monkeypatch.setattr(bundle, "MAX_BUNDLE_MEMBER_BYTES", 1 << 20)
+    with pytest.raises(bundle.BundleError, match=r"results/tables/big.csv would be 67108864 bytes, more than a bundle member may be"):
+        bundle.read_bundle(big)
+
+
+def test_a_bundle_adds_only_its_own_study(studies, exported, tmp_path):
+    """A stranger's bundle whose runs name a study already in the store (every checksum agreeing)
+    is refused in one line and leaves the store as it was: it added 20 runs to that study, and
+    its comparison's ratio went from 1.00 to 2.00."""
+    history = tmp_path / "history.duckdb"
+    victim = _appended(studies["baseline"], history)["study_id"]
+    before, before_bytes = _dump(history), history.read_bytes()
+
+    def into_the_victim(rows):
+        for run in rows["runs"]:
+            run["study_id"] = victim
+
+    forged = _forged(exported["bundle"], tmp_path / "forged.zip", into_the_victim)
+    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(forged), "--store", str(history))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and f"holds runs of another study ({victim})" in lines[0], result.stderr
+    assert history.read_bytes() == before_bytes and _dump(history) == before
+
+
+# Hostile bundles: every checksum agrees, a value does not fit its column. A new case is one line:
+# (id, what it does to the bundle's store rows, what the one line of refusal says).
+MALFORMED = [
+    ("gpus-as-text", lambda rows: rows["runs"][0].update(gpus="eight"), "run 0: gpus is a str, not integer"),
+    ("gpus-as-bool", lambda rows: rows["runs"][0].update(gpus=True), "run 0: gpus is a bool, not integer"),
+    ("throughput-nan", lambda rows: rows["runs"][0].update(samples_per_s=float("nan")), "run 0: samples_per_s is nan is not a finite number"),
+    ("integer-overflow", lambda rows: rows["runs"][0].update(peak_memory_bytes=2**70), "is outside the range of bigint"),
+    ("start-not-a-time", lambda rows: rows["study"].update(started_at="yesterday"), "study: started_at is 'yesterday' is not an ISO 8601 time"),
+    ("no-study-id", lambda rows: rows["study"].update(study_id=None), "study: study_id is missing"),
+    ("huge-text", lambda rows: rows["study"].update(study_name="x" * (2**20 + 1)), "study: study_name is 1048577 characters"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=[case[0] for case in MALFORMED])
+def test_a_bundle_with_a_value_that_does_not_fit_is_refused_before_the_store_is_touched(exported, tmp_path, case):
+    """Such a bundle was accepted (or refused with a traceback after an empty store was made), and
+    from then on `store list`, `compare` and store_study failed with a pandas traceback."""
+    name, change, expected = case
+    forged = _forged(exported["bundle"], tmp_path / f"{name}.zip", change)
+    history = tmp_path / "history.duckdb"
+    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(forged), "--store", str(history))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
+    assert not history.exists()
 
 
 # --------------------------------------------------------------------------------------------

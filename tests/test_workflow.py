@@ -252,6 +252,16 @@ def test_nothing_left_to_do_and_reruns_are_exact(study, tmp_path):
         return {line.split()[0]: int(line.split()[1]) for line in table if line.split() and line.split()[0] != "total"}
 
     assert planned() == {}
+    # a lost table is rebuilt, and what is made from it, not passed over ("Nothing to be done")
+    lost = study / "results/tables/cost.csv"
+    kept, times = lost.read_bytes(), lost.stat()
+    lost.unlink()
+    try:
+        rebuilt = planned()
+    finally:
+        lost.write_bytes(kept)
+        os.utime(lost, ns=(times.st_atime_ns, times.st_mtime_ns))  # as it was: nothing newer than its consumers
+    assert rebuilt.get("aggregate") == 1 and "train" not in rebuilt, rebuilt
 
     def edited(path: Path) -> dict[str, int]:
         # A real edit: Snakemake compares the content of small inputs, not only their mtime.
@@ -463,6 +473,51 @@ def test_the_study_is_stored_and_a_rerun_compares_with_it(study, tmp_path):
     assert untouched.verdict.tolist() == expected.tolist()  # one repeat a side (sensitivity, ablation): no interval
     html = (study / "results/report/index.html").read_text().split('<section id="history">')[1]
     assert 'alt="Candidate vs baseline, per cell"' in html and 'alt="Headline cells across studies"' in html
+
+
+def _job_processes(workdir: Path) -> list[str]:
+    """The package's processes (run_job, launcher, ranks) running in ``workdir``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "scalerepro." in command and os.readlink(entry / "cwd") == str(workdir):
+                found.append(f"{entry.name}: {command[:120]}")
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_a_killed_driver_leaves_no_rank_running(study, tmp_path):
+    """SIGKILL of Snakemake during a training job: its launcher and ranks ran on for a minute and
+    then wrote an `ok` record after a rerun had said there was nothing to do. Now the launcher
+    sees its driver gone within a second and stops its ranks (and a rank dies with its
+    launcher, whatever kills it); the two commands of README, "When a run is interrupted", recover."""
+    workdir = tmp_path / "killed"
+    shutil.copytree(study, workdir, symlinks=True)
+    url, md5 = json.loads((study / "study_args").read_text())
+    args = ["--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", "steps=100000"]
+    target = "results/runs/strong_cnn_g1_r1/record.json"
+    driver = subprocess.Popen([*SNAKEMAKE, target, "--cores", "2", "--forcerun", target, *args], cwd=workdir, env=_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not any("scalerepro.training.train" in p and "launch" not in p for p in _job_processes(workdir)):
+            assert driver.poll() is None and time.monotonic() < deadline, "the training job never started"
+            time.sleep(0.5)
+        time.sleep(2)  # the rank is in its loop
+    finally:
+        driver.kill()  # SIGKILL: Snakemake cleans nothing up
+        driver.wait()
+    killed_at = time.monotonic()
+    while _job_processes(workdir) and time.monotonic() - killed_at < 20:
+        time.sleep(0.5)
+    assert _job_processes(workdir) == [], "still running 20 s after the driver was killed"
+    print(f"\nno job process left {time.monotonic() - killed_at:.1f} s after SIGKILL of Snakemake")
+    unlocked = snakemake(workdir, "--unlock", *args)
+    assert unlocked.returncode == 0, unlocked.stderr[-2000:]
+    planned = snakemake(workdir, target, "-n", "--rerun-incomplete", *args)
+    assert planned.returncode == 0 and "strong_cnn_g1_r1" in planned.stdout + planned.stderr, planned.stderr[-2000:]
 
 
 def test_after_a_trainer_edit_the_rerun_measures_again(study):

@@ -46,23 +46,7 @@ rule aggregate:
         code=program_sources("aggregate"),
     output:
         tables=report(
-            expand(
-                "results/tables/{table}.csv",
-                table=[
-                    "runs",
-                    "epochs",
-                    "loss_log",
-                    "scaling",
-                    "sensitivity",
-                    "ablation",
-                    "parallelism",
-                    "communication",
-                    "comparison",
-                    "checks",
-                    "cost",
-                    "scaling_model",
-                ],
-            ),
+            expand("results/tables/{table}.csv", table=AGGREGATE_TABLES),
             caption="../../report/captions/tables.rst",
             category="Tables",
         ),

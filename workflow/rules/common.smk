@@ -16,6 +16,7 @@ PACKAGE = REPO / "workflow" / "scalerepro"
 # The plan, from this checkout's package (it imports no torch).
 sys.path.insert(0, str(PACKAGE.parent))
 from scalerepro import schedulers
+from scalerepro.analysis.columns import AGGREGATE_TABLES
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES
 from scalerepro.common.source_closure import source_files
 from scalerepro.planning import plan as planning

@@ -4,6 +4,12 @@
 
 from __future__ import annotations
 
+# The tables the aggregation writes (results/tables/<name>.csv, with summary.json): the rule's
+# outputs, what a bundle must hold.
+AGGREGATE_TABLES = (
+    "runs", "epochs", "loss_log", "scaling", "sensitivity", "ablation", "parallelism", "communication", "comparison",
+    "checks", "cost", "scaling_model",
+)  # fmt: skip
 MATRIX_COLUMNS = (
     "run_id", "study", "model", "gpus", "nodes", "gpus_per_node", "repeat", "variant", "precision", "per_gpu_batch",
     "global_batch", "bucket_cap_mb", "runtime_min", "record", "rerun",

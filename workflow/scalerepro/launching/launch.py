@@ -31,6 +31,7 @@ This module imports no torch: it must start fast and run where only the launch h
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shlex
 import signal
@@ -40,6 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from scalerepro import schedulers
 from scalerepro.common.exits import EXIT_PREEMPTED
@@ -50,6 +52,8 @@ from scalerepro.schedulers.base import LAUNCHER_ENV, LOCAL, STORE_FD_ENV, Launch
 
 STOP_GRACE_S = 30.0  # after a rank failed, how long the others get to write a record before SIGKILL
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+DRIVER_CHECK_S = 1.0  # how often a local job looks for its driver
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class LaunchError(RuntimeError):
@@ -77,6 +81,46 @@ def local_rank_environments(ranks: int, port: int, store_fd: int, environ: Mappi
     return environments
 
 
+def _process_start(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (/proc/<pid>/stat field 22), None when
+    it is gone: with the pid it names one process, never a later one that reused the pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def driver(start: int | None = None) -> tuple[int, int | None]:
+    """The process whose death ends this job: the nearest ancestor running Snakemake (its job's
+    shell and wrapper outlive a killed Snakemake, so the parent alone is not enough), else the
+    parent. As (pid, start time)."""
+    pid = start or os.getppid()
+    while pid > 1:
+        try:
+            command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            break
+        if b"snakemake" in command_line:
+            return pid, _process_start(pid)
+        pid = _parent_of(pid)
+    return os.getppid(), _process_start(os.getppid())
+
+
+def _stop_with_parent() -> None:
+    """In a rank, before it runs: SIGTERM when the launcher dies, however it dies (Linux
+    PR_SET_PDEATHSIG); the trainer's handler then writes its record and leaves."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], output: rank_failure.RankOutput, cpus: int | None = None) -> tuple[int, list[dict]]:
     """Start ``ranks`` processes of ``program`` here and wait for them; return the job's code and
     the ranks that failed (``rank_failure``'s form: rank, host, exit code, signal). The job runs
@@ -86,7 +130,9 @@ def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], ou
     The code is that of the first rank to fail (a signal's as 128 + its number), else 75 when a
     rank was stopped by a signal after checkpointing, else 0. When one rank fails the others get
     SIGTERM (the trainer writes its record and leaves), then SIGKILL after STOP_GRACE_S seconds.
-    SIGTERM, SIGINT and SIGUSR1 sent to the launcher are passed on to every rank. Each rank's
+    SIGTERM, SIGINT and SIGUSR1 sent to the launcher are passed on to every rank; when the job's
+    driver (``driver()``) dies, the ranks get SIGTERM as well, and they die with the launcher
+    whatever kills it (a parent-death signal), so a killed Snakemake leaves no rank running. Each rank's
     lines reach our stdout and stderr prefixed ``[default<rank>]:`` as torchrun ``--tee`` would,
     and ``output`` keeps their tails."""
     with socket.create_server(("127.0.0.1", 0)) as listener:  # bound and listening before any rank starts
@@ -96,6 +142,7 @@ def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], ou
             subprocess.Popen(
                 [sys.executable, *program], env=env, pass_fds=(listener.fileno(),) if rank == 0 else (),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
+                preexec_fn=_stop_with_parent,
             )  # fmt: skip
             for rank, env in enumerate(environments)
         ]
@@ -108,7 +155,7 @@ def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], ou
         thread.start()
     previous = {s: signal.signal(s, lambda signum, _frame: _signal_all(processes, signum)) for s in FORWARDED_SIGNALS}
     try:
-        code = _wait_for(processes)
+        code = _wait_for(processes, driver())
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -140,11 +187,18 @@ def _exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode  # killed by signal N: 128 + N, as a shell says
 
 
-def _wait_for(processes: Sequence[subprocess.Popen]) -> int:
+def _wait_for(processes: Sequence[subprocess.Popen], driven_by: tuple[int, int | None] | None = None) -> int:
     first_failure: int | None = None
     kill_at: float | None = None
+    next_check = time.monotonic()
     while True:
         running = [p for p in processes if p.poll() is None]
+        if driven_by is not None and kill_at is None and time.monotonic() >= next_check:
+            next_check = time.monotonic() + DRIVER_CHECK_S
+            if _process_start(driven_by[0]) != driven_by[1]:
+                print(f"scalerepro.launching.launch: the job's driver (pid {driven_by[0]}) is gone: stopping the ranks", file=sys.stderr, flush=True)
+                kill_at = time.monotonic() + STOP_GRACE_S
+                _signal_all(processes, signal.SIGTERM)
         if first_failure is None:
             failed = [_exit_code(p.returncode) for p in processes if p.returncode is not None and _exit_code(p.returncode) not in (0, EXIT_PREEMPTED)]
             if failed:

@@ -8,6 +8,7 @@ Python, unit-tested in tests/test_plan.py. ``load`` is the one entry point.
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,9 +31,25 @@ class ConfigError(ValueError):
         super().__init__(f"config error at '{key}': {message}")
 
 
+def _non_finite(node: Any, where: str = "") -> tuple[str, float] | None:
+    """The first number in ``node`` that is not finite (YAML's .nan and .inf), with its key."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return where or "top level", node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        found = _non_finite(value, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
 def validate(config: dict[str, Any], schema: Path) -> None:
     """snakemake.utils.validate (which also fills in the schema's defaults, in place), its first
-    problem turned into one line naming the key."""
+    problem turned into one line naming the key. A number that is not finite is refused first:
+    JSON Schema's bounds let NaN through (every comparison with it is false)."""
+    found = _non_finite(config)
+    if found:
+        raise ConfigError(found[0], f"{found[1]} is not a finite number: give a number")
     import jsonschema
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate as snakemake_validate

@@ -58,9 +58,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from scalerepro.analysis.columns import AGGREGATE_TABLES
 from scalerepro.analysis.history import store
 from scalerepro.analysis.history.store import StoreError
-from scalerepro.common.files import atomic_file, utc_now
+from scalerepro.common.files import atomic_file, sha256_of, utc_now, write_text_atomically
 
 MANIFEST = "manifest-sha256.txt"
 STUDY_ROWS = "store/study.json"
@@ -91,6 +92,43 @@ class BundleError(Exception):
 # --------------------------------------------------------------------------------------------
 
 
+# A bundle is a stranger's file: what it may make this process read or hold is bounded, and every
+# member is hashed as a stream (a 1 GiB member of a 2 MB zip took 2.2 GB of memory when read whole).
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_ROWS_BYTES = 512 << 20
+MAX_BUNDLE_MEMBER_BYTES = 4 << 30
+_CHUNK = 1 << 20
+
+
+def _opened(archive: zipfile.ZipFile, name: str, limit: int, path: Path):
+    info = archive.getinfo(name)
+    if info.file_size > limit:
+        raise BundleError(f"{path}: {name} would be {info.file_size} bytes, more than a bundle member may be ({limit}): refusing it")
+    return archive.open(info)
+
+
+def _chunks(archive: zipfile.ZipFile, name: str, limit: int, path: Path) -> Iterator[bytes]:
+    """The member in chunks, never more than ``limit`` bytes whatever its header says."""
+    read = 0
+    with _opened(archive, name, limit, path) as stream:
+        while chunk := stream.read(_CHUNK):
+            read += len(chunk)
+            if read > limit:
+                raise BundleError(f"{path}: {name} is more than {limit} bytes: refusing it")
+            yield chunk
+
+
+def _read_bounded(archive: zipfile.ZipFile, name: str, limit: int, path: Path) -> bytes:
+    return b"".join(_chunks(archive, name, limit, path))
+
+
+def _streamed_sha256(archive: zipfile.ZipFile, name: str, limit: int, path: Path) -> str:
+    digest = hashlib.sha256()
+    for chunk in _chunks(archive, name, limit, path):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -117,7 +155,14 @@ def _study_files(results: Path, study: store.Study) -> dict[str, Path]:
     """Bundle path -> file, for everything the study wrote that a reader needs."""
     files: dict[str, Path] = {}
 
+    inside = results.resolve()
+
     def add(path: Path) -> None:
+        # a link (or a linked folder) may point anywhere: a bundle ships only the study's own files
+        if not path.resolve().is_relative_to(inside) or path.is_symlink():
+            raise BundleError(
+                f"{path} is a symbolic link (to {path.resolve()}): export packs only the study's own files; replace the link with the file"
+            )
         files[f"results/{path.relative_to(results).as_posix()}"] = path
 
     for folder, patterns in (
@@ -130,6 +175,13 @@ def _study_files(results: Path, study: store.Study) -> dict[str, Path]:
             for path in sorted((results / folder).glob(pattern)):
                 if path.is_file() and not path.name.startswith("."):
                     add(path)
+    lost = [f"tables/{name}.csv" for name in AGGREGATE_TABLES if not (results / "tables" / f"{name}.csv").is_file()]
+    lost += [name for name in ("tables/summary.json", "tables/matrix.csv", "tables/config.json", "report/index.html") if not (results / name).is_file()]
+    if lost:
+        raise BundleError(
+            f"{results} lacks {len(lost)} of the study's outputs ({', '.join(lost[:4])}{', ...' if len(lost) > 4 else ''}): "
+            "run the workflow again (it rebuilds them), then export"
+        )
     for run in study.runs:
         if run["record"] is None:
             continue
@@ -243,8 +295,9 @@ def export_bundle(
             with zipfile.ZipFile(stream, "w", compression=zipfile.ZIP_DEFLATED) as archive:
                 for name in [MANIFEST, *members]:
                     archive.write(stage / name, name)
-    digest = hashlib.sha256(out.read_bytes()).hexdigest()
-    Path(f"{out}.sha256").write_text(f"{digest}  {out.name}\n", encoding="utf-8")
+    digest = sha256_of(out)
+    # atomically, like the bundle: a full disk must not leave a 0-byte checksum beside a whole zip
+    write_text_atomically(f"{out}.sha256", f"{digest}  {out.name}\n")
     return digest
 
 
@@ -304,7 +357,7 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
             if MANIFEST not in names:
                 raise BundleError(f"{path} has no {MANIFEST}: it is not a scalerepro bundle")
             listed: dict[str, str] = {}
-            for line in archive.read(MANIFEST).decode("utf-8").splitlines():
+            for line in _read_bounded(archive, MANIFEST, MAX_MANIFEST_BYTES, path).decode("utf-8").splitlines():
                 checksum, _, name = line.partition("  ")
                 if len(checksum) != 64 or not name:
                     raise BundleError(f"{path}: {MANIFEST} has a malformed line {line[:80]!r}")
@@ -319,11 +372,13 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
                     f"{path} lacks files its manifest lists (e.g. {sorted(set(listed) - present)[0]}): it is incomplete"
                 )
             for name in sorted(present):
-                if _sha256(archive.read(name)) != listed[name]:
+                if _streamed_sha256(archive, name, MAX_BUNDLE_MEMBER_BYTES, path) != listed[name]:
                     raise BundleError(
                         f"{path}: {name} does not match its checksum in {MANIFEST}: the bundle was altered or damaged"
                     )
-            rows = json.loads(archive.read(STUDY_ROWS).decode("utf-8"))
+            rows = json.loads(_read_bounded(archive, STUDY_ROWS, MAX_ROWS_BYTES, path).decode("utf-8"))
+    except (RuntimeError, NotImplementedError) as error:  # an encrypted member, an unknown compression method
+        raise BundleError(f"{path}: a member cannot be read ({error}): a scalerepro bundle is a plain zip") from None
     except zipfile.BadZipFile as error:
         raise BundleError(
             f"{path} is not a complete zip archive (truncated or damaged: {error}): fetch the bundle again"
@@ -343,7 +398,18 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
     study_row, runs = rows.get("study") or {}, rows.get("runs") or []
     if set(study_row) != set(store.STUDY_COLUMNS) or any(set(run) != set(store.STORED_RUN_COLUMNS) for run in runs):
         raise BundleError(f"{path}: {STUDY_ROWS} does not have the store's columns")
-    return Bundle(path, digest, store.Study(study_row, runs), listed)
+    study = store.Study(study_row, runs)
+    try:
+        store.check_rows(study)  # before the store is opened: a refused bundle leaves no file behind
+    except StoreError as error:
+        raise BundleError(f"{path}: {error}") from None
+    strangers = sorted({str(run["study_id"]) for run in runs if run["study_id"] != study_row["study_id"]})
+    if strangers:
+        raise BundleError(
+            f"{path}: {STUDY_ROWS} holds runs of another study ({', '.join(strangers[:3])}) than its own "
+            f"({study_row['study_id']}): a bundle adds only its own study"
+        )
+    return Bundle(path, digest, study, listed)
 
 
 def import_bundle(
@@ -387,12 +453,15 @@ def _unpack(bundle: Bundle, target: Path) -> Path:
     try:
         with zipfile.ZipFile(bundle.path) as archive:
             for name in [MANIFEST, *bundle.members]:
-                data = archive.read(name)
-                if name != MANIFEST and _sha256(data) != bundle.members[name]:
-                    raise BundleError(f"{bundle.path} changed while it was unpacked: {name}")
                 destination = staging / name
                 destination.parent.mkdir(parents=True, exist_ok=True)
-                destination.write_bytes(data)
+                digest = hashlib.sha256()
+                with open(destination, "wb") as stream:  # in chunks: never the whole member in memory
+                    for chunk in _chunks(archive, name, MAX_MANIFEST_BYTES if name == MANIFEST else MAX_BUNDLE_MEMBER_BYTES, bundle.path):
+                        digest.update(chunk)
+                        stream.write(chunk)
+                if name != MANIFEST and digest.hexdigest() != bundle.members[name]:
+                    raise BundleError(f"{bundle.path} changed while it was unpacked: {name}")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -317,7 +317,8 @@ def load_sides(
         connection = store.connect(store_path, read_only=True, lock_timeout_s=lock_timeout_s)
         try:
             for name, selector in wanted:
-                other = found.get("candidate") if name == "baseline" else None
+                # 'latest' on one side means the newest study other than the other side's
+                other = found.get("candidate") if name == "baseline" else found.get("baseline")
                 study_id = store.resolve(connection, selector, exclude=other.study_id if other else None)
                 found[name] = _side(store.load_study(connection, study_id), f"store {store_path}")
         finally:

@@ -487,6 +487,45 @@ _PANDAS_DTYPES = {"VARCHAR": "string", "INTEGER": "Int64", "BIGINT": "Int64", "D
 _TYPES = {"studies": STUDY_TYPES, "runs": RUN_TYPES}
 
 
+# Python types a column takes (bool is an int to Python: refused where a number is meant).
+_ACCEPTS = {"VARCHAR": (str,), "INTEGER": (int,), "BIGINT": (int,), "DOUBLE": (int, float), "BOOLEAN": (bool,)}
+_INTEGER_RANGE = {"INTEGER": 2**31, "BIGINT": 2**63}
+_TIMESTAMPS = ("started_at", "ended_at", "appended_at")
+MAX_TEXT = 1 << 20  # a field's characters (a record or a config as JSON is the longest, far below)
+
+
+def _field_problem(name: str, kind: str, value: Any) -> str | None:
+    """Why ``value`` cannot be column ``name`` of SQL type ``kind`` (None: it can)."""
+    base, required = kind.split()[0], "NOT NULL" in kind or "PRIMARY KEY" in kind
+    if value is None:
+        return "missing" if required else None
+    accepted = _ACCEPTS[base]
+    if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
+        return f"a {type(value).__name__}, not {base.lower()}"
+    if base in _INTEGER_RANGE and not -_INTEGER_RANGE[base] <= value < _INTEGER_RANGE[base]:
+        return f"{value} is outside the range of {base.lower()}"
+    if base == "DOUBLE" and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    if base == "VARCHAR" and len(value) > MAX_TEXT:
+        return f"{len(value)} characters, more than {MAX_TEXT}"
+    if name in _TIMESTAMPS:
+        try:
+            datetime.datetime.fromisoformat(value)
+        except ValueError:
+            return f"{value[:40]!r} is not an ISO 8601 time"
+    return None
+
+
+def check_rows(study: Study) -> None:
+    """Every field of the study's rows fits its column (type, range, format): what the store
+    accepts, every reader can read. Raises StoreError naming the first field that does not."""
+    for where, row, types in (("study", study.row, STUDY_TYPES), *((f"run {i}", run, RUN_TYPES) for i, run in enumerate(study.runs))):
+        for name, kind in types.items():
+            problem = _field_problem(name, kind, row.get(name))
+            if problem:
+                raise StoreError(f"study {str(study.row.get('study_id'))[:80]!r}: {where}: {name} is {problem}: nothing stored")
+
+
 def _insert(connection: duckdb.DuckDBPyConnection, table: str, columns: Sequence[str], rows: Sequence[Mapping]) -> None:
     """Insert ``rows`` in one statement from a typed frame (row-by-row inserts take ~10 ms a row)."""
     if not rows:
@@ -526,6 +565,11 @@ def append(
     row = dict(study.row)
     if not keep_appended_at or not row.get("appended_at"):
         row["appended_at"] = utc_now()
+    check_rows(Study(row, study.runs))
+    strangers = sorted({str(run.get("study_id")) for run in study.runs if run.get("study_id") != study.study_id})
+    if strangers:
+        # a study adds its own runs only: a row naming another study would change that study
+        raise StoreError(f"study {study.study_id} holds runs of another study ({', '.join(strangers[:3])}): nothing stored")
     connection.execute("BEGIN TRANSACTION")
     try:
         existing = _fetch(connection, "SELECT * FROM studies WHERE study_id = ?", [study.study_id])
@@ -652,8 +696,10 @@ def resolve(connection: duckdb.DuckDBPyConnection, selector: str, exclude: str |
         ]
         if not at.empty:
             return at["study_id"].iloc[-1]
-    cluster, colon, partition = selector.partition(":")
-    on = others[others["cluster"].eq(cluster) & (others["partition"].eq(partition) if colon else True)]
+    on = others[others["cluster"].eq(selector)]  # a cluster name, colons and all
+    if on.empty and ":" in selector:
+        cluster, _, partition = selector.rpartition(":")  # a partition name has no colon; a cluster's may
+        on = others[others["cluster"].eq(cluster) & others["partition"].eq(partition)]
     if not on.empty:
         return on["study_id"].iloc[-1]
     raise StoreError(
@@ -777,6 +823,8 @@ def _list_command(args: argparse.Namespace) -> int:
 
 
 def _migrate_command(args: argparse.Namespace) -> int:
+    if not Path(args.store).is_file():  # a writable open would create an empty store at a mistyped path
+        raise StoreError(f"no results store at {args.store}: nothing to migrate (check the path)")
     connection = connect(args.store, lock_timeout_s=args.lock_timeout)  # a writable open migrates
     connection.close()
     print(f"store: {args.store} is at schema version {STORE_SCHEMA_VERSION}", file=sys.stderr)

@@ -145,7 +145,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalerepro.analysis.columns import CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, TARGETS, VERDICTS
+from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, TARGETS, VERDICTS
 from scalerepro.analysis.tables import scaling_model
 from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, parallelism_table, scaling_table, sensitivity_table
 from scalerepro.analysis.tables.checking import checks_table, cpu_study, parse_checks
@@ -210,6 +210,8 @@ def aggregate(
 
 def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Write ``<name>.csv`` per table and summary.json into ``out_dir``; returns the summary."""
+    if set(tables) != set(AGGREGATE_TABLES):
+        raise ValueError(f"the tables are {sorted(tables)}, not the rule's outputs {sorted(AGGREGATE_TABLES)} (analysis/columns.py)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
