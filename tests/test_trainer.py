@@ -87,6 +87,7 @@ def test_record_figures_follow_their_formulas(tmp_path):
     assert r["status"] == "ok" and r["git"].keys() >= {"commit", "dirty"}
 
 
+@pytest.mark.measures  # its premise is a timing (the warm-up wait outlasts the window), which a test beside it can undo
 def test_data_stall_counts_the_measured_steps_only(tmp_path):
     # One DataLoader worker and tiny steps: the first (warm-up) step waits for the worker to start,
     # longer than the whole measured window lasts. The stall fraction is over the measured steps
