@@ -81,28 +81,26 @@ def local_rank_environments(ranks: int, port: int, store_fd: int, environ: Mappi
     return environments
 
 
-def _process_start(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot (/proc/<pid>/stat field 22), None when
-    it is gone: with the pid it names one process, never a later one that reused the pid."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (field 3 onwards), None when it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[19])
 
 
-def _parent_of(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
+def _process_start(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (field 22), None when it is gone: with
+    the pid it names one process, never a later one that reused the pid."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
 
 
-def driver(start: int | None = None) -> tuple[int, int | None]:
+def driver() -> tuple[int, int | None]:
     """The process whose death ends this job: the nearest ancestor running Snakemake (its job's
     shell and wrapper outlive a killed Snakemake, so the parent alone is not enough), else the
     parent. As (pid, start time)."""
-    pid = start or os.getppid()
+    pid = os.getppid()
     while pid > 1:
         try:
             command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -110,7 +108,8 @@ def driver(start: int | None = None) -> tuple[int, int | None]:
             break
         if b"snakemake" in command_line:
             return pid, _process_start(pid)
-        pid = _parent_of(pid)
+        fields = _stat(pid)
+        pid = int(fields[1]) if fields else 0  # field 4: the parent
     return os.getppid(), _process_start(os.getppid())
 
 
