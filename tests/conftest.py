@@ -94,19 +94,51 @@ def _machine(mode: int) -> Iterator[None]:
             fcntl.flock(machine, fcntl.LOCK_UN)
 
 
-# The two studies (minutes each, mostly waiting on Snakemake and Slurm) go first, one on each worker:
-# collected in name order they started last, and one of them was the whole run's tail.
-LONGEST_FIRST = ("test_slurm.py", "test_workflow.py")
+# The longest files go first, the two studies (minutes each, mostly waiting on Snakemake and Slurm)
+# one on each worker, and the short files fill the end. xdist keeps this order only with
+# --no-loadscope-reorder (pyproject.toml): by default it sends the files with the most tests first,
+# which started the Slurm study (6 minutes of a few tests) 8 minutes in, as the run's tail.
+LONGEST_FIRST = ("test_slurm.py", "test_workflow.py", "test_parallel.py", "test_distributed.py", "test_trainer.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: 0 if item.path.name in LONGEST_FIRST else 1)  # stable: each file's order kept
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: each file's order kept
+
+
+# Every core this pytest process may use, read before any test narrows it.
+ALL_CORES = frozenset(os.sched_getaffinity(0))
+
+
+def _cores_for(item) -> set[int]:
+    """Each xdist worker computes on a core of its own. A process of this package takes every
+    core it may use, one thread on each (scalerepro.training.distributed.pin_to_own_cores): two
+    workers' trainers then ran 4 threads on 2 cores, whose OpenMP threads spin waiting for each
+    other, 4x slower than alone; on a core each they run 2.5x faster than that. A test that
+    measures, or that needs every core (marker ``all_cores``), has them all."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None or len(ALL_CORES) < 2 or item.get_closest_marker("measures") or item.get_closest_marker("all_cores"):
+        return set(ALL_CORES)
+    return {sorted(ALL_CORES)[int(worker.removeprefix("gw")) % len(ALL_CORES)]}
+
+
+def _compute_on(cores: set[int] | frozenset[int]) -> None:
+    """This process's main thread, and every process a test starts, on ``cores``; and torch,
+    where a test module imported it, with one intra-op thread per core (its thread pool was
+    made for every core, and its threads keep their own affinity)."""
+    os.sched_setaffinity(0, cores)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(len(cores))
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     with _machine(fcntl.LOCK_EX if item.get_closest_marker("measures") else fcntl.LOCK_SH):
-        yield
+        _compute_on(_cores_for(item))
+        try:
+            yield
+        finally:
+            _compute_on(ALL_CORES)
 
 
 @pytest.fixture(scope="session")

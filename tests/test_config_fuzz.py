@@ -11,11 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalerepro.analysis.tables import checking
+from scalerepro.planning import plan as planning
+from scalerepro.planning import study
+from scalerepro.schedulers.base import SchedulerError
+
 from conftest import REPO
 from test_workflow import snakemake
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
-pytestmark = pytest.mark.slow
+# Two Snakemake dry runs at a time, one core each (tests/conftest.py: all_cores).
+pytestmark = [pytest.mark.slow, pytest.mark.all_cores]
 
 MARK = "/tmp/scalerepro-injected"  # a payload that ran would create this file
 PAYLOAD = f"$(touch {MARK})"
@@ -85,6 +91,12 @@ BAD = [
     ("store-unknown-key", "store.url", "duckdb://x", "url"),
     ("compare-threshold-one", "compare.threshold", 1.0, "compare.threshold"),
     ("compare-baseline-empty", "compare.baseline", "", "compare.baseline"),
+    ("ablation-name-twice", "ablation.optimisations", [{"name": "cl", "flags": ["--channels-last"]}, {"name": "cl", "flags": []}],
+     "ablation.optimisations': the name 'cl' is given twice"),
+    ("scaling-models-repeat", "scaling.models", ["cnn", "cnn"], "scaling.models"),
+    ("study-name-5000-characters", "study_name", "x" * 5000, "study_name': a string of 5,000 characters"),
+    ("check-selects-on-an-unknown-column", "targets.checks.strong_efficiency.where", {"colour": "red"},
+     "targets.checks.strong_efficiency.where': scaling.csv has no column 'colour'"),
 ]
 # Every config string that reaches a shell (or the Slurm plugin's sbatch command), with a payload.
 INJECTIONS = [
@@ -120,11 +132,42 @@ def _refusal(tmp_path: Path, case: tuple, *args: str) -> tuple[str, str | None, 
     return name, (errors[0] if len(errors) == 1 and result.returncode != 0 else None), output[-1500:]
 
 
+# One case of each kind of refusal goes through a real Snakemake dry run (the rest in-process,
+# through the same calls, below): the schema, a non-finite number, a duplicate name, a long string,
+# the study's own checks, a check's columns, the profiling plan.
+THROUGH_SNAKEMAKE = (
+    "unknown-nested-key", "compare-threshold-nan", "ablation-name-twice", "study-name-5000-characters",
+    "gpu-counts-beyond-one-node", "check-selects-on-an-unknown-column", "profiling-run-unknown",
+)  # fmt: skip
+
+
+def _refused_in_process(case: tuple) -> str | None:
+    """The error of what workflow/rules/common.smk runs when Snakemake loads the workflow, on the
+    config Snakemake would make (config/config.yaml, then the case's --configfile over it)."""
+    _, dotted, value, _ = case
+    config = study.merge(yaml.safe_load((REPO / "config/config.yaml").read_text()), _config_with(dotted, value))
+    try:
+        plan = planning.load(
+            config, schema=REPO / "workflow/schemas/config.schema.yaml", references=REPO / "config/references.yaml",
+            executor=None, in_job=False, local_gpu_names=[],
+        )  # fmt: skip
+        planning.profiling_plan(plan, local_exec=True)
+        checking.parse_checks(plan.config["targets"])
+    except (planning.ConfigError, study.StudyError, SchedulerError, checking.CheckConfigError) as error:
+        return str(error)
+    return None
+
+
 def test_at_least_forty_bad_configs_are_each_refused_with_one_line_naming_the_key(tmp_path):
     assert len(BAD) + len(INJECTIONS) >= 40
     cases = {case[0]: case for case in BAD + INJECTIONS}
+    assert set(THROUGH_SNAKEMAKE) <= set(cases)
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(pool.map(lambda case: _refusal(tmp_path, case, "-n"), cases.values()))
+        outcomes = list(pool.map(lambda name: _refusal(tmp_path, cases[name], "-n"), THROUGH_SNAKEMAKE))
+    for name, case in cases.items():
+        if name not in THROUGH_SNAKEMAKE:
+            error = _refused_in_process(case)
+            outcomes.append((name, error if error and error.startswith("config error at '") and "\n" not in error else None, str(error)))
     wrong = {name: output for name, error, output in outcomes if error is None or cases[name][3] not in error}
     assert not wrong, "\n\n".join(f"{name}:\n{output}" for name, output in wrong.items())
 
@@ -136,6 +179,30 @@ def test_no_injected_command_runs(tmp_path, case):
     name, error, output = _refusal(tmp_path, case, "results/tables/matrix.csv", "--cores", "1")
     assert error is not None and case[3] in error, output
     assert not Path(MARK).exists(), f"{name}: the payload ran"
+
+
+def test_yaml_aliases_that_expand_past_the_bound_are_refused_in_seconds(tmp_path):
+    """600 bytes of nested aliases (10 lists of 10 aliases of the list before) stand for 10^10
+    values: the dry run hung walking them. Now the first walk stops at the bound."""
+    bomb = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    bomb += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text((REPO / "config/ci.yaml").read_text() + "\n".join(bomb) + "\n")
+    result = snakemake(REPO, "-n", "--configfile", str(path), timeout=60)
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("config error at '")]
+    assert result.returncode != 0 and errors == [
+        "config error at 'top level': the config holds more than 100,000 values (YAML aliases nested in lists "
+        "expand to that): write the values out"
+    ], result.stderr[-1500:]
+
+
+def test_a_mapping_given_with_config_on_the_command_line_keeps_its_numbers():
+    """Snakemake reads `--config 'compare={...}'` with YAML's BaseLoader (every value a string):
+    the threshold was refused as "'0.03' is not of type 'number'"."""
+    result = snakemake(REPO, "-n", "--configfile", "config/ci.yaml", "--config", "compare={baseline: latest, threshold: 0.03}")
+    assert result.returncode == 0 and "rule compare:" in result.stdout, result.stderr[-1500:]
+    refused = snakemake(REPO, "-n", "--configfile", "config/ci.yaml", "--config", "compare={baseline: latest, threshold: lots}")
+    assert "config error at 'compare.threshold': 'lots' is not of type 'number'" in refused.stdout + refused.stderr
 
 
 def test_the_default_and_ci_configs_are_accepted():

@@ -150,7 +150,7 @@ def test_a_pre_staged_archive_works_offline_and_is_still_verified(server, tmp_pa
     assert main(["--out", str(out), "--archive", str(server.archive), "--md5", server.md5]) == 0
     assert cifar10.load(out)["test"].labels.tolist() == server.batches[TEST_BATCH].labels
 
-    assert main(["--out", str(tmp_path / "other"), "--archive", str(server.archive)]) == 1  # the official md5
+    assert main(["--out", str(tmp_path / "other"), "--archive", str(server.archive)]) == 2  # the official md5
     size = server.archive.stat().st_size
     assert f"{ARCHIVE_NAME} has {size} bytes, but the CIFAR-10 archive has {OFFICIAL_SIZE}" in one_error_line(capsys)
     assert not (tmp_path / "other").exists()
@@ -173,18 +173,18 @@ def test_skipping_the_checksum_warns_and_records_the_actual_md5(server, tmp_path
 )
 def test_a_failed_download_is_one_line_and_leaves_nothing(server, tmp_path, capsys, path, message):
     out = tmp_path / "data" / "cifar10"
-    assert main(["--out", str(out), "--url", server.url + path, "--md5", server.md5]) == 1
+    assert main(["--out", str(out), "--url", server.url + path, "--md5", server.md5]) == 2
     assert message in one_error_line(capsys)
     assert tree(tmp_path) <= {"data", "system-tmp"}  # at most the (empty) download directory
 
 
 def test_an_unreachable_host_and_a_stalled_transfer_are_one_line(server, tmp_path, capsys):
     out = str(tmp_path / "cifar10")
-    assert main(["--out", out, "--url", f"http://127.0.0.1:{free_port()}/{ARCHIVE_NAME}"]) == 1
+    assert main(["--out", out, "--url", f"http://127.0.0.1:{free_port()}/{ARCHIVE_NAME}"]) == 2
     assert "cannot reach http://127.0.0.1:" in (line := one_error_line(capsys)) and "pass --archive FILE" in line
 
     started = time.monotonic()
-    assert main(["--out", out, "--url", f"{server.url}/stalled.tar.gz", "--md5", server.md5, "--timeout", "0.3"]) == 1
+    assert main(["--out", out, "--url", f"{server.url}/stalled.tar.gz", "--md5", server.md5, "--timeout", "0.3"]) == 2
     assert "stalled: no data for 0.3 s after 1000 bytes" in one_error_line(capsys)
     assert time.monotonic() - started < 5
     assert tree(tmp_path) == {"system-tmp"}
@@ -219,7 +219,7 @@ def test_an_archive_with_an_unsafe_member_is_refused_and_nothing_is_extracted(se
     staged.parent.mkdir()
     md5 = write_archive(staged, official_files(server.batches), extra=[(member, b"escaped\n")])
     out = tmp_path / "staged" / "out" / "cifar10"
-    assert main(["--out", str(out), "--archive", str(staged), "--md5", md5]) == 1
+    assert main(["--out", str(out), "--archive", str(staged), "--md5", md5]) == 2
     line = one_error_line(capsys)
     assert message in line and "refusing the archive" in line
     assert tree(tmp_path) == {"staged", "staged/evil.tar.gz", "system-tmp"}  # the target's parent included
@@ -256,7 +256,7 @@ def test_an_archive_not_in_the_cifar10_format_is_refused(server, tmp_path, capsy
     files = official_files(server.batches)
     mutate(files, tmp_path)
     staged = tmp_path / "odd.tar.gz"
-    assert main(["--out", str(tmp_path / "cifar10"), "--archive", str(staged), "--md5", write_archive(staged, files)]) == 1
+    assert main(["--out", str(tmp_path / "cifar10"), "--archive", str(staged), "--md5", write_archive(staged, files)]) == 2
     assert message in one_error_line(capsys)
     assert tree(tmp_path) == {"odd.tar.gz", "system-tmp"}  # no output, and no 'pwned' directory
 
@@ -265,11 +265,11 @@ def test_a_file_that_is_not_a_tar_gz_and_an_unusable_output_dir_are_one_line(tmp
     staged = tmp_path / "noise.tar.gz"
     staged.write_bytes(np.random.default_rng(0).bytes(4096))
     md5 = hashlib.md5(staged.read_bytes()).hexdigest()
-    assert main(["--out", str(tmp_path / "cifar10"), "--archive", str(staged), "--md5", md5]) == 1
+    assert main(["--out", str(tmp_path / "cifar10"), "--archive", str(staged), "--md5", md5]) == 2
     assert f"cannot read '{staged}' as a tar.gz archive" in one_error_line(capsys)
 
     (tmp_path / "occupied").mkdir()
-    assert main(["--out", str(tmp_path / "occupied"), "--archive", str(staged)]) == 1
+    assert main(["--out", str(tmp_path / "occupied"), "--archive", str(staged)]) == 2
     assert f"'{tmp_path / 'occupied'}' exists but is not a prepared CIFAR-10 directory: remove it" in one_error_line(capsys)
 
 
@@ -295,7 +295,7 @@ def run_cli(*args: str) -> subprocess.Popen[str]:
 def test_the_cli_as_a_process_fails_with_one_line_and_needs_no_torch(server, tmp_path):
     process = run_cli("--out", str(tmp_path / "cifar10"), "--url", f"{server.url}/missing.tar.gz")
     _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 1
+    assert process.returncode == 2
     assert stderr.count("\n") == 1 and stderr.startswith("scalerepro.data.fetch: error: ") and "HTTP 404" in stderr
 
     probe = "import sys, scalerepro.data.fetch; sys.exit('torch' in sys.modules)"

@@ -16,6 +16,7 @@ from conftest import load_record
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.measures  # what else runs on the machine is its figure: no other test may run beside it
 def test_a_busy_neighbour_shows_in_the_record(tmp_path):
     # not a child of this process (which would count as the job): the shell that starts it exits
     started = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)

@@ -125,6 +125,7 @@ def test_two_local_ranks_train_through_the_launcher(tmp_path):
     assert "2 local rank(s), rendezvous on 127.0.0.1 only" in result.stderr
 
 
+@pytest.mark.all_cores
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_ranks_of_a_snakemake_job_run_one_thread_on_a_core_of_their_own(tmp_path):
     """As Snakemake runs a 2-rank job of cpus_per_gpu 1: threads 2 exported job-wide, the launcher

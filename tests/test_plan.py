@@ -86,3 +86,36 @@ def test_a_bad_key_is_one_line_naming_it_and_the_schema():
     message = str(refused.value)
     assert message.startswith("config error at 'scaling': ") and "'gpu_count'" in message and "\n" not in message
     assert message.endswith("(allowed keys and values: workflow/schemas/config.schema.yaml)")
+
+
+@pytest.mark.parametrize(
+    "change, key, message",
+    [
+        (lambda c: c["ablation"].update(optimisations=[{"name": "cl", "flags": []}, {"name": "cl", "flags": ["--channels-last"]}]),
+         "ablation.optimisations", "the name 'cl' is given twice"),
+        (lambda c: c.update(study_name="x" * 4097), "study_name", "a string of 4,097 characters (at most 4096)"),
+        (lambda c: c["compare"].update(threshold=float("nan")), "compare.threshold", "nan is not a finite number"),
+        (lambda c: c.update(extra=[[[0] * 100] * 100] * 11), "top level", "holds more than 100,000 values"),
+    ],
+    ids=["duplicate-name", "long-string", "nan", "too-many-values"],
+)  # fmt: skip
+def test_what_the_schema_cannot_say_is_refused_first_naming_the_key(change, key, message):
+    config = _config()
+    change(config)
+    with pytest.raises(planning.ConfigError) as refused:
+        planning.validate(config, SCHEMA)
+    assert str(refused.value).startswith(f"config error at '{key}': ") and message in str(refused.value)
+
+
+def test_strings_where_the_schema_wants_numbers_are_read_as_yaml_and_kept_only_when_they_fit():
+    """What Snakemake's --config makes of compare={baseline: latest, threshold: 0.03}."""
+    config = _config()
+    config["compare"] = {"baseline": "latest", "threshold": "0.03"}
+    config["scaling"]["predict_gpus"] = ["8", "16"]
+    config["resources"]["exclusive"] = "false"
+    planning.validate(config, SCHEMA)
+    assert config["compare"] == {"baseline": "latest", "threshold": 0.03}  # a string where a string is wanted stays
+    assert config["scaling"]["predict_gpus"] == [8, 16] and config["resources"]["exclusive"] is False
+    config["compare"]["threshold"] = "lots"
+    with pytest.raises(planning.ConfigError, match="compare.threshold': 'lots' is not of type 'number'"):
+        planning.validate(config, SCHEMA)

@@ -577,6 +577,31 @@ def test_scaling_model_section(study):
     assert "NVLink 4" in model and "ConnectX-7" in model and "nvidia.com" in model  # the links and their sources
 
 
+def test_scaling_model_shows_the_cluster_and_its_typical_error_only_on_a_cluster_row(tmp_path):
+    def scaling_model_rows(page: str) -> dict[str, dict[str, str]]:
+        """The scaling-model table's rows by GPU count, each as {header: cell text}."""
+        model = section(page, "results").split('id="scaling-model"')[1]
+        table = re.search(r"<table>(.*?)</table>", model, re.S).group(1)
+        headers = re.findall(r"<th[^>]*>(.*?)</th>", table)
+        rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in re.findall(r"<tr><td.*?</tr>", table, re.S)]
+        return {cells[headers.index("GPUs")]: dict(zip(headers, cells, strict=True)) for cells in rows}
+
+    paths = write_study(tmp_path)
+    plain = scaling_model_rows(render_study(paths, tmp_path / "plain.html"))
+    # no cluster configured: neither column, not even as a column of dashes
+    assert set(plain) == {"8", "64"} and not {"Typical error (±)", "Cluster"} & set(plain["64"])
+    table = pd.read_csv(paths["tables"] / "scaling_model.csv")
+    predicted = table["basis"] == "predicted"
+    table["typical_error"] = table["cluster"] = None
+    table.loc[predicted, ["typical_error", "cluster", "network"]] = [0.011, "dgx_h100", "NVIDIA DGX H100, 8 GPUs/node"]
+    table.to_csv(paths["tables"] / "scaling_model.csv", index=False)
+    on_cluster = scaling_model_rows(render_study(paths, tmp_path / "cluster.html"))
+    assert on_cluster["64"]["Typical error (±)"] == "1.1 %" and on_cluster["64"]["Cluster"] == "dgx_h100"
+    assert on_cluster["64"]["Nodes"] == "8" and "NVIDIA DGX H100" in on_cluster["64"]["α, B from"]
+    # the measured count keeps its own network: no cluster, no typical error
+    assert on_cluster["8"]["Typical error (±)"] == "—" and on_cluster["8"]["Cluster"] == "—"
+
+
 def test_headline_takes_the_best_configuration_by_median():
     """Variant a has one lucky repeat (1000) but median 100; c is faster but failed; d ran with
     a world size other than planned (consistent false): neither counts, which the report reads

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, clean_env, load_record
+from conftest import ALL_CORES, REPO, clean_env, load_record
 from test_workflow import COPY_IGNORE, cifar_server  # noqa: F401 - a fixture, used by name
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
-pytestmark = pytest.mark.slow
+# Its runs are compared bit for bit with runs made here: both see every core (one thread per core).
+pytestmark = [pytest.mark.slow, pytest.mark.all_cores]
 
 CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
 STUDY = REPO / "tests" / "slurm" / "study.yaml"
@@ -60,7 +61,8 @@ def slurm_env():
             if os.environ.get("CI"):
                 pytest.fail(f"the Slurm tests must run in CI: {reason}")
             pytest.skip(reason)
-        subprocess.run([str(CLUSTER_SH), "start"], check=True, timeout=180)
+        # the daemons, and the job steps they start, on every core (not this xdist worker's one)
+        subprocess.run([str(CLUSTER_SH), "start"], check=True, timeout=180, preexec_fn=lambda: os.sched_setaffinity(0, ALL_CORES))
         started = True
     yield env
     if started:

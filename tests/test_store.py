@@ -9,16 +9,21 @@ by the trainer): its samples/s ratio to the first study is 0.5, the GPT-2's is 1
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
 import os
+import re
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import tracemalloc
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -221,7 +226,7 @@ def test_a_writer_waits_for_the_lock_and_lands_or_gives_up_with_one_line(studies
     lines = refused.stderr.strip().splitlines()
     assert (
         refused.returncode == 2
-        and lines[-1].startswith("store: the results store")
+        and lines[-1].startswith("scalerepro.analysis.history.store: error: the results store")
         and f"locked by process {holder.pid} (" in lines[-1]
     )
     assert lines[-1].endswith("for 1 s: let it finish (or stop it) and run again, or raise --lock-timeout")
@@ -251,12 +256,12 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
         old_study = connection.execute("SELECT * FROM studies").fetchall()
     refused = _python("-m", "scalerepro.analysis.history.compare", "latest", baseline.study_id, "--store", str(history))
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
-        f"compare: the results store {history} has schema version 1 (current: {store.STORE_SCHEMA_VERSION}): "
+        f"scalerepro.analysis.history.compare: error: the results store {history} has schema version 1 (current: {store.STORE_SCHEMA_VERSION}): "
         f"migrate it with `python -m scalerepro.analysis.history.store migrate --store {history}`"
     ]
     receipt = _appended(studies["candidate"], history)  # a writable open migrates
     with duckdb.connect(str(history), read_only=True) as connection:
-        assert store.schema_version(connection) == store.STORE_SCHEMA_VERSION == 3
+        assert store.schema_version(connection) == store.STORE_SCHEMA_VERSION == 4
         assert (
             connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
         )
@@ -268,20 +273,157 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
     assert receipt["new_study"] and receipt["studies_in_store"] == 2
 
 
-def test_a_newer_or_foreign_duckdb_file_is_refused_in_one_line(tmp_path):
-    newer = tmp_path / "newer.duckdb"
-    with duckdb.connect(str(newer)) as connection:
+def _sql(*statements: str) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        with duckdb.connect(str(path)) as connection:
+            for statement in statements:
+                connection.execute(statement)
+
+    return damage
+
+
+def _truncated(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+# A damaged or foreign store: (case, how it is damaged, what the one line says). Each is opened by
+# every command that reads or writes a store; a new case is one line.
+DAMAGED_STORES = [
+    ("truncated", _truncated, "is damaged (IO Error: Could not read enough bytes"),
+    ("random-bytes", lambda path: path.write_bytes(np.random.default_rng(0).bytes(64 << 10)), "is damaged (IO Error: The file"),
+    ("empty-file", lambda path: path.write_bytes(b""), "is damaged"),
+    ("table-dropped", _sql("DROP TABLE runs"), "is damaged (it lacks table runs)"),
+    ("column-dropped", _sql("ALTER TABLE studies DROP COLUMN git_commit"), "is damaged (it lacks studies column git_commit VARCHAR)"),
+    ("column-retyped", _sql("ALTER TABLE runs ALTER gpus TYPE VARCHAR"), "it lacks runs column gpus INTEGER"),
+    ("version-not-a-number", _sql("UPDATE store_meta SET value = 'three' WHERE key = 'schema_version'"), "its schema_version is 'three', not a number"),
+    ("version-newer", _sql("UPDATE store_meta SET value = '99' WHERE key = 'schema_version'"), "schema version 99, newer than this scalerepro understands"),
+    ("foreign", _sql("DROP TABLE store_meta"), "is not a scalerepro results store"),
+]  # fmt: skip
+
+
+def _commands(history: Path, exported: dict[str, Path]) -> dict[str, tuple]:
+    """Every command that opens a store, as argv for its main; run from a study's directory
+    (its matrix names the records relative to it)."""
+    return {
+        "store list": (store.main, ["list", "--store", str(history)]),
+        "store append": (store.main, ["append", "--store", str(history), "--matrix", "results/tables/matrix.csv",
+                                      "--config", "results/tables/config.json", "--inventory", "results/inventory/system.json"]),
+        "store migrate": (store.main, ["migrate", "--store", str(history)]),
+        "compare": (compare.main, ["latest", "latest", "--store", str(history)]),
+        "bundle import": (bundle.main, ["import", str(exported["bundle"]), "--store", str(history)]),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DAMAGED_STORES, ids=[case[0] for case in DAMAGED_STORES])
+def test_a_damaged_or_foreign_store_is_one_line_for_every_command_and_is_left_as_it_was(
+    studies, exported, tmp_path, capsys, monkeypatch, case
+):
+    """Each of these was a DuckDB or pandas traceback (or, for a dropped table, an empty listing)."""
+    name, damage, expected = case
+    history = tmp_path / "history.duckdb"
+    shutil.copy(exported["store"], history)  # both studies
+    damage(history)
+    before = history.read_bytes()
+    monkeypatch.chdir(studies["candidate"])
+    for command, (main, argv) in _commands(history, exported).items():
+        code = main(argv)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and expected in lines[0] and ": error: " in lines[0], (command, lines)
+        assert history.read_bytes() == before, command  # refused, not repaired or half-written
+    with pytest.raises(store.StoreError, match=re.escape(expected)):  # --debug: the traceback, for a bug report
+        store.main(["list", "--store", str(history), "--debug"])
+
+
+def _immutable_directory(directory: Path) -> contextlib.AbstractContextManager:
+    """A directory no process may add a file to, root included (chattr +i; chmod for others)."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return contextlib.nullcontext()
+    if subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode != 0:
+        pytest.skip("running as root on a file system without chattr +i: no way to make a directory read-only")
+
+    @contextlib.contextmanager
+    def immutable():
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+    return immutable()
+
+
+def test_a_store_in_a_read_only_directory_names_the_cause_and_stores_nothing(exported, tmp_path, capsys):
+    """DuckDB cannot create its .wal beside the store; the error was hidden behind the ROLLBACK's
+    "cannot rollback - no transaction is active" traceback."""
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    history = directory / "history.duckdb"
+    with duckdb.connect(str(history)) as connection:  # a store without the bundle's study: the import must write
         store.migrate(connection, 0)
-        connection.execute("UPDATE store_meta SET value = '99' WHERE key = 'schema_version'")
-    foreign = tmp_path / "foreign.duckdb"
-    with duckdb.connect(str(foreign)) as connection:
-        connection.execute("CREATE TABLE t (x INTEGER)")
-    for path, expected in ((newer, "schema version 99, newer than this scalerepro understands (3): upgrade scalerepro"),
-                           (foreign, "is not a scalerepro results store")):  # fmt: skip
-        result = _python("-m", "scalerepro.analysis.history.store", "list", "--store", str(path))
-        assert (
-            result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr
-        ), result.stderr
+    before = _dump(history)
+    extract = tmp_path / "unpacked"
+    with _immutable_directory(directory):
+        code = bundle.main(["import", str(exported["bundle"]), "--store", str(history), "--extract", str(extract)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert f"cannot write the results store {history}" in lines[0] and "make its directory writable" in lines[0]
+    assert _dump(history) == before and not extract.exists()  # neither the import row nor the files
+
+
+def test_full_disk_paths_are_one_line_and_keep_what_was_there(studies, exported, tmp_path):
+    """A full file system, as the kernel reports it to the writer (a file-size limit: EFBIG on
+    the first block written), for every command that writes a file. Each was a traceback."""
+    kept = tmp_path / "kept.csv"
+    kept.write_text("the previous table\n")
+    results = tmp_path / "study" / "results"
+    shutil.copytree(exported["study"] / "results", results)  # with every output (``exported`` made them)
+    writers = {
+        "compare --csv": ["-m", "scalerepro.analysis.history.compare", "latest", "latest", "--store", str(exported["store"]), "--csv", str(kept)],
+        "bundle export": ["-m", "scalerepro.analysis.history.bundle", "export", "--results", str(results), "--store", str(exported["store"]),
+                          "--workflow", str(REPO), "--out", str(tmp_path / "b.zip")],
+        "aggregate": ["-m", "scalerepro.analysis.tables.aggregate", "--matrix", str(results / "tables/matrix.csv"),
+                      "--references", str(REPO / "config/references.yaml"), "--out", str(tmp_path / "tables")],
+        "rebuild": ["-m", "scalerepro.analysis.rebuild", "--results", str(results), "--references", str(REPO / "config/references.yaml"),
+                    "--templates", str(REPO / "report")],
+    }  # fmt: skip
+    file_size_limit = "the file size limit was reached (ulimit -f, or the file system's): raise it or write elsewhere"
+    expected = {
+        "compare --csv": file_size_limit, "aggregate": file_size_limit,
+        # Python's tempfile finds no directory it can write a byte to
+        "bundle export": "No usable temporary directory found in", "rebuild": "No usable temporary directory found in",
+    }  # fmt: skip
+    for name, argv in writers.items():
+        result = subprocess.run(
+            [sys.executable, *argv], env=_env(), capture_output=True, text=True, timeout=120,
+            preexec_fn=lambda: (resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)),
+        )  # fmt: skip
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (name, result.stderr[-2000:])
+        assert ": error: " in lines[-1] and expected[name] in lines[-1], (name, lines)
+    assert kept.read_text() == "the previous table\n"  # the old table stays whole
+    assert not (tmp_path / "b.zip").exists() and not list(tmp_path.glob(".b.zip.*"))
+
+
+def test_numeric_options_and_output_paths_are_bounded_in_one_line(exported, tmp_path, capsys):
+    """--resamples 0 was an IndexError traceback, --seed -1 a numpy one, a huge --resamples took
+    the machine's memory, an output path that is a directory failed after the work."""
+    for flags, expected in (
+        (["--resamples", "0"], "argument --resamples: 0 is outside [100, 1000000]"),
+        (["--resamples", "10000000000"], "argument --resamples: 10000000000 is outside [100, 1000000]"),
+        (["--seed", "-1"], "argument --seed: -1 is outside [0, 4294967295]"),
+        (["--threshold", "nan"], "argument --threshold: nan is outside [0, 1)"),
+        (["--lock-timeout", "-5"], "argument --lock-timeout: -5 is outside [0, 86400]"),
+        (["--csv", str(tmp_path)], f"argument --csv: {tmp_path} is a directory: name a file"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            compare.main(["latest", "latest", "--store", str(exported["store"]), *flags])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2 and len(lines) == 1 and expected in lines[0], (flags, lines)
+    receipt = tmp_path / "receipt.json"
+    receipt.write_text(json.dumps({"study_id": ["a", "b"]}))
+    assert compare.main([str(receipt), "latest", "--store", str(exported["store"])]) == 2
+    assert "is not a store receipt (its study_id is not a study id)" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,7 +541,7 @@ def test_a_cluster_named_with_a_colon_is_selected_alone_or_with_its_partition(st
 def test_migrate_at_a_mistyped_path_creates_no_store(tmp_path):
     result = _python("-m", "scalerepro.analysis.history.store", "migrate", "--store", str(tmp_path / "histroy.duckdb"))
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        f"store: no results store at {tmp_path / 'histroy.duckdb'}: nothing to migrate (check the path)"
+        f"scalerepro.analysis.history.store: error: no results store at {tmp_path / 'histroy.duckdb'}: nothing to migrate (check the path)"
     ]
     assert not (tmp_path / "histroy.duckdb").exists()
 
@@ -409,24 +551,42 @@ def test_migrate_at_a_mistyped_path_creates_no_store(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
+def test_version_3_imports_are_kept_and_a_bundle_imported_again_adds_a_row(tmp_path):
+    history = tmp_path / "history.duckdb"
+    with duckdb.connect(str(history)) as connection:  # a store as version 3 wrote it: one row per bundle
+        store.migrate(connection, 0, to=3)
+        connection.execute("INSERT INTO imports VALUES ('ab' , 's1', 'a.zip', '2026-01-01T00:00:00.000+00:00')")
+    connection = store.connect(history)  # a writable open migrates
+    try:
+        connection.execute("INSERT INTO imports VALUES ('ab', 's1', 'b.zip', '2026-02-01T00:00:00.000+00:00')")
+        assert connection.execute("SELECT path FROM imports ORDER BY imported_at").fetchall() == [("a.zip",), ("b.zip",)]
+        assert store.schema_version(connection) == 4
+    finally:
+        connection.close()
+
+
 @pytest.fixture(scope="session")
 def exported(studies, tmp_path_factory) -> dict[str, Path]:
-    """A store with both studies, and the candidate's bundle."""
+    """A store with both studies, and the candidate's bundle, exported from a copy of the
+    candidate study that no other test writes to (``study``: tests that append a study rewrite
+    its receipt)."""
     root = tmp_path_factory.mktemp("bundle")
     history = root / "history.duckdb"
-    for directory in studies.values():
+    study = root / "candidate"
+    shutil.copytree(studies["candidate"], study)
+    for directory in (studies["baseline"], study):
         _appended(directory, history)
     # the outputs a study's workflow writes (tables, figures, report): export refuses a study without them
     rebuilt = _python("-m", "scalerepro.analysis.rebuild", "--results", "results", "--references", str(REPO / "config/references.yaml"),
-                      "--templates", str(REPO / "report"), cwd=studies["candidate"])  # fmt: skip
+                      "--templates", str(REPO / "report"), cwd=study)  # fmt: skip
     assert rebuilt.returncode == 0, rebuilt.stderr
     out = root / "candidate.zip"
     result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(history), "--workflow", str(REPO),
-                     cwd=studies["candidate"])  # fmt: skip
+                     cwd=study)  # fmt: skip
     assert result.returncode == 0, result.stderr
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
     assert f"sha256 {digest}" in result.stdout and (root / "candidate.zip.sha256").read_text().startswith(digest)
-    return {"store": history, "bundle": out, "root": root}
+    return {"store": history, "bundle": out, "root": root, "study": study}
 
 
 def test_a_bundle_against_latest_is_compared_with_the_newest_other_study(studies, exported, tmp_path):
@@ -437,14 +597,14 @@ def test_a_bundle_against_latest_is_compared_with_the_newest_other_study(studies
     assert result.returncode == 0, result.stderr
     chosen = json.loads(facts.read_text())
     baseline_id = json.loads((studies["baseline"] / "results/tables/store.json").read_text())["study_id"]
-    candidate_id = json.loads((studies["candidate"] / "results/tables/store.json").read_text())["study_id"]
+    candidate_id = json.loads((exported["study"] / "results/tables/store.json").read_text())["study_id"]
     assert (chosen["baseline"]["study_id"], chosen["candidate"]["study_id"]) == (candidate_id, baseline_id)
 
 
 def test_export_refuses_a_study_with_an_output_missing(studies, exported, tmp_path):
     """After a killed step, a full disk or a hand, export shipped what was left (4 of 17 tables)."""
     study = tmp_path / "study"
-    shutil.copytree(studies["candidate"], study)
+    shutil.copytree(exported["study"], study)
     (study / "results/tables/cost.csv").unlink()
     out = tmp_path / "out.zip"
     result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(exported["store"]),
@@ -457,7 +617,7 @@ def test_export_refuses_a_study_with_an_output_missing(studies, exported, tmp_pa
 def test_export_packs_no_file_from_outside_the_study(studies, exported, tmp_path):
     """A symbolic link in results/ was followed: export packed the file it pointed to."""
     study = tmp_path / "study"
-    shutil.copytree(studies["candidate"], study)
+    shutil.copytree(exported["study"], study)
     secret = tmp_path / "secret.txt"
     secret.write_text("not the study's\n")
     (study / "results/tables/planted.csv").symlink_to(secret)
@@ -476,14 +636,14 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
     result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(other),
                      "--expect-sha256", digest, "--extract", str(unpacked))  # fmt: skip
     assert result.returncode == 0, result.stderr
-    study_id = json.loads((studies["candidate"] / "results/tables/store.json").read_text())["study_id"]
+    study_id = json.loads((exported["study"] / "results/tables/store.json").read_text())["study_id"]
     with duckdb.connect(str(exported["store"]), read_only=True) as a, duckdb.connect(str(other), read_only=True) as b:
         assert store.load_study(a, study_id) == store.load_study(b, study_id)  # every column of every row
         assert b.execute("SELECT bundle_sha256, study_id FROM imports").fetchall() == [(digest, study_id)]
-    for path in (studies["candidate"] / "results").rglob("*"):
+    for path in (exported["study"] / "results").rglob("*"):
         if path.is_file():  # every file the study wrote is in the bundle, byte for byte
             assert (
-                unpacked / "results" / path.relative_to(studies["candidate"] / "results")
+                unpacked / "results" / path.relative_to(exported["study"] / "results")
             ).read_bytes() == path.read_bytes()
     checked = subprocess.run(
         ["sha256sum", "--check", "--quiet", bundle.MANIFEST], cwd=unpacked, capture_output=True, text=True
@@ -491,6 +651,9 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     again = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(other))
     assert again.returncode == 0 and "already in the store, unchanged" in again.stdout
+    with duckdb.connect(str(other), read_only=True) as b:  # every import is kept (version 2 kept the last only)
+        imports = b.execute("SELECT bundle_sha256, study_id, imported_at FROM imports ORDER BY imported_at").fetchall()
+    assert [row[:2] for row in imports] == [(digest, study_id)] * 2 and imports[0][2] < imports[1][2]
 
     crate = json.loads((unpacked / "ro-crate-metadata.json").read_text())
     graph = {entity["@id"]: entity for entity in crate["@graph"]}
@@ -569,10 +732,27 @@ def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(st
         result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(path), "--store", str(history), *unpack, *extra)
         lines = result.stderr.strip().splitlines()
         assert (
-            result.returncode == 2 and len(lines) == 1 and lines[0].startswith("bundle: ") and expected in lines[0]
+            result.returncode == 2 and len(lines) == 1 and lines[0].startswith("scalerepro.analysis.history.bundle: error: ") and expected in lines[0]
         ), (name, result.stderr)
         assert not (tmp_path / name).exists(), name  # nothing unpacked
         assert history.read_bytes() == before_bytes and _dump(history) == before, name
+
+
+def test_import_into_an_extract_path_that_is_a_link_leaves_the_store_untouched(exported, tmp_path):
+    """The study was stored, then the unpacking failed on the link: a refusal must leave nothing."""
+    history = tmp_path / "history.duckdb"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name, target in (("to-a-directory", elsewhere), ("dangling", tmp_path / "nowhere")):
+        link = tmp_path / name
+        link.symlink_to(target)
+        result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(history),
+                         "--extract", str(link))  # fmt: skip
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+            f"scalerepro.analysis.history.bundle: error: {link} is a symbolic link: give a new directory (not a link) to --extract"
+        ], result.stderr
+        assert not history.exists() and not list(elsewhere.iterdir()) and not (tmp_path / "nowhere").exists()
+        assert not list(tmp_path.glob(".*"))  # no staging directory left beside it
 
 
 def _forged(source: Path, target: Path, change_rows) -> Path:

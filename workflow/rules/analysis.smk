@@ -61,10 +61,15 @@ rule aggregate:
         comm=lambda wc, input: " ".join(input.comm),
         targets=targets_args(),
         predict=" ".join(str(n) for n in CONFIG["scaling"].get("predict_gpus", [])),
+        cluster=(
+            f" --predict-cluster {CONFIG['scaling']['predict_cluster']}"
+            if CONFIG["scaling"].get("predict_cluster")
+            else ""
+        ),
     shell:
         "python -m scalerepro.analysis.tables.aggregate --matrix {input.matrix} --comm {params.comm}"
         " --references {input.references} --out results/tables {params.targets}"
-        " --predict-gpus {params.predict} > {log} 2>&1"
+        " --predict-gpus {params.predict}{params.cluster} > {log} 2>&1"
 
 
 rule plots:

@@ -18,6 +18,7 @@ sys.path.insert(0, str(PACKAGE.parent))
 from scalerepro import schedulers
 from scalerepro.analysis.columns import AGGREGATE_TABLES
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES
+from scalerepro.analysis.tables import checking
 from scalerepro.common.source_closure import source_files
 from scalerepro.planning import plan as planning
 from scalerepro.planning import study
@@ -52,7 +53,14 @@ try:
     if workflow.is_main_process and not PLAN.local_runs:
         PLAN.check_scheduler()
     PROFILING_PLAN = planning.profiling_plan(PLAN, local_exec=workflow.local_exec)
-except (planning.ConfigError, study.StudyError, SchedulerError) as error:
+    # the checks select on the aggregation's columns: refused now, not after the tables are made
+    checking.parse_checks(PLAN.config["targets"])
+except (
+    planning.ConfigError,
+    study.StudyError,
+    SchedulerError,
+    checking.CheckConfigError,
+) as error:
     raise WorkflowError(str(error)) from None
 
 CONFIG, STUDY, DEVICE = PLAN.config, PLAN.study, PLAN.device

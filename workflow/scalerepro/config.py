@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from scalerepro.common.cli import OneLineErrorParser
+from scalerepro.common.cli import CommandError, OneLineErrorParser
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 CompileMode = Literal[
@@ -55,7 +55,7 @@ def preset_values(preset: str, model: str) -> dict[str, Any]:
     return values
 
 
-class ConfigError(ValueError):
+class ConfigError(CommandError, ValueError):
     """A user-facing configuration problem; its message is one line naming the flag and the fix."""
 
 

@@ -21,12 +21,10 @@ This module is on the analysis side: it never imports torch.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from scalerepro.analysis import columns
 from scalerepro.analysis.presentation import plots, report
 from scalerepro.analysis.profiles import captures
 from scalerepro.analysis.tables import aggregate
+from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
 from scalerepro.common.files import write_text_atomically
 
 
@@ -49,7 +48,7 @@ def rebuild(results: Path, references: Path, templates: Path) -> dict[str, objec
     tables_dir = results / "tables"
     matrix_path = tables_dir / "matrix.csv"
     if not matrix_path.is_file():
-        raise FileNotFoundError(f"{matrix_path}: no study matrix (run the workflow's study_matrix rule, or point --results at a study)")
+        raise CommandError(f"{matrix_path}: no study matrix (run the workflow's study_matrix rule, or point --results at a study)")
     config_path = tables_dir / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     # record paths relative to where the workflow ran (the folder holding results/)
@@ -60,13 +59,14 @@ def rebuild(results: Path, references: Path, templates: Path) -> dict[str, objec
         resolved = Path(scratch) / "matrix.csv"
         matrix.to_csv(resolved, index=False)
         comm = sorted((results / "comm").glob("g*.json"))
-        predict = (config.get("scaling") or {}).get("predict_gpus", list(aggregate.scaling_model.DEFAULT_PREDICT_GPUS))
-        tables = aggregate.aggregate(resolved, comm, references, _targets(config), predict)
+        scaling = config.get("scaling") or {}
+        predict = scaling.get("predict_gpus", list(aggregate.scaling_model.DEFAULT_PREDICT_GPUS))
+        tables = aggregate.aggregate(resolved, comm, references, _targets(config), predict, scaling.get("predict_cluster"))
     summary = aggregate.write_tables(tables, tables_dir)
     summaries = sorted((results / "profiles").glob("*/summary.json"))
     if summaries:
         for name, table in captures.tables(json.loads(p.read_text()) for p in summaries).items():
-            table.to_csv(tables_dir / f"{name}.csv", index=False)
+            write_text_atomically(tables_dir / f"{name}.csv", table.to_csv(index=False))
     drawn = plots.draw(plots.read_tables(tables_dir), results / "plots")
     out = results / "report" / "index.html"
     inventory = results / "inventory" / "system.json"
@@ -75,17 +75,17 @@ def rebuild(results: Path, references: Path, templates: Path) -> dict[str, objec
     return {"summary": summary, "figures": drawn, "profiled_runs": len(summaries), "report": out}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalerepro.analysis.rebuild", description=__doc__.split("\n")[0])
+_PROG = "scalerepro.analysis.rebuild"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=Path("results"), help="the study's results folder (default: results)")
     parser.add_argument("--references", type=Path, default=Path("config/references.yaml"), help="published figures, GPU peaks, links")
     parser.add_argument("--templates", type=Path, default=Path("report"), help="directory holding templates/ and style.css")
     args = parser.parse_args(argv)
-    try:
-        done = rebuild(args.results, args.references, args.templates)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"scalerepro.analysis.rebuild: error: {error}", file=sys.stderr)
-        return 2
+    done = rebuild(args.results, args.references, args.templates)
     summary = done["summary"]
     print(
         f"rebuild: {summary['runs']} runs {summary['status']}, checks {summary['checks']}, comparison "

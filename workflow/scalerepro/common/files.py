@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -28,6 +29,8 @@ def current_umask() -> int:
 def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Yield a binary stream; on a clean exit it replaces ``path``, on an error it is removed."""
     target = Path(path)
+    if target.is_dir():  # the rename at the end would fail, after all the work
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
@@ -37,6 +40,11 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             os.fsync(stream.fileno())
         os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, target)
+    except OSError as error:
+        Path(temporary).unlink(missing_ok=True)
+        if error.filename in (None, temporary):  # name the file the caller asked for, not the temporary
+            raise OSError(error.errno, error.strerror, str(target)) from error
+        raise
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

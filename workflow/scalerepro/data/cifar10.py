@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scalerepro.common.cli import CommandError
 from scalerepro.common.files import current_umask, sha256_of
 
 DATASET_FORMAT_VERSION = 1
@@ -31,7 +32,7 @@ SPLITS = ("train", "test")
 DATASET_MANIFEST = "manifest.json"
 
 
-class DatasetError(ValueError):
+class DatasetError(CommandError, ValueError):
     """A prepared dataset is missing or malformed; the message is one line with the fix."""
 
 

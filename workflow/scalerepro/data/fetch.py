@@ -41,10 +41,10 @@ from typing import BinaryIO, NoReturn
 import numpy as np
 
 from scalerepro import __version__
-from scalerepro.common.cli import OneLineErrorParser
+from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
 from scalerepro.data import cifar10
 
-PROG = "scalerepro.data.fetch"
+_PROG = "scalerepro.data.fetch"
 OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 OFFICIAL_MD5 = "c58f30108f718f92721af3b95e74349a"  # as published on https://www.cs.toronto.edu/~kriz/cifar.html
 OFFICIAL_SIZE = 170_498_071
@@ -59,7 +59,7 @@ CHUNK = 1 << 20
 MAX_MEMBER_BYTES = 64 << 20
 
 
-class FetchError(Exception):
+class FetchError(CommandError):
     """The fetch failed; the message is one line naming the problem and the fix."""
 
 
@@ -330,7 +330,7 @@ def _seconds(value: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(prog=PROG, description="Download, verify and convert CIFAR-10 to the prepared layout.")
+    parser = OneLineErrorParser(prog=_PROG, description="Download, verify and convert CIFAR-10 to the prepared layout.")
     parser.add_argument("--out", required=True, metavar="DIR", help="the prepared directory to write")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--url", default=OFFICIAL_URL, help="where to download the archive (default: %(default)s)")
@@ -344,28 +344,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)  # exits 2 with one line on a bad flag
     out = Path(args.out)
     for stale in cifar10.remove_stale_staging(out):
-        print(f"{PROG}: removed '{stale}', left half-written by a fetch that was killed")
-    try:
-        if out.exists():
-            return _already_prepared(out)
-        archive, source = _obtain(args, out)
-        splits = read_batches(archive)
-        cifar10.write(out, splits, source=source)
-    except (FetchError, cifar10.DatasetError) as error:
-        return _fail(str(error))
-    except OSError as error:  # cifar10.write on a full or read-only filesystem
-        return _fail(f"cannot write '{out}': {error}; check free space and permissions")
-    print(f"{PROG}: prepared '{out}': {len(splits['train'].labels)} train and {len(splits['test'].labels)} test images")
+        print(f"{_PROG}: removed '{stale}', left half-written by a fetch that was killed")
+    if out.exists():
+        return _already_prepared(out)
+    archive, source = _obtain(args, out)
+    splits = read_batches(archive)
+    cifar10.write(out, splits, source=source)  # a full or read-only file system: the boundary's one line
+    print(f"{_PROG}: prepared '{out}': {len(splits['train'].labels)} train and {len(splits['test'].labels)} test images")
     return 0
-
-
-def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 1
 
 
 def _already_prepared(out: Path) -> int:
@@ -373,7 +364,7 @@ def _already_prepared(out: Path) -> int:
         splits = cifar10.load(out, mmap=True)  # validates shapes without reading the images
     except cifar10.DatasetError:
         raise FetchError(f"'{out}' exists but is not a prepared CIFAR-10 directory: remove it and run again") from None
-    print(f"{PROG}: '{out}' already holds {len(splits['train'].labels)} train and {len(splits['test'].labels)} "
+    print(f"{_PROG}: '{out}' already holds {len(splits['train'].labels)} train and {len(splits['test'].labels)} "
           "test images: nothing to do")  # fmt: skip
     return 0
 
@@ -383,7 +374,7 @@ def _obtain(args: argparse.Namespace, out: Path) -> tuple[Path, str]:
     md5: str | None = args.md5 or None
     size = OFFICIAL_SIZE if md5 == OFFICIAL_MD5 else None
     if md5 is None:
-        print(f"{PROG}: warning: --md5 '' skips the checksum: the archive is not verified to be CIFAR-10", file=sys.stderr)
+        print(f"{_PROG}: warning: --md5 '' skips the checksum: the archive is not verified to be CIFAR-10", file=sys.stderr)
     if args.archive:
         archive = Path(args.archive)
         digest = verify_file(archive, md5, size)
@@ -392,13 +383,13 @@ def _obtain(args: argparse.Namespace, out: Path) -> tuple[Path, str]:
     archive = Path(args.download_dir or out.parent) / ARCHIVE_NAME
     # Without an expected checksum there is no telling what a kept file is: download afresh.
     if md5 is not None and archive.is_file() and _matches(archive, md5, size):
-        print(f"{PROG}: using the verified archive already at '{archive}'")
+        print(f"{_PROG}: using the verified archive already at '{archive}'")
     else:
-        print(f"{PROG}: downloading {args.url} to '{archive}'", flush=True)
+        print(f"{_PROG}: downloading {args.url} to '{archive}'", flush=True)
         started = time.monotonic()
         download(args.url, archive, md5, args.timeout, size)
         megabytes, seconds = archive.stat().st_size / 1e6, time.monotonic() - started
-        print(f"{PROG}: downloaded {megabytes:.1f} MB in {seconds:.1f} s ({megabytes / max(seconds, 1e-3):.1f} MB/s)")
+        print(f"{_PROG}: downloaded {megabytes:.1f} MB in {seconds:.1f} s ({megabytes / max(seconds, 1e-3):.1f} MB/s)")
     digest = md5 or file_md5(archive)[0]
     return archive, f"{args.url} (md5 {digest}{'' if md5 else ', unverified'})"
 
@@ -412,7 +403,7 @@ def _stop(signum: int, _frame: FrameType | None) -> NoReturn:
     # Slurm and Snakemake stop a job with SIGTERM. Turning it into SystemExit runs the cleanup
     # (the .part file, cifar10.write's staging directory) that the default action would skip,
     # and Ctrl-C gets the same one line instead of a traceback.
-    print(f"{PROG}: error: stopped by {signal.Signals(signum).name}; nothing partial is kept: run again", file=sys.stderr)
+    print(f"{_PROG}: error: stopped by {signal.Signals(signum).name}; nothing partial is kept: run again", file=sys.stderr)
     raise SystemExit(128 + signum)
 
 

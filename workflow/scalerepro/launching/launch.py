@@ -44,11 +44,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scalerepro import schedulers
+from scalerepro.common.cli import COUNT, CommandError, OneLineErrorParser, bounded_int, error_boundary
 from scalerepro.common.exits import EXIT_PREEMPTED
 from scalerepro.common.files import utc_now
 from scalerepro.launching import rank_failure
 from scalerepro.schedulers import cores
 from scalerepro.schedulers.base import LAUNCHER_ENV, LOCAL, STORE_FD_ENV, LaunchRequest, SchedulerError
+from scalerepro.schedulers.slurm import RENDEZVOUS_PORT_SPAN
 
 STOP_GRACE_S = 30.0  # after a rank failed, how long the others get to write a record before SIGKILL
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -56,7 +58,10 @@ DRIVER_CHECK_S = 1.0  # how often a local job looks for its driver
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
-class LaunchError(RuntimeError):
+_PROG = "scalerepro.launching.launch"
+
+
+class LaunchError(CommandError):
     """The ranks cannot be started; the message says why and what to change."""
 
 
@@ -239,12 +244,12 @@ def command(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m scalerepro.launching.launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks (GPUs) per node")
-    parser.add_argument("--cpus-per-node", type=int, default=None, help="the job's CPU cores on each node (the srun task's on Slurm; locally the first this many cores); default: all this process may use")
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=COUNT, default=1)
+    parser.add_argument("--ranks-per-node", type=COUNT, default=1, help="ranks (GPUs) per node")
+    parser.add_argument("--cpus-per-node", type=COUNT, default=None, help="the job's CPU cores on each node (the srun task's on Slurm; locally the first this many cores); default: all this process may use")
     parser.add_argument("--slurm-gpus", action="store_true", help="ask the step for --gpus-per-node=<ranks per node>")
-    parser.add_argument("--port", type=int, default=29400, help="rendezvous port base; the job id modulo 1000 is added (Slurm)")
+    parser.add_argument("--port", type=bounded_int(1024, 65535 - RENDEZVOUS_PORT_SPAN), default=29400, help="rendezvous port base; the job id modulo 1000 is added (Slurm)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="exported to every rank (NCCL_SOCKET_IFNAME=ib0, ...)")
     parser.add_argument("--container", default=None, help="Apptainer image the ranks run in, inside each node's srun task (Slurm)")
     parser.add_argument("--name", default=None, help="the step's name in sacct")
@@ -261,18 +266,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     if not args.node_agent:
         args.port = schedulers.current(os.environ).rendezvous_port(args.port, os.environ)
     os.environ.update(item.split("=", 1) for item in args.env)  # srun --export=ALL carries them on
     if args.node_agent:
         return _exec_node_agent(args)
-    try:
-        argv_out = command(args, os.environ)
-    except LaunchError as error:
-        print(f"scalerepro.launching.launch: error: {error}", file=sys.stderr, flush=True)
-        return 2
+    argv_out = command(args, os.environ)
     local = schedulers.current(os.environ) is LOCAL
     where = f"{args.ranks_per_node} local rank(s), rendezvous on 127.0.0.1 only: " if local else ""
     print(f"scalerepro.launching.launch: {where}{shlex.join(argv_out)}", file=sys.stderr, flush=True)
@@ -292,11 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _exec_node_agent(args: argparse.Namespace) -> int:
-    try:
-        argv_out = command(args, os.environ)
-    except LaunchError as error:
-        print(f"scalerepro.launching.launch: error: {error}", file=sys.stderr, flush=True)
-        return 2
+    argv_out = command(args, os.environ)
     print(f"scalerepro.launching.launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
     # torchrun would set one thread per rank: give each its share of the node task's cores (each
     # rank pins itself to its share at start, scalerepro.training.distributed), never an inherited count

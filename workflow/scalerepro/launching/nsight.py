@@ -15,7 +15,8 @@ import os
 import re
 import sqlite3
 import sys
-from collections.abc import Sequence
+
+from scalerepro.common.cli import OneLineErrorParser, error_boundary
 
 # Nsight Compute: only the raw metrics the roofline and the summary read (no sections: a section
 # prints display names, "Duration", "Achieved Occupancy"..., which change between ncu versions,
@@ -129,8 +130,12 @@ def command(tool: str, ranks: str, out_dir: str, rank: int, trainer: list[str],
     raise ValueError(f"unknown profiling tool {tool!r}")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scalerepro.launching.nsight", description=__doc__.split("\n")[0])
+_PROG = "scalerepro.launching.nsight"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--tool", required=True, choices=["nsys", "ncu"])
     parser.add_argument("--ranks", default="0", choices=["0", "all"])
     parser.add_argument("--out-dir", required=True)
@@ -144,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     cmd = command(args.tool, args.ranks, args.out_dir, rank, trainer, args.ncu_kernel_names, tensor)
     sys.stdout.flush()
     os.execvp(cmd[0], cmd)
+    raise AssertionError("execvp returned")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,7 +17,6 @@ A tool missing at run time (a cluster node without Nsight) falls back to torch.p
 
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 import socket
@@ -26,9 +25,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from scalerepro.common.cli import OneLineErrorParser
+from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
+from scalerepro.common.files import write_json_atomically
 from scalerepro.launching.nsight import NCU_CLOCK_CONTROL, top_kernel_names
 
+_PROG = "scalerepro.launching.profile_job"
 TOOLS = ("torch", "nsys", "ncu")
 
 
@@ -36,7 +37,7 @@ def parse_args(argv: Sequence[str]) -> tuple[object, list[str], list[str]]:
     """(options, the launcher's flags, the trainer's flags)."""
     argv = list(argv)
     usage = "python -m scalerepro.launching.profile_job OPTIONS --launch LAUNCH_FLAGS... -- TRAINER_FLAGS..."
-    parser = OneLineErrorParser(prog="python -m scalerepro.launching.profile_job", usage=usage)
+    parser = OneLineErrorParser(prog=_PROG, usage=usage)
     if "--" not in argv or "--launch" not in argv[: argv.index("--")]:
         parser.error("expected OPTIONS --launch LAUNCH_FLAGS... -- TRAINER_FLAGS...")
     head, trainer = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
@@ -68,14 +69,15 @@ def command(tool: str, out_dir: Path, launch: Sequence[str], trainer: Sequence[s
     return [*launcher, *wrapper, "--", *trainer, "--profile-mode", "cuda_api"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args, launch, trainer = parse_args(sys.argv[1:] if argv is None else argv)
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    args, launch, trainer = parse_args(argv)
     out_dir = args.capture.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     tool, fallback_reason = args.tool, args.fallback_reason or None
     if tool in ("nsys", "ncu") and shutil.which(tool) is None:
         if not args.fallback:
-            sys.exit(f"profiling: {tool} is not on PATH on {shlex.quote(socket.gethostname())} and profiling.fallback is false: install Nsight or set profiling.tool: torch")
+            raise CommandError(f"{tool} is not on PATH on {shlex.quote(socket.gethostname())} and profiling.fallback is false: install Nsight or set profiling.tool: torch")
         # the rule's output names the tool asked for; the files in it say torch.profiler made them
         fallback_reason, tool = f"{tool} is not on PATH on the node that ran the job", "torch"
     window = ["--profile-window-start", str(args.window_start), "--profile-window-steps", str(args.window_steps)]
@@ -98,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     capture = {"tool": tool, "requested": args.tool, "fallback_reason": fallback_reason, "command": run,
                "tool_version": version[-1] if version else None, "clock_control": NCU_CLOCK_CONTROL if tool == "ncu" else None,
                "window_start": args.window_start, "window_steps": args.window_steps}  # fmt: skip
-    args.capture.write_text(json.dumps(capture, indent=2) + "\n")
+    write_json_atomically(args.capture, capture)
     return 0
 
 

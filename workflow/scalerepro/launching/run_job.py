@@ -25,9 +25,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_PREEMPTED
 
 
+@error_boundary("scalerepro.launching.run_job")
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or "--" not in argv[2:]:
         print("usage: python -m scalerepro.launching.run_job RECORD LOG LAUNCH_FLAGS... -- -m scalerepro.training.train FLAGS...", file=sys.stderr)
@@ -53,4 +55,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -5,10 +5,12 @@ the trainer will run."""
 
 from __future__ import annotations
 
+from scalerepro.common.cli import CommandError
+
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "tp", "fsdp+tp", "pp")
 
 
-class ParallelError(ValueError):
+class ParallelError(CommandError, ValueError):
     """A strategy that cannot apply to this model or world size; one line naming the fix."""
 
 

@@ -8,6 +8,7 @@ Python, unit-tested in tests/test_plan.py. ``load`` is the one entry point.
 
 from __future__ import annotations
 
+import collections
 import math
 import shutil
 from collections.abc import Callable, Sequence
@@ -19,40 +20,114 @@ import yaml
 
 from scalerepro import schedulers
 from scalerepro.common import gpu_peaks
+from scalerepro.common.cli import CommandError
 from scalerepro.planning import study, submission
 from scalerepro.planning.study import Run, Study
 from scalerepro.schedulers.base import LOCAL, Scheduler
 
 
-class ConfigError(ValueError):
+class ConfigError(CommandError, ValueError):
     """A config value the workflow cannot use; one line: where, what is wrong, what to do."""
 
     def __init__(self, key: str, message: str):
         super().__init__(f"config error at '{key}': {message}")
 
 
-def _non_finite(node: Any, where: str = "") -> tuple[str, float] | None:
-    """The first number in ``node`` that is not finite (YAML's .nan and .inf), with its key."""
-    if isinstance(node, float) and not math.isfinite(node):
-        return where or "top level", node
-    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-    for key, value in items:
-        found = _non_finite(value, f"{where}.{key}" if where else str(key))
-        if found:
-            return found
+# A config is a few hundred values of a few dozen characters. Far more is a mistake or an attack
+# (YAML aliases that nest lists of lists expand 600 bytes into billions of values, which every
+# later walk of the config, the schema's first, would take hours over), so the first walk counts
+# what it visits and stops at these bounds.
+MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_TEXT = 4096  # characters in one string
+
+
+def _first_unusable(config: Any) -> tuple[str, str] | None:
+    """The first value planning would misuse, with its key: a number that is not finite (YAML's
+    .nan and .inf: JSON Schema's bounds let NaN through, every comparison with it being false), a
+    string longer than MAX_CONFIG_TEXT, two items of one list with the same ``name`` (the second
+    would be dropped silently), or more than MAX_CONFIG_VALUES values in all."""
+    visited = 0
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:
+        where, node = stack.pop()
+        visited += 1
+        if visited > MAX_CONFIG_VALUES:
+            return "top level", (
+                f"the config holds more than {MAX_CONFIG_VALUES:,} values (YAML aliases nested in lists expand "
+                "to that): write the values out"
+            )
+        if isinstance(node, float) and not math.isfinite(node):
+            return where or "top level", f"{node} is not a finite number: give a number"
+        if isinstance(node, str) and len(node) > MAX_CONFIG_TEXT:
+            return where or "top level", f"a string of {len(node):,} characters (at most {MAX_CONFIG_TEXT}): shorten it"
+        if isinstance(node, list):
+            names = [item["name"] for item in node if isinstance(item, dict) and isinstance(item.get("name"), str)]
+            repeated = sorted(name for name, count in collections.Counter(names).items() if count > 1)
+            if repeated:
+                return where or "top level", f"the name {repeated[0]!r} is given twice: give each item its own name"
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        stack.extend((f"{where}.{key}" if where else str(key), value) for key, value in reversed(list(items)))
     return None
+
+
+# JSON Schema's scalar types, as YAML reads them (a bool is not a number here, as in the schema).
+_SCALARS: dict[str, tuple[type, ...]] = {"number": (int, float), "integer": (int,), "boolean": (bool,), "null": (type(None),)}
+
+
+def _schema_parts(schema: dict[str, Any], definitions: dict[str, Any]) -> list[dict[str, Any]]:
+    """The schema and every schema its ``$ref`` and ``allOf`` bring in, each resolved."""
+    while "$ref" in schema:
+        schema = definitions[schema["$ref"].rsplit("/", 1)[-1]]
+    return [schema, *(part for inner in schema.get("allOf", []) for part in _schema_parts(inner, definitions))]
+
+
+def _typed_scalars(node: Any, schema: dict[str, Any], definitions: dict[str, Any]) -> Any:
+    """``node`` with each string that stands where the schema wants only numbers, booleans or
+    null read again as YAML, when what it reads as fits. Snakemake's ``--config`` reads the
+    values of a mapping given on the command line (``compare={baseline: X, threshold: 0.03}``)
+    with YAML's BaseLoader, which makes every scalar a string."""
+    parts = _schema_parts(schema, definitions)
+    if isinstance(node, dict):
+        for key, value in node.items():
+            for part in parts:
+                others = part.get("additionalProperties")
+                inner = part.get("properties", {}).get(key, others if isinstance(others, dict) else None)
+                if inner is not None:
+                    value = node[key] = _typed_scalars(value, inner, definitions)
+        return node
+    if isinstance(node, list):
+        items = [part["items"] for part in parts if isinstance(part.get("items"), dict)]
+        return [_typed_scalars(item, items[0], definitions) for item in node] if items else node
+    wanted = {kind for part in parts for kind in ([part["type"]] if isinstance(part.get("type"), str) else part.get("type", []))}
+    if not isinstance(node, str) or "string" in wanted or not wanted & set(_SCALARS):
+        return node
+    try:
+        value = yaml.safe_load(node)
+    except yaml.YAMLError:
+        return node
+    if isinstance(value, bool) and node.lower() not in ("true", "false"):
+        return node  # YAML 1.1's yes/no/on/off: a word, not a boolean
+    fits = any(
+        isinstance(value, _SCALARS[kind]) and not (kind in ("number", "integer") and isinstance(value, bool))
+        for kind in wanted
+        if kind in _SCALARS
+    )
+    return value if fits else node
 
 
 def validate(config: dict[str, Any], schema: Path) -> None:
     """snakemake.utils.validate (which also fills in the schema's defaults, in place), its first
-    problem turned into one line naming the key. A number that is not finite is refused first:
-    JSON Schema's bounds let NaN through (every comparison with it is false)."""
-    found = _non_finite(config)
+    problem turned into one line naming the key. What the schema cannot say is refused first
+    (``_first_unusable``)."""
+    found = _first_unusable(config)
     if found:
-        raise ConfigError(found[0], f"{found[1]} is not a finite number: give a number")
+        raise ConfigError(*found)
     import jsonschema
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate as snakemake_validate
+
+    document = yaml.safe_load(schema.read_text())
+    _typed_scalars(config, document, document.get("$defs", {}))
 
     try:
         snakemake_validate(config, str(schema), set_default=True)

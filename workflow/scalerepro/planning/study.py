@@ -31,13 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalerepro import config as trainer_config
+from scalerepro.common.cli import CommandError
 from scalerepro.parallel import mesh
 
 DATA_DIR = "results/data/cifar10"
 STUDIES = ("strong", "weak", "sensitivity", "ablation", "parallelism", "reproduce")
 
 
-class StudyError(ValueError):
+class StudyError(CommandError, ValueError):
     """A config the study cannot be built from; one line naming the key and the fix."""
 
     def __init__(self, key: str, message: str):

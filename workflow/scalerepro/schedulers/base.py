@@ -9,13 +9,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scalerepro.common.cli import CommandError
+
 # The environment of a local run's ranks (set by scalerepro.launching.launch, read by
 # scalerepro.training.distributed): who started them, and which inherited file descriptor is the
 # store's listening socket (rank 0 only).
 LAUNCHER_ENV, STORE_FD_ENV = "SCALEREPRO_LAUNCHER", "SCALEREPRO_STORE_FD"
 
 
-class SchedulerError(RuntimeError):
+class SchedulerError(CommandError):
     """The batch system cannot be used as configured; the message says why and what to change."""
 
 

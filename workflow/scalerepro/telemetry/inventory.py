@@ -9,7 +9,6 @@ sysfs, software versions and the Slurm job. Whatever cannot be read is null with
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerepro import schedulers
+from scalerepro.common.cli import OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import utc_now, write_json_atomically
 from scalerepro.telemetry import hardware
 
@@ -119,9 +119,13 @@ def collect() -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalerepro.telemetry.inventory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="JSON file to write")
+_PROG = "scalerepro.telemetry.inventory"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=output_path, help="JSON file to write")
     args = parser.parse_args(argv)
     inventory = collect()
     write_json_atomically(args.out, inventory)

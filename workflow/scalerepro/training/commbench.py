@@ -24,7 +24,6 @@ Bandwidths, nccl-tests' definitions (its doc/PERFORMANCE.md), for either time T:
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -34,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from scalerepro import schedulers
+from scalerepro.common.cli import OneLineErrorParser, bounded_float, bounded_int, error_boundary, output_path
 from scalerepro.common.files import utc_now, write_json_atomically
 from scalerepro.telemetry import hardware
 from scalerepro.training import distributed
@@ -103,14 +103,21 @@ def run(ctx: distributed.DistContext, sizes: list[int], iterations: int, warmup:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalerepro.training.commbench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="JSON file to write (rank 0)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, help="message sizes in bytes (default 1 KiB..256 MiB, x4)")
-    parser.add_argument("--iterations", type=int, default=20, help="timed all-reduces per size")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size")
+_PROG = "scalerepro.training.commbench"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=output_path, help="JSON file to write (rank 0)")
+    parser.add_argument(
+        "--sizes", type=bounded_int(4, 1 << 34), nargs="+", default=DEFAULT_SIZES,
+        help="message sizes in bytes, 4 B to 16 GiB (default 1 KiB..256 MiB, x4)",
+    )  # fmt: skip
+    parser.add_argument("--iterations", type=bounded_int(1, 100_000), default=20, help="timed all-reduces per size")
+    parser.add_argument("--warmup", type=bounded_int(0, 100_000), default=5, help="untimed all-reduces per size")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    parser.add_argument("--dist-timeout-s", type=float, default=300.0)
+    parser.add_argument("--dist-timeout-s", type=bounded_float(1, 7 * 24 * 3600), default=300.0)
     parser.add_argument(
         "--process-group-at-one-rank", action="store_true",
         help="run at one rank too, on a communicator of one (times the local all-reduce; busbw is 0 by its definition)",
@@ -120,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = distributed.setup(args.device, args.dist_timeout_s, group_at_one_rank=args.process_group_at_one_rank)
     except distributed.DistributedSetupError as error:
-        print(f"scalerepro.training.commbench: error: {error}", file=sys.stderr)
+        print(f"{_PROG}: error: {error}", file=sys.stderr)
         return 1
     if not ctx.distributed:
         print("scalerepro.training.commbench: error: an all-reduce needs at least 2 ranks: launch with torchrun --nproc-per-node N (N >= 2) or srun, "

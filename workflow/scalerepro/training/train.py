@@ -15,6 +15,7 @@ import uuid
 
 import torch.distributed
 
+from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from scalerepro.common.files import utc_now, write_json_atomically
 from scalerepro.config import ConfigError, TrainConfig, parse_args
@@ -79,8 +80,8 @@ def _fail(config: TrainConfig, ctx: DistContext | None, trainer: Trainer | None,
     return EXIT_USAGE if isinstance(error, _USAGE_ERRORS) else EXIT_FAILED
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+@error_boundary("scalerepro.training.train")
+def main(argv: list[str]) -> int:
     started_at = utc_now()
     config = parse_args(argv)  # exits 2 with one line on a bad flag
     run_id = config.run.run_id or str(uuid.uuid4())

@@ -30,9 +30,10 @@ Import checks, before it writes anything: the file is a complete zip (a truncate
 its central directory), no entry is a link or has an unsafe path, every file is in the manifest
 and every manifest entry is a file, and each sha256 matches (with ``--expect-sha256``, the
 archive's own digest too). Then it adds the study to the store in one transaction: a study
-already stored with the same rows is left as it is, one stored with other rows is refused. The
-import is noted in the store's ``imports`` table. Any refusal is one line and leaves the store
-untouched.
+already stored with the same rows is left as it is, one stored with other rows is refused. Each
+import is a row of the store's ``imports`` table, written in the same transaction, and the files
+``--extract`` unpacks are renamed into place inside it too: any refusal or failure is one line
+and leaves the store, and the extract directory, as they were.
 
 What checksums cannot catch: a bundle whose files *and* manifest were rewritten together.
 Export prints the archive's sha256 and writes it to ``<bundle>.sha256``: publish it beside the
@@ -43,7 +44,6 @@ This module is on the analysis side: it never imports torch.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -58,9 +58,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import duckdb
+
 from scalerepro.analysis.columns import AGGREGATE_TABLES
 from scalerepro.analysis.history import store
 from scalerepro.analysis.history.store import StoreError
+from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import atomic_file, sha256_of, utc_now, write_text_atomically
 
 MANIFEST = "manifest-sha256.txt"
@@ -83,7 +86,7 @@ MEDIA_TYPES = {
 }
 
 
-class BundleError(Exception):
+class BundleError(CommandError):
     """A bundle that cannot be written or read, in one line that says what to do."""
 
 
@@ -388,8 +391,10 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
     if rows.get("schema_version") == 2 and isinstance(rows.get("runs"), list):
         # version 2's rows: the same columns under their old names (store.MIGRATIONS[3])
         renamed = {old: new for new, old in store.RENAMED_RUN_COLUMNS.items()}
-        rows = {**rows, "schema_version": store.STORE_SCHEMA_VERSION,
+        rows = {**rows, "schema_version": 3,
                 "runs": [{renamed.get(k, k): v for k, v in run.items()} if isinstance(run, dict) else run for run in rows["runs"]]}  # fmt: skip
+    if rows.get("schema_version") == 3:
+        rows = {**rows, "schema_version": 4}  # store.MIGRATIONS[4] changed the imports table only: the same rows
     if rows.get("schema_version") != store.STORE_SCHEMA_VERSION:
         raise BundleError(
             f"{path} holds rows of store schema version {rows.get('schema_version')}, this scalerepro reads "
@@ -416,29 +421,39 @@ def import_bundle(
     path: str | Path, store_path: str | Path, expect_sha256: str | None = None, extract: str | Path | None = None,
     lock_timeout_s: float = store.DEFAULT_LOCK_TIMEOUT_S,
 ) -> tuple[Bundle, store.AppendResult]:  # fmt: skip
-    """Verify the bundle, then add its study to the store (and unpack it into ``extract``)."""
+    """Verify the bundle, then add its study to the store and unpack it into ``extract``: all of
+    it or, on any refusal or failure, none of it (no row stored, no file left)."""
     bundle = read_bundle(path, expect_sha256)
-    staging = None
-    if extract is not None:
-        target = Path(extract)
-        if target.exists() and any(target.iterdir()):
-            raise BundleError(f"{target} is not empty: give a new directory to --extract")
-        staging = _unpack(bundle, target)  # beside the target, renamed onto it once the store has the study
-    try:
-        connection = store.connect(store_path, lock_timeout_s=lock_timeout_s)
-        try:
-            result = store.append(connection, bundle.study, keep_appended_at=True, replace=False)
-            connection.execute(
-                "INSERT OR REPLACE INTO imports VALUES (?, ?, ?, ?)",
-                [bundle.sha256, bundle.study.study_id, str(bundle.path), utc_now()],
-            )
-        finally:
-            connection.close()
-        if staging is not None:
+    target = None if extract is None else Path(extract)
+    if target is not None:
+        if target.is_symlink():  # the files would land wherever the link points
+            raise BundleError(f"{target} is a symbolic link: give a new directory (not a link) to --extract")
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise BundleError(f"{target} is not an empty directory: give a new directory to --extract")
+    staging = None if target is None else _unpack(bundle, target)  # beside the target
+    placed = False
+
+    def record_and_place(connection: duckdb.DuckDBPyConnection) -> None:
+        # Inside the append's transaction: if the files cannot be put in place, nothing is stored.
+        nonlocal placed
+        connection.execute(
+            "INSERT INTO imports VALUES (?, ?, ?, ?)", [bundle.sha256, bundle.study.study_id, str(bundle.path), utc_now()]
+        )
+        if staging is not None and target is not None:
             if target.exists():
                 target.rmdir()  # empty, checked before
             staging.rename(target)
+            placed = True
+
+    try:
+        connection = store.connect(store_path, lock_timeout_s=lock_timeout_s)
+        try:
+            result = store.append(connection, bundle.study, keep_appended_at=True, replace=False, before_commit=record_and_place)
+        finally:
+            connection.close()
     except BaseException:
+        if placed and target is not None:  # the COMMIT failed after the rename: the files go too
+            shutil.rmtree(target, ignore_errors=True)
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -473,11 +488,15 @@ def _unpack(bundle: Bundle, target: Path) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalerepro.analysis.history.bundle", description=__doc__.split("\n\n")[0])
+_PROG = "scalerepro.analysis.history.bundle"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="write the bundle of the study in --results")
-    export.add_argument("--out", required=True, type=Path, help="the bundle to write (.zip)")
+    export.add_argument("--out", required=True, type=output_path, help="the bundle to write (.zip)")
     export.add_argument(
         "--results", type=Path, default=Path("results"), help="the study's results directory (default: %(default)s)"
     )
@@ -497,26 +516,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         sub.add_argument(
             "--lock-timeout",
-            type=float,
+            type=store.LOCK_TIMEOUT_S,
             default=store.DEFAULT_LOCK_TIMEOUT_S,
             help="seconds to wait for the store's lock",
         )
     args = parser.parse_args(argv)
-    try:
-        if args.command == "export":
-            if args.out.suffix != ".zip":
-                raise BundleError(f"{args.out}: a bundle is a zip archive, name it <something>.zip")
-            digest = export_bundle(args.results, args.store, args.out, args.workflow, args.lock_timeout)
-            print(f"bundle: {args.out} sha256 {digest} (also in {args.out}.sha256)")
-        else:
-            bundle, result = import_bundle(args.bundle, args.store, args.expect_sha256, args.extract, args.lock_timeout)
-            state = "added" if result.new_study else "already in the store, unchanged"
-            print(
-                f"bundle: {bundle.study.study_id} from {args.bundle} ({len(bundle.members)} files verified): {state} in {args.store}"
-            )
-    except (BundleError, StoreError) as error:
-        print(f"bundle: {error}", file=sys.stderr)
-        return 2
+    if args.command == "export":
+        if args.out.suffix != ".zip":
+            raise BundleError(f"{args.out}: a bundle is a zip archive, name it <something>.zip")
+        digest = export_bundle(args.results, args.store, args.out, args.workflow, args.lock_timeout)
+        print(f"bundle: {args.out} sha256 {digest} (also in {args.out}.sha256)")
+    else:
+        bundle, result = import_bundle(args.bundle, args.store, args.expect_sha256, args.extract, args.lock_timeout)
+        state = "added" if result.new_study else "already in the store, unchanged"
+        print(f"bundle: {bundle.study.study_id} from {args.bundle} ({len(bundle.members)} files verified): {state} in {args.store}")
     return 0
 
 

@@ -34,7 +34,6 @@ This module is on the analysis side: it never imports torch.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import zlib
@@ -50,7 +49,8 @@ from scalerepro.analysis.columns import CELL_KEYS, VERSUS_COLUMNS, VERSUS_VERDIC
 from scalerepro.analysis.history import bundle, store
 from scalerepro.analysis.history.bundle import BundleError
 from scalerepro.analysis.history.store import StoreError
-from scalerepro.common.files import atomic_file
+from scalerepro.common.cli import OneLineErrorParser, bounded_float, bounded_int, error_boundary, output_path
+from scalerepro.common.files import write_text_atomically
 
 DEFAULT_THRESHOLD = 0.03
 DEFAULT_CONFIDENCE = 0.95
@@ -369,21 +369,18 @@ def render_text(baseline: Side, candidate: Side, table: pd.DataFrame, facts: Map
     return "\n".join(lines)
 
 
-def _write(path: Path, text: str) -> None:
-    with atomic_file(path) as stream:
-        stream.write(text.encode("utf-8"))
+_PROG = "scalerepro.analysis.history.compare"
+# The bootstrap holds resamples x runs numbers per cell: 10^6 resamples of 100 runs is under
+# a GB; fewer than 100 resamples cannot place a 95 % interval's ends.
+RESAMPLES = bounded_int(100, 1_000_000)
+SEED = bounded_int(0, 2**32 - 1)  # numpy's seed range
+FRACTION = bounded_float(0, 1, high_open=True)
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1)")
-    return value
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scalerepro.analysis.history.compare",
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(
+        prog=_PROG,
         description="Compare two studies cell by cell: ratio of median samples/s, bootstrap interval, verdict, what differs.",
         epilog=f"BASELINE, CANDIDATE: {store.SELECTOR_HELP}, or a bundle (.zip)",
     )
@@ -391,36 +388,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("candidate", metavar="CANDIDATE")
     parser.add_argument("--store", default="results/history.duckdb", help="the results store (default: %(default)s)")
     parser.add_argument(
-        "--threshold",
-        type=_fraction,
-        default=DEFAULT_THRESHOLD,
-        help="smallest change a verdict reports (default: %(default)s)",
+        "--threshold", type=FRACTION, default=DEFAULT_THRESHOLD, help="smallest change a verdict reports (default: %(default)s)"
     )
+    parser.add_argument("--confidence", type=FRACTION, default=DEFAULT_CONFIDENCE, help="interval level (default: %(default)s)")
+    parser.add_argument("--resamples", type=RESAMPLES, default=DEFAULT_RESAMPLES, help="bootstrap resamples (default: %(default)s)")
+    parser.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default: %(default)s)")
+    parser.add_argument("--csv", type=output_path, help="write the per-cell table here")
+    parser.add_argument("--json", type=output_path, help="write the study-wide facts here")
     parser.add_argument(
-        "--confidence", type=_fraction, default=DEFAULT_CONFIDENCE, help="interval level (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples (default: %(default)s)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
-    parser.add_argument("--csv", type=Path, help="write the per-cell table here")
-    parser.add_argument("--json", type=Path, help="write the study-wide facts here")
-    parser.add_argument(
-        "--lock-timeout", type=float, default=store.DEFAULT_LOCK_TIMEOUT_S, help="seconds to wait for the store's lock"
+        "--lock-timeout", type=store.LOCK_TIMEOUT_S, default=store.DEFAULT_LOCK_TIMEOUT_S, help="seconds to wait for the store's lock"
     )
     parser.add_argument("--fail-on-slower", action="store_true", help="exit 1 when a cell is slower")
     args = parser.parse_args(argv)
-    try:
-        baseline, candidate = load_sides(args.baseline, args.candidate, args.store, args.lock_timeout)
-    except (StoreError, BundleError) as error:
-        print(f"compare: {error}", file=sys.stderr)
-        return 2
+    baseline, candidate = load_sides(args.baseline, args.candidate, args.store, args.lock_timeout)
     table = compare(baseline, candidate, args.threshold, args.confidence, args.resamples, args.seed)
     facts = summary(baseline, candidate, table, args.threshold, args.confidence, args.resamples, args.seed)
     if args.csv:
-        _write(args.csv, table.to_csv(index=False))
+        write_text_atomically(args.csv, table.to_csv(index=False))
     if args.json:
-        _write(args.json, json.dumps(facts, indent=2) + "\n")
+        write_text_atomically(args.json, json.dumps(facts, indent=2) + "\n")
     print(render_text(baseline, candidate, table, facts))
     return 1 if args.fail_on_slower and table["verdict"].eq("slower").any() else 0
 

@@ -41,7 +41,7 @@ runs -- one row per planned run of a study, keyed by (study_id, run_id): the stu
     run's own environment facts (commit, hosts, versions, cluster, partition), and ``record``:
     the run record's JSON text exactly as written (``json_extract(record, '$.knobs.loader')``),
     with ``record_sha256``. A run without a record has status ``missing`` and no record.
-imports -- one row per bundle imported (``scalerepro.analysis.history.bundle``): bundle_sha256, study_id, path,
+imports -- one row per import of a bundle (``scalerepro.analysis.history.bundle``): bundle_sha256, study_id, path,
     imported_at.
 
 Appending. A study is appended in one transaction. Appending the same study again changes
@@ -68,7 +68,9 @@ This module is on the analysis side: it never imports torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -79,7 +81,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,10 +91,13 @@ import pandas as pd
 
 from scalerepro.analysis.columns import CELL_KEYS, HISTORY_COLUMNS
 from scalerepro.analysis.tables import cell_tables, readers
+from scalerepro.common.cli import CommandError, OneLineErrorParser, bounded_float, error_boundary
 from scalerepro.common.files import atomic_file, current_umask, sha256_of, utc_now
 
-STORE_SCHEMA_VERSION = 3
+STORE_SCHEMA_VERSION = 4
 DEFAULT_LOCK_TIMEOUT_S = 60.0
+# --lock-timeout: seconds, at most a day (a typo must not wait for ever).
+LOCK_TIMEOUT_S = bounded_float(0, 24 * 3600)
 # Config sections that say where a study is kept and what it is compared with, not what it ran.
 UNHASHED_CONFIG_KEYS = ("store", "compare")
 
@@ -202,11 +207,20 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # One name per quantity from config to store: the per-GPU micro-batch is per_gpu_batch (the
     # config's name), the batch system's job id scheduler_job_id (Slurm is one of its backends).
     3: tuple(f'ALTER TABLE runs RENAME COLUMN "{old}" TO "{new}"' for new, old in RENAMED_RUN_COLUMNS.items()),
+    # Every import of a bundle is a row (version 2 kept one per bundle: a second import of the
+    # same file replaced the first one's where and when).
+    4: (
+        "CREATE TABLE imports_v4 (bundle_sha256 VARCHAR NOT NULL, study_id VARCHAR NOT NULL, "
+        "path VARCHAR, imported_at VARCHAR NOT NULL, PRIMARY KEY (bundle_sha256, imported_at))",
+        "INSERT INTO imports_v4 SELECT bundle_sha256, study_id, path, imported_at FROM imports",
+        "DROP TABLE imports",
+        "ALTER TABLE imports_v4 RENAME TO imports",
+    ),
 }
 assert sorted(MIGRATIONS) == list(range(1, STORE_SCHEMA_VERSION + 1))
 
 
-class StoreError(Exception):
+class StoreError(CommandError):
     """A problem with the store or its input, in one line that says what to do."""
 
 
@@ -215,6 +229,7 @@ class StoreError(Exception):
 # --------------------------------------------------------------------------------------------
 
 _LOCKED = re.compile(r"Could not set lock on file|Conflicting lock is held")
+_DAMAGED = re.compile(r"not a valid DuckDB database file|Could not read enough bytes|Failure while replaying WAL|Corrupt|checksum", re.I)
 _HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
 
 
@@ -246,8 +261,13 @@ def connect(
             break
         except duckdb.IOException as error:
             message = str(error)
+            if _DAMAGED.search(message):
+                raise StoreError(_damaged(path, error)) from None
             if not _LOCKED.search(message):
-                raise StoreError(f"cannot open the results store {path}: {message.splitlines()[0]}") from None
+                raise StoreError(
+                    f"cannot open the results store {path}: {message.splitlines()[0][:300]}: check that it and its "
+                    "directory can be read (and written, to append) and that the file system has space"
+                ) from None
             holder = _HOLDER.search(message)
             who = f"process {holder.group(2)} ({holder.group(1)})" if holder else "another process"
             if time.monotonic() >= deadline:
@@ -262,7 +282,10 @@ def connect(
             time.sleep(min(delay * (1 + random.random()), max(deadline - time.monotonic(), 0)))
             delay = min(delay * 2, 1.0)
     try:
-        version = schema_version(connection)
+        try:
+            version = schema_version(connection, path)
+        except duckdb.Error as error:
+            raise StoreError(_damaged(path, error)) from None
         if version > STORE_SCHEMA_VERSION:
             raise StoreError(
                 f"the results store {path} has schema version {version}, newer than this scalerepro "
@@ -274,11 +297,65 @@ def connect(
                     f"the results store {path} has schema version {version} (current: {STORE_SCHEMA_VERSION}): "
                     f"migrate it with `python -m scalerepro.analysis.history.store migrate --store {path}`"
                 )
-            migrate(connection, version)
+            try:
+                migrate(connection, version)
+            except duckdb.Error as error:  # a table or column an older version had is not there
+                raise StoreError(_damaged(path, error)) from None
+        verify(connection, path)
     except BaseException:
         connection.close()
         raise
     return connection
+
+
+def _damaged(path: Path, cause: duckdb.Error | str) -> str:
+    what = str(cause).splitlines()[0]
+    return (
+        f"the results store {path} is damaged ({what[:300]}): move it aside and restore it from a copy, or let the "
+        "next study start a new store there and import the bundles of the studies it held"
+    )
+
+
+@functools.cache
+def expected_shape() -> tuple[tuple[str, str, str], ...]:
+    """(table, column, type) of every column a store at the current schema has: what the
+    migrations from 0 make, so the shape is written once, in ``MIGRATIONS``."""
+    with duckdb.connect(":memory:") as connection:
+        migrate(connection, 0)
+        return _shape(connection)
+
+
+def _shape(connection: duckdb.DuckDBPyConnection) -> tuple[tuple[str, str, str], ...]:
+    query = (
+        "SELECT table_name, column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position"
+    )
+    return tuple(connection.execute(query).fetchall())
+
+
+def verify(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Refuse a store that some reader would fail on later, with a traceback: every table and
+    column of the current schema present with its type, and every block of every table
+    readable (a truncated or overwritten file fails DuckDB's block checks here, once, rather
+    than in the middle of a comparison). Reading every column costs milliseconds per MB."""
+    try:
+        found = set(_shape(connection))
+        tables = {table: [(column, kind) for name, column, kind in expected_shape() if name == table] for table, _, _ in expected_shape()}
+        lacking = []
+        for table, columns in tables.items():
+            gone = [f"{column} {kind}" for column, kind in columns if (table, column, kind) not in found]
+            if len(gone) == len(columns):
+                lacking.append(f"table {table}")
+            elif gone:
+                lacking.append(f"{table} column{'s' * (len(gone) > 1)} {', '.join(gone[:4])}{' ...' * (len(gone) > 4)}")
+        if lacking:
+            raise StoreError(_damaged(path, f"it lacks {'; '.join(lacking)}"))
+        for table, described in tables.items():
+            columns = [column for column, _ in described]
+            every_value = ", ".join(f'max(length(CAST("{column}" AS VARCHAR)))' for column in columns)
+            connection.execute(f'SELECT count(*), {every_value} FROM "{table}"').fetchall()
+    except duckdb.Error as error:
+        raise StoreError(_damaged(path, error)) from None
 
 
 def _create(path: Path) -> None:
@@ -304,31 +381,60 @@ def _create(path: Path) -> None:
         shutil.rmtree(private, ignore_errors=True)
 
 
-def schema_version(connection: duckdb.DuckDBPyConnection) -> int:
+def schema_version(connection: duckdb.DuckDBPyConnection, path: Path | None = None) -> int:
     """The store's schema version; 0 for an empty file. A DuckDB file that is not a store is an error."""
     tables = {row[0] for row in connection.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     if "store_meta" not in tables:
         if tables:
             raise StoreError(
-                f"this DuckDB file is not a scalerepro results store (it has tables {sorted(tables)} but no store_meta)"
+                f"{path or 'this DuckDB file'} is not a scalerepro results store (it has tables {sorted(tables)[:8]} "
+                "but no store_meta): give the path of a results store"
             )
         return 0
     row = connection.execute("SELECT value FROM store_meta WHERE key = 'schema_version'").fetchone()
-    return int(row[0]) if row else 0
+    if row is None:
+        return 0
+    if not str(row[0]).isdigit():
+        raise StoreError(_damaged(path or Path("?"), f"its schema_version is {str(row[0])[:40]!r}, not a number"))
+    return int(row[0])
+
+
+@contextlib.contextmanager
+def transaction(connection: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """All of the block or none of it. A write the file system refuses (a full disk, a directory
+    where DuckDB cannot create its ``.wal``) ends DuckDB's transaction itself; that first error,
+    not the ROLLBACK's "no transaction is active", is the one to report."""
+    connection.execute("BEGIN TRANSACTION")
+    try:
+        yield
+        connection.execute("COMMIT")
+    except BaseException as error:
+        with contextlib.suppress(duckdb.Error):
+            connection.execute("ROLLBACK")
+        if isinstance(error, (duckdb.IOException, duckdb.TransactionException)):
+            raise StoreError(
+                f"cannot write the results store {_file_of(connection)}: {str(error).splitlines()[0][:300]}: free space on its file system and "
+                "make its directory writable (DuckDB writes a .wal file beside it), then run again; nothing was stored"
+            ) from None
+        raise
+
+
+def _file_of(connection: duckdb.DuckDBPyConnection) -> str:
+    with contextlib.suppress(duckdb.Error):
+        query = "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+        row = connection.execute(query).fetchone()
+        if row and row[0]:
+            return str(row[0])
+    return "(its path unknown)"
 
 
 def migrate(connection: duckdb.DuckDBPyConnection, version: int, to: int = STORE_SCHEMA_VERSION) -> None:
     """Take the store from ``version`` to ``to`` through each step of ``MIGRATIONS``, in one transaction."""
-    connection.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(connection):
         for step in range(version + 1, to + 1):
             for statement in MIGRATIONS[step]:
                 connection.execute(statement)
         connection.execute("INSERT OR REPLACE INTO store_meta VALUES ('schema_version', ?)", [str(to)])
-        connection.execute("COMMIT")
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
 
 
 # --------------------------------------------------------------------------------------------
@@ -556,12 +662,17 @@ class AppendResult:
 
 
 def append(
-    connection: duckdb.DuckDBPyConnection, study: Study, keep_appended_at: bool = False, replace: bool = True
+    connection: duckdb.DuckDBPyConnection,
+    study: Study,
+    keep_appended_at: bool = False,
+    replace: bool = True,
+    before_commit: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
 ) -> AppendResult:
     """Add the study, or bring its stored rows up to date, in one transaction. The same study
     again changes nothing. ``keep_appended_at``: keep the row's own ``appended_at`` (an import
     that reproduces a study exactly), else it is now. ``replace=False``: a study stored with
-    other rows is an error (and nothing changes), not an update."""
+    other rows is an error (and nothing changes), not an update. ``before_commit`` runs inside
+    the transaction, last: what it writes, and whether it fails, is part of the append."""
     row = dict(study.row)
     if not keep_appended_at or not row.get("appended_at"):
         row["appended_at"] = utc_now()
@@ -570,8 +681,7 @@ def append(
     if strangers:
         # a study adds its own runs only: a row naming another study would change that study
         raise StoreError(f"study {study.study_id} holds runs of another study ({', '.join(strangers[:3])}): nothing stored")
-    connection.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(connection):
         existing = _fetch(connection, "SELECT * FROM studies WHERE study_id = ?", [study.study_id])
         stored = {r["run_id"]: r for r in _fetch(connection, "SELECT * FROM runs WHERE study_id = ?", [study.study_id])}
         if existing and not replace:
@@ -607,10 +717,8 @@ def append(
             if {**row, **kept} != existing[0]:
                 connection.execute("DELETE FROM studies WHERE study_id = ?", [study.study_id])
                 _insert(connection, "studies", STUDY_COLUMNS, [{**row, **kept}])
-        connection.execute("COMMIT")
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
+        if before_commit is not None:
+            before_commit(connection)
     return AppendResult(study.study_id, not existing, added, replaced, unchanged)
 
 
@@ -666,8 +774,8 @@ def resolve(connection: duckdb.DuckDBPyConnection, selector: str, exclude: str |
     comparing with it."""
     if selector.endswith(".json") and Path(selector).is_file():
         receipt = _read_json(selector, "store receipt")
-        if not isinstance(receipt, Mapping) or "study_id" not in receipt:
-            raise StoreError(f"{selector} is not a store receipt (it has no study_id)")
+        if not isinstance(receipt, Mapping) or not isinstance(receipt.get("study_id"), str) or not receipt["study_id"]:
+            raise StoreError(f"{selector} is not a store receipt (its study_id is not a study id): give the receipt rule store_study wrote")
         selector = receipt["study_id"]
     table = studies(connection)
     if table.empty:
@@ -831,15 +939,19 @@ def _migrate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalerepro.analysis.history.store", description=__doc__.split("\n\n")[0])
+_PROG = "scalerepro.analysis.history.store"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         sub.add_argument("--store", required=True, type=Path, help="the DuckDB file (config store.path)")
         sub.add_argument(
-            "--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT_S, metavar="S",
+            "--lock-timeout", type=LOCK_TIMEOUT_S, default=DEFAULT_LOCK_TIMEOUT_S, metavar="S",
             help="how long to wait for another process's lock on the store (default: %(default)s)",
         )  # fmt: skip
         return sub
@@ -853,11 +965,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command("list", "list the stored studies, oldest first")
     command("migrate", "bring the store to this version's schema")
     args = parser.parse_args(argv)
-    try:
-        return {"append": _append_command, "list": _list_command, "migrate": _migrate_command}[args.command](args)
-    except StoreError as error:
-        print(f"store: {error}", file=sys.stderr)
-        return 2
+    return {"append": _append_command, "list": _list_command, "migrate": _migrate_command}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ The figures show the tables' numbers as they are; only units change (fractions t
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -30,6 +29,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 from scalerepro.analysis import columns
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
 from scalerepro.analysis.tables import scaling_model
+from scalerepro.common.cli import OneLineErrorParser, error_boundary
 
 Tables = Mapping[str, pd.DataFrame]
 # The tables the figures read, with the columns an absent or empty one gets.
@@ -517,8 +517,12 @@ def draw(
     return outcome
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalerepro.analysis.presentation.plots", description=__doc__.split("\n")[0])
+_PROG = "scalerepro.analysis.presentation.plots"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--tables", required=True, type=Path, help="directory of the aggregation's CSV tables")
     parser.add_argument("--out", required=True, type=Path, help="directory for <figure>.png and <figure>.svg")
     parser.add_argument("--only", nargs="+", choices=[*FIGURE_DRAWERS, *STORE_FIGURES], help="draw these figures only")

@@ -19,7 +19,6 @@ This module is on the analysis side: it never imports torch.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime
 import json
@@ -38,6 +37,7 @@ import yaml
 
 from scalerepro.analysis.columns import CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, VERDICTS
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+from scalerepro.common.cli import OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.gpu_peaks import PEAKS
 
@@ -960,9 +960,13 @@ def render(
     return environment.get_template("report.html.j2").render(**context)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scalerepro.analysis.presentation.report",
+_PROG = "scalerepro.analysis.presentation.report"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(
+        prog=_PROG,
         description="Render the scaling study's report as one self-contained HTML file.",
     )
     parser.add_argument(
@@ -973,7 +977,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="the resolved workflow config as JSON")
     parser.add_argument("--references", required=True, type=Path, help="config/references.yaml")
     parser.add_argument("--templates", required=True, type=Path, help="directory holding templates/ and style.css")
-    parser.add_argument("--out", required=True, type=Path, help="the HTML file to write")
+    parser.add_argument("--out", required=True, type=output_path, help="the HTML file to write")
     parser.add_argument("--history", type=Path, help="history.csv of the results store (scalerepro.analysis.history.store)")
     parser.add_argument("--versus-baseline", nargs=2, type=Path, metavar=("CSV", "JSON"), help="the compare rule's table and facts")
     args = parser.parse_args(argv)

@@ -54,7 +54,6 @@ This module is on the analysis side: it never imports torch.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -72,6 +71,8 @@ from scalerepro.analysis.profiles.ncu import read_ncu_csv
 from scalerepro.analysis.profiles.nsys import read_nsys_metadata, read_nsys_sqlite
 from scalerepro.analysis.profiles.roofline import precision_of_capture, resolve_peaks, roofline
 from scalerepro.analysis.profiles.torch_trace import read_operator_table, read_torch_trace
+from scalerepro.common.cli import OneLineErrorParser, error_boundary
+from scalerepro.common.files import write_text_atomically
 from scalerepro.common.range_names import RANGE_PREFIX
 
 # --------------------------------------------------------------------------------------------
@@ -215,8 +216,12 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scalerepro.analysis.profiles.captures", description=__doc__.split("\n")[0])
+_PROG = "scalerepro.analysis.profiles.captures"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     one = commands.add_parser("summarize", help="one run's profiles -> summary.json")
     one.add_argument("--run-dir", required=True, type=Path, help="results/profiles/<run>")
@@ -230,24 +235,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     many.add_argument("--summaries", nargs="*", default=[], type=Path)
     many.add_argument("--out", required=True, type=Path, help="directory of the CSV tables")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "summarize":
-            summary = summarize(args.run_dir, args.run_id, {**DEFAULT_THRESHOLDS, **args.thresholds}, None,
-                                args.gpu_peaks, args.precision, args.device_name)  # fmt: skip
-            args.out.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-            for warning in summary["warnings"]:
-                print(f"profile: {args.run_id}: warning: {warning}", file=sys.stderr)
-            verdict = (summary["classification"] or {}).get("class", "no breakdown")
-            provisional = " (provisional)" if (summary["classification"] or {}).get("provisional") else ""
-            print(f"profile: {args.run_id}: {verdict}{provisional} ({', '.join(summary['tools'])})", file=sys.stderr)
-        else:
-            args.out.mkdir(parents=True, exist_ok=True)
-            for name, table in tables(json.loads(p.read_text()) for p in args.summaries).items():
-                table.to_csv(args.out / f"{name}.csv", index=False)
-            print(f"profile: {len(args.summaries)} profiled runs -> {args.out}", file=sys.stderr)
-    except ProfileError as error:
-        print(f"scalerepro.analysis.profiles.captures: error: {error}", file=sys.stderr)
-        return 2
+    if args.command == "summarize":
+        summary = summarize(args.run_dir, args.run_id, {**DEFAULT_THRESHOLDS, **args.thresholds}, None,
+                            args.gpu_peaks, args.precision, args.device_name)  # fmt: skip
+        write_text_atomically(args.out, json.dumps(summary, indent=2, default=str) + "\n")
+        for warning in summary["warnings"]:
+            print(f"profile: {args.run_id}: warning: {warning}", file=sys.stderr)
+        verdict = (summary["classification"] or {}).get("class", "no breakdown")
+        provisional = " (provisional)" if (summary["classification"] or {}).get("provisional") else ""
+        print(f"profile: {args.run_id}: {verdict}{provisional} ({', '.join(summary['tools'])})", file=sys.stderr)
+    else:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name, table in tables(json.loads(p.read_text()) for p in args.summaries).items():
+            write_text_atomically(args.out / f"{name}.csv", table.to_csv(index=False))
+        print(f"profile: {len(args.summaries)} profiled runs -> {args.out}", file=sys.stderr)
     return 0
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import pandas as pd
 
+from scalerepro.common.cli import CommandError
+
 Interval = tuple[float, float]
 # The window of a capture without the trainer's step ranges.
 WHOLE_CAPTURE = "whole capture (no step ranges)"
@@ -21,7 +23,7 @@ COLLECTIVE_OP = re.compile(r"^(gloo|nccl|mpi|ucc):")  # torch.profiler's collect
 TOP_KERNELS = 10
 
 
-class ProfileError(ValueError):
+class ProfileError(CommandError, ValueError):
     """A profile file that cannot be read as what it claims to be; the message names the file."""
 
 

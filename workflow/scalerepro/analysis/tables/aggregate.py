@@ -151,7 +151,8 @@ from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, p
 from scalerepro.analysis.tables.checking import checks_table, cpu_study, parse_checks
 from scalerepro.analysis.tables.readers import communication_table, read_matrix, read_runs
 from scalerepro.analysis.tables.reproduction import comparison_table, read_references, read_target_gpu
-from scalerepro.common.cli import OneLineErrorParser
+from scalerepro.common.cli import OneLineErrorParser, error_boundary
+from scalerepro.common.files import write_text_atomically
 
 
 def summarise(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
@@ -182,6 +183,7 @@ def aggregate(
     references_path: str | os.PathLike[str],
     targets: Mapping[str, Any],
     predict_gpus: Sequence[int] = scaling_model.DEFAULT_PREDICT_GPUS,
+    predict_cluster: str | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Every table, by file stem (see the module docstring)."""
     comm_paths = list(comm_paths)
@@ -203,7 +205,7 @@ def aggregate(
     }
     tables["checks"] = checks_table(tables, targets)
     tables["scaling_model"] = scaling_model.scaling_model_table(
-        runs, tables["scaling"], comm_paths, references_path, predict_gpus
+        runs, tables["scaling"], comm_paths, references_path, predict_gpus, predict_cluster
     )
     return tables
 
@@ -214,10 +216,10 @@ def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[
         raise ValueError(f"the tables are {sorted(tables)}, not the rule's outputs {sorted(AGGREGATE_TABLES)} (analysis/columns.py)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
+    for name, table in tables.items():  # each file whole or not at all (a full disk keeps the last)
+        write_text_atomically(out / f"{name}.csv", table.to_csv(index=False))
     summary = summarise(tables)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomically(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -237,9 +239,13 @@ def _targets(text: str) -> dict[str, Any]:
     return targets
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+_PROG = "scalerepro.analysis.tables.aggregate"
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
     parser = OneLineErrorParser(
-        prog="python -m scalerepro.analysis.tables.aggregate",
+        prog=_PROG,
         description="Join the run records onto the study matrix and write the study's tidy tables.",
         epilog="targets: " + "; ".join(f"{key}: {what}" for key, what in TARGETS.items()),
     )
@@ -252,9 +258,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--predict-gpus", nargs="*", type=int, default=list(scaling_model.DEFAULT_PREDICT_GPUS), metavar="N",
         help="GPU counts the scaling model predicts beyond the study's hardware (links from --references)",
     )  # fmt: skip
+    parser.add_argument(
+        "--predict-cluster", metavar="PRESET",
+        help="predict those counts on this cluster preset (clusters in --references, e.g. dgx_h100) with the model's typical error",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    tables = aggregate(args.matrix, args.comm, args.references, args.targets, args.predict_gpus)
+    try:
+        tables = aggregate(args.matrix, args.comm, args.references, args.targets, args.predict_gpus, args.predict_cluster)
+    except ValueError as error:
+        if args.predict_cluster is None or "cluster preset" not in str(error):
+            raise
+        parser.error(str(error))
     summary = write_tables(tables, args.out)
     print(
         f"aggregate: {summary['runs']} runs {summary['status']}, checks {summary['checks']}, "

@@ -11,8 +11,19 @@ from typing import Any
 
 import pandas as pd
 
-from scalerepro.analysis.columns import CHECK_COLUMNS, CPU_STUDY
+from scalerepro.analysis.columns import (
+    ABLATION_COLUMNS,
+    CHECK_COLUMNS,
+    COMM_COLUMNS,
+    COMPARISON_COLUMNS,
+    CPU_STUDY,
+    PARALLELISM_COLUMNS,
+    RUN_COLUMNS,
+    SCALING_COLUMNS,
+    SENSITIVITY_COLUMNS,
+)
 from scalerepro.analysis.tables import repeats
+from scalerepro.common.cli import CommandError
 
 # --------------------------------------------------------------------------------------------
 # Checks against the targets: every check is data (config ``targets.checks``), one evaluator
@@ -38,6 +49,12 @@ CHECK_TABLES: dict[str, tuple[str, ...]] = {
     "communication": ("time_us_median", "algbw_gbps", "busbw_gbps"),
     "comparison": ("ratio", "measured"),
 }  # fmt: skip
+# Every column of each table, which a check's ``where`` may select on.
+CHECK_TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "scaling": SCALING_COLUMNS, "sensitivity": SENSITIVITY_COLUMNS, "ablation": ABLATION_COLUMNS,
+    "parallelism": PARALLELISM_COLUMNS, "runs": RUN_COLUMNS, "communication": COMM_COLUMNS, "comparison": COMPARISON_COLUMNS,
+}  # fmt: skip
+assert set(CHECK_TABLE_COLUMNS) == set(CHECK_TABLES)
 # What names a selected row in a check's detail, by table.
 CHECK_LABELS = {"scaling": "model", "sensitivity": "model", "ablation": "model", "parallelism": "cell", "runs": "run_id",
                 "communication": "size_bytes", "comparison": "reference"}  # fmt: skip
@@ -47,6 +64,10 @@ CHECK_REASONS = {"scaling": "note", "sensitivity": "note", "ablation": "note", "
 REDUCTIONS = ("worst", "best", "mean", "median")
 DIRECTIONS = ("min", "max")  # min: the measured value must reach the threshold; max: stay under it
 CHECK_UNITS = ("fraction", "percent", "signed fraction")
+
+
+class CheckConfigError(CommandError, ValueError):
+    """An entry of ``targets.checks`` the evaluator cannot use; one line naming the key and the fix."""
 
 
 @dataclass(frozen=True)
@@ -82,30 +103,37 @@ class Check:
 
 def parse_checks(targets: Mapping[str, Any]) -> list[Check]:
     """The checks of ``targets['checks']`` (name -> entry), in their order. A bad entry raises
-    ValueError with one line naming the key and the fix (the config schema catches most first)."""
+    CheckConfigError with one line naming the key and the fix (the config schema catches most
+    first). The workflow calls it at the dry run, so that a check selecting on a column its table
+    lacks is refused before any job runs, not when the aggregation has its tables."""
     entries = targets.get("checks") or {}
     known = set(Check.__dataclass_fields__) - {"name"}
     parsed = []
     for name, entry in entries.items():
         where = f"targets.checks.{name}"
         if not isinstance(entry, Mapping):
-            raise ValueError(f"config error at '{where}': a check is a mapping of {sorted(known)}")
+            raise CheckConfigError(f"config error at '{where}': a check is a mapping of {sorted(known)}")
         unknown = set(entry) - known
         missing = {"table", "metric", "threshold", "direction"} - set(entry)
         if unknown or missing:
             what = f"unknown keys {sorted(unknown)}" if unknown else f"missing keys {sorted(missing)}"
-            raise ValueError(f"config error at '{where}': {what}; a check has {sorted(known)}")
+            raise CheckConfigError(f"config error at '{where}': {what}; a check has {sorted(known)}")
         table, metric = entry["table"], entry["metric"]
         if table not in CHECK_TABLES:
-            raise ValueError(f"config error at '{where}.table': {table!r} is not one of {list(CHECK_TABLES)}")
+            raise CheckConfigError(f"config error at '{where}.table': {table!r} is not one of {list(CHECK_TABLES)}")
         if metric not in CHECK_TABLES[table]:
-            raise ValueError(f"config error at '{where}.metric': {metric!r} is not a metric of {table}.csv "
+            raise CheckConfigError(f"config error at '{where}.metric': {metric!r} is not a metric of {table}.csv "
                              f"(one of {', '.join(CHECK_TABLES[table])})")  # fmt: skip
         for key, allowed in (("direction", DIRECTIONS), ("reduce", REDUCTIONS)):
             if key in entry and entry[key] not in allowed:
-                raise ValueError(f"config error at '{where}.{key}': {entry[key]!r} is not one of {list(allowed)}")
+                raise CheckConfigError(f"config error at '{where}.{key}': {entry[key]!r} is not one of {list(allowed)}")
+        selector = entry.get("where") or {}
+        unknown_columns = [str(column) for column in selector if column not in CHECK_TABLE_COLUMNS[table]]
+        if unknown_columns:
+            raise CheckConfigError(f"config error at '{where}.where': {table}.csv has no column {unknown_columns[0]!r} "
+                                   f"(it has {', '.join(CHECK_TABLE_COLUMNS[table])})")  # fmt: skip
         if isinstance(entry["threshold"], bool) or not isinstance(entry["threshold"], (int, float)):
-            raise ValueError(f"config error at '{where}.threshold': {entry['threshold']!r} is not a number")
+            raise CheckConfigError(f"config error at '{where}.threshold': {entry['threshold']!r} is not a number")
         parsed.append(Check(name=name, description=entry.get("description", f"{table} {metric}"), table=table,
                             metric=metric, threshold=float(entry["threshold"]), direction=entry["direction"],
                             where=dict(entry.get("where") or {}), reduce=entry.get("reduce", "worst"),

@@ -25,6 +25,11 @@ from scalerepro.analysis.columns import (
     REFERENCE_PRECISIONS,
 )
 from scalerepro.analysis.tables import repeats
+from scalerepro.common.cli import CommandError
+
+
+class ReferencesError(CommandError, ValueError):
+    """config/references.yaml breaks its format; the message names the entry and the fix."""
 
 
 def _source_text(source: Any) -> str:
@@ -43,30 +48,33 @@ def read_references(path: str | os.PathLike[str]) -> pd.DataFrame:
     """config/references.yaml's ``references``, one row each, conditions flattened into columns
     (REFERENCE_COLUMNS). An entry that breaks the format is a one-line error naming it and what
     to fix."""
-    document = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        document = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ReferencesError(f"{path} is not valid YAML ({' '.join(str(error).split())[:200]}): fix the file") from None
     rows = []
     for index, entry in enumerate(document.get("references") or []):
         label = entry.get("id", "no id") if isinstance(entry, Mapping) else repr(entry)
         name = f"{path}: references[{index}] ({label})"
         if not isinstance(entry, Mapping):
-            raise ValueError(f"{name}: an entry is a mapping with id, model, gpus, metric, value, kind, source, conditions, trainer")
+            raise ReferencesError(f"{name}: an entry is a mapping with id, model, gpus, metric, value, kind, source, conditions, trainer")
         missing = [key for key in ("id", "model", "gpus", "metric", "value", "kind", "source", "conditions", "trainer") if key not in entry]
         if missing:
-            raise ValueError(f"{name}: add {', '.join(missing)} (trainer: null with `unmatched` where the trainer cannot match it)")
+            raise ReferencesError(f"{name}: add {', '.join(missing)} (trainer: null with `unmatched` where the trainer cannot match it)")
         if entry["kind"] not in REFERENCE_KINDS:
-            raise ValueError(f"{name}: kind {entry['kind']!r} is not one of {', '.join(REFERENCE_KINDS)}")
+            raise ReferencesError(f"{name}: kind {entry['kind']!r} is not one of {', '.join(REFERENCE_KINDS)}")
         if entry["metric"] not in REFERENCE_METRICS:
-            raise ValueError(f"{name}: metric {entry['metric']!r} is not one of {', '.join(REFERENCE_METRICS)}")
+            raise ReferencesError(f"{name}: metric {entry['metric']!r} is not one of {', '.join(REFERENCE_METRICS)}")
         conditions = entry["conditions"] or {}
         if not isinstance(conditions, Mapping) or not conditions.get("gpu"):
-            raise ValueError(f"{name}: conditions must be a mapping naming at least the gpu (the device name NVML reports)")
+            raise ReferencesError(f"{name}: conditions must be a mapping naming at least the gpu (the device name NVML reports)")
         if conditions.get("precision") not in (None, *REFERENCE_PRECISIONS):
-            raise ValueError(f"{name}: conditions.precision {conditions['precision']!r} is not one of {', '.join(REFERENCE_PRECISIONS)} (or null: not stated)")
+            raise ReferencesError(f"{name}: conditions.precision {conditions['precision']!r} is not one of {', '.join(REFERENCE_PRECISIONS)} (or null: not stated)")
         trainer = entry["trainer"]
         if trainer is None and not entry.get("unmatched"):
-            raise ValueError(f"{name}: trainer is null, so say why in `unmatched: \"<condition>: <why>\"`")
+            raise ReferencesError(f"{name}: trainer is null, so say why in `unmatched: \"<condition>: <why>\"`")
         if trainer is not None and not (isinstance(trainer, Mapping) and {"model", "per_gpu_batch", "flags"} <= set(trainer)):
-            raise ValueError(f"{name}: trainer needs model, per_gpu_batch and flags (a list), or null")
+            raise ReferencesError(f"{name}: trainer needs model, per_gpu_batch and flags (a list), or null")
         rows.append(
             {
                 **{key: entry.get(key) for key in ("id", "model", "gpus", "metric", "value", "kind", "unmatched", "note")},
@@ -79,7 +87,7 @@ def read_references(path: str | os.PathLike[str]) -> pd.DataFrame:
         )
     frame = pd.DataFrame(rows, columns=list(REFERENCE_COLUMNS))
     if frame["id"].duplicated().any():
-        raise ValueError(f"{path}: reference ids repeat: {sorted(set(frame.loc[frame['id'].duplicated(), 'id']))}")
+        raise ReferencesError(f"{path}: reference ids repeat: {sorted(set(frame.loc[frame['id'].duplicated(), 'id']))}")
     return frame
 
 

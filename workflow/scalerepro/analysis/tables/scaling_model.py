@@ -49,6 +49,14 @@ definitions (``scalerepro.analysis.tables.aggregate``) with median step times on
     strong (global batch fixed)     E(N) = thr(N) / (N thr(1)) = t(1) / (N t(N))
     weak (per-GPU batch, data fixed) E(N) = T(1) / T(N)        = t(1) / t(N)   (same steps per epoch)
 
+On a cluster preset (``predict_cluster``: ``clusters`` in references.yaml) the counts beyond the
+study's hardware run instead on that cluster's hierarchical network (``network_model``: NCCL's
+flat ring through all N GPUs over NVLink and one NIC per GPU, or its tree across nodes), with its
+GPUs per node, each row beside the model's typical error on published runs (``prediction_error``
+of references.yaml, measured by benchmarks/predict_published.py). ``simulate_fsdp_step`` is the
+same step under FSDP (all-gathers before each unit's forward and backward, reduce-scatters after
+its backward), and ``fit_compute_to_step`` scales a profile's compute to a published step.
+
 What it leaves out: contention for memory bandwidth and cores between ranks on one host (and
 between the all-reduce and the backward on one GPU), DDP's copies into and out of the buckets,
 stragglers and the data loader at N ranks.
@@ -61,7 +69,8 @@ Table ``scaling_model.csv``, one row per (study, model, GPU count), in strong|we
     allreduce_s (sum of t_ring over the buckets), exposed_comm_s (max(c b, e_last) - c b),
     step_time_measured_s, step_time_predicted_s, step_time_error (predicted / measured - 1),
     efficiency_measured (scaling.csv's), efficiency_predicted, efficiency_error (predicted -
-    measured), profile_run (the one-GPU run whose buckets were replayed), note.
+    measured), cluster (the preset a predicted row ran on), typical_error (the model's typical
+    error there), profile_run (the one-GPU run whose buckets were replayed), note.
 
 This module is on the analysis side: it never imports torch.
 """
@@ -72,25 +81,30 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
-import yaml
+
+from scalerepro.analysis.tables.network_model import (
+    ClusterPreset,
+    Link,
+    preset,
+    read_clusters,
+    read_links,
+    read_prediction_error,
+)
 
 SCALING_MODEL_COLUMNS = (
     "study", "model", "gpus", "nodes", "basis", "network", "alpha_step_us", "link_gbps", "global_batch",
     "per_gpu_batch", "grad_accum_steps", "compute_scale", "buckets", "gradient_bytes", "allreduce_s",
     "exposed_comm_s", "step_time_measured_s", "step_time_predicted_s", "step_time_error", "efficiency_measured",
-    "efficiency_predicted", "efficiency_error", "profile_run", "note",
+    "efficiency_predicted", "efficiency_error", "cluster", "typical_error", "profile_run", "note",
 )  # fmt: skip
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
-# The share of a link's line rate an all-reduce reaches as bus bandwidth, where references.yaml
-# gives none for the link (issue 14: NVLink 4 all-reduce reaches about 370 of 450 GB/s).
-DEFAULT_LINK_EFFICIENCY = 0.85
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,37 +163,6 @@ def fit_comm_file(path: str | os.PathLike[str]) -> RingNetwork:
         document["world_size"],
         source=f"fit to {Path(path).name} ({document['backend']}, {len(rows)} sizes)",
     )
-
-
-@dataclass(frozen=True)
-class Link:
-    """One kind of link from ``links`` in references.yaml."""
-
-    key: str
-    name: str
-    bandwidth_bytes_per_s: float  # line rate, one direction
-    efficiency: float  # the share of it an all-reduce reaches as bus bandwidth
-    hop_latency_s: float
-    source: str
-
-
-def read_links(references_path: str | os.PathLike[str] | None) -> dict[str, Link]:
-    """``links.intra_node`` and ``links.inter_node`` of references.yaml (GB/s and microseconds)."""
-    if references_path is None or not Path(references_path).is_file():
-        return {}
-    entries = (yaml.safe_load(Path(references_path).read_text()) or {}).get("links") or {}
-    return {
-        key: Link(
-            key,
-            entry["name"],
-            float(entry["bandwidth_gbps"]) * 1e9,
-            float(entry.get("efficiency", DEFAULT_LINK_EFFICIENCY)),
-            float(entry["hop_latency_us"]) * 1e-6,
-            f"{entry['bandwidth_source']}; efficiency: "
-            f"{entry.get('efficiency_source', f'the default {DEFAULT_LINK_EFFICIENCY} of line rate')}; latency: {entry['latency_source']}",
-        )
-        for key, entry in entries.items()
-    }
 
 
 def config_network(links: Mapping[str, Link], gpus: int, gpus_per_node: int) -> RingNetwork:
@@ -243,8 +226,21 @@ class StepPrediction:
     backward_phase_s: float  # max(c b, e_last)
 
 
+class AllReduceNetwork(Protocol):
+    """What the step replays all-reduces on: the fitted or configured flat ring (``RingNetwork``)
+    or the hierarchical network of a cluster preset (``network_model.HierarchicalNetwork``)."""
+
+    @property
+    def gpus(self) -> int: ...
+
+    @property
+    def source(self) -> str: ...
+
+    def allreduce_s(self, size_bytes: float) -> float: ...
+
+
 def simulate_step(
-    profile: StepProfile, network: RingNetwork, compute_scale: float = 1.0, micro_batches: int | None = None
+    profile: StepProfile, network: AllReduceNetwork, compute_scale: float = 1.0, micro_batches: int | None = None
 ) -> StepPrediction:
     """t(N) of the module docstring: bucket k's all-reduce starts at max(c r_k, e_(k-1)).
     ``micro_batches``: A_N, micro-batches per step at N GPUs (default: the profile's A_1)."""
@@ -260,6 +256,101 @@ def simulate_step(
     a = profile.micro_batches if micro_batches is None else micro_batches
     step = profile.other_s + a * c * profile.forward_s + (a - 1) * backward + backward_phase + profile.optimizer_s
     return StepPrediction(step, total, backward_phase - backward, backward_phase)
+
+
+@dataclass(frozen=True)
+class FsdpProfile:
+    """A one-GPU step of a model that FSDP shards (full sharding) into ``units`` equal units (the
+    transformer blocks), for ``simulate_fsdp_step``. f, b: forward and backward of the whole model
+    for one micro-batch; o: the optimizer over the whole model on one GPU (at N GPUs each updates
+    its 1/N shard); P_g, P_r: the model's parameters in the gather dtype (bf16: 2 bytes each) and
+    its gradients in the reduce dtype (fp32: 4 bytes each)."""
+
+    step_s: float  # t(1)
+    forward_s: float  # f
+    backward_s: float  # b
+    optimizer_s: float  # o
+    micro_batches: int  # A
+    units: int  # L
+    gather_bytes: float  # P_g
+    reduce_bytes: float  # P_r
+    reshard_after_forward: bool = True  # FSDP2's default: the backward gathers every unit again
+
+    @property
+    def other_s(self) -> float:
+        """other = t(1) - (A (f + b) + o), at least 0."""
+        return max(self.step_s - (self.micro_batches * (self.forward_s + self.backward_s) + self.optimizer_s), 0.0)
+
+
+class ShardingNetwork(Protocol):
+    """The collectives FSDP runs: ``network_model.HierarchicalNetwork``."""
+
+    @property
+    def gpus(self) -> int: ...
+
+    def all_gather_s(self, size_bytes: float) -> float: ...
+
+    def reduce_scatter_s(self, size_bytes: float) -> float: ...
+
+
+def simulate_fsdp_step(
+    profile: FsdpProfile, network: ShardingNetwork, compute_scale: float = 1.0, micro_batches: int | None = None
+) -> StepPrediction:
+    """t(N) of an FSDP step. Each unit's parameters are all-gathered before its forward and (with
+    reshard after forward) again before its backward, prefetched one unit ahead; its gradients are
+    reduce-scattered after its backward; every transfer shares the one network, end to end:
+
+        ag = all-gather(P_g / L, N),  rs = reduce-scatter(P_r / L, N)
+        forward phase  F = max(ag + c f, L ag)              (the first gather cannot overlap)
+        backward phase G = max(c b + rs, L (r ag + rs))      (nor the last reduce-scatter; r = 1
+                                                             with reshard after forward, else 0)
+        t(N) = other + A (F + G) + o / N                     (FSDP gathers and reduce-scatters
+                                                             every micro-batch; the optimizer
+                                                             updates one shard)
+
+    ``allreduce_s`` of the result is the communication of the step, A L ((1 + r) ag + rs);
+    ``exposed_comm_s`` is A (F + G - c (f + b))."""
+    c = compute_scale
+    units = profile.units
+    gather = network.all_gather_s(profile.gather_bytes / units)
+    scatter = network.reduce_scatter_s(profile.reduce_bytes / units)
+    again = 1 if profile.reshard_after_forward else 0
+    forward, backward = c * profile.forward_s, c * profile.backward_s
+    forward_phase = max(gather + forward, units * gather)
+    backward_phase = max(backward + scatter, units * (again * gather + scatter))
+    a = profile.micro_batches if micro_batches is None else micro_batches
+    step = profile.other_s + a * (forward_phase + backward_phase) + profile.optimizer_s / network.gpus
+    communication = a * units * ((1 + again) * gather + scatter)
+    return StepPrediction(step, communication, a * (forward_phase + backward_phase - forward - backward), backward_phase)
+
+
+Profile = TypeVar("Profile", StepProfile, FsdpProfile)
+
+
+def scale_compute(profile: Profile, scale: float) -> Profile:
+    """The profile with its compute (f, b and every bucket's ready time) times ``scale``, the
+    optimizer and the communication unchanged, and t(1) its phases' sum (other = 0)."""
+    scaled = replace(profile, forward_s=scale * profile.forward_s, backward_s=scale * profile.backward_s)
+    if isinstance(scaled, StepProfile):
+        scaled = replace(scaled, bucket_ready_s=tuple(scale * ready for ready in profile.bucket_ready_s))
+    phases = scaled.micro_batches * (scaled.forward_s + scaled.backward_s) + scaled.optimizer_s
+    return replace(scaled, step_s=phases)
+
+
+def fit_compute_to_step(profile: Profile, step_s: float, predict: Callable[[Profile], float]) -> Profile:
+    """The profile whose compute is scaled (``scale_compute``) so that ``predict`` -- the model's
+    step time at the count a published step was measured on -- gives that step: the one-GPU
+    compute is the published step less the communication the model exposes there. ``predict`` is
+    increasing in the scale; bisection to 1e-9 relative."""
+    low, high = 0.0, 1.0
+    if predict(scale_compute(profile, low)) >= step_s:
+        raise ValueError(f"a step of {step_s:.4g} s is shorter than the model's optimizer and exposed communication alone")
+    while predict(scale_compute(profile, high)) < step_s:
+        high *= 2
+    while high - low > 1e-9 * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if predict(scale_compute(profile, middle)) < step_s else (low, middle)
+    return scale_compute(profile, (low + high) / 2)
 
 
 def predicted_efficiency(study: str, step_1_s: float, step_n_s: float, gpus: int) -> float:
@@ -358,8 +449,15 @@ def scaling_model_table(
     comm_paths: Iterable[str | os.PathLike[str]],
     references_path: str | os.PathLike[str] | None,
     predict_gpus: Sequence[int] = DEFAULT_PREDICT_GPUS,
+    predict_cluster: str | None = None,
 ) -> pd.DataFrame:
-    """scaling_model.csv (module docstring). ``runs``/``scaling`` are the aggregation's tables."""
+    """scaling_model.csv (module docstring). ``runs``/``scaling`` are the aggregation's tables.
+    ``predict_cluster``: a preset of ``clusters`` in references.yaml; the counts beyond the
+    study's hardware are then predicted on its hierarchical network (``network_model``), with
+    its GPUs per node, each beside the model's typical error on published runs
+    (``prediction_error`` of references.yaml, measured by benchmarks/predict_published.py)."""
+    cluster: ClusterPreset | None = preset(read_clusters(references_path), predict_cluster) if predict_cluster else None
+    typical_error = read_prediction_error(references_path) if cluster is not None else None
     fits: dict[int, tuple[RingNetwork, int]] = {}  # GPU count -> (alpha, B fitted, nodes)
     fit_problems = {}
     for path in comm_paths:
@@ -400,7 +498,9 @@ def scaling_model_table(
         ]
         for gpus, basis in targets:
             cell = cells.loc[gpus] if basis == "measured" else None
-            nodes = cell["nodes"] if cell is not None else -(-gpus // gpus_per_node)
+            on_cluster = cluster is not None and basis == "predicted"
+            node_size = cluster.gpus_per_node if on_cluster else gpus_per_node
+            nodes = cell["nodes"] if cell is not None else -(-gpus // node_size)
             row = _row(**base, gpus=gpus, nodes=nodes, basis=basis, buckets=len(profile.bucket_bytes),
                        gradient_bytes=sum(profile.bucket_bytes), profile_run=profile_run,
                        global_batch=global_batch if study == "strong" else None,
@@ -420,6 +520,7 @@ def scaling_model_table(
             micro, accum = split
             compute_scale = micro / micro_1  # c = m_N / m_1
             row.update(per_gpu_batch=micro, grad_accum_steps=accum, compute_scale=compute_scale)
+            network: AllReduceNetwork
             try:
                 if gpus == 1:
                     network = RingNetwork(1, 0.0, math.inf, "one GPU: no all-reduce")
@@ -427,6 +528,8 @@ def scaling_model_table(
                     if gpus not in fits:
                         raise ValueError(fit_problems.get(gpus, f"no all-reduce benchmark at {gpus} GPUs (results/comm/g{gpus}.json)"))
                     network = fits[gpus][0]
+                elif on_cluster:
+                    network = cluster.network(gpus)
                 else:
                     network = measured_network(fits, gpus, gpus_per_node) or config_network(links, gpus, gpus_per_node)
             except ValueError as error:
@@ -436,8 +539,11 @@ def scaling_model_table(
             prediction = simulate_step(profile, network, compute_scale, accum)
             row.update(
                 network=network.source,
-                alpha_step_us=network.alpha_step_s * 1e6,
-                link_gbps=network.link_bytes_per_s / 1e9 if math.isfinite(network.link_bytes_per_s) else None,
+                # one alpha and B for a flat ring; a cluster's two levels are in ``network``
+                alpha_step_us=network.alpha_step_s * 1e6 if isinstance(network, RingNetwork) else None,
+                link_gbps=network.link_bytes_per_s / 1e9
+                if isinstance(network, RingNetwork) and math.isfinite(network.link_bytes_per_s)
+                else None,
                 allreduce_s=prediction.allreduce_s,
                 exposed_comm_s=prediction.exposed_comm_s,
                 step_time_predicted_s=prediction.step_s,
@@ -450,6 +556,13 @@ def scaling_model_table(
                 row["efficiency_error"] = row["efficiency_predicted"] - row["efficiency_measured"]  # predicted - measured
             if basis == "predicted":
                 row["note"] = f"prediction only: beyond the {measured_max:g} GPUs the study ran on"
+            if on_cluster:
+                row["cluster"] = cluster.key
+                if typical_error is not None:
+                    row["typical_error"] = typical_error.typical
+                    row["note"] += (f"; on {cluster.name}; the model's typical error on published runs is "
+                                    f"±{typical_error.typical:.0%} (largest {typical_error.largest:.0%}, "
+                                    f"{typical_error.rows} rows of {typical_error.command})")  # fmt: skip
             rows.append(row)
     table = pd.DataFrame(rows, columns=SCALING_MODEL_COLUMNS)
     return table.sort_values(["study", "model", "gpus"], kind="stable", ignore_index=True)

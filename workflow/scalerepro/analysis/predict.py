@@ -1,0 +1,209 @@
+"""Predict what a cluster would give before asking for it: throughput and scaling efficiency at
+each GPU count of a target cluster shape, from one GPU's run.
+
+    python -m scalerepro.analysis.predict --record results/runs/strong_resnet50_g1_r1.json \\
+        --cluster dgx_h100 --nodes 1 2 8 [--gpus-per-node 8] [--nvlink-gbps 450] [--nic-gbps 50]
+    python -m scalerepro.analysis.predict --study results/tables --cluster dgx_a100 --gpus 8 64 256
+
+Input: a one-GPU run record (its ``measurements.backward_buckets``: DDP's gradient buckets and
+when each is ready, the step's phases; and its median step time), or a finished study's tables
+folder (its runs.csv names the records; every strong and weak study's counted one-GPU runs,
+repeats by their element-wise median, as the aggregation does). The cluster: a preset of
+``clusters`` in config/references.yaml (``--list`` shows them) with its GPUs per node and link
+rates, each overridable.
+
+Model (``scalerepro.analysis.tables.scaling_model``, ``network_model``): the one-GPU step
+replayed with each bucket's all-reduce on the cluster's hierarchical network (NCCL's flat ring
+through all N GPUs over NVLink and one NIC per GPU, or its tree across nodes, whichever NCCL's
+tuner would take per bucket), t(N) = other + A_N c f + (A_N - 1) c b + max(c b, e_last) + o. Weak scaling (the
+default for a record) keeps the micro-batch; strong scaling (``--global-batch G``) splits G over
+N GPUs in whole samples. Throughput = N x samples per GPU per step / t(N); efficiency as the
+study defines it: strong t(1) / (N t(N)), weak t(1) / t(N). Each row states its network and the
+model's typical error on published runs (``prediction_error`` of references.yaml, measured by
+benchmarks/predict_published.py).
+
+Bad input is one line on stderr naming the problem and the fix, exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from scalerepro.analysis.tables import network_model, scaling_model
+from scalerepro.common.cli import COUNT, CommandError, OneLineErrorParser, bounded_float, bounded_int, error_boundary, output_path
+from scalerepro.common.files import write_text_atomically
+
+DEFAULT_REFERENCES = Path("config/references.yaml")
+PREDICT_COLUMNS = (
+    "study", "model", "gpus", "nodes", "per_gpu_batch", "grad_accum_steps", "step_time_s", "samples_per_s",
+    "efficiency", "exposed_comm_s", "algorithm", "assumptions",
+)  # fmt: skip
+
+
+_PROG = "scalerepro.analysis.predict"
+RATE_GBPS = bounded_float(1e-3, 1e6)  # a link's line rate, GB/s per GPU each way
+
+
+class PredictError(CommandError):
+    """Bad input: the message names it and the fix (one line, exit 2: ``error_boundary``)."""
+
+
+@dataclass(frozen=True)
+class OneGpuInput:
+    """What the prediction starts from: one study's (or one record's) one-GPU step."""
+
+    study: str  # strong | weak
+    model: str
+    profile: scaling_model.StepProfile
+    micro_batch: int  # m_1
+    global_batch: int | None  # G (strong)
+
+
+def from_record(path: Path, global_batch: int | None) -> OneGpuInput:
+    profile, why = scaling_model.read_profile(path)
+    if profile is None:
+        raise PredictError(f"{path}: {why}; give the record of a one-GPU run made with the scaling model's bucket probe")
+    document = json.loads(path.read_text())
+    batch = (document.get("batch") or {}).get("per_gpu")
+    if batch is None:
+        raise PredictError(f"{path}: the record has no batch.per_gpu; give a run record of schema 3 or later")
+    model = (document.get("model") or {}).get("name", "model")
+    profile = scaling_model.within_step(profile)
+    study = "strong" if global_batch is not None else "weak"
+    return OneGpuInput(study, model, profile, int(batch), global_batch)
+
+
+def from_study(tables: Path) -> list[OneGpuInput]:
+    runs_path = tables / "runs.csv"
+    if not runs_path.is_file():
+        raise PredictError(f"{tables}: no runs.csv; give a finished study's tables folder (results/tables) or --record")
+    runs = pd.read_csv(runs_path)
+    one = runs[runs["study"].isin(["strong", "weak"]) & runs["gpus"].eq(1) & runs["counts"].astype(bool)]
+    inputs = []
+    for (study, model), group in one.groupby(["study", "model"], sort=True):
+        found = [scaling_model.read_profile(path) for path in group["record"]]
+        profiles = [profile for profile, _ in found if profile is not None]
+        if not profiles:
+            continue
+        global_batch = int(group["global_batch"].iloc[0]) if study == "strong" and "global_batch" in group else None
+        profile = scaling_model.within_step(scaling_model.median_profile(profiles))
+        inputs.append(OneGpuInput(study, model, profile, int(group["per_gpu_batch"].iloc[0]), global_batch))
+    if not inputs:
+        raise PredictError(f"{runs_path}: no counted one-GPU strong or weak run with a bucket record; run the study's 1-GPU cells first")
+    return inputs
+
+
+def predict(one: OneGpuInput, cluster: network_model.ClusterPreset, gpu_counts: Sequence[int],
+            algorithm: network_model.Algorithm = "auto") -> pd.DataFrame:  # fmt: skip
+    """One row per GPU count (PREDICT_COLUMNS); a count the model cannot take has a row that says why."""
+    profile = one.profile
+    rows = []
+    for gpus in gpu_counts:
+        row = {"study": one.study, "model": one.model, "gpus": gpus}
+        if one.study == "strong":
+            split = scaling_model.strong_split(one.global_batch, gpus, one.micro_batch)
+        else:
+            split = (one.micro_batch, profile.micro_batches)
+        try:
+            if isinstance(split, str):
+                raise ValueError(split)
+            network = cluster.network(gpus, algorithm)
+        except ValueError as error:
+            rows.append({**row, "assumptions": f"no prediction: {error}"})
+            continue
+        micro, accum = split
+        prediction = scaling_model.simulate_step(profile, network, micro / one.micro_batch, accum)
+        algorithms = sorted({network.algorithm_for(size) for size in profile.bucket_bytes}) if gpus > 1 else ["none"]
+        rows.append({
+            **row, "nodes": network.nodes, "per_gpu_batch": micro, "grad_accum_steps": accum,
+            "step_time_s": prediction.step_s, "samples_per_s": gpus * micro * accum / prediction.step_s,
+            "efficiency": scaling_model.predicted_efficiency(one.study, profile.step_s, prediction.step_s, gpus),
+            "exposed_comm_s": prediction.exposed_comm_s, "algorithm": "+".join(algorithms),
+            "assumptions": network.source if gpus > 1 else "one GPU: no all-reduce",
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=PREDICT_COLUMNS)
+
+
+def render(table: pd.DataFrame, cluster: network_model.ClusterPreset, error: network_model.PredictionError | None) -> str:
+    lines = [f"cluster: {cluster.describe()}", f"  source: {cluster.source}"]
+    if error is not None:
+        lines.append(f"typical error of these predictions on published runs: ±{error.typical:.0%} "
+                     f"(largest {error.largest:.0%}, {error.rows} rows of {error.command})")  # fmt: skip
+    header = f"{'study':<7}{'model':<16}{'GPUs':>6}{'nodes':>6}{'batch':>7}{'accum':>6}{'step ms':>10}{'samples/s':>12}{'eff':>7}{'exposed ms':>11}  algorithm"
+    lines += [header, "-" * len(header)]
+    for row in table.itertuples():
+        if pd.isna(row.step_time_s):
+            lines.append(f"{row.study:<7}{row.model:<16}{row.gpus:>6}  {row.assumptions}")
+            continue
+        lines.append(f"{row.study:<7}{row.model:<16}{row.gpus:>6}{row.nodes:>6}{row.per_gpu_batch:>7}{row.grad_accum_steps:>6}"
+                     f"{row.step_time_s * 1e3:>10.2f}{row.samples_per_s:>12,.1f}{row.efficiency:>7.1%}{row.exposed_comm_s * 1e3:>11.3f}"
+                     f"  {row.algorithm}")  # fmt: skip
+    lines.append("assumptions per row: the network above (B = line rate x efficiency, alpha per hop); compute time "
+                 "proportional to the micro-batch; optimizer and data wait as measured at one GPU; no contention, "
+                 "stragglers or loader effects at N ranks")  # fmt: skip
+    return "\n".join(lines)
+
+
+@error_boundary(_PROG)
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(
+        prog=_PROG,
+        description="Predict throughput and scaling efficiency on a target cluster from one GPU's run.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--record", type=Path, help="a one-GPU run record (JSON) with backward_buckets")
+    source.add_argument("--study", type=Path, help="a finished study's tables folder (results/tables)")
+    source.add_argument("--list", action="store_true", help="list the cluster presets and exit")
+    parser.add_argument("--cluster", default="dgx_h100", help="a preset of clusters in --references (default: %(default)s)")
+    parser.add_argument("--references", type=Path, default=DEFAULT_REFERENCES, help="default: %(default)s")
+    counts = parser.add_mutually_exclusive_group()
+    counts.add_argument("--nodes", type=COUNT, nargs="+", help="node counts (each a whole node of GPUs)")
+    counts.add_argument("--gpus", type=COUNT, nargs="+", help="GPU counts (default: 1, 2, 4, ... up to 8 nodes)")
+    parser.add_argument("--gpus-per-node", type=bounded_int(1, 1024), help="override the preset's GPUs per node")
+    parser.add_argument("--nvlink-gbps", type=RATE_GBPS, help="override the preset's NVLink line rate, GB/s per GPU each way")
+    parser.add_argument("--nic-gbps", type=RATE_GBPS, help="override the preset's NIC line rate, GB/s per GPU each way")
+    parser.add_argument("--algorithm", choices=network_model.ALGORITHMS, default="auto", help="inter-node all-reduce (default: NCCL-like auto)")
+    parser.add_argument(
+        "--global-batch", type=bounded_int(1, 1 << 40), help="strong scaling of a --record: the global batch G (default: weak scaling)"
+    )
+    parser.add_argument("--csv", type=output_path, help="also write the table here")
+    args = parser.parse_args(argv)
+    if not args.references.is_file():
+        raise PredictError(f"{args.references}: no such file; give --references config/references.yaml (its clusters and links)")
+    try:
+        presets = network_model.read_clusters(args.references)
+        if args.list:
+            for key, entry in presets.items():
+                print(f"{key}: {entry.describe()}\n  source: {entry.source}")
+            return 0
+        cluster = network_model.preset(presets, args.cluster).with_overrides(args.gpus_per_node, args.nvlink_gbps, args.nic_gbps)
+        if args.record is not None:
+            if not args.record.is_file():
+                raise PredictError(f"{args.record}: no such record; give the path of a one-GPU run's JSON record")
+            inputs = [from_record(args.record, args.global_batch)]
+        else:
+            inputs = from_study(args.study)
+    except ValueError as error:  # a preset that references.yaml lacks or gets wrong
+        raise PredictError(str(error)) from None
+    if args.nodes:
+        gpu_counts = [n * cluster.gpus_per_node for n in args.nodes]
+    elif args.gpus:
+        gpu_counts = list(args.gpus)
+    else:
+        gpu_counts = [2**k for k in range(int(math.log2(8 * cluster.gpus_per_node)) + 1)]
+    table = pd.concat([predict(one, cluster, sorted(set([1, *gpu_counts])), args.algorithm) for one in inputs], ignore_index=True)
+    print(render(table, cluster, network_model.read_prediction_error(args.references)))
+    if args.csv:
+        write_text_atomically(args.csv, table.to_csv(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

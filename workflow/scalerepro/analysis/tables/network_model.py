@@ -1,0 +1,303 @@
+"""The hierarchical network model: how NCCL all-reduces (and, under FSDP, reduce-scatters and
+all-gathers) across the nodes of a cluster, to first order, from the cluster's link rates; and
+the named cluster shapes (``clusters`` in config/references.yaml) it is evaluated on.
+
+Cluster: N = g x n GPUs, g per node (the job's GPUs per node, at most the node's), n nodes.
+Within a node every GPU reaches the others over NVLink through NVSwitch, at B_i bytes/s per GPU
+each way; across nodes each GPU has its own NIC (a rail-optimised fabric: local rank j of every
+node sits on rail j), at B_e bytes/s each way. B = the link's line rate x its efficiency (the
+share of the line rate a collective reaches as bus bandwidth, ``links`` in references.yaml), and
+alpha_i, alpha_e the latency of one hop over NVLink and over the network.
+
+Ring. NCCL's ring all-reduce, reduce-scatter and all-gather are one flat ring through all N ranks
+(not a reduce-scatter within the node, an all-reduce across nodes and an all-gather): it runs g
+rings at once (one channel per rail), ring r carrying S / g of the S bytes and leaving each node
+over rail r's NIC. In a ring of N ranks every chunk travels the whole ring, the node's other
+GPUs' chunks included, so each edge of ring r carries (N-1)/N of its S / g per pass (one pass
+for a reduce-scatter or an all-gather, two for an all-reduce): per GPU-NIC (N-1)/N * (S/g) bytes
+a pass, and over NVLink, counting every ring's edge as NVLink, (N-1)/N * S. The streamed chunks
+make the slower link set the pace, so the ring's bus bandwidth (N-1)/N * S / t per pass is
+min(B_i, g B_e), as NCCL's own tuning model has it (src/graph/tuning.cc: the ring's bus bandwidth
+is its slowest link's, the node's NICs together across nodes; time = S * 2(N-1)/N / busBw for an
+all-reduce, S * (N-1)/N / busBw for a reduce-scatter or an all-gather) and as nccl-tests shows
+(multi-node ring busbw about the node's NIC aggregate, ~190-230 GB/s on DGX A100's 8 x 200 Gb/s).
+The NVLink term takes the flat ring's 2(N-1)/N * S / B_i rather than the one-node ring's
+2(g-1)/g * S / B_i, for consistency with that bus bandwidth (strictly, in one of the g rings a
+GPU's outgoing edge is its NIC, not NVLink, so the NVLink traffic across nodes is (g-1)/g of it;
+the term only binds where NVLink, not the NICs, is the slower link, which is not so on the
+presets). The latency counts each node's NVLink hops once (pipeline fill) and the ring's
+inter-node hops, 2(n-1) per all-reduce and n-1 per reduce-scatter or all-gather, as NCCL's tuner
+counts its inter-node steps (nInterSteps).
+
+    ring all-reduce(S)     = 2(g-1) alpha_i + 2(n-1) alpha_e
+                             + max(2(N-1)/N * S / B_i, 2(N-1)/N * (S/g) / B_e)
+    reduce-scatter(S) = all-gather(S) = (g-1) alpha_i + (n-1) alpha_e
+                             + max((N-1)/N * S / B_i, (N-1)/N * (S/g) / B_e)
+        (S: the whole, unsharded buffer; NCCL has only the ring for these two)
+
+Tree (all-reduce only). NCCL's tree is a chain within the node and a double binary tree across
+nodes, one per rail: every rank sends and receives its rail's share S / g once up the tree,
+reducing, and once down, broadcasting, over log2 n hops each way; within the node the chain's
+transfer is counted as the one-node ring's reduce-scatter and all-gather:
+
+    tree all-reduce(S)     = 2(g-1) alpha_i + 2 ceil(log2 n) alpha_e
+                             + max(2(g-1)/g * S / B_i, 2 (S/g) / B_e)
+
+On one node (n = 1, N = g) there is no NIC term and no inter-node hop: every collective is the
+flat ring of ``scaling_model.RingNetwork``, all-reduce 2(g-1) alpha_i + 2(g-1)/g * S / B_i.
+
+"auto" takes, per message size, the faster of ring and tree, as NCCL's tuner does from its own
+cost model: the tree's log2 n hops win for small messages across many nodes, the ring's
+2(N-1)/N < 2 for large ones.
+
+What it leaves out: NVLink SHARP (NVLS, the in-switch reduction of H100 NVSwitch) and SHARP in the
+InfiniBand switches, which raise the bus bandwidth above the ring's (the model is conservative
+where NCCL uses them); congestion in the fabric's upper tiers (a non-blocking fat tree is
+assumed); NCCL's protocol choice (LL/LL128/Simple) beyond one latency per hop.
+
+This module is on the analysis side: it never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+Algorithm = Literal["ring", "tree", "auto"]
+ALGORITHMS: tuple[Algorithm, ...] = ("auto", "ring", "tree")
+# The share of a link's line rate an all-reduce reaches as bus bandwidth, where references.yaml
+# gives none for the link (issue 14: NVLink 4 all-reduce reaches about 370 of 450 GB/s).
+DEFAULT_LINK_EFFICIENCY = 0.85
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link from ``links`` in references.yaml."""
+
+    key: str
+    name: str
+    bandwidth_bytes_per_s: float  # line rate, one direction
+    efficiency: float  # the share of it an all-reduce reaches as bus bandwidth
+    hop_latency_s: float
+    source: str
+
+
+def read_links(references_path: str | os.PathLike[str] | None) -> dict[str, Link]:
+    """``links.intra_node`` and ``links.inter_node`` of references.yaml (GB/s and microseconds)."""
+    if references_path is None or not Path(references_path).is_file():
+        return {}
+    entries = (yaml.safe_load(Path(references_path).read_text()) or {}).get("links") or {}
+    return {
+        key: Link(
+            key,
+            entry["name"],
+            float(entry["bandwidth_gbps"]) * 1e9,
+            float(entry.get("efficiency", DEFAULT_LINK_EFFICIENCY)),
+            float(entry["hop_latency_us"]) * 1e-6,
+            f"{entry['bandwidth_source']}; efficiency: "
+            f"{entry.get('efficiency_source', f'the default {DEFAULT_LINK_EFFICIENCY} of line rate')}; latency: {entry['latency_source']}",
+        )
+        for key, entry in entries.items()
+    }
+
+
+@dataclass(frozen=True)
+class ClusterPreset:
+    """A cluster shape: GPUs per node and the links of ``links`` in references.yaml it uses."""
+
+    key: str
+    name: str
+    gpu: str  # the device name NVML/torch report for its GPU
+    gpus_per_node: int
+    intra: Link  # NVLink, per GPU
+    inter: Link  # one NIC per GPU
+    source: str
+
+    def with_overrides(
+        self, gpus_per_node: int | None = None, nvlink_gbps: float | None = None, nic_gbps: float | None = None
+    ) -> ClusterPreset:
+        """The preset with a user's own node size or line rates (GB/s per GPU each way; the
+        link's efficiency and latency stay), saying so in its name."""
+        changes = []
+        preset = self
+        if gpus_per_node is not None:
+            preset = replace(preset, gpus_per_node=gpus_per_node)
+            changes.append(f"{gpus_per_node} GPUs per node")
+        if nvlink_gbps is not None:
+            preset = replace(preset, intra=replace(preset.intra, bandwidth_bytes_per_s=nvlink_gbps * 1e9,
+                                                   source=f"given: {nvlink_gbps:g} GB/s"))  # fmt: skip
+            changes.append(f"NVLink {nvlink_gbps:g} GB/s")
+        if nic_gbps is not None:
+            preset = replace(preset, inter=replace(preset.inter, bandwidth_bytes_per_s=nic_gbps * 1e9,
+                                                   source=f"given: {nic_gbps:g} GB/s"))  # fmt: skip
+            changes.append(f"NIC {nic_gbps:g} GB/s")
+        return replace(preset, name=f"{self.name} with {', '.join(changes)}") if changes else preset
+
+    def network(self, gpus: int, algorithm: Algorithm = "auto") -> HierarchicalNetwork:
+        """The network of a job on ``gpus`` GPUs: one partial node below a node's worth of GPUs,
+        else whole nodes (a count that does not fill whole nodes is refused: the model has no
+        uneven rails)."""
+        if gpus <= self.gpus_per_node:
+            per_node, nodes = gpus, 1
+        elif gpus % self.gpus_per_node:
+            raise ValueError(f"{gpus} GPUs do not fill whole nodes of {self.gpus_per_node}")
+        else:
+            per_node, nodes = self.gpus_per_node, gpus // self.gpus_per_node
+        return HierarchicalNetwork(
+            gpus_per_node=per_node,
+            nodes=nodes,
+            intra_bytes_per_s=self.intra.bandwidth_bytes_per_s * self.intra.efficiency,
+            intra_hop_s=self.intra.hop_latency_s,
+            inter_bytes_per_s=self.inter.bandwidth_bytes_per_s * self.inter.efficiency,
+            inter_hop_s=self.inter.hop_latency_s,
+            algorithm=algorithm,
+            source=self.describe(),
+        )
+
+    def describe(self) -> str:
+        """The assumptions in one line: each link's B = line rate x efficiency and its latency."""
+
+        def link(name: str, link: Link) -> str:
+            rate = link.bandwidth_bytes_per_s / 1e9
+            return (f"{name} {link.name}: {rate:g} GB/s x {link.efficiency:g} = {rate * link.efficiency:.4g} GB/s per GPU, "
+                    f"alpha {link.hop_latency_s * 1e6:g} us/hop")  # fmt: skip
+
+        return f"{self.name}, {self.gpus_per_node} GPUs/node; {link('intra', self.intra)}; {link('inter', self.inter)}"
+
+
+@dataclass(frozen=True)
+class HierarchicalNetwork:
+    """The collectives of the module docstring on g GPUs per node x n nodes."""
+
+    gpus_per_node: int  # g
+    nodes: int  # n
+    intra_bytes_per_s: float  # B_i
+    intra_hop_s: float  # alpha_i
+    inter_bytes_per_s: float  # B_e, one NIC per GPU
+    inter_hop_s: float  # alpha_e
+    algorithm: Algorithm
+    source: str
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    # --- the terms: (latency, NVLink transfer, NIC transfer) -----------------------------------
+
+    def ring_terms(self, size_bytes: float, passes: int) -> tuple[float, float, float]:
+        """The flat ring through all N GPUs, ``passes`` = 2 for an all-reduce, 1 for a
+        reduce-scatter or an all-gather (module docstring), per pass:
+        ((g-1) alpha_i + (n-1) alpha_e, (N-1)/N * S / B_i, (N-1)/N * (S/g) / B_e);
+        on one node the NIC term is 0."""
+        g, n, N = self.gpus_per_node, self.nodes, self.gpus
+        latency = (g - 1) * self.intra_hop_s + (n - 1) * self.inter_hop_s
+        nvlink = (N - 1) / N * size_bytes / self.intra_bytes_per_s
+        nic = (N - 1) / N * (size_bytes / g) / self.inter_bytes_per_s if n > 1 else 0.0
+        return passes * latency, passes * nvlink, passes * nic
+
+    def tree_terms(self, size_bytes: float) -> tuple[float, float, float]:
+        """The all-reduce's chain within the node and double binary tree across nodes:
+        (2(g-1) alpha_i + 2 ceil(log2 n) alpha_e, 2(g-1)/g * S / B_i, 2 (S/g) / B_e);
+        on one node the NIC term is 0."""
+        g, n = self.gpus_per_node, self.nodes
+        latency = 2 * (g - 1) * self.intra_hop_s + 2 * math.ceil(math.log2(n)) * self.inter_hop_s
+        nvlink = 2 * (g - 1) / g * size_bytes / self.intra_bytes_per_s
+        nic = 2 * (size_bytes / g) / self.inter_bytes_per_s if n > 1 else 0.0
+        return latency, nvlink, nic
+
+    # --- the collectives ----------------------------------------------------------------------
+
+    def allreduce_by(self, size_bytes: float, algorithm: Literal["ring", "tree"]) -> float:
+        """latency + max(NVLink transfer, NIC transfer), the transfers streamed (module docstring):
+        ring 2(g-1) alpha_i + 2(n-1) alpha_e + max(2(N-1)/N * S / B_i, 2(N-1)/N * (S/g) / B_e),
+        tree 2(g-1) alpha_i + 2 ceil(log2 n) alpha_e + max(2(g-1)/g * S / B_i, 2 (S/g) / B_e)."""
+        if self.gpus == 1:
+            return 0.0
+        latency, nvlink, nic = self.ring_terms(size_bytes, 2) if algorithm == "ring" else self.tree_terms(size_bytes)
+        return latency + max(nvlink, nic)
+
+    def algorithm_for(self, size_bytes: float) -> Literal["ring", "tree"]:
+        """The algorithm this network uses for S bytes: the configured one, or under "auto" the
+        faster (ties and one node: ring)."""
+        if self.algorithm != "auto":
+            return self.algorithm
+        if self.nodes == 1:
+            return "ring"
+        return "tree" if self.allreduce_by(size_bytes, "tree") < self.allreduce_by(size_bytes, "ring") else "ring"
+
+    def allreduce_s(self, size_bytes: float) -> float:
+        return self.allreduce_by(size_bytes, self.algorithm_for(size_bytes))
+
+    def reduce_scatter_s(self, size_bytes: float) -> float:
+        """(g-1) alpha_i + (n-1) alpha_e + max((N-1)/N * S / B_i, (N-1)/N * (S/g) / B_e), the flat
+        ring's one pass; S is the unsharded buffer, each GPU keeps S / N of it."""
+        if self.gpus == 1:
+            return 0.0
+        latency, nvlink, nic = self.ring_terms(size_bytes, 1)
+        return latency + max(nvlink, nic)
+
+    def all_gather_s(self, size_bytes: float) -> float:
+        """The reduce-scatter's mirror image, the same time (S: the gathered, unsharded buffer)."""
+        return self.reduce_scatter_s(size_bytes)
+
+
+# --------------------------------------------------------------------------------------------
+# The presets of references.yaml
+# --------------------------------------------------------------------------------------------
+
+
+def read_clusters(references_path: str | os.PathLike[str] | None) -> dict[str, ClusterPreset]:
+    """``clusters`` of references.yaml, their links resolved from ``links``."""
+    if references_path is None or not Path(references_path).is_file():
+        return {}
+    document = yaml.safe_load(Path(references_path).read_text()) or {}
+    links = read_links(references_path)
+    presets = {}
+    for key, entry in (document.get("clusters") or {}).items():
+        missing = [entry[name] for name in ("intra_node_link", "inter_node_link") if entry[name] not in links]
+        if missing:
+            raise ValueError(f"references.yaml clusters.{key} names links {missing} that `links` lacks")
+        presets[key] = ClusterPreset(
+            key=key,
+            name=entry["name"],
+            gpu=entry["gpu"],
+            gpus_per_node=int(entry["gpus_per_node"]),
+            intra=links[entry["intra_node_link"]],
+            inter=links[entry["inter_node_link"]],
+            source=entry["source"],
+        )
+    return presets
+
+
+@dataclass(frozen=True)
+class PredictionError:
+    """The model's typical error on published runs (``prediction_error`` of references.yaml): the
+    median and the largest |predicted / published - 1| over the benchmark's predicted rows."""
+
+    typical: float
+    largest: float
+    rows: int
+    command: str  # the benchmark command that measured it
+
+
+def read_prediction_error(references_path: str | os.PathLike[str] | None) -> PredictionError | None:
+    if references_path is None or not Path(references_path).is_file():
+        return None
+    entry = (yaml.safe_load(Path(references_path).read_text()) or {}).get("prediction_error")
+    if not entry:
+        return None
+    return PredictionError(float(entry["typical"]), float(entry["largest"]), int(entry["rows"]), entry["command"])
+
+
+def preset(presets: Mapping[str, ClusterPreset], key: str) -> ClusterPreset:
+    """The preset named ``key``, or a ValueError that lists the known ones."""
+    if key not in presets:
+        known = ", ".join(sorted(presets)) or "none"
+        raise ValueError(f"unknown cluster preset {key!r}: choose one of {known} (clusters in config/references.yaml)")
+    return presets[key]
