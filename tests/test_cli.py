@@ -112,3 +112,16 @@ def test_an_atomic_write_over_a_directory_is_refused_before_the_work(tmp_path):
         with atomic_file(tmp_path / "tables"):
             raise AssertionError("the body ran")
     assert refused.value.filename == str(tmp_path / "tables") and list(tmp_path.iterdir()) == [tmp_path / "tables"]
+
+
+def test_a_study_matrix_of_another_version_is_one_line_not_a_traceback(tmp_path, capsys):
+    """A matrix written before the per_gpu_batch column (store schema 2's studies) was a ValueError traceback."""
+    from scalerepro.analysis.tables import aggregate
+
+    matrix = tmp_path / "matrix.csv"
+    matrix.write_text("run_id,study,model,gpus,per_rank_batch\nstrong_cnn_g1_r1,strong,cnn,1,8\n")
+    out = tmp_path / "tables"
+    assert aggregate.main(["--matrix", str(matrix), "--references", str(REPO / "config/references.yaml"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{matrix}: the study matrix lacks the columns" in err and "make it again" in err
+    assert not out.exists()

@@ -25,6 +25,12 @@ from scalerepro.analysis.columns import (
     RUN_COLUMNS,
 )
 from scalerepro.analysis.tables.cell_tables import counts
+from scalerepro.common.cli import CommandError
+
+
+class TableInputError(CommandError, ValueError):
+    """A study file the aggregation reads is not what the workflow writes; the message names it and the fix."""
+
 
 # --------------------------------------------------------------------------------------------
 # Records
@@ -120,9 +126,9 @@ def read_matrix(path: str | os.PathLike[str]) -> pd.DataFrame:
     matrix = pd.read_csv(path, dtype={"run_id": str, "variant": str, "record": str, "rerun": str, "reference": str})
     absent = [column for column in MATRIX_COLUMNS if column not in matrix.columns]
     if absent:
-        raise ValueError(f"{path}: the study matrix lacks the columns {absent}")
+        raise TableInputError(f"{path}: the study matrix lacks the columns {absent}: make it again (rule study_matrix) with this scalerepro")
     if matrix["run_id"].duplicated().any():
-        raise ValueError(f"{path}: run_id repeats: {sorted(matrix.loc[matrix.run_id.duplicated(), 'run_id'])}")
+        raise TableInputError(f"{path}: run_id repeats: {sorted(matrix.loc[matrix.run_id.duplicated(), 'run_id'])}: make it again (rule study_matrix)")
     for column, default in OPTIONAL_MATRIX_COLUMNS.items():  # a matrix from before the column
         matrix[column] = matrix[column].fillna(default) if column in matrix.columns else default
     # data_parallel: the replicas reading different data; every rank is one under DDP (older matrices)
@@ -178,7 +184,7 @@ def communication_table(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame
             frame["busbw_gbps"], busbw, rtol=1e-6
         )
         if not consistent:
-            raise ValueError(f"{path}: algbw_gbps/busbw_gbps disagree with size / time and 2 (N - 1) / N for N = {n}")
+            raise TableInputError(f"{path}: algbw_gbps/busbw_gbps disagree with size / time and 2 (N - 1) / N for N = {n}: run the all-reduce benchmark again")
         frames.append(frame.assign(gpus=n, nodes=document["nodes"], backend=document["backend"]))
     if not frames:
         return pd.DataFrame(columns=COMM_COLUMNS)
