@@ -264,12 +264,7 @@ def main(argv: list[str]) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    try:
-        tables = aggregate(args.matrix, args.comm, args.references, args.targets, args.predict_gpus, args.predict_cluster)
-    except ValueError as error:
-        if args.predict_cluster is None or "cluster preset" not in str(error):
-            raise
-        parser.error(str(error))
+    tables = aggregate(args.matrix, args.comm, args.references, args.targets, args.predict_gpus, args.predict_cluster)
     summary = write_tables(tables, args.out)
     print(
         f"aggregate: {summary['runs']} runs {summary['status']}, checks {summary['checks']}, "

@@ -69,11 +69,17 @@ from typing import Literal
 
 import yaml
 
+from scalerepro.common.cli import CommandError
+
 Algorithm = Literal["ring", "tree", "auto"]
 ALGORITHMS: tuple[Algorithm, ...] = ("auto", "ring", "tree")
 # The share of a link's line rate an all-reduce reaches as bus bandwidth, where references.yaml
 # gives none for the link (issue 14: NVLink 4 all-reduce reaches about 370 of 450 GB/s).
 DEFAULT_LINK_EFFICIENCY = 0.85
+
+
+class ClusterPresetError(CommandError, ValueError):
+    """A cluster preset that references.yaml lacks or gets wrong; one line naming it and the fix."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +268,7 @@ def read_clusters(references_path: str | os.PathLike[str] | None) -> dict[str, C
     for key, entry in (document.get("clusters") or {}).items():
         missing = [entry[name] for name in ("intra_node_link", "inter_node_link") if entry[name] not in links]
         if missing:
-            raise ValueError(f"references.yaml clusters.{key} names links {missing} that `links` lacks")
+            raise ClusterPresetError(f"references.yaml clusters.{key} names links {missing} that `links` lacks: add them")
         presets[key] = ClusterPreset(
             key=key,
             name=entry["name"],
@@ -299,5 +305,5 @@ def preset(presets: Mapping[str, ClusterPreset], key: str) -> ClusterPreset:
     """The preset named ``key``, or a ValueError that lists the known ones."""
     if key not in presets:
         known = ", ".join(sorted(presets)) or "none"
-        raise ValueError(f"unknown cluster preset {key!r}: choose one of {known} (clusters in config/references.yaml)")
+        raise ClusterPresetError(f"unknown cluster preset {key!r}: choose one of {known} (clusters in config/references.yaml)")
     return presets[key]
