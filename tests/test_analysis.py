@@ -744,3 +744,22 @@ def test_records_the_trainer_wrote_under_tp_and_pp_read_into_their_sharding_figu
     assert fields["pipeline_bubble_fraction"] == bubble
     assert fields["params_bytes_per_rank"] > 0 and fields["optimizer_bytes_per_rank"] == 2 * fields["params_bytes_per_rank"]
     assert fields["activations_bytes_per_rank"] is None and "not measured on the CPU" in fields["activations_reason"]
+
+
+H100_2026_11_26 = REPO / "benchmarks" / "gpu" / "h100-2026-11-26"
+
+
+@pytest.mark.parametrize(
+    ("model", "kind", "gib"),
+    # the preset replays CUDA graphs for the conv nets: their allocated peak read 0.56 and 0.11 GiB,
+    # their reserved 12.72 and 3.76 GiB; the transformers compile without graphs
+    [("resnet50", "cuda_reserved", 12.72), ("resnet18_cifar", "cuda_reserved", 3.76), ("gpt2_small", "cuda_allocated", 15.14)],
+)
+def test_a_cuda_graph_runs_peak_memory_is_its_reserved_peak_on_the_h100_records(model, kind, gib):
+    """Records an H100 wrote (2026-11-26): a run that replays CUDA graphs allocates its activations
+    from the graphs' private pools, which the window's allocated peak does not count; its peak
+    memory is the reserved peak, named as such."""
+
+    fields, _, _ = readers.read_record(model, str(H100_2026_11_26 / f"{model}-optimised-frontier.json"))
+    assert fields["status"] == "ok" and fields["peak_memory_kind"] == kind
+    assert fields["peak_memory_bytes"] / 2**30 == pytest.approx(gib, abs=0.01)

@@ -303,6 +303,28 @@ def test_the_optimised_preset_resolves_once_explicit_flags_win_and_the_record_sa
     assert parse_args(["--preset", "baseline"]) == parse_args([])
 
 
+def test_the_optimised_preset_compiles_the_conv_nets_with_cuda_graphs_where_a_step_is_one_micro_batch_of_ddp():
+    """The preset's CUDA graphs (compile mode reduce-overhead): the conv nets, whose short steps
+    the host's launches bound; not the transformers; not under gradient accumulation (a replay
+    would reuse the memory of the gradients being accumulated) nor FSDP/TP/PP; an explicit
+    --compile wins, and the record's preset_overrides compare with the rule that applied."""
+    from scalerepro.config import preset_overrides
+
+    compile_mode = lambda *flags: parse_args(["--preset", "optimised", *flags]).perf.compile  # noqa: E731
+    for model in ("cnn", "resnet18_cifar", "resnet50"):
+        assert compile_mode("--model", model) == "reduce-overhead", model
+        assert compile_mode("--model", model, "--grad-accum-steps", "2") == "default", model
+        assert compile_mode("--model", model, "--parallel", "fsdp") == "default", model
+    for model in ("vit_b_16", "bert_base", "gpt2_small", "llama_1b"):
+        assert compile_mode("--model", model) == "default", model
+    assert compile_mode("--model", "resnet50", "--compile", "default") == "default"
+    assert parse_args(["--model", "resnet50", "--preset", "baseline"]).perf.compile == "none"
+    accumulating = parse_args(["--model", "resnet50", "--preset", "optimised", "--grad-accum-steps", "4"])
+    assert preset_overrides(accumulating) == {}
+    explicit = parse_args(["--model", "resnet50", "--preset", "optimised", "--compile", "default"])
+    assert preset_overrides(explicit) == {"compile": "default"}
+
+
 def _run_state(trainer: Trainer) -> dict:
     """Everything a step changes, copied: model, optimizer, LR scheduler, loss scaler, RNG."""
     return copy.deepcopy({

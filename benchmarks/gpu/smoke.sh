@@ -18,7 +18,11 @@
 #   ce        GPT-2's loss eager vs compiled (~20 s)
 #   levers    each lever of the optimised preset changed alone: resnet18_cifar, resnet50, gpt2_small
 #             (~50-75 s a lever; SMOKE_MODELS selects models here too)
-#   study     snakemake --cores all on benchmarks/gpu/study.yaml (needs the wheels of wheels.py)
+#   ncu       the ncu probe alone: does the real ncu read every metric the project asks for (~11 s)
+#   study     snakemake --cores all on $SMOKE_STUDY_CONFIG (default benchmarks/gpu/study.yaml; the
+#             one-H100 study is benchmarks/gpu/h100-study.yaml); needs the wheels of wheels.py;
+#             results/ packed into $OUT/study-results.tgz every 20 s while it runs
+#   curve     ResNet-50's step time at batches 400 200 100 50 256 (benchmarks/gpu/batch_curve.py)
 #
 # benchmarks/README.md plans the calls of one session's device time and holds what they measured.
 # One call must end inside the device tool's 10-minute limit, or a killed stage loses its lines:
@@ -50,9 +54,17 @@ note() {
   echo "== $*" | tee -a "$SUMMARY"
   if [ -n "${OUT:-}" ]; then cp "$SUMMARY" "$OUT/summary.txt"; fi
 }
+# a study's whole results/ (records, logs, tables, plots, report, inventory, profiles, store),
+# without this script's own folder and any checkpoint, written whole or not at all
+pack_study() {
+  [ -n "${OUT:-}" ] && [ -d results/runs ] || return 0
+  tar czf "$OUT/.study-results.tgz" --exclude gpu_smoke --exclude checkpoints --exclude '*.pt' --exclude '*.dcp' results 2> /dev/null \
+    && mv "$OUT/.study-results.tgz" "$OUT/study-results.tgz"
+}
 pack() {  # on exit, also after a FAIL: what ran comes back through the device tool's $OUT
   if [ -n "${OUT:-}" ]; then
     tar czf "$OUT/smoke.tgz" --exclude inductor-cache --exclude fakecifar -C "$(dirname "$DIR")" "$(basename "$DIR")"
+    pack_study
     cp "$SUMMARY" "$OUT/summary.txt"
   fi
 }
@@ -70,7 +82,7 @@ run() {
   fi
   [ "$limit" -le "$rest" ] || limit=$rest
   echo "+ [${limit}s] $*" >&2
-  timeout -k 10 "$limit" "$@"
+  timeout -s "${RUN_SIGNAL:-TERM}" -k 30 "$limit" "$@"
   local rc=$?
   [ "$rc" -eq 124 ] && echo "!! timed out after ${limit}s: $1" >&2
   return "$rc"
@@ -101,7 +113,7 @@ ncu_usable() {
   command -v ncu > /dev/null || { echo "no ncu on PATH" > "$DIR/ncu_usable.txt"; return 1; }
   if [ ! -f "$DIR/ncu_usable.txt" ]; then
     local metrics
-    metrics=$($PY -c 'from scalerepro import profile_rank as p; print(",".join((*p.NCU_METRICS, *p.tensor_pipe_metrics(p.gpu_compute_major()))))')
+    metrics=$($PY -c 'from scalerepro.launching import nsight as p; print(",".join((*p.NCU_METRICS, *p.tensor_pipe_metrics(p.gpu_compute_major()))))')
     if timeout 120 ncu --metrics "$metrics" --csv --print-units base --print-metric-name name $PY -c \
         'import torch; x = torch.ones(1 << 20, device="cuda"); torch.cuda.synchronize(); print(float((x * 2).sum()))' \
         > "$DIR/ncu_probe.txt" 2>&1 && [ "$(grep -c '"Command line profiler metrics"' "$DIR/ncu_probe.txt")" -ge "$(echo "$metrics" | tr , '\n' | wc -l)" ]; then
@@ -134,8 +146,8 @@ stage_env() {
   if command -v ncu > /dev/null; then
     ncu --version | tail -1
     ncu --query-metrics --chip gh100 > "$DIR/ncu_metrics_gh100.txt" 2>&1  # kept for reference
-    # every metric profile_rank asks for, read by the real tool: one it does not know loses a whole profile
-    check "ncu reads every metric profile_rank asks for on this GPU" ncu_usable
+    # every metric scalerepro.launching.nsight asks for, read by the real tool: one it does not know loses a whole profile
+    check "ncu reads every metric scalerepro.launching.nsight asks for on this GPU" ncu_usable
     note "INFO ncu: $(cat "$DIR/ncu_usable.txt")"
   else
     note "SKIP ncu checks: no ncu on PATH"
@@ -269,17 +281,63 @@ stage_ce() {
 stage_study() {
   note "stage study on $DEVICE $(date -u +%FT%TZ)"
   command -v snakemake > /dev/null || { note "FAIL no snakemake: carry the wheels of benchmarks/gpu/wheels.py"; FAILS=$((FAILS + 1)); return; }
-  local config=$HERE/study.yaml
-  gpu || config=config/ci.yaml
+  # SMOKE_STUDY_CONFIG: benchmarks/gpu/h100-study.yaml, the one-H100 study (default: the small smoke study)
+  local config=${SMOKE_STUDY_CONFIG:-$HERE/study.yaml} record
+  gpu || config=${SMOKE_STUDY_CONFIG_CPU:-config/config.yaml}  # the README's study: synthetic, no download
+  # --keep-going: one failed cell must not stop the others; the report says which failed.
+  # Under the call's budget Snakemake is stopped by SIGINT (it stops its jobs and marks their
+  # outputs incomplete); a second call continues with --rerun-incomplete.
+  # Each record comes back as soon as it is written: the results are packed into $OUT every 20 s
+  # while Snakemake runs. A call the device tool stops at its limit (which it cuts to the device
+  # time left, whatever SMOKE_BUDGET_S says) runs no exit trap, and on 2026-11-26 a call stopped
+  # so lost the eight ablation and reproduce records it had measured.
+  local packer=
+  if [ -n "${OUT:-}" ]; then
+    (while sleep 20; do pack_study; cp "$SUMMARY" "$DIR/study.log" "$OUT/" 2> /dev/null; done) &
+    packer=$!
+  fi
   # shellcheck disable=SC2086  # SMOKE_STUDY_ARGS is a list of flags
-  run 120 600 snakemake --cores all --rerun-incomplete --configfile "$config" ${SMOKE_STUDY_ARGS:-} 2>&1 | tail -25
-  check "the smoke study's report" test -s results/report/index.html
+  RUN_SIGNAL=INT run 120 600 snakemake --cores all --keep-going --rerun-incomplete --configfile "$config" ${SMOKE_STUDY_ARGS:-} > "$DIR/study.log" 2>&1
+  [ -n "$packer" ] && kill "$packer" 2> /dev/null
+  grep -E "^(Error|Finished|Complete log|[0-9]+ of [0-9]+ steps)|Exiting because" "$DIR/study.log" | tail -15
+  for record in results/runs/strong_*/record.json; do  # the scaling cells: DDP's figures (the FSDP/TP cells have no DDP probes)
+    [ -f "$record" ] && check "study record $(basename "$(dirname "$record")") has every figure" record_check "$record"
+  done
+  check "the study's report" test -s results/report/index.html
+}
+
+# ResNet-50's step time at several per-GPU batches (benchmarks/gpu/batch_curve.py: one compile,
+# the batch dimension dynamic; batch 256 again as the calibration against the frontier's record)
+stage_curve() {
+  note "stage curve on $DEVICE $(date -u +%FT%TZ)"
+  [ -s "$DIR/batch_curve.json" ] && { note "SKIP curve: $DIR/batch_curve.json is there from an earlier call"; return; }
+  local model=resnet50 batches=(400 200 100 50 256) extra=()
+  gpu || { model=cnn; batches=(64 32 16); extra=(--device cpu --warmup 2 --window-s 0.5); }
+  curve() {
+    run 90 300 $PY $HERE/batch_curve.py --model $model --batches "${batches[@]}" "${extra[@]}" --json "$DIR/batch_curve.json" 2>&1 | tee "$DIR/batch_curve.log"
+    return "${PIPESTATUS[0]}"
+  }
+  check "batch curve $model ${batches[*]}" curve
+  grep -h "^CURVE" "$DIR/batch_curve.log" 2> /dev/null >> "$SUMMARY"
+}
+
+# The probe alone: whether the real ncu reads every metric the project asks for (the first thing
+# a session with a GPU runs, before any stage that profiles)
+stage_ncu() {
+  note "stage ncu on $DEVICE $(date -u +%FT%TZ)"
+  if command -v ncu > /dev/null; then
+    ncu --version | tail -1 | tee -a "$SUMMARY"
+    check "ncu reads every metric scalerepro.launching.nsight asks for on this GPU" ncu_usable
+    note "INFO ncu: $(cat "$DIR/ncu_usable.txt")"
+  else
+    note "SKIP ncu: no ncu on PATH"
+  fi
 }
 
 for stage in "$@"; do
   case "$stage" in
-    env | frontier | levers | record | profile | ce | study) "stage_$stage" ;;
-    *) echo "usage: bash benchmarks/gpu/smoke.sh STAGE... (env frontier levers record profile ce study)"; exit 2 ;;
+    env | ncu | frontier | levers | record | profile | ce | study | curve) "stage_$stage" ;;
+    *) echo "usage: bash benchmarks/gpu/smoke.sh STAGE... (env ncu frontier levers record profile ce study curve)"; exit 2 ;;
   esac
 done
 note "done in ${SECONDS}s of a ${BUDGET}s budget; $FAILS FAIL"

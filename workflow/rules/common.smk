@@ -207,8 +207,11 @@ def profile_trainer_args(wildcards):
 
 
 def profile_inputs(wildcards):
-    """ncu after nsys (when both run): it profiles the kernels nsys found on top."""
-    inputs = data_input(wildcards)
+    """After the run's measured job, whose record it needs no figure of: a measured run never
+    waits behind a profile, and the profile compiles from the Inductor cache the run filled (on an
+    H100, 2026-11-26, a profile that went first compiled ResNet-50 cold under ncu for 3.5 minutes).
+    ncu after nsys (when both run): it profiles the kernels nsys found on top."""
+    inputs = [*data_input(wildcards), f"results/runs/{wildcards.run}/record.json"]
     if wildcards.tool == "ncu" and "nsys" in PROFILING_TOOLS:
         inputs.append(f"results/profiles/{wildcards.run}/nsys/capture.json")
     return inputs

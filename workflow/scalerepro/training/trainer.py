@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map
 
 from scalerepro import models
+from scalerepro.common.cuda_graphs import CUDA_GRAPH_MODES
 from scalerepro.config import ConfigError, TrainConfig
 from scalerepro.data import builders, loaders, sources
 from scalerepro.parallel import activation_checkpointing, blocks, comm_bytes, mesh, parallelize, pipeline_parallel, tensor_parallel
@@ -955,11 +956,14 @@ class Trainer:
         A collective."""
         peak = self._peak_memory()["allocated_bytes"]
         state = self.state_bytes
-        activations = peak - sum(state.values()) if peak is not None and state is not None else None
+        graphs = self.device.type == "cuda" and self.config.perf.compile in CUDA_GRAPH_MODES
+        activations = peak - sum(state.values()) if peak is not None and state is not None and not graphs else None
         per_rank = gather_objects(ctx, {**(state or {"parameters": None, "gradients": None, "optimizer_state": None}), "activations": activations})
         reason = None
         if self.device.type != "cuda":
             reason = "not measured on the CPU: only the CUDA caching allocator reports a peak of allocated bytes (RSS counts the whole process)"
+        elif graphs:  # scalerepro.common.cuda_graphs
+            reason = f"not measured under --compile {self.config.perf.compile}: CUDA graph replays allocate from private pools the allocated peak does not count"
         elif state is None:
             reason = "not measured: this process took no step"
         return {"per_rank": per_rank, "activations_reason": reason}

@@ -53,8 +53,9 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
                       paused out); energy_per_sample_net_j: the same less the GPUs' idle power
                       x time, idle_power_w (empty in older records)
     nvml_reason       why NVML figures are empty (e.g. a CPU run)
-    peak_memory_bytes peak CUDA allocated bytes, else the peak RSS of a rank
-    peak_memory_kind  cuda_allocated | rss
+    peak_memory_bytes peak CUDA allocated bytes (reserved bytes where the run replayed CUDA
+                      graphs, whose pools the allocated count misses), else the peak RSS of a rank
+    peak_memory_kind  cuda_allocated | cuda_reserved | rss
     final_train_loss, final_eval_loss, final_eval_accuracy   the last history entry
     duration_s        ended_at - started_at of the record
     device_type       cuda | cpu

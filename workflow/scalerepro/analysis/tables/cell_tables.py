@@ -218,6 +218,8 @@ def _parallelism_note(cell: Mapping[str, Any]) -> str:
         notes.append("not measured: peak memory (the records give none)")
     elif cell["peak_memory_kind"] == "rss":
         notes.append("peak memory is a rank's peak RSS (host memory, no GPU), not device memory")
+    elif cell["peak_memory_kind"] == "cuda_reserved":
+        notes.append("peak memory is the CUDA allocator's reserved peak: the run replayed CUDA graphs, whose private pools its allocated count misses (an upper bound)")
     if pd.isna(cell["state_bytes_per_rank_max"]):
         notes.append(
             "not measured: state bytes per rank (the trainer records them for sharded runs; under ddp every rank "
