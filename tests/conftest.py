@@ -17,6 +17,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from h100_report import h100_report  # noqa: F401  (the report rendered from the kept H100 records)
 from scalerepro.data import cifar10
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,6 +16,15 @@ results folder rebuilds where it lies.
 Use it after changing the analysis code, the references or the templates, or to read an old
 study's records with today's statistics.
 
+    python -m scalerepro.analysis.rebuild --records DIR --out OUT
+
+The same report from a folder of run records that no study planned (runs of the trainer by hand,
+records kept from a GPU session): every ``*.json`` in ``DIR`` that is a run record becomes one run
+(``record_matrix``: its model, GPU count, precision, per-GPU batch and configuration as the record
+states them; records of one configuration are repeats of one cell), an all-reduce result of
+``scalerepro.training.commbench`` beside them is the communication table, and any other JSON is
+named and left out. ``OUT`` gets ``tables/``, ``plots/`` and ``report/index.html``.
+
 This module is on the analysis side: it never imports torch.
 """
 
@@ -23,17 +32,21 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from scalerepro.analysis import columns
 from scalerepro.analysis.presentation import plots, report
 from scalerepro.analysis.profiles import captures
 from scalerepro.analysis.tables import aggregate
+from scalerepro.analysis.tables.readers import dig
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
 from scalerepro.common.files import write_text_atomically
 
@@ -41,6 +54,121 @@ from scalerepro.common.files import write_text_atomically
 def _targets(config: dict) -> dict[str, Any]:
     """The targets the aggregation knows (checks included), from the resolved config."""
     return {key: value for key, value in (config.get("targets") or {}).items() if key in columns.TARGETS}
+
+
+RECORD_STUDY = "records"  # the study column of a run no study planned
+
+
+def _is_run_record(document: Any) -> bool:
+    return isinstance(document, dict) and {"schema_version", "run_id", "status", "measurements"} <= document.keys()
+
+
+def _is_comm_result(document: Any) -> bool:
+    return isinstance(document, dict) and {"world_size", "results", "time_definitions"} <= document.keys()
+
+
+# The knobs that make two records of one preset label different configurations (a preset's
+# content can change between versions: the optimised preset compiles the conv nets with CUDA
+# graphs since 2026-11-26)
+CONFIG_KNOBS = ("compile", "channels_last", "cudnn_benchmark", "loader", "optimizer_impl", "grad_accum_steps")
+
+
+def variant_of(record: dict[str, Any]) -> str:
+    """What configuration a record ran, in a few words: its preset and each flag that departs from
+    it (``optimised, precision=fp16``)."""
+    knobs = record.get("knobs") or {}
+    overrides = knobs.get("preset_overrides") or {}
+    return ", ".join([str(knobs.get("preset") or "no preset"), *(f"{name}={value}" for name, value in sorted(overrides.items()))])
+
+
+def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, dict]], list[Path], list[str]]:
+    if not records_dir.is_dir():
+        raise CommandError(f"{records_dir}: no such folder of run records (give the folder that holds the *.json records)")
+    records, comm, skipped = [], [], []
+    for path in sorted(records_dir.glob("*.json")):
+        try:
+            document = json.loads(path.read_bytes())
+        except (OSError, ValueError) as error:
+            skipped.append(f"{path.name} (unreadable: {error})")
+            continue
+        if _is_comm_result(document):
+            comm.append(path)
+        elif _is_run_record(document):
+            records.append((path, document))
+        else:
+            skipped.append(f"{path.name} (not a run record)")
+    return records, comm, skipped
+
+
+def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, list[Path], list[str]]:
+    """A study matrix for the run records in ``records_dirs`` (module docstring), the commbench
+    results beside them, and the names of the other JSON files, which are left out. A run's id is
+    its file's name less .json, prefixed with its folder's name when several folders are read."""
+    rows, comm, skipped = [], [], []
+    for records_dir in records_dirs:
+        records, found_comm, found_skipped = _read_folder(records_dir)
+        comm += found_comm
+        skipped += [f"{records_dir.name}/{name}" if len(records_dirs) > 1 else name for name in found_skipped]
+        for path, document in records:
+            get = lambda *keys: dig(document, keys)  # noqa: E731
+            gpus = get("parallel", "gpus") or get("parallel", "world_size") or 1
+            command = get("command_line")
+            rows.append({
+                "run_id": f"{records_dir.resolve().name}_{path.stem}" if len(records_dirs) > 1 else path.stem,
+                "study": RECORD_STUDY, "model": get("model", "name"), "gpus": gpus,
+                "nodes": get("parallel", "nodes") or 1, "gpus_per_node": get("parallel", "gpus_per_node") or gpus,
+                "variant": variant_of(document), "precision": get("precision"),
+                "per_gpu_batch": get("batch", "per_gpu") or get("batch", "per_rank"),  # schema 2 named it per_rank
+                "grad_accum_steps": get("batch", "grad_accum_steps") or 1, "global_batch": get("batch", "global"),
+                "bucket_cap_mb": get("knobs", "bucket_cap_mb"), "parallel": get("parallel", "strategy") or "ddp",
+                "data_parallel": None, "reference": "", "runtime_min": None, "record": str(path.resolve()),
+                "rerun": shlex.join(str(word) for word in command) if isinstance(command, list) else "",
+                **{f"knob_{knob}": str(get("knobs", knob)) for knob in CONFIG_KNOBS},
+            })  # fmt: skip
+    if not rows:
+        raise CommandError(f"{', '.join(map(str, records_dirs))}: no run record among the JSON files there (a run record is what python -m scalerepro.training.train --record writes)")
+    matrix = pd.DataFrame(rows)
+    if matrix["run_id"].duplicated().any():
+        raise CommandError(f"two records are named {sorted(matrix.loc[matrix.run_id.duplicated(), 'run_id'])[0]}: give folders of different names")
+    # Records of one label whose resolved knobs differ are different cells: the label says which knobs.
+    label = ["model", "gpus", "precision", "per_gpu_batch", "variant"]
+    knobs = [f"knob_{knob}" for knob in CONFIG_KNOBS]
+    for _, group in matrix.groupby(label, dropna=False):
+        differing = [k for k in knobs if group[k].nunique() > 1]
+        if differing:
+            suffix = group[differing].apply(lambda row: ", ".join(f"{k.removeprefix('knob_')} {v}" for k, v in row.items()), axis=1)
+            matrix.loc[group.index, "variant"] = group["variant"] + " (" + suffix + ")"
+    matrix["repeat"] = matrix.groupby(label, dropna=False).cumcount() + 1
+    order = [*columns.MATRIX_COLUMNS, *(c for c in columns.OPTIONAL_MATRIX_COLUMNS if c not in columns.MATRIX_COLUMNS)]
+    return matrix[order], comm, skipped
+
+
+def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, templates: Path, study_config: Path | None) -> dict[str, object]:
+    """The report of folders of run records no study planned, written under ``out``; the targets
+    (checks) and the scaling model's predictions are those of ``study_config`` where given."""
+    matrix, comm, skipped = record_matrix(records_dirs)
+    if out.exists() and not out.is_dir():
+        raise CommandError(f"--out {out} is a file: give a folder for tables/, plots/ and report/")
+    config: dict[str, Any] = {}
+    if study_config is not None:
+        try:
+            loaded = yaml.safe_load(study_config.read_text()) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise CommandError(f"--config {study_config}: cannot be read as YAML ({error}): give a study config such as config/config.yaml") from None
+        config = {key: loaded[key] for key in ("targets", "scaling") if isinstance(loaded, dict) and key in loaded}
+    names = ", ".join(d.resolve().name for d in records_dirs)
+    config.update(study_name=f"run records of {names}", records_dirs=[str(d.resolve()) for d in records_dirs])
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    write_text_atomically(out / "tables" / "matrix.csv", matrix.to_csv(index=False))
+    write_text_atomically(out / "tables" / "config.json", json.dumps(config, indent=1))
+    if comm:
+        (out / "comm").mkdir(exist_ok=True)
+        for index, path in enumerate(comm):  # named as the workflow names them: g<gpus>.json
+            document = json.loads(path.read_bytes())
+            write_text_atomically(out / "comm" / f"g{document['world_size']}{'' if index == 0 else f'-{index}'}.json", json.dumps(document))
+    done = rebuild(out, references, templates)
+    done["skipped"] = skipped
+    return done
 
 
 def rebuild(results: Path, references: Path, templates: Path) -> dict[str, object]:
@@ -81,11 +209,23 @@ _PROG = "scalerepro.analysis.rebuild"
 @error_boundary(_PROG)
 def main(argv: list[str]) -> int:
     parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--results", type=Path, default=Path("results"), help="the study's results folder (default: results)")
+    parser.add_argument("--results", type=Path, default=None, help="the study's results folder (default: results)")
+    parser.add_argument("--records", type=Path, nargs="+", default=None, help="instead: folders of run records no study planned (with --out)")
+    parser.add_argument("--config", type=Path, default=Path("config/config.yaml"), help="with --records: the study config whose targets and predictions apply (default config/config.yaml)")
+    parser.add_argument("--out", type=Path, default=None, help="with --records: the folder that gets tables/, plots/ and report/")
     parser.add_argument("--references", type=Path, default=Path("config/references.yaml"), help="published figures, GPU peaks, links")
     parser.add_argument("--templates", type=Path, default=Path("report"), help="directory holding templates/ and style.css")
     args = parser.parse_args(argv)
-    done = rebuild(args.results, args.references, args.templates)
+    if args.records is not None:
+        if args.results is not None or args.out is None:
+            parser.error("--records needs --out (the folder to write) and no --results")
+        done = rebuild_records(args.records, args.out, args.references, args.templates, args.config if args.config.is_file() else None)
+        if done["skipped"]:
+            print(f"rebuild: left out {len(done['skipped'])} JSON files: {'; '.join(done['skipped'])}", file=sys.stderr)
+    else:
+        if args.out is not None:
+            parser.error("--out goes with --records; a study's results folder is rebuilt in place (--results)")
+        done = rebuild(args.results or Path("results"), args.references, args.templates)
     summary = done["summary"]
     print(
         f"rebuild: {summary['runs']} runs {summary['status']}, checks {summary['checks']}, comparison "

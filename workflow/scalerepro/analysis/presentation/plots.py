@@ -240,7 +240,8 @@ def _curve_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """Strong scaling, repeat 1, at 1 GPU and at each model's largest GPU count, with a label."""
     strong = runs[runs["study"].eq("strong") & runs["repeat"].eq(1) & runs["status"].ne("missing")]
     chosen = strong[strong["gpus"].eq(1) | strong["gpus"].eq(strong.groupby("model")["gpus"].transform("max"))]
-    label = chosen["gpus"].map(lambda n: f"{n:g} GPU" + ("s" if n > 1 else ""))
+    # astype(str): with no such run the empty Series would keep gpus' integer dtype, which "+" refuses
+    label = chosen["gpus"].map(lambda n: f"{n:g} GPU" + ("s" if n > 1 else "")).astype(str)
     return chosen.assign(curve=label.where(chosen["status"].eq("ok"), label + " (" + chosen["status"] + ")"))
 
 

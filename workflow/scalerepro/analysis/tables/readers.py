@@ -38,7 +38,7 @@ class TableInputError(CommandError, ValueError):
 # --------------------------------------------------------------------------------------------
 
 
-def _dig(document: Any, path: tuple[str, ...]) -> Any:
+def dig(document: Any, path: tuple[str, ...]) -> Any:
     for key in path:
         if not isinstance(document, dict):
             return None
@@ -48,7 +48,7 @@ def _dig(document: Any, path: tuple[str, ...]) -> Any:
 
 def cuda_graph_replays(document: dict[str, Any]) -> bool:
     """Whether a record's run trained by replaying CUDA graphs: compiled in a graph mode, on CUDA."""
-    return _dig(document, ("knobs", "compile")) in CUDA_GRAPH_MODES and _dig(document, ("parallel", "device_type")) == "cuda"
+    return dig(document, ("knobs", "compile")) in CUDA_GRAPH_MODES and dig(document, ("parallel", "device_type")) == "cuda"
 
 
 def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], list[tuple]]:
@@ -60,10 +60,10 @@ def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], li
         return {"run_id": run_id, "status": "missing", "error": f"no run record at {path}"}, [], []
     except (OSError, ValueError) as error:
         return {"run_id": run_id, "status": "missing", "error": f"unreadable run record {path}: {error}"}, [], []
-    fields = {column: _dig(document, where) for column, where in RECORD_FIELDS.items()}
+    fields = {column: dig(document, where) for column, where in RECORD_FIELDS.items()}
     if fields["per_gpu_batch_recorded"] is None:  # records of schema version 2 name it batch.per_rank
-        fields["per_gpu_batch_recorded"] = _dig(document, ("batch", "per_rank"))
-    memory = _dig(document, ("measurements", "memory")) or {}
+        fields["per_gpu_batch_recorded"] = dig(document, ("batch", "per_rank"))
+    memory = dig(document, ("measurements", "memory")) or {}
     allocated, rss = memory.get("allocated_bytes_max"), memory.get("rss_bytes_max")
     allocated_kind = "cuda_allocated"
     if cuda_graph_replays(document) and memory.get("reserved_bytes_max") is not None:
@@ -76,16 +76,16 @@ def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], li
     last = history[-1] if history else {}
     fields.update(
         run_id=run_id,
-        error=_dig(document, ("error", "message")),
+        error=dig(document, ("error", "message")),
         peak_memory_bytes=rss if allocated is None else allocated,
         peak_memory_kind=allocated_kind if allocated is not None else "rss" if rss is not None else None,
         final_train_loss=last.get("train_loss"),
         final_eval_loss=last.get("eval_loss"),
         final_eval_accuracy=last.get("eval_accuracy"),
-        device_name=_dig(document, ("hardware", "gpu", "name")) or _dig(document, ("hardware", "cpu_model")),
-        **_sharding(_dig(document, ("measurements",))),
+        device_name=dig(document, ("hardware", "gpu", "name")) or dig(document, ("hardware", "cpu_model")),
+        **_sharding(dig(document, ("measurements",))),
     )
-    if fields["status"] == "ok" and not (_dig(document, ("measurements", "measured_steps")) and fields["samples_per_s"]):
+    if fields["status"] == "ok" and not (dig(document, ("measurements", "measured_steps")) and fields["samples_per_s"]):
         # A record with no measurements is a failure, whatever it says of itself.
         fields.update(status="failed", error="the record says ok but its measured window is empty (no steps, no throughput)")
     if fields["scheduler_job_id"] is not None:

@@ -1,0 +1,46 @@
+"""A report from any folder of run records (issue 33): `python -m scalerepro.analysis.rebuild
+--records DIR... --out OUT`, on the H100 records the project kept, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+
+from h100_report import H100_RECORDS, rebuild_from_records
+
+
+def test_the_kept_h100_records_give_a_report_with_every_record_a_run(h100_report):
+    matrix = pd.read_csv(h100_report.out / "tables" / "matrix.csv")
+    runs = pd.read_csv(h100_report.out / "tables" / "runs.csv")
+    records = sorted(p for folder in H100_RECORDS for p in folder.glob("*.json") if "comm_" not in p.name)
+    assert len(matrix) == len(records) == 22 and matrix["study"].eq("records").all()
+    # the record that failed in its probe is a failure, not a result; every other one is ok
+    assert runs["status"].value_counts().to_dict() == {"ok": 21, "failed": 1}
+    failed = runs[runs["status"].eq("failed")].iloc[0]
+    assert failed["run_id"].endswith("failed-in-the-probe") and "OutOfMemoryError" in failed["error"]
+    # a lever record is its own cell, named by what departs from its preset
+    assert "optimised, precision=fp16" in set(matrix["variant"])
+    # one preset label that resolved differently (the preset compiles conv nets with CUDA graphs
+    # since 2026-11-26) is two cells, each named by the knob that differs
+    resnet50 = set(matrix.loc[matrix["model"].eq("resnet50") & matrix["variant"].str.startswith("optimised ("), "variant"])
+    assert resnet50 == {"optimised (compile default)", "optimised (compile reduce-overhead)"}
+    # the all-reduce result beside the records is the communication table
+    assert (h100_report.out / "comm" / "g1.json").is_file() and len(pd.read_csv(h100_report.out / "tables" / "communication.csv")) == 4
+    assert (h100_report.out / "report" / "index.html").stat().st_size > 10_000
+
+
+def test_records_only_errors_are_one_line_and_name_the_fix(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.json").write_text(json.dumps({"hello": 1}))
+    for records, fragment in ((tmp_path / "nowhere",), "no such folder of run records"), ((empty,), "no run record among the JSON files"):
+        done = rebuild_from_records(records, tmp_path / "out")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and fragment in done.stderr, done.stderr
+    # a JSON beside the records that is not one is named and left out, not fatal
+    mixed = tmp_path / "mixed"
+    shutil.copytree(H100_RECORDS[1], mixed, ignore=shutil.ignore_patterns("study-results", "*.log", "*.txt"))
+    (mixed / "notes.json").write_text(json.dumps({"hello": 1}))
+    done = rebuild_from_records((mixed,), tmp_path / "mixed-out")
+    assert done.returncode == 0 and "left out 1 JSON files: notes.json (not a run record)" in done.stderr, done.stderr
