@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scalerepro.common import cpu_features
 from scalerepro.common.exits import EXIT_PREEMPTED
 from scalerepro.config import parse_args
 from scalerepro.training import buckets, checkpoint, distributed
@@ -323,6 +324,46 @@ def test_the_optimised_preset_compiles_the_conv_nets_with_cuda_graphs_where_a_st
     assert preset_overrides(accumulating) == {}
     explicit = parse_args(["--model", "resnet50", "--preset", "optimised", "--compile", "default"])
     assert preset_overrides(explicit) == {"compile": "default"}
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_the_optimised_preset_trains_fp32_on_a_cpu_that_would_emulate_bf16_and_the_record_says_why(tmp_path, monkeypatch, device):
+    """On a CPU the optimised preset trains bf16 only where it is native (scalerepro.common.cpu_features):
+    with oneDNN held below AVX512_CORE_BF16 (the variable that hides native bf16 from it, as on a
+    CPU without avx512_bf16) the run trains fp32, --device auto too, and the record says why; an
+    explicit --precision bf16 (the ablation's bf16 cell) still trains bf16 and says it is emulated."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    assert main(small_run(tmp_path, "--model", "cnn", "--preset", "optimised", "--compile", "none", "--device", device, steps=6)) == 0
+    record = load_record(tmp_path / "run.json")
+    assert record["precision"] == "fp32" and record["knobs"]["preset_overrides"] == {"compile": "none"}
+    assert record["config"]["parallel"]["device"] == "cpu"
+    assert "ONEDNN_MAX_CPU_ISA=AVX512_CORE keeps oneDNN below AVX512_CORE_BF16" in record["knobs"]["precision_reason"]
+    assert main(small_run(tmp_path, "--model", "cnn", "--preset", "optimised", "--compile", "none", "--device", device,
+                          "--precision", "bf16", steps=6, name="bf16")) == 0  # fmt: skip
+    lever = load_record(tmp_path / "bf16.json")
+    assert lever["precision"] == "bf16" and lever["knobs"]["preset_overrides"] == {"compile": "none", "precision": "bf16"}
+    assert lever["knobs"]["precision_reason"].startswith("bf16 (given explicitly)") and "slower than fp32" in lever["knobs"]["precision_reason"]
+    # where bf16 is native (this machine, if its CPU has avx512_bf16 or AMX), the preset keeps it
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    native = cpu_features.native_bf16()[0]
+    assert parse_args(["--model", "cnn", "--preset", "optimised", "--device", "cpu"]).perf.precision == ("bf16" if native else "fp32")
+    assert parse_args(["--model", "cnn", "--preset", "optimised", "--device", "cuda"]).perf.precision == "bf16"
+
+
+def test_native_bf16_reads_the_cpu_flags_and_the_onednn_cap():
+    """On this machine's real /proc/cpuinfo: the flags decide, and ONEDNN_MAX_CPU_ISA (or the older
+    DNNL_MAX_CPU_ISA) below AVX512_CORE_BF16 hides them; the same text without the bf16 flags (as an
+    Intel Xeon without avx512_bf16 writes it) is not native whatever the cap."""
+    text = Path("/proc/cpuinfo").read_text()
+    flags = cpu_features.cpu_flags(text)
+    has = bool(flags & {"avx512_bf16", "amx_bf16"})
+    assert cpu_features.native_bf16(text, {}, "x86_64")[0] is has
+    assert cpu_features.native_bf16(text, {"ONEDNN_MAX_CPU_ISA": "avx2"}, "x86_64")[0] is False
+    assert cpu_features.native_bf16(text, {"DNNL_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, "x86_64")[0] is False
+    assert cpu_features.native_bf16(text, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, "x86_64")[0] is has
+    stripped = "\n".join(line.replace(" avx512_bf16", "").replace(" amx_bf16", "") for line in text.splitlines())
+    native, why = cpu_features.native_bf16(stripped, {}, "x86_64")
+    assert native is False and "no native bf16" in why
 
 
 def _run_state(trainer: Trainer) -> dict:

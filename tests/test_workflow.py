@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from unittest import mock
 from pathlib import Path
 
 import pandas as pd
@@ -417,12 +418,21 @@ def test_the_gpu_study_trains_every_cell_optimised_and_the_baseline_only_in_the_
     assert {name: resolved[name] for name in preset_values("optimised", "resnet50")} == preset_values("optimised", "resnet50")
 
 
-def test_the_cpu_study_runs_the_optimised_preset_with_bf16_and_compilation_off():
-    runs = _planned_trainer_flags(_env())  # this machine: no nvidia-smi, so the CPU overrides
-    cells = {run: _resolved(flags) for run, flags in runs.items() if not run.startswith(("ablation_", "reproduce_"))}
+@pytest.mark.parametrize("onednn_cap", [None, "AVX512_CORE"])
+def test_the_cpu_study_runs_the_optimised_preset_with_compilation_off_and_bf16_only_where_native(onednn_cap):
+    """The CPU study's cells train bf16 where the planning CPU runs it natively, else fp32 (oneDNN
+    held below AVX512_CORE_BF16 stands for a CPU without avx512_bf16), and the matrix says which."""
+    from scalerepro.common import cpu_features
+
+    env = _env() if onednn_cap is None else {**_env(), "ONEDNN_MAX_CPU_ISA": onednn_cap}
+    runs = _planned_trainer_flags(env)  # this machine: no nvidia-smi, so the CPU overrides
+    native = cpu_features.native_bf16(environ=env)[0]
+    with mock.patch.dict(os.environ, {"ONEDNN_MAX_CPU_ISA": onednn_cap or ""}):  # the planner's view, here
+        cells = {run: _resolved(flags) for run, flags in runs.items() if not run.startswith(("ablation_", "reproduce_"))}
     assert cells and all(c.parallel.device == "cpu" for c in cells.values())
+    expected = "bf16" if native else "fp32"
     for run, config in cells.items():
-        assert (config.perf.preset, config.perf.precision, config.perf.compile, config.data.loader) == ("optimised", "bf16", "none", "device"), run
+        assert (config.perf.preset, config.perf.precision, config.perf.compile, config.data.loader) == ("optimised", expected, "none", "device"), run
 
 
 def test_the_report_line_names_a_report_built_by_this_run_only(study, tmp_path):

@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from scalerepro.common import cpu_features
 from scalerepro.common.cli import CommandError, OneLineErrorParser
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
@@ -57,15 +59,62 @@ DEFAULT_PRESET = "baseline"
 CUDA_GRAPH_COMPILE = "reduce-overhead"  # one of scalerepro.common.cuda_graphs.CUDA_GRAPH_MODES
 
 
-def preset_values(preset: str, model: str, grad_accum_steps: int = 1, parallel: str = "ddp") -> dict[str, Any]:
+def preset_values(preset: str, model: str, grad_accum_steps: int = 1, parallel: str = "ddp", device: str = "auto") -> dict[str, Any]:
     """The field values ``preset`` gives a run of ``model`` (dest name -> value), with
-    ``grad_accum_steps`` micro-batches a step under the ``parallel`` strategy."""
+    ``grad_accum_steps`` micro-batches a step under the ``parallel`` strategy, on ``device`` (the
+    flag's value: on "cpu" bf16 only where the CPU has it natively, else fp32)."""
     values = dict(PRESETS[preset])
     for name in CONV_NET_ONLY:
         values[name] = values[name] and model in CONV_NETS
     if values["compile"] != "none" and model in CONV_NETS and grad_accum_steps == 1 and parallel == "ddp":
         values["compile"] = CUDA_GRAPH_COMPILE
+    if device == "cpu" and values["precision"] == "bf16" and not _native_bf16_here()[0]:
+        values["precision"] = "fp32"  # emulated bf16 trains 1.5-2.3x slower than fp32 (scalerepro.common.cpu_features)
     return values
+
+
+def _native_bf16_here() -> tuple[bool, str]:
+    return _native_bf16_under(os.environ.get("ONEDNN_MAX_CPU_ISA", ""), os.environ.get("DNNL_MAX_CPU_ISA", ""))
+
+
+@functools.cache  # /proc/cpuinfo once a process (the planner resolves hundreds of runs); keyed on the ISA caps
+def _native_bf16_under(onednn_cap: str, dnnl_cap: str) -> tuple[bool, str]:
+    return cpu_features.native_bf16(environ={"ONEDNN_MAX_CPU_ISA": onednn_cap, "DNNL_MAX_CPU_ISA": dnnl_cap})
+
+
+def precision_reason(config: TrainConfig, device_type: str) -> str | None:
+    """Why a run on ``device_type`` trains at its precision, where the device decides it (a CPU:
+    bf16 is native on some, emulated on others); None on a GPU."""
+    if device_type != "cpu":
+        return None
+    native, why = _native_bf16_here()
+    precision = config.perf.precision
+    chosen = "given explicitly" if "precision" in preset_overrides(config) else f"the {config.perf.preset} preset's choice on this CPU"
+    if precision == "bf16":
+        return f"bf16 ({chosen}): {why}" + ("" if native else ", so it runs slower than fp32 would")
+    if precision == "fp32" and config.perf.preset == "optimised" and not native:
+        return f"fp32 ({chosen}, bf16 where native only): {why}"
+    return f"{precision} ({chosen}); {why}"
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The dest names of the flags ``argv`` gives explicitly (whatever their values)."""
+    parser = build_parser()
+    unset = object()
+    namespace, _ = parser.parse_known_args(argv, argparse.Namespace(**{action.dest: unset for action in parser._actions}))
+    return {name for name, value in vars(namespace).items() if value is not unset}
+
+
+def with_device(config: TrainConfig, device_type: str, given: set[str]) -> TrainConfig:
+    """``config`` with the preset applied for ``device_type`` (what --device auto resolved to): a
+    field the preset set takes the preset's value for that device; a flag in ``given`` (given
+    explicitly: given_flags) keeps its value."""
+    model, perf = config.model.model, config.perf
+    after = preset_values(perf.preset, model, config.optim.grad_accum_steps, config.parallel.parallel, device_type)
+    precision = perf.precision if "precision" in given else after["precision"]
+    # the resolved device is recorded, so that the record's preset_overrides compare with that device's preset
+    return dataclasses.replace(config, perf=dataclasses.replace(perf, precision=precision),
+                               parallel=dataclasses.replace(config.parallel, device=device_type))  # fmt: skip
 
 
 class ConfigError(CommandError, ValueError):
@@ -334,7 +383,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     given, _ = parser.parse_known_args(argv)
-    parser.set_defaults(**preset_values(given.preset, given.model, given.grad_accum_steps, given.parallel))
+    parser.set_defaults(**preset_values(given.preset, given.model, given.grad_accum_steps, given.parallel, given.device))
     namespace = vars(parser.parse_args(argv))
     hints = typing.get_type_hints(TrainConfig)
     sections = {
@@ -354,7 +403,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 def preset_overrides(config: TrainConfig) -> dict[str, Any]:
     """The fields where ``config`` departs from its preset (dest name -> the value it has)."""
     resolved = {f.name: getattr(section, f.name) for section in vars(config).values() for f in dataclasses.fields(section)}
-    return {name: resolved[name] for name, value in preset_values(config.perf.preset, config.model.model, config.optim.grad_accum_steps, config.parallel.parallel).items() if resolved[name] != value}
+    return {name: resolved[name] for name, value in preset_values(config.perf.preset, config.model.model, config.optim.grad_accum_steps, config.parallel.parallel, config.parallel.device).items() if resolved[name] != value}
 
 
 def to_argv(config: TrainConfig) -> list[str]:

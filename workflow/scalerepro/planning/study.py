@@ -266,7 +266,8 @@ class _Builder:
             for batch in sens["per_gpu_batch"]:
                 for precision in sens["precision"]:
                     variant = f"bucket{bucket:g}-batch{batch}-{precision}"
-                    flags = ("--bucket-cap-mb", f"{bucket:g}", "--precision", precision)
+                    # "preset": the precision the preset picks on this device (on a CPU, bf16 only where native)
+                    flags = ("--bucket-cap-mb", f"{bucket:g}", *(("--precision", precision) if precision != "preset" else ()))
                     self.add("sensitivity", sens["model"], self._gpus(sens["gpus"]), sens["repeats"], variant, batch, flags, "sensitivity.gpus", flags_key="sensitivity")
 
     def ablation(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from scalerepro import schedulers
 from scalerepro.common.files import utc_now
-from scalerepro.config import preset_overrides
+from scalerepro.config import precision_reason, preset_overrides
 from scalerepro.telemetry import hardware
 
 RECORD_SCHEMA_VERSION = 3  # 2: the scheduler's job facts under "scheduler" (was "slurm"); 3: batch.per_gpu (was batch.per_rank)
@@ -56,6 +56,8 @@ def build(
             "preset": config.perf.preset,
             # the flags given explicitly on top of the preset, with the values they set
             "preset_overrides": preset_overrides(config),
+            # on a CPU: why this precision (bf16 is native on some CPUs, emulated on others)
+            "precision_reason": precision_reason(config, config.parallel.device),
             "cudnn_benchmark": config.perf.cudnn_benchmark,
             "channels_last": config.perf.channels_last,
             "compile": config.perf.compile,

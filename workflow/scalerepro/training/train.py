@@ -18,7 +18,7 @@ import torch.distributed
 from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from scalerepro.common.files import utc_now, write_json_atomically
-from scalerepro.config import ConfigError, TrainConfig, parse_args
+from scalerepro.config import ConfigError, TrainConfig, given_flags, parse_args, with_device
 from scalerepro.data import cifar10
 from scalerepro.training import distributed, record
 from scalerepro.training.distributed import DistContext, DistributedSetupError
@@ -96,6 +96,8 @@ def main(argv: list[str]) -> int:
             config.parallel.device, config.parallel.dist_timeout_s, group_at_one_rank=config.parallel.process_group_at_one_rank
         )
         log = functools.partial(print, flush=True) if ctx.is_main else _silent
+        if config.parallel.device == "auto":  # the preset's precision depends on the device (bf16 on a CPU only where native)
+            config = with_device(config, ctx.device.type, given_flags(argv))
         trainer = Trainer(config, ctx, stop, log=log)
         outcome = trainer.fit()
         measurements = trainer.results()
