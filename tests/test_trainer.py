@@ -11,9 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
+from scalerepro.analysis.tables import cell_tables, readers
 from scalerepro.common import cpu_features
 from scalerepro.common.exits import EXIT_PREEMPTED
 from scalerepro.config import parse_args
@@ -343,6 +345,17 @@ def test_the_optimised_preset_trains_fp32_on_a_cpu_that_would_emulate_bf16_and_t
     lever = load_record(tmp_path / "bf16.json")
     assert lever["precision"] == "bf16" and lever["knobs"]["preset_overrides"] == {"compile": "none", "precision": "bf16"}
     assert lever["knobs"]["precision_reason"].startswith("bf16 (given explicitly)") and "slower than fp32" in lever["knobs"]["precision_reason"]
+    # the analysis reads the reason, and the ablation's bf16 row says why it loses against fp32
+    matrix = pd.DataFrame([
+        {"run_id": name, "study": "ablation", "model": "cnn", "gpus": 1, "nodes": 1, "gpus_per_node": 1, "repeat": 1, "variant": variant,
+         "precision": precision, "per_gpu_batch": 16, "global_batch": 16, "bucket_cap_mb": 25.0, "runtime_min": 10,
+         "record": str(tmp_path / f"{name}.json"), "rerun": ""}
+        for name, variant, precision in (("run", "baseline", "fp32"), ("bf16", "bf16", "bf16"))
+    ])  # fmt: skip
+    matrix.to_csv(tmp_path / "matrix.csv", index=False)
+    runs, _, _ = readers.read_runs(readers.read_matrix(tmp_path / "matrix.csv"))
+    notes = cell_tables.ablation_table(runs).set_index("variant")["note"]
+    assert notes["baseline"] == "" and "bf16 emulated on this CPU: ONEDNN_MAX_CPU_ISA=AVX512_CORE keeps oneDNN below" in notes["bf16"]
     # where bf16 is native (this machine, if its CPU has avx512_bf16 or AMX), the preset keeps it
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     native = cpu_features.native_bf16()[0]

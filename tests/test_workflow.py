@@ -564,3 +564,21 @@ def test_snakemake_report_zip_holds_the_figures_tables_and_report(study, tmp_pat
     names = zipfile.ZipFile(archive).namelist()
     for expected in [*(f"{n}.svg" for n in FIGURE_NAMES), *(f"{n}.png" for n in FIGURE_NAMES), "checks.csv", "scaling.csv", "index.html"]:
         assert any(name.endswith("/" + expected) for name in names), f"{expected} not in the report archive"
+
+
+def test_a_copy_of_the_workflow_runs_its_own_package_not_the_installed_one(tmp_path):
+    """The development environment installs this checkout editable; a copy of the workflow
+    elsewhere (a benchmark's before/after, a user's second checkout) must run the copy's package in
+    its jobs, or the code its fingerprints hash is not the code that runs. Each process that
+    imports the copy's package leaves a mark naming the file it imported."""
+    workdir = tmp_path / "copy"
+    shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    init = workdir / "workflow" / "scalerepro" / "__init__.py"
+    init.write_text(init.read_text() + f"\nimport os as _os\nopen({str(marks)!r} + f'/{{_os.getpid()}}', 'w').write(__file__)\n")
+    done = snakemake(workdir, "results/inventory/system.json", "--cores", "1", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = {path.read_text() for path in marks.iterdir()}
+    # the Snakemake process itself and the inventory job (python -m scalerepro.telemetry.inventory) each imported the copy's package
+    assert len(list(marks.iterdir())) >= 2 and imported == {str(init)}

@@ -15,6 +15,10 @@ REPO = Path(workflow.basedir)
 PACKAGE = REPO / "workflow" / "scalerepro"
 # The plan, from this checkout's package (it imports no torch).
 sys.path.insert(0, str(PACKAGE.parent))
+# ... and every job's program too: a job is a new process, which would otherwise import the
+# package an editable install points at, another checkout's where this one is a copy (the code
+# the fingerprints hash must be the code that runs).
+os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
 from scalerepro import schedulers
 from scalerepro.analysis.columns import AGGREGATE_TABLES
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES

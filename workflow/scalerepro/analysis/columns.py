@@ -57,6 +57,8 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "data_kind": ("data", "kind"),
     "optimizer_kind": ("optimizer", "kind"),
     "compile_mode": ("knobs", "compile"),
+    # on a CPU: why the run trained at its precision (bf16 is native on some CPUs, emulated on others)
+    "precision_reason": ("knobs", "precision_reason"),
     # why mfu is empty, when it is (e.g. no peak FLOP/s tabulated for a CPU)
     "peak_flops_source": ("measurements", "peak_flops_source"),
     # sharded runs (--parallel fsdp, tp, fsdp+tp): measurements.sharding, null under ddp
@@ -81,7 +83,7 @@ RUN_COLUMNS = (
     "peak_memory_kind", "final_train_loss", "final_eval_loss", "final_eval_accuracy", "duration_s", "device_type",
     "device_name", "world_size_recorded", "nodes_recorded", "scheduler_job_id", "git_commit", "git_dirty",
     "torch_version", "started_at", "precision_recorded", "per_gpu_batch_recorded", "grad_accum_recorded",
-    "tokens_per_sample", "channels_last", "data_kind", "optimizer_kind", "compile_mode", "peak_flops_source",
+    "tokens_per_sample", "channels_last", "data_kind", "optimizer_kind", "compile_mode", "precision_reason", "peak_flops_source",
     "parallel_recorded", "mesh", "reshard_after_forward", "state_bytes_per_rank_max", "state_bytes_per_rank_min",
     "comm_bytes_per_step", "comm_by_collective", "comm_reason", "pipeline_bubble_fraction", "params_bytes_per_rank",
     "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank", "activations_reason",

@@ -23,6 +23,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from scalerepro.common.cli import error_boundary
@@ -39,7 +40,11 @@ def main(argv: list[str]) -> int:
     with open(log_path, "a") as log:
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
+        started = time.monotonic()
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+        # the job's cost beside its record's own duration: what starting the launcher and the
+        # ranks (Python, torch) adds (benchmarks/readme_study_bench.py reads this line)
+        log.write(f"run_job: launcher and ranks took {time.monotonic() - started:.3f} s wall, exit {code}\n")
 
     status = json.loads(record.read_text())["status"] if record.exists() else None
     if status == "ok" and code == 0:

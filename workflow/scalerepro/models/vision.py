@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from scalerepro.models._torchvision import import_torchvision
+from scalerepro.models._torchvision import import_torchvision as torchvision
 
-torchvision = import_torchvision()
+# torchvision is imported by the first model built here, not with this module: its import pulls in
+# torch._dynamo (about 1 s a process on the development VM), which a run of the small CNN or of a
+# transformer never uses, and every rank of every job of a CPU study paid it (issue 34).
 
 VIT_PATCH_SIZE = 16
 
@@ -22,7 +24,7 @@ def resnet18_cifar(num_classes: int) -> nn.Module:
     before the first residual stage; the CIFAR stem keeps it at 32x32 (He et al. 2016, sec. 4.2;
     the common ``kuangliu/pytorch-cifar`` variant).
     """
-    model = torchvision.models.resnet18(num_classes=num_classes)
+    model = torchvision().models.resnet18(num_classes=num_classes)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     # The init torchvision gives every other conv of the ResNet.
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
@@ -31,7 +33,7 @@ def resnet18_cifar(num_classes: int) -> nn.Module:
 
 
 def resnet50(num_classes: int) -> nn.Module:
-    return torchvision.models.resnet50(num_classes=num_classes)
+    return torchvision().models.resnet50(num_classes=num_classes)
 
 
 def vit_b_16(
@@ -43,7 +45,7 @@ def vit_b_16(
     runs ``F.scaled_dot_product_attention``. ``dropout`` drops both hidden states and attention
     probabilities, as BERT's and GPT-2's ``dropout`` does here.
     """
-    return torchvision.models.VisionTransformer(
+    return torchvision().models.VisionTransformer(
         image_size=image_size,
         patch_size=VIT_PATCH_SIZE,
         num_layers=num_layers,

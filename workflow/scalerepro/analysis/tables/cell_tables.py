@@ -173,7 +173,23 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
         [NO_REPEAT, "no completed baseline run: gain undefined", _noise_note(cells)],
         "",
     )
+    # A bf16 cell on a CPU that emulates bf16 loses against fp32 by the emulation, not by a fault of
+    # the lever: its records say so (knobs.precision_reason), and so does its row.
+    emulated = _emulated_bf16(ablation)
+    for index, (model, gpus, variant) in enumerate(zip(cells["model"], cells["gpus"], cells["variant"])):
+        reason = emulated.get((model, gpus, variant))
+        if reason:
+            cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], f"bf16 emulated on this CPU: {reason}"]))
     return cells[list(ABLATION_COLUMNS)]
+
+
+def _emulated_bf16(runs: pd.DataFrame) -> dict[tuple, str]:
+    """(model, gpus, variant) -> the records' reason, for the cells whose completed runs trained bf16
+    on a CPU without native bf16 (scalerepro.common.cpu_features, as the trainer recorded it)."""
+    done = runs[runs["counts"].fillna(False).astype(bool) & runs["precision_recorded"].eq("bf16")]
+    reasons = done["precision_reason"].fillna("")
+    hit = done[reasons.str.contains("emulate", regex=False)]
+    return {key: str(group["precision_reason"].iloc[0]).split(": ", 1)[-1] for key, group in hit.groupby(["model", "gpus", "variant"])}
 
 
 def parallelism_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
