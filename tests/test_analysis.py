@@ -208,6 +208,12 @@ def test_ablation_gain(gpu):
     assert list(ablation["gain"].round(6)[[0, 1, 3]]) == [0.0, 0.5, 0.3]  # 150 / 100 - 1, 130 / 100 - 1
     preempted = row(ablation, variant="channels_last")
     assert pd.isna(preempted["gain"]) and preempted["repeats_ok"] == 0 and preempted["note"] == "no completed repeat"
+    assert (row(ablation, variant="baseline")[["gain_ci_low", "gain_ci_high"]] == 0).all()  # itself, exactly
+    # a baseline with no completed repeat has no interval either (the one-H100 study showed "+0.0 % – +0.0 %")
+    runs = gpu[0]["runs"]
+    runs = runs.assign(counts=runs["counts"] & ~(runs["study"].eq("ablation") & runs["variant"].eq("baseline")))
+    baseline = row(cell_tables.ablation_table(runs), variant="baseline")
+    assert baseline["repeats_ok"] == 0 and pd.isna(baseline["gain_ci_low"]) and pd.isna(baseline["gain_ci_high"])
 
 
 def test_communication_bandwidths(gpu, tmp_path):

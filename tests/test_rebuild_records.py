@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pandas as pd
 
@@ -44,3 +46,15 @@ def test_records_only_errors_are_one_line_and_name_the_fix(tmp_path):
     (mixed / "notes.json").write_text(json.dumps({"hello": 1}))
     done = rebuild_from_records((mixed,), tmp_path / "mixed-out")
     assert done.returncode == 0 and "left out 1 JSON files: notes.json (not a run record)" in done.stderr, done.stderr
+
+
+def test_run_from_any_folder_it_finds_its_checkouts_references_and_a_missing_config_is_named(tmp_path):
+    """The defaults (config/references.yaml, report/, config/config.yaml) are the checkout's where
+    the command runs outside a workflow folder; a --config that is not there is refused, not ignored."""
+    code = "import runpy, sys; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", code, "--records", str(H100_RECORDS[1]), "--out", str(tmp_path / "out")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and (tmp_path / "out" / "report" / "index.html").is_file(), done.stderr[-2000:]
+    missing = subprocess.run([sys.executable, "-c", code, "--records", str(H100_RECORDS[1]), "--out", str(tmp_path / "o2"),
+                              "--config", str(tmp_path / "nowhere.yaml")], cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "nowhere.yaml: no such file" in missing.stderr, missing.stderr

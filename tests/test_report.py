@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalerepro.analysis.presentation import report
+from scalerepro.analysis.presentation import headline, report
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "report"
@@ -597,7 +597,9 @@ def test_scaling_model_shows_the_cluster_and_its_typical_error_only_on_a_cluster
     table.to_csv(paths["tables"] / "scaling_model.csv", index=False)
     on_cluster = scaling_model_rows(render_study(paths, tmp_path / "cluster.html"))
     assert on_cluster["64"]["Typical error (±)"] == "1.1 %" and on_cluster["64"]["Cluster"] == "dgx_h100"
-    assert on_cluster["64"]["Nodes"] == "8" and "NVIDIA DGX H100" in on_cluster["64"]["α, B from"]
+    # the cluster's network is said once above the table (its rows would repeat it), not in "α, B from"
+    assert on_cluster["64"]["Nodes"] == "8" and on_cluster["64"]["α, B from"] == "—"
+    assert "run on <code>dgx_h100</code></strong>" in section(render_study(paths, tmp_path / "cluster.html"), "results").split('id="scaling-model"')[1]
     # the measured count keeps its own network: no cluster, no typical error
     assert on_cluster["8"]["Typical error (±)"] == "—" and on_cluster["8"]["Cluster"] == "—"
 
@@ -616,7 +618,7 @@ def test_headline_takes_the_best_configuration_by_median():
         "variant": ["a", "a", "a", "b", "b", "c", "d"],
         "samples_per_s": [100.0, 100.0, 1000.0, 300.0, 310.0, 5000.0, 9999.0],
     })  # fmt: skip
-    (row,) = report.headline(runs, pd.DataFrame())
+    (row,) = headline.headline(runs, pd.DataFrame())
     assert row["one"]["samples_per_s"] == 305.0 and "b" in row["one"]["config"] and row["one"]["repeats"] == 2
     assert row["at_max"] is None and row["strong"] is None
     assert [r["run_id"] for r in report.inconsistent(runs.assign(run_id=list("abcdefg")))] == ["g"]

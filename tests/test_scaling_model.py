@@ -198,8 +198,24 @@ def test_table_puts_prediction_beside_measurement_and_predicts_beyond(tmp_path):
     assert table.loc[2, "efficiency_measured"] == pytest.approx(tables["scaling"].set_index("gpus").loc[2, "efficiency"])
     assert pd.isna(table.loc[4, "step_time_measured_s"]) and "prediction only" in table.loc[4, "note"]
     assert table.loc[2, "network"].startswith("fit to g2.json") and table.loc[8, "compute_scale"] == pytest.approx(1 / 8)
-    # the fixture's nodes hold 2 GPUs: 4 and 8 GPUs span nodes, so InfiniBand is the ring's slowest link
-    assert "InfiniBand" in table.loc[4, "network"] and table.loc[4, "nodes"] == 2
+    # the fixture's nodes hold 2 H100s and it measured no link across nodes: 4 and 8 GPUs are beyond
+    # its node, and run on its GPU's preset (8 GPUs a node), not on 2-GPU nodes over InfiniBand
+    assert table.loc[4, "nodes"] == 1 and table.loc[4, "cluster"] == "dgx_h100" and "scaling.predict_cluster is not set" in table.loc[4, "cluster_basis"]
+    # with no preset for its GPU in the references, the links there, on nodes of its own size
+    tables = aggregate.aggregate(s.write_matrix(), [comm], _without_clusters(tmp_path), {}, predict_gpus=[2, 4, 8])
+    table = tables["scaling_model"].set_index("gpus")
+    assert "InfiniBand" in table.loc[4, "network"] and table.loc[4, "nodes"] == 2 and pd.isna(table.loc[4, "cluster"])
+
+
+def _without_clusters(tmp_path) -> Path:
+    """config/references.yaml without its cluster presets."""
+    import yaml
+
+    document = yaml.safe_load(REFERENCES.read_text())
+    document.pop("clusters")
+    path = tmp_path / "references-no-clusters.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
 
 
 def _strong_study(tmp_path, gpus_per_node: int, global_batch: int, micro_1: int, accum_1: int):
@@ -254,9 +270,11 @@ def test_predictions_accumulate_where_the_share_exceeds_the_micro_batch(tmp_path
 def test_beyond_the_hardware_the_measured_bus_bandwidth_wins(tmp_path):
     # g2.json was measured on one node at B = 1 GB/s; 4 and 8 GPUs fit in a node of 8: the fit
     # applies (not NVLink's 450 GB/s line rate); 16 GPUs span nodes, where nothing was measured:
-    # the configured InfiniBand at 0.85 of its line rate, saying so
+    # on the H100's preset (below), else the configured InfiniBand at 0.85 of its line rate, saying so
     matrix, comm = _strong_study(tmp_path, gpus_per_node=8, global_batch=64, micro_1=32, accum_1=2)
-    table = aggregate.aggregate(matrix, [comm], REFERENCES, {}, predict_gpus=[4, 8, 16])["scaling_model"].set_index("gpus")
+    own = aggregate.aggregate(matrix, [comm], REFERENCES, {}, predict_gpus=[4, 8, 16])["scaling_model"].set_index("gpus")
+    assert own.loc[16, "cluster"] == "dgx_h100" and own.loc[16, "nodes"] == 2 and own.loc[8, "link_gbps"] == pytest.approx(1.0, rel=1e-6)
+    table = aggregate.aggregate(matrix, [comm], _without_clusters(tmp_path), {}, predict_gpus=[4, 8, 16])["scaling_model"].set_index("gpus")
     for gpus in (4, 8):
         assert table.loc[gpus, "link_gbps"] == pytest.approx(1.0, rel=1e-6)
         assert table.loc[gpus, "network"].startswith("measured within one node: fit to g2.json")

@@ -316,7 +316,9 @@ def test_the_study_report_in_headless_chromium(study, tmp_path):
         browser.screenshot(session, shot, 1400)
     finally:
         browser.close()
-    assert len(found["images"]) == 12 and not found["broken_images"], found["images"]
+    # every figure is drawn or, with nothing to draw, one line saying why (class "plot not-drawn")
+    not_drawn = (study / "results/report/index.html").read_text().count('class="plot not-drawn"')
+    assert len(found["images"]) + not_drawn == 12 and len(found["images"]) >= 6 and not found["broken_images"], found["images"]
     assert not found["errors"] and not found["foreign_requests"], found
     print(f"\nscreenshot of the CI study's report: {shot}")
 

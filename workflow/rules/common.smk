@@ -15,19 +15,18 @@ REPO = Path(workflow.basedir)
 PACKAGE = REPO / "workflow" / "scalerepro"
 # The plan, from this checkout's package (it imports no torch).
 sys.path.insert(0, str(PACKAGE.parent))
-# ... and every job's program too: a job is a new process, which would otherwise import the
-# package an editable install points at, another checkout's where this one is a copy (the code
-# the fingerprints hash must be the code that runs).
-os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
 from scalerepro import schedulers
 from scalerepro.analysis.columns import AGGREGATE_TABLES
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES
 from scalerepro.analysis.tables import checking
-from scalerepro.common.source_closure import source_files
+from scalerepro.common.source_closure import run_jobs_from_this_checkout, source_files
 from scalerepro.planning import plan as planning
 from scalerepro.planning import study
 from scalerepro.planning.plan import record_path
 from scalerepro.schedulers.base import SchedulerError
+
+# every job's program too, a new process, imports this checkout's package
+run_jobs_from_this_checkout(os.environ, PACKAGE.parent)
 
 ENV_TRAIN = "../../envs/train.yaml"
 ENV_ANALYSIS = "../../envs/analysis.yaml"
@@ -215,7 +214,11 @@ def profile_inputs(wildcards):
     waits behind a profile, and the profile compiles from the Inductor cache the run filled (on an
     H100, 2026-11-26, a profile that went first compiled ResNet-50 cold under ncu for 3.5 minutes).
     ncu after nsys (when both run): it profiles the kernels nsys found on top."""
-    inputs = [*data_input(wildcards), f"results/runs/{wildcards.run}/record.json"]
+    # ancient(): an order, not a freshness test: rerunning the run does not redo its profile
+    inputs = [
+        *data_input(wildcards),
+        ancient(f"results/runs/{wildcards.run}/record.json"),
+    ]
     if wildcards.tool == "ncu" and "nsys" in PROFILING_TOOLS:
         inputs.append(f"results/profiles/{wildcards.run}/nsys/capture.json")
     return inputs

@@ -57,10 +57,17 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "data_kind": ("data", "kind"),
     "optimizer_kind": ("optimizer", "kind"),
     "compile_mode": ("knobs", "compile"),
+    # the other levers a record states (a gap walk pairs runs that differ in one lever only, so each is a column)
+    "loader": ("knobs", "loader"),
+    "optimizer_impl": ("knobs", "optimizer_impl"),
+    "cudnn_benchmark": ("knobs", "cudnn_benchmark"),
     # on a CPU: why the run trained at its precision (bf16 is native on some CPUs, emulated on others)
     "precision_reason": ("knobs", "precision_reason"),
     # why mfu is empty, when it is (e.g. no peak FLOP/s tabulated for a CPU)
     "peak_flops_source": ("measurements", "peak_flops_source"),
+    # what MFU is against (the dense peak per GPU) and the memory of the card it ran on
+    "peak_flops_per_device": ("measurements", "peak_flops_per_device"),
+    "gpu_memory_bytes": ("hardware", "gpu", "memory_bytes"),
     # sharded runs (--parallel fsdp, tp, fsdp+tp): measurements.sharding, null under ddp
     "state_bytes_per_rank_max": ("measurements", "sharding", "state_bytes_per_rank_max"),
     "state_bytes_per_rank_min": ("measurements", "sharding", "state_bytes_per_rank_min"),
@@ -84,7 +91,8 @@ RUN_COLUMNS = (
     "device_name", "world_size_recorded", "nodes_recorded", "scheduler_job_id", "git_commit", "git_dirty",
     "torch_version", "started_at", "precision_recorded", "per_gpu_batch_recorded", "grad_accum_recorded",
     "tokens_per_sample", "channels_last", "data_kind", "optimizer_kind", "compile_mode", "precision_reason", "peak_flops_source",
-    "parallel_recorded", "mesh", "reshard_after_forward", "state_bytes_per_rank_max", "state_bytes_per_rank_min",
+    "loader", "optimizer_impl", "cudnn_benchmark",
+    "peak_flops_per_device", "gpu_memory_bytes", "parallel_recorded", "mesh", "reshard_after_forward", "state_bytes_per_rank_max", "state_bytes_per_rank_min",
     "comm_bytes_per_step", "comm_by_collective", "comm_reason", "pipeline_bubble_fraction", "params_bytes_per_rank",
     "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank", "activations_reason",
 )  # fmt: skip
@@ -169,11 +177,12 @@ PROFILING_COLUMNS = (
     "compute_s", "communication_s", "overlap_s", "exposed_comm_s", "data_wait_s", "idle_s",
     "compute_kernel_time_s", "comm_kernel_time_s", "median_call_us", "window", "classification", "provisional",
     "evidence", "tool_versions", "gpus", "driver", "warnings",
+    "kernel_basis", "capture_errors",  # what the kernels' times and shares are of; each failed capture's error
 )  # fmt: skip
 KERNEL_COLUMNS = ("run_id", "rank_in_run", "name", "kind", "calls", "total_s", "mean_us", "share")
 ROOFLINE_COLUMNS = (
-    "run_id", "kernel", "launches", "duration_s", "flops", "flops_source", "cuda_core_flops", "tensor_flops",
-    "tensor_work", "achieved_flops_per_s", "peak_flops_per_s", "peak", "flops_fraction", "dram_bytes",
+    "run_id", "kernel", "kind", "launches", "duration_s", "flops", "flops_source", "cuda_core_flops", "tensor_flops",
+    "tensor_work", "achieved_flops_per_s", "peak_flops_per_s", "peak", "roof", "flops_fraction", "dram_bytes",
     "dram_bytes_per_s", "dram_fraction", "arithmetic_intensity", "ridge_intensity", "attainable_flops_per_s", "bound",
     "sm_throughput_pct", "memory_throughput_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct",
     "peak_dram_bytes_per_s", "dram_bytes_source", "peaks_basis", "missing",

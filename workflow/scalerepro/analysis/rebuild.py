@@ -6,7 +6,8 @@ no benchmark, no Snakemake.
 What it reads under ``--results`` (what the workflow left there): ``tables/matrix.csv`` (the
 planned runs, with the path of each record), the records it names, ``tables/config.json`` (the
 resolved config: the targets and the counts the scaling model predicts), ``comm/g*.json``,
-``profiles/*/summary.json`` (when the study was profiled), ``inventory/system.json``; and
+``profiles/*/`` (when the study was profiled: each run's captures summarised again, its
+summary.json where the captures are gone), ``inventory/system.json``; and
 ``--references`` (``config/references.yaml``) and ``--templates`` (``report/``). It writes what
 the aggregate, plots and report rules write: ``tables/*.csv`` and ``summary.json``,
 ``plots/*.png|svg``, ``report/index.html``. A record path in the matrix that is relative is
@@ -191,9 +192,9 @@ def rebuild(results: Path, references: Path, templates: Path) -> dict[str, objec
         predict = scaling.get("predict_gpus", list(aggregate.scaling_model.DEFAULT_PREDICT_GPUS))
         tables = aggregate.aggregate(resolved, comm, references, _targets(config), predict, scaling.get("predict_cluster"))
     summary = aggregate.write_tables(tables, tables_dir)
-    summaries = sorted((results / "profiles").glob("*/summary.json"))
+    summaries = captures.study_summaries(results, config, matrix)  # made again from the captures, with today's code
     if summaries:
-        for name, table in captures.tables(json.loads(p.read_text()) for p in summaries).items():
+        for name, table in captures.tables(summaries).items():
             write_text_atomically(tables_dir / f"{name}.csv", table.to_csv(index=False))
     drawn = plots.draw(plots.read_tables(tables_dir), results / "plots")
     out = results / "report" / "index.html"
@@ -204,6 +205,15 @@ def rebuild(results: Path, references: Path, templates: Path) -> dict[str, objec
 
 
 _PROG = "scalerepro.analysis.rebuild"
+# the workflow checkout that holds this package (workflow/scalerepro/analysis/rebuild.py)
+_CHECKOUT = Path(__file__).resolve().parents[3]
+
+
+def _from_here_or_checkout(relative: str) -> Path:
+    """A default input: where the command runs when it is there (a workflow's root), else the file
+    of the checkout this package belongs to, so a rebuild run from any folder finds its references."""
+    here = Path(relative)
+    return here if here.exists() or not (_CHECKOUT / relative).exists() else _CHECKOUT / relative
 
 
 @error_boundary(_PROG)
@@ -211,15 +221,22 @@ def main(argv: list[str]) -> int:
     parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=None, help="the study's results folder (default: results)")
     parser.add_argument("--records", type=Path, nargs="+", default=None, help="instead: folders of run records no study planned (with --out)")
-    parser.add_argument("--config", type=Path, default=Path("config/config.yaml"), help="with --records: the study config whose targets and predictions apply (default config/config.yaml)")
+    parser.add_argument("--config", type=Path, default=None, help="with --records: the study config whose targets and predictions apply (default config/config.yaml)")
     parser.add_argument("--out", type=Path, default=None, help="with --records: the folder that gets tables/, plots/ and report/")
-    parser.add_argument("--references", type=Path, default=Path("config/references.yaml"), help="published figures, GPU peaks, links")
-    parser.add_argument("--templates", type=Path, default=Path("report"), help="directory holding templates/ and style.css")
+    parser.add_argument("--references", type=Path, default=None, help="published figures, GPU peaks, links (default config/references.yaml)")
+    parser.add_argument("--templates", type=Path, default=None, help="directory holding templates/ and style.css (default report/)")
     args = parser.parse_args(argv)
+    args.references = args.references or _from_here_or_checkout("config/references.yaml")
+    args.templates = args.templates or _from_here_or_checkout("report")
+    if args.config is None:
+        default_config = _from_here_or_checkout("config/config.yaml")
+        args.config = default_config if default_config.is_file() else None
+    elif not args.config.is_file():
+        parser.error(f"--config {args.config}: no such file (the study config whose targets and predictions apply)")
     if args.records is not None:
         if args.results is not None or args.out is None:
             parser.error("--records needs --out (the folder to write) and no --results")
-        done = rebuild_records(args.records, args.out, args.references, args.templates, args.config if args.config.is_file() else None)
+        done = rebuild_records(args.records, args.out, args.references, args.templates, args.config)
         if done["skipped"]:
             print(f"rebuild: left out {len(done['skipped'])} JSON files: {'; '.join(done['skipped'])}", file=sys.stderr)
     else:

@@ -84,3 +84,13 @@ def code_hash(entries: Iterable[str], package_dir: Path = PACKAGE_DIR) -> str:
     for path in source_files(entries, package_dir):
         digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def run_jobs_from_this_checkout(environ: dict, package_parent: Path = PACKAGE_DIR.parent) -> None:
+    """Put ``package_parent`` first on every job's PYTHONPATH (``environ``: the workflow's own).
+
+    A job is a new process: without this it imports the package an editable install points at,
+    which is another checkout's where the workflow is a copy, and the code the fingerprints above
+    hash would not be the code that runs."""
+    kept = [p for p in environ.get("PYTHONPATH", "").split(":") if p and p != str(package_parent)]
+    environ["PYTHONPATH"] = ":".join([str(package_parent), *kept])

@@ -12,7 +12,10 @@ tool; then ``capture.json`` saying what ran.
          (from the nsys export when nsys ran, else of every kernel of the window)
 
 A tool missing at run time (a cluster node without Nsight) falls back to torch.profiler unless
-``--no-fallback``; then the job fails with one line saying so. This module imports no torch.
+``--no-fallback``; then the job fails with one line saying so. A capture that fails (the tool or
+the trainer exits non-zero: an unknown metric, no access to the counters) still writes
+capture.json, with ``"status": "failed"`` and the exit code, and the job exits 0: the report shows
+the failure with its error (as a failed training run's record does). This module imports no torch.
 """
 
 from __future__ import annotations
@@ -92,15 +95,18 @@ def main(argv: list[str]) -> int:
                 log.write(f"$ {shlex.join(export)}\n")
                 log.flush()
                 code = code or subprocess.run(export, stdout=log, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        sys.exit(f"profiling {out_dir.parent.name} with {tool} failed (exit {code}): see {args.log}")
     # the tool's own version line ("NVIDIA (R) Nsight Compute Command Line Profiler ... Version 2025.3.1.0"):
     # the ncu CSV does not carry it
     version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip().splitlines() if tool != "torch" else []
     capture = {"tool": tool, "requested": args.tool, "fallback_reason": fallback_reason, "command": run,
                "tool_version": version[-1] if version else None, "clock_control": NCU_CLOCK_CONTROL if tool == "ncu" else None,
-               "window_start": args.window_start, "window_steps": args.window_steps}  # fmt: skip
+               "window_start": args.window_start, "window_steps": args.window_steps,
+               "status": "ok" if code == 0 else "failed", "exit_code": code}  # fmt: skip
     write_json_atomically(args.capture, capture)
+    if code != 0:
+        # as a failed training run: the workflow goes on, and the report shows this capture as
+        # failed with the error its files hold (scalerepro.analysis.profiles.failures)
+        print(f"profiling {out_dir.parent.name} with {tool} failed (exit {code}): capture.json says so; see {args.log}", file=sys.stderr)
     return 0
 
 

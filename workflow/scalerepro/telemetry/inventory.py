@@ -19,6 +19,7 @@ from typing import Any
 from scalerepro import schedulers
 from scalerepro.common.cli import OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import utc_now, write_json_atomically
+from scalerepro.common.terminal import strip_terminal_escapes
 from scalerepro.telemetry import hardware
 
 _SYSFS_INFINIBAND = Path("/sys/class/infiniband")
@@ -74,7 +75,8 @@ def nvidia_smi_topology() -> tuple[str | None, str | None]:
     result = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
     if result.returncode != 0:
         return None, f"nvidia-smi topo -m failed: {(result.stderr or result.stdout).strip()[:200]}"
-    return result.stdout, None
+    # it underlines its header row with ANSI escapes even into a pipe: the record keeps the text
+    return strip_terminal_escapes(result.stdout), None
 
 
 def infiniband_ports(root: Path = _SYSFS_INFINIBAND) -> list[dict[str, Any]]:

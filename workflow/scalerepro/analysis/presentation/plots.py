@@ -4,7 +4,8 @@
 
 Every figure of ``figures.FIGURE_NAMES`` (the one list) is written as ``<name>.png`` and ``<name>.svg``. A figure whose
 table has no data (sensitivity disabled, a CPU run without NVML energy, ...) is still written,
-as a centred "not measured: <why>" note, so the report shows a hole rather than a missing image.
+as a centred "not measured: <why>" note that its metadata repeats (``inputs.placeholder_metadata``),
+so the report shows that one line rather than a missing or an empty image.
 The figures show the tables' numbers as they are; only units change (fractions to percent).
 """
 
@@ -24,10 +25,12 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.axis import Axis
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from scalerepro.analysis import columns
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+from scalerepro.analysis.presentation.inputs import placeholder_metadata
 from scalerepro.analysis.tables import scaling_model
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
 
@@ -74,13 +77,25 @@ def _threshold(t: Tables, key: str) -> float | None:
     return float(values.iloc[0]) if len(values) else None
 
 
-def _gpu_axis(ax: plt.Axes, gpus: Sequence[float]) -> None:
-    """A log2 GPU-count axis, ticked at the counts measured."""
+def _device(t: Tables) -> tuple[str, str]:
+    """What the study's count counts, (one, many): ranks where every run with a record ran on a
+    CPU (its "GPUs" are gloo ranks on one host's cores), else GPUs."""
+    devices = set(t["runs"]["device_type"].dropna())
+    return ("rank", "ranks") if devices == {"cpu"} else ("GPU", "GPUs")
+
+
+def _count(n: float, device: tuple[str, str]) -> str:
+    """2 -> "2 GPUs", 1 -> "1 rank"."""
+    return f"{n:g} {device[0] if n == 1 else device[1]}"
+
+
+def _gpu_axis(ax: plt.Axes, gpus: Sequence[float], device: tuple[str, str]) -> None:
+    """A log2 GPU-count axis (ranks on a CPU), ticked at the counts measured."""
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(sorted(set(gpus))))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel("GPUs")
+    ax.set_xlabel(device[1])
 
 
 def _plain_log_axis(axis: Axis) -> None:
@@ -107,7 +122,9 @@ def _legend_below(fig: Figure, axes: Sequence[plt.Axes], order: Callable[[str], 
     """One legend for all panels, below them; each label once, sorted by ``order``."""
     entries = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
     labels = sorted(entries, key=order)
-    fig.legend([entries[label] for label in labels], labels, loc="outside lower center", frameon=False)
+    # in columns, so that a legend of a dozen entries does not push the panels into a strip
+    columns = max(1, min(len(labels), int(fig.get_figwidth() // 3.6)))  # about 3.6 in a column of these labels
+    fig.legend([entries[label] for label in labels], labels, loc="outside lower center", frameon=False, ncol=columns, fontsize="small")
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,7 +141,7 @@ def throughput_vs_gpus(t: Tables) -> Figure:
     published = comparison[comparison["metric"].eq("samples_per_s") & comparison["group"].eq("reproduction")]
     markers = dict(zip(sorted(published["source"].unique()), itertools.cycle(MARKERS)))
     colours = dict(zip(("strong", "weak"), sns.color_palette(n_colors=2)))
-    models = sorted(cells["model"].unique())
+    models, device = sorted(cells["model"].unique()), _device(t)
     fig, axes = _panels(len(models))
     for ax, model in zip(axes, models):
         for study, group in cells[cells["model"].eq(model)].sort_values("gpus").groupby("study"):
@@ -134,18 +151,18 @@ def throughput_vs_gpus(t: Tables) -> Figure:
             ax.errorbar(group["gpus"], median, yerr=spread, marker="o", capsize=4, color=colour, label=label)
             one = group.loc[group["gpus"].eq(1), "samples_per_s_median"]
             if len(one):  # ideal: thr(N) = N thr(1)
-                label = f"{study} scaling: ideal linear from 1 GPU"
+                label = f"{study} scaling: ideal linear from {_count(1, device)}"
                 ax.plot(group["gpus"], one.iloc[0] * group["gpus"], ls="--", color=colour, alpha=0.6, label=label)
         for source, refs in published[published["model"].eq(model)].groupby("source"):
             label = f"published: {textwrap.shorten(source, 70, placeholder=' ...')}"
             ax.scatter(refs["gpus"], refs["published"], marker=markers[source], s=60, color="0.25", label=label)
-        _gpu_axis(ax, [*cells["gpus"], *published.loc[published["model"].eq(model), "gpus"]])
+        _gpu_axis(ax, [*cells["gpus"], *published.loc[published["model"].eq(model), "gpus"]], device)
         ax.set_yscale("log")
         _plain_log_axis(ax.yaxis)
-        ax.set_ylabel("throughput (samples/s, all GPUs)")
+        ax.set_ylabel(f"throughput (samples/s, all {device[1]})")
         ax.set_title(model)
     _legend_below(fig, axes, order=lambda label: (label.startswith("published"), "ideal" in label, label))
-    fig.suptitle("Training throughput vs GPUs")
+    fig.suptitle(f"Training throughput vs {device[1]}")
     return fig
 
 
@@ -153,6 +170,8 @@ def efficiency_vs_gpus(t: Tables) -> Figure:
     cells = t["scaling"].dropna(subset=["efficiency"])
     if cells.empty:
         raise NotMeasured("no scaling efficiency: it needs completed 1-GPU and N-GPU runs of a study and model")
+    if cells["gpus"].max() <= 1:  # thr(1) / (1 x thr(1)) = 100 % by definition: nothing measured
+        raise NotMeasured("every run used 1 GPU: efficiency at 1 GPU is 100 % by definition, so there is nothing to plot")
     fig, (ax,) = _panels(1, width=7.5, height=4.8)
     data = cells.assign(efficiency_pct=100 * cells["efficiency"])
     style = {"hue": "model", "style": "study", "markers": True, "markersize": 8, "errorbar": None}
@@ -161,7 +180,7 @@ def efficiency_vs_gpus(t: Tables) -> Figure:
     target = _threshold(t, "strong_efficiency")
     if target is not None:
         ax.axhline(100 * target, color="tab:red", ls="--", lw=1.2, label=f"target, strong ({target:.0%})")
-    _gpu_axis(ax, cells["gpus"])
+    _gpu_axis(ax, cells["gpus"], _device(t))
     ax.set_ylim(0, max(110, 100 * cells["efficiency"].max() + 10))
     ax.set_ylabel("scaling efficiency (%)")
     ax.set_title("Scaling efficiency: strong thr(N)/(N thr(1)), weak T(1)/T(N)")
@@ -179,10 +198,11 @@ def weak_epoch_time(t: Tables) -> Figure:
     sns.lineplot(cells, x="gpus", y="epoch_time_s", ax=ax, **style)
     for model, one in cells[cells["gpus"].eq(1)].groupby("model"):  # ideal: T(N) = T(1)
         ax.axhline(one["epoch_time_s"].iloc[0], color=palette[model], ls="--", lw=1, label=f"{model}: ideal (constant)")
-    _gpu_axis(ax, cells["gpus"])
+    device = _device(t)
+    _gpu_axis(ax, cells["gpus"], device)
     ax.set_ylim(0, 1.15 * cells["epoch_time_s"].max())
     ax.set_ylabel("time per epoch (s, median)")
-    ax.set_title("Weak scaling: time per epoch (per-GPU batch and data fixed)")
+    ax.set_title(f"Weak scaling: time per epoch (per-{device[0]} batch and data fixed)")
     ax.legend(fontsize="small")
     return fig
 
@@ -193,20 +213,33 @@ def sensitivity_heatmap(t: Tables) -> Figure:
     cells = t["sensitivity"].dropna(subset=["samples_per_s_median"])
     if cells.empty:
         raise NotMeasured("no sensitivity run completed")
-    panels = list(cells.groupby(["model", "gpus", "precision"]))
+    panels, device = list(cells.groupby(["model", "gpus", "precision"])), _device(t)
     fig, axes = _panels(len(panels), width=5.5, height=4.4)
-    scale = {"vmin": cells["samples_per_s_median"].min(), "vmax": cells["samples_per_s_median"].max()}  # shared
+    # One scale from 0 to the best cell, shared by the panels: a colour step is a share of the
+    # throughput, so cells a few per cent apart (within their repeats' noise) read as alike, not
+    # as the two ends of the colour map that a min-to-max scale would paint them.
+    scale = {"vmin": 0.0, "vmax": cells["samples_per_s_median"].max()}
     for ax, ((model, gpus, precision), group) in zip(axes, panels):
         grid = group.pivot_table(index="per_gpu_batch", columns="bucket_cap_mb", values="samples_per_s_median")
+        spread = group.pivot_table(index="per_gpu_batch", columns="bucket_cap_mb", values="samples_per_s_cv", dropna=False)
+        spread = spread.reindex(index=grid.index, columns=grid.columns)
+        labels = [[_cell_note(value, cv) for value, cv in zip(values, cvs)] for values, cvs in zip(grid.to_numpy(), spread.to_numpy())]
         grid.columns = [f"{bucket:g}" for bucket in grid.columns]
-        colourbar = {"label": "samples/s (median)"}
-        sns.heatmap(grid, annot=True, fmt=".0f", cmap="viridis", cbar_kws=colourbar, ax=ax, **scale)
+        colourbar = {"label": "samples/s (median; scale from 0)"}
+        sns.heatmap(grid, annot=np.array(labels, dtype=object), fmt="", cmap="viridis", cbar_kws=colourbar, ax=ax, **scale)
         ax.invert_yaxis()
         ax.set_xlabel("DDP bucket size (MB)")
-        ax.set_ylabel("batch per GPU (samples)")
-        ax.set_title(f"{model}, {gpus:g} GPUs, {precision}")
-    fig.suptitle("Sensitivity: throughput by DDP bucket size and batch per GPU")
+        ax.set_ylabel(f"batch per {device[0]} (samples)")
+        ax.set_title(f"{model}, {_count(gpus, device)}, {precision}")
+    fig.suptitle(f"Sensitivity: throughput by DDP bucket size and batch per {device[0]}")
     return fig
+
+
+def _cell_note(median: float, cv: float) -> str:
+    """A heatmap cell's text: the median, and the CV of its repeats where there are several."""
+    if pd.isna(median):
+        return ""
+    return f"{median:,.0f}" + ("" if pd.isna(cv) else f"\nCV {100 * cv:.0f}%")
 
 
 def ablation_gain(t: Tables) -> Figure:
@@ -215,43 +248,92 @@ def ablation_gain(t: Tables) -> Figure:
         raise NotMeasured("the ablation study is not part of this study (ablation.csv is empty)")
     if table["gain"].isna().all():
         raise NotMeasured("no gain over the baseline: " + "; ".join(sorted(set(table["note"].dropna()))))
-    bars = table[table["variant"].ne("baseline")].assign(gain_pct=lambda f: 100 * f["gain"])
+    bars = table[table["variant"].ne("baseline")].assign(
+        gain_pct=lambda f: 100 * f["gain"], low_pct=lambda f: 100 * f["gain_ci_low"], high_pct=lambda f: 100 * f["gain_ci_high"]
+    )
     variants, models = list(dict.fromkeys(bars["variant"])), list(dict.fromkeys(bars["model"]))
     fig, (ax,) = _panels(1, width=max(6.0, 1.3 * len(variants) + 2), height=4.6)
     drawn = bars.assign(drawn=bars["gain_pct"].fillna(0))  # a variant without a gain: no bar, a label
     sns.barplot(drawn, x="variant", y="drawn", hue="model", order=variants, hue_order=models, ax=ax)
+    interval = None
     for container, model in zip(ax.containers, models):
-        gains = bars[bars["model"].eq(model)].set_index("variant")["gain_pct"].reindex(variants)
-        labels = [f"{gain:+.1f}%" if pd.notna(gain) else "not measured" for gain in gains]
-        ax.bar_label(container, labels=labels, fontsize="small")
+        cells = bars[bars["model"].eq(model)].set_index("variant").reindex(variants)
+        # each bar with its 95 % interval (bootstrap over the repeats); one repeat has none: "n=1"
+        for patch, cell in zip(container.patches, cells.itertuples()):
+            if pd.notna(cell.gain_pct) and pd.notna(cell.low_pct) and pd.notna(cell.high_pct):
+                x = patch.get_x() + patch.get_width() / 2
+                yerr = [[cell.gain_pct - cell.low_pct], [cell.high_pct - cell.gain_pct]]
+                interval = ax.errorbar(x, cell.gain_pct, yerr=yerr, fmt="none", ecolor="0.15", elinewidth=1.2, capsize=5, zorder=3)
+        labels = [
+            "not measured" if pd.isna(cell.gain_pct) else f"{cell.gain_pct:+.1f}%" + ("" if pd.notna(cell.low_pct) else " (n=1)")
+            for cell in cells.itertuples()
+        ]
+        # in the bar, on a white ground: legible where the interval's line crosses it
+        ax.bar_label(container, labels=labels, fontsize="small", label_type="center", bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+    if interval is not None:
+        interval.set_label("95 % interval of the gain (bootstrap over repeats)")
     ax.axhline(0, color="0.3", lw=1)
-    target = _threshold(t, "optimisation_gain_min")
+    target = _threshold(t, "optimisation_gain")  # the check's name in checks.csv
     if target is not None:
         ax.axhline(100 * target, color="tab:red", ls="--", lw=1.2, label=f"target ({target:+.0%})")
     ax.set_xlabel('variant ("all": every optimisation together)')
     ax.set_ylabel("throughput gain over baseline (%)")
-    ax.set_title(f"Ablation at {bars['gpus'].iloc[0]:g} GPUs: gain over the baseline")
+    ax.set_title(f"Ablation at {_count(bars['gpus'].iloc[0], _device(t))}: gain over the baseline")
     ax.tick_params(axis="x", labelrotation=20)
-    ax.legend(fontsize="small")
+    if ax.get_legend() is not None:  # seaborn's, inside the axes, where the intervals reach
+        ax.get_legend().remove()
+    _legend_below(fig, [ax])
     return fig
 
 
-def _curve_runs(runs: pd.DataFrame) -> pd.DataFrame:
+def _curve_runs(runs: pd.DataFrame, device: tuple[str, str]) -> pd.DataFrame:
     """Strong scaling, repeat 1, at 1 GPU and at each model's largest GPU count, with a label."""
     strong = runs[runs["study"].eq("strong") & runs["repeat"].eq(1) & runs["status"].ne("missing")]
     chosen = strong[strong["gpus"].eq(1) | strong["gpus"].eq(strong.groupby("model")["gpus"].transform("max"))]
     # astype(str): with no such run the empty Series would keep gpus' integer dtype, which "+" refuses
-    label = chosen["gpus"].map(lambda n: f"{n:g} GPU" + ("s" if n > 1 else "")).astype(str)
+    label = chosen["gpus"].map(lambda n: _count(n, device)).astype(str)
     return chosen.assign(curve=label.where(chosen["status"].eq("ok"), label + " (" + chosen["status"] + ")"))
 
 
+# A run has shown learning when its training loss fell by this share of its first logged value. A
+# fresh classifier starts near chance (ln C), so a loss still within 10 % of its start after the
+# run's last step is chance-level noise: the run was too short to learn (or did not learn).
+LEARNED_LOSS_DROP = 0.10
+
+
+def _not_learning(t: Tables, run_ids: Sequence[str], detail: bool) -> str | None:
+    """Why the curves of ``run_ids`` would show noise, not learning: none of their training losses
+    fell by LEARNED_LOSS_DROP (with ``detail``, the figures run by run); None when one did, or
+    none logged a loss."""
+    losses = t["loss_log"].dropna(subset=["loss"])
+    losses = losses[losses["run_id"].isin(run_ids)].sort_values("step")
+    if losses.empty:
+        return None
+    spans = losses.groupby("run_id").agg(first=("loss", "first"), last=("loss", "last"), start=("step", "first"), end=("step", "last"))
+    drop = 1 - spans["last"] / spans["first"]
+    if (drop >= LEARNED_LOSS_DROP).any():
+        return None
+    most = f"at most {max(drop.max(), 0):.1%}"
+    if not detail:
+        return f"the runs are too short to learn (no training loss fell by {LEARNED_LOSS_DROP:.0%}, {most}: see the loss curves), so this would plot chance-level noise"
+    runs = "; ".join(f"{run} {row.first:.3g} → {row.last:.3g} over steps {row.start:g}–{row.end:g}" for run, row in spans.iterrows())
+    return (
+        f"the runs are too short to learn (or did not learn): no training loss fell by {LEARNED_LOSS_DROP:.0%} of its first logged value "
+        f"({most}: {runs}), so the curves would plot chance-level noise"
+    )
+
+
 def _curves(t: Tables, table: str, y: str, scale: float, ylabel: str, title: str) -> Figure:
-    chosen = _curve_runs(t["runs"])[["run_id", "model", "gpus", "curve"]]
+    device = _device(t)
+    chosen = _curve_runs(t["runs"], device)[["run_id", "model", "gpus", "curve"]]
     points = t[table].dropna(subset=[y]).merge(chosen, on="run_id")
     if points.empty:
         raise NotMeasured(
-            f"no strong-scaling run (repeat 1, 1 GPU or the largest count) recorded {y.replace('_', ' ')}"
+            f"no strong-scaling run (repeat 1, 1 {device[0]} or the largest count) recorded {y.replace('_', ' ')}"
         )
+    short = _not_learning(t, points["run_id"].unique(), detail=table == "loss_log")
+    if short:
+        raise NotMeasured(short)
     models = sorted(points["model"].unique())
     fig, axes = _panels(len(models))
     for ax, model in zip(axes, models):
@@ -267,11 +349,12 @@ def _curves(t: Tables, table: str, y: str, scale: float, ylabel: str, title: str
 
 
 def loss_curves(t: Tables) -> Figure:
-    return _curves(t, "loss_log", "loss", 1.0, "training loss", "Training loss, strong scaling: 1 vs N GPUs (repeat 1)")
+    title = f"Training loss, strong scaling: 1 vs N {_device(t)[1]} (repeat 1)"
+    return _curves(t, "loss_log", "loss", 1.0, "training loss", title)
 
 
 def accuracy_curves(t: Tables) -> Figure:
-    title = "Evaluation accuracy, strong scaling: 1 vs N GPUs (repeat 1)"
+    title = f"Evaluation accuracy, strong scaling: 1 vs N {_device(t)[1]} (repeat 1)"
     return _curves(t, "epochs", "eval_accuracy", 100.0, "evaluation accuracy (%)", title)
 
 
@@ -291,7 +374,7 @@ def energy_per_sample(t: Tables) -> Figure:
     fig, (ax,) = _panels(1, width=7.0, height=4.6)
     style = {"hue": "series", "style": "energy", "markers": True, "markersize": 8, "errorbar": None}
     sns.lineplot(long, x="gpus", y="joules", ax=ax, **style)
-    _gpu_axis(ax, cells["gpus"])
+    _gpu_axis(ax, cells["gpus"], _device(t))
     ax.set_ylim(0, 1.15 * long["joules"].max())
     ax.set_ylabel("GPU energy per sample (J, median over repeats)")
     ax.set_title("Energy per training sample vs GPUs")
@@ -302,8 +385,12 @@ def busbw_vs_size(t: Tables) -> Figure:
     comm = t["communication"].dropna(subset=["busbw_gbps"]).sort_values(["gpus", "size_bytes"])
     if comm.empty:
         raise NotMeasured("no all-reduce benchmark (no multi-GPU count, or the communication benchmark is disabled)")
+    comm = comm[comm["gpus"] > 1]
+    if comm.empty:  # one rank: busbw = algbw x 2(N-1)/N = 0, nothing crossed a link
+        raise NotMeasured("only a 1-GPU all-reduce was measured: with one rank no byte crosses a link, its bus bandwidth is 0 by definition")
     where = comm["nodes"].map("{:g} node(s), ".format) + comm["backend"]
-    comm = comm.assign(series=comm["gpus"].map("{:g} GPUs, ".format) + where)
+    device = _device(t)
+    comm = comm.assign(series=comm["gpus"].map(lambda n: _count(n, device) + ", ") + where)
     fig, (ax,) = _panels(1, width=7.5, height=4.8)
     sns.lineplot(comm, x="size_bytes", y="busbw_gbps", hue="series", marker="o", errorbar=None, ax=ax)
     ax.set_xscale("log", base=2)
@@ -344,9 +431,19 @@ def profile_breakdown(t: Tables) -> Figure:
     return fig
 
 
+ROOFLINE_NAMED = 10  # kernels named in the roofline figure, the longest first
+
+
+def _shortened(name: str, length: int) -> str:
+    return name if len(name) <= length else name[: length - 1] + "…"
+
+
 def roofline(t: Tables) -> Figure:
     roof = t["profiling_roofline"].dropna(subset=["arithmetic_intensity", "achieved_flops_per_s"])
     roof = roof[(roof["arithmetic_intensity"] > 0) & (roof["achieved_flops_per_s"] > 0)]
+    if roof.empty and len(t["profiling_roofline"]):  # ncu profiled kernels, none with a FLOP roof: say so, not "no profile"
+        raise NotMeasured(f"none of the {len(t['profiling_roofline'])} kernels Nsight Compute profiled has a FLOP roof to set it under "
+                          "(no floating-point work, or tensor-core work not counted): see the roofline table")
     if roof.empty:
         raise NotMeasured(
             "no Nsight Compute kernel profile (the torch.profiler fallback has no hardware counters; "
@@ -357,17 +454,25 @@ def roofline(t: Tables) -> Figure:
     for (peak, bandwidth), _ in roof.groupby(["peak_flops_per_s", "peak_dram_bytes_per_s"]):
         x = np.logspace(np.log10(min(lo, peak / bandwidth / 10)), np.log10(max(hi, peak / bandwidth * 10)), 200)
         ax.plot(x, np.minimum(peak, x * bandwidth), color="0.3", lw=1.2, label=f"roof: min({peak / 1e12:g} TFLOP/s, AI x {bandwidth / 1e12:g} TB/s)")
+    # names on the longest kernels only: a step profiled whole has a couple of hundred, whose names
+    # would cover one another (the table below the figure lists every kernel)
+    # would cover one another, so each is numbered on the plot and named in a key below it
+    longest = roof.nlargest(ROOFLINE_NAMED, "duration_s").index if "duration_s" in roof.columns else roof.index[:ROOFLINE_NAMED]
+    number = {index: rank for rank, index in enumerate(longest, start=1)}
     for (run_id, kind), group in roof.groupby(["run_id", "flops_source"]):
         ax.scatter(group["arithmetic_intensity"], group["achieved_flops_per_s"], s=50, label=f"{run_id}: {kind}")
         for row in group.itertuples():
-            short = row.kernel if len(row.kernel) <= 28 else row.kernel[:27] + "…"
-            ax.annotate(short, (row.arithmetic_intensity, row.achieved_flops_per_s),
-                        fontsize="xx-small", xytext=(4, 2), textcoords="offset points")  # fmt: skip
+            if row.Index in number:
+                ax.annotate(str(number[row.Index]), (row.arithmetic_intensity, row.achieved_flops_per_s),
+                            fontsize="x-small", fontweight="bold", xytext=(4, 2), textcoords="offset points")  # fmt: skip
+    key = [f"{rank}  {_shortened(roof.at[index, 'kernel'], 48)}" for index, rank in number.items()]
+    blank = [Line2D([], [], linestyle="none")] * len(key)
+    fig.legend(blank, key, loc="outside lower center", ncol=2, fontsize="x-small", frameon=False, handlelength=0, handletextpad=0)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte)")
     ax.set_ylabel("achieved FLOP/s")
-    ax.set_title("Roofline of the top kernels (Nsight Compute)")
+    ax.set_title(f"Roofline of the kernels (Nsight Compute): {len(roof)} kernels, the {min(len(roof), ROOFLINE_NAMED)} longest numbered")
     ax.legend(fontsize="x-small")
     return fig
 
@@ -393,10 +498,12 @@ def predicted_vs_measured_efficiency(t: Tables) -> Figure:
         if len(beyond):  # the counts beyond the study's hardware: prediction alone
             low = rows.loc[rows["basis"].eq("measured"), "gpus"].max()
             ax.axvspan(low * 1.2, beyond.max() * 1.2, color="0.9", zorder=0)
-            ax.text(np.sqrt(low * beyond.max()) * 1.1, 5, "prediction only:\nbeyond the hardware measured,\nlinks from references.yaml",
+            clusters = sorted(set(rows["cluster"].dropna().astype(str)) - {""}) if "cluster" in rows.columns else []
+            links = f"on the {', '.join(clusters)} preset" if clusters else "links from references.yaml"
+            ax.text(np.sqrt(low * beyond.max()) * 1.1, 5, f"prediction only:\nbeyond the hardware measured,\n{links}",
                     ha="center", va="bottom", fontsize="small", color="0.3")  # fmt: skip
         ax.axhline(100, color="0.4", lw=1)
-        _gpu_axis(ax, rows["gpus"])
+        _gpu_axis(ax, rows["gpus"], _device(t))
         top = 100 * np.nanmax(rows[["efficiency_measured", "efficiency_predicted"]].to_numpy(dtype=float))
         ax.set_ylim(0, max(110, top + 10))
         ax.set_ylabel("scaling efficiency (%)")
@@ -508,12 +615,14 @@ def draw(
     plt.rcParams["svg.hashsalt"] = "scalerepro"  # the same SVG ids on every run
     outcome = {}
     for name, figure in figures.items():
+        metadata = {"svg": {"Date": None}, "png": {"Software": None}}
         try:
             fig, outcome[name] = figure(tables), "drawn"
         except NotMeasured as hole:
             fig, outcome[name] = placeholder(name, str(hole)), f"not measured: {hole}"
-        fig.savefig(out / f"{name}.png", dpi=150, metadata={"Software": None})
-        fig.savefig(out / f"{name}.svg", metadata={"Date": None})
+            metadata = placeholder_metadata(str(hole))  # the report shows it as one line, not an empty image
+        fig.savefig(out / f"{name}.png", dpi=150, metadata=metadata["png"])
+        fig.savefig(out / f"{name}.svg", metadata=metadata["svg"])
         plt.close(fig)
     return outcome
 

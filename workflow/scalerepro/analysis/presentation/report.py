@@ -37,6 +37,11 @@ import yaml
 
 from scalerepro.analysis.columns import CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, VERDICTS
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+from scalerepro.analysis.presentation.headline import finite_number, headline_section, mfu_columns, study_identity
+from scalerepro.analysis.presentation.inputs import not_measured_note, readable_inventory
+from scalerepro.analysis.presentation.profiling_view import profiled_run
+from scalerepro.analysis.presentation.scaling_model_view import scaling_model_section
+from scalerepro.analysis.tables import nearest_published
 from scalerepro.common.cli import OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.gpu_peaks import PEAKS
@@ -193,11 +198,13 @@ class Figure:
     uri: str | None  # the data: URI, or None when no usable file was found
     file: str | None  # which file was embedded
     problem: str | None  # why there is no figure
+    not_measured: str | None = None  # a placeholder's reason: the report shows this line, no image
 
 
 def load_figure(plots_dir: Path | None, name: str) -> Figure:
     """Embed ``<name>.svg`` (preferred) or ``<name>.png`` as a data URI; a file that is empty or
-    is not what its extension says is skipped, so the report shows a hole, not a broken image."""
+    is not what its extension says is skipped, so the report shows a hole, not a broken image;
+    a placeholder (plots drew no data) is not embedded, its reason is shown instead."""
     if plots_dir is None:
         return Figure(name, None, None, "no plots directory was given")
     problems = []
@@ -212,6 +219,9 @@ def load_figure(plots_dir: Path | None, name: str) -> Figure:
         if extension == "png" and not data.startswith(_PNG_SIGNATURE):
             problems.append(f"{path.name} is not a PNG image")
             continue
+        why = not_measured_note(data, extension)
+        if why is not None:
+            return Figure(name, None, path.name, None, why)
         uri = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
         return Figure(name, uri, path.name, None)
     if not problems:
@@ -222,16 +232,6 @@ def load_figure(plots_dir: Path | None, name: str) -> Figure:
 # --------------------------------------------------------------------------------------------
 # Formatting (Jinja filters); every one renders a missing value as "—"
 # --------------------------------------------------------------------------------------------
-
-
-def _number(value: Any) -> float | None:
-    if is_missing(value) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def fmt_text(value: Any) -> str:
@@ -247,18 +247,18 @@ def fmt_text(value: Any) -> str:
 
 
 def fmt_int(value: Any) -> str:
-    number = _number(value)
+    number = finite_number(value)
     return fmt_text(value) if number is None else f"{round(number):,}"
 
 
 def fmt_number(value: Any, digits: int = 1) -> str:
-    number = _number(value)
+    number = finite_number(value)
     return fmt_text(value) if number is None else f"{number:,.{digits}f}"
 
 
 def fmt_rate(value: Any) -> str:
     """A throughput: thousands separators, decimals only below 10 (12,345 · 87 · 4.2 · 0.35)."""
-    number = _number(value)
+    number = finite_number(value)
     if number is None:
         return fmt_text(value)
     magnitude = abs(number)
@@ -269,7 +269,7 @@ def fmt_rate(value: Any) -> str:
 def fmt_auto(value: Any) -> str:
     """A measurement spanning orders of magnitude (bandwidths, latencies) with about three
     significant digits and no exponent: 12,345 · 467.5 · 20.97 · 0.0512."""
-    number = _number(value)
+    number = finite_number(value)
     if number is None:
         return fmt_text(value)
     magnitude = abs(number)
@@ -283,38 +283,38 @@ def fmt_auto(value: Any) -> str:
 
 
 def fmt_sig(value: Any, digits: int = 4) -> str:
-    number = _number(value)
+    number = finite_number(value)
     return fmt_text(value) if number is None else f"{number:.{digits}g}"
 
 
 def fmt_percent(fraction: Any, digits: int = 1) -> str:
     """A fraction (0.931) as a percentage (93.1 %)."""
-    number = _number(fraction)
+    number = finite_number(fraction)
     return fmt_text(fraction) if number is None else f"{100 * number:.{digits}f} %"
 
 
 def fmt_percent_value(percent: Any, digits: int = 1) -> str:
     """A value that is already in percent (GPU utilisation 87.5) as "87.5 %"."""
-    number = _number(percent)
+    number = finite_number(percent)
     return fmt_text(percent) if number is None else f"{number:.{digits}f} %"
 
 
 def fmt_gain(fraction: Any, digits: int = 1) -> str:
     """A relative change (0.25 = 25 % faster) with its sign: +25.0 %, −4.0 %."""
-    number = _number(fraction)
+    number = finite_number(fraction)
     if number is None:
         return fmt_text(fraction)
     return f"{100 * number:+.{digits}f} %".replace("-", "−")
 
 
 def fmt_ratio(value: Any) -> str:
-    number = _number(value)
+    number = finite_number(value)
     return fmt_text(value) if number is None else f"{number:.2f}×"
 
 
 def fmt_bytes(value: Any) -> str:
     """IEC units; whole multiples (message sizes) without decimals: 4 KiB, 1.5 GiB."""
-    number = _number(value)
+    number = finite_number(value)
     if number is None:
         return fmt_text(value)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
@@ -328,7 +328,7 @@ def fmt_bytes(value: Any) -> str:
 
 def fmt_milliseconds(seconds: Any) -> str:
     """Seconds shown in milliseconds, for a column whose header says (ms)."""
-    number = _number(seconds)
+    number = finite_number(seconds)
     return fmt_text(seconds) if number is None else f"{number * 1e3:,.1f}"
 
 
@@ -438,13 +438,6 @@ def _ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["status"] == "ok"]
 
 
-def _counting_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs the aggregation's statistics are over: its ``counts`` column of runs.csv."""
-    if runs.empty or "counts" not in runs.columns:
-        return runs.iloc[0:0]
-    return runs[runs["counts"].map(truthy).eq(True)]
-
-
 def _dates(runs: pd.DataFrame) -> tuple[str | None, str | None]:
     if "started_at" not in runs.columns:
         return None, None
@@ -483,67 +476,6 @@ def overview(runs: pd.DataFrame) -> dict[str, Any]:
         "first_started": first,
         "last_started": last,
     }
-
-
-# The columns that tell one configuration from another; repeats of a configuration share them.
-CONFIG_COLUMNS = ("study", "variant", "precision", "per_gpu_batch", "bucket_cap_mb")
-
-
-def describe_config(row: Mapping[str, Any]) -> str:
-    parts = []
-    for key in ("study", "variant", "precision"):
-        if not is_missing(row.get(key)):
-            parts.append(fmt_text(row.get(key)))
-    if not is_missing(row.get("per_gpu_batch")):
-        parts.append(f"batch {fmt_int(row.get('per_gpu_batch'))}/GPU")
-    if not is_missing(row.get("bucket_cap_mb")):
-        parts.append(f"bucket {fmt_text(row.get('bucket_cap_mb'))} MB")
-    return " · ".join(parts) or MISSING
-
-
-def _fastest(cells: pd.DataFrame) -> dict[str, Any] | None:
-    """The configuration with the highest median throughput among ``cells`` (one row each)."""
-    if cells.empty:
-        return None
-    top = Row({key: _plain(value) for key, value in cells.loc[cells["samples_per_s"].idxmax()].items()})
-    return {"samples_per_s": top["samples_per_s"], "repeats": top["repeats"], "config": describe_config(top)}
-
-
-def headline(runs: pd.DataFrame, scaling: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per model: the fastest configuration at 1 GPU and at the largest GPU count it ran on (the
-    median over that configuration's completed repeats, so one lucky repeat cannot win), and the
-    strong-scaling row at the strong study's largest GPU count (its efficiency and speedup)."""
-    ok = _counting_runs(runs)
-    out: list[dict[str, Any]] = []
-    if {"model", "gpus", "samples_per_s"} <= set(ok.columns):
-        ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
-        keys = ["model", "gpus", *[column for column in CONFIG_COLUMNS if column in ok.columns]]
-        medians = (
-            ok.groupby(keys, dropna=False)["samples_per_s"].agg(samples_per_s="median", repeats="count").reset_index()
-        )
-        for model, cells in medians.groupby("model", sort=True):
-            max_gpus = _plain(cells["gpus"].max())
-            out.append(
-                {
-                    "model": model,
-                    "one": _fastest(cells[cells["gpus"] == 1]),
-                    "max_gpus": max_gpus,
-                    "at_max": _fastest(cells[cells["gpus"] == max_gpus]) if max_gpus != 1 else None,
-                }
-            )
-    strong_rows: dict[Any, Row] = {}
-    if {"study", "model", "gpus"} <= set(scaling.columns):
-        strong = scaling[(scaling["study"] == "strong") & scaling["gpus"].notna()]
-        for model, group in strong.groupby("model", sort=True):
-            strong_rows[model] = Row({key: _plain(value) for key, value in group.loc[group["gpus"].idxmax()].items()})
-    for item in out:
-        item["strong"] = strong_rows.pop(item["model"], None)
-    # A model with a strong-scaling row but no completed run with a throughput still shows it.
-    out += [
-        {"model": model, "one": None, "max_gpus": None, "at_max": None, "strong": row}
-        for model, row in strong_rows.items()
-    ]
-    return out
 
 
 def unfinished(runs: pd.DataFrame) -> list[Row]:
@@ -593,15 +525,6 @@ def provenance(runs: pd.DataFrame) -> dict[str, Any]:
         "torch": _unique(runs, "torch_version"),
         "devices": _unique(runs, "device_name"),
     }
-
-
-def unmatched_references(references: Sequence[Mapping[str, Any]], comparison: pd.DataFrame) -> list[Mapping[str, Any]]:
-    """Published references that have no row in the comparison table (a row whose measurement
-    is missing is shown there as "not measured", so it is not repeated here)."""
-    listed: set[str] = set()
-    if "reference" in comparison.columns:
-        listed = {str(value) for value in comparison["reference"].dropna()}
-    return [ref for ref in references if str(ref.get("id")) not in listed]
 
 
 def gpu_peaks() -> list[dict[str, Any]]:
@@ -675,7 +598,7 @@ def describe_inventory(inventory: Mapping[str, Any] | None) -> dict[str, Any] | 
     def value(key: str, item: Any, exact: bool = True) -> str:
         if isinstance(item, (dict, list)):
             return json.dumps(item, sort_keys=True)
-        if str(key).endswith("_bytes") and _number(item) is not None:
+        if str(key).endswith("_bytes") and finite_number(item) is not None:
             return f"{fmt_bytes(item)} ({fmt_int(item)} B)" if exact else fmt_bytes(item)
         return fmt_text(item)
 
@@ -722,7 +645,7 @@ def profiling_section(tables_dir: Path, report_dir: Path | None) -> dict[str, An
     """Per profiled run: its breakdown and classification (profiling.csv), top kernels or
     operators, Nsight Compute roofline rows, and its raw files with links relative to the report
     (the files stay in results/profiles/, next to results/report/)."""
-    tables = {name: read_table(tables_dir, name) for name in ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files")}
+    tables = {name: read_table(tables_dir, name) for name in ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files", "runs")}
 
     def of_run(name: str, run_id: Any) -> list[Row]:
         frame = tables[name]
@@ -733,8 +656,8 @@ def profiling_section(tables_dir: Path, report_dir: Path | None) -> dict[str, An
         files = of_run("profiling_files", row["run_id"])
         for f in files:
             f["href"] = os.path.relpath(f["path"], report_dir) if report_dir is not None else f["path"]
-        runs.append({"run": row, "kernels": of_run("profiling_kernels", row["run_id"]),
-                     "roofline": of_run("profiling_roofline", row["run_id"]), "files": files})  # fmt: skip
+        runs.append(profiled_run(row, of_run("profiling_kernels", row["run_id"]), of_run("profiling_roofline", row["run_id"]),
+                                 files, of_run("runs", row["run_id"])))  # fmt: skip
     return {"planned": (Path(tables_dir) / "profiling.csv").is_file(), "runs": runs}
 
 
@@ -868,9 +791,9 @@ def build_context(
     inventory = read_json(inventory_path)
     config = read_json(config_path)
     references_doc = read_yaml(references_path) or {}
-    references = list(references_doc.get("references") or [])
     summary = read_json(Path(tables_dir) / "summary.json")
     ok = _ok_runs(runs)
+    ok, tables["parallelism"], mfu_headers = mfu_columns(ok, tables["parallelism"])  # the peak each MFU is against
     # Which per-run measurements any completed run has: a section with none says so instead of
     # showing a table of dashes.
     measured = {column: bool(column in ok.columns and ok[column].notna().any()) for column in MEASURED_COLUMNS}
@@ -891,8 +814,10 @@ def build_context(
         "summary_json": json.dumps(summary, indent=2, sort_keys=True) if summary is not None else None,
         "checks": rows(tables["checks"]),
         "check_counts": _counts(tables["checks"], "status", CHECK_STATUSES),
-        "headline": headline(runs, scaling),
-        "inventory": describe_inventory(inventory),
+        "headline": headline_section(runs, scaling, inventory),
+        "study": study_identity(config, runs),  # the title: the study's name and what it was
+        "mfu_headers": mfu_headers,
+        "inventory": describe_inventory(readable_inventory(inventory)),
         "software": (inventory or {}).get("software") if isinstance(inventory, dict) else None,
         "scaling": {
             study: rows(group, ("model", "gpus"))
@@ -908,8 +833,9 @@ def build_context(
         "communication": rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
         "comparison": rows(tables["comparison"], ("model", "gpus", "metric", "reference")),
         "scaling_model": rows(tables["scaling_model"], ("study", "model", "gpus")),
+        "scaling_model_view": scaling_model_section(rows(tables["scaling_model"], ("study", "model", "gpus")), runs, empty["scaling_model"]),
         "links": (references_doc.get("links") or {}),
-        "unmatched_references": unmatched_references(references, tables["comparison"]),
+        "nearest_published": nearest_published.report_context(runs, references_path, tables["comparison"]),
         "peaks": gpu_peaks(),
         "references_path": str(references_path) if references_path is not None else None,
         "ok_runs": rows(ok, ("study", "model", "gpus", "variant", "repeat", "run_id")),

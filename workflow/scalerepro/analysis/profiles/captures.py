@@ -11,7 +11,14 @@ sections' display names of any ncu version) and ``torch/trace.json`` + ``torch/o
 (the torch.profiler fallback, ``scalerepro.telemetry.ranges``), each with a ``capture.json`` saying what
 ran and why. What a reader cannot read (an unknown unit, a text value where a number belongs, a
 kernel without a duration, a timeline without step ranges) is one line in the summary's
-``warnings``, shown in the report; it never aborts the summary or reads as a figure.
+``warnings``, shown in the report; it never aborts the summary or reads as a figure. A capture
+that failed (capture.json ``"status": "failed"``, a tool folder with a log and no capture.json,
+or an ncu file with no table) is in ``failed_captures`` with the error its files hold
+(``failures``), nothing of it is read, and the report says so.
+
+Kernels by time: the timeline's (nsys, torch.profiler: the top ten over the window); with ncu
+alone, every kernel ncu profiled (``kernels.ncu_kernel_times``), whose times are one launch of
+each launch configuration: ``kernel_basis`` says what their sum and shares are of.
 
 Definitions. All times are over the profiling window W: from the start of the trainer's first
 ``scalerepro:step`` range (steps K .. K+M-1) to the later of the last step range's end and the end
@@ -66,7 +73,9 @@ import pandas as pd
 
 from scalerepro.analysis.columns import FILE_COLUMNS, KERNEL_COLUMNS, PROFILING_COLUMNS, ROOFLINE_COLUMNS
 from scalerepro.analysis.profiles.classify import DEFAULT_THRESHOLDS, classify
+from scalerepro.analysis.profiles.failures import failure
 from scalerepro.analysis.profiles.intervals import WHOLE_CAPTURE, ProfileError, breakdown, top_calls
+from scalerepro.analysis.profiles.kernels import ncu_kernel_times, short_name
 from scalerepro.analysis.profiles.ncu import read_ncu_csv
 from scalerepro.analysis.profiles.nsys import read_nsys_metadata, read_nsys_sqlite
 from scalerepro.analysis.profiles.roofline import precision_of_capture, resolve_peaks, roofline
@@ -118,14 +127,19 @@ def summarize(
     resolve_peaks."""
     run_dir = Path(run_dir)
     captures = {p.parent.name: json.loads(p.read_text()) for p in sorted(run_dir.glob("*/capture.json"))}
+    # a tool's folder with the job's log but no capture.json: a job that died before writing it
+    for log in sorted(run_dir.glob("*/profile.log")):
+        captures.setdefault(log.parent.name, {"tool": log.parent.name, "status": "failed", "exit_code": None,
+                                              "reason": "the profiling job left no capture.json"})  # fmt: skip
     if not captures:
         raise ProfileError(f"{run_dir}: no <tool>/capture.json: the profiling job did not run")
+    failed = {tool: failure(run_dir / tool, capture) for tool, capture in captures.items() if capture.get("status") == "failed"}
     parts: list[dict[str, Any]] = []
     top: list[dict[str, Any]] = []
     operators: list[dict[str, Any]] = []
     warnings: list[str] = []
     metadata: list[dict[str, Any]] = []
-    for path in sorted((run_dir / "nsys").glob("*.sqlite")):
+    for path in sorted((run_dir / "nsys").glob("*.sqlite")) if "nsys" not in failed else ():
         metadata.append({k: v for k, v in read_nsys_metadata(path).items() if k != "tables"})
         for timeline in read_nsys_sqlite(path):
             parts.append(breakdown(timeline))
@@ -134,7 +148,7 @@ def summarize(
             if not top:
                 top = top_calls(timeline.calls)
     # torch/ normally; under nsys/ or ncu/ when that tool was missing on the node and the job fell back
-    trace = next(iter(sorted(run_dir.glob("*/trace.json"))), None)
+    trace = next(iter(sorted(p for p in run_dir.glob("*/trace.json") if p.parent.name not in failed)), None)
     if not parts and trace is not None:
         timeline = read_torch_trace(trace)
         parts.append(breakdown(timeline))
@@ -143,22 +157,32 @@ def summarize(
             operators = read_operator_table(trace.parent / "operators.csv")
     kernels_csv = run_dir / "ncu" / "kernels.csv"
     roof: list[dict[str, Any]] = []
+    kernel_basis = None
     peaks_basis = "as given" if peaks else None
-    if kernels_csv.is_file() and peaks is None:
-        precision = precision or precision_of_capture(captures)
-        devices = [device_name] if device_name else [re.sub(r"\s*\(compute capability [^)]*\)$", "", g) for m in metadata for g in m.get("gpus") or []]
-        peaks, peaks_basis = resolve_peaks(devices, configured_peaks, precision)
-        if peaks is None:
-            warnings.append(f"roofline: {peaks_basis}")
-    if kernels_csv.is_file() and peaks:
-        reading = read_ncu_csv(kernels_csv)
+    reading = None
+    if kernels_csv.is_file() and "ncu" not in failed:
+        try:
+            reading = read_ncu_csv(kernels_csv)
+        except ProfileError as error:  # ncu ran, but wrote no table (e.g. no access to the counters)
+            failed["ncu"] = failure(run_dir / "ncu", {"exit_code": (captures.get("ncu") or {}).get("exit_code")}, str(error))
+    if reading is not None:
         metadata.append({"file": "ncu/kernels.csv", "layout": reading.layout, "tool_version": (captures.get("ncu") or {}).get("tool_version"),
                          "gpus": [f"compute capability {cc} (ncu)" for cc in reading.compute_capabilities]})  # fmt: skip
         warnings += reading.problems
-        roof = roofline(reading.launches, peaks)
-        warnings += [f"roofline: {row['kernel'][:80]}: no {row['missing']}" for row in roof if row["missing"]]
+        if not top:  # no timeline (ncu alone): the kernels by time are ncu's, and say what they are of
+            top, kernel_basis = ncu_kernel_times(reading.launches)
+        if peaks is None:
+            precision = precision or precision_of_capture(captures)
+            devices = [device_name] if device_name else [re.sub(r"\s*\(compute capability [^)]*\)$", "", g) for m in metadata for g in m.get("gpus") or [] if "(ncu)" not in g]
+            peaks, peaks_basis = resolve_peaks(devices, configured_peaks, precision)
+            if peaks is None:
+                warnings.append(f"roofline: {peaks_basis}")
+        if peaks:
+            roof = roofline(reading.launches, peaks)
+            warnings += roofline_warnings(roof)
+    warnings[:0] = [f"{tool} capture failed: {line}" for tool, line in ((t, f["error"]) for t, f in failed.items())]
     figures = _mean_breakdown(parts) if parts else {}
-    fallback = [c for c in captures.values() if c.get("fallback_reason")]
+    fallback = [c for c in captures.values() if c.get("fallback_reason") and c.get("status") != "failed"]
     return {
         "run_id": run_id,
         "tools": sorted(captures),
@@ -169,6 +193,8 @@ def summarize(
         "breakdown": figures or None,
         "per_rank": parts,
         "top_kernels": top,
+        "kernel_basis": kernel_basis,
+        "failed_captures": failed,
         "operators": operators,
         "roofline": roof,
         "gpu_peaks": dict(peaks) if peaks else None,
@@ -177,6 +203,17 @@ def summarize(
         "warnings": warnings,
         "files": _files(run_dir),
     }
+
+
+def roofline_warnings(roof: Sequence[Mapping[str, Any]], named: int = 3) -> list[str]:
+    """One line per thing the roofline could not measure, with how many kernels lack it and the
+    first few of them by time (one line per kernel buried the capture's other warnings)."""
+    lacking: dict[str, list[str]] = {}
+    for row in roof:
+        if row["missing"]:
+            lacking.setdefault(row["missing"], []).append(short_name(row["kernel"], 60))
+    return [f"roofline: {len(names)} of {len(roof)} kernels have no {what}: {', '.join(names[:named])}{', …' if len(names) > named else ''}"
+            for what, names in lacking.items()]  # fmt: skip
 
 
 def _capture_facts(summary: Mapping[str, Any]) -> dict[str, str | None]:
@@ -204,6 +241,8 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
              "provisional": c.get("provisional"), "evidence": c.get("evidence"), **_capture_facts(s),
              "warnings": "\n".join(s.get("warnings") or []) or None}  # fmt: skip
         )
+        runs[-1]["kernel_basis"] = (s.get("kernel_basis") or {}).get("what")
+        runs[-1]["capture_errors"] = "\n".join(f"{tool}: {f['error']}" for tool, f in (s.get("failed_captures") or {}).items()) or None
         kernels += [{"run_id": s["run_id"], "rank_in_run": i + 1, **k} for i, k in enumerate(s["top_kernels"])]
         peak_bw = (s.get("gpu_peaks") or {}).get("dram_bytes_per_s")
         roof += [{"run_id": s["run_id"], **k, "peak_dram_bytes_per_s": peak_bw, "peaks_basis": s.get("peaks_basis")} for k in s["roofline"]]
@@ -214,6 +253,32 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
         "profiling_roofline": pd.DataFrame(roof, columns=ROOFLINE_COLUMNS),
         "profiling_files": pd.DataFrame(files, columns=FILE_COLUMNS),
     }
+
+
+def study_summaries(results: Path, config: Mapping[str, Any], matrix: pd.DataFrame) -> list[dict[str, Any]]:
+    """Every profiled run's summary of a study's results folder, made again from its captures with
+    today's code (what ``rebuild`` needs to read an old study with today's analysis) and written
+    to its summary.json; a run whose captures are gone keeps the summary.json it has. The
+    profile_summary rule's inputs: the classification thresholds and configured peaks of the
+    config, the run's precision from the matrix and its GPU from its record."""
+    profiling = config.get("profiling") or {}
+    thresholds = {**DEFAULT_THRESHOLDS, **(profiling.get("classification") or {})}
+    planned = matrix.set_index("run_id") if "run_id" in matrix.columns else pd.DataFrame()
+    summaries = []
+    for run_dir in sorted(p for p in (results / "profiles").glob("*") if p.is_dir()):
+        kept = run_dir / "summary.json"
+        if not any(child.is_dir() for child in run_dir.iterdir()):
+            if kept.is_file():
+                summaries.append(json.loads(kept.read_text()))
+            continue
+        row = planned.loc[run_dir.name] if run_dir.name in planned.index else {}
+        record = Path(str(row.get("record") or ""))
+        document = json.loads(record.read_text()) if record.is_file() else {}
+        device = ((document.get("hardware") or {}).get("gpu") or {}).get("name") if isinstance((document.get("hardware") or {}).get("gpu"), dict) else None
+        summary = summarize(run_dir, run_dir.name, thresholds, None, profiling.get("gpu_peaks"), str(row.get("precision") or "") or None, device)
+        write_text_atomically(kept, json.dumps(summary, indent=2, default=str) + "\n")
+        summaries.append(summary)
+    return summaries
 
 
 _PROG = "scalerepro.analysis.profiles.captures"

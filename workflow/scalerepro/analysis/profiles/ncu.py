@@ -63,6 +63,10 @@ FLOP_COUNTERS = {
     for precision in ("f", "h", "d")
     for op, weight in (("add", 1), ("mul", 1), ("fma", 2))
 }
+# the CUDA-core precision of each counter: the roofline sets a kernel against the roof of the
+# precision most of its CUDA-core FLOPs ran in (``flops_fp32``, ``flops_fp16``, ``flops_fp64``)
+FLOP_COUNTER_PRECISION = {name: {"f": "fp32", "h": "fp16", "d": "fp64"}[name.split("_op_")[1][0]] for name in FLOP_COUNTERS}
+CUDA_CORE_PRECISIONS = ("fp32", "fp16", "fp64")
 _SI = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}  # ncu's byte prefixes are decimal (Kbyte = 1000 byte)
 # Every unit spelling ncu prints for the quantities read here -> (quantity, factor to the base
 # unit: seconds, bytes, bytes/s, percent, count). Older versions spell time "nsecond", newer
@@ -150,9 +154,11 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
         names_seen.add("raw" if name in NCU_RAW or name in FLOP_COUNTERS else "display")
         if field_name == "flop_counter":
             launch["flops"] = launch.get("flops", 0.0) + FLOP_COUNTERS[name] * value
+            by_precision = f"flops_{FLOP_COUNTER_PRECISION[name]}"
+            launch[by_precision] = launch.get(by_precision, 0.0) + FLOP_COUNTERS[name] * value
         else:
             launch[field_name] = value * scale
-    frame = pd.DataFrame(list(launches.values()), columns=["id", "kernel", "flops", *NCU_FIELDS])
+    frame = pd.DataFrame(list(launches.values()), columns=["id", "kernel", "flops", *(f"flops_{p}" for p in CUDA_CORE_PRECISIONS), *NCU_FIELDS])
     if frame.empty:
         raise ProfileError(f"{path}: the ncu CSV holds no kernel")
     # The display-name layout has DRAM bandwidth but no byte count: bytes = bandwidth x duration.

@@ -10,6 +10,8 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.profiles.intervals import ProfileError
+from scalerepro.analysis.profiles.kernels import MATRIX_KINDS, kernel_kind, name_precision
+from scalerepro.analysis.profiles.ncu import CUDA_CORE_PRECISIONS
 from scalerepro.common.gpu_peaks import PEAKS, TBPS, TFLOPS, peaks_key
 
 # The tensor-core precisions of a training run; fp32 (TF32 off) runs no tensor-core math: no tensor roof.
@@ -82,20 +84,55 @@ def precision_of_capture(captures: Mapping[str, Mapping[str, Any]]) -> str | Non
     return None
 
 
+def _tensor_roof(peaks: Mapping[str, Any], precision: str | None) -> tuple[float | None, str | None]:
+    """The dense tensor roof of ``precision`` on the peaks' GPU (the run's precision's when the
+    kernel's name states none), or None and why there is none."""
+    if precision is None or precision == peaks.get("precision"):
+        return peaks.get("tensor_flops"), peaks.get("tensor_reason")
+    entry = PEAKS.get(peaks.get("key") or "")
+    if entry is None:
+        return None, f"no GPU peak table entry gives a {precision} tensor roof for {peaks.get('name')}"
+    rate = entry.tflops(precision) if precision in TENSOR_PRECISIONS else None
+    return (rate * TFLOPS, None) if rate else (None, f"{entry.name} has no {precision} tensor cores")
+
+
+def _cuda_core_roof(peaks: Mapping[str, Any], precision: str) -> tuple[float | None, str]:
+    """The CUDA-core roof of the precision most of a kernel's SASS FLOPs ran in: (FLOP/s, its
+    name), or (None, why there is none)."""
+    if precision == "fp32":
+        return peaks["fp32_flops"], f"{peaks.get('name')} FP32 CUDA cores"
+    if precision == "fp64":
+        entry = PEAKS.get(peaks.get("key") or "")
+        if entry is not None and entry.fp64:
+            return entry.fp64 * TFLOPS, f"{peaks.get('name')} FP64 CUDA cores"
+        return None, f"none: FLOPs mostly FP64, a rate the GPU peak table does not hold for {peaks.get('name')}"
+    # packed half-precision FMAs (HFMA2) run at a rate of their own, which the table does not hold
+    return None, f"none: FLOPs mostly half-precision on the CUDA cores, a rate the GPU peak table does not hold for {peaks.get('name')}"
+
+
 def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per kernel name, over its launches that have a duration: achieved FLOP/s and DRAM B/s,
     their fractions of the peaks, arithmetic intensity, the attainable FLOP/s at that intensity
     and which roof bounds it. ``missing`` says what a row lacks (no duration: no rates at all).
 
     FLOPs = CUDA-core FLOPs (SASS FP counters, FMA = 2) + tensor-core FLOPs, the latter estimated
-    as tensor-pipe utilisation x duration x the dense tensor peak of the run's precision on this
-    GPU (the SASS counters do not see tensor-core work). A kernel with tensor-core work is set
-    against that tensor peak, any other against the CUDA-core FP32 peak. Where the tensor-core
-    work cannot be counted (no tensor-pipe metric in the capture, or no tensor peak for the
-    precision) ``tensor_work`` says so and the FLOPs are the CUDA cores' only."""
+    as tensor-pipe utilisation x duration x the dense tensor peak of the kernel's precision on
+    this GPU (the precision its name states, else the run's; the SASS counters do not see
+    tensor-core work). Each kernel is set under the roof of the pipe and precision its work ran
+    on: a kernel with tensor-core work under that tensor roof; a kernel of a kind that does no
+    matrix work (``kernels.MATRIX_KINDS``: elementwise, reduction ...) never under a tensor roof,
+    whatever the tensor-pipe counter shows; any other under the CUDA-core roof of the precision
+    most of its SASS FLOPs ran in. A kernel with no roof is not placed (no intensity, no
+    fraction of a peak) and ``peak`` says why: a kernel with no floating-point work (integer,
+    copy), one whose tensor-core work cannot be counted (``tensor_work`` says why: no tensor-pipe
+    metric, no tensor peak for its precision, or Hopper's mma.sync, which the wgmma peak does not
+    bound), or one whose precision has no rate in the GPU peak table."""
     out = []
-    tensor_peak = peaks.get("tensor_flops")
     for kernel, every in launches.groupby("kernel", sort=False):
+        kind = kernel_kind(kernel)
+        matrix = kind in MATRIX_KINDS
+        precision = name_precision(kernel) or peaks.get("precision")
+        tensor_peak, tensor_reason = _tensor_roof(peaks, precision)
         group = every[every["duration"].notna()]
         missing = []
         if len(group) < len(every):
@@ -106,23 +143,29 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
         cuda_core = float(group["flops"].sum()) if has_counters else None
         tensor_busy_s = float((group["tensor_pipe_pct"].fillna(0) / 100 * group["duration"]).sum()) if has_tensor else None
         tensor: float | None = None
-        if not has_tensor:
+        if not matrix:
+            # Hopper's tensor-pipe counter also counts the half-precision FMAs an elementwise
+            # kernel issues to that pipe (HFMA2.MMA); the SASS counters hold them as FP work
+            share = tensor_busy_s / seconds if tensor_busy_s and seconds else 0.0
+            shown = f"{share:.0%}" if share >= 0.005 else "under 0.5 %"
+            busy = f"; its tensor pipe was busy {shown} of the time with other instructions (HFMA2.MMA)" if share else ""
+            tensor, tensor_work = 0.0, f"none: {kind} kernels do no matrix work{busy}"
+        elif not has_tensor:
             tensor_work = "not counted: the capture has no tensor-pipe metric for this kernel"
         elif tensor_busy_s == 0:
             tensor, tensor_work = 0.0, "none: the tensor pipe was idle"
         elif tensor_peak is None:
-            tensor_work = f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time, but {peaks.get('tensor_reason')}"
+            tensor_work = f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time, but {tensor_reason}"
         elif group["wgmma_instructions"].notna().any() and group["wgmma_instructions"].fillna(0).sum() == 0:
-            # Hopper's tensor-pipe counter also counts mma.sync (HMMA) and the half-precision FMAs
-            # issued to the tensor pipe (HFMA2.MMA, elementwise kernels): neither runs at the wgmma
-            # rate the dense peak is quoted for, so utilisation x that peak would overstate them
+            # Hopper's tensor-pipe counter also counts mma.sync (HMMA): it does not run at the
+            # wgmma rate the dense peak is quoted for, so utilisation x that peak would overstate it
             tensor_work = (f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time with no wgmma instruction "
                            "(mma.sync or HFMA2.MMA work, which the dense wgmma peak does not bound)")
             missing.append("tensor-core FLOPs")
         else:
             # tensor FLOPs = tensor-pipe busy share x duration x dense tensor peak of the precision
             tensor = tensor_busy_s * tensor_peak
-            tensor_work = f"estimate: tensor-pipe utilisation x {peaks.get('precision')} tensor peak"
+            tensor_work = f"estimate: tensor-pipe utilisation x {precision} tensor peak"
         if cuda_core is None and tensor is None:
             flops, source = None, "not measured: no FP counters, and tensor-core work " + tensor_work
             if len(group):
@@ -130,23 +173,38 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
         else:
             flops = (cuda_core or 0.0) + (tensor or 0.0)
             parts = ["SASS FP counters (FMA = 2)" if cuda_core is not None else "no SASS FP counters"]
-            parts.append(f"tensor cores: {tensor_work}")
+            # the kind of tensor-core figure, not its detail (``tensor_work`` has that): the
+            # roofline figure groups its points by this
+            parts.append(f"tensor cores: {tensor_work.split(':')[0]}")
             source = "; ".join(parts)
-        on_tensor = tensor is not None and tensor > 0
-        peak = tensor_peak if on_tensor else peaks["fp32_flops"]
-        peak_name = f"{peaks.get('name')} {peaks.get('precision')} dense tensor" if on_tensor else f"{peaks.get('name')} FP32 CUDA cores"
+        # the roof of the pipe and precision the kernel's work ran on (docstring)
+        peak: float | None
+        if tensor is not None and tensor > 0:
+            peak, peak_name = tensor_peak, f"{peaks.get('name')} {precision} dense tensor cores"
+        elif tensor is None:
+            peak, peak_name = None, "none: tensor-core work not counted (see Tensor-core work)"
+        elif cuda_core is None:
+            peak, peak_name = None, "none: no SASS FP counters in the capture"
+        elif cuda_core == 0:
+            peak, peak_name = None, "none: no floating-point work (integer, copy or data movement)"
+        else:
+            by_precision = {p: float(group[f"flops_{p}"].fillna(0).sum()) if f"flops_{p}" in group else 0.0 for p in CUDA_CORE_PRECISIONS}
+            dominant = max(by_precision, key=by_precision.get) if any(by_precision.values()) else "fp32"
+            peak, peak_name = _cuda_core_roof(peaks, dominant)
         dram_bytes = group["dram_bytes"].sum() if len(group) and group["dram_bytes"].notna().all() else None
         if len(group) and dram_bytes is None:
             missing.append("DRAM bytes")
-        achieved = flops / seconds if seconds and flops is not None else None
+        placed = peak is not None and flops is not None and bool(seconds)
+        achieved = flops / seconds if placed else None
         bandwidth = dram_bytes / seconds if seconds and dram_bytes is not None else None
-        intensity = flops / dram_bytes if dram_bytes and flops is not None else None
-        ridge = peak / peaks["dram_bytes_per_s"]  # FLOP/byte where the two roofs meet
-        attainable = min(peak, intensity * peaks["dram_bytes_per_s"]) if intensity is not None else None
+        intensity = flops / dram_bytes if placed and dram_bytes else None
+        ridge = peak / peaks["dram_bytes_per_s"] if peak is not None else None  # FLOP/byte where the two roofs meet
+        attainable = min(peak, intensity * peaks["dram_bytes_per_s"]) if intensity is not None and peak is not None else None
         sources = sorted(set(group["dram_bytes_source"].dropna())) if "dram_bytes_source" in group else []
         out.append(
             {
                 "kernel": kernel,
+                "kind": kind,
                 "launches": len(every),
                 "duration_s": seconds,
                 "flops": flops,
@@ -157,7 +215,8 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
                 "achieved_flops_per_s": achieved,
                 "peak_flops_per_s": peak,
                 "peak": peak_name,
-                "flops_fraction": achieved / peak if achieved is not None else None,
+                "roof": peak_name.removeprefix(f"{peaks.get('name')} "),  # the roof without the GPU's name
+                "flops_fraction": achieved / peak if achieved is not None and peak else None,
                 "dram_bytes": dram_bytes,
                 "dram_bytes_source": ", ".join(sources) or None,
                 "dram_bytes_per_s": bandwidth,
@@ -165,7 +224,7 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
                 "arithmetic_intensity": intensity,
                 "ridge_intensity": ridge,
                 "attainable_flops_per_s": attainable,
-                "bound": None if intensity is None else ("memory" if intensity < ridge else "compute"),
+                "bound": None if intensity is None or ridge is None else ("memory" if intensity < ridge else "compute"),
                 "sm_throughput_pct": every["sm_throughput_pct"].mean(),
                 "memory_throughput_pct": every["memory_throughput_pct"].mean(),
                 "achieved_occupancy_pct": every["achieved_occupancy_pct"].mean(),

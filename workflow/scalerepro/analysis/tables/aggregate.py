@@ -63,7 +63,10 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
     world_size_recorded, nodes_recorded, scheduler_job_id, git_commit, git_dirty, torch_version,
     started_at        ISO 8601, UTC
     precision_recorded, per_gpu_batch_recorded, grad_accum_recorded, tokens_per_sample,
-    channels_last, data_kind, optimizer_kind, compile_mode    the conditions the record states
+    channels_last, data_kind, optimizer_kind, compile_mode, loader, optimizer_impl,
+    cudnn_benchmark    the conditions the record states
+    precision_reason  on a CPU, why the run trained at its precision (native or emulated bf16)
+    peak_flops_per_device   the dense peak per GPU its MFU is against; gpu_memory_bytes: the card's memory
     peak_flops_source why mfu is empty, when it is
     parallel_recorded the strategy the record ran (measurements.sharding.strategy; ddp where the
                       entry is null; a completed run that names another than the plan does not count)

@@ -164,7 +164,10 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
         at = ablation["model"].eq(model) & ablation["gpus"].eq(gpus)
         this = (_cell_values(ablation, "samples_per_s", at & ablation["variant"].eq(variant)), (model, gpus, variant))
         base = (_cell_values(ablation, "samples_per_s", at & ablation["variant"].eq("baseline")), (model, gpus, "baseline"))
-        bounds = repeats.ratio_interval([this, base], lambda v, b: v / b - 1) if variant != "baseline" else (0.0, 0.0)
+        if variant != "baseline":
+            bounds = repeats.ratio_interval([this, base], lambda v, b: v / b - 1)
+        else:  # the baseline against itself: exactly 0, where it has a completed repeat at all
+            bounds = (0.0, 0.0) if len(this[0]) else (np.nan, np.nan)
         low.append(bounds[0])
         high.append(bounds[1])
     cells["gain_ci_low"], cells["gain_ci_high"] = low, high
@@ -187,7 +190,7 @@ def _emulated_bf16(runs: pd.DataFrame) -> dict[tuple, str]:
     """(model, gpus, variant) -> the records' reason, for the cells whose completed runs trained bf16
     on a CPU without native bf16 (scalerepro.common.cpu_features, as the trainer recorded it)."""
     done = runs[runs["counts"].fillna(False).astype(bool) & runs["precision_recorded"].eq("bf16")]
-    reasons = done["precision_reason"].fillna("")
+    reasons = done["precision_reason"].astype("string").fillna("")  # records before the field: a column of NaN floats
     hit = done[reasons.str.contains("emulate", regex=False)]
     return {key: str(group["precision_reason"].iloc[0]).split(": ", 1)[-1] for key, group in hit.groupby(["model", "gpus", "variant"])}
 

@@ -94,11 +94,20 @@ class Check:
         return {">": value > self.threshold, ">=": value >= self.threshold,
                 "<": value < self.threshold, "<=": value <= self.threshold}[self.operator]  # fmt: skip
 
-    def text(self, value: float) -> str:
-        """A value of this check's metric as the report shows it."""
-        return {"fraction": f"{value:.1%}", "percent": f"{value:.1f}%", "signed fraction": f"{value:+.1%}"}.get(
-            self.unit, f"{value:.4g} {self.unit}"
+    def text(self, value: float, digits: int = 1) -> str:
+        """A value of this check's metric as the report shows it (``digits`` decimals; a unit of
+        its own: three more significant digits)."""
+        return {"fraction": f"{value:.{digits}%}", "percent": f"{value:.{digits}f}%", "signed fraction": f"{value:+.{digits}%}"}.get(
+            self.unit, f"{value:.{digits + 3}g} {self.unit}"
         )
+
+    def shown(self, value: float) -> str:
+        """``text``, with as many more digits as tell the value from the threshold where, rounded,
+        it would read as the threshold: 79.96 % against "> 80.0%" fails and must not read 80.0 %."""
+        digits = 1
+        while value != self.threshold and self.text(value, digits) == self.text(self.threshold, digits) and digits < 9:
+            digits += 1
+        return self.text(value, digits)
 
 
 def parse_checks(targets: Mapping[str, Any]) -> list[Check]:
@@ -181,12 +190,12 @@ def _verdict(
     why. With an interval that has the threshold strictly inside it the check is "inconclusive":
     the repeats cannot say on which side the true value lies."""
     low, high = interval
-    value = "" if measured is None else check.text(measured)
+    value = "" if measured is None else check.shown(measured)
     if measured is None:
         status = "not measured"
     elif repeats.straddles(low, high, check.threshold):
         status = "inconclusive"
-        detail = f"95 % interval {check.text(low)} to {check.text(high)} holds the threshold; " + detail
+        detail = f"95 % interval {check.shown(low)} to {check.shown(high)} holds the threshold; " + detail
     else:
         status = "pass" if check.passes(measured) else "fail"
     row = (check.name, target, check.threshold, measured, low, high, value, status, detail, check.unit)
@@ -214,9 +223,9 @@ def evaluate(check: Check, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]
         return _verdict(check, target, why + (f": {'; '.join(reasons)}" if reasons else ""))
     worst_first = done.sort_values(check.metric, ascending=check.direction == "min", kind="stable")
     per_label = worst_first.drop_duplicates(subset=[label])  # a derived column may repeat on a model's rows
-    listing = ", ".join(f"{name} {check.text(v)}" for name, v in zip(per_label[label], per_label[check.metric]))
+    listing = ", ".join(f"{name} {check.shown(v)}" for name, v in zip(per_label[label], per_label[check.metric]))
     if len(per_label) > 6:
-        listing = f"{len(per_label)} {label}s, median {check.text(float(done[check.metric].median()))}"
+        listing = f"{len(per_label)} {label}s, median {check.shown(float(done[check.metric].median()))}"
     interval = (float("nan"), float("nan"))
     if check.reduce in ("worst", "best"):
         picked = worst_first.iloc[0 if check.reduce == "worst" else -1]
@@ -227,7 +236,7 @@ def evaluate(check: Check, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]
     else:
         measured = float(getattr(done[check.metric], check.reduce)())
         worst = worst_first.iloc[0]
-        detail = f"{check.reduce} of {len(done)} rows; worst {worst[label]} {check.text(float(worst[check.metric]))}"
+        detail = f"{check.reduce} of {len(done)} rows; worst {worst[label]} {check.shown(float(worst[check.metric]))}"
     absent = chosen.loc[chosen[check.metric].isna(), label].astype(str).unique()
     if len(absent):
         detail += "; not measured: " + ", ".join(absent)

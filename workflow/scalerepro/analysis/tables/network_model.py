@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -70,6 +70,7 @@ from typing import Literal
 import yaml
 
 from scalerepro.common.cli import CommandError
+from scalerepro.common.gpu_peaks import PEAKS, peaks_key
 
 Algorithm = Literal["ring", "tree", "auto"]
 ALGORITHMS: tuple[Algorithm, ...] = ("auto", "ring", "tree")
@@ -307,3 +308,20 @@ def preset(presets: Mapping[str, ClusterPreset], key: str) -> ClusterPreset:
         known = ", ".join(sorted(presets)) or "none"
         raise ClusterPresetError(f"unknown cluster preset {key!r}: choose one of {known} (clusters in config/references.yaml)")
     return presets[key]
+
+
+def preset_for_gpu(presets: Mapping[str, ClusterPreset], device_names: Iterable[str]) -> tuple[ClusterPreset | None, str]:
+    """The preset whose GPU is the one the study ran on (matched as the GPU peak table matches
+    names: "NVIDIA H100 80GB HBM3" is the H100 SXM5 of dgx_h100), and why it is that one; None
+    and why when the study ran on several GPU models, on none (a CPU), or on one no preset has."""
+    names = sorted({str(name) for name in device_names if name and str(name).strip()})
+    keys = {peaks_key(name) for name in names}
+    if not names or keys == {None}:
+        return None, f"the study ran on no GPU the GPU peak table knows ({', '.join(names) or 'no device named'})"
+    if len(keys) > 1:
+        return None, f"the study ran on several GPU models ({', '.join(names)}): no one cluster preset is its shape"
+    (key,) = keys
+    matching = sorted(k for k, entry in presets.items() if peaks_key(entry.gpu) == key)
+    if not matching:
+        return None, f"no cluster preset in config/references.yaml has the study's GPU ({', '.join(names)})"
+    return presets[matching[0]], f"the preset of the study's GPU, {', '.join(names)} = {PEAKS[key].model}: scaling.predict_cluster is not set"

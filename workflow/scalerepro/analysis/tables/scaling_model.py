@@ -53,7 +53,11 @@ On a cluster preset (``predict_cluster``: ``clusters`` in references.yaml) the c
 study's hardware run instead on that cluster's hierarchical network (``network_model``: NCCL's
 flat ring through all N GPUs over NVLink and one NIC per GPU, or its tree across nodes), with its
 GPUs per node, each row beside the model's typical error on published runs (``prediction_error``
-of references.yaml, measured by benchmarks/predict_published.py). ``simulate_fsdp_step`` is the
+of references.yaml, measured by benchmarks/predict_published.py). A GPU study that names no
+preset predicts the counts beyond its node, where it measured no link across nodes, on the preset
+of its own GPU (``network_model.preset_for_gpu``: an H100 SXM5 on dgx_h100), and says so; with no
+preset for its GPU, a one-GPU node predicts nothing beyond itself (a one-GPU box is not eight
+one-GPU nodes over InfiniBand). ``simulate_fsdp_step`` is the
 same step under FSDP (all-gathers before each unit's forward and backward, reduce-scatters after
 its backward), and ``fit_compute_to_step`` scales a profile's compute to a published step.
 
@@ -70,7 +74,11 @@ Table ``scaling_model.csv``, one row per (study, model, GPU count), in strong|we
     step_time_measured_s, step_time_predicted_s, step_time_error (predicted / measured - 1),
     efficiency_measured (scaling.csv's), efficiency_predicted, efficiency_error (predicted -
     measured), cluster (the preset a predicted row ran on), typical_error (the model's typical
-    error there), profile_run (the one-GPU run whose buckets were replayed), note.
+    error there), profile_run (the one-GPU run whose buckets were replayed), note, cluster_basis
+    (why that preset: named in the config, or the study's GPU's), fixed_step_s (other + o: the
+    per-step cost that does not shrink with the batch), loss_fixed_cost and loss_exposed_comm (the
+    predicted loss of efficiency split: (t(N) - ideal - exposed) / t(N) and exposed / t(N), ideal
+    t(1) / N strong, t(1) weak; they add up to 1 - efficiency).
 
 This module is on the analysis side: it never imports torch.
 """
@@ -93,6 +101,7 @@ from scalerepro.analysis.tables.network_model import (
     ClusterPreset,
     Link,
     preset,
+    preset_for_gpu,
     read_clusters,
     read_links,
     read_prediction_error,
@@ -103,6 +112,7 @@ SCALING_MODEL_COLUMNS = (
     "per_gpu_batch", "grad_accum_steps", "compute_scale", "buckets", "gradient_bytes", "allreduce_s",
     "exposed_comm_s", "step_time_measured_s", "step_time_predicted_s", "step_time_error", "efficiency_measured",
     "efficiency_predicted", "efficiency_error", "cluster", "typical_error", "profile_run", "note",
+    "cluster_basis", "fixed_step_s", "loss_fixed_cost", "loss_exposed_comm",
 )  # fmt: skip
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
 
@@ -456,8 +466,16 @@ def scaling_model_table(
     study's hardware are then predicted on its hierarchical network (``network_model``), with
     its GPUs per node, each beside the model's typical error on published runs
     (``prediction_error`` of references.yaml, measured by benchmarks/predict_published.py)."""
-    cluster: ClusterPreset | None = preset(read_clusters(references_path), predict_cluster) if predict_cluster else None
-    typical_error = read_prediction_error(references_path) if cluster is not None else None
+    named: ClusterPreset | None = preset(read_clusters(references_path), predict_cluster) if predict_cluster else None
+    # A GPU study that names no preset predicts the counts beyond its node (where it measured no
+    # link across nodes) on the preset of its own GPU (an H100 SXM5 on a DGX H100's 8 GPUs a
+    # node), never on nodes the size of the machine it ran on: a one-GPU box as eight one-GPU
+    # nodes over InfiniBand is a shape nobody has.
+    gpu_runs = runs[runs["device_type"].eq("cuda")] if "device_type" in runs.columns else runs.iloc[0:0]
+    own, own_why = (None, None)
+    if named is None and len(gpu_runs):
+        own, own_why = preset_for_gpu(read_clusters(references_path), gpu_runs.get("device_name", pd.Series(dtype=str)).dropna())
+    typical_error = read_prediction_error(references_path) if named is not None or own is not None else None
     fits: dict[int, tuple[RingNetwork, int]] = {}  # GPU count -> (alpha, B fitted, nodes)
     fit_problems = {}
     for path in comm_paths:
@@ -467,6 +485,7 @@ def scaling_model_table(
         except ValueError as error:
             fit_problems[document["world_size"]] = str(error)
     links = read_links(references_path)
+    measured_across = any(nodes > 1 for _, nodes in fits.values())  # the study's own inter-node link
     rows = []
     scaled = runs[runs["study"].isin(["strong", "weak"])]
     for (study, model), cell_runs in scaled.groupby(["study", "model"], sort=True):
@@ -498,7 +517,14 @@ def scaling_model_table(
         ]
         for gpus, basis in targets:
             cell = cells.loc[gpus] if basis == "measured" else None
-            on_cluster = cluster is not None and basis == "predicted"
+            beyond_node = basis == "predicted" and gpus > gpus_per_node and not measured_across
+            cluster = (named or (own if beyond_node else None)) if basis == "predicted" else None
+            cluster_basis = "scaling.predict_cluster" if named is not None else own_why
+            on_cluster = cluster is not None
+            if beyond_node and named is None and own is None and len(gpu_runs) and gpus_per_node == 1:
+                rows.append(_row(**base, gpus=gpus, basis=basis, note=f"no prediction beyond the one-GPU node the study ran on: "
+                                 f"{own_why}; name a preset as scaling.predict_cluster (clusters in config/references.yaml)"))  # fmt: skip
+                continue
             node_size = cluster.gpus_per_node if on_cluster else gpus_per_node
             nodes = cell["nodes"] if cell is not None else -(-gpus // node_size)
             row = _row(**base, gpus=gpus, nodes=nodes, basis=basis, buckets=len(profile.bucket_bytes),
@@ -537,6 +563,15 @@ def scaling_model_table(
                 rows.append(row)
                 continue
             prediction = simulate_step(profile, network, compute_scale, accum)
+            # What the loss of efficiency is lost to: ideal is t(1) / N (strong) or t(1) (weak);
+            # t(N) - ideal = the all-reduce left exposed + the per-step cost that does not shrink
+            # with the batch, (other + o)(1 - 1/N) strong, nothing weak (compute scales as c A_N)
+            ideal = profile.step_s / gpus if study == "strong" else profile.step_s
+            row.update(
+                fixed_step_s=profile.other_s + profile.optimizer_s,
+                loss_exposed_comm=prediction.exposed_comm_s / prediction.step_s,
+                loss_fixed_cost=max(prediction.step_s - ideal - prediction.exposed_comm_s, 0.0) / prediction.step_s,
+            )
             row.update(
                 network=network.source,
                 # one alpha and B for a flat ring; a cluster's two levels are in ``network``
@@ -555,9 +590,10 @@ def scaling_model_table(
             if row["efficiency_measured"] is not None and not pd.isna(row["efficiency_measured"]):
                 row["efficiency_error"] = row["efficiency_predicted"] - row["efficiency_measured"]  # predicted - measured
             if basis == "predicted":
-                row["note"] = f"prediction only: beyond the {measured_max:g} GPUs the study ran on"
+                row["note"] = f"prediction only: beyond the {measured_max:g} GPU{'' if measured_max == 1 else 's'} the study ran on"
             if on_cluster:
                 row["cluster"] = cluster.key
+                row["cluster_basis"] = cluster_basis
                 if typical_error is not None:
                     row["typical_error"] = typical_error.typical
                     row["note"] += (f"; on {cluster.name}; the model's typical error on published runs is "

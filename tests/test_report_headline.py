@@ -1,0 +1,200 @@
+"""The report's first read (issue 33, points 1, 3 and 6), on the report a GPU user reads: the one
+rendered from the H100 records the project kept (``h100_report``), and the one-H100 study's own
+results folder (benchmarks/gpu/h100-2026-11-26/study-results).
+
+1. The title and summary say what the study was; per model, the headline gives the best figure
+   with its unit, precision, batch, data, device (form factor, memory, power limit), MFU against a
+   named peak, peak memory against the card's, n and spread, and no efficiency where nothing scaled.
+3. Every MFU column names the peak it is against; an fp32 run says TF32 was off.
+6. A check's figure within rounding of its threshold shows the digits that tell them apart; GPU
+   utilisation is judged on the worst run, not on a mean.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from h100_report import H100_RECORDS
+from scalerepro.analysis import rebuild
+from scalerepro.analysis.presentation import report
+from scalerepro.analysis.tables import checking
+from scalerepro.common import gpu_peaks
+
+REPO = Path(__file__).resolve().parents[1]
+ONE_H100_STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results"
+
+
+def text(fragment: str) -> str:
+    """A fragment of the page as a reader sees it: tags dropped, entities and spaces resolved."""
+    spaced = re.sub(r"<br>|</t[dh]>", " ", fragment)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", spaced)).split())
+
+
+def headline(page: str) -> str:
+    return page.split('<h3 id="headline">')[1].split("</section>")[0]
+
+
+def headline_tables(page: str) -> dict[str, tuple[list[str], dict[str, list[str]]]]:
+    """Each headline table by its caption: its headers and its rows by model, as text."""
+    tables = {}
+    for table in re.findall(r'<table class="headline">(.*?)</table>', headline(page), re.S):
+        caption = text(re.search(r"<caption>(.*?)</caption>", table, re.S).group(1))
+        headers = [text(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", table, re.S)]
+        rows = [[text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)] for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
+        tables[caption] = (headers, {cells[0]: dict(zip(headers, cells, strict=True)) for cells in rows if cells})
+    return tables
+
+
+def counted_runs(out: Path) -> pd.DataFrame:
+    runs = pd.read_csv(out / "tables" / "runs.csv")
+    return runs[runs["counts"]]
+
+
+def test_the_title_and_summary_name_the_study_and_what_it_was(h100_report):
+    name = json.loads((h100_report.out / "tables" / "config.json").read_text())["study_name"]
+    assert name == "run records of h100-2026-11-25, h100-2026-11-26"
+    title = html.unescape(re.search(r"<title>(.*?)</title>", h100_report.html).group(1))
+    heading = html.unescape(re.search(r"<h1>(.*?)</h1>", h100_report.html).group(1))
+    # every record ran on one GPU: a benchmark, not a "scaling study"
+    assert heading == f"One-GPU benchmark — {name}" and title == f"scalerepro: {heading}"
+    study = text(re.search(r'<dd id="study-identity">(.*?)</dd>', h100_report.html, re.S).group(1))
+    assert study == f"{name}: one-GPU benchmark; every run used 1 GPU, so nothing was scaled: no scaling efficiency or speedup"
+
+
+def test_the_headline_gives_each_model_its_best_figure_with_what_it_takes_to_read_it(h100_report):
+    runs = counted_runs(h100_report.out)
+    tables = headline_tables(h100_report.html)
+    images = tables["Image models: images per second (the whole job, all GPUs)"]
+    language = tables["Language models: sequences per second, tokens per second beside (the whole job, all GPUs)"]
+    assert set(images[1]) == {"resnet18_cifar", "resnet50", "vit_b_16"} and set(language[1]) == {"bert_base", "gpt2_small", "llama_1b"}
+    # the unit is in the header: img/s for the image models, sequences/s and tokens/s for the LMs
+    assert images[0][1] == "Best img/s, 1 GPU" and language[0][1:3] == ["Best sequences/s, 1 GPU", "Tokens/s"]
+    peak = gpu_peaks.PEAKS["h100_sxm"].bf16
+    for headers, _ in (images, language):
+        assert f"MFU vs {peak:.0f} TFLOP/s dense bf16 (H100 SXM5)" in headers
+        assert not {"Max GPUs", "Strong-scaling efficiency"} & set(headers)  # one GPU: nothing scaled, no tautology
+
+    # BERT: two records of one configuration (the 25th's and the 26th's), median and range over both
+    bert = runs[runs["model"].eq("bert_base")]
+    row = language[1]["bert_base"]
+    assert len(bert) == 2 and row["Best sequences/s, 1 GPU"] == f"{bert['samples_per_s'].median():,.0f}"
+    assert row["Range over repeats"] == f"{bert['samples_per_s'].min():,.0f} – {bert['samples_per_s'].max():,.0f} (n=2)"
+    assert row["Tokens/s"] == f"{bert['tokens_per_s'].median():,.0f}"
+    assert "bf16 · batch 256/GPU" in row["Configuration"] and row["Configuration"].endswith("synthetic data")
+
+    # Llama: one counted run (the probe's failure does not count), its memory against the card's
+    (llama,) = runs[runs["model"].eq("llama_1b")].itertuples()
+    row = language[1]["llama_1b"]
+    assert row["Range over repeats"] == "one run (n=1)" and row[f"MFU vs {peak:.0f} TFLOP/s dense bf16 (H100 SXM5)"] == f"{100 * llama.mfu:.1f} %"
+    memory = row["Peak memory per GPU (share of its memory)"]
+    assert memory == f"{llama.peak_memory_bytes / 2**30:.1f} GiB ({100 * llama.peak_memory_bytes / llama.gpu_memory_bytes:.0f} %)"
+
+    # ResNet-18's best replays CUDA graphs: its peak is the reserved one, said to be an upper bound
+    row = images[1]["resnet18_cifar"]
+    assert "batch 1,024/GPU" in row["Configuration"] and row["Peak memory per GPU (share of its memory)"].endswith("reserved, an upper bound")
+
+    # the device, with its form factor, its memory and its power limit (no inventory: not recorded)
+    (memory_bytes,) = set(runs["gpu_memory_bytes"])
+    device = text(re.search(r'<p class="lead" id="headline-device">(.*?)</p>', h100_report.html, re.S).group(1))
+    assert device == f"Every figure below ran on NVIDIA H100 80GB HBM3 (H100 SXM5, {memory_bytes / 2**30:.1f} GiB memory, power limit not recorded)."
+
+
+def test_a_one_gpu_study_shows_no_scaling_efficiency(tmp_path, monkeypatch):
+    """The one-H100 study's own results: its strong-scaling rows are at 1 GPU only, where the
+    efficiency is 1 by definition; the headline shows none rather than "100 % at 1 GPUs"."""
+    monkeypatch.setattr(rebuild.plots, "draw", lambda tables, out: [])  # the figures are not read here (4 s of matplotlib)
+    results = tmp_path / "results"
+    shutil.copytree(ONE_H100_STUDY, results)
+    done = rebuild.rebuild(results, REPO / "config" / "references.yaml", REPO / "report")
+    strong = pd.read_csv(results / "tables" / "scaling.csv").query("study == 'strong' and repeats_ok > 0")
+    assert len(strong) >= 5 and strong["gpus"].eq(1).all() and strong["efficiency"].eq(1.0).all()  # the tautology is in the table
+    page = done["report"].read_text()
+    assert re.search(r"<h1>One-GPU benchmark — h100-one-gpu</h1>", page)
+    shown = text(headline(page))
+    assert "Strong-scaling efficiency" not in shown and "100.0 %" not in shown and "1.00×" not in shown
+    assert "every run used 1 GPU, so nothing was scaled" in shown
+
+
+def test_every_mfu_column_names_its_peak_and_fp32_says_tf32_was_off(h100_report):
+    headers = [text(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", h100_report.html, re.S)]
+    mfu = [h for h in headers if "MFU" in h]
+    assert len(mfu) >= 3 and all(re.search(r"MFU vs .*(TFLOP/s|dense peak)", h) for h in mfu), mfu
+    # the per-run table mixes bf16, fp16 and fp32 on one H100: the part in the header, each peak under its value
+    per_run = h100_report.html.split('id="per-run"')[1].split("</table>")[0]
+    assert "MFU vs the H100 SXM5 dense peak under it" in text(per_run)
+    fp32 = gpu_peaks.PEAKS["h100_sxm"].fp32
+    row = next(text(r) for r in re.findall(r"<tr>(.*?)</tr>", per_run, re.S) if "resnet50-baseline-baseline" in text(r))
+    assert f"vs {fp32:.1f} TFLOP/s dense fp32, TF32 off" in row, row
+    fp16 = next(text(r) for r in re.findall(r"<tr>(.*?)</tr>", per_run, re.S) if "optimised-fp16" in text(r))
+    assert f"vs {gpu_peaks.PEAKS['h100_sxm'].fp16:.0f} TFLOP/s dense fp16" in fp16
+
+
+def test_gpu_utilisation_is_judged_on_the_worst_run(h100_report):
+    """A host-bound run (the DDP record at 32 %) fails the check; a mean over the others (88 %) hid it."""
+    runs = counted_runs(h100_report.out)
+    worst = runs.loc[runs["gpu_util_mean_pct"].idxmin()]
+    assert runs["gpu_util_mean_pct"].mean() > 80 > worst["gpu_util_mean_pct"]  # where a mean passes
+    row = pd.read_csv(h100_report.out / "tables" / "checks.csv").set_index("check").loc["gpu_utilisation"]
+    assert row["status"] == "fail" and row["measured"] == worst["gpu_util_mean_pct"]
+    assert row["detail"].startswith(f"worst run_id {worst['run_id']}: ")
+    summary = h100_report.html.split('id="checks"')[1].split('id="headline"')[0]
+    check = text(re.search(r"<tr><td>gpu_utilisation</td>(.*?)</tr>", summary, re.S).group(1))
+    assert check.startswith(f"GPU utilisation of every completed run > 80.0% (counts = True) {worst['gpu_util_mean_pct']:.1f}% — fail "), check
+
+
+def test_a_figure_within_rounding_of_its_threshold_shows_the_digits_that_decide(h100_report):
+    runs = pd.read_csv(h100_report.out / "tables" / "runs.csv")
+    stall = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["targets"]["checks"]["data_stall"]
+    worst = runs.loc[runs["counts"], "data_stall_fraction"].max()
+    for threshold in (round(worst, 4) - 0.0001, round(worst, 4) + 0.0001):  # either side, 0.01 points away
+        (check,) = checking.parse_checks({"checks": {"data_stall": {**stall, "threshold": threshold}}})
+        assert check.text(worst) == check.text(threshold)  # one decimal cannot tell them apart
+        row = checking.evaluate(check, {"runs": runs})
+        assert row["value"] != check.text(threshold), row
+        shown = float(row["value"].rstrip("%")) / 100
+        # the digits shown say the verdict: under the threshold passes (< strict), at or over it fails
+        assert row["status"] == ("pass" if shown < threshold else "fail") == ("pass" if worst < threshold else "fail")
+
+
+def test_the_power_limit_is_the_inventorys_where_the_study_took_one(h100_report, tmp_path):
+    """The records carry no power limit; a study's inventory (NVML, scalerepro.telemetry.inventory)
+    does. Its facts here are those nvidia-smi gave on the card of the 2026-11-26 records."""
+    smi = (H100_RECORDS[1] / "nvidia-smi.txt").read_text().splitlines()
+    facts = dict(zip([h.strip() for h in smi[0].split(",")], [v.strip() for v in smi[1].split(",")]))
+    limit = float(facts["power.limit [W]"].removesuffix(" W"))
+    runs = counted_runs(h100_report.out)
+    inventory = tmp_path / "system.json"
+    inventory.write_text(json.dumps({"gpus": [{"index": 0, "name": facts["name"], "memory_bytes": int(runs["gpu_memory_bytes"].iloc[0]),
+                                               "driver": facts["driver_version"], "power_limit_w": limit}]}))  # fmt: skip
+    tables = h100_report.out / "tables"
+    page = report.render(tables, None, inventory, tables / "config.json", REPO / "config" / "references.yaml", REPO / "report")
+    device = text(re.search(r'<p class="lead" id="headline-device">(.*?)</p>', page, re.S).group(1))
+    assert device.endswith(f"(H100 SXM5, 79.2 GiB memory, power limit {limit:.0f} W).") and limit == 700
+
+
+def test_one_gpu_figures_that_could_only_show_a_definition_are_lines_saying_so(h100_report, tmp_path, monkeypatch):
+    """A 1-GPU all-reduce moves no byte (bus bandwidth = algbw x 2(N-1)/N = 0): the kept records'
+    one-GPU benchmark drew an empty log-scale chart; and a one-GPU study drew efficiency 100 % at 1 GPU."""
+    page = h100_report.html
+    busbw = re.search(r'<figure class="plot([^"]*)" id="fig-busbw_vs_size">(.*?)</figure>', page, re.S)
+    assert busbw.group(1) == " not-drawn" and "its bus bandwidth is 0 by definition" in text(busbw.group(2))
+    monkeypatch.setattr(rebuild.plots, "draw", lambda tables, out: [])  # only the tables are read here
+    results = tmp_path / "results"
+    shutil.copytree(ONE_H100_STUDY, results)
+    rebuild.rebuild(results, REPO / "config" / "references.yaml", REPO / "report")
+    with pytest.raises(rebuild.plots.NotMeasured, match="efficiency at 1 GPU is 100 % by definition"):
+        rebuild.plots.efficiency_vs_gpus(rebuild.plots.read_tables(results / "tables"))
+
+
+def test_the_headline_names_no_ddp_bucket_at_one_gpu(h100_report):
+    """DDP buckets exist only where gradients are all-reduced; every kept record ran on 1 GPU."""
+    shown = text(headline(h100_report.html))
+    assert "batch 256/GPU" in shown and not re.search(r"bucket \d", shown)

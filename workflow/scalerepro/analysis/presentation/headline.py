@@ -1,0 +1,368 @@
+"""The report's first read: what the study was (its title) and, per model, its best figure with
+everything needed to read it: the unit, the configuration (precision, per-GPU batch, data), the
+device (form factor, memory, power limit), MFU against a named peak, peak memory against the
+card's capacity, n and the spread over the repeats, and scaling only where something was scaled.
+
+Small and explicit: the statistics are the aggregation's; this module picks and labels them. It
+does not import the report module (which imports it): the templates format its numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+from scalerepro.common import gpu_peaks
+
+# The columns that tell one configuration from another; repeats of a configuration share them.
+CONFIG_COLUMNS = ("study", "variant", "precision", "per_gpu_batch", "bucket_cap_mb")
+# Beside them, what a headline figure must not mix: the data it read and the device it ran on.
+FIGURE_COLUMNS = (*CONFIG_COLUMNS, "data_kind", "device_name")
+
+# What "fp32" and "tf32" mean in this trainer (scalerepro.config: --precision); an H100's dense
+# TF32 rate is 7.4x its IEEE fp32 rate, and NGC's and Lambda's published "FP32" figures are TF32.
+PRECISION_WORDS = {
+    "fp32": "fp32, TF32 off (IEEE fp32 matmuls and convolutions)",
+    "tf32": "tf32 (fp32 storage, TF32 tensor-core matmuls and convolutions)",
+}
+PEAK_PRECISION_WORDS = {"fp32": "fp32, TF32 off", "tf32": "tf32 (TF32 on)"}
+# How the peak's source names the part and the precision (scalerepro.telemetry.hardware.peak_flops):
+# "H100 SXM5, dense bf16: <document>", a MIG instance's "MIG 3g.40gb: 3/7 of ... x H100 SXM5, dense bf16: ...".
+_PEAK_SOURCE = re.compile(r"([A-Z][\w ]*?), dense (\w+):")
+_MIG_SOURCE = re.compile(r"^MIG (\S+): (\d+/\d+)")
+
+
+# --------------------------------------------------------------------------------------------
+# Values as the tables hold them
+# --------------------------------------------------------------------------------------------
+
+
+def _value(value: Any) -> Any:
+    """numpy/pandas scalars as Python ones; NaN, NA and empty text as None."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        return value
+    return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
+
+
+def finite_number(value: Any) -> float | None:
+    """A table's value as a finite float; None for a missing, non-numeric or non-finite one."""
+    value = _value(value)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _flag(value: Any) -> bool:
+    value = _value(value)
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes")) or value == 1
+
+
+def _first(frame: pd.DataFrame, column: str) -> Any:
+    """The first value of ``column`` that is there, or None."""
+    if column not in frame.columns:
+        return None
+    present = frame[column].dropna()
+    return _value(present.iloc[0]) if not present.empty else None
+
+
+def gib(size: Any) -> str | None:
+    number = finite_number(size)
+    return None if number is None else f"{number / 2**30:,.1f} GiB"
+
+
+def counting_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs the aggregation's statistics are over: its ``counts`` column of runs.csv."""
+    if runs.empty or "counts" not in runs.columns:
+        return runs.iloc[0:0]
+    return runs[runs["counts"].map(_flag)]
+
+
+# --------------------------------------------------------------------------------------------
+# Labels
+# --------------------------------------------------------------------------------------------
+
+
+def precision_words(precision: Any) -> str | None:
+    """A precision as the reader needs it: fp32 and tf32 say whether TF32 was on."""
+    precision = _value(precision)
+    return None if precision is None else PRECISION_WORDS.get(str(precision), str(precision))
+
+
+def throughput_unit(tokens_per_s: Any, tokens_per_sample: Any) -> str:
+    """img/s for an image model (no tokens), sequences/s for a language model, else samples/s."""
+    if finite_number(tokens_per_s) is not None or (finite_number(tokens_per_sample) or 0) > 0:
+        return "sequences/s"
+    if finite_number(tokens_per_sample) == 0:
+        return "img/s"
+    return "samples/s"
+
+
+def describe_config(row: Mapping[str, Any]) -> str:
+    """Study · variant · precision · batch/GPU · bucket · data, as far as the row says."""
+    parts = [str(row[key]) for key in ("study", "variant") if _value(row.get(key)) is not None]
+    if _value(row.get("precision")) is not None:
+        parts.append(precision_words(row["precision"]))
+    if finite_number(row.get("per_gpu_batch")) is not None:
+        parts.append(f"batch {round(finite_number(row['per_gpu_batch'])):,}/GPU")
+    # DDP's gradient buckets only exist where gradients are all-reduced: one GPU has none
+    if finite_number(row.get("bucket_cap_mb")) is not None and (finite_number(row.get("gpus")) or 2) > 1:
+        parts.append(f"bucket {finite_number(row['bucket_cap_mb']):g} MB")
+    data = _value(row.get("data_kind"))
+    if data is not None:
+        parts.append("synthetic data" if data == "synthetic" else f"{data} (real data)")
+    return " · ".join(parts) or "—"
+
+
+def tflops_text(flops: float) -> str:
+    tflops = flops / gpu_peaks.TFLOPS
+    return f"{tflops:,.0f}" if tflops >= 100 else f"{tflops:.1f}"
+
+
+class Peak(NamedTuple):
+    """What an MFU is against: the rate and precision ("989 TFLOP/s dense bf16") and the part
+    ("H100 SXM5"; None for a user override or a source that names none)."""
+
+    rate: str
+    part: str | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.rate} ({self.part})" if self.part else self.rate
+
+
+def mfu_peak(peak_flops: Any, source: Any) -> Peak | None:
+    """The peak a record's MFU is against, from its ``peak_flops_per_device`` and
+    ``peak_flops_source``; None when the record gives neither."""
+    flops, source = finite_number(peak_flops), _value(source)
+    rate = f"{tflops_text(flops)} TFLOP/s" if flops is not None else "the peak"
+    if source is None:
+        return None if flops is None else Peak(f"{rate} per GPU", "source not recorded")
+    source = str(source)
+    if source.startswith("user override"):
+        return Peak(f"{rate} per GPU", "user override")
+    found = _PEAK_SOURCE.search(source)
+    if found is None:
+        return None if flops is None else Peak(f"{rate} per GPU", source)
+    part, peak_precision = found.groups()
+    mig = _MIG_SOURCE.match(source)
+    if mig:
+        part += f", MIG {mig.group(1)}: {mig.group(2)} of the GPU"
+    if gpu_peaks.BARE_NAME_RULE in source:
+        part += ", form factor assumed"
+    return Peak(f"{rate} dense {PEAK_PRECISION_WORDS.get(peak_precision, peak_precision)}", part)
+
+
+def mfu_peak_label(peak_flops: Any, source: Any) -> str | None:
+    """The peak an MFU is against, named: "989 TFLOP/s dense bf16 (H100 SXM5)"."""
+    peak = mfu_peak(peak_flops, source)
+    return peak.label if peak else None
+
+
+def _peaks(frame: pd.DataFrame) -> pd.Series:
+    """Each row's MFU peak (None where the row has no MFU)."""
+    if frame.empty or "mfu" not in frame.columns:
+        return pd.Series([None] * len(frame), index=frame.index, dtype=object)
+    column = lambda name: frame[name] if name in frame.columns else pd.Series(None, index=frame.index)  # noqa: E731
+    return pd.Series(
+        [mfu_peak(peak, source) if finite_number(mfu) is not None else None
+         for mfu, peak, source in zip(frame["mfu"], column("peak_flops_per_device"), column("peak_flops_source"))],
+        index=frame.index, dtype=object,
+    )  # fmt: skip
+
+
+def mfu_header(peaks: Sequence[Peak | None]) -> tuple[str, list[str | None]]:
+    """An MFU column's header and the note under each value: one peak for every row is named in
+    the header (no notes); one part with several peaks names the part in the header and each
+    row's rate and precision under its value; else each row's whole peak."""
+    named = {peak for peak in peaks if peak is not None}
+    parts = {peak.part for peak in named}
+    if len(named) <= 1:
+        return (f"MFU vs {named.pop().label}" if named else "MFU"), [None] * len(peaks)
+    if len(parts) == 1 and None not in parts:
+        return f"MFU vs the {parts.pop()} dense peak under it", [f"vs {p.rate}" if p else None for p in peaks]
+    return "MFU vs the peak under it", [f"vs {p.label}" if p else None for p in peaks]
+
+
+def mfu_columns(ok: pd.DataFrame, parallelism: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+    """The completed runs and the parallelism cells with an ``mfu_peak`` column (the note under
+    each MFU naming what it is against, where the header cannot name it for every row), and
+    each table's MFU header. A parallelism cell's peak is that of its runs."""
+    peaks = _peaks(ok)
+    header_runs, notes = mfu_header(list(peaks))
+    ok = ok.assign(mfu_peak=notes)
+    cell_peaks: list[Peak | None] = []
+    keys = [key for key in ("model", "gpus", "parallel", "variant") if key in parallelism.columns and key in ok.columns]
+    for _, cell in parallelism.iterrows():
+        runs = ok.loc[(ok[keys] == cell[keys]).all(axis=1)] if keys else ok.iloc[0:0]
+        found = {peak for peak in peaks.loc[runs.index] if peak is not None}
+        # the runs of a cell share a precision and a device; several peaks would be a mixed cell
+        cell_peaks.append(found.pop() if len(found) == 1 and finite_number(cell.get("mfu")) is not None else None)
+    header_parallelism, notes = mfu_header(cell_peaks)
+    parallelism = parallelism.assign(mfu_peak=notes) if not parallelism.empty else parallelism
+    return ok, parallelism, {"runs": header_runs, "parallelism": header_parallelism}
+
+
+def device_facts(device_name: Any, device_type: Any, memory_bytes: Any, inventory: Any) -> dict[str, Any]:
+    """The device a figure ran on, as the reader needs it: the part with its form factor (from the
+    GPU peak table), its memory, and its power limit where the study's inventory (NVML) has it."""
+    name = _value(device_name)
+    if _value(device_type) == "cpu":
+        return {"name": name or "a CPU", "text": f"{name or 'a CPU'} (CPU: no GPU, no MFU)", "cpu": True}
+    key = gpu_peaks.peaks_key(name)
+    if key is None:
+        form = "form factor unknown (not in the GPU peak table)"
+    elif gpu_peaks.names_no_form_factor(name):
+        form = f"{gpu_peaks.PEAKS[key].model} assumed (the name gives no form factor)"
+    else:
+        form = gpu_peaks.PEAKS[key].model
+    gpus = inventory.get("gpus") if isinstance(inventory, Mapping) else None
+    limits = sorted({finite_number(gpu.get("power_limit_w")) for gpu in gpus or () if isinstance(gpu, Mapping)
+                     and gpu.get("name") == name and finite_number(gpu.get("power_limit_w")) is not None})  # fmt: skip
+    if memory_bytes is None:
+        memory_bytes = next((gpu.get("memory_bytes") for gpu in gpus or () if isinstance(gpu, Mapping) and gpu.get("name") == name), None)
+    power = f"power limit {' / '.join(f'{w:,.0f}' for w in limits)} W" if limits else "power limit not recorded"
+    memory = gib(memory_bytes)
+    parts = [form, *([f"{memory} memory"] if memory else []), power]
+    return {"name": name or "an unnamed GPU", "text": f"{name or 'an unnamed GPU'} ({', '.join(parts)})", "cpu": False,
+            "memory_bytes": finite_number(memory_bytes)}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# The headline
+# --------------------------------------------------------------------------------------------
+
+
+def _fastest(cells: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
+    """The configuration with the highest median throughput among ``cells`` (one row each)."""
+    if cells.empty:
+        return None
+    top = {key: _value(value) for key, value in cells.loc[cells["samples_per_s"].idxmax()].items()}
+    device = device_facts(top.get("device_name"), top.get("device_type"), top.get("gpu_memory_bytes"), inventory)
+    memory, capacity = finite_number(top.get("peak_memory_bytes")), device.get("memory_bytes")
+    return {
+        **top,
+        "config": describe_config(top),
+        "unit": throughput_unit(top.get("tokens_per_s"), top.get("tokens_per_sample")),
+        "mfu_peak": mfu_peak(top.get("peak_flops_per_device"), top.get("peak_flops_source")) if top.get("mfu") is not None else None,
+        "device": device,
+        "memory": gib(memory),
+        "memory_share": memory / capacity if memory is not None and capacity else None,
+    }  # fmt: skip
+
+
+def _cells(ok: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration (model, GPUs, FIGURE_COLUMNS): its median throughput over its
+    counted repeats, their number, min and max, and its other figures (medians; peak memory the
+    largest)."""
+    keys = ["model", "gpus", *[column for column in FIGURE_COLUMNS if column in ok.columns]]
+    grouped = ok.groupby(keys, dropna=False)
+    figures = {"samples_per_s": "median", "tokens_per_s": "median", "mfu": "median", "peak_memory_bytes": "max"}
+    cells = grouped.agg(**{name: (name, how) for name, how in figures.items() if name in ok.columns})
+    spread = grouped["samples_per_s"].agg(repeats="count", min="min", max="max")
+    facts = [c for c in ("peak_memory_kind", "peak_flops_per_device", "peak_flops_source", "tokens_per_sample",
+                         "gpu_memory_bytes", "device_type") if c in ok.columns]  # fmt: skip
+    first = grouped[facts].first() if facts else None
+    return pd.concat([frame for frame in (cells, spread, first) if frame is not None], axis=1).reset_index()
+
+
+def _strong_rows(scaling: pd.DataFrame) -> dict[Any, dict[str, Any]]:
+    """Per model, the strong-scaling row at its largest GPU count, only where the model's strong
+    study ran two counts or more: at one count the efficiency is 1 by definition, not a finding."""
+    found: dict[Any, dict[str, Any]] = {}
+    if not {"study", "model", "gpus", "efficiency"} <= set(scaling.columns):
+        return found
+    strong = scaling[(scaling["study"] == "strong") & scaling["gpus"].notna()]
+    for model, group in strong.groupby("model", sort=True):
+        measured = group[group["efficiency"].notna()]
+        if measured["gpus"].nunique() >= 2:
+            found[model] = {key: _value(value) for key, value in measured.loc[measured["gpus"].idxmax()].items()}
+    return found
+
+
+def headline(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -> list[dict[str, Any]]:
+    """Per model: the fastest configuration at 1 GPU and at the largest GPU count it ran on (the
+    median over that configuration's counted repeats, so one lucky repeat cannot win), each with
+    its unit, configuration, device, MFU and its peak, peak memory and capacity, n and range; and
+    the strong-scaling row at the largest count where the strong study scaled the model."""
+    ok = counting_runs(runs)
+    out: list[dict[str, Any]] = []
+    if {"model", "gpus", "samples_per_s"} <= set(ok.columns):
+        ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
+        for model, cells in _cells(ok).groupby("model", sort=True):
+            max_gpus = _value(cells["gpus"].max())
+            out.append({
+                "model": model,
+                "one": _fastest(cells[cells["gpus"] == 1], inventory),
+                "max_gpus": max_gpus,
+                "at_max": _fastest(cells[cells["gpus"] == max_gpus], inventory) if max_gpus != 1 else None,
+            })  # fmt: skip
+    strong_rows = _strong_rows(scaling)
+    for item in out:
+        item["strong"] = strong_rows.pop(item["model"], None)
+    # A model with a strong-scaling row but no completed run with a throughput still shows it.
+    out += [{"model": model, "one": None, "max_gpus": None, "at_max": None, "strong": row} for model, row in strong_rows.items()]
+    return out
+
+
+def headline_section(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -> dict[str, Any]:
+    """The headline, grouped by unit (img/s, sequences/s, samples/s: a column header carries the
+    unit), with what is common to its figures said once: the device, the peak MFU is against."""
+    items = headline(runs, scaling, inventory)
+    figures = [f for item in items for f in (item["one"], item["at_max"]) if f is not None]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        figure = item["one"] or item["at_max"]
+        groups.setdefault(figure["unit"] if figure else "samples/s", []).append(item)
+    devices = list(dict.fromkeys(f["device"]["text"] for f in figures))
+    header, notes = mfu_header([f["mfu_peak"] for f in figures])
+    for figure, note in zip(figures, notes):
+        figure["mfu_note"] = note
+    return {
+        "rows": items,
+        "groups": [(unit, groups[unit]) for unit in ("img/s", "sequences/s", "samples/s") if unit in groups],
+        "devices": devices,
+        "scaled": any(item["at_max"] is not None or item["strong"] is not None for item in items),
+        "mfu_header": header,
+        "cpu": bool(figures) and all(f["device"]["cpu"] for f in figures),
+        "mfu": any(f.get("mfu") is not None for f in figures),  # no column of dashes where nothing has a peak (a CPU)
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# What the study was
+# --------------------------------------------------------------------------------------------
+
+
+def study_identity(config: Any, runs: pd.DataFrame) -> dict[str, Any]:
+    """The study's name (config ``study_name``) and what it was, from the GPU counts it planned:
+    a scaling study runs two counts or more; a study at one count is a benchmark, not scaling."""
+    name = config.get("study_name") if isinstance(config, Mapping) else None
+    counts = sorted({round(g) for g in (finite_number(v) for v in runs.get("gpus", pd.Series(dtype=float))) if g is not None})
+    types = set(runs["device_type"].dropna()) if "device_type" in runs.columns else set()
+    cpu = types == {"cpu"}
+    word = "rank" if cpu else "GPU"
+    if not counts:
+        kind, scope = "Study with no runs", "no run was planned"
+    elif len(counts) == 1:
+        n = counts[0]
+        kind = f"{'One' if n == 1 else n}-{word} benchmark"
+        scope = f"every run used {n} {word}{'s' if n != 1 else ''}, so nothing was scaled: no scaling efficiency or speedup"
+    else:
+        kind, scope = f"Scaling study over {', '.join(map(str, counts))} {word}s", None
+    if cpu:
+        kind = f"CPU {kind[0].lower()}{kind[1:]}"
+    phrase = kind if kind[:3].isupper() or kind[0].isdigit() else kind[0].lower() + kind[1:]  # "one-GPU benchmark", "CPU ..."
+    return {"name": name, "kind": kind, "phrase": phrase, "scope": scope, "title": f"{kind} — {name}" if name else kind}

@@ -1,0 +1,84 @@
+"""What the report's scaling-model section shows: the rows of scaling_model.csv as a reader can take
+them (the one-GPU row is the reference every efficiency is against, not a 100 % result), the
+cluster the predictions beyond the study's hardware ran on and why that one, and what each
+predicted loss of efficiency is lost to: the per-step cost that does not shrink with the batch,
+or the all-reduce left exposed.
+
+The figures are scaling_model.csv's (``scalerepro.analysis.tables.scaling_model``); this module
+only selects and words them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+SCALING_STUDIES = ("strong", "weak")
+REFERENCE_NOTE = "the reference: every efficiency and speed-up is against this measured one-GPU step"
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number else None
+
+
+def loss_source(row: Mapping[str, Any]) -> str | None:
+    """What most of a predicted row's lost efficiency is lost to, in a few words (one of them at
+    least twice the other, else both); None for a row with no prediction or nothing lost."""
+    fixed, comm = _number(row.get("loss_fixed_cost")), _number(row.get("loss_exposed_comm"))
+    if fixed is None or comm is None or fixed + comm < 0.005:
+        return None
+    if fixed >= 2 * comm:
+        return "fixed per-step cost"
+    if comm >= 2 * fixed:
+        return "exposed all-reduce"
+    return "both"
+
+
+def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.DataFrame, empty: str) -> dict[str, Any]:
+    """``model_rows``: scaling_model.csv's rows as the report reads them; ``runs``: runs.csv;
+    ``empty``: what to say when there are none and the reason is not that no scaling study ran."""
+    shown = []
+    for row in model_rows:
+        row = type(row)(row)  # the report's row type: a missing column reads as None
+        if _number(row.get("gpus")) == 1 and row.get("basis") == "measured":
+            # t(1) is the model's input and the efficiencies' denominator: 100 % and +0 % say nothing
+            for key in ("step_time_predicted_s", "step_time_error", "efficiency_measured", "efficiency_predicted", "efficiency_error",
+                        "loss_fixed_cost", "loss_exposed_comm"):
+                row[key] = None
+            reference = REFERENCE_NOTE if _number(row.get("step_time_measured_s")) is not None else None  # none without a measured step
+            row["note"] = "; ".join(filter(None, [reference, row.get("note")])) or None
+        else:
+            row["loss_source"] = loss_source(row)
+        if row.get("cluster"):
+            # the cluster's network and the model's typical error there are said once, above the table
+            row["network"] = None
+            row["note"] = "; ".join(part for part in str(row.get("note") or "").split("; ")
+                                    if "typical error" not in part and not part.startswith("on ")) or None  # fmt: skip
+        shown.append(row)
+    if all(_number(row.get("grad_accum_steps")) in (None, 1) for row in shown):
+        for row in shown:  # one micro-batch a step everywhere: a column of 1s says nothing
+            row["grad_accum_steps"] = None
+    clusters: dict[str, dict[str, Any]] = {}
+    for row in model_rows:
+        if row.get("cluster") and row["cluster"] not in clusters:
+            clusters[row["cluster"]] = {"key": row["cluster"], "network": row.get("network"), "basis": row.get("cluster_basis"),
+                                        "typical_error": row.get("typical_error"),
+                                        # the note's "; on <name>; the model's typical error ... (largest ...)" part
+                                        "error_note": next((part for part in str(row.get("note") or "").split("; ") if "typical error" in part), None)}  # fmt: skip
+    studies = set(runs["study"].dropna()) if "study" in runs.columns else set()
+    why_empty = empty
+    if not model_rows and not studies & set(SCALING_STUDIES):
+        why_empty = (f"No prediction: no strong or weak scaling study among these runs ({', '.join(sorted(studies)) or 'none'}), so no "
+                     "one-GPU step of a study to replay; python -m scalerepro.analysis.predict --record <a one-GPU record> "
+                     "--cluster <a preset of clusters in config/references.yaml> predicts one record on a cluster.")  # fmt: skip
+    fixed_mostly = [row for row in shown if (row.get("loss_source") or "").startswith("fixed")]
+    # what a count counts: gloo ranks where every run with a record ran on a CPU
+    devices = set(runs["device_type"].dropna()) if "device_type" in runs.columns else set()
+    return {"rows": shown, "clusters": list(clusters.values()), "why_empty": why_empty, "fixed_mostly": fixed_mostly,
+            "unit": ("rank", "ranks") if devices == {"cpu"} else ("GPU", "GPUs")}  # fmt: skip
