@@ -426,7 +426,7 @@ def test_the_cpu_study_runs_the_optimised_preset_with_compilation_off_and_bf16_o
     held below AVX512_CORE_BF16 stands for a CPU without avx512_bf16), and the matrix says which."""
     from scalerepro.common import cpu_features
 
-    env = _env() if onednn_cap is None else {**_env(), "ONEDNN_MAX_CPU_ISA": onednn_cap}
+    env = {**_env(), "ONEDNN_MAX_CPU_ISA": onednn_cap or ""}  # None: no cap, also where the suite runs under one
     runs = _planned_trainer_flags(env)  # this machine: no nvidia-smi, so the CPU overrides
     native = cpu_features.native_bf16(environ=env)[0]
     with mock.patch.dict(os.environ, {"ONEDNN_MAX_CPU_ISA": onednn_cap or ""}):  # the planner's view, here

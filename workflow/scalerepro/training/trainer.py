@@ -34,7 +34,7 @@ from scalerepro.parallel import activation_checkpointing, blocks, comm_bytes, me
 from scalerepro.schedulers import cores
 from scalerepro.telemetry import hardware, hostload, metrics, ranges
 from scalerepro.telemetry.nvml import NvmlSampler, combine_ranks, idle_power, nvml_uuid_for_torch_device, unavailable_summary
-from scalerepro.training import buckets, checkpoint, distributed, optim, sharded_checkpoint
+from scalerepro.training import buckets, checkpoint, distributed, optim
 from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum, barrier, gather_objects
 from scalerepro.training.objective import ModelWithLoss, cross_entropy
 
@@ -312,7 +312,12 @@ class Trainer:
         self.progress = Progress()
         self.resumed_from: str | None = None
         # Sharded state (FSDP) is checkpointed by every rank with DCP (scalerepro.training.sharded_checkpoint).
-        store = checkpoint.CheckpointStore if self.mesh is None else sharded_checkpoint.ShardedCheckpointStore
+        if self.mesh is None:
+            store = checkpoint.CheckpointStore
+        else:  # imported here: DCP pulls in torch.distributed.tensor, 0.6 s of every rank's start-up a DDP run never uses
+            from scalerepro.training import sharded_checkpoint
+
+            store = sharded_checkpoint.ShardedCheckpointStore
         self.checkpoints = store(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints) if run.checkpoint_dir else None
         if run.resume and self.checkpoints is not None:
             self._resume()
@@ -453,6 +458,8 @@ class Trainer:
             self.log(f"no usable checkpoint in {self.checkpoints.directory}: starting from step 0")
             return
         if self.mesh is not None:  # this rank's shards of the model and optimizer
+            from scalerepro.training import sharded_checkpoint  # (see the store above)
+
             sharded_checkpoint.load(state["path"], self.module, self.optimizer)
         else:
             self.module.load_state_dict(state["model"])
