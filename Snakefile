@@ -39,7 +39,7 @@ rule all:
         expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS),
         rules.aggregate.output,
         rules.plots.output,
-        profiling_tables(),
+        PROFILING_PLAN.tables(),
         rules.store_study.output,
         rules.store_plots.output,
 

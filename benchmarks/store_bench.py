@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from scalerepro.analysis.history import compare, store  # noqa: E402
+from scalerepro.analysis.history import compare, store, store_file, study_rows  # noqa: E402
 
 REPEATS = 10
 
@@ -82,12 +82,12 @@ def main() -> int:
         for name in ("a", "b"):
             os.chdir(scratch / name)
             study, read_s = timed(
-                store.read_study,
+                study_rows.read_study,
                 "results/tables/matrix.csv",
                 "results/tables/config.json",
                 "results/inventory/system.json",
             )
-            connection = store.connect(history)
+            connection = store_file.connect(history)
             result, append_s = timed(store.append, connection, study)
             connection.close()
             ids.append(study.study_id)
@@ -100,11 +100,11 @@ def main() -> int:
                         f"{args.runs:,} runs, {result.added:,} added",
                     )
                 )
-                connection = store.connect(history)
+                connection = store_file.connect(history)
                 again, again_s = timed(store.append, connection, study)
                 connection.close()
                 figures.append(("append it again (no-op)", read_s + again_s, 10.0, f"{again.unchanged:,} unchanged"))
-        connection = store.connect(history, read_only=True)
+        connection = store_file.connect(history, read_only=True)
         past, history_s = timed(store.history, connection, ids[1])
         figures.append(("history of the headline cells", history_s, 2.0, f"{len(past)} rows"))
         sides = [compare._side(store.load_study(connection, study_id), str(history)) for study_id in ids]

@@ -434,7 +434,7 @@ def write_gpu_study(root: Path) -> dict[str, Any]:
 
 def sharding(strategy: str, mesh: tuple[list[int], list[str]], state_max: int, state_min: int,
              comm: dict[str, float] | None) -> dict[str, Any]:
-    """measurements.sharding as the trainer writes it (trainer._sharding_figures)."""
+    """measurements.sharding as the trainer writes it (scalerepro.training.measurements.sharding_figures)."""
     return {
         "strategy": strategy,
         "mesh": {"shape": mesh[0], "dims": mesh[1]},

@@ -18,6 +18,8 @@ import os
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
 
 from scalerepro import models
 from scalerepro.parallel import activation_checkpointing, mesh, parallelize, pipeline_parallel, tensor_parallel
@@ -33,6 +35,25 @@ def tiny_model(name: str = "gpt2_small") -> torch.nn.Module:
     spec = models.resolve(name, shape)
     torch.manual_seed(0)
     return models.build(spec)
+
+
+def data_parallel_rank_and_size(device_mesh: DeviceMesh) -> tuple[int, int]:
+    """Which slice of the global batch this rank reads, of how many, read off the mesh: ranks of
+    one TP group read the same data (the trainer has it before any mesh exists:
+    scalerepro.parallel.mesh.data_parallel_coordinates)."""
+    names = device_mesh.mesh_dim_names or ()
+    if "dp" in names:
+        dp = device_mesh["dp"] if len(names) > 1 else device_mesh
+        return dp.get_local_rank(), dp.size()
+    return 0, 1
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer whole, on the CPU, under GPT's own names (a collective: every
+    rank calls it; every rank gets it)."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in state.items()}
+    return tensor_parallel.fuse_qkv(state)
 
 
 def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -103,7 +124,7 @@ def main() -> None:
     else:
         if args.strategy != "none":
             device_mesh = parallelize.build_mesh(args.strategy, world, "cpu", args.tp_size)
-            dp_rank, dp_size = parallelize.data_parallel_rank_and_size(device_mesh)
+            dp_rank, dp_size = data_parallel_rank_and_size(device_mesh)
             parallelize.parallelize(
                 model, args.strategy, device_mesh,
                 reshard_after_forward=not args.no_reshard_after_forward,
@@ -133,7 +154,7 @@ def main() -> None:
         bytes_held = parallelize.local_state_bytes(model, optimizer)
         if args.save_dcp:
             sharded_checkpoint.save(args.save_dcp, model, optimizer, meta={"step": args.first_step + args.steps})
-        state = parallelize.full_state_dict(model) if world > 1 else tensor_parallel.fuse_qkv({k: v.detach().clone() for k, v in model.state_dict().items()})
+        state = full_state_dict(model) if world > 1 else tensor_parallel.fuse_qkv({k: v.detach().clone() for k, v in model.state_dict().items()})
     per_rank_bytes = [bytes_held]
     if world > 1:
         per_rank_bytes = [None] * world

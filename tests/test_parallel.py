@@ -217,6 +217,22 @@ def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
     assert all(loss == loss for loss in losses) and len(losses) == 2
 
 
+@pytest.mark.parametrize("preset", ["baseline", "optimised"])
+def test_tensor_parallel_takes_the_optimizer_it_needs_by_default_and_refuses_one_given_that_it_cannot_run(preset, capsys):
+    """Under tp alone the foreach and fused kernels cannot mix the replicated plain-tensor
+    embeddings with the DTensor blocks: every preset's default there is for-loop (fsdp+tp, all
+    DTensors, keeps the preset's), and an explicit foreach or fused is one line and exit 2."""
+    from scalerepro.config import PRESETS, parse_args
+
+    assert parse_args(["--preset", preset, "--parallel", "tp"]).optim.optimizer_impl == "for-loop"
+    assert parse_args(["--preset", preset, "--parallel", "fsdp+tp"]).optim.optimizer_impl == PRESETS[preset]["optimizer_impl"]
+    assert parse_args(["--preset", preset, "--parallel", "tp", "--optimizer-impl", "for-loop"]).optim.optimizer_impl == "for-loop"
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--preset", preset, "--parallel", "tp", "--optimizer-impl", "fused"])
+    assert exited.value.code == 2
+    assert "--parallel tp needs --optimizer-impl for-loop (the fused kernels cannot mix" in capsys.readouterr().err
+
+
 def test_trainer_refuses_what_a_pipeline_step_does_not_do(tmp_path):
     from conftest import python_train
 
@@ -325,12 +341,13 @@ def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does
 
 @pytest.mark.parametrize(
     ("strategy", "world", "extra", "reference_world"),
-    [("tp", 2, ("--optimizer-impl", "for-loop"), 1), ("fsdp+tp", 4, ("--tp-size", "2"), 2)],
+    [("tp", 2, (), 1), ("fsdp+tp", 4, ("--tp-size", "2"), 2)],
     ids=["tp", "fsdp+tp"],
 )
 def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel_ranks(tmp_path, strategy, world, extra, reference_world):
     """The ranks of a TP group read one batch: tp on 2 ranks trains as 1 process, fsdp+tp on
-    4 ranks (2 x 2) as DDP on 2, on the same global batch, to the same weights."""
+    4 ranks (2 x 2) as DDP on 2, on the same global batch, to the same weights. tp runs with the
+    trainer's defaults: the optimizer implementation it needs is its default."""
     from conftest import load_record, python_train, torchrun
 
     common = [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1"]
@@ -340,6 +357,8 @@ def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel
     result = torchrun(world, [*common, "--parallel", strategy, *extra, "--checkpoint-dir", str(tmp_path / "tp"), "--record", str(tmp_path / "tp.json")], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     record = load_record(tmp_path / "tp.json")
+    if strategy == "tp":
+        assert record["knobs"]["optimizer_impl"] == "for-loop" and "optimizer_impl" not in record["knobs"]["preset_overrides"]
     assert record["batch"]["global"] == load_record(tmp_path / "ref.json")["batch"]["global"]
     comm = record["measurements"]["sharding"]["comm_bytes_per_step_analytic"]
     assert comm["tp_all_gather"] > comm["tp_reduce_scatter"] > 0 and ("dp_reduce_scatter" in comm) == (strategy == "fsdp+tp")

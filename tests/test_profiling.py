@@ -605,4 +605,4 @@ def test_cuda_api_mode_on_the_cpu_is_a_one_line_usage_error_naming_the_fallback(
     assert result.stderr.count("\n") == 1, result.stderr
     assert "--profile-mode cuda_api" in result.stderr and "use --profile-mode torch" in result.stderr
     record = load_record(tmp_path / "r.json")
-    assert record["status"] == "failed" and record["error"]["type"] == "ConfigError"
+    assert record["status"] == "failed" and record["error"]["type"] == "TrainerConfigError"

@@ -16,7 +16,7 @@ from h100_report import H100_RECORDS, rebuild_from_records
 def test_the_kept_h100_records_give_a_report_with_every_record_a_run(h100_report):
     matrix = pd.read_csv(h100_report.out / "tables" / "matrix.csv")
     runs = pd.read_csv(h100_report.out / "tables" / "runs.csv")
-    records = sorted(p for folder in H100_RECORDS for p in folder.glob("*.json") if "comm_" not in p.name)
+    records = sorted(p for folder in H100_RECORDS for p in folder.glob("*.json") if "comm_" not in p.name and p.name != "system.json")
     assert len(matrix) == len(records) == 22 and matrix["study"].eq("records").all()
     # the record that failed in its probe is a failure, not a result; every other one is ok
     assert runs["status"].value_counts().to_dict() == {"ok": 21, "failed": 1}
@@ -31,6 +31,11 @@ def test_the_kept_h100_records_give_a_report_with_every_record_a_run(h100_report
     # the all-reduce result beside the records is the communication table
     assert (h100_report.out / "comm" / "g1.json").is_file() and len(pd.read_csv(h100_report.out / "tables" / "communication.csv")) == 4
     assert (h100_report.out / "report" / "index.html").stat().st_size > 10_000
+    # the inventory beside them (scalerepro.telemetry.inventory's system.json) describes the system
+    inventory = json.loads((h100_report.out / "inventory" / "system.json").read_text())
+    assert inventory["gpus"][0]["power_limit_w"] == 700 and "GPU0" in inventory["nvidia_smi_topo"]
+    system = h100_report.html.split('<section id="system">')[1].split("</section>")[0]
+    assert "No inventory" not in system and "GPU-decde575-c257-69ae-0f43-c505c5bc60e3" in system
 
 
 def test_records_only_errors_are_one_line_and_name_the_fix(tmp_path):

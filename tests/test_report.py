@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalerepro.analysis.presentation import headline, report
+from scalerepro.analysis.presentation import formatting, headline, report
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "report"
@@ -700,22 +700,22 @@ def test_cost_and_reproducibility(study):
 
 
 def test_number_formats():
-    assert report.fmt_rate(21111.4) == "21,111" and report.fmt_rate(45.27) == "45" and report.fmt_rate(3.14159) == "3.1"
+    assert formatting.fmt_rate(21111.4) == "21,111" and formatting.fmt_rate(45.27) == "45" and formatting.fmt_rate(3.14159) == "3.1"
     assert (
-        report.fmt_auto(0.05123) == "0.0512"
-        and report.fmt_auto(20.974) == "20.97"
-        and report.fmt_auto(467.53) == "467.5"
+        formatting.fmt_auto(0.05123) == "0.0512"
+        and formatting.fmt_auto(20.974) == "20.97"
+        and formatting.fmt_auto(467.53) == "467.5"
     )
-    assert report.fmt_percent(0.9312) == "93.1 %" and report.fmt_percent_value(96.54) == "96.5 %"
-    assert report.fmt_gain(0.3104) == "+31.0 %" and report.fmt_gain(-0.04) == "−4.0 %"
-    assert report.fmt_bytes(1024) == "1 KiB" and report.fmt_bytes(268435456) == "256 MiB"
-    assert report.fmt_bytes(1536) == "1.5 KiB" and report.fmt_bytes(85_520_809_984) == "79.6 GiB"
-    assert report.fmt_milliseconds(0.0412) == "41.2" and report.fmt_sig(0.00213) == "0.00213"
-    assert report.fmt_ratio(1.5523) == "1.55×" and report.fmt_int(4182000.0) == "4,182,000"
-    assert report.fmt_text(4182000.0) == "4182000" and report.fmt_text(0.123456) == "0.1235"
-    assert report.breakable(f"strong_g8{EVIL}") == "strong_<wbr>g8&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert formatting.fmt_percent(0.9312) == "93.1 %" and formatting.fmt_percent_value(96.54) == "96.5 %"
+    assert formatting.fmt_gain(0.3104) == "+31.0 %" and formatting.fmt_gain(-0.04) == "−4.0 %"
+    assert formatting.fmt_bytes(1024) == "1 KiB" and formatting.fmt_bytes(268435456) == "256 MiB"
+    assert formatting.fmt_bytes(1536) == "1.5 KiB" and formatting.fmt_bytes(85_520_809_984) == "79.6 GiB"
+    assert formatting.fmt_milliseconds(0.0412) == "41.2" and formatting.fmt_sig(0.00213) == "0.00213"
+    assert formatting.fmt_ratio(1.5523) == "1.55×" and formatting.fmt_int(4182000.0) == "4,182,000"
+    assert formatting.fmt_text(4182000.0) == "4182000" and formatting.fmt_text(0.123456) == "0.1235"
+    assert formatting.breakable(f"strong_g8{EVIL}") == "strong_<wbr>g8&lt;script&gt;alert(1)&lt;/script&gt;"
     for missing in (None, float("nan"), float("inf"), "", pd.NA):
-        for fmt in report.FORMATS.values():
+        for fmt in formatting.FORMATS.values():
             assert fmt(missing) == "—"
 
 

@@ -34,7 +34,7 @@ from test_report import CHROMIUM, Chromium
 
 REFERENCES = REPO / "config" / "references.yaml"
 TEMPLATES = REPO / "report"
-KEPT_H100_PAGE = REPO / "benchmarks" / "gpu" / "h100-2026-11-25" / "study-report.html"
+KEPT_H100_INVENTORY = REPO / "benchmarks" / "gpu" / "h100-2026-11-25" / "system.json"
 
 
 def section(page: str, section_id: str) -> str:
@@ -129,11 +129,9 @@ def test_a_figure_with_data_is_never_taken_for_a_placeholder(tmp_path):
 
 
 def kept_topology() -> str:
-    """``nvidia-smi topo -m`` of the H100 host as the kept study report embedded it: real output,
-    with the ANSI escapes (ESC[4m ... ESC[0m) that underline its header row."""
-    page = KEPT_H100_PAGE.read_text(encoding="utf-8")
-    block = re.search(r'id="inventory-nvidia-smi-topo">.*?<pre class="block">(.*?)</pre>', page, re.S).group(1)
-    text = html.unescape(block)
+    """``nvidia-smi topo -m`` of the H100 host as its inventory kept it: real output, with the ANSI
+    escapes (ESC[4m ... ESC[0m) that underline its header row."""
+    text = json.loads(KEPT_H100_INVENTORY.read_text(encoding="utf-8"))["nvidia_smi_topo"]
     assert "\x1b[4m" in text and "GPU0" in text  # the defect, as the GPU user saw it
     return text
 

@@ -31,9 +31,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalerepro.analysis.history import bundle, compare, store
+from scalerepro.analysis.history import bundle, compare, store, store_file, study_rows
 from scalerepro.analysis.presentation import report
+from scalerepro.analysis.tables import aggregate
 
+import analysis_fixtures
 from conftest import REPO, clean_env, load_record
 
 REPEATS = 6
@@ -239,15 +241,15 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
     cwd = os.getcwd()
     os.chdir(studies["baseline"])  # the matrix's record paths are relative to the study directory
     try:
-        baseline = store.read_study(
+        baseline = study_rows.read_study(
             "results/tables/matrix.csv", "results/tables/config.json", "results/inventory/system.json"
         )
     finally:
         os.chdir(cwd)
     with duckdb.connect(str(history)) as connection:  # a store as version 1 wrote it: its tables and column names
-        store.migrate(connection, 0)
+        store_file.migrate(connection, 0)
         store.append(connection, baseline)
-        for new, old in store.RENAMED_RUN_COLUMNS.items():
+        for new, old in store_file.RENAMED_RUN_COLUMNS.items():
             connection.execute(f'ALTER TABLE runs RENAME COLUMN "{new}" TO "{old}"')
         connection.execute("DROP TABLE imports")
         connection.execute("UPDATE store_meta SET value = '1' WHERE key = 'schema_version'")
@@ -256,12 +258,12 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
         old_study = connection.execute("SELECT * FROM studies").fetchall()
     refused = _python("-m", "scalerepro.analysis.history.compare", "latest", baseline.study_id, "--store", str(history))
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
-        f"scalerepro.analysis.history.compare: error: the results store {history} has schema version 1 (current: {store.STORE_SCHEMA_VERSION}): "
+        f"scalerepro.analysis.history.compare: error: the results store {history} has schema version 1 (current: {store_file.STORE_SCHEMA_VERSION}): "
         f"migrate it with `python -m scalerepro.analysis.history.store migrate --store {history}`"
     ]
     receipt = _appended(studies["candidate"], history)  # a writable open migrates
     with duckdb.connect(str(history), read_only=True) as connection:
-        assert store.schema_version(connection) == store.STORE_SCHEMA_VERSION == 4
+        assert store_file.schema_version(connection) == store_file.STORE_SCHEMA_VERSION == 4
         assert (
             connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
         )
@@ -331,7 +333,7 @@ def test_a_damaged_or_foreign_store_is_one_line_for_every_command_and_is_left_as
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and expected in lines[0] and ": error: " in lines[0], (command, lines)
         assert history.read_bytes() == before, command  # refused, not repaired or half-written
-    with pytest.raises(store.StoreError, match=re.escape(expected)):  # --debug: the traceback, for a bug report
+    with pytest.raises(store_file.StoreError, match=re.escape(expected)):  # --debug: the traceback, for a bug report
         store.main(["list", "--store", str(history), "--debug"])
 
 
@@ -360,7 +362,7 @@ def test_a_store_in_a_read_only_directory_names_the_cause_and_stores_nothing(exp
     directory.mkdir()
     history = directory / "history.duckdb"
     with duckdb.connect(str(history)) as connection:  # a store without the bundle's study: the import must write
-        store.migrate(connection, 0)
+        store_file.migrate(connection, 0)
     before = _dump(history)
     extract = tmp_path / "unpacked"
     with _immutable_directory(directory):
@@ -534,8 +536,33 @@ def test_a_cluster_named_with_a_colon_is_selected_alone_or_with_its_partition(st
         connection.execute("UPDATE studies SET cluster = 'site:a', \"partition\" = 'gpu' WHERE study_id = ?", [baseline])
         assert store.resolve(connection, "site:a") == baseline
         assert store.resolve(connection, "site:a:gpu") == baseline
-        with pytest.raises(store.StoreError, match="no study in the store matches 'site:a:cpu'"):
+        with pytest.raises(store_file.StoreError, match="no study in the store matches 'site:a:cpu'"):
             store.resolve(connection, "site:a:cpu")
+
+
+def test_a_record_that_ran_another_batch_than_its_plan_is_stored_as_it_ran_and_named(tmp_path):
+    """The record is the truth: a run whose record says it ran another per-GPU batch than the matrix
+    planned is stored with the batch it ran, not consistent and so not counted, and the aggregation
+    names it (summary.json's inconsistent_runs), as it names a run of another world size."""
+    results = tmp_path / "study" / "results"
+    planned = analysis_fixtures.Study(results / "runs")
+    as_planned = planned.add("strong", 1, 1, per_gpu_batch=32)
+    other_batch = planned.add("strong", 1, 2, per_gpu_batch=32, record=analysis_fixtures.make_record("strong_resnet50_g1_r2", per_gpu_batch=64))
+    (results / "tables").mkdir()
+    (results / "inventory").mkdir()
+    planned.write_matrix().rename(results / "tables" / "matrix.csv")
+    (results / "tables" / "config.json").write_text(json.dumps({"study_name": "batch-test"}))
+    (results / "inventory" / "system.json").write_text(json.dumps({"hostname": "test-host"}))
+    history = tmp_path / "history.duckdb"
+    receipt = _appended(tmp_path / "study", history)
+    with duckdb.connect(str(history), read_only=True) as connection:
+        stored = connection.execute("SELECT run_id, per_gpu_batch, consistent, counts FROM runs ORDER BY run_id").fetchall()
+        runs_ok = connection.execute("SELECT runs_ok FROM studies").fetchone()[0]
+    assert receipt["runs_added"] == 2 and runs_ok == 1
+    assert stored == [(as_planned, 32, True, True), (other_batch, 64, False, False)]
+    (results / "references.yaml").write_text("references: []\n")
+    tables = aggregate.aggregate(results / "tables" / "matrix.csv", [], results / "references.yaml", {})
+    assert aggregate.summarise(tables)["inconsistent_runs"] == [other_batch]
 
 
 def test_migrate_at_a_mistyped_path_creates_no_store(tmp_path):
@@ -554,13 +581,13 @@ def test_migrate_at_a_mistyped_path_creates_no_store(tmp_path):
 def test_version_3_imports_are_kept_and_a_bundle_imported_again_adds_a_row(tmp_path):
     history = tmp_path / "history.duckdb"
     with duckdb.connect(str(history)) as connection:  # a store as version 3 wrote it: one row per bundle
-        store.migrate(connection, 0, to=3)
+        store_file.migrate(connection, 0, to=3)
         connection.execute("INSERT INTO imports VALUES ('ab' , 's1', 'a.zip', '2026-01-01T00:00:00.000+00:00')")
-    connection = store.connect(history)  # a writable open migrates
+    connection = store_file.connect(history)  # a writable open migrates
     try:
         connection.execute("INSERT INTO imports VALUES ('ab', 's1', 'b.zip', '2026-02-01T00:00:00.000+00:00')")
         assert connection.execute("SELECT path FROM imports ORDER BY imported_at").fetchall() == [("a.zip",), ("b.zip",)]
-        assert store.schema_version(connection) == 4
+        assert store_file.schema_version(connection) == 4
     finally:
         connection.close()
 

@@ -19,7 +19,7 @@ from scalerepro.analysis.tables import cell_tables, readers
 from scalerepro.common import cpu_features
 from scalerepro.common.exits import EXIT_PREEMPTED
 from scalerepro.config import parse_args
-from scalerepro.training import buckets, checkpoint, distributed
+from scalerepro.training import buckets, checkpoint, distributed, probes
 from scalerepro.training.train import main
 from scalerepro.training.trainer import StopRequest, Trainer
 
@@ -279,7 +279,7 @@ def test_log_points_are_outside_the_timed_steps(tmp_path):
     finally:
         stop.restore()
     assert sum(line.startswith("step ") for line in lines) == 4  # steps 2, 4, 6, 8 logged
-    durations = trainer.timer.durations_s()
+    durations = trainer.measured.timer.durations_s()
     # Steps 2, 4, 6, 8 end at a log point (durations[1], [3], ...); the first step also starts
     # the loader and allocator, so it is left out of the bound.
     assert len(durations) == 8 and max(durations[1:]) < delay_s, durations
@@ -411,13 +411,13 @@ def _differences(a: object, b: object, path: str = "") -> list[str]:
     return [] if a == b else [path]
 
 
-def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tmp_path):
-    """The bucket probe times the trainer's own step function (told each phase's end through its
-    marks), not a copy of it, and takes real optimizer steps inside Trainer.preserved_state:
-    after the probe the model, optimizer, scheduler, scaler and RNG states equal, tensor by
-    tensor, those training left, though the probe's steps changed them (AdamW's moments, the
-    weights, dropout's RNG draws). OneCycleLR raises on a step past the run's end: the probe
-    leaves the scheduler alone."""
+def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tmp_path, monkeypatch):
+    """The bucket probe times the trainer's own step function, handed to it (told each phase's
+    end through its marks), not a copy of it, and takes real optimizer steps inside
+    probes.preserved_state: after the probe the model, optimizer, scheduler, scaler and RNG
+    states equal, tensor by tensor, those training left, though the probe's steps changed them
+    (AdamW's moments, the weights, dropout's RNG draws). OneCycleLR raises on a step past the
+    run's end: the probe leaves the scheduler alone."""
     config = parse_args([
         "--model", "gpt2_small", "--seq-len", "32", "--vocab-size", "128", *SMALL_TRANSFORMER, "--dropout", "0.1",
         "--lr-schedule", "onecycle", "--steps", "4", "--warmup-steps", "1", "--per-gpu-batch", "8", "--num-workers", "0",
@@ -430,11 +430,11 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
         before: list[dict] = []  # the run's state as training left it, and after the probe
         after: list[dict] = []
         probe_steps: list[tuple[object, dict]] = []  # (the marks each step got, the state after it)
-        train_step, probe = trainer._train_step, trainer._probe_backward_buckets
+        train_step, probe = trainer._train_step, probes.backward_buckets
 
-        def watched_probe(steps: int) -> dict:
+        def watched_probe(probed: probes.ProbedRun, steps: int) -> dict:
             before.append(_run_state(trainer))
-            profile = probe(steps)
+            profile = probe(probed, steps)
             after.append(_run_state(trainer))
             return profile
 
@@ -444,7 +444,8 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
                 probe_steps.append((kwargs.get("marks"), _run_state(trainer)))
             return loss
 
-        trainer._train_step, trainer._probe_backward_buckets = watched_step, watched_probe
+        trainer._train_step = watched_step
+        monkeypatch.setattr(probes, "backward_buckets", watched_probe)
         assert trainer.fit().status == "ok"
     finally:
         stop.restore()
@@ -467,19 +468,19 @@ _PROBE_THAT_GROWS = """
 import json, sys, torch
 from scalerepro.telemetry import metrics
 from scalerepro.training.train import main
-from scalerepro.training.trainer import Trainer
+from scalerepro.training import probes
 
-original = Trainer._probe_backward_buckets
+original = probes.backward_buckets
 
-def probe_that_grows(self, steps):
+def probe_that_grows(probed, steps):
     # written, so resident; as large as the peak so far and 512 MiB more, so the peak must rise
-    block = torch.ones((metrics.peak_memory(self.device)["rss_bytes"] + 512 * 2**20) // 4)
-    after = metrics.peak_memory(self.device)["rss_bytes"]
+    block = torch.ones((metrics.peak_memory(probed.ctx.device)["rss_bytes"] + 512 * 2**20) // 4)
+    after = metrics.peak_memory(probed.ctx.device)["rss_bytes"]
     del block
     print(json.dumps({"rss_after_probe": after}))
-    return original(self, steps)
+    return original(probed, steps)
 
-Trainer._probe_backward_buckets = probe_that_grows
+probes.backward_buckets = probe_that_grows
 sys.exit(main(sys.argv[1:]))
 """
 

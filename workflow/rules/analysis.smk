@@ -75,7 +75,7 @@ rule aggregate:
 rule plots:
     input:
         tables=rules.aggregate.output.tables,
-        profiling=profiling_tables(),
+        profiling=PROFILING_PLAN.tables(),
         code=program_sources("plots"),
     output:
         report(

@@ -22,7 +22,7 @@ from scalerepro.analysis.tables import checking
 from scalerepro.common.source_closure import run_jobs_from_this_checkout, source_files
 from scalerepro.planning import plan as planning
 from scalerepro.planning import study
-from scalerepro.planning.plan import record_path
+from scalerepro.planning.plan import RUN_RECORD, record_path
 from scalerepro.schedulers.base import SchedulerError
 
 # every job's program too, a new process, imports this checkout's package
@@ -171,9 +171,9 @@ def run_launch_args(prefix=""):
 
 def run_trainer_args(wildcards):
     """Every trainer flag of one training job (scalerepro.planning.study.Study.trainer_args)."""
-    run_dir = f"results/runs/{wildcards.run}"
+    run = RUNS[wildcards.run]
     return STUDY.trainer_args(
-        RUNS[wildcards.run], f"{run_dir}/record.json", f"{run_dir}/checkpoints"
+        run, record_path(run), f"results/runs/{wildcards.run}/checkpoints"
     )
 
 
@@ -190,41 +190,3 @@ def matrix_rows():
 def targets_args():
     """--targets of scalerepro.analysis.tables.aggregate: the config's targets (checks included) as JSON."""
     return f"--targets {shlex.quote(json.dumps(CONFIG['targets']))}"
-
-
-# ---- profiling (workflow/rules/profile.smk) ----
-PROFILING = CONFIG["profiling"]
-PROFILED_RUNS = list(PROFILING_PLAN.runs)
-PROFILING_TOOLS = list(PROFILING_PLAN.tools)
-PROFILING_FALLBACK_REASON = PROFILING_PLAN.fallback_reason
-PROFILING_TABLES = list(planning.PROFILING_TABLES)
-
-
-def profiling_tables():
-    """The profiling tables as inputs of the plots and the report (none when disabled)."""
-    return PROFILING_PLAN.tables()
-
-
-def profile_trainer_args(wildcards):
-    return PROFILING_PLAN.trainer_args(PLAN, wildcards.run, wildcards.tool)
-
-
-def profile_inputs(wildcards):
-    """After the run's measured job, whose record it needs no figure of: a measured run never
-    waits behind a profile, and the profile compiles from the Inductor cache the run filled (on an
-    H100, 2026-11-26, a profile that went first compiled ResNet-50 cold under ncu for 3.5 minutes).
-    ncu after nsys (when both run): it profiles the kernels nsys found on top."""
-    # ancient(): an order, not a freshness test: rerunning the run does not redo its profile
-    inputs = [
-        *data_input(wildcards),
-        ancient(f"results/runs/{wildcards.run}/record.json"),
-    ]
-    if wildcards.tool == "ncu" and "nsys" in PROFILING_TOOLS:
-        inputs.append(f"results/profiles/{wildcards.run}/nsys/capture.json")
-    return inputs
-
-
-def device_name_flags():
-    """--device-name of the GPUs the profiled runs use, where known before they run."""
-    name = PLAN.profiled_device_name()
-    return ["--device-name", name] if name else []

@@ -6,7 +6,7 @@ rule report:
         tables=rules.aggregate.output.tables,
         summary=rules.aggregate.output.summary,
         plots=rules.plots.output,
-        profiling=profiling_tables(),
+        profiling=PROFILING_PLAN.tables(),
         inventory="results/inventory/system.json",
         config="results/tables/config.json",
         references="config/references.yaml",

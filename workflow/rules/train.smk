@@ -24,7 +24,7 @@ rule train:
         code=program_fingerprint("train"),
         image=container_inputs(),
     output:
-        record="results/runs/{run}/record.json",
+        record=RUN_RECORD,
     log:
         "results/runs/{run}/train.log",
     priority: run_priority

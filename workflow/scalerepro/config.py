@@ -1,4 +1,4 @@
-"""Typed configuration of one training run, and the command line generated from it.
+"""Typed configuration of one training run, and its command line, generated from the fields.
 
 Every flag of ``python -m scalerepro.training.train`` is a field below: its type, default and help text
 live in one place, ``--help`` is generated from them, and the run record stores the resolved
@@ -57,6 +57,11 @@ DEFAULT_PRESET = "baseline"
 # the gradients still being accumulated, and FSDP, tensor and pipeline parallelism run
 # collectives inside the step that a graph must not capture.
 CUDA_GRAPH_COMPILE = "reduce-overhead"  # one of scalerepro.common.cuda_graphs.CUDA_GRAPH_MODES
+# Under --parallel tp alone the replicated embeddings and head stay plain tensors beside the
+# blocks' DTensors, and a foreach or fused optimizer kernel cannot take both in one list (fsdp+tp
+# makes every parameter a DTensor): there every preset takes the per-parameter loop, and an
+# explicit foreach or fused is refused (TrainConfig.validate).
+TP_OPTIMIZER_IMPL = "for-loop"
 
 
 def preset_values(preset: str, model: str, grad_accum_steps: int = 1, parallel: str = "ddp", device: str = "auto") -> dict[str, Any]:
@@ -70,6 +75,8 @@ def preset_values(preset: str, model: str, grad_accum_steps: int = 1, parallel: 
         values["compile"] = CUDA_GRAPH_COMPILE
     if device == "cpu" and values["precision"] == "bf16" and not _native_bf16_here()[0]:
         values["precision"] = "fp32"  # emulated bf16 trains 1.5-2.3x slower than fp32 (scalerepro.common.cpu_features)
+    if parallel == "tp":
+        values["optimizer_impl"] = TP_OPTIMIZER_IMPL
     return values
 
 
@@ -117,7 +124,7 @@ def with_device(config: TrainConfig, device_type: str, given: set[str]) -> Train
                                parallel=dataclasses.replace(config.parallel, device=device_type))  # fmt: skip
 
 
-class ConfigError(CommandError, ValueError):
+class TrainerConfigError(CommandError, ValueError):
     """A user-facing configuration problem; its message is one line naming the flag and the fix."""
 
 
@@ -169,9 +176,9 @@ class OptimConfig:
     adam_beta1: float = _opt(0.9, "AdamW beta1")
     adam_beta2: float = _opt(0.95, "AdamW beta2")
     label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy")
-    grad_accum_steps: int = _opt(1, "micro-batches per optimizer step; all-reduce only on the last (DDP no_sync)")
+    grad_accum_steps: int = _opt(1, "micro-batches per optimizer step; under DDP the all-reduce runs on the last only (no_sync)")
     clip_grad_norm: float = _opt(0.0, "clip the global gradient norm to this value (0: off)")
-    optimizer_impl: Literal["foreach", "fused", "for-loop"] = _opt("foreach", "optimizer kernel implementation")
+    optimizer_impl: Literal["foreach", "fused", "for-loop"] = _opt("foreach", "optimizer kernel implementation (for-loop under --parallel tp, where the others cannot run)")
 
 
 @dataclass
@@ -273,7 +280,7 @@ class TrainConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     def validate(self) -> None:
-        """Raise ConfigError for values no run could use; cross-field checks that need the
+        """Raise TrainerConfigError for values no run could use; cross-field checks that need the
         model or the dataset happen where those are resolved."""
         r, o, d = self.run, self.optim, self.data
         positive = {
@@ -288,14 +295,14 @@ class TrainConfig:
         }
         for flag, value in positive.items():
             if value < 1:
-                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+                raise TrainerConfigError(f"{flag} must be at least 1 (got {value})")
         for flag, value in {"--steps": r.steps, "--epochs": r.epochs, "--eval-batch-size": r.eval_batch_size, "--eval-samples": d.eval_samples}.items():
             if value is not None and value < 1:
-                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+                raise TrainerConfigError(f"{flag} must be at least 1 (got {value})")
         if d.num_workers is not None and d.num_workers < 0:
-            raise ConfigError(f"--num-workers must not be negative (got {d.num_workers})")
+            raise TrainerConfigError(f"--num-workers must not be negative (got {d.num_workers})")
         if r.steps is not None and r.epochs is not None:
-            raise ConfigError("give --steps or --epochs, not both")
+            raise TrainerConfigError("give --steps or --epochs, not both")
         for flag, value in {
             "--warmup-steps": r.warmup_steps,
             "--lr-warmup-steps": o.lr_warmup_steps,
@@ -305,29 +312,34 @@ class TrainConfig:
             "--clip-grad-norm": o.clip_grad_norm,
         }.items():
             if value < 0:
-                raise ConfigError(f"{flag} must not be negative (got {value})")
+                raise TrainerConfigError(f"{flag} must not be negative (got {value})")
         if not 0.0 <= o.label_smoothing < 1.0:
-            raise ConfigError(f"--label-smoothing must be in [0, 1) (got {o.label_smoothing})")
+            raise TrainerConfigError(f"--label-smoothing must be in [0, 1) (got {o.label_smoothing})")
         if not 0.0 <= self.model.dropout < 1.0:
-            raise ConfigError(f"--dropout must be in [0, 1) (got {self.model.dropout})")
+            raise TrainerConfigError(f"--dropout must be in [0, 1) (got {self.model.dropout})")
         for flag, value in {"--dist-timeout-s": self.parallel.dist_timeout_s, "--warmup-dist-timeout-s": self.parallel.warmup_dist_timeout_s}.items():
             if value <= 0:
-                raise ConfigError(f"{flag} must be positive (got {value})")
+                raise TrainerConfigError(f"{flag} must be positive (got {value})")
         if r.min_window_s < 0:
-            raise ConfigError(f"--min-window-s must not be negative (got {r.min_window_s})")
+            raise TrainerConfigError(f"--min-window-s must not be negative (got {r.min_window_s})")
         if r.nvml_interval_s <= 0:
-            raise ConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
+            raise TrainerConfigError(f"--nvml-interval-s must be positive (got {r.nvml_interval_s})")
         if r.nvml_idle_s < 0:
-            raise ConfigError(f"--nvml-idle-s must not be negative (got {r.nvml_idle_s})")
+            raise TrainerConfigError(f"--nvml-idle-s must not be negative (got {r.nvml_idle_s})")
+        if self.parallel.parallel == "tp" and o.optimizer_impl != TP_OPTIMIZER_IMPL:
+            raise TrainerConfigError(
+                f"--parallel tp needs --optimizer-impl {TP_OPTIMIZER_IMPL} (the {o.optimizer_impl} kernels cannot mix the replicated "
+                "plain-tensor embeddings with the sharded DTensor blocks): leave --optimizer-impl out under tp, or use fsdp+tp"
+            )
         if self.parallel.tp_size is not None and self.parallel.tp_size < 2:
-            raise ConfigError(f"--tp-size must be at least 2 (got {self.parallel.tp_size})")
+            raise TrainerConfigError(f"--tp-size must be at least 2 (got {self.parallel.tp_size})")
         if r.resume and not r.checkpoint_dir:
-            raise ConfigError("--resume needs --checkpoint-dir")
+            raise TrainerConfigError("--resume needs --checkpoint-dir")
         prof = self.profile
         if prof.profile_window_start < 0 or prof.profile_window_steps < 1:
-            raise ConfigError("--profile-window-start must not be negative and --profile-window-steps must be at least 1")
+            raise TrainerConfigError("--profile-window-start must not be negative and --profile-window-steps must be at least 1")
         if prof.profile_mode == "torch" and not prof.profile_dir:
-            raise ConfigError("--profile-mode torch needs --profile-dir (where the trace and operator table go)")
+            raise TrainerConfigError("--profile-mode torch needs --profile-dir (where the trace and operator table go)")
 
 
 # ---- command line ---------------------------------------------------------------------------
@@ -363,7 +375,7 @@ def _argparse_kwargs(f: dataclasses.Field, annotation: Any) -> dict[str, Any]:
 def build_parser(prog: str = "python -m scalerepro.training.train") -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog=prog,
-        description="Train a model with PyTorch DDP for a measured window and write one JSON run record.",
+        description="Train a model (DDP, FSDP2, tensor or pipeline parallel: --parallel) for a measured window and write one JSON run record.",
     )
     for section in dataclasses.fields(TrainConfig):
         section_type = typing.get_type_hints(TrainConfig)[section.name]
@@ -395,7 +407,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     config = TrainConfig(**sections)
     try:
         config.validate()
-    except ConfigError as error:
+    except TrainerConfigError as error:
         parser.error(str(error))
     return config
 
@@ -404,20 +416,3 @@ def preset_overrides(config: TrainConfig) -> dict[str, Any]:
     """The fields where ``config`` departs from its preset (dest name -> the value it has)."""
     resolved = {f.name: getattr(section, f.name) for section in vars(config).values() for f in dataclasses.fields(section)}
     return {name: resolved[name] for name, value in preset_values(config.perf.preset, config.model.model, config.optim.grad_accum_steps, config.parallel.parallel, config.parallel.device).items() if resolved[name] != value}
-
-
-def to_argv(config: TrainConfig) -> list[str]:
-    """The flags that reproduce ``config`` (non-default values only), for records and reruns."""
-    defaults = TrainConfig()
-    argv: list[str] = []
-    for section in dataclasses.fields(TrainConfig):
-        current, default = getattr(config, section.name), getattr(defaults, section.name)
-        for f in dataclasses.fields(current):
-            value = getattr(current, f.name)
-            if value == getattr(default, f.name):
-                continue
-            if isinstance(value, bool):
-                argv.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
-            else:
-                argv += [_flag(f.name), str(value)]
-    return argv

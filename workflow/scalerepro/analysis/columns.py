@@ -1,5 +1,16 @@
-"""The columns and vocabularies of the study's tidy tables: every writer and reader of a table
-(aggregation, profiles, store, report, plots) imports them from here, so each name is spelled once.
+"""The columns and vocabularies of the tables that more than one module writes or reads: each list is written here once.
+
+The aggregation's tables, the profiles' tables and the store's history and comparison tables,
+with their vocabularies (run statuses, verdicts, check statuses) and defaults: their writers
+(``tables``, ``profiles``, ``history``) and readers (``presentation``, ``rebuild``) import these
+lists instead of writing their own. Not here: a table that one module writes and reads keeps its
+columns beside its code (``tables.scaling_model``'s scaling_model.csv, ``predict``'s predictions,
+the store's own files in ``history``, the columns a check may read in ``tables.checking``), and a
+module that reads a few columns of a table (the report, the plots, the store) names each where
+it reads it, as a string.
+
+Nothing is imported here: the workflow reads ``AGGREGATE_TABLES`` when it parses, where pandas
+need not be installed.
 """
 
 from __future__ import annotations
@@ -68,7 +79,7 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     # what MFU is against (the dense peak per GPU) and the memory of the card it ran on
     "peak_flops_per_device": ("measurements", "peak_flops_per_device"),
     "gpu_memory_bytes": ("hardware", "gpu", "memory_bytes"),
-    # sharded runs (--parallel fsdp, tp, fsdp+tp): measurements.sharding, null under ddp
+    # sharded runs (--parallel fsdp, tp, fsdp+tp, pp): measurements.sharding, null under ddp
     "state_bytes_per_rank_max": ("measurements", "sharding", "state_bytes_per_rank_max"),
     "state_bytes_per_rank_min": ("measurements", "sharding", "state_bytes_per_rank_min"),
     "comm_reason": ("measurements", "sharding", "comm_reason"),

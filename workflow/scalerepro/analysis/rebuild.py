@@ -23,7 +23,8 @@ The same report from a folder of run records that no study planned (runs of the 
 records kept from a GPU session): every ``*.json`` in ``DIR`` that is a run record becomes one run
 (``record_matrix``: its model, GPU count, precision, per-GPU batch and configuration as the record
 states them; records of one configuration are repeats of one cell), an all-reduce result of
-``scalerepro.training.commbench`` beside them is the communication table, and any other JSON is
+``scalerepro.training.commbench`` beside them is the communication table, a system inventory
+(``scalerepro.telemetry.inventory``'s ``system.json``) the system section, and any other JSON is
 named and left out. ``OUT`` gets ``tables/``, ``plots/`` and ``report/index.html``.
 
 This module is on the analysis side: it never imports torch.
@@ -68,6 +69,11 @@ def _is_comm_result(document: Any) -> bool:
     return isinstance(document, dict) and {"world_size", "results", "time_definitions"} <= document.keys()
 
 
+def _is_inventory(document: Any) -> bool:
+    """What scalerepro.telemetry.inventory writes (results/inventory/system.json)."""
+    return isinstance(document, dict) and {"hostname", "collected_at", "gpus", "software"} <= document.keys()
+
+
 # The knobs that make two records of one preset label different configurations (a preset's
 # content can change between versions: the optimised preset compiles the conv nets with CUDA
 # graphs since 2026-11-26)
@@ -82,10 +88,10 @@ def variant_of(record: dict[str, Any]) -> str:
     return ", ".join([str(knobs.get("preset") or "no preset"), *(f"{name}={value}" for name, value in sorted(overrides.items()))])
 
 
-def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, dict]], list[Path], list[str]]:
+def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, dict]], list[Path], list[Path], list[str]]:
     if not records_dir.is_dir():
         raise CommandError(f"{records_dir}: no such folder of run records (give the folder that holds the *.json records)")
-    records, comm, skipped = [], [], []
+    records, comm, inventories, skipped = [], [], [], []
     for path in sorted(records_dir.glob("*.json")):
         try:
             document = json.loads(path.read_bytes())
@@ -94,21 +100,25 @@ def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, dict]], list[Path]
             continue
         if _is_comm_result(document):
             comm.append(path)
+        elif _is_inventory(document):
+            inventories.append(path)
         elif _is_run_record(document):
             records.append((path, document))
         else:
             skipped.append(f"{path.name} (not a run record)")
-    return records, comm, skipped
+    return records, comm, inventories, skipped
 
 
-def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, list[Path], list[str]]:
+def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, list[Path], list[Path], list[str]]:
     """A study matrix for the run records in ``records_dirs`` (module docstring), the commbench
-    results beside them, and the names of the other JSON files, which are left out. A run's id is
-    its file's name less .json, prefixed with its folder's name when several folders are read."""
-    rows, comm, skipped = [], [], []
+    results and system inventories beside them, and the names of the other JSON files, which are
+    left out. A run's id is its file's name less .json, prefixed with its folder's name when
+    several folders are read."""
+    rows, comm, inventories, skipped = [], [], [], []
     for records_dir in records_dirs:
-        records, found_comm, found_skipped = _read_folder(records_dir)
+        records, found_comm, found_inventories, found_skipped = _read_folder(records_dir)
         comm += found_comm
+        inventories += found_inventories
         skipped += [f"{records_dir.name}/{name}" if len(records_dirs) > 1 else name for name in found_skipped]
         for path, document in records:
             get = lambda *keys: dig(document, keys)  # noqa: E731
@@ -141,13 +151,13 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, list[Path
             matrix.loc[group.index, "variant"] = group["variant"] + " (" + suffix + ")"
     matrix["repeat"] = matrix.groupby(label, dropna=False).cumcount() + 1
     order = [*columns.MATRIX_COLUMNS, *(c for c in columns.OPTIONAL_MATRIX_COLUMNS if c not in columns.MATRIX_COLUMNS)]
-    return matrix[order], comm, skipped
+    return matrix[order], comm, inventories, skipped
 
 
 def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, templates: Path, study_config: Path | None) -> dict[str, object]:
     """The report of folders of run records no study planned, written under ``out``; the targets
     (checks) and the scaling model's predictions are those of ``study_config`` where given."""
-    matrix, comm, skipped = record_matrix(records_dirs)
+    matrix, comm, inventories, skipped = record_matrix(records_dirs)
     if out.exists() and not out.is_dir():
         raise CommandError(f"--out {out} is a file: give a folder for tables/, plots/ and report/")
     config: dict[str, Any] = {}
@@ -167,6 +177,10 @@ def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, t
         for index, path in enumerate(comm):  # named as the workflow names them: g<gpus>.json
             document = json.loads(path.read_bytes())
             write_text_atomically(out / "comm" / f"g{document['world_size']}{'' if index == 0 else f'-{index}'}.json", json.dumps(document))
+    if inventories:  # the system the records ran on; the report describes one, the first folder's
+        (out / "inventory").mkdir(exist_ok=True)
+        write_text_atomically(out / "inventory" / "system.json", inventories[0].read_text())
+        skipped += [f"{path} (a second inventory: the report describes the first, {inventories[0]})" for path in inventories[1:]]
     done = rebuild(out, references, templates)
     done["skipped"] = skipped
     return done

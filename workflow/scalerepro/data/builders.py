@@ -66,19 +66,19 @@ def make_train_loader(
     config: DataConfig,
     source: Source,
     batch_size: int,
-    world_size: int,
-    rank: int,
+    dp_size: int,
+    dp_rank: int,
     seed: int,
     device: torch.device,
     channels_last: bool,
 ) -> TrainLoader:
     if config.loader == "device":
-        return DeviceLoader(source, batch_size, world_size, rank, seed, device, channels_last)
+        return DeviceLoader(source, batch_size, dp_size, dp_rank, seed, device, channels_last)
     return HostLoader(
         source,
         batch_size,
-        world_size,
-        rank,
+        dp_size,
+        dp_rank,
         seed,
         device,
         channels_last,

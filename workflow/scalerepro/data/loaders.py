@@ -30,8 +30,8 @@ class ShardSampler(DistributedSampler):
     copy of the dataset) augment for the right epoch without any shared state.
     """
 
-    def __init__(self, num_samples: int, num_replicas: int, rank: int, seed: int):
-        super().__init__(range(num_samples), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    def __init__(self, num_samples: int, num_replicas: int, dp_rank: int, seed: int):
+        super().__init__(range(num_samples), num_replicas=num_replicas, rank=dp_rank, shuffle=True, seed=seed, drop_last=True)
         self.start = 0
 
     def set_position(self, epoch: int, start: int) -> None:
@@ -84,9 +84,9 @@ def to_device(batch: Batch, device: torch.device, channels_last: bool, non_block
 
 
 class TrainLoader(ABC):
-    def __init__(self, source: Source, batch_size: int, world_size: int, rank: int, seed: int):
+    def __init__(self, source: Source, batch_size: int, dp_size: int, dp_rank: int, seed: int):
         self.batch_size = batch_size
-        self.sampler = ShardSampler(source.num_samples, world_size, rank, seed)
+        self.sampler = ShardSampler(source.num_samples, dp_size, dp_rank, seed)
         self.micro_batches_per_epoch = self.sampler.num_samples // batch_size
 
     @abstractmethod
@@ -102,8 +102,8 @@ class HostLoader(TrainLoader):
         self,
         source: Source,
         batch_size: int,
-        world_size: int,
-        rank: int,
+        dp_size: int,
+        dp_rank: int,
         seed: int,
         device: torch.device,
         channels_last: bool,
@@ -112,7 +112,7 @@ class HostLoader(TrainLoader):
         persistent_workers: bool,
         prefetch_factor: int,
     ):
-        super().__init__(source, batch_size, world_size, rank, seed)
+        super().__init__(source, batch_size, dp_size, dp_rank, seed)
         self.device, self.channels_last = device, channels_last
         self.pin_memory = pin_memory and device.type == "cuda"
         workers = {"persistent_workers": persistent_workers, "prefetch_factor": prefetch_factor} if num_workers else {}
@@ -139,8 +139,8 @@ class HostLoader(TrainLoader):
 
 
 class DeviceLoader(TrainLoader):
-    def __init__(self, source: Source, batch_size: int, world_size: int, rank: int, seed: int, device: torch.device, channels_last: bool):
-        super().__init__(source, batch_size, world_size, rank, seed)
+    def __init__(self, source: Source, batch_size: int, dp_size: int, dp_rank: int, seed: int, device: torch.device, channels_last: bool):
+        super().__init__(source, batch_size, dp_size, dp_rank, seed)
         self.source = source.to(device)
         self.device, self.channels_last = device, channels_last
 
@@ -152,9 +152,9 @@ class DeviceLoader(TrainLoader):
             yield to_device(self.source.batch(indices, epoch), self.device, self.channels_last)
 
 
-def eval_batches(source: Source, batch_size: int, world_size: int, rank: int, device: torch.device, channels_last: bool) -> Iterator[Batch]:
-    """This rank's part of the whole held-out split: indices rank, rank+world, ... with no padding
+def eval_batches(source: Source, batch_size: int, dp_size: int, dp_rank: int, device: torch.device, channels_last: bool) -> Iterator[Batch]:
+    """This rank's part of the whole held-out split: indices dp_rank, dp_rank + dp_size, ... with no padding
     and no drop, so that summing over ranks counts every sample exactly once."""
-    indices = torch.arange(rank, source.num_samples, world_size, device=device)
+    indices = torch.arange(dp_rank, source.num_samples, dp_size, device=device)
     for chunk in indices.split(batch_size):
         yield to_device(source.batch(chunk, epoch=0), device, channels_last)

@@ -1,7 +1,7 @@
 """The shape of a strategy's DeviceMesh and which ranks read which data, without torch: the
 trainer (scalerepro.parallel) builds the mesh from it, and the study model (scalerepro.planning.study)
-reads from it how many data-parallel replicas a cell has, so a cell's global batch is the one
-the trainer will run."""
+reads from it how many data-parallel replicas a cell has; both take the global batch from
+``global_batch``, so a cell's global batch is the one the trainer will run."""
 
 from __future__ import annotations
 
@@ -51,3 +51,10 @@ def data_parallel_coordinates(strategy: str, rank: int, world_size: int, tp_size
         (dp, tp), _ = mesh_shape(strategy, world_size, tp_size)
         return rank // tp, dp
     return rank, world_size
+
+
+def global_batch(per_gpu_batch: int, grad_accum_steps: int, data_parallel: int) -> int:
+    """The samples of one optimizer step over all ranks: the trainer's, and the study model's
+    figure of a cell (``data_parallel`` from data_parallel_coordinates)."""
+    # global batch = micro-batch of each replica x accumulation steps x data-parallel replicas
+    return per_gpu_batch * grad_accum_steps * data_parallel

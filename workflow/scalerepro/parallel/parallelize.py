@@ -56,7 +56,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from scalerepro.parallel.activation_checkpointing import apply_activation_checkpointing
 from scalerepro.parallel.fsdp import apply_fsdp
 from scalerepro.parallel.mesh import ParallelError, mesh_shape
-from scalerepro.parallel.tensor_parallel import apply_tensor_parallel, fuse_qkv
+from scalerepro.parallel.tensor_parallel import apply_tensor_parallel
 
 Strategy = Literal["ddp", "fsdp", "tp", "fsdp+tp", "pp"]
 
@@ -68,16 +68,6 @@ def build_mesh(strategy: str, world_size: int, device_type: str, tp_size: int | 
     """The DeviceMesh of ``strategy`` over the default process group (which must exist)."""
     shape, names = mesh_shape(strategy, world_size, tp_size)
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
-
-
-def data_parallel_rank_and_size(mesh: DeviceMesh) -> tuple[int, int]:
-    """Which slice of the global batch this rank reads, of how many: ranks of one TP group (or
-    all stages of a pipeline) read the same data."""
-    names = mesh.mesh_dim_names or ()
-    if "dp" in names:
-        dp = mesh["dp"] if len(names) > 1 else mesh
-        return dp.get_local_rank(), dp.size()
-    return 0, 1
 
 
 # ---- the one entry point ------------------------------------------------------------------------
@@ -103,16 +93,6 @@ def parallelize(
     if strategy in ("fsdp", "fsdp+tp"):
         apply_fsdp(model, mesh["dp"] if strategy == "fsdp+tp" else mesh, reshard_after_forward, param_dtype)
     return model
-
-
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer whole, on the CPU, under the model's own names (a collective:
-    every rank calls it; every rank gets it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
-    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in state.items()}
-    return fuse_qkv(state)
 
 
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:

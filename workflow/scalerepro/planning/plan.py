@@ -259,6 +259,11 @@ class Plan:
     def matrix_rows(self) -> list[dict[str, Any]]:
         return study.matrix_rows(self.study, record_path, self.rerun_command)
 
+    def device_name_flags(self) -> list[str]:
+        """--device-name of the GPUs the profiled runs use, where known before they run."""
+        name = self.profiled_device_name()
+        return ["--device-name", name] if name else []
+
     def profiled_device_name(self) -> str | None:
         """The GPU model the profiled runs use, where known before they run: this machine's
         (local runs) or reproduce.gpu (a cluster); the capture names it otherwise."""
@@ -269,8 +274,12 @@ class Plan:
         return self.config["reproduce"].get("gpu")
 
 
+# One run's record, the file its training job writes (the rule's output: {run} is its wildcard)
+RUN_RECORD = "results/runs/{run}/record.json"
+
+
 def record_path(run: Run) -> str:
-    return f"results/runs/{run.run_id}/record.json"
+    return RUN_RECORD.format(run=run.run_id)
 
 
 def load(
@@ -320,6 +329,11 @@ class ProfilingPlan:
     def tables(self) -> list[str]:
         """The profiling tables, as inputs of the plots and the report (none when disabled)."""
         return list(PROFILING_TABLES) if self.settings["enabled"] else []
+
+    def earlier_captures(self, run_id: str, tool: str) -> list[str]:
+        """What a capture waits for: ncu after nsys (when both run), so that it profiles the
+        kernels nsys found on top."""
+        return [f"results/profiles/{run_id}/nsys/capture.json"] if tool == "ncu" and "nsys" in self.tools else []
 
 
 def profiling_plan(plan: Plan, local_exec: bool, which: Callable[[str], str | None] = shutil.which) -> ProfilingPlan:

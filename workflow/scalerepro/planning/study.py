@@ -69,8 +69,7 @@ class Run:
 
     @property
     def global_batch(self) -> int:
-        # global batch = micro-batch of each replica x accumulation steps x data-parallel replicas
-        return self.per_gpu_batch * self.grad_accum_steps * (self.data_parallel or self.gpus)
+        return mesh.global_batch(self.per_gpu_batch, self.grad_accum_steps, self.data_parallel or self.gpus)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from scalerepro.common.reductions import max_or_none
+
 _T = TypeVar("_T")
 
 ENERGY_COUNTER = "total_energy_counter"
@@ -228,13 +230,6 @@ def _mean_or_none(values: Sequence[float | None]) -> float | None:
     return None if total is None else total / len(values)
 
 
-def _max_or_none(values: Sequence[_T | None]) -> _T | None:
-    """Max, or None if any term is missing: the max of a subset is only a lower bound."""
-    if not values or any(v is None for v in values):
-        return None
-    return max(values)  # type: ignore[type-var]
-
-
 def _common(values: Sequence[_T]) -> _T | None:
     """The value all entries share, else None."""
     return values[0] if values and all(v == values[0] for v in values) else None
@@ -277,19 +272,19 @@ def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "device_name": _common(column("device_name")),
         "samples": sum(column("samples")),
         "interval_s": _common(column("interval_s")),
-        "window_s": _max_or_none(column("window_s")),
+        "window_s": max_or_none(column("window_s")),
         "gpu_util_mean_pct": _mean_or_none(column("gpu_util_mean_pct")),
-        "gpu_util_max_pct": _max_or_none(column("gpu_util_max_pct")),
-        "memory_used_max_bytes": _max_or_none(column("memory_used_max_bytes")),
+        "gpu_util_max_pct": max_or_none(column("gpu_util_max_pct")),
+        "memory_used_max_bytes": max_or_none(column("memory_used_max_bytes")),
         "power_mean_w": _sum_or_none(power_means),
         "power_mean_per_gpu_w": _mean_or_none(power_means),
-        "power_max_per_gpu_w": _max_or_none(column("power_max_w")),
+        "power_max_per_gpu_w": max_or_none(column("power_max_w")),
         "energy_j": _sum_or_none(column("energy_j")),
         "energy_method": _common(column("energy_method")),
         "sm_clock_mean_mhz": _mean_or_none(column("sm_clock_mean_mhz")),
-        "sm_clock_max_mhz": _max_or_none(column("sm_clock_max_mhz")),
-        "temperature_max_c": _max_or_none(column("temperature_max_c")),
-        "paused_s": _max_or_none(column("paused_s")),
+        "sm_clock_max_mhz": max_or_none(column("sm_clock_max_mhz")),
+        "temperature_max_c": max_or_none(column("temperature_max_c")),
+        "paused_s": max_or_none(column("paused_s")),
         # idle power of all GPUs (sum), and energy net of it (sum of each GPU's E - P_idle x t)
         "idle_power_w": _sum_or_none(column("idle_power_w")),
         "idle_power_reason": next((r for r in column("idle_power_reason") if r), None) if n else None,

@@ -3,8 +3,8 @@ model (``scalerepro.analysis.tables.scaling_model``), which replays a one-GPU ru
 bucket's all-reduce started as soon as the bucket is ready.
 
 After the measured window (like the exposed-communication probe, so no timed step carries a
-hook), the trainer's bucket probe (``Trainer._probe_backward_buckets``) runs
-``--bucket-probe-steps`` steps of its own step function on cached batches, gradient
+hook), the bucket probe (``scalerepro.training.probes.backward_buckets``) runs
+``--bucket-probe-steps`` steps of the trainer's own step function on cached batches, gradient
 synchronisation off (compute only: what one GPU does), with a ``PhaseRecorder`` that the step
 tells when each phase is done. This module holds the recorder and the arithmetic: the phases,
 

@@ -18,13 +18,13 @@ import torch.distributed
 from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from scalerepro.common.files import utc_now, write_json_atomically
-from scalerepro.config import ConfigError, TrainConfig, given_flags, parse_args, with_device
+from scalerepro.config import TrainerConfigError, TrainConfig, given_flags, parse_args, with_device
 from scalerepro.data import cifar10
 from scalerepro.training import distributed, record
 from scalerepro.training.distributed import DistContext, DistributedSetupError
 from scalerepro.training.trainer import NonFiniteLossError, StopRequest, Trainer
 
-_USAGE_ERRORS = (ConfigError, cifar10.DatasetError)
+_USAGE_ERRORS = (TrainerConfigError, cifar10.DatasetError)
 _KNOWN_ERRORS = (*_USAGE_ERRORS, DistributedSetupError, NonFiniteLossError)
 
 

@@ -61,8 +61,8 @@ from typing import Any
 import duckdb
 
 from scalerepro.analysis.columns import AGGREGATE_TABLES
-from scalerepro.analysis.history import store
-from scalerepro.analysis.history.store import StoreError
+from scalerepro.analysis.history import store, store_file, study_rows
+from scalerepro.analysis.history.store_file import StoreError
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import atomic_file, sha256_of, utc_now, write_text_atomically
 
@@ -136,11 +136,11 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _rows_document(study: store.Study) -> dict[str, Any]:
-    return {"schema_version": store.STORE_SCHEMA_VERSION, "study": study.row, "runs": study.runs}
+def _rows_document(study: study_rows.StoredStudy) -> dict[str, Any]:
+    return {"schema_version": store_file.STORE_SCHEMA_VERSION, "study": study.row, "runs": study.runs}
 
 
-def _commands(study: store.Study) -> str:
+def _commands(study: study_rows.StoredStudy) -> str:
     """A shell file: each run's trainer command (from its record) and its workflow rerun command."""
     lines = ["#!/bin/sh", f"# The exact command lines of study {study.study_id}, one block per run.", ""]
     for run in study.runs:
@@ -154,7 +154,7 @@ def _commands(study: store.Study) -> str:
     return "\n".join(lines)
 
 
-def _study_files(results: Path, study: store.Study) -> dict[str, Path]:
+def _study_files(results: Path, study: study_rows.StoredStudy) -> dict[str, Path]:
     """Bundle path -> file, for everything the study wrote that a reader needs."""
     files: dict[str, Path] = {}
 
@@ -198,7 +198,7 @@ def _study_files(results: Path, study: store.Study) -> dict[str, Path]:
     return files
 
 
-def _crate(stage: Path, sources: Mapping[str, Path], study: store.Study, workflow_files: Sequence[str]) -> None:
+def _crate(stage: Path, sources: Mapping[str, Path], study: study_rows.StoredStudy, workflow_files: Sequence[str]) -> None:
     """Write the files and their Workflow Run RO-Crate metadata into ``stage``."""
     from rocrate.model.contextentity import ContextEntity
     from rocrate.rocrate import ROCrate
@@ -255,7 +255,7 @@ def _crate(stage: Path, sources: Mapping[str, Path], study: store.Study, workflo
 
 def export_bundle(
     results: str | Path, store_path: str | Path, out: str | Path, workflow_dir: str | Path = ".",
-    lock_timeout_s: float = store.DEFAULT_LOCK_TIMEOUT_S,
+    lock_timeout_s: float = store_file.DEFAULT_LOCK_TIMEOUT_S,
 ) -> str:  # fmt: skip
     """Write the bundle of the study in ``results``; returns the archive's sha256."""
     results, out, workflow_dir = Path(results), Path(out), Path(workflow_dir)
@@ -266,7 +266,7 @@ def export_bundle(
         raise BundleError(
             f"{receipt} is missing or has no study_id: run the workflow (rule store_study) first"
         ) from None
-    connection = store.connect(store_path, read_only=True, lock_timeout_s=lock_timeout_s)
+    connection = store_file.connect(store_path, read_only=True, lock_timeout_s=lock_timeout_s)
     try:
         study = store.load_study(connection, study_id)
     finally:
@@ -313,7 +313,7 @@ def export_bundle(
 class Bundle:
     path: Path
     sha256: str
-    study: store.Study
+    study: study_rows.StoredStudy
     members: dict[str, str]  # name -> sha256 (the manifest, verified)
 
 
@@ -389,23 +389,23 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
     except (KeyError, ValueError) as error:
         raise BundleError(f"{path}: {STUDY_ROWS} is missing or unreadable ({error})") from None
     if rows.get("schema_version") == 2 and isinstance(rows.get("runs"), list):
-        # version 2's rows: the same columns under their old names (store.MIGRATIONS[3])
-        renamed = {old: new for new, old in store.RENAMED_RUN_COLUMNS.items()}
+        # version 2's rows: the same columns under their old names (store_file.MIGRATIONS[3])
+        renamed = {old: new for new, old in store_file.RENAMED_RUN_COLUMNS.items()}
         rows = {**rows, "schema_version": 3,
                 "runs": [{renamed.get(k, k): v for k, v in run.items()} if isinstance(run, dict) else run for run in rows["runs"]]}  # fmt: skip
     if rows.get("schema_version") == 3:
-        rows = {**rows, "schema_version": 4}  # store.MIGRATIONS[4] changed the imports table only: the same rows
-    if rows.get("schema_version") != store.STORE_SCHEMA_VERSION:
+        rows = {**rows, "schema_version": 4}  # store_file.MIGRATIONS[4] changed the imports table only: the same rows
+    if rows.get("schema_version") != store_file.STORE_SCHEMA_VERSION:
         raise BundleError(
             f"{path} holds rows of store schema version {rows.get('schema_version')}, this scalerepro reads "
-            f"{store.STORE_SCHEMA_VERSION}: import it with the scalerepro that wrote it"
+            f"{store_file.STORE_SCHEMA_VERSION}: import it with the scalerepro that wrote it"
         )
     study_row, runs = rows.get("study") or {}, rows.get("runs") or []
-    if set(study_row) != set(store.STUDY_COLUMNS) or any(set(run) != set(store.STORED_RUN_COLUMNS) for run in runs):
+    if set(study_row) != set(store_file.STUDY_COLUMNS) or any(set(run) != set(store_file.STORED_RUN_COLUMNS) for run in runs):
         raise BundleError(f"{path}: {STUDY_ROWS} does not have the store's columns")
-    study = store.Study(study_row, runs)
+    study = study_rows.StoredStudy(study_row, runs)
     try:
-        store.check_rows(study)  # before the store is opened: a refused bundle leaves no file behind
+        study_rows.check_rows(study)  # before the store is opened: a refused bundle leaves no file behind
     except StoreError as error:
         raise BundleError(f"{path}: {error}") from None
     strangers = sorted({str(run["study_id"]) for run in runs if run["study_id"] != study_row["study_id"]})
@@ -419,7 +419,7 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
 
 def import_bundle(
     path: str | Path, store_path: str | Path, expect_sha256: str | None = None, extract: str | Path | None = None,
-    lock_timeout_s: float = store.DEFAULT_LOCK_TIMEOUT_S,
+    lock_timeout_s: float = store_file.DEFAULT_LOCK_TIMEOUT_S,
 ) -> tuple[Bundle, store.AppendResult]:  # fmt: skip
     """Verify the bundle, then add its study to the store and unpack it into ``extract``: all of
     it or, on any refusal or failure, none of it (no row stored, no file left)."""
@@ -446,7 +446,7 @@ def import_bundle(
             placed = True
 
     try:
-        connection = store.connect(store_path, lock_timeout_s=lock_timeout_s)
+        connection = store_file.connect(store_path, lock_timeout_s=lock_timeout_s)
         try:
             result = store.append(connection, bundle.study, keep_appended_at=True, replace=False, before_commit=record_and_place)
         finally:
@@ -516,8 +516,8 @@ def main(argv: list[str]) -> int:
         )
         sub.add_argument(
             "--lock-timeout",
-            type=store.LOCK_TIMEOUT_S,
-            default=store.DEFAULT_LOCK_TIMEOUT_S,
+            type=store_file.LOCK_TIMEOUT_S,
+            default=store_file.DEFAULT_LOCK_TIMEOUT_S,
             help="seconds to wait for the store's lock",
         )
     args = parser.parse_args(argv)

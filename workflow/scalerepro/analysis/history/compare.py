@@ -46,9 +46,9 @@ import numpy as np
 import pandas as pd
 
 from scalerepro.analysis.columns import CELL_KEYS, VERSUS_COLUMNS, VERSUS_VERDICTS
-from scalerepro.analysis.history import bundle, store
+from scalerepro.analysis.history import bundle, store, store_file, study_rows
 from scalerepro.analysis.history.bundle import BundleError
-from scalerepro.analysis.history.store import StoreError
+from scalerepro.analysis.history.store_file import StoreError
 from scalerepro.common.cli import OneLineErrorParser, bounded_float, bounded_int, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
 
@@ -181,7 +181,7 @@ def config_differences(baseline: Mapping[str, Any], candidate: Mapping[str, Any]
     def walk(a: Any, b: Any, path: str) -> None:
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             for key in sorted(set(a) | set(b)):
-                if key in store.UNHASHED_CONFIG_KEYS and not path:
+                if key in study_rows.UNHASHED_CONFIG_KEYS and not path:
                     continue
                 walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
         elif a != b:
@@ -294,13 +294,13 @@ def _is_bundle(selector: str) -> bool:
     return True
 
 
-def _side(study: store.Study, where: str) -> Side:
-    columns = [c for c in store.STORED_RUN_COLUMNS if c != "record"]
-    return Side(dict(study.row), pd.DataFrame(study.runs, columns=list(store.STORED_RUN_COLUMNS))[columns], where)
+def _side(study: study_rows.StoredStudy, where: str) -> Side:
+    columns = [c for c in store_file.STORED_RUN_COLUMNS if c != "record"]
+    return Side(dict(study.row), pd.DataFrame(study.runs, columns=list(store_file.STORED_RUN_COLUMNS))[columns], where)
 
 
 def load_sides(
-    baseline: str, candidate: str, store_path: str | None, lock_timeout_s: float = store.DEFAULT_LOCK_TIMEOUT_S
+    baseline: str, candidate: str, store_path: str | None, lock_timeout_s: float = store_file.DEFAULT_LOCK_TIMEOUT_S
 ) -> tuple[Side, Side]:
     """The two studies the selectors name: bundles are read (and verified) directly, the rest
     resolved in the store (the candidate first, so that the baseline's 'latest' is another study)."""
@@ -314,7 +314,7 @@ def load_sides(
     if wanted:
         if store_path is None:
             raise StoreError("give --store: only bundles can be compared without a results store")
-        connection = store.connect(store_path, read_only=True, lock_timeout_s=lock_timeout_s)
+        connection = store_file.connect(store_path, read_only=True, lock_timeout_s=lock_timeout_s)
         try:
             for name, selector in wanted:
                 # 'latest' on one side means the newest study other than the other side's
@@ -396,7 +396,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--csv", type=output_path, help="write the per-cell table here")
     parser.add_argument("--json", type=output_path, help="write the study-wide facts here")
     parser.add_argument(
-        "--lock-timeout", type=store.LOCK_TIMEOUT_S, default=store.DEFAULT_LOCK_TIMEOUT_S, help="seconds to wait for the store's lock"
+        "--lock-timeout", type=store_file.LOCK_TIMEOUT_S, default=store_file.DEFAULT_LOCK_TIMEOUT_S, help="seconds to wait for the store's lock"
     )
     parser.add_argument("--fail-on-slower", action="store_true", help="exit 1 when a cell is slower")
     args = parser.parse_args(argv)

@@ -1,4 +1,8 @@
-"""The report's inputs as a reader should get them.
+"""The report's inputs, read: tables as rows, JSON and YAML documents, figures as data URIs, the inventory without terminal escapes.
+
+A table that is missing or empty reads as an empty frame, a document that is not there as None,
+and a figure that is missing or not what its extension says as a ``Figure`` with no URI and the
+reason: the report shows each as a hole, never as an error.
 
 A figure whose table has no data is still drawn (``plots.placeholder``), so that the workflow's
 outputs exist, and the file says so in its own metadata: the description "not measured: <why>"
@@ -13,13 +17,21 @@ On the analysis side: no torch, no matplotlib.
 
 from __future__ import annotations
 
+import base64
 import html
+import json
 import re
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import yaml
+
+from scalerepro.analysis.values import plain
 from scalerepro.common.terminal import strip_terminal_escapes
 
 NOT_MEASURED = "not measured: "  # how a placeholder's description begins
@@ -81,3 +93,90 @@ def readable_inventory(inventory: Any) -> Any:
     if isinstance(inventory, list):
         return [readable_inventory(value) for value in inventory]
     return inventory
+
+
+def read_table(tables_dir: Path, name: str) -> pd.DataFrame:
+    """``<tables_dir>/<name>.csv`` as a DataFrame; an empty one when the file is missing, empty
+    or has a header only. Columns are read by name by the callers, never by position. A file
+    that is there but is not CSV is an error naming it (a bug upstream, not a hole)."""
+    path = Path(tables_dir) / f"{name}.csv"
+    if not path.is_file():
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+    except pd.errors.ParserError as error:
+        raise ValueError(f"{path}: not a valid CSV table: {error}") from error
+
+
+def read_json(path: Path | None) -> Any:
+    """A JSON document, or None when the path is not given or not a file."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON: {error}") from error
+
+
+def read_yaml(path: Path | None) -> Any:
+    if path is None or not Path(path).is_file():
+        return None
+    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+
+
+class Row(dict):
+    """One table row. A column the table does not have reads as None, so the template shows
+    "—" instead of failing when an optional column is absent."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def rows(frame: pd.DataFrame, sort_by: Sequence[str] = ()) -> list[Row]:
+    """The frame's rows as :class:`Row` dicts, sorted by those of ``sort_by`` that it has."""
+    if frame.empty:
+        return []
+    keys = [key for key in sort_by if key in frame.columns]
+    if keys:
+        frame = frame.sort_values(keys, kind="stable", na_position="last")
+    return [Row({column: plain(value) for column, value in record.items()}) for record in frame.to_dict("records")]
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    uri: str | None  # the data: URI, or None when no usable file was found
+    file: str | None  # which file was embedded
+    problem: str | None  # why there is no figure
+    not_measured: str | None = None  # a placeholder's reason: the report shows this line, no image
+
+
+def load_figure(plots_dir: Path | None, name: str) -> Figure:
+    """Embed ``<name>.svg`` (preferred) or ``<name>.png`` as a data URI; a file that is empty or
+    is not what its extension says is skipped, so the report shows a hole, not a broken image;
+    a placeholder (plots drew no data) is not embedded, its reason is shown instead."""
+    if plots_dir is None:
+        return Figure(name, None, None, "no plots directory was given")
+    problems = []
+    for extension, mime in (("svg", "image/svg+xml"), ("png", "image/png")):
+        path = Path(plots_dir) / f"{name}.{extension}"
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if extension == "svg" and b"<svg" not in data[:4096]:
+            problems.append(f"{path.name} is not an SVG document")
+            continue
+        if extension == "png" and not data.startswith(_PNG_SIGNATURE):
+            problems.append(f"{path.name} is not a PNG image")
+            continue
+        why = not_measured_note(data, extension)
+        if why is not None:
+            return Figure(name, None, path.name, None, why)
+        uri = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+        return Figure(name, uri, path.name, None)
+    if not problems:
+        problems.append(f"neither {name}.svg nor {name}.png is in {plots_dir}")
+    return Figure(name, None, None, "; ".join(problems))
+

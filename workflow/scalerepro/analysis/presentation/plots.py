@@ -454,9 +454,9 @@ def roofline(t: Tables) -> Figure:
     for (peak, bandwidth), _ in roof.groupby(["peak_flops_per_s", "peak_dram_bytes_per_s"]):
         x = np.logspace(np.log10(min(lo, peak / bandwidth / 10)), np.log10(max(hi, peak / bandwidth * 10)), 200)
         ax.plot(x, np.minimum(peak, x * bandwidth), color="0.3", lw=1.2, label=f"roof: min({peak / 1e12:g} TFLOP/s, AI x {bandwidth / 1e12:g} TB/s)")
-    # names on the longest kernels only: a step profiled whole has a couple of hundred, whose names
-    # would cover one another (the table below the figure lists every kernel)
-    # would cover one another, so each is numbered on the plot and named in a key below it
+    # numbers on the longest kernels only: a step profiled whole has a couple of hundred, whose names
+    # would cover one another, so each of these is numbered on the plot and named in a key below it
+    # (the report's roofline table lists more of them, profiling_roofline.csv every one)
     longest = roof.nlargest(ROOFLINE_NAMED, "duration_s").index if "duration_s" in roof.columns else roof.index[:ROOFLINE_NAMED]
     number = {index: rank for rank, index in enumerate(longest, start=1)}
     for (run_id, kind), group in roof.groupby(["run_id", "flops_source"]):

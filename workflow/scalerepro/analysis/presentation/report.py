@@ -1,4 +1,4 @@
-"""Render the study's report: one self-contained HTML file that opens offline.
+"""Render the study's report: its sections assembled from the tables and rendered into one self-contained HTML file that opens offline.
 
 Inputs are the aggregation's tidy tables (``--tables``), the figures (``--plots``), the system
 inventory, the resolved workflow config and ``config/references.yaml``. The CSS is inlined and
@@ -14,43 +14,42 @@ that comes from the config, the records or the inventory is HTML-escaped by Jinj
         --inventory results/inventory/system.json --config results/tables/config.json \
         --references config/references.yaml --templates report --out results/report/index.html
 
-This module is on the analysis side: it never imports torch.
+Its parts: ``inputs`` reads the tables, documents and figures; ``formatting`` is how a value is
+written (the templates' filters); ``headline``, ``inventory_view``, ``profiling_view`` and
+``scaling_model_view`` lay out their sections; this module derives the rest from the tables and
+renders. This module is on the analysis side: it never imports torch.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
-import math
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import markupsafe
 import pandas as pd
-import yaml
 
-from scalerepro.analysis.columns import CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, VERDICTS
+from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, VERDICTS
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
-from scalerepro.analysis.presentation.headline import finite_number, headline_section, mfu_columns, study_identity
-from scalerepro.analysis.presentation.inputs import not_measured_note, readable_inventory
+from scalerepro.analysis.presentation.formatting import MISSING, TEMPLATE_FILTERS, TEMPLATE_GLOBALS, fmt_int, fmt_text, is_missing, label, truthy
+from scalerepro.analysis.presentation.headline import headline_section, mfu_columns, study_identity
+from scalerepro.analysis.presentation.inputs import Row, load_figure, read_json, read_table, read_yaml, readable_inventory, rows
+from scalerepro.analysis.presentation.inventory_view import describe_inventory
 from scalerepro.analysis.presentation.profiling_view import profiled_run
 from scalerepro.analysis.presentation.scaling_model_view import scaling_model_section
 from scalerepro.analysis.tables import nearest_published
+from scalerepro.analysis.values import plain
 from scalerepro.common.cli import OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.gpu_peaks import PEAKS
 
-# The tables the aggregation writes, by file stem.
-TABLES = (
-    "runs", "scaling", "sensitivity", "ablation", "parallelism", "communication", "comparison", "checks", "cost",
-    "scaling_model",
-)  # fmt: skip
+# The tables the report shows, by file stem: the aggregation's, but the per-epoch and per-step
+# logs (the figures draw those).
+TABLES = tuple(name for name in AGGREGATE_TABLES if name not in ("epochs", "loss_log"))
 
 
 # The report's sections, in order: (anchor id, title, subsections). Their numbers are made from
@@ -92,332 +91,6 @@ def section_titles(sections: Sequence[tuple[str, str, Sequence[tuple[str, str]]]
     return titles
 
 
-
-MISSING = "—"  # what every absent or non-finite value renders as
-
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-# --------------------------------------------------------------------------------------------
-# Reading the inputs
-# --------------------------------------------------------------------------------------------
-
-
-def read_table(tables_dir: Path, name: str) -> pd.DataFrame:
-    """``<tables_dir>/<name>.csv`` as a DataFrame; an empty one when the file is missing, empty
-    or has a header only. Columns are read by name by the callers, never by position. A file
-    that is there but is not CSV is an error naming it (a bug upstream, not a hole)."""
-    path = Path(tables_dir) / f"{name}.csv"
-    if not path.is_file():
-        return pd.DataFrame()
-    try:
-        return pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        return pd.DataFrame()
-    except pd.errors.ParserError as error:
-        raise ValueError(f"{path}: not a valid CSV table: {error}") from error
-
-
-def read_json(path: Path | None) -> Any:
-    """A JSON document, or None when the path is not given or not a file."""
-    if path is None or not Path(path).is_file():
-        return None
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON: {error}") from error
-
-
-def read_yaml(path: Path | None) -> Any:
-    if path is None or not Path(path).is_file():
-        return None
-    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-
-
-class Row(dict):
-    """One table row. A column the table does not have reads as None, so the template shows
-    "—" instead of failing when an optional column is absent."""
-
-    def __missing__(self, key: str) -> None:
-        return None
-
-
-def is_missing(value: Any) -> bool:
-    """None, a Jinja undefined, an empty string or a non-finite float: shown as "—"."""
-    if value is None or isinstance(value, jinja2.Undefined):
-        return True
-    if isinstance(value, str):
-        return value.strip() == ""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
-
-
-def _plain(value: Any) -> Any:
-    """numpy/pandas scalars -> Python scalars; NaN/NA -> None."""
-    if is_missing(value):
-        return None
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            return value.item()
-        except (ValueError, AttributeError):
-            return value
-    return value
-
-
-def rows(frame: pd.DataFrame, sort_by: Sequence[str] = ()) -> list[Row]:
-    """The frame's rows as :class:`Row` dicts, sorted by those of ``sort_by`` that it has."""
-    if frame.empty:
-        return []
-    keys = [key for key in sort_by if key in frame.columns]
-    if keys:
-        frame = frame.sort_values(keys, kind="stable", na_position="last")
-    return [Row({column: _plain(value) for column, value in record.items()}) for record in frame.to_dict("records")]
-
-
-def truthy(value: Any) -> bool | None:
-    """A flag as CSV round-trips it (True, "True", "true", 1, "1"), or None when absent."""
-    if is_missing(value):
-        return None
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("true", "1", "yes"):
-            return True
-        if lowered in ("false", "0", "no"):
-            return False
-        return None
-    return bool(value)
-
-
-@dataclass(frozen=True)
-class Figure:
-    name: str
-    uri: str | None  # the data: URI, or None when no usable file was found
-    file: str | None  # which file was embedded
-    problem: str | None  # why there is no figure
-    not_measured: str | None = None  # a placeholder's reason: the report shows this line, no image
-
-
-def load_figure(plots_dir: Path | None, name: str) -> Figure:
-    """Embed ``<name>.svg`` (preferred) or ``<name>.png`` as a data URI; a file that is empty or
-    is not what its extension says is skipped, so the report shows a hole, not a broken image;
-    a placeholder (plots drew no data) is not embedded, its reason is shown instead."""
-    if plots_dir is None:
-        return Figure(name, None, None, "no plots directory was given")
-    problems = []
-    for extension, mime in (("svg", "image/svg+xml"), ("png", "image/png")):
-        path = Path(plots_dir) / f"{name}.{extension}"
-        if not path.is_file():
-            continue
-        data = path.read_bytes()
-        if extension == "svg" and b"<svg" not in data[:4096]:
-            problems.append(f"{path.name} is not an SVG document")
-            continue
-        if extension == "png" and not data.startswith(_PNG_SIGNATURE):
-            problems.append(f"{path.name} is not a PNG image")
-            continue
-        why = not_measured_note(data, extension)
-        if why is not None:
-            return Figure(name, None, path.name, None, why)
-        uri = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
-        return Figure(name, uri, path.name, None)
-    if not problems:
-        problems.append(f"neither {name}.svg nor {name}.png is in {plots_dir}")
-    return Figure(name, None, None, "; ".join(problems))
-
-
-# --------------------------------------------------------------------------------------------
-# Formatting (Jinja filters); every one renders a missing value as "—"
-# --------------------------------------------------------------------------------------------
-
-
-def fmt_text(value: Any) -> str:
-    if is_missing(value):
-        return MISSING
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if value.is_integer():
-            return str(int(value))
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    return str(value)
-
-
-def fmt_int(value: Any) -> str:
-    number = finite_number(value)
-    return fmt_text(value) if number is None else f"{round(number):,}"
-
-
-def fmt_number(value: Any, digits: int = 1) -> str:
-    number = finite_number(value)
-    return fmt_text(value) if number is None else f"{number:,.{digits}f}"
-
-
-def fmt_rate(value: Any) -> str:
-    """A throughput: thousands separators, decimals only below 10 (12,345 · 87 · 4.2 · 0.35)."""
-    number = finite_number(value)
-    if number is None:
-        return fmt_text(value)
-    magnitude = abs(number)
-    digits = 0 if magnitude >= 10 else 1 if magnitude >= 1 else 2
-    return f"{number:,.{digits}f}"
-
-
-def fmt_auto(value: Any) -> str:
-    """A measurement spanning orders of magnitude (bandwidths, latencies) with about three
-    significant digits and no exponent: 12,345 · 467.5 · 20.97 · 0.0512."""
-    number = finite_number(value)
-    if number is None:
-        return fmt_text(value)
-    magnitude = abs(number)
-    if magnitude >= 1000:
-        return f"{number:,.0f}"
-    if magnitude >= 100:
-        return f"{number:.1f}"
-    if magnitude >= 1 or magnitude == 0:
-        return f"{number:.2f}"
-    return f"{number:.3g}"
-
-
-def fmt_sig(value: Any, digits: int = 4) -> str:
-    number = finite_number(value)
-    return fmt_text(value) if number is None else f"{number:.{digits}g}"
-
-
-def fmt_percent(fraction: Any, digits: int = 1) -> str:
-    """A fraction (0.931) as a percentage (93.1 %)."""
-    number = finite_number(fraction)
-    return fmt_text(fraction) if number is None else f"{100 * number:.{digits}f} %"
-
-
-def fmt_percent_value(percent: Any, digits: int = 1) -> str:
-    """A value that is already in percent (GPU utilisation 87.5) as "87.5 %"."""
-    number = finite_number(percent)
-    return fmt_text(percent) if number is None else f"{number:.{digits}f} %"
-
-
-def fmt_gain(fraction: Any, digits: int = 1) -> str:
-    """A relative change (0.25 = 25 % faster) with its sign: +25.0 %, −4.0 %."""
-    number = finite_number(fraction)
-    if number is None:
-        return fmt_text(fraction)
-    return f"{100 * number:+.{digits}f} %".replace("-", "−")
-
-
-def fmt_ratio(value: Any) -> str:
-    number = finite_number(value)
-    return fmt_text(value) if number is None else f"{number:.2f}×"
-
-
-def fmt_bytes(value: Any) -> str:
-    """IEC units; whole multiples (message sizes) without decimals: 4 KiB, 1.5 GiB."""
-    number = finite_number(value)
-    if number is None:
-        return fmt_text(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(number) < 1024 or unit == "PiB":
-            break
-        number /= 1024
-    if unit == "B" or number.is_integer():
-        return f"{number:,.0f} {unit}"
-    return f"{number:,.1f} {unit}"
-
-
-def fmt_milliseconds(seconds: Any) -> str:
-    """Seconds shown in milliseconds, for a column whose header says (ms)."""
-    number = finite_number(seconds)
-    return fmt_text(seconds) if number is None else f"{number * 1e3:,.1f}"
-
-
-# Column formats the table macro understands; the numeric ones are right-aligned.
-FORMATS = {
-    "text": fmt_text,
-    "code": fmt_text,
-    "badge": fmt_text,
-    "int": fmt_int,
-    "num0": lambda v: fmt_number(v, 0),
-    "num1": lambda v: fmt_number(v, 1),
-    "num2": lambda v: fmt_number(v, 2),
-    "rate": fmt_rate,
-    "auto": fmt_auto,
-    "sig": fmt_sig,
-    "pct": fmt_percent,
-    "pctv": fmt_percent_value,
-    "ratio": fmt_ratio,
-    "gain": fmt_gain,
-    "bytes": fmt_bytes,
-    "ms": fmt_milliseconds,
-    "flag": lambda v: MISSING if is_missing(v) else "noisy" if truthy(v) else "",  # the noisy-cell flag
-}
-TEXT_FORMATS = {"text", "code", "badge"}
-
-
-def cell(row: Mapping[str, Any], key: str, fmt: str = "text") -> str:
-    """One table cell as text. Three composite formats read several columns:
-    ``span:<fmt>`` shows ``<key>_min``–``<key>_max``; ``ci:<fmt>`` shows ``<key>_low``–``<key>_high``
-    (a 95 % interval, "—" without one); ``of`` shows ``<key>_ok`` / ``<key>_total``."""
-    if fmt.startswith("span:"):
-        inner = FORMATS[fmt.split(":", 1)[1]]
-        low, high = row.get(f"{key}_min"), row.get(f"{key}_max")
-        if is_missing(low) and is_missing(high):
-            return MISSING
-        if inner(low) == inner(high):
-            return inner(low)  # one value (a single repeat): no spread to show
-        return f"{inner(low)} – {inner(high)}"
-    if fmt.startswith("ci:"):
-        inner = FORMATS[fmt.split(":", 1)[1]]
-        low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
-        if is_missing(low) or is_missing(high):
-            return MISSING  # fewer than 2 repeats: no interval
-        return f"{inner(low)} – {inner(high)}"
-    if fmt == "of":
-        done, total = row.get(f"{key}_ok"), row.get(f"{key}_total")
-        return fmt_int(done) if is_missing(total) else f"{fmt_int(done)} / {fmt_int(total)}"
-    return FORMATS[fmt](row.get(key))
-
-
-def shown_columns(
-    table_rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple], optional: Iterable[str] = ()
-) -> list:
-    """``columns`` without the ``optional`` ones that no row has a value in (e.g. an all-empty
-    ``note``), so a table does not carry a column of dashes that says nothing."""
-    optional = set(optional)
-    return [
-        column
-        for column in columns
-        if column[0] not in optional or any(not is_missing(row.get(column[0])) for row in table_rows)
-    ]
-
-
-def is_numeric_format(fmt: str) -> bool:
-    return fmt not in TEXT_FORMATS
-
-
-def css_token(value: Any) -> str:
-    """A status as a CSS class suffix ("not measured" -> "not-measured"); only [a-z0-9-]."""
-    text = fmt_text(value).lower()
-    token = "".join(ch if ch.isalnum() else "-" for ch in text).strip("-")
-    return token or "unknown"
-
-
-def breakable(value: Any) -> markupsafe.Markup:
-    """Escaped text that may wrap after its underscores (long run ids in narrow columns)."""
-    return markupsafe.escape(fmt_text(value)).replace("_", markupsafe.Markup("_<wbr>"))
-
-
-def label(key: str) -> str:
-    """A snake_case key as a heading: units and precisions spelled out, the rest as written."""
-    spelled = {
-        "tflops": "TFLOP/s", "tbps": "TB/s", "gbps": "GB/s", "w": "W", "mhz": "MHz", "pct": "%",
-        "gpus": "GPUs", "cpus": "CPUs", "id": "ID", "ids": "IDs",
-    }  # fmt: skip
-    upper = {"bf16", "fp16", "fp32", "tf32", "fp8", "hbm", "gpu", "cpu", "pci", "uuid", "cuda", "nccl", "numa"}
-    return " ".join(spelled.get(word, word.upper() if word in upper else word) for word in str(key).split("_"))
-
-
 # --------------------------------------------------------------------------------------------
 # What the report says, derived from the tables (small and explicit; the statistics themselves
 # are the aggregation's)
@@ -427,7 +100,7 @@ def label(key: str) -> str:
 def _unique(frame: pd.DataFrame, column: str) -> list[Any]:
     if column not in frame.columns:
         return []
-    values = [_plain(value) for value in frame[column].dropna().unique()]
+    values = [plain(value) for value in frame[column].dropna().unique()]
     return sorted(values, key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
 
 
@@ -574,73 +247,6 @@ def noisy_cells(tables: Mapping[str, pd.DataFrame]) -> list[dict[str, Any]]:
     return found
 
 
-# Headings for the inventory keys scalerepro.telemetry.inventory writes; any other key gets label(key).
-INVENTORY_TITLES = {
-    "cpu": "CPU",
-    "gpus": "GPUs (NVML)",
-    "cuda_visible": "CUDA devices visible to torch",
-    "nvidia_smi_topo": "GPU and NIC topology (nvidia-smi topo -m)",
-    "infiniband": "InfiniBand ports",
-    "software": "Software",
-    "scheduler": "Scheduler job",
-}
-
-
-def describe_inventory(inventory: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Lay the inventory out generically, in its own order: top-level scalars as one list
-    ("host"), then each mapping as a list, each list of mappings as a table (columns = union of
-    keys), each multi-line text as preformatted text. Keys ending in ``_bytes`` get IEC units."""
-    if inventory is None:
-        return None
-    if not isinstance(inventory, Mapping):
-        return {"host": [("inventory", json.dumps(inventory))], "blocks": []}
-
-    def value(key: str, item: Any, exact: bool = True) -> str:
-        if isinstance(item, (dict, list)):
-            return json.dumps(item, sort_keys=True)
-        if str(key).endswith("_bytes") and finite_number(item) is not None:
-            return f"{fmt_bytes(item)} ({fmt_int(item)} B)" if exact else fmt_bytes(item)
-        return fmt_text(item)
-
-    def numeric(item: Any) -> bool:
-        return isinstance(item, (int, float)) and not isinstance(item, bool)
-
-    host: list[tuple[str, str]] = []
-    blocks: list[dict[str, Any]] = []
-    for key, item in inventory.items():
-        title = INVENTORY_TITLES.get(key, label(key))
-        if isinstance(item, str) and "\n" in item:
-            blocks.append({"kind": "text", "key": key, "title": title, "text": item})
-        elif isinstance(item, Mapping):
-            blocks.append(
-                {
-                    "kind": "pairs",
-                    "key": key,
-                    "title": title,
-                    "items": [(label(k), value(k, v)) for k, v in item.items()],
-                }
-            )
-        elif isinstance(item, list) and item and all(isinstance(entry, Mapping) for entry in item):
-            columns = list(dict.fromkeys(k for entry in item for k in entry))
-            blocks.append(
-                {
-                    "kind": "table",
-                    "key": key,
-                    "title": title,
-                    "columns": [
-                        (label(column), all(numeric(e.get(column)) for e in item if e.get(column) is not None))
-                        for column in columns
-                    ],
-                    "rows": [[value(column, entry.get(column), exact=False) for column in columns] for entry in item],
-                }
-            )
-        elif isinstance(item, list):
-            host.append((title, ", ".join(value(key, entry) for entry in item) if item else "none"))
-        else:
-            host.append((title, value(key, item)))
-    return {"host": host, "blocks": blocks}
-
-
 def profiling_section(tables_dir: Path, report_dir: Path | None) -> dict[str, Any]:
     """Per profiled run: its breakdown and classification (profiling.csv), top kernels or
     operators, Nsight Compute roofline rows, and its raw files with links relative to the report
@@ -719,7 +325,7 @@ def split_cost(cost: pd.DataFrame) -> tuple[list[Row], Row | None]:
 
 def make_environment(templates_dir: Path) -> jinja2.Environment:
     """The Jinja environment: templates from ``<templates_dir>/templates``, autoescape on for
-    every template (they are all HTML), filters for the formats above."""
+    every template (they are all HTML), the formats of ``formatting`` as its filters and globals."""
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(templates_dir) / "templates"),
         autoescape=True,
@@ -727,23 +333,8 @@ def make_environment(templates_dir: Path) -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    environment.filters.update(
-        text=fmt_text,
-        int=fmt_int,
-        num=fmt_number,
-        rate=fmt_rate,
-        pct=fmt_percent,
-        ratio=fmt_ratio,
-        token=css_token,
-        breakable=breakable,
-    )
-    environment.globals.update(
-        cell=cell,
-        shown_columns=shown_columns,
-        is_numeric_format=is_numeric_format,
-        is_missing=is_missing,
-        MISSING=MISSING,
-    )
+    environment.filters.update(TEMPLATE_FILTERS)
+    environment.globals.update(TEMPLATE_GLOBALS)
     environment.tests["missing"] = is_missing
     return environment
 

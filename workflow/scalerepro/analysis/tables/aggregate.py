@@ -42,7 +42,8 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
     error             the record's error message; for a missing run, why there is no record
     stop_signal       SIGTERM | SIGUSR1 when the run was stopped by one
     consistent        the record's world size and node count equal the matrix's gpus and nodes
-                      (empty when the record does not say)
+                      (empty when the record does not say), and its per-GPU batch (batch.per_gpu,
+                      where it states one) the matrix's per_gpu_batch
     samples_per_s, tokens_per_s                  measured window, global (measurements.*)
     step_time_median_s, step_time_p10_s, step_time_p90_s
     epoch_time_s      steps per epoch x median step time

@@ -169,6 +169,8 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     matches = runs["world_size_recorded"].eq(runs["gpus"]) & runs["nodes_recorded"].eq(runs["nodes"])
     # ... and a completed run's record names the planned --parallel strategy (where it names one)
     matches &= runs["parallel_recorded"].isna() | runs["parallel_recorded"].eq(runs["parallel"]) | runs["status"].ne("ok")
+    # ... and its record ran the planned per-GPU batch (where it states one): the store keeps the batch a record ran
+    matches &= runs["per_gpu_batch_recorded"].isna() | runs["per_gpu_batch_recorded"].eq(runs["per_gpu_batch"])
     runs["consistent"] = matches.astype("boolean").where(recorded)
     runs["git_dirty"] = runs["git_dirty"].astype("boolean")
     epochs = pd.DataFrame.from_records([row for p in parsed for row in p[1]], columns=EPOCH_COLUMNS)

@@ -1,0 +1,204 @@
+"""A study as rows of the results store, read from the files its workflow wrote (the matrix, the
+records, the resolved config, the system inventory), and the check that every field of those
+rows fits its column.
+
+This module is on the analysis side: it never imports torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scalerepro.analysis.history.store_file import RUN_TYPES, STORED_RUN_COLUMNS, STUDY_TYPES, StoreError
+from scalerepro.analysis.tables import cell_tables, readers
+from scalerepro.analysis.values import plain
+from scalerepro.common.files import sha256_of
+
+# Config sections that say where a study is kept and what it is compared with, not what it ran.
+UNHASHED_CONFIG_KEYS = ("store", "compare")
+
+
+# --------------------------------------------------------------------------------------------
+# A study, from the files its workflow wrote
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StoredStudy:
+    """One study as rows of the store: its ``studies`` row and its ``runs`` rows."""
+
+    row: dict[str, Any]
+    runs: list[dict[str, Any]]
+
+    @property
+    def study_id(self) -> str:
+        return self.row["study_id"]
+
+
+def canonical_json(document: Any) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """sha256 of the resolved config as canonical JSON, without ``UNHASHED_CONFIG_KEYS``."""
+    measured = {key: value for key, value in config.items() if key not in UNHASHED_CONFIG_KEYS}
+    return hashlib.sha256(canonical_json(measured).encode("utf-8")).hexdigest()
+
+
+def make_study_id(hash_hex: str, started_at: str) -> str:
+    start = datetime.datetime.fromisoformat(started_at).astimezone(datetime.timezone.utc)
+    return f"{hash_hex[:12]}-{start.strftime('%Y%m%dT%H%M%S')}.{start.microsecond // 1000:03d}Z"
+
+
+def distinct_joined(values: Iterable[Any]) -> str | None:
+    """Distinct values, sorted and ", "-joined (None when there are none)."""
+    distinct = sorted({str(value) for value in values if value is not None and value != ""})
+    return ", ".join(distinct) or None
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """The JSON document at ``path`` (the ``what`` a workflow rule wrote); a StoreError saying which rule to run when it is absent or not JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StoreError(f"no {what} at {path}: run the workflow up to it first") from None
+    except ValueError as error:
+        raise StoreError(f"{path} is not valid JSON ({error}): rerun the rule that writes the {what}") from None
+
+
+def read_study(
+    matrix_path: str | os.PathLike[str],
+    config_path: str | os.PathLike[str],
+    inventory_path: str | os.PathLike[str],
+) -> StoredStudy:
+    """The study the workflow's files describe: the matrix joined with the records (as the
+    aggregation joins them), the resolved config and the system inventory."""
+    config = read_json(config_path, "resolved config")
+    inventory = read_json(inventory_path, "system inventory")
+    try:
+        matrix = readers.read_matrix(matrix_path)
+    except FileNotFoundError:
+        raise StoreError(f"no study matrix at {matrix_path}: run the workflow up to it first") from None
+    runs, _, _ = readers.read_runs(matrix)
+    runs = runs.assign(counts=cell_tables.counts(runs))
+    scheduler = inventory.get("scheduler") or {}
+    cluster = scheduler.get("cluster_name") or inventory.get("hostname")
+    partition = scheduler.get("partition")
+    drivers = [gpu.get("driver") for gpu in inventory.get("gpus") or []]
+
+    rows = []
+    for run in runs.to_dict("records"):
+        text = document = None
+        if run["status"] != "missing":  # aggregate read and parsed it
+            text = Path(run["record"]).read_text(encoding="utf-8")
+            document = json.loads(text)
+        row = {column: plain(run.get(column), keep_blank_text=True) for column in STORED_RUN_COLUMNS if column in run}
+        # The record is the truth: the batch the run ran, as its record says (the plan's where there is no
+        # record or it does not say). One that disagrees with its plan is not consistent (readers.read_runs).
+        recorded_batch = plain(run.get("per_gpu_batch_recorded"), keep_blank_text=True)
+        row.update(
+            per_gpu_batch=row.get("per_gpu_batch") if recorded_batch is None else recorded_batch,
+            variant=run["variant"] or "",
+            cluster=readers.dig(document, ("scheduler", "cluster_name")) or cluster if document else None,
+            partition=readers.dig(document, ("scheduler", "partition")) or partition if document else None,
+            node_list=distinct_joined(readers.dig(document, ("parallel", "hostnames")) or []),
+            cuda_version=readers.dig(document, ("versions", "cuda")),
+            nccl_version=readers.dig(document, ("versions", "nccl")),
+            driver_version=readers.dig(document, ("hardware", "gpu", "driver_version")),
+            record_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest() if text is not None else None,
+            record=text,
+        )
+        rows.append({column: row.get(column) for column in STORED_RUN_COLUMNS})
+
+    started = [row["started_at"] for row in rows if row["started_at"]]
+    if not started:
+        raise StoreError(f"no run of the study in {matrix_path} has a record: there is nothing to store yet")
+    first = min(started, key=lambda stamp: datetime.datetime.fromisoformat(stamp))
+    ended = [row["ended_at"] for row in rows if row["ended_at"]]
+    digest = config_hash(config)
+    study_id = make_study_id(digest, first)
+    for row in rows:
+        row["study_id"] = study_id
+    container = config.get("container") or {}
+    sif = Path(container["sif"]) if container.get("enabled") and container.get("sif") else None
+    dirty = {row["git_dirty"] for row in rows if row["git_dirty"] is not None}
+    study = {
+        "study_id": study_id,
+        "config_hash": digest,
+        "started_at": first,
+        "ended_at": max(ended, key=lambda stamp: datetime.datetime.fromisoformat(stamp)) if ended else None,
+        "study_name": config.get("study_name"),
+        "git_commit": distinct_joined(row["git_commit"] for row in rows),
+        "git_dirty": (True in dirty) if dirty else None,
+        "cluster": cluster,
+        "partition": partition,
+        "node_list": distinct_joined(host for row in rows for host in (row["node_list"] or "").split(", ")),
+        "container_image": container.get("base_image") if container.get("enabled") else None,
+        "container_digest": f"sha256:{sha256_of(sif)}" if sif is not None and sif.is_file() else None,
+        "torch_version": distinct_joined(row["torch_version"] for row in rows),
+        "cuda_version": distinct_joined(row["cuda_version"] for row in rows),
+        "nccl_version": distinct_joined(row["nccl_version"] for row in rows),
+        "driver_version": distinct_joined(drivers) or distinct_joined(row["driver_version"] for row in rows),
+        "device_type": distinct_joined(row["device_type"] for row in rows),
+        "device_name": distinct_joined(row["device_name"] for row in rows),
+        "runs": len(rows),
+        "runs_ok": sum(bool(row["counts"]) for row in rows),
+        "config_json": canonical_json(config),
+        "inventory_json": canonical_json(inventory),
+        "appended_at": None,  # set when appended
+    }
+    return StoredStudy(study, rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Every field fits its column
+# --------------------------------------------------------------------------------------------
+
+# Python types a column takes (bool is an int to Python: refused where a number is meant).
+_ACCEPTS = {"VARCHAR": (str,), "INTEGER": (int,), "BIGINT": (int,), "DOUBLE": (int, float), "BOOLEAN": (bool,)}
+_INTEGER_RANGE = {"INTEGER": 2**31, "BIGINT": 2**63}
+_TIMESTAMPS = ("started_at", "ended_at", "appended_at")
+MAX_TEXT = 1 << 20  # a field's characters (a record or a config as JSON is the longest, far below)
+
+
+def _field_problem(name: str, kind: str, value: Any) -> str | None:
+    """Why ``value`` cannot be column ``name`` of SQL type ``kind`` (None: it can)."""
+    base, required = kind.split()[0], "NOT NULL" in kind or "PRIMARY KEY" in kind
+    if value is None:
+        return "missing" if required else None
+    accepted = _ACCEPTS[base]
+    if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
+        return f"a {type(value).__name__}, not {base.lower()}"
+    if base in _INTEGER_RANGE and not -_INTEGER_RANGE[base] <= value < _INTEGER_RANGE[base]:
+        return f"{value} is outside the range of {base.lower()}"
+    if base == "DOUBLE" and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    if base == "VARCHAR" and len(value) > MAX_TEXT:
+        return f"{len(value)} characters, more than {MAX_TEXT}"
+    if name in _TIMESTAMPS:
+        try:
+            datetime.datetime.fromisoformat(value)
+        except ValueError:
+            return f"{value[:40]!r} is not an ISO 8601 time"
+    return None
+
+
+def check_rows(study: StoredStudy) -> None:
+    """Every field of the study's rows fits its column (type, range, format): what the store
+    accepts, every reader can read. Raises StoreError naming the first field that does not."""
+    for where, row, types in (("study", study.row, STUDY_TYPES), *((f"run {i}", run, RUN_TYPES) for i, run in enumerate(study.runs))):
+        for name, kind in types.items():
+            problem = _field_problem(name, kind, row.get(name))
+            if problem:
+                raise StoreError(f"study {str(study.row.get('study_id'))[:80]!r}: {where}: {name} is {problem}: nothing stored")
+

@@ -1,0 +1,54 @@
+"""Evaluation: loss and top-1 accuracy over the held-out samples, summed over ranks (not timed, outside the energy window)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from scalerepro.data import loaders, sources
+from scalerepro.parallel import pipeline_parallel
+from scalerepro.training.distributed import DistContext, all_reduce_sum
+
+
+@torch.no_grad()
+def evaluate(
+    module: torch.nn.Module,
+    pipeline: pipeline_parallel.Pipeline | None,
+    eval_source: sources.Source,
+    batch_size: int,
+    dp_size: int,
+    dp_rank: int,
+    ctx: DistContext,
+    channels_last: bool,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+) -> dict[str, float]:
+    """Loss and top-1 accuracy over ``eval_source`` (--eval-samples) at ``batch_size`` per
+    data-parallel rank, summed over ranks.
+
+    Runs the plain module (not the DDP or compiled wrapper): evaluation is not measured, and
+    this avoids recompiling for eval mode. Under --parallel pp the schedule's forward runs the
+    stages (``pipeline``).
+    """
+    device = ctx.device
+    module.eval()
+    # loss sum, correct, count; summed over all ranks, the ranks of a TP group adding the same
+    # figures each: every total is tp x the data-parallel one, and the ratios are unchanged
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    for inputs, targets in loaders.eval_batches(eval_source.to(device), batch_size, dp_size, dp_rank, device, channels_last):
+        with autocast():
+            # --parallel pp: the logits exist on the last stage, whose figures alone are counted
+            logits = module(*inputs) if pipeline is None else pipeline.forward_only(*inputs)
+        if logits is None:
+            continue
+        logits, targets = logits.flatten(0, -2).float(), targets.flatten()
+        totals[0] += F.cross_entropy(logits, targets, reduction="sum")
+        totals[1] += (logits.argmax(dim=-1) == targets).sum()
+        totals[2] += targets.numel()
+    all_reduce_sum(ctx, totals)
+    module.train()
+    loss_sum, correct, count = totals.tolist()
+    # eval_loss = sum of per-target losses / targets; eval_accuracy = correct / targets
+    return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count}

@@ -1,0 +1,168 @@
+"""The probes after training: exposed communication and the backward's DDP buckets, each timing the trainer's own step function.
+
+Both run after the measured window (no timed step carries a probe's hooks), on identical,
+pre-built batches (the loader is out of their timings), and take real optimizer steps inside
+``preserved_state``, which puts the run's final state back as training left it. They are handed
+what they need (``ProbedRun``: the step function, the run's state, its batches, its
+parallel form), never the trainer. Both are collectives when the run has several ranks: every
+rank must call them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_map
+
+from scalerepro.data import sources
+from scalerepro.telemetry import metrics
+from scalerepro.training import buckets, checkpoint
+from scalerepro.training.checkpointing import RunState
+from scalerepro.training.distributed import DistContext, all_reduce_max
+
+
+class StepFunction(Protocol):
+    """The trainer's one optimizer step (``Trainer._train_step``): one step over the micro-batches
+    it is given, returning the mean loss on the device."""
+
+    def __call__(
+        self,
+        micro_batches: Iterator[sources.Batch],
+        *,
+        sync_gradients: bool = True,
+        eager: bool = False,
+        step_scheduler: bool = True,
+        marks: buckets.PhaseRecorder | None = None,
+    ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class ProbedRun:
+    """What the probes need of the run they probe."""
+
+    step: StepFunction
+    state: RunState  # what the probe's steps change, restored afterwards (preserved_state)
+    batches: Callable[[int], list[list[sources.Batch]]]  # the micro-batches of up to n steps, held in memory
+    ctx: DistContext
+    ddp: DistributedDataParallel | None  # None on one process and when sharded
+    sharded_by: str | None  # the --parallel strategy whose mesh holds the model (fsdp, tp, fsdp+tp, pp); None under DDP
+    bucket_cap_mb: float
+    grad_accum_steps: int
+
+
+def exposed_not_measured(reason: str, fraction: float | None = None) -> dict[str, Any]:
+    """The record's ``exposed_communication`` where the probe did not time anything."""
+    return {"fraction": fraction, "sync_step_s": None, "nosync_step_s": None, "steps": 0, "reason": reason}
+
+
+@contextlib.contextmanager
+def preserved_state(state: RunState) -> Iterator[None]:
+    """Everything a step changes (model, optimizer, LR scheduler, loss scaler, this rank's
+    RNG states) as it was on entry, restored on exit: the probes after training take real
+    steps and must leave the run's final state as training left it."""
+    # the model's and the optimizer's copies go to host memory: on the GPU a second model and
+    # a second AdamW state (8 bytes a parameter: 10 GB for llama_1b) may not fit beside the
+    # run's own; load_state_dict moves the optimizer's back to each parameter's device
+    to_host = lambda value: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else copy.deepcopy(value)  # noqa: E731
+    saved = {
+        "model": {k: to_host(v) for k, v in state.module.state_dict().items()},
+        "optimizer": tree_map(to_host, state.optimizer.state_dict()),
+        "scheduler": copy.deepcopy(state.scheduler.state_dict()),
+        "scaler": copy.deepcopy(state.scaler.state_dict()),
+        "rng": checkpoint.rng_state(),
+    }
+    try:
+        yield
+    finally:
+        state.module.load_state_dict(saved["model"])
+        state.optimizer.load_state_dict(saved["optimizer"])
+        state.scheduler.load_state_dict(saved["scheduler"])
+        state.scaler.load_state_dict(saved["scaler"])
+        checkpoint.set_rng_state(saved["rng"])
+
+
+def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
+    """Exposed communication: the same steps timed with and without the gradient all-reduce.
+
+        exposed_fraction = (t_sync - t_nosync) / t_sync
+
+    with t the median step time over ``steps`` (``--comm-probe-steps``) steps on identical,
+    pre-built batches (so the loader is out of the picture), the two kinds of step interleaved,
+    the slowest rank's median taken for each. The steps leave the LR scheduler alone (OneCycleLR
+    refuses steps past the run's end); the run's state is restored afterwards.
+    """
+    if run.sharded_by is not None:  # the probe switches DDP's all-reduce off; FSDP has no such switch
+        return exposed_not_measured(f"not measured under --parallel {run.sharded_by}: the probe times DDP with and without no_sync")
+    if run.ddp is None or steps == 0:
+        reason = "single process: no gradient communication" if run.ddp is None else "--comm-probe-steps 0"
+        return exposed_not_measured(reason, 0.0 if run.ddp is None else None)
+    device = run.ctx.device
+    timers = {True: metrics.StepTimer(device), False: metrics.StepTimer(device)}
+    with preserved_state(run.state):
+        groups = run.batches(steps)  # inside: reading them may draw random numbers
+        # Interleaved, sync then no-sync on the same batch: a burst of load from elsewhere on
+        # the host or GPU falls on both modes alike, not on one mode's block of steps. The
+        # first pair is a warm-up.
+        for repeat in range(steps + 1):
+            for sync, timer in timers.items():
+                timer.start()
+                run.step(iter(groups[repeat % len(groups)]), sync_gradients=sync, step_scheduler=False)
+                timer.stop(0, measured=repeat > 0)
+        medians = [metrics.window_stats(timers[sync]).step_time_median_s for sync in (True, False)]
+        slowest = all_reduce_max(run.ctx, torch.tensor(medians, dtype=torch.float64, device=device)).tolist()
+    t_sync, t_nosync = slowest
+    return {
+        "fraction": max(t_sync - t_nosync, 0.0) / t_sync,
+        "sync_step_s": t_sync,
+        "nosync_step_s": t_nosync,
+        "steps": steps,
+        "reason": None,
+    }
+
+
+def backward_buckets(run: ProbedRun, steps: int) -> dict[str, Any]:
+    """Forward, backward (with each DDP bucket's ready time) and optimizer of this run's own
+    step, timed over ``steps`` (``--bucket-probe-steps``) steps after a warm-up step, eager and
+    without gradient synchronisation (scalerepro.training.buckets says why); the run's state is
+    restored afterwards."""
+    if steps == 0:
+        return buckets.not_measured("--bucket-probe-steps 0")
+    if run.sharded_by is not None:  # sharded: no DDP buckets to time
+        return buckets.not_measured(f"--parallel {run.sharded_by}: gradients are reduce-scattered per FSDP unit, not in DDP buckets")
+    module, optimizer, device = run.state.module, run.state.optimizer, run.ctx.device
+    params = [p for p in module.parameters() if p.requires_grad]  # DDP's parameter order
+    sizes = [p.numel() * p.element_size() for p in params]  # gradients have the parameter's dtype
+    recorder = buckets.PhaseRecorder(metrics.DeviceClock(device))
+    out_of_memory = None
+    with preserved_state(run.state):
+        groups = run.batches(steps + 1)  # inside: reading them may draw random numbers
+        try:
+            with recorder.watching(params):
+                for step in range(steps + 1):
+                    batches = iter(groups[step % len(groups)])
+                    run.step(batches, sync_gradients=False, eager=True, step_scheduler=False, marks=recorder)
+        except torch.OutOfMemoryError as error:
+            # The eager model can need more memory than the compiled one the run trained
+            # (llama_1b at 8 x 2048 on an H100: fp32 logits the compiled loss never holds).
+            # The run's figures are complete; the probe is not measured, and says why.
+            out_of_memory = ". ".join(str(error).split(". ")[:2])  # "CUDA out of memory. Tried to allocate 7.83 GiB"
+            optimizer.zero_grad(set_to_none=True)
+    # The probe's steps run no collective, so a rank out of memory cannot strand its peers;
+    # all learn here whether any rank ran out, and all leave the probe alike.
+    anywhere = all_reduce_max(run.ctx, torch.tensor([float(out_of_memory is not None)], device=device)).item()
+    if anywhere:
+        where = out_of_memory or "on another rank"
+        return buckets.not_measured(f"the eager probe steps ran out of device memory ({where}): lower --per-gpu-batch, or --bucket-probe-steps 0")
+    if len(recorder.ready_order) != len(params):
+        unused = len(params) - len(recorder.ready_order)
+        return buckets.not_measured(f"{unused} parameters got no gradient in the backward: DDP's bucket timing needs every parameter used")
+    layout, source = buckets.choose_layout(sizes, recorder.ready_order, run.bucket_cap_mb, run.ddp)
+    medians = torch.tensor(recorder.medians(layout), dtype=torch.float64, device=device)
+    slowest = all_reduce_max(run.ctx, medians).tolist()
+    return buckets.profile(slowest, layout, source, sizes, run.bucket_cap_mb, steps, run.grad_accum_steps)
