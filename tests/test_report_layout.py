@@ -233,6 +233,10 @@ def test_a_cpu_study_counts_ranks_in_headers_titles_and_axes(cpu_study, tmp_path
     assert not [h for h in shown if "GPU" in h], shown
     assert "Throughput vs ranks" in text_of(results_own(page)) and "all ranks" in text_of(results_own(page))
     assert re.search(r"used [\d.]+ rank-hours \(", text_of(section(page, "cost")))
+    # the headline's configurations too: a batch per rank (the README study's said "batch 8/GPU")
+    summary = text_of(section(page, "summary"))
+    assert re.search(r"batch [\d,]+/rank", summary) and not re.search(r"batch [\d,]+/GPU", summary)
+    assert "the rank count" in text_of(results_own(page)) and not re.search(r"GPU count|per-GPU", text_of(results_own(page)))
     figure = plots.throughput_vs_gpus(plots.read_tables(tables))
     assert figure.axes[0].get_xlabel() == "ranks" and "all ranks" in figure.axes[0].get_ylabel()
     # a GPU study keeps its GPUs

@@ -110,13 +110,14 @@ def throughput_unit(tokens_per_s: Any, tokens_per_sample: Any) -> str:
     return "samples/s"
 
 
-def describe_config(row: Mapping[str, Any]) -> str:
-    """Study · variant · precision · batch/GPU · bucket · data, as far as the row says."""
+def describe_config(row: Mapping[str, Any], worker: str = "GPU") -> str:
+    """Study · variant · precision · batch per ``worker`` (GPU, or rank on a CPU) · bucket · data,
+    as far as the row says."""
     parts = [str(row[key]) for key in ("study", "variant") if _value(row.get(key)) is not None]
     if _value(row.get("precision")) is not None:
         parts.append(precision_words(row["precision"]))
     if finite_number(row.get("per_gpu_batch")) is not None:
-        parts.append(f"batch {round(finite_number(row['per_gpu_batch'])):,}/GPU")
+        parts.append(f"batch {round(finite_number(row['per_gpu_batch'])):,}/{worker}")
     # DDP's gradient buckets only exist where gradients are all-reduced: one GPU has none
     if finite_number(row.get("bucket_cap_mb")) is not None and (finite_number(row.get("gpus")) or 2) > 1:
         parts.append(f"bucket {finite_number(row['bucket_cap_mb']):g} MB")
@@ -254,7 +255,7 @@ def _fastest(cells: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
     memory, capacity = finite_number(top.get("peak_memory_bytes")), device.get("memory_bytes")
     return {
         **top,
-        "config": describe_config(top),
+        "config": describe_config(top, "rank" if device["cpu"] else "GPU"),
         "unit": throughput_unit(top.get("tokens_per_s"), top.get("tokens_per_sample")),
         "mfu_peak": mfu_peak(top.get("peak_flops_per_device"), top.get("peak_flops_source")) if top.get("mfu") is not None else None,
         "device": device,

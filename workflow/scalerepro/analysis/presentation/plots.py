@@ -384,7 +384,7 @@ def energy_per_sample(t: Tables) -> Figure:
 def busbw_vs_size(t: Tables) -> Figure:
     comm = t["communication"].dropna(subset=["busbw_gbps"]).sort_values(["gpus", "size_bytes"])
     if comm.empty:
-        raise NotMeasured("no all-reduce benchmark (no multi-GPU count, or the communication benchmark is disabled)")
+        raise NotMeasured("no all-reduce benchmark (no count of more than one GPU or rank, or the communication benchmark is disabled)")
     comm = comm[comm["gpus"] > 1]
     if comm.empty:  # one rank: busbw = algbw x 2(N-1)/N = 0, nothing crossed a link
         raise NotMeasured("only a 1-GPU all-reduce was measured: with one rank no byte crosses a link, its bus bandwidth is 0 by definition")
