@@ -32,6 +32,7 @@ import pandas as pd
 import yaml
 
 from scalerepro.analysis.values import plain
+from scalerepro.common.cli import CommandError
 from scalerepro.common.terminal import strip_terminal_escapes
 
 NOT_MEASURED = "not measured: "  # how a placeholder's description begins
@@ -180,3 +181,13 @@ def load_figure(plots_dir: Path | None, name: str) -> Figure:
         problems.append(f"neither {name}.svg nor {name}.png is in {plots_dir}")
     return Figure(name, None, None, "; ".join(problems))
 
+
+def require_aggregation(tables: Path, runs: bool = True) -> None:
+    """Refuse a tables folder the aggregation did not write (``runs``: its runs.csv is needed, as
+    every figure and section of a study is; the store's figures alone read other tables): figures
+    and a report from no tables would read as a study that measured nothing, and exit 0 (issue 37)."""
+    if not tables.is_dir():
+        raise CommandError(f"--tables {tables}: no such folder: give the aggregation's output (results/tables)")
+    if runs and not (tables / "runs.csv").is_file():
+        raise CommandError(f"--tables {tables}: no runs.csv there, so nothing was aggregated: run the aggregate rule "
+                           "(python -m scalerepro.analysis.tables.aggregate ... --out this folder) first")  # fmt: skip

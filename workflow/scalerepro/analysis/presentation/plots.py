@@ -30,7 +30,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 
 from scalerepro.analysis import columns
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
-from scalerepro.analysis.presentation.inputs import placeholder_metadata
+from scalerepro.analysis.presentation.inputs import placeholder_metadata, require_aggregation
 from scalerepro.analysis.tables import scaling_model
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
 
@@ -639,6 +639,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     every = {**FIGURE_DRAWERS, **STORE_FIGURES}
     figures = {name: every[name] for name in args.only} if args.only else FIGURE_DRAWERS
+    require_aggregation(args.tables, runs=any(name in FIGURE_DRAWERS for name in figures))
     for name, outcome in draw(read_tables(args.tables), args.out, figures).items():
         print(f"plots: {name}: {outcome}", file=sys.stderr)
     return 0

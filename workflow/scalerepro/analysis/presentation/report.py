@@ -37,7 +37,7 @@ from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAUL
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
 from scalerepro.analysis.presentation.formatting import MISSING, TEMPLATE_FILTERS, TEMPLATE_GLOBALS, fmt_int, fmt_text, is_missing, label, truthy
 from scalerepro.analysis.presentation.headline import headline_section, mfu_columns, study_identity
-from scalerepro.analysis.presentation.inputs import Row, load_figure, read_json, read_table, read_yaml, readable_inventory, rows
+from scalerepro.analysis.presentation.inputs import Row, load_figure, read_json, read_table, read_yaml, readable_inventory, require_aggregation, rows
 from scalerepro.analysis.presentation.inventory_view import describe_inventory
 from scalerepro.analysis.presentation.profiling_view import profiled_run
 from scalerepro.analysis.presentation.scaling_model_view import scaling_model_section
@@ -498,6 +498,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--history", type=Path, help="history.csv of the results store (scalerepro.analysis.history.store)")
     parser.add_argument("--versus-baseline", nargs=2, type=Path, metavar=("CSV", "JSON"), help="the compare rule's table and facts")
     args = parser.parse_args(argv)
+    require_aggregation(args.tables)
     versus = args.versus_baseline or (None, None)
     html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates, args.out.parent,
                   args.history, *versus)  # fmt: skip

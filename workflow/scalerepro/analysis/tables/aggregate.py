@@ -156,7 +156,7 @@ from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, p
 from scalerepro.analysis.tables.checking import checks_table, cpu_study, parse_checks
 from scalerepro.analysis.tables.readers import communication_table, read_matrix, read_runs
 from scalerepro.analysis.tables.reproduction import comparison_table, read_references, read_target_gpu
-from scalerepro.common.cli import OneLineErrorParser, error_boundary
+from scalerepro.common.cli import OneLineErrorParser, bounded_int, error_boundary
 from scalerepro.common.files import write_text_atomically
 
 
@@ -260,7 +260,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=Path, help="directory for the CSV tables and summary.json")
     parser.add_argument("--targets", default={}, type=_targets, metavar="JSON", help="the config's targets mapping")
     parser.add_argument(
-        "--predict-gpus", nargs="*", type=int, default=list(scaling_model.DEFAULT_PREDICT_GPUS), metavar="N",
+        "--predict-gpus", nargs="*", type=bounded_int(1, 1_000_000), default=list(scaling_model.DEFAULT_PREDICT_GPUS), metavar="N",
         help="GPU counts the scaling model predicts beyond the study's hardware (links from --references)",
     )  # fmt: skip
     parser.add_argument(
