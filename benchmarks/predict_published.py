@@ -23,11 +23,23 @@ config/references.yaml and config/references.md, read here by id):
 Then ``scaling_model.simulate_step`` (DDP) or ``simulate_fsdp_step`` (FSDP) on the preset's
 hierarchical network (``network_model``) at each published count. Nothing is fitted to the rows
 being predicted.
+
+Where a series changes the per-GPU batch between counts (MLPerf's ResNet-50 holds its global batch:
+400 images a GPU at 8 GPUs, 50 at 64), the compute at the new batch comes from a measured step-time
+curve over the batch on the series' GPU (``scaling_model.BatchCurve``; ``--batch-curve``, by default
+the newest ``benchmarks/gpu/h100-*/batch_curve.json`` that ``benchmarks/gpu/batch_curve.py`` wrote on
+an H100). Without one, the compute is taken as proportional to the batch and the row says that the
+curve is missing: a CPU's curve says nothing of an H100's fixed per-step cost.
+
+Beside each prediction the benchmark prints what plain ideal scaling gives from the same one-node
+figure (N / N0 times it, per-GPU figures unchanged) and its error: a model is worth what it
+predicts beyond that.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -72,6 +84,7 @@ class Series:
     hbm_peaks: str  # gpu_peaks key: the optimizer's memory bandwidth
     parallel: Literal["ddp", "fsdp"] = "ddp"
     note: str = ""
+    curve_gpu: str = "H100"  # the GPU whose batch curve a change of per-GPU batch needs
 
 
 SERIES = (
@@ -193,7 +206,22 @@ def fsdp_units(series: Series) -> int:
     return len(model.layers)
 
 
-def predict_series(series: Series, references: dict[str, dict], presets, probe: CpuProfile | None) -> list[dict]:
+def read_batch_curve(path: Path | None, model: str, gpu: str) -> scaling_model.BatchCurve | None:
+    """The curve of ``batch_curve.json`` (benchmarks/gpu/batch_curve.py) when it is of ``model`` on
+    ``gpu``; None otherwise. Without a path, the newest kept one under benchmarks/gpu/."""
+    candidates = [path] if path is not None else sorted(REPO.glob("benchmarks/gpu/*/batch_curve.json"), reverse=True)
+    for candidate in candidates:
+        document = json.loads(candidate.read_text())
+        if document.get("model") == model and gpu in str(document.get("device")):
+            rows = document["rows"]
+            where = f"{candidate.relative_to(REPO) if candidate.is_relative_to(REPO) else candidate}, {document['device']}"
+            return scaling_model.BatchCurve.fit([r["batch"] for r in rows], [r["step_s_median"] for r in rows], where)
+    return None
+
+
+def predict_series(
+    series: Series, references: dict[str, dict], presets, probe: CpuProfile | None, curve: scaling_model.BatchCurve | None = None
+) -> list[dict]:
     cluster = presets[series.cluster]
     refs = [references[i] for i in series.reference_ids]
     base = refs[0]
@@ -240,12 +268,24 @@ def predict_series(series: Series, references: dict[str, dict], presets, probe: 
     for reference in refs:
         m, a = micro(reference)
         network = cluster.network(reference["gpus"])
-        prediction = simulate(fitted, reference["gpus"], m / m0, a)
+        # c: proportional to the micro-batch, or the measured curve's ratio where the batch changes
+        scale, input_note = m / m0, ""
+        if m != m0:
+            if curve is not None:
+                scale, input_note = curve.compute_scale(m, m0, 0.0), f"batch curve {curve.describe()}"
+            else:
+                input_note = (f"needs the {series.curve_gpu} batch curve of {series.model} (benchmarks/gpu/batch_curve.py on an "
+                              f"{series.curve_gpu}, GPU issue 38): compute taken as proportional to the batch, {m0} -> {m}")  # fmt: skip
+        prediction = simulate(fitted, reference["gpus"], scale, a)
         predicted = _figure(reference, prediction.step_s)
+        # plain ideal scaling from the one-node figure: per-GPU figures unchanged, totals x N / N0
+        ideal = base["value"] if reference["metric"] == "tokens_per_s_per_gpu" else base["value"] * reference["gpus"] / base["gpus"]
         rows.append({
             "source": series.label, "model": series.model if series.shape == ModelShape() else "bert_large",
             "gpus": reference["gpus"], "nodes": network.nodes, "published": reference["value"], "predicted": predicted,
             "error": predicted / reference["value"] - 1, "given": reference is base,
+            "ideal": ideal, "ideal_error": ideal / reference["value"] - 1, "efficiency": reference["value"] / ideal,
+            "input_note": input_note,
             "exposed_ms": prediction.exposed_comm_s * 1e3, "step_ms": prediction.step_s * 1e3,
             "metric": "tok/s/GPU" if reference["metric"] == "tokens_per_s_per_gpu" else "samples/s",
         })  # fmt: skip
@@ -256,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--resnet-batch", type=int, default=2, help="ResNet-50 CPU probe batch (default 2)")
     parser.add_argument("--bert-batch", type=int, default=1, help="BERT-large CPU probe batch at seq 128 (default 1)")
+    parser.add_argument("--batch-curve", type=Path, help="batch_curve.json of ResNet-50 on an H100 (default: the newest kept one)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -266,17 +307,32 @@ def main(argv: list[str] | None = None) -> int:
         "resnet50": cpu_profile("resnet50", ModelShape(), args.resnet_batch),
         "bert_base": cpu_profile("bert_base", BERT_LARGE, args.bert_batch),
     }
-    rows = [row for series in SERIES for row in predict_series(series, references, presets, probes.get(series.model))]
-    print(f"{'source':<29} {'model':<10} {'GPUs':>5} {'nodes':>5} {'published':>10} {'predicted':>10} {'pred/pub-1':>10}  metric, exposed comm")
-    print("-" * 110)
+    curve = read_batch_curve(args.batch_curve, "resnet50", "H100")
+    rows = [row for series in SERIES for row in predict_series(series, references, presets, probes.get(series.model), curve)]
+    print(f"{'source':<29} {'model':<10} {'GPUs':>5} {'nodes':>5} {'published':>10} {'E pub':>6} {'predicted':>10} "
+          f"{'pred/pub-1':>10} {'ideal':>10} {'ideal/pub-1':>11}  metric, exposed comm")  # fmt: skip
+    print("-" * 140)
     for row in rows:
         error = "(given)" if row["given"] else f"{row['error']:+.1%}"
+        ideal_error = "" if row["given"] else f"{row['ideal_error']:+.1%}"
         print(f"{row['source']:<29} {row['model']:<10} {row['gpus']:>5} {row['nodes']:>5} {row['published']:>10,.0f} "
-              f"{row['predicted']:>10,.0f} {error:>10}  {row['metric']}, {row['exposed_ms']:.2f} of {row['step_ms']:.1f} ms")  # fmt: skip
-    predicted = [abs(row["error"]) for row in rows if not row["given"]]
+              f"{row['efficiency']:>6.3f} {row['predicted']:>10,.0f} {error:>10} {row['ideal']:>10,.0f} {ideal_error:>11}  "
+              f"{row['metric']}, {row['exposed_ms']:.2f} of {row['step_ms']:.1f} ms")  # fmt: skip
+        if row["input_note"]:
+            print(f"{'':<36}^ {row['input_note']}")
+    scored = [row for row in rows if not row["given"]]
+    predicted = [abs(row["error"]) for row in scored]
     within = sum(e <= 0.10 for e in predicted)
     print(f"\npredicted rows: {len(predicted)}; |pred/pub - 1|: median {statistics.median(predicted):.1%}, "
           f"largest {max(predicted):.1%}; within 10 %: {within} of {len(predicted)}")  # fmt: skip
+    # where the published efficiency falls, the model must beat ideal scaling: under half its error
+    bends = [row for row in scored if row["efficiency"] < 0.93]
+    beaten = sum(abs(row["error"]) < abs(row["ideal_error"]) / 2 for row in bends)
+    print(f"rows with published efficiency below 0.93: {len(bends)}; model error under half of ideal scaling's on {beaten}: "
+          + "; ".join(f"{row['source']} {row['gpus']}: model {row['error']:+.1%}, ideal {row['ideal_error']:+.1%}" for row in bends))
+    print("per series, median |error| of the model against ideal scaling's: " + "; ".join(
+        f"{label} {statistics.median(abs(r['error']) for r in group):.1%} vs {statistics.median(abs(r['ideal_error']) for r in group):.1%}"
+        for label in dict.fromkeys(r["source"] for r in scored) for group in [[r for r in scored if r["source"] == label]]))
     for name, probe in probes.items():
         shown = "bert_large" if name == "bert_base" else name
         print(f"CPU probe {shown}: {probe.parameters / 1e6:.1f} M parameters, forward {probe.forward_s:.2f} s, backward "

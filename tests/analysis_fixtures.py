@@ -149,6 +149,9 @@ def make_record(
             "fraction": exposed_comm,
             "sync_step_s": step_s if world_size > 1 else None,
             "nosync_step_s": step_s * (1 - exposed_comm) if world_size > 1 else None,
+            # the slowest rank's no-sync step = the typical rank's + the wait for the slowest
+            "nosync_rank_mean_s": 0.98 * step_s * (1 - exposed_comm) if world_size > 1 else None,
+            "straggler_wait_s": 0.02 * step_s * (1 - exposed_comm) if world_size > 1 else None,
             "steps": 8 if world_size > 1 else 0,
             "reason": None if world_size > 1 else "single process: no gradient communication",
         },

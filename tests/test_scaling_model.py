@@ -182,7 +182,7 @@ def test_table_puts_prediction_beside_measurement_and_predicts_beyond(tmp_path):
         "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)],
     }  # fmt: skip
     s.add("strong", 1, 1, per_gpu_batch=32, record=validate(one))
-    s.add("strong", 2, 1, per_gpu_batch=16, samples_per_s=32 / 15e-3)
+    s.add("strong", 2, 1, per_gpu_batch=16, record=_without_probe(make_record("strong_resnet50_g2_r1", per_gpu_batch=16, world_size=2, samples_per_s=32 / 15e-3)))
     # 2-GPU benchmark of the RING network above: t = S / 1 GB/s
     comm = write_comm(tmp_path / "g2.json", 2, 1, {s: s / 1e9 * 1e6 for s in (1 << 20, 1 << 24)})
     references = tmp_path / "references.yaml"
@@ -205,6 +205,16 @@ def test_table_puts_prediction_beside_measurement_and_predicts_beyond(tmp_path):
     tables = aggregate.aggregate(s.write_matrix(), [comm], _without_clusters(tmp_path), {}, predict_gpus=[2, 4, 8])
     table = tables["scaling_model"].set_index("gpus")
     assert "InfiniBand" in table.loc[4, "network"] and table.loc[4, "nodes"] == 2 and pd.isna(table.loc[4, "cluster"])
+
+
+def _without_probe(record: dict) -> dict:
+    """A multi-rank record whose communication probe did not run (--comm-probe-steps 0): the model
+    then has no compute inflation or bandwidth under load to apply, and replays the one-GPU step
+    as it is (the tests of the replay itself; tests/test_loss_decomposition.py tests those two)."""
+    record["measurements"]["exposed_communication"].update(
+        fraction=None, sync_step_s=None, nosync_step_s=None, nosync_rank_mean_s=None, straggler_wait_s=None, steps=0,
+        reason="--comm-probe-steps 0")  # fmt: skip
+    return validate(record)
 
 
 def _without_clusters(tmp_path) -> Path:
@@ -230,8 +240,9 @@ def _strong_study(tmp_path, gpus_per_node: int, global_batch: int, micro_1: int,
     }  # fmt: skip
     one["measurements"]["step_time_s"]["median"] = 18e-3 + (accum_1 - 1) * 16e-3  # other 1 ms: t(1) = 1 + A(6 + 10) + 1
     s.add("strong", 1, 1, per_gpu_batch=micro_1, grad_accum_steps=accum_1, record=validate(one))
-    s.add("strong", 2, 1, per_gpu_batch=global_batch // 2 // max(1, accum_1 // 2), grad_accum_steps=max(1, accum_1 // 2),
-          samples_per_s=global_batch / 30e-3)  # fmt: skip
+    micro_2 = global_batch // 2 // max(1, accum_1 // 2)
+    two = make_record("strong_resnet50_g2_r1", per_gpu_batch=micro_2, world_size=2, samples_per_s=global_batch / 30e-3)
+    s.add("strong", 2, 1, per_gpu_batch=micro_2, grad_accum_steps=max(1, accum_1 // 2), record=_without_probe(two))
     matrix = pd.read_csv(s.write_matrix())
     matrix["global_batch"] = global_batch  # the same at every N (scaling.strong.global_batch)
     matrix["gpus_per_node"] = gpus_per_node

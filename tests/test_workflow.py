@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from scalerepro.analysis.presentation.figures import FIGURE_NAMES
 from cifar_archive import Batch, official_files, write_archive
 from conftest import REPO, clean_env, learnable_cifar_split, load_record
 
@@ -318,7 +319,7 @@ def test_the_study_report_in_headless_chromium(study, tmp_path):
         browser.close()
     # every figure is drawn or, with nothing to draw, one line saying why (class "plot not-drawn")
     not_drawn = (study / "results/report/index.html").read_text().count('class="plot not-drawn"')
-    assert len(found["images"]) + not_drawn == 12 and len(found["images"]) >= 6 and not found["broken_images"], found["images"]
+    assert len(found["images"]) + not_drawn == len(FIGURE_NAMES) and len(found["images"]) >= 6 and not found["broken_images"], found["images"]
     assert not found["errors"] and not found["foreign_requests"], found
     print(f"\nscreenshot of the CI study's report: {shot}")
 

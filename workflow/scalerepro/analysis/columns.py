@@ -19,7 +19,7 @@ from __future__ import annotations
 # outputs, what a bundle must hold.
 AGGREGATE_TABLES = (
     "runs", "epochs", "loss_log", "scaling", "sensitivity", "ablation", "parallelism", "communication", "comparison",
-    "checks", "cost", "scaling_model",
+    "checks", "cost", "scaling_model", "loss_decomposition",
 )  # fmt: skip
 MATRIX_COLUMNS = (
     "run_id", "study", "model", "gpus", "nodes", "gpus_per_node", "repeat", "variant", "precision", "per_gpu_batch",
@@ -43,6 +43,13 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "mfu": ("measurements", "mfu"),
     "exposed_comm_fraction": ("measurements", "exposed_communication", "fraction"),
     "data_stall_fraction": ("measurements", "data_stall_fraction"),
+    # the loss against ideal, part by part (scalerepro.analysis.tables.loss_decomposition)
+    "measured_steps": ("measurements", "measured_steps"),
+    "data_wait_s": ("measurements", "data_wait_s"),
+    "sync_step_s": ("measurements", "exposed_communication", "sync_step_s"),
+    "nosync_step_s": ("measurements", "exposed_communication", "nosync_step_s"),
+    "nosync_rank_mean_s": ("measurements", "exposed_communication", "nosync_rank_mean_s"),
+    "straggler_wait_s": ("measurements", "exposed_communication", "straggler_wait_s"),
     "gpu_util_mean_pct": ("measurements", "nvml", "gpu_util_mean_pct"),
     "power_mean_w": ("measurements", "nvml", "power_mean_w"),
     "energy_j": ("measurements", "nvml", "energy_j"),
@@ -96,7 +103,8 @@ RECORD_COLUMNS = (
 RUN_COLUMNS = (
     *MATRIX_COLUMNS, *OPTIONAL_MATRIX_COLUMNS, "status", "error", "stop_signal", "consistent", "counts", "samples_per_s",
     "tokens_per_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "epoch_time_s", "window_s", "mfu",
-    "exposed_comm_fraction", "data_stall_fraction", "gpu_util_mean_pct", "power_mean_w", "energy_j",
+    "exposed_comm_fraction", "data_stall_fraction", "measured_steps", "data_wait_s", "sync_step_s", "nosync_step_s",
+    "nosync_rank_mean_s", "straggler_wait_s", "gpu_util_mean_pct", "power_mean_w", "energy_j",
     "energy_per_sample_j", "energy_per_sample_net_j", "idle_power_w", "nvml_reason", "peak_memory_bytes",
     "peak_memory_kind", "final_train_loss", "final_eval_loss", "final_eval_accuracy", "duration_s", "device_type",
     "device_name", "world_size_recorded", "nodes_recorded", "scheduler_job_id", "git_commit", "git_dirty",

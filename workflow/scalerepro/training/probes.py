@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map
@@ -24,7 +25,7 @@ from scalerepro.data import sources
 from scalerepro.telemetry import metrics
 from scalerepro.training import buckets, checkpoint
 from scalerepro.training.checkpointing import RunState
-from scalerepro.training.distributed import DistContext, all_reduce_max
+from scalerepro.training.distributed import DistContext, all_reduce_max, barrier, gather_objects
 
 
 class StepFunction(Protocol):
@@ -58,7 +59,10 @@ class ProbedRun:
 
 def exposed_not_measured(reason: str, fraction: float | None = None) -> dict[str, Any]:
     """The record's ``exposed_communication`` where the probe did not time anything."""
-    return {"fraction": fraction, "sync_step_s": None, "nosync_step_s": None, "steps": 0, "reason": reason}
+    return {
+        "fraction": fraction, "sync_step_s": None, "nosync_step_s": None, "nosync_rank_mean_s": None,
+        "straggler_wait_s": None, "steps": 0, "reason": reason,
+    }  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -88,14 +92,23 @@ def preserved_state(state: RunState) -> Iterator[None]:
 
 
 def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
-    """Exposed communication: the same steps timed with and without the gradient all-reduce.
+    """Exposed communication and the wait for the slowest rank: the same steps timed with and
+    without the gradient all-reduce, on identical, pre-built batches (the loader is out of the
+    picture), the two kinds of step interleaved. Every rank's step times are gathered; with
+    t_r,i rank r's time of step i and med_i the median over the probe's ``steps``
+    (``--comm-probe-steps``) steps:
 
-        exposed_fraction = (t_sync - t_nosync) / t_sync
+        sync_step_s          = med_i max_r t_r,i(sync)        (every rank leaves the all-reduce together)
+        nosync_step_s        = max_r med_i t_r,i(no sync)     (the slowest rank's median, as before)
+        nosync_rank_mean_s   = med_i mean_r t_r,i(no sync)    (the typical rank's compute alone)
+        straggler_wait_s     = med_i (max_r - mean_r) t_r,i(no sync)
+                               (what a typical rank waits at a synchronisation for the slowest: the
+                               ranks' steps without sync are independent draws, so the spread of one
+                               step over the ranks is the wait the all-reduce imposes)
+        exposed_fraction     = (sync_step_s - nosync_step_s) / sync_step_s
 
-    with t the median step time over ``steps`` (``--comm-probe-steps``) steps on identical,
-    pre-built batches (so the loader is out of the picture), the two kinds of step interleaved,
-    the slowest rank's median taken for each. The steps leave the LR scheduler alone (OneCycleLR
-    refuses steps past the run's end); the run's state is restored afterwards.
+    The steps leave the LR scheduler alone (OneCycleLR refuses steps past the run's end); the
+    run's state is restored afterwards.
     """
     if run.sharded_by is not None:  # the probe switches DDP's all-reduce off; FSDP has no such switch
         return exposed_not_measured(f"not measured under --parallel {run.sharded_by}: the probe times DDP with and without no_sync")
@@ -108,19 +121,28 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
         groups = run.batches(steps)  # inside: reading them may draw random numbers
         # Interleaved, sync then no-sync on the same batch: a burst of load from elsewhere on
         # the host or GPU falls on both modes alike, not on one mode's block of steps. The
-        # first pair is a warm-up.
+        # first pair is a warm-up. Every step starts from a barrier, outside its time: a no-sync
+        # step lets the ranks drift apart, and the sync step after it would otherwise count that
+        # drift (the last step's straggler) as its own communication.
         for repeat in range(steps + 1):
             for sync, timer in timers.items():
+                barrier(run.ctx)
                 timer.start()
                 run.step(iter(groups[repeat % len(groups)]), sync_gradients=sync, step_scheduler=False)
                 timer.stop(0, measured=repeat > 0)
-        medians = [metrics.window_stats(timers[sync]).step_time_median_s for sync in (True, False)]
-        slowest = all_reduce_max(run.ctx, torch.tensor(medians, dtype=torch.float64, device=device)).tolist()
-    t_sync, t_nosync = slowest
+        # rank -> mode -> the measured steps' seconds (the first pair, a warm-up, left out)
+        mine = {sync: timers[sync].durations_s()[1:] for sync in (True, False)}
+    ranks = gather_objects(run.ctx, mine)
+    sync_steps = np.array([rank[True] for rank in ranks])  # ranks x steps
+    nosync_steps = np.array([rank[False] for rank in ranks])
+    t_sync = float(np.median(sync_steps.max(axis=0)))
+    t_nosync = float(np.median(nosync_steps, axis=1).max())
     return {
         "fraction": max(t_sync - t_nosync, 0.0) / t_sync,
         "sync_step_s": t_sync,
         "nosync_step_s": t_nosync,
+        "nosync_rank_mean_s": float(np.median(nosync_steps.mean(axis=0))),
+        "straggler_wait_s": float(np.median(nosync_steps.max(axis=0) - nosync_steps.mean(axis=0))),
         "steps": steps,
         "reason": None,
     }

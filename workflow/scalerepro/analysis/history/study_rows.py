@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from scalerepro.analysis.history.store_file import RUN_TYPES, STORED_RUN_COLUMNS, STUDY_TYPES, StoreError
 from scalerepro.analysis.tables import cell_tables, readers
 from scalerepro.analysis.values import plain

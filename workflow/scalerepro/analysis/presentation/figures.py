@@ -10,6 +10,7 @@ and pandas need not be installed.
 FIGURE_NAMES = (
     "throughput_vs_gpus",
     "efficiency_vs_gpus",
+    "loss_waterfall",
     "weak_epoch_time",
     "sensitivity_heatmap",
     "ablation_gain",

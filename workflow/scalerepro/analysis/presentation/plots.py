@@ -31,7 +31,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 from scalerepro.analysis import columns
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
 from scalerepro.analysis.presentation.inputs import placeholder_metadata, require_aggregation
-from scalerepro.analysis.tables import scaling_model
+from scalerepro.analysis.tables import loss_decomposition, scaling_model
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
 
 Tables = Mapping[str, pd.DataFrame]
@@ -49,6 +49,7 @@ COLUMNS = {
     "profiling": columns.PROFILING_COLUMNS,
     "profiling_roofline": columns.ROOFLINE_COLUMNS,
     "scaling_model": scaling_model.SCALING_MODEL_COLUMNS,
+    "loss_decomposition": loss_decomposition.LOSS_DECOMPOSITION_COLUMNS,
     "history": columns.HISTORY_COLUMNS,
     "versus_baseline": columns.VERSUS_COLUMNS,
 }
@@ -510,6 +511,58 @@ def predicted_vs_measured_efficiency(t: Tables) -> Figure:
         ax.set_title(f"{study} scaling")
     _legend_below(fig, axes)
     fig.suptitle("Scaling efficiency: measured vs the alpha-beta model's prediction")
+    return fig
+
+
+WATERFALL_STEPS = (
+    ("compute_inflation", "compute\ninflation"), ("exposed_comm", "exposed\ncomm"), ("straggler_wait", "straggler\nwait"),
+    ("data_stall", "data\nstall"), ("unexplained", "unex-\nplained"),
+)  # fmt: skip
+
+
+def loss_waterfall(t: Tables) -> Figure:
+    """Per multi-rank cell, from the ideal step to the measured one in % of the measured step: each
+    measured part of the loss (loss_decomposition.csv) stacked on the last, with the 95 % interval
+    of its median over repeats; the largest named part is the bottleneck."""
+    table = t["loss_decomposition"].dropna(subset=["compute_inflation"])
+    if table.empty:
+        notes = "; ".join(sorted(set(t["loss_decomposition"]["note"].dropna()))) or "no multi-rank strong or weak cell completed"
+        raise NotMeasured(f"no loss split into parts ({notes})")
+    table = table.sort_values(["study", "model", "gpus"])
+    columns = min(len(table), 3)
+    rows_n = -(-len(table) // columns)
+    fig, axes = plt.subplots(rows_n, columns, figsize=(5.4 * columns, 4.4 * rows_n), squeeze=False, layout="constrained")
+    device = _device(t)
+    colours = dict(zip([key for key, _ in WATERFALL_STEPS], sns.color_palette("deep")[1:6]))
+    for ax, row in zip(axes.flat, table.itertuples()):
+        ideal = 100 * row.ideal_step_s / row.step_s  # the ideal step in % of the measured one
+        labels, level = ["ideal"], ideal
+        ax.bar(0, ideal, color="0.75")
+        ax.text(0, ideal, f"{ideal:.0f}", ha="center", va="bottom", fontsize="small")
+        for x, (key, label) in enumerate(WATERFALL_STEPS, start=1):
+            height = 100 * (1 - row.ideal_step_s / row.step_s - sum(getattr(row, k) for k, _ in WATERFALL_STEPS[:-1])) if key == "unexplained" else 100 * getattr(row, key)
+            bottom = level if height >= 0 else level + height
+            ax.bar(x, abs(height), bottom=bottom, color=colours[key], hatch="//" if key == "unexplained" else None, edgecolor="white")
+            low, high = getattr(row, f"{key}_ci_low"), getattr(row, f"{key}_ci_high")
+            top = max(level, level + height)
+            if np.isfinite(low) and np.isfinite(high):  # the part's interval over repeats, at its top
+                below, above = 100 * max(getattr(row, key) - low, 0), 100 * max(high - getattr(row, key), 0)
+                ax.errorbar(x, level + height, yerr=[[below], [above]], color="0.2", capsize=3, lw=1)
+                top = max(top, level + height + above)
+            ax.text(x, top + 1, f"{height:+.0f}", ha="center", va="bottom", fontsize="small")
+            level += height
+            labels.append(label)
+        ax.bar(len(labels), 100, color="0.35")
+        labels.append("measured")
+        ax.set_xticks(range(len(labels)), labels, fontsize="x-small")
+        ax.set_ylim(0, 120)
+        ax.set_ylabel("% of the measured step")
+        bottleneck = str(row.bottleneck).split(":")[0] if isinstance(row.bottleneck, str) else "no named part"
+        ax.set_title(f"{row.model}, {row.study}, {_count(row.gpus, device)} (n={row.repeats:g})\n"
+                     f"E = {row.efficiency:.0%}; {bottleneck}", fontsize="medium")  # fmt: skip
+    for ax in list(axes.flat)[len(table):]:
+        ax.set_axis_off()
+    fig.suptitle("Why not faster: from the ideal step to the measured one, part by part")
     return fig
 
 

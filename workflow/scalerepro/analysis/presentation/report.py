@@ -39,6 +39,7 @@ from scalerepro.analysis.presentation.formatting import MISSING, TEMPLATE_FILTER
 from scalerepro.analysis.presentation.headline import headline_section, mfu_columns, study_identity
 from scalerepro.analysis.presentation.inputs import Row, load_figure, read_json, read_table, read_yaml, readable_inventory, require_aggregation, rows
 from scalerepro.analysis.presentation.inventory_view import describe_inventory
+from scalerepro.analysis.presentation.loss_view import loss_rows
 from scalerepro.analysis.presentation.profiling_view import profiled_run
 from scalerepro.analysis.presentation.scaling_model_view import scaling_model_section
 from scalerepro.analysis.tables import nearest_published
@@ -59,7 +60,7 @@ SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("summary", "Summary", ()),
     ("system", "The system", ()),
     ("results", "Results", (
-        ("scaling", "Scaling"), ("sensitivity", "Sensitivity"), ("ablation", "Ablation"),
+        ("scaling", "Scaling"), ("why-not-faster", "Why not faster"), ("sensitivity", "Sensitivity"), ("ablation", "Ablation"),
         ("parallelism", "Parallelism strategies"), ("communication", "Communication"), ("convergence", "Loss and accuracy"), ("energy", "Power and energy"),
         ("per-run", "Per-run measurements"), ("scaling-model", "Scaling model"), ("profiling", "Profiling"),
     )),
@@ -423,6 +424,7 @@ def build_context(
         "parallelism_why_empty": parallelism_why_empty(config, empty["parallelism"]),
         "communication": rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
         "comparison": rows(tables["comparison"], ("model", "gpus", "metric", "reference")),
+        "loss_view": loss_rows(rows(tables["loss_decomposition"], ("study", "model", "gpus"))),
         "scaling_model": rows(tables["scaling_model"], ("study", "model", "gpus")),
         "scaling_model_view": scaling_model_section(rows(tables["scaling_model"], ("study", "model", "gpus")), runs, empty["scaling_model"]),
         "links": (references_doc.get("links") or {}),

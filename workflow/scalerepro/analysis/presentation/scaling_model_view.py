@@ -27,17 +27,24 @@ def _number(value: Any) -> float | None:
     return number if number == number else None
 
 
+LOSS_PARTS = (("loss_fixed_cost", "fixed per-step cost"), ("loss_compute_inflation", "compute inflation"),
+              ("loss_exposed_comm", "exposed all-reduce"))  # fmt: skip
+
+
 def loss_source(row: Mapping[str, Any]) -> str | None:
-    """What most of a predicted row's lost efficiency is lost to, in a few words (one of them at
-    least twice the other, else both); None for a row with no prediction or nothing lost."""
-    fixed, comm = _number(row.get("loss_fixed_cost")), _number(row.get("loss_exposed_comm"))
-    if fixed is None or comm is None or fixed + comm < 0.005:
+    """What most of a predicted row's lost efficiency is lost to, in a few words: the largest
+    part when it is at least twice the next, else the two largest; None for a row with no
+    prediction or nothing lost (a table from before compute inflation counts it as 0)."""
+    parts = {name: _number(row.get(key)) for key, name in LOSS_PARTS}
+    if parts["fixed per-step cost"] is None or parts["exposed all-reduce"] is None:
         return None
-    if fixed >= 2 * comm:
-        return "fixed per-step cost"
-    if comm >= 2 * fixed:
-        return "exposed all-reduce"
-    return "both"
+    ranked = sorted(((value or 0.0, name) for name, value in parts.items()), reverse=True)
+    if sum(value for value, _ in ranked) < 0.005:
+        return None
+    (first, first_name), (second, second_name) = ranked[0], ranked[1]
+    if first >= 2 * second:
+        return first_name
+    return f"{first_name} and {second_name}"
 
 
 def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.DataFrame, empty: str) -> dict[str, Any]:
@@ -49,7 +56,7 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
         if _number(row.get("gpus")) == 1 and row.get("basis") == "measured":
             # t(1) is the model's input and the efficiencies' denominator: 100 % and +0 % say nothing
             for key in ("step_time_predicted_s", "step_time_error", "efficiency_measured", "efficiency_predicted", "efficiency_error",
-                        "loss_fixed_cost", "loss_exposed_comm"):
+                        "loss_fixed_cost", "loss_exposed_comm", "loss_compute_inflation", "compute_inflation"):
                 row[key] = None
             reference = REFERENCE_NOTE if _number(row.get("step_time_measured_s")) is not None else None  # none without a measured step
             row["note"] = "; ".join(filter(None, [reference, row.get("note")])) or None
@@ -61,6 +68,12 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
             row["note"] = "; ".join(part for part in str(row.get("note") or "").split("; ")
                                     if "typical error" not in part and not part.startswith("on ")) or None  # fmt: skip
         shown.append(row)
+    curves = {row.get("batch_curve") for row in shown if row.get("batch_curve")}
+    batch_curve = None
+    if len(curves) == 1:  # one curve (or none) for every row: said once, above the table
+        (batch_curve,) = curves
+        for row in shown:
+            row["batch_curve"] = None
     if all(_number(row.get("grad_accum_steps")) in (None, 1) for row in shown):
         for row in shown:  # one micro-batch a step everywhere: a column of 1s says nothing
             row["grad_accum_steps"] = None
@@ -77,8 +90,8 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
         why_empty = (f"No prediction: no strong or weak scaling study among these runs ({', '.join(sorted(studies)) or 'none'}), so no "
                      "one-GPU step of a study to replay; python -m scalerepro.analysis.predict --record <a one-GPU record> "
                      "--cluster <a preset of clusters in config/references.yaml> predicts one record on a cluster.")  # fmt: skip
-    fixed_mostly = [row for row in shown if (row.get("loss_source") or "").startswith("fixed")]
+    fixed_mostly = [row for row in shown if row.get("loss_source") == "fixed per-step cost"]
     # what a count counts: gloo ranks where every run with a record ran on a CPU
     devices = set(runs["device_type"].dropna()) if "device_type" in runs.columns else set()
-    return {"rows": shown, "clusters": list(clusters.values()), "why_empty": why_empty, "fixed_mostly": fixed_mostly,
+    return {"rows": shown, "clusters": list(clusters.values()), "why_empty": why_empty, "fixed_mostly": fixed_mostly, "batch_curve": batch_curve,
             "unit": ("rank", "ranks") if devices == {"cpu"} else ("GPU", "GPUs")}  # fmt: skip

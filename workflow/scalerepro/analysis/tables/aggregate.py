@@ -133,6 +133,10 @@ cost.csv -- one row per study plus a ``total`` row: study, runs (matrix rows),
 scaling_model.csv -- the alpha-beta model's predicted step time and efficiency beside the
     measured ones, and predictions alone beyond the study's hardware (``--predict-gpus``): see
     ``scalerepro.analysis.tables.scaling_model``.
+loss_decomposition.csv -- each multi-rank strong or weak cell's loss against ideal scaling split
+    into measured parts (compute inflation, exposed communication, straggler wait, data stall,
+    the unexplained rest), each with its interval over repeats, and the bottleneck: see
+    ``scalerepro.analysis.tables.loss_decomposition``.
 summary.json -- run counts by status, device names and types, git commits, torch versions,
     inconsistent runs, check counts, comparison verdict counts, cpu_study, noisy_cells.
 """
@@ -151,7 +155,7 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, TARGETS, VERDICTS
-from scalerepro.analysis.tables import scaling_model
+from scalerepro.analysis.tables import loss_decomposition, scaling_model
 from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, parallelism_table, scaling_table, sensitivity_table
 from scalerepro.analysis.tables.checking import checks_table, cpu_study, parse_checks
 from scalerepro.analysis.tables.readers import communication_table, read_matrix, read_runs
@@ -212,6 +216,7 @@ def aggregate(
     tables["scaling_model"] = scaling_model.scaling_model_table(
         runs, tables["scaling"], comm_paths, references_path, predict_gpus, predict_cluster
     )
+    tables["loss_decomposition"] = loss_decomposition.loss_decomposition_table(runs, tables["scaling"])
     return tables
 
 

@@ -25,13 +25,17 @@ The NVLink term takes the flat ring's 2(N-1)/N * S / B_i rather than the one-nod
 2(g-1)/g * S / B_i, for consistency with that bus bandwidth (strictly, in one of the g rings a
 GPU's outgoing edge is its NIC, not NVLink, so the NVLink traffic across nodes is (g-1)/g of it;
 the term only binds where NVLink, not the NICs, is the slower link, which is not so on the
-presets). The latency counts each node's NVLink hops once (pipeline fill) and the ring's
-inter-node hops, 2(n-1) per all-reduce and n-1 per reduce-scatter or all-gather, as NCCL's tuner
-counts its inter-node steps (nInterSteps).
+presets). The latency grows with the ring, as NCCL's tuner counts it (src/graph/tuning.cc): a
+pass of the ring is N-1 steps, each a hop's latency; n-1 of them cross the network (nInterSteps)
+at alpha_e, the other N-n stay on NVLink at alpha_i. An all-reduce makes two passes, 2(N-1)
+steps; a reduce-scatter or an all-gather one. At 64 GPUs in 8 nodes that is 112 NVLink hops and
+14 network hops for one all-reduce, where a sum over the hierarchy (one node's NVLink hops, then
+the nodes') would count 14 and 14; NCCL has only the ring for a reduce-scatter and an
+all-gather, so there no tree shortens it.
 
-    ring all-reduce(S)     = 2(g-1) alpha_i + 2(n-1) alpha_e
+    ring all-reduce(S)     = 2(N-n) alpha_i + 2(n-1) alpha_e
                              + max(2(N-1)/N * S / B_i, 2(N-1)/N * (S/g) / B_e)
-    reduce-scatter(S) = all-gather(S) = (g-1) alpha_i + (n-1) alpha_e
+    reduce-scatter(S) = all-gather(S) = (N-n) alpha_i + (n-1) alpha_e
                              + max((N-1)/N * S / B_i, (N-1)/N * (S/g) / B_e)
         (S: the whole, unsharded buffer; NCCL has only the ring for these two)
 
@@ -200,10 +204,10 @@ class HierarchicalNetwork:
     def ring_terms(self, size_bytes: float, passes: int) -> tuple[float, float, float]:
         """The flat ring through all N GPUs, ``passes`` = 2 for an all-reduce, 1 for a
         reduce-scatter or an all-gather (module docstring), per pass:
-        ((g-1) alpha_i + (n-1) alpha_e, (N-1)/N * S / B_i, (N-1)/N * (S/g) / B_e);
-        on one node the NIC term is 0."""
+        ((N-n) alpha_i + (n-1) alpha_e, (N-1)/N * S / B_i, (N-1)/N * (S/g) / B_e): N-1 steps,
+        n-1 of them across the network; on one node the NIC term is 0."""
         g, n, N = self.gpus_per_node, self.nodes, self.gpus
-        latency = (g - 1) * self.intra_hop_s + (n - 1) * self.inter_hop_s
+        latency = (N - n) * self.intra_hop_s + (n - 1) * self.inter_hop_s
         nvlink = (N - 1) / N * size_bytes / self.intra_bytes_per_s
         nic = (N - 1) / N * (size_bytes / g) / self.inter_bytes_per_s if n > 1 else 0.0
         return passes * latency, passes * nvlink, passes * nic
@@ -222,7 +226,7 @@ class HierarchicalNetwork:
 
     def allreduce_by(self, size_bytes: float, algorithm: Literal["ring", "tree"]) -> float:
         """latency + max(NVLink transfer, NIC transfer), the transfers streamed (module docstring):
-        ring 2(g-1) alpha_i + 2(n-1) alpha_e + max(2(N-1)/N * S / B_i, 2(N-1)/N * (S/g) / B_e),
+        ring 2(N-n) alpha_i + 2(n-1) alpha_e + max(2(N-1)/N * S / B_i, 2(N-1)/N * (S/g) / B_e),
         tree 2(g-1) alpha_i + 2 ceil(log2 n) alpha_e + max(2(g-1)/g * S / B_i, 2 (S/g) / B_e)."""
         if self.gpus == 1:
             return 0.0
@@ -242,7 +246,7 @@ class HierarchicalNetwork:
         return self.allreduce_by(size_bytes, self.algorithm_for(size_bytes))
 
     def reduce_scatter_s(self, size_bytes: float) -> float:
-        """(g-1) alpha_i + (n-1) alpha_e + max((N-1)/N * S / B_i, (N-1)/N * (S/g) / B_e), the flat
+        """(N-n) alpha_i + (n-1) alpha_e + max((N-1)/N * S / B_i, (N-1)/N * (S/g) / B_e), the flat
         ring's one pass; S is the unsharded buffer, each GPU keeps S / N of it."""
         if self.gpus == 1:
             return 0.0

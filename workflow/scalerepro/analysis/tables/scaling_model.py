@@ -33,7 +33,11 @@ ready and the previous all-reduce is done, overlapping the rest of the backward)
          scaling splits the study's global batch G into G / N per GPU, in micro-batches of at
          most the 1-GPU micro-batch m_1, and a G that does not split evenly gets no prediction;
          weak scaling keeps m_1 and A_1)
-    c  = compute scale = m_N / m_1   (compute time proportional to the micro-batch: an assumption)
+    c  = compute scale = m_N / m_1   (compute proportional to the micro-batch) where the study
+         measured this model at one micro-batch only; where it measured two or more (one-GPU
+         runs of one micro-batch a step), the batch curve t(m) = a + b m through them
+         (``BatchCurve``, least squares): c = (t(m_N) - fixed) / (t(m_1) - fixed), fixed =
+         other + o, so that a step's launch and per-kernel costs do not shrink with the batch
     e_0 = 0;  e_k = max(c r_k, e_(k-1)) + t_ring(S_k, N)            end of bucket k's all-reduce
     other = t(1) - (A_1 (f + b) + o)                                 data wait and loop overhead
                                                                      of the measured 1-GPU step
@@ -42,6 +46,31 @@ ready and the previous all-reduce is done, overlapping the rest of the backward)
     so that the model gives t(1) back at one GPU)
     t(N) = other + A_N c f + (A_N - 1) c b + max(c b, e_last) + o    (only the last micro-batch
                                                                      all-reduces: no_sync)
+
+Compute inflation. Ranks that share a node slow each other (memory bandwidth, caches, clocks
+under a power or thermal cap, cores shared with the launcher): the step they compute is not the
+one-GPU step. The model takes it from the multi-rank runs' no-sync probe
+(``measurements.exposed_communication``: the same step without the all-reduce, slowest rank):
+
+    k = t_nosync(N) / t_1(m_N, A_N)
+
+t_1(m, A): the study's measured one-GPU step at that micro-batch and accumulation (any study of
+the model under the same conditions), else the profile's own step at (c, A). k is a property of
+the occupancy o = min(N, GPUs per node); a cell is predicted with the median k of the *other*
+cells measured at its occupancy (held out: its own probe is not its input), its own only where no
+other cell has that occupancy (the row says "in-sample"), and a count beyond the node with the k
+measured at the node's fullest occupancy (inflation at full occupancy carries to more nodes).
+Every phase of the step (f, b, o, other, every r_k) is scaled by K = k t_1(m_N, A_N) / (the
+profile's step at (c, A)), so that the replayed step without communication is k t_1(m_N, A_N).
+
+Bandwidth under load. The all-reduce benchmark times the collective alone; in the step it runs
+beside the backward (on a CPU, gloo's reductions on the very cores the backward computes on), and
+is slower. Each multi-rank run's probe measures what the step exposes, sync - no-sync step; the
+share s of the benchmark's B at which the replay (its compute at that run's own k) exposes as much
+is found by bisection (``bandwidth_share``; 1 where the replay already exposes as much at B). A cell
+on a link the study measured replays its all-reduces at s x B, s chosen as k is (held out, else
+in-sample, beyond the hardware the fullest occupancy's); a link from references.yaml or a cluster
+preset keeps its own B (s is a property of the study's hardware, not of the preset's).
 
 The optimizer and "other" do not shrink with the batch. Predicted efficiency, by the study's
 definitions (``scalerepro.analysis.tables.aggregate``) with median step times on both sides:
@@ -61,9 +90,9 @@ one-GPU nodes over InfiniBand). ``simulate_fsdp_step`` is the
 same step under FSDP (all-gathers before each unit's forward and backward, reduce-scatters after
 its backward), and ``fit_compute_to_step`` scales a profile's compute to a published step.
 
-What it leaves out: contention for memory bandwidth and cores between ranks on one host (and
-between the all-reduce and the backward on one GPU), DDP's copies into and out of the buckets,
-stragglers and the data loader at N ranks.
+What it leaves out: contention between the all-reduce and the backward on one GPU, DDP's copies
+into and out of the buckets, and a data loader that slows at N ranks (the inflation k holds the
+rest of the contention and the wait for the slowest rank, as the probe measured them).
 
 Table ``scaling_model.csv``, one row per (study, model, GPU count), in strong|weak order:
     study, model, gpus, nodes, basis (measured: a measured cell, prediction beside it |
@@ -78,7 +107,10 @@ Table ``scaling_model.csv``, one row per (study, model, GPU count), in strong|we
     (why that preset: named in the config, or the study's GPU's), fixed_step_s (other + o: the
     per-step cost that does not shrink with the batch), loss_fixed_cost and loss_exposed_comm (the
     predicted loss of efficiency split: (t(N) - ideal - exposed) / t(N) and exposed / t(N), ideal
-    t(1) / N strong, t(1) weak; they add up to 1 - efficiency).
+    t(1) / N strong, t(1) weak; they add up to 1 - efficiency), compute_inflation (k),
+    inflation_basis (where k comes from), loss_compute_inflation (the part of the loss k adds:
+    (k - 1) / k x the inflated compute step / t(N)), batch_curve (the curve c came from, or
+    "proportional"); ``network`` ends with the share s of B under load where one was applied.
 
 This module is on the analysis side: it never imports torch.
 """
@@ -112,7 +144,8 @@ SCALING_MODEL_COLUMNS = (
     "per_gpu_batch", "grad_accum_steps", "compute_scale", "buckets", "gradient_bytes", "allreduce_s",
     "exposed_comm_s", "step_time_measured_s", "step_time_predicted_s", "step_time_error", "efficiency_measured",
     "efficiency_predicted", "efficiency_error", "cluster", "typical_error", "profile_run", "note",
-    "cluster_basis", "fixed_step_s", "loss_fixed_cost", "loss_exposed_comm",
+    "cluster_basis", "fixed_step_s", "loss_fixed_cost", "loss_exposed_comm", "compute_inflation", "inflation_basis",
+    "loss_compute_inflation", "batch_curve",
 )  # fmt: skip
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
 
@@ -363,6 +396,140 @@ def fit_compute_to_step(profile: Profile, step_s: float, predict: Callable[[Prof
     return scale_compute(profile, (low + high) / 2)
 
 
+def inflated(profile: StepProfile, factor: float) -> StepProfile:
+    """The profile with every phase of its step times ``factor``: f, b, o, every r_k and t(1) (so
+    "other" too); the buckets' bytes unchanged."""
+    return replace(
+        profile,
+        step_s=factor * profile.step_s,
+        forward_s=factor * profile.forward_s,
+        backward_s=factor * profile.backward_s,
+        optimizer_s=factor * profile.optimizer_s,
+        bucket_ready_s=tuple(factor * ready for ready in profile.bucket_ready_s),
+    )
+
+
+@dataclass(frozen=True)
+class BatchCurve:
+    """A step's time over its micro-batch, t(m) = intercept + slope m, through measured one-GPU
+    steps of one micro-batch a step (least squares; ``statistics.linear_regression``)."""
+
+    intercept_s: float
+    slope_s: float  # seconds a sample adds
+    batches: tuple[int, ...]
+    source: str
+
+    @classmethod
+    def fit(cls, batches: Sequence[float], steps_s: Sequence[float], source: str) -> BatchCurve | None:
+        """The curve through (batch, step) points; None with fewer than two distinct batches or a
+        slope that is not positive (noise: a step that does not grow with its batch)."""
+        if len(set(batches)) < 2:
+            return None
+        fit = statistics.linear_regression([float(b) for b in batches], [float(t) for t in steps_s])
+        if not fit.slope > 0:
+            return None
+        return cls(fit.intercept, fit.slope, tuple(sorted({int(b) for b in batches})), source)
+
+    def step_s(self, batch: float) -> float:
+        return self.intercept_s + self.slope_s * batch
+
+    def compute_scale(self, batch: float, reference_batch: float, fixed_s: float) -> float:
+        """c = (t(m) - fixed) / (t(m_1) - fixed): the compute of a micro-batch of ``batch``
+        against one of ``reference_batch``, the per-step cost ``fixed`` (other + o) taken out."""
+        return max(self.step_s(batch) - fixed_s, 0.0) / (self.step_s(reference_batch) - fixed_s)
+
+    def describe(self) -> str:
+        return (f"t(m) = {self.intercept_s * 1e3:.3g} ms + {self.slope_s * 1e3:.3g} ms x m through "
+                f"m = {', '.join(map(str, self.batches))} ({self.source})")  # fmt: skip
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def one_gpu_steps(model_runs: pd.DataFrame) -> dict[tuple[int, int], float]:
+    """(micro-batch, micro-batches a step) -> the median step time of the model's counted one-GPU
+    runs there, over every study that ran it (strong, weak, sensitivity: the same preset)."""
+    one = model_runs[model_runs["gpus"].eq(1) & model_runs["counts"].astype(bool)]
+    steps: dict[tuple[int, int], list[float]] = {}
+    for _, run in one.iterrows():
+        step = _finite(run.get("step_time_median_s"))
+        if step is not None:
+            key = (int(run["per_gpu_batch"]), int(run.get("grad_accum_steps", 1) or 1))
+            steps.setdefault(key, []).append(step)
+    return {key: statistics.median(values) for key, values in steps.items()}
+
+
+@dataclass(frozen=True)
+class Inflation:
+    """What one measured multi-rank run says of running N ranks together (module docstring: compute
+    inflation, bandwidth under load)."""
+
+    study: str
+    gpus: int
+    occupancy: int  # ranks on one node
+    factor: float  # k
+    bandwidth_share: float | None = None  # s: the share of the benchmark's B the all-reduce had in the step
+
+
+def inflation_for(
+    measured: Sequence[Inflation], study: str, gpus: int, occupancy: int, is_measured_cell: bool, attribute: str = "factor"
+) -> tuple[float, str]:
+    """k (``attribute`` "factor") or s ("bandwidth_share") for a cell at ``occupancy`` ranks a node,
+    and where it comes from (module docstring): the other cells at its occupancy, else its own,
+    and beyond the hardware the fullest occupancy measured."""
+    measured = [m for m in measured if getattr(m, attribute) is not None]
+    what = "no-sync probe" if attribute == "factor" else "sync and no-sync probe"
+    if occupancy <= 1:
+        return 1.0, "one rank a node: none"
+    if not is_measured_cell:  # a count beyond the study's hardware: what was measured, carried over
+        fuller = [m for m in measured if m.occupancy <= occupancy]
+        if not fuller:
+            return 1.0, f"no multi-rank run measured its {what}: none assumed"
+        top = max(m.occupancy for m in fuller)
+        at_top = [m for m in fuller if m.occupancy == top]
+        cells = sorted({f"{m.study} {m.gpus}" for m in at_top})
+        return statistics.median(getattr(m, attribute) for m in at_top), (
+            f"measured at {top} ranks a node ({', '.join(cells)}, {len(at_top)} runs), carried to every node")
+    others = [m for m in measured if m.occupancy == occupancy and (m.study, m.gpus) != (study, gpus)]
+    if others:
+        cells = sorted({f"{m.study} {m.gpus}" for m in others})
+        return statistics.median(getattr(m, attribute) for m in others), f"held out: the {what} of {', '.join(cells)} ({len(others)} runs)"
+    own = [m for m in measured if m.occupancy == occupancy]
+    if own:
+        return statistics.median(getattr(m, attribute) for m in own), f"in-sample: this cell's own {what} ({len(own)} runs)"
+    return 1.0, f"no run at {occupancy} ranks a node measured its {what}: none assumed"
+
+
+def bandwidth_share(
+    profile: StepProfile, network: RingNetwork, exposed_s: float, compute_scale: float, micro_batches: int
+) -> float | None:
+    """s in (0, 1]: the share of the benchmark's bandwidth B at which the replayed step exposes the
+    ``exposed_s`` a run's probe measured (sync - no-sync step), its compute already inflated in
+    ``profile``; 1 where the replay exposes as much at B itself, None where B is unresolved.
+    Exposed time falls as s grows: bisection to 1e-6."""
+    if not math.isfinite(network.link_bytes_per_s):
+        return None
+
+    def exposed(share: float) -> float:
+        slower = RingNetwork(network.gpus, network.alpha_step_s, share * network.link_bytes_per_s, network.source)
+        return simulate_step(profile, slower, compute_scale, micro_batches).exposed_comm_s
+
+    if exposed(1.0) >= exposed_s:
+        return 1.0
+    low, high = 1e-6, 1.0
+    if exposed(low) < exposed_s:
+        return low
+    while high - low > 1e-6:
+        middle = (low + high) / 2
+        low, high = (low, middle) if exposed(middle) < exposed_s else (middle, high)
+    return (low + high) / 2
+
+
 def predicted_efficiency(study: str, step_1_s: float, step_n_s: float, gpus: int) -> float:
     """strong: E = t(1) / (N t(N)) (global batch fixed); weak: E = t(1) / t(N)."""
     return step_1_s / (gpus * step_n_s) if study == "strong" else step_1_s / step_n_s
@@ -485,6 +652,7 @@ def scaling_model_table(
         except ValueError as error:
             fit_problems[document["world_size"]] = str(error)
     links = read_links(references_path)
+    links_prefix = tuple(f"{link.name}:" for link in links.values()) or ("\0",)
     measured_across = any(nodes > 1 for _, nodes in fits.values())  # the study's own inter-node link
     rows = []
     scaled = runs[runs["study"].isin(["strong", "weak"])]
@@ -508,6 +676,38 @@ def scaling_model_table(
         profile = within_step(median_profile(profiles))
         profile_run = ", ".join(one["run_id"][[p is not None for p, _ in found]])
         micro_1 = int(batches[1])
+        # the model's one-GPU steps under the profile's conditions, and the batch curve through them
+        same = runs["model"].eq(model) & runs["study"].isin(["strong", "weak", "sensitivity"])
+        if "precision_recorded" in runs.columns and one["precision_recorded"].notna().any():
+            same &= runs["precision_recorded"].eq(one["precision_recorded"].dropna().iloc[0])
+        steps_1 = one_gpu_steps(runs[same])
+        single = {m: t for (m, a), t in steps_1.items() if a == 1}
+        curve = BatchCurve.fit(list(single), list(single.values()), f"one-GPU {model} runs, one micro-batch a step")
+        fixed_s = profile.other_s + profile.optimizer_s
+
+        def compute_scale_at(micro: int) -> float:
+            return micro / micro_1 if curve is None else curve.compute_scale(micro, micro_1, fixed_s)
+
+        def profile_step(micro: int, accum: int) -> float:
+            """The profile's own step without communication at (c, A)."""
+            return simulate_step(profile, RingNetwork(1, 0.0, math.inf, "one GPU"), compute_scale_at(micro), accum).step_s
+
+        measured_inflation = []
+        for _, run in runs[runs["model"].eq(model) & runs["study"].isin(["strong", "weak"]) & runs["gpus"].gt(1)].iterrows():
+            nosync = _finite(run.get("nosync_step_s"))
+            if nosync is None or not bool(run["counts"]):
+                continue
+            key = (int(run["per_gpu_batch"]), int(run.get("grad_accum_steps", 1) or 1))
+            uninflated = profile_step(*key)
+            step_1 = steps_1.get(key) or uninflated  # t_1(m_N, A_N): measured, else the profile's
+            occupancy = min(int(run["gpus"]), int(run["gpus_per_node"]))
+            # s: the bandwidth at which the replay, its compute at this run's own k, exposes what
+            # the probe measured exposed (sync - no-sync step), on the benchmark at this count
+            share, sync = None, _finite(run.get("sync_step_s"))
+            if sync is not None and int(run["gpus"]) in fits:
+                share = bandwidth_share(inflated(profile, nosync / uninflated), fits[int(run["gpus"])][0],
+                                        max(sync - nosync, 0.0), compute_scale_at(key[0]), key[1])  # fmt: skip
+            measured_inflation.append(Inflation(str(run["study"]), int(run["gpus"]), occupancy, nosync / step_1, share))
         # the strong study's global batch G, the same at every N (the 1-GPU cell's, for matrices
         # from before it was: there G was the 1-GPU per-GPU batch)
         global_batch = int(first.loc[1, "global_batch"]) if study == "strong" else None
@@ -544,8 +744,15 @@ def scaling_model_table(
                 rows.append(row)
                 continue
             micro, accum = split
-            compute_scale = micro / micro_1  # c = m_N / m_1
-            row.update(per_gpu_batch=micro, grad_accum_steps=accum, compute_scale=compute_scale)
+            compute_scale = compute_scale_at(micro)  # c = m_N / m_1, or through the batch curve
+            occupancy = min(gpus, node_size)
+            k, k_basis = inflation_for(measured_inflation, study, gpus, occupancy, basis == "measured")
+            uninflated = profile_step(micro, accum)
+            # K: every phase scaled so that the step without communication is k t_1(m_N, A_N)
+            factor = k * steps_1.get((micro, accum), uninflated) / uninflated
+            row.update(per_gpu_batch=micro, grad_accum_steps=accum, compute_scale=compute_scale,
+                       compute_inflation=k, inflation_basis=k_basis,
+                       batch_curve=curve.describe() if curve is not None else "proportional: one micro-batch measured")  # fmt: skip
             network: AllReduceNetwork
             try:
                 if gpus == 1:
@@ -562,15 +769,26 @@ def scaling_model_table(
                 row["note"] = f"no prediction: {error}"
                 rows.append(row)
                 continue
-            prediction = simulate_step(profile, network, compute_scale, accum)
+            own_link = isinstance(network, RingNetwork) and gpus > 1 and not on_cluster and (
+                basis == "measured" or not network.source.startswith(links_prefix))
+            if own_link:
+                # the all-reduce under load: the benchmark measured it alone, the step runs it
+                # beside the backward (on a CPU, on the same cores)
+                share, share_basis = inflation_for(measured_inflation, study, gpus, occupancy, basis == "measured", "bandwidth_share")
+                network = RingNetwork(gpus, network.alpha_step_s, share * network.link_bytes_per_s,
+                                      f"{network.source}; B under load {share:.3g} x the benchmark's ({share_basis})")  # fmt: skip
+            prediction = simulate_step(inflated(profile, factor), network, compute_scale, accum)
             # What the loss of efficiency is lost to: ideal is t(1) / N (strong) or t(1) (weak);
-            # t(N) - ideal = the all-reduce left exposed + the per-step cost that does not shrink
-            # with the batch, (other + o)(1 - 1/N) strong, nothing weak (compute scales as c A_N)
+            # t(N) - ideal = the all-reduce left exposed + what inflation adds to the compute,
+            # (k - 1) / k of it + the per-step cost that does not shrink with the batch, (other +
+            # o)(1 - 1/N) strong, nothing weak (compute scales as c A_N)
             ideal = profile.step_s / gpus if study == "strong" else profile.step_s
+            inflation_s = (k - 1) / k * factor * uninflated
             row.update(
-                fixed_step_s=profile.other_s + profile.optimizer_s,
+                fixed_step_s=fixed_s,
                 loss_exposed_comm=prediction.exposed_comm_s / prediction.step_s,
-                loss_fixed_cost=max(prediction.step_s - ideal - prediction.exposed_comm_s, 0.0) / prediction.step_s,
+                loss_compute_inflation=inflation_s / prediction.step_s,
+                loss_fixed_cost=max(prediction.step_s - ideal - prediction.exposed_comm_s - inflation_s, 0.0) / prediction.step_s,
             )
             row.update(
                 network=network.source,
