@@ -2,18 +2,134 @@
 as the user runs it (the command's own process), each refused in one line naming the problem and
 the fix, exit 2, nothing written.
 
+Kind 1, a record is evidence, not a figure to publish: a record of another run, a figure no
+measurement gives, a file no record is, is refused where the analysis reads it, named, and counted
+as a hole (the run missing or failed; no figure of it in any table).
+
 Kind 2, no output from no input: a command given nothing to work from says so; a report or a
-set of figures made from no tables would read as a study that measured nothing."""
+set of figures made from no tables would read as a study that measured nothing.
+
+Kind 3, every command inside the boundary: a file of the wrong kind (empty, binary, huge) or a flag
+no run can use (nan) is one line naming it, exit 2, never a traceback, never a run that ignores it."""
 
 from __future__ import annotations
 
+import json
+import math
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from analysis_fixtures import Study, make_record
 from conftest import REPO, clean_env
+
+REFERENCES = str(REPO / "config" / "references.yaml")
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=120)
+
+
+# ---- kind 1: a record is evidence -------------------------------------------------------------
+
+
+def _study(root: Path) -> Path:
+    """A strong and a weak cell at 1 and 2 GPUs, one repeat each; the matrix's path."""
+    s = Study(root)
+    for study in ("strong", "weak"):
+        s.add(study, 1, 1, samples_per_s=100.0)
+        s.add(study, 2, 1, per_gpu_batch=32 if study == "weak" else 16, samples_per_s=180.0)
+    return s.write_matrix()
+
+
+def _swap(root: Path) -> None:  # the weak 2-GPU run's record copied over the strong 1-GPU run's
+    shutil.copy(root / "runs" / "weak_resnet50_g2_r1.json", root / "runs" / "strong_resnet50_g1_r1.json")
+
+
+def _point_elsewhere(root: Path) -> None:  # the matrix names the weak run's record, by an absolute path
+    matrix = pd.read_csv(root / "matrix.csv")
+    matrix.loc[matrix.run_id.eq("strong_resnet50_g1_r1"), "record"] = str((root / "runs" / "weak_resnet50_g2_r1.json").resolve())
+    matrix.to_csv(root / "matrix.csv", index=False)
+
+
+def _figure(value: object) -> Callable[[Path], None]:
+    def corrupt(root: Path) -> None:
+        path = root / "runs" / "strong_resnet50_g1_r1.json"
+        record = json.loads(path.read_text())
+        record["measurements"]["samples_per_s"] = value
+        path.write_text(json.dumps(record))  # NaN and inf as JSON's NaN and Infinity, as Python writes them
+
+    return corrupt
+
+
+def _nested(root: Path) -> None:  # a record 100,000 levels deep
+    (root / "runs" / "strong_resnet50_g1_r1.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+EVIDENCE = [
+    # (name, what is done to the study, the run's status in runs.csv, what its error says)
+    ("another run's record in its place", _swap, "missing", "is not this run's: it is another run's record (run id 'weak_resnet50_g2_r1'"),
+    ("the matrix points at another run's record", _point_elsewhere, "missing", "is not this run's: it is another run's record"),
+    ("a negative throughput", _figure(-5.0), "failed", "samples_per_s is -5.0, where a measured one is above 0 samples/s"),
+    ("an infinite throughput", _figure(math.inf), "failed", "samples_per_s is inf, not a finite number"),
+    ("a NaN throughput", _figure(math.nan), "failed", "samples_per_s is nan, not a finite number"),
+    ("a throughput in words", _figure("fast"), "failed", "samples_per_s is 'fast', not a number"),
+    ("a record nested 100,000 levels deep", _nested, "missing", "is nested deeper than any run record"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "corrupt", "status", "said"), EVIDENCE, ids=[case[0] for case in EVIDENCE])
+def test_a_record_is_evidence(name: str, corrupt: Callable[[Path], None], status: str, said: str, tmp_path: Path) -> None:
+    """aggregate, as the workflow runs it: the run is a hole, its figure in no table, the rest counted."""
+    _study(tmp_path)
+    corrupt(tmp_path)
+    done = _run(["-m", "scalerepro.analysis.tables.aggregate", "--matrix", "matrix.csv", "--references", REFERENCES, "--out", "tables",
+                 "--predict-gpus", "4"], tmp_path)  # fmt: skip
+    assert done.returncode == 0, (name, done.stderr[-2000:])
+    runs = pd.read_csv(tmp_path / "tables" / "runs.csv").set_index("run_id")
+    run = runs.loc["strong_resnet50_g1_r1"]
+    assert run["status"] == status and said in run["error"] and not run["counts"], (name, run["status"], run["error"])
+    assert runs.drop(index="strong_resnet50_g1_r1")["counts"].all(), name  # the other runs still count
+    scaling = pd.read_csv(tmp_path / "tables" / "scaling.csv")
+    one = scaling[scaling.study.eq("strong") & scaling.gpus.eq(1)].iloc[0]
+    assert one["repeats_ok"] == 0 and pd.isna(one["samples_per_s_median"]), name  # no figure of it published
+    assert scaling.select_dtypes("number").abs().max().max() < math.inf, name
+
+
+def _record_with_step(step: float) -> Callable[[Path], list[str]]:
+    def make(folder: Path) -> list[str]:
+        record = make_record("strong_resnet50_g1_r1", per_gpu_batch=32, samples_per_s=32 / 18e-3)
+        record["measurements"]["backward_buckets"] = {
+            "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1, "forward_s": 6e-3,
+            "backward_s": 10e-3, "optimizer_s": 1e-3, "buckets": [{"bytes": 8_000_000, "parameters": 1, "ready_s": 9e-3}],
+        }  # fmt: skip
+        record["measurements"]["step_time_s"]["median"] = step
+        (folder / "r.json").write_text(json.dumps(record))
+        return ["-m", "scalerepro.analysis.predict", "--record", "r.json", "--cluster", "dgx_h100", "--references", REFERENCES]
+
+    return make
+
+
+PREDICT_RECORD = [
+    ("a step of 0 s", _record_with_step(0.0), "step_time_s.median is 0.0, where a measured one is above 0"),
+    ("a step of -1 s", _record_with_step(-1.0), "step_time_s.median is -1.0, where a measured one is above 0"),
+    ("a step of NaN", _record_with_step(math.nan), "step_time_s.median is nan, not a finite number"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "make", "said"), PREDICT_RECORD, ids=[case[0] for case in PREDICT_RECORD])
+def test_predict_takes_a_record_as_evidence(name: str, make: Callable[[Path], list[str]], said: str, tmp_path: Path) -> None:
+    done = _run(make(tmp_path), tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, (name, done.returncode, done.stderr[-2000:])
+    assert done.stdout == "", name  # no prediction printed
+
+
+# ---- kind 2: no output from no input ----------------------------------------------------------
 
 
 def _report(tables: str) -> list[str]:
@@ -41,3 +157,69 @@ def test_no_output_from_no_input(name: str, argv: list[str], said: str, tmp_path
     done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, (name, done.returncode, done.stderr[-2000:])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"], name  # no report, no figures, no tables
+
+
+# ---- kind 3: every command inside the boundary ------------------------------------------------
+
+BINARY = bytes(range(256)) * 16  # no text, no JSON: what a mis-typed path or a half-copied file gives
+
+
+def _files(folder: Path) -> None:
+    """The inputs of the commands below, good ones, so that each case breaks exactly one."""
+    _study(folder)
+    (folder / "empty.csv").write_text("")
+    (folder / "binary.bin").write_bytes(BINARY)
+    (folder / "tables").mkdir()
+    (folder / "tables" / "runs.csv").write_text("run_id,status\n")
+    (folder / "config.json").write_text("{}")
+    (folder / "system.json").write_text("{}")
+
+
+def _aggregate(matrix: str = "matrix.csv", *extra: str) -> list[str]:
+    return ["-m", "scalerepro.analysis.tables.aggregate", "--matrix", matrix, "--references", REFERENCES, "--out", "out", *extra]
+
+
+def _store_append(matrix: str) -> list[str]:
+    return ["-m", "scalerepro.analysis.history.store", "append", "--store", "store.duckdb", "--matrix", matrix,
+            "--config", "config.json", "--inventory", "system.json"]  # fmt: skip
+
+
+def _report_with(config: str = "config.json", inventory: str = "system.json") -> list[str]:
+    argv = _report("tables")
+    argv[argv.index("--config") + 1], argv[argv.index("--inventory") + 1] = config, inventory
+    return argv
+
+
+def _train(*flags: str) -> list[str]:
+    return ["-m", "scalerepro.training.train", "--model", "cnn", "--device", "cpu", "--steps", "2", "--record", "r.json", *flags]
+
+
+def _huge(folder: Path) -> str:
+    (folder / "huge.csv").write_bytes(BINARY * (50 * 2**20 // len(BINARY)))  # 50 MiB
+    return "huge.csv"
+
+
+BOUNDARY = [
+    # (name, argv (a callable takes the folder, for a file it must first write), what the one line says)
+    ("aggregate: an empty matrix.csv", _aggregate("empty.csv"), "empty.csv: the study matrix is empty"),
+    ("aggregate: a binary matrix.csv", _aggregate("binary.bin"), "binary.bin: not a study matrix, not CSV text"),
+    ("aggregate: a 50 MB binary matrix.csv", lambda f: _aggregate(_huge(f)), "huge.csv: not a study matrix, not CSV text"),
+    ("store append: an empty matrix.csv", _store_append("empty.csv"), "empty.csv: the study matrix is empty"),
+    ("store append: a binary matrix.csv", _store_append("binary.bin"), "binary.bin: not a study matrix, not CSV text"),
+    ("aggregate: a binary --comm", _aggregate("matrix.csv", "--comm", "binary.bin"), "all-reduce benchmark result binary.bin is not JSON"),
+    ("report: a binary --config", _report_with(config="binary.bin"), "JSON input binary.bin is not JSON"),
+    ("report: a binary --inventory", _report_with(inventory="binary.bin"), "JSON input binary.bin is not JSON"),
+    ("train: --dist-timeout-s nan", _train("--dist-timeout-s", "nan"), "--dist-timeout-s must be a finite number (got nan)"),
+    ("train: --min-window-s nan", _train("--min-window-s", "nan"), "--min-window-s must be a finite number (got nan)"),
+    ("train: a file as --checkpoint-dir", _train("--checkpoint-dir", "config.json"), "--checkpoint-dir config.json is a file, not a folder"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "argv", "said"), BOUNDARY, ids=[case[0] for case in BOUNDARY])
+def test_every_command_inside_the_boundary(name: str, argv, said: str, tmp_path: Path) -> None:
+    _files(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    done = _run(argv(tmp_path) if callable(argv) else argv, tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, (name, done.returncode, done.stderr[-2000:])
+    after = sorted(p.name for p in tmp_path.iterdir() if p.name != "huge.csv")
+    assert after == before, name  # nothing written: no tables, no store, no report, no record, no checkpoint

@@ -159,9 +159,10 @@ def test_the_presets_state_their_links_and_sources():
 # ---- the report's table on a preset ----------------------------------------------------------
 
 
-def _one_gpu_record(tmp_path):
-    """A one-GPU record: the overlap fixture's step (tests/test_scaling_model.py), 18 ms, batch 32."""
-    record = make_record("strong_resnet50_g1_r1", per_gpu_batch=32, samples_per_s=32 / 18e-3)
+def _one_gpu_record(tmp_path, run_id: str = "weak_resnet50_g1_r1"):
+    """A one-GPU record: the overlap fixture's step (tests/test_scaling_model.py), 18 ms, batch 32;
+    ``run_id`` the matrix's (the analysis refuses another run's record)."""
+    record = make_record(run_id, per_gpu_batch=32, samples_per_s=32 / 18e-3)
     record["measurements"]["backward_buckets"] = {
         "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1,
         "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,

@@ -335,7 +335,8 @@ def test_two_gloo_ranks_real_buckets_and_benchmark_drive_the_prediction(tmp_path
     ]  # fmt: skip
     for gpus in (1, 2):
         samples = str(1024 * gpus)
-        _run([*torchrun, f"--nproc-per-node={gpus}", *common, "--synthetic-samples", samples, "--record", str(tmp_path / f"g{gpus}.json")])
+        _run([*torchrun, f"--nproc-per-node={gpus}", *common, "--synthetic-samples", samples, "--record", str(tmp_path / f"g{gpus}.json"),
+              "--run-id", f"weak_cnn_g{gpus}_r1"])  # the matrix's run id below: the analysis refuses another run's record
     sizes = [str(4**k) for k in range(6, 12)]  # 4 KiB .. 4 MiB: the buckets' sizes and enough range for B
     _run([*torchrun, "--nproc-per-node=2", "-m", "scalerepro.training.commbench", "--out", str(tmp_path / "comm.json"),
           "--device", "cpu", "--sizes", *sizes, "--iterations", "30"])  # fmt: skip

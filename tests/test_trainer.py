@@ -44,7 +44,7 @@ def small_run(tmp_path: Path, *extra: str, steps: int = 12, name: str = "run") -
     return [
         "--steps", str(steps), "--warmup-steps", "2", "--per-gpu-batch", "16", "--num-workers", "0",
         "--synthetic-samples", "1024", "--eval-samples", "128", "--log-interval", "4",
-        "--record", str(tmp_path / f"{name}.json"), *extra,
+        "--record", str(tmp_path / f"{name}.json"), "--run-id", name, *extra,
     ]  # fmt: skip
 
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import os
 import sys
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from scalerepro.common import cpu_features
@@ -283,6 +285,18 @@ class TrainConfig:
         """Raise TrainerConfigError for values no run could use; cross-field checks that need the
         model or the dataset happen where those are resolved."""
         r, o, d = self.run, self.optim, self.data
+        # a float flag is a finite number: nan passes every comparison below (nan < 0 is false) and
+        # would reach the ranks (--min-window-s nan trained 100 steps before anything noticed)
+        for part in dataclasses.fields(self):
+            section = getattr(self, part.name)
+            if not dataclasses.is_dataclass(section):
+                continue
+            for item in dataclasses.fields(section):
+                value = getattr(section, item.name)
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise TrainerConfigError(f"--{item.name.replace('_', '-')} must be a finite number (got {value})")
+        if r.checkpoint_dir and Path(r.checkpoint_dir).exists() and not Path(r.checkpoint_dir).is_dir():
+            raise TrainerConfigError(f"--checkpoint-dir {r.checkpoint_dir} is a file, not a folder: give a folder (it is made if absent)")
         positive = {
             "--per-gpu-batch": r.per_gpu_batch,
             "--log-interval": r.log_interval,

@@ -27,7 +27,6 @@ Bad input is one line on stderr naming the problem and the fix, exit status 2.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scalerepro.analysis.evidence import read_json_document
 from scalerepro.analysis.tables import network_model, scaling_model
 from scalerepro.common.cli import COUNT, CommandError, OneLineErrorParser, bounded_float, bounded_int, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
@@ -70,7 +70,7 @@ def from_record(path: Path, global_batch: int | None) -> OneGpuInput:
     profile, why = scaling_model.read_profile(path)
     if profile is None:
         raise PredictError(f"{path}: {why}; give the record of a one-GPU run made with the scaling model's bucket probe")
-    document = json.loads(path.read_text())
+    document = read_json_document(path)  # read_profile read it within the same bounds
     batch = (document.get("batch") or {}).get("per_gpu")
     if batch is None:
         raise PredictError(f"{path}: the record has no batch.per_gpu; give a run record of schema 3 or later")

@@ -47,8 +47,9 @@ import yaml
 from scalerepro.analysis import columns
 from scalerepro.analysis.presentation import plots, report
 from scalerepro.analysis.profiles import captures
+from scalerepro.analysis.evidence import read_json_document
 from scalerepro.analysis.tables import aggregate
-from scalerepro.analysis.tables.readers import dig
+from scalerepro.analysis.tables.readers import RECORDS_STUDY, dig
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
 from scalerepro.common.files import write_text_atomically
 
@@ -58,7 +59,7 @@ def _targets(config: dict) -> dict[str, Any]:
     return {key: value for key, value in (config.get("targets") or {}).items() if key in columns.TARGETS}
 
 
-RECORD_STUDY = "records"  # the study column of a run no study planned
+RECORD_STUDY = RECORDS_STUDY  # the study column of a run no study planned
 
 
 def _is_run_record(document: Any) -> bool:
@@ -94,8 +95,8 @@ def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, dict]], list[Path]
     records, comm, inventories, skipped = [], [], [], []
     for path in sorted(records_dir.glob("*.json")):
         try:
-            document = json.loads(path.read_bytes())
-        except (OSError, ValueError) as error:
+            document = read_json_document(path, what="JSON file")
+        except (OSError, ValueError) as error:  # EvidenceError among them: too large, too deep, not JSON
             skipped.append(f"{path.name} (unreadable: {error})")
             continue
         if _is_comm_result(document):

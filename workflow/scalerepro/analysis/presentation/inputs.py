@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 import struct
 import zlib
@@ -31,6 +30,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from scalerepro.analysis.evidence import EvidenceError, read_json_document
 from scalerepro.analysis.values import plain
 from scalerepro.common.cli import CommandError
 from scalerepro.common.terminal import strip_terminal_escapes
@@ -116,9 +116,9 @@ def read_json(path: Path | None) -> Any:
     if path is None or not Path(path).is_file():
         return None
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON: {error}") from error
+        return read_json_document(path, what="JSON input", max_bytes=64 << 20)
+    except EvidenceError as error:
+        raise CommandError(f"{error}: give the file the workflow wrote there") from None
 
 
 def read_yaml(path: Path | None) -> Any:

@@ -4,7 +4,6 @@ epochs and its loss curve) and the communication benchmark's CSVs.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +23,7 @@ from scalerepro.analysis.columns import (
     RECORD_FIELDS,
     RUN_COLUMNS,
 )
+from scalerepro.analysis.evidence import FIGURE_BOUNDS, EvidenceError, figure_problems, identity_problem, read_json_document
 from scalerepro.analysis.tables.cell_tables import counts
 from scalerepro.common.cli import CommandError
 from scalerepro.common.cuda_graphs import CUDA_GRAPH_MODES
@@ -36,6 +36,9 @@ class TableInputError(CommandError, ValueError):
 # --------------------------------------------------------------------------------------------
 # Records
 # --------------------------------------------------------------------------------------------
+
+
+RECORDS_STUDY = "records"  # rebuild --records' study column: runs no study planned, named after their files
 
 
 def dig(document: Any, path: tuple[str, ...]) -> Any:
@@ -51,15 +54,23 @@ def cuda_graph_replays(document: dict[str, Any]) -> bool:
     return dig(document, ("knobs", "compile")) in CUDA_GRAPH_MODES and dig(document, ("parallel", "device_type")) == "cuda"
 
 
-def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], list[tuple]]:
+def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[tuple], list[tuple]]:
     """One record as (its runs.csv fields, its epochs.csv rows, its loss_log.csv rows).
-    A record that is absent or unreadable gives status "missing" and the reason as its error."""
+    A record that is absent, unreadable, out of bounds (``evidence.read_json_document``) or
+    another run's (``planned``: the matrix's run id and model, ``evidence.identity_problem``)
+    gives status "missing" and the reason as its error: the run has no record of its own. One
+    whose figures are no measurement (``evidence.figure_problems``: negative, infinite, NaN, text)
+    gives status "failed"."""
     try:
-        document = json.loads(Path(path).read_bytes())
+        document = read_json_document(path)
     except FileNotFoundError:
         return {"run_id": run_id, "status": "missing", "error": f"no run record at {path}"}, [], []
     except (OSError, ValueError) as error:
-        return {"run_id": run_id, "status": "missing", "error": f"unreadable run record {path}: {error}"}, [], []
+        why = str(error) if isinstance(error, EvidenceError) else f"unreadable run record {path}: {error}"
+        return {"run_id": run_id, "status": "missing", "error": f"{why}: rerun this run"}, [], []
+    other = identity_problem(document, planned or {})
+    if other:
+        return {"run_id": run_id, "status": "missing", "error": f"the record at {path} is not this run's: {other}: rerun this run"}, [], []
     fields = {column: dig(document, where) for column, where in RECORD_FIELDS.items()}
     if fields["per_gpu_batch_recorded"] is None:  # records of schema version 2 name it batch.per_rank
         fields["per_gpu_batch_recorded"] = dig(document, ("batch", "per_rank"))
@@ -85,7 +96,12 @@ def read_record(run_id: str, path: str) -> tuple[dict[str, Any], list[tuple], li
         device_name=dig(document, ("hardware", "gpu", "name")) or dig(document, ("hardware", "cpu_model")),
         **_sharding(dig(document, ("measurements",))),
     )
-    if fields["status"] == "ok" and not (dig(document, ("measurements", "measured_steps")) and fields["samples_per_s"]):
+    nonsense = figure_problems(fields)
+    if nonsense:
+        # a figure no measurement gives: the record is no evidence of a result (nor of the figure)
+        fields.update({name: None for name in FIGURE_BOUNDS if name in fields})
+        fields.update(status="failed", error=f"the record's figures are no measurement ({'; '.join(nonsense)}): rerun this run")
+    elif fields["status"] == "ok" and not (dig(document, ("measurements", "measured_steps")) and fields["samples_per_s"]):
         # A record with no measurements is a failure, whatever it says of itself.
         fields.update(status="failed", error="the record says ok but its measured window is empty (no steps, no throughput)")
     if fields["scheduler_job_id"] is not None:
@@ -135,8 +151,20 @@ def _memory_split(split: Any) -> dict[str, Any]:
     return {column: max(found) if found else None for column, found in values.items()}
 
 
+# A matrix row is ~300 bytes: 64 MiB would be 200,000 planned runs, more than any study plans.
+MAX_MATRIX_BYTES = 64 << 20
+
+
 def read_matrix(path: str | os.PathLike[str]) -> pd.DataFrame:
-    matrix = pd.read_csv(path, dtype={"run_id": str, "variant": str, "record": str, "rerun": str, "reference": str})
+    size = Path(path).stat().st_size
+    if size > MAX_MATRIX_BYTES:
+        raise TableInputError(f"{path} is {size / 2**20:.0f} MiB, larger than any study matrix ({MAX_MATRIX_BYTES >> 20} MiB): make it again (rule study_matrix)")
+    try:
+        matrix = pd.read_csv(path, dtype={"run_id": str, "variant": str, "record": str, "rerun": str, "reference": str})
+    except pd.errors.EmptyDataError:
+        raise TableInputError(f"{path}: the study matrix is empty: make it again (rule study_matrix)") from None
+    except (UnicodeDecodeError, pd.errors.ParserError) as error:
+        raise TableInputError(f"{path}: not a study matrix, not CSV text ({str(error).splitlines()[0][:100]}): make it again (rule study_matrix)") from None
     absent = [column for column in MATRIX_COLUMNS if column not in matrix.columns]
     if absent:
         raise TableInputError(f"{path}: the study matrix lacks the columns {absent}: make it again (rule study_matrix) with this scalerepro")
@@ -153,7 +181,13 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     """runs, epochs and loss_log tables: every matrix row left-joined with its record."""
     # Sequential on purpose: json.loads holds the GIL and a page-cached read is ~20 us, so a
     # thread pool was measured slower (10,000 records: 1.5-2.8 s with 2-8 threads vs 1.1 s).
-    parsed = list(map(read_record, matrix["run_id"], matrix["record"]))
+    # the run each record must be: its run id (where a study planned it: rebuild --records names
+    # runs after their files) and its model
+    planned = [
+        {"model": model, **({"run_id": run_id} if study != RECORDS_STUDY else {})}
+        for run_id, model, study in zip(matrix["run_id"], matrix["model"], matrix["study"])
+    ]
+    parsed = list(map(read_record, matrix["run_id"], matrix["record"], planned))
     fields = pd.DataFrame.from_records([p[0] for p in parsed], columns=RECORD_COLUMNS)
     runs = matrix.merge(fields, on="run_id", how="left", validate="one_to_one")
     ended = pd.to_datetime(runs["ended_at"], format="ISO8601", utc=True)
@@ -186,11 +220,27 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
 # --------------------------------------------------------------------------------------------
 
 
+COMM_KEYS = {"world_size": int, "nodes": int, "backend": str, "results": list}
+
+
+def read_comm(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """One all-reduce benchmark result (``scalerepro.training.commbench``), read within bounds and
+    with the keys the tables use; a TableInputError naming the file otherwise."""
+    try:
+        document = read_json_document(path, what="all-reduce benchmark result", max_bytes=16 << 20)
+    except EvidenceError as error:
+        raise TableInputError(f"{error}: run the all-reduce benchmark again (rule comm_benchmark)") from None
+    wrong = [key for key, kind in COMM_KEYS.items() if not isinstance(document.get(key), kind)]
+    if wrong:
+        raise TableInputError(f"{path} lacks {', '.join(wrong)} of an all-reduce benchmark result: run the all-reduce benchmark again (rule comm_benchmark)")
+    return document
+
+
 def communication_table(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
     """All-reduce results of every file; the bandwidths are checked against the times."""
     frames = []
     for path in paths:
-        document = json.loads(Path(path).read_text())
+        document = read_comm(path)
         frame = pd.DataFrame(document["results"], columns=["size_bytes", "time_us_median", "algbw_gbps", "busbw_gbps"])
         n = document["world_size"]
         algbw = frame["size_bytes"] / (frame["time_us_median"] * 1e3)  # algbw = size / t, in GB/s

@@ -117,7 +117,6 @@ This module is on the analysis side: it never imports torch.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -129,6 +128,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import pandas as pd
 
+from scalerepro.analysis.evidence import POSITIVE, Bound, EvidenceError, read_json_document
 from scalerepro.analysis.tables.network_model import (
     ClusterPreset,
     Link,
@@ -198,7 +198,7 @@ def fit_ring(sizes_bytes: Sequence[float], times_s: Sequence[float], gpus: int, 
 
 def fit_comm_file(path: str | os.PathLike[str]) -> RingNetwork:
     """alpha and B of one ``scalerepro.training.commbench`` file (its median times)."""
-    document = json.loads(Path(path).read_text())
+    document = read_json_document(path, what="all-reduce benchmark result", max_bytes=16 << 20)
     rows = document["results"]
     return fit_ring(
         [row["size_bytes"] for row in rows],
@@ -543,18 +543,29 @@ def predicted_efficiency(study: str, step_1_s: float, step_n_s: float, gpus: int
 def read_profile(record_path: str | os.PathLike[str]) -> tuple[StepProfile | None, str]:
     """The step profile of one run record, or None and why there is none."""
     try:
-        document = json.loads(Path(record_path).read_text())
+        document = read_json_document(record_path)
     except (OSError, ValueError) as error:
-        return None, f"unreadable run record {record_path}: {error}"
+        return None, str(error) if isinstance(error, EvidenceError) else f"unreadable run record {record_path}: {error}"
     measurements = document.get("measurements") or {}
     probe = measurements.get("backward_buckets")
-    if probe is None:
+    if not isinstance(probe, dict):
         return None, "its record has no backward_buckets (recorded before the scaling model)"
     if not probe.get("steps") or not probe.get("buckets"):
         return None, f"its bucket probe did not run: {probe.get('reason')}"
     step = (measurements.get("step_time_s") or {}).get("median")
     if step is None:
         return None, "its record has no median step time"
+    # every figure the model replays is a measurement: a step above 0, phases and bytes not below
+    figures = {"step_time_s.median": (step, POSITIVE), **{f"backward_buckets.{k}": (probe.get(k), Bound()) for k in ("forward_s", "backward_s", "optimizer_s")}}
+    buckets = probe["buckets"] if isinstance(probe["buckets"], list) else [None]
+    for index, bucket in enumerate(buckets):
+        bucket = bucket if isinstance(bucket, dict) else {}
+        figures[f"backward_buckets.buckets[{index}].bytes"] = (bucket.get("bytes"), Bound(integer=True))
+        figures[f"backward_buckets.buckets[{index}].ready_s"] = (bucket.get("ready_s"), Bound())
+    for name, (value, bound) in figures.items():
+        why = bound.problem(value) if value is not None else "absent"
+        if why:
+            return None, f"its {name} is {why}: no step to replay"
     return StepProfile(
         step_s=step,
         forward_s=probe["forward_s"],
@@ -646,7 +657,7 @@ def scaling_model_table(
     fits: dict[int, tuple[RingNetwork, int]] = {}  # GPU count -> (alpha, B fitted, nodes)
     fit_problems = {}
     for path in comm_paths:
-        document = json.loads(Path(path).read_text())
+        document = read_json_document(path, what="all-reduce benchmark result", max_bytes=16 << 20)
         try:
             fits[document["world_size"]] = (fit_comm_file(path), document["nodes"])
         except ValueError as error:
