@@ -223,3 +223,76 @@ def test_every_command_inside_the_boundary(name: str, argv, said: str, tmp_path:
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, (name, done.returncode, done.stderr[-2000:])
     after = sorted(p.name for p in tmp_path.iterdir() if p.name != "huge.csv")
     assert after == before, name  # nothing written: no tables, no store, no report, no record, no checkpoint
+
+
+# ---- also: what a failure names -----------------------------------------------------------------
+
+
+def _full_disk(folder: Path) -> tuple[list[str], dict[str, str] | None]:
+    """A 64 KiB file system for the checkpoints (a real one: tmpfs), unmounted by the test."""
+    disk = folder / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a full disk needs a small file system and mounting one is not permitted here: {mounted.stderr.strip()}")
+    return _train("--steps", "6", "--warmup-steps", "2", "--checkpoint-dir", str(disk / "ckpt"), "--checkpoint-interval", "1", "--no-eval"), None
+
+
+def _without_nsys(folder: Path) -> tuple[list[str], dict[str, str] | None]:
+    env = clean_env()
+    env["PATH"] = str(Path(sys.executable).parent) + ":/usr/bin:/bin"  # no Nsight there
+    return ["-m", "scalerepro.launching.nsight", "--tool", "nsys", "--out-dir", "prof", "--", "--model", "cnn"], env
+
+
+def _repeated_run_id(folder: Path) -> tuple[list[str], dict[str, str] | None]:
+    (folder / "results" / "tables").mkdir(parents=True)
+    matrix = pd.read_csv(_study(folder))
+    pd.concat([matrix, matrix.head(1)]).to_csv(folder / "results" / "tables" / "matrix.csv", index=False)
+    return ["-m", "scalerepro.analysis.rebuild", "--results", "results"], None
+
+
+def _study_set_flag(folder: Path) -> tuple[list[str], dict[str, str] | None]:
+    import yaml
+
+    config = yaml.safe_load((REPO / "config" / "ci.yaml").read_text())
+    config["trainer_args"] = [*config["trainer_args"], "--record=/etc/passwd"]
+    (folder / "bad.yaml").write_text(yaml.safe_dump(config))
+    return ["-m", "snakemake", "-n", "--directory", str(REPO), "--snakefile", str(REPO / "Snakefile"), "--configfile", str(folder / "bad.yaml")], None
+
+
+ALSO = [
+    # (name, the command and its environment, its exit status, what its error line says)
+    ("a checkpoint on a full disk", _full_disk, 1, "No space left on device (0 bytes free) writing a checkpoint: '"),
+    ("nsight without nsys installed", _without_nsys, 2, "nsys is not installed here (not on PATH): install Nsight Systems"),
+    ("rebuild of a matrix with a repeated run id", _repeated_run_id, 2, "results/tables/matrix.csv: run_id repeats"),
+    ("a trainer flag the study sets itself", _study_set_flag, 1,
+     "config error at 'trainer_args': --record=/etc/passwd is a flag the study sets for every run"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "command", "status", "said"), ALSO, ids=[case[0] for case in ALSO])
+def test_a_failure_names_what_failed(name: str, command, status: int, said: str, tmp_path: Path) -> None:
+    argv, env = command(tmp_path)
+    try:
+        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env or clean_env(), capture_output=True, text=True, timeout=300)
+    finally:
+        if (tmp_path / "disk").is_dir():
+            subprocess.run(["umount", str(tmp_path / "disk")], capture_output=True)
+    output = done.stdout + done.stderr  # Snakemake prints its errors on stdout
+    lines = [line for line in output.splitlines() if said in line]
+    assert done.returncode == status and lines, (name, done.returncode, output[-2000:])
+    assert "unexpected pos" not in output and "/tmp/tmp" not in output, name  # no torch internals, no scratch copy
+
+
+def test_store_list_prints_a_stored_name_as_text_never_as_terminal_control(tmp_path: Path) -> None:
+    """Round 3's one class still open: a study named with escape sequences (ESC[2J clears the
+    screen, OSC 8 makes a link, BEL rings) is listed with them stripped or shown escaped."""
+    matrix = _study(tmp_path)
+    evil = "evil\x1b[2J\x1b]8;;http://x\x07name\x07\r"
+    (tmp_path / "config.json").write_text(json.dumps({"study_name": evil}))
+    (tmp_path / "system.json").write_text("{}")
+    appended = _run(_store_append(str(matrix)), tmp_path)
+    assert appended.returncode == 0, appended.stderr[-2000:]
+    listed = _run(["-m", "scalerepro.analysis.history.store", "list", "--store", "store.duckdb"], tmp_path)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "evilname\\x07\\r" in listed.stdout and not any(c in listed.stdout for c in "\x1b\x07\r\x9b"), repr(listed.stdout)

@@ -45,10 +45,10 @@ import pandas as pd
 import yaml
 
 from scalerepro.analysis import columns
+from scalerepro.analysis.evidence import read_json_document
 from scalerepro.analysis.presentation import plots, report
 from scalerepro.analysis.profiles import captures
-from scalerepro.analysis.evidence import read_json_document
-from scalerepro.analysis.tables import aggregate
+from scalerepro.analysis.tables import aggregate, readers
 from scalerepro.analysis.tables.readers import RECORDS_STUDY, dig
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
 from scalerepro.common.files import write_text_atomically
@@ -194,7 +194,10 @@ def rebuild(results: Path, references: Path, templates: Path) -> dict[str, objec
     if not matrix_path.is_file():
         raise CommandError(f"{matrix_path}: no study matrix (run the workflow's study_matrix rule, or point --results at a study)")
     config_path = tables_dir / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config = read_json_document(config_path, what="resolved config") if config_path.is_file() else {}
+    # the aggregation's checks (empty, not CSV, columns, repeated run ids) on the user's file, so that
+    # an error names it, not the scratch copy with resolved paths made below
+    readers.read_matrix(matrix_path)
     # record paths relative to where the workflow ran (the folder holding results/)
     matrix = pd.read_csv(matrix_path, dtype=str, keep_default_na=False)
     base = results.resolve().parent

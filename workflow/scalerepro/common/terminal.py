@@ -18,3 +18,13 @@ TERMINAL_ESCAPE = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b
 def strip_terminal_escapes(text: str) -> str:
     """``text`` without its terminal control sequences; tabs and newlines stay."""
     return TERMINAL_ESCAPE.sub("", text)
+
+
+# C0 and C1 control characters (carriage return, backspace, BEL...) but tab and newline
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """One cell of a table printed on a terminal: without escape sequences, every other control
+    character shown as its escape (a stored study name carrying ESC[2J must not clear the screen)."""
+    return CONTROL.sub(lambda match: repr(match.group())[1:-1], strip_terminal_escapes(text))

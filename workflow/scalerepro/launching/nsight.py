@@ -13,10 +13,11 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import sqlite3
 import sys
 
-from scalerepro.common.cli import OneLineErrorParser, error_boundary
+from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
 
 # Nsight Compute: only the raw metrics the roofline and the summary read (no sections: a section
 # prints display names, "Duration", "Achieved Occupancy"..., which change between ncu versions,
@@ -147,6 +148,10 @@ def main(argv: list[str]) -> int:
     rank = rank_from_environment()
     tensor = tensor_pipe_metrics(gpu_compute_major()) if args.tool == "ncu" and (args.ranks == "all" or rank == 0) else ()
     cmd = command(args.tool, args.ranks, args.out_dir, rank, trainer, args.ncu_kernel_names, tensor)
+    if shutil.which(cmd[0]) is None:  # else execvp's ENOENT reads as a missing file or a full disk
+        suite = "Nsight Systems (nsys)" if args.tool == "nsys" else "Nsight Compute (ncu)"
+        raise CommandError(f"{cmd[0]} is not installed here (not on PATH): install {suite} or use the container, "
+                           "or set profiling.tool: torch (or profiling.fallback: true)")  # fmt: skip
     sys.stdout.flush()
     os.execvp(cmd[0], cmd)
     raise AssertionError("execvp returned")

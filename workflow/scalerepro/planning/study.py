@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,9 +208,36 @@ def _gpu_counts(config: dict[str, Any], local: bool, gpus_per_node: int) -> list
     return sorted(counts)
 
 
+# Trainer flags the study sets for every run itself, and what sets them: in trainer_args or a
+# model's args each would be overridden without a word (--record, --checkpoint-dir, --resume and
+# --progress come after them) or would make the run another than the matrix says (--run-id,
+# --seed: every repeat alike, --device).
+STUDY_SET_FLAGS = {
+    "--record": "the workflow writes each run's record to results/runs/<run>/record.json",
+    "--checkpoint-dir": "the workflow gives each run its own folder under results/runs/<run>",
+    "--resume": "the workflow resumes every run that has a checkpoint",
+    "--progress": "the workflow turns the progress bar off in its logs",
+    "--run-id": "the study matrix names each run",
+    "--seed": "each repeat is seeded with its number",
+    "--device": "the config key device sets it",
+}
+
+
+def refuse_study_set_flags(flags: Sequence[str], key: str) -> None:
+    """A StudyError at ``key`` for the first of ``flags`` the study sets itself (``--flag value`` or
+    ``--flag=value``)."""
+    for flag in flags:
+        name = str(flag).split("=", 1)[0]
+        if name in STUDY_SET_FLAGS:
+            raise StudyError(key, f"{flag} is a flag the study sets for every run ({STUDY_SET_FLAGS[name]}): remove it")
+
+
 class _Builder:
     def __init__(self, study: Study):
         self.study, self.config, self.runs = study, study.config, {}
+        refuse_study_set_flags(self.config["trainer_args"], "trainer_args")
+        for model, entry in self.config["models"].items():
+            refuse_study_set_flags(entry.get("args", []), f"models.{model}.args")
 
     def add(self, study: str, model: str, gpus: int, repeats: int, variant: str, per_gpu_batch: int, args: tuple[str, ...], key: str, grad_accum_steps: int = 1, reference: str = "", flags_key: str | None = None) -> None:
         """Add ``repeats`` runs of one cell; ``key`` names the setting that chose its GPU count,

@@ -18,8 +18,10 @@ to be usable: a corrupt or foreign file never takes the place of a good one.
 
 from __future__ import annotations
 
+import errno
 import random
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,19 @@ def unusable_reason(state: object, fingerprint: dict[str, Any], last_resumable_s
     return None
 
 
+# Below this many free bytes a failed write is the disk being full (the partial file is still there).
+FULL_DISK_BYTES = 1 << 20
+
+
+def write_failure(directory: Path, error: RuntimeError) -> Exception:
+    """What a failed torch.save means: a full file system (named, as the OSError every command
+    describes in one line) where the checkpoint's folder has next to no space left, else ``error``."""
+    free = shutil.disk_usage(directory).free
+    if free < FULL_DISK_BYTES:
+        return OSError(errno.ENOSPC, f"No space left on device ({free} bytes free) writing a checkpoint", str(directory))
+    return error
+
+
 @dataclass
 class CheckpointStore:
     """The checkpoints of one run in ``directory``; rank 0 alone writes and deletes."""
@@ -124,7 +139,10 @@ class CheckpointStore:
         """Write ``state`` as the checkpoint of ``step``; keep the newest ``keep`` usable ones."""
         target = path_for(self.directory, step)
         with atomic_file(target) as stream:
-            torch.save({"format": FORMAT_VERSION, "step": step, "final": final, **state}, stream)
+            try:
+                torch.save({"format": FORMAT_VERSION, "step": step, "final": final, **state}, stream)
+            except RuntimeError as error:  # torch's zip writer on a failed write: "unexpected pos 11328 vs 11280"
+                raise write_failure(self.directory, error) from None
         self._keep_newest(target)
         return target
 

@@ -102,6 +102,7 @@ from scalerepro.analysis.history.store_file import (
 from scalerepro.analysis.history.study_rows import StoredStudy, check_rows, distinct_joined, read_json, read_study
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
 from scalerepro.common.files import atomic_file, utc_now
+from scalerepro.common.terminal import printable
 
 
 # --------------------------------------------------------------------------------------------
@@ -407,7 +408,9 @@ def _list_command(args: argparse.Namespace) -> int:
     if table.empty:
         print("the store has no study yet")
     else:
-        print(table[shown].assign(git_commit=table["git_commit"].str.slice(0, 12)).to_string(index=False))
+        listed = table[shown].assign(git_commit=table["git_commit"].str.slice(0, 12))
+        # a stored name is whatever a config or a bundle said: on a terminal it is text, never control
+        print(listed.map(lambda value: printable(value) if isinstance(value, str) else value).to_string(index=False))
     return 0
 
 
