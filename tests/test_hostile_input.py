@@ -10,15 +10,20 @@ Kind 2, no output from no input: a command given nothing to work from says so; a
 set of figures made from no tables would read as a study that measured nothing.
 
 Kind 3, every command inside the boundary: a file of the wrong kind (empty, binary, huge) or a flag
-no run can use (nan) is one line naming it, exit 2, never a traceback, never a run that ignores it."""
+no run can use (nan) is one line naming it, exit 2, never a traceback, never a run that ignores it.
+
+Kind 5, two drivers, one study: a second driver is told plainly that the first is running."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -296,3 +301,41 @@ def test_store_list_prints_a_stored_name_as_text_never_as_terminal_control(tmp_p
     listed = _run(["-m", "scalerepro.analysis.history.store", "list", "--store", "store.duckdb"], tmp_path)
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert "evilname\\x07\\r" in listed.stdout and not any(c in listed.stdout for c in "\x1b\x07\r\x9b"), repr(listed.stdout)
+
+
+# ---- kind 5: two drivers, one study -----------------------------------------------------------
+
+TWO_DRIVERS = [
+    # (name, the second driver's Snakemake flags, its exit status, what it says)
+    ("a second driver that would run jobs", ["--cores", "1"], 1, "another snakemake is running this study in"),
+    ("a dry run beside the driver", ["-n"], 0, "warning: another snakemake is running this study in"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "flags", "status", "said"), TWO_DRIVERS, ids=[case[0] for case in TWO_DRIVERS])
+def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: str, tmp_path: Path) -> None:
+    """A real driver runs the CI study (synthetic data) in a copy of the checkout; a second one
+    started there is told plainly that the first is running, never to --rerun-incomplete."""
+    from test_workflow import COPY_IGNORE
+
+    workdir = tmp_path / "study"
+    shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
+    env = clean_env(PATH=f"{Path(sys.executable).parent}:{clean_env()['PATH']}")
+    snakemake = [sys.executable, "-m", "snakemake", "--configfile", "config/ci.yaml", "--config", "data=synthetic"]
+    first = subprocess.Popen([*snakemake, "--cores", "1"], cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
+    try:
+        lock = workdir / ".snakemake" / "scalerepro-driver.lock"
+        deadline = time.monotonic() + 120
+        while not (lock.is_file() and "pid" in lock.read_text() and list((workdir / "results").glob("*"))):
+            assert first.poll() is None and time.monotonic() < deadline, "the first driver did not start"
+            time.sleep(0.5)
+        time.sleep(2)  # its first jobs under way: outputs in progress
+        second = subprocess.run([*snakemake, *flags], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.wait(timeout=120)
+    output = second.stdout + second.stderr
+    lines = [line for line in output.splitlines() if said in line]
+    assert second.returncode == status and lines, (name, second.returncode, output[-3000:])
+    assert f"pid {first.pid}" in lines[0] and "IncompleteFilesException" not in output, (name, output[-3000:])

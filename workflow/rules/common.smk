@@ -19,6 +19,7 @@ from scalerepro import schedulers
 from scalerepro.analysis.columns import AGGREGATE_TABLES
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES
 from scalerepro.analysis.tables import checking
+from scalerepro.common import driver_lock
 from scalerepro.common.source_closure import run_jobs_from_this_checkout, source_files
 from scalerepro.planning import plan as planning
 from scalerepro.planning import study
@@ -58,7 +59,13 @@ try:
     PROFILING_PLAN = planning.profiling_plan(PLAN, local_exec=workflow.local_exec)
     # the checks select on the aggregation's columns: refused now, not after the tables are made
     checking.parse_checks(PLAN.config["targets"])
+    # one driver per study folder, refused before the DAG meets the other's jobs in progress;
+    # held (the open file) for this process's lifetime
+    DRIVER_LOCK = (
+        driver_lock.hold(Path.cwd(), sys.argv) if workflow.is_main_process else None
+    )
 except (
+    driver_lock.DriverBusy,
     planning.ConfigError,
     study.StudyError,
     SchedulerError,
