@@ -339,3 +339,36 @@ def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: s
     lines = [line for line in output.splitlines() if said in line]
     assert second.returncode == status and lines, (name, second.returncode, output[-3000:])
     assert f"pid {first.pid}" in lines[0] and "IncompleteFilesException" not in output, (name, output[-3000:])
+
+
+# ---- kind 4: a stop is a stop, also in evaluation ---------------------------------------------
+
+AFTER_THE_LAST_STEP = [
+    # (name, the run's flags, the log line after which SIGTERM is sent, where it stopped)
+    ("in the final evaluation", ["--eval-samples", "60000", "--eval-batch-size", "8"], "evaluating 60000 held-out samples",
+     "during the final evaluation"),
+    ("in the probes", ["--no-eval", "--bucket-probe-steps", "3000"], "step 6/6", "during the probes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "flags", "after", "where"), AFTER_THE_LAST_STEP, ids=[case[0] for case in AFTER_THE_LAST_STEP])
+def test_a_stop_is_a_stop_after_the_last_step(name: str, flags: list[str], after: str, where: str, tmp_path: Path) -> None:
+    """SIGTERM once the last step is done: acknowledged within seconds (the defect: the evaluation
+    of 60,000 samples ran on for minutes and the run ended ok; on Slurm KillWait then killed it
+    mid-evaluation, leaving no record), a preempted record with the window's figures, exit 75."""
+    argv = [sys.executable, *_train("--steps", "6", "--warmup-steps", "2", "--synthetic-samples", "1024", "--num-workers", "0",
+                                    "--checkpoint-dir", "ckpt", *flags)]  # fmt: skip
+    process = subprocess.Popen(argv, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        if after in line:
+            time.sleep(1.0)  # well inside it
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            break
+    output = process.stdout.read()
+    assert process.wait(timeout=60) == 75, (name, output[-2000:])
+    assert time.monotonic() - signalled < 15, name  # within a batch or a probe step, not after the whole of it
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["status"] == "preempted" and record["stop_signal"] == "SIGTERM", name
+    assert record["measurements"]["samples_per_s"] > 0 and record["steps"]["completed"] == 6, name  # the window's figures kept
+    assert f"stopped by SIGTERM {where}, after the last step" in output, (name, output[-2000:])

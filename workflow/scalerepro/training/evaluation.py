@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from scalerepro.data import loaders, sources
 from scalerepro.parallel import pipeline_parallel
-from scalerepro.training.distributed import DistContext, all_reduce_sum
+from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum
 
 
 @torch.no_grad()
@@ -24,9 +24,12 @@ def evaluate(
     ctx: DistContext,
     channels_last: bool,
     autocast: Callable[[], contextlib.AbstractContextManager],
-) -> dict[str, float]:
+    stop_requested: Callable[[], bool] = lambda: False,
+) -> dict[str, float] | None:
     """Loss and top-1 accuracy over ``eval_source`` (--eval-samples) at ``batch_size`` per
-    data-parallel rank, summed over ranks.
+    data-parallel rank, summed over ranks; None when a stop signal reached any rank during it
+    (``stop_requested``, checked before each batch: a stop is honoured within one batch, not after
+    the whole held-out set; the ranks agree before they sum, so all return None alike).
 
     Runs the plain module (not the DDP or compiled wrapper): evaluation is not measured, and
     this avoids recompiling for eval mode. Under --parallel pp the schedule's forward runs the
@@ -37,7 +40,11 @@ def evaluate(
     # loss sum, correct, count; summed over all ranks, the ranks of a TP group adding the same
     # figures each: every total is tp x the data-parallel one, and the ratios are unchanged
     totals = torch.zeros(3, dtype=torch.float64, device=device)
+    stopped = False
     for inputs, targets in loaders.eval_batches(eval_source.to(device), batch_size, dp_size, dp_rank, device, channels_last):
+        if stop_requested():
+            stopped = True
+            break
         with autocast():
             # --parallel pp: the logits exist on the last stage, whose figures alone are counted
             logits = module(*inputs) if pipeline is None else pipeline.forward_only(*inputs)
@@ -47,8 +54,10 @@ def evaluate(
         totals[0] += F.cross_entropy(logits, targets, reduction="sum")
         totals[1] += (logits.argmax(dim=-1) == targets).sum()
         totals[2] += targets.numel()
-    all_reduce_sum(ctx, totals)
     module.train()
+    if all_reduce_max(ctx, torch.tensor([float(stopped)], device=device)).item():
+        return None
+    all_reduce_sum(ctx, totals)
     loss_sum, correct, count = totals.tolist()
     # eval_loss = sum of per-target losses / targets; eval_accuracy = correct / targets
     return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count}

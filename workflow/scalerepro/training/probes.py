@@ -25,7 +25,7 @@ from scalerepro.data import sources
 from scalerepro.telemetry import metrics
 from scalerepro.training import buckets, checkpoint
 from scalerepro.training.checkpointing import RunState
-from scalerepro.training.distributed import DistContext, all_reduce_max, barrier, gather_objects
+from scalerepro.training.distributed import DistContext, all_reduce_max, gather_objects
 
 
 class StepFunction(Protocol):
@@ -55,6 +55,17 @@ class ProbedRun:
     sharded_by: str | None  # the --parallel strategy whose mesh holds the model (fsdp, tp, fsdp+tp, pp); None under DDP
     bucket_cap_mb: float
     grad_accum_steps: int
+    stop_requested: Callable[[], bool] = lambda: False  # a stop signal reached this rank
+
+
+STOPPED = "stopped by a signal during the probe"
+
+
+def stop_agreed(run: ProbedRun) -> bool:
+    """Whether a stop signal reached any rank (a collective: every rank calls it at the same
+    point, so all leave a probe's loop together). As an all-reduce it also lines the ranks up."""
+    flag = torch.tensor([float(run.stop_requested())], device=run.ctx.device)
+    return bool(all_reduce_max(run.ctx, flag).item())
 
 
 def exposed_not_measured(reason: str, fraction: float | None = None) -> dict[str, Any]:
@@ -121,12 +132,14 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
         groups = run.batches(steps)  # inside: reading them may draw random numbers
         # Interleaved, sync then no-sync on the same batch: a burst of load from elsewhere on
         # the host or GPU falls on both modes alike, not on one mode's block of steps. The
-        # first pair is a warm-up. Every step starts from a barrier, outside its time: a no-sync
-        # step lets the ranks drift apart, and the sync step after it would otherwise count that
-        # drift (the last step's straggler) as its own communication.
+        # first pair is a warm-up. Every step starts from an agreement of the ranks (whether to
+        # stop: a collective, so a barrier), outside its time: a no-sync step lets the ranks drift
+        # apart, and the sync step after it would otherwise count that drift (the last step's
+        # straggler) as its own communication.
         for repeat in range(steps + 1):
             for sync, timer in timers.items():
-                barrier(run.ctx)
+                if stop_agreed(run):  # before the step's time starts: the agreement is the barrier
+                    return exposed_not_measured(STOPPED)
                 timer.start()
                 run.step(iter(groups[repeat % len(groups)]), sync_gradients=sync, step_scheduler=False)
                 timer.stop(0, measured=repeat > 0)
@@ -167,6 +180,8 @@ def backward_buckets(run: ProbedRun, steps: int) -> dict[str, Any]:
         try:
             with recorder.watching(params):
                 for step in range(steps + 1):
+                    if stop_agreed(run):
+                        return buckets.not_measured(STOPPED)
                     batches = iter(groups[step % len(groups)])
                     run.step(batches, sync_gradients=False, eager=True, step_scheduler=False, marks=recorder)
         except torch.OutOfMemoryError as error:

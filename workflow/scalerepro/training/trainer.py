@@ -393,8 +393,16 @@ class Trainer:
                 outcome = self._train(energy, bar)
             if outcome.status == "ok":
                 probed = self._probed_run()
-                self.measured.exposed_comm = probes.exposed_communication(probed, run.comm_probe_steps)
-                self.measured.bucket_profile = probes.backward_buckets(probed, run.bucket_probe_steps)
+                # a stop in a probe ends it within one of its steps; the run is then preempted
+                measured_by = {
+                    "exposed_comm": lambda: probes.exposed_communication(probed, run.comm_probe_steps),
+                    "bucket_profile": lambda: probes.backward_buckets(probed, run.bucket_probe_steps),
+                }
+                for field_name, probe in measured_by.items():
+                    setattr(self.measured, field_name, probe())  # a probe stops within one of its steps
+                    stop_signal = self._agreed_stop_signal()
+                    if stop_signal is not None:
+                        return self._stopped_after_training(stop_signal, "the probes")
             return outcome
         finally:
             self.loader.close()
@@ -436,6 +444,9 @@ class Trainer:
         if run.eval and (not p.history or p.history[-1]["step"] != p.step):
             # A run counted in steps usually ends inside an epoch: evaluate there too.
             self._finish_epoch(p, self._global_sum(losses.epoch), complete=False)
+            stop_signal = self._agreed_stop_signal()  # one that came during the evaluation
+            if stop_signal is not None:
+                return self._stopped_after_training(stop_signal, "the final evaluation")
         # A finished run needs no checkpoint to continue: the final one is written only on
         # request, marked final so that no rerun resumes from it (checkpoint.unusable_reason).
         p.epoch_loss_sum = self._global_sum(losses.epoch)
@@ -481,6 +492,21 @@ class Trainer:
         added = max(1, math.ceil((wanted - window_s) / median_s))
         self.total_steps += added
         self.log(f"measured {window_s:.2f} s of --min-window-s {wanted:g}: {added} more steps (to {self.total_steps}) at the schedule's last learning rate")
+
+    def _agreed_stop_signal(self) -> str | None:
+        """The stop signal any rank received, agreed by all (a collective), or None."""
+        received = signal.Signals[self.stop.signal_name].value if self.stop.signal_name else 0
+        agreed = int(all_reduce_max(self.ctx, torch.tensor([float(received)], device=self.device)).item())
+        return signal.Signals(agreed).name if agreed else None
+
+    def _stopped_after_training(self, stop_signal: str, during: str) -> Outcome:
+        """A stop after the last step (in the final evaluation or the probes): the run is preempted
+        like any other, and its rerun measures again. It writes no new checkpoint: one at the last
+        step leaves no steps for a warm-up and a measured window, so a resume would pass over it;
+        the rerun resumes from the newest earlier one (--checkpoint-interval), else starts afresh."""
+        self.log(f"stopped by {stop_signal} during {during}, after the last step: no checkpoint there (it would leave no steps "
+                 "to measure); the rerun resumes from the newest earlier one, else starts afresh")  # fmt: skip
+        return Outcome("preempted", stop_signal, self._checkpoint_path)
 
     def _stop_signal_between_log_points(self) -> str | None:
         """Ranks must agree on the step they stop after, so several ranks decide only at log
@@ -533,10 +559,14 @@ class Trainer:
             batch_size = self.config.run.eval_batch_size or self.config.run.per_gpu_batch
             self.log(f"evaluating {self.eval_source.num_samples} held-out samples at batch {batch_size} per rank (not timed)")
             with self._outside_energy_window():
-                entry.update(evaluation.evaluate(
+                result = evaluation.evaluate(
                     self.module, self.pipeline, self.eval_source, batch_size, self.dp_size, self.dp_rank, self.ctx,
-                    self._channels_last, self._autocast,
-                ))  # fmt: skip
+                    self._channels_last, self._autocast, stop_requested=lambda: self.stop.signal_name is not None,
+                )  # fmt: skip
+            if result is None:  # stopped: the caller honours the signal (at the next log point, or now after the last step)
+                self.log(f"evaluation stopped by {self.stop.signal_name or 'a stop signal on another rank'}")
+            else:
+                entry.update(result)
         p.history.append(entry)
         summary = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if isinstance(v, float))
         self.log(f"epoch {p.epoch} {'done' if complete else 'so far'} at step {p.step}: {summary}")
@@ -604,7 +634,7 @@ class Trainer:
         return probes.ProbedRun(
             step=self._train_step, state=self.state, batches=self._cached_step_batches, ctx=self.ctx, ddp=self.ddp,
             sharded_by=p.parallel if self.mesh is not None else None, bucket_cap_mb=p.bucket_cap_mb,
-            grad_accum_steps=self.config.optim.grad_accum_steps,
+            grad_accum_steps=self.config.optim.grad_accum_steps, stop_requested=lambda: self.stop.signal_name is not None,
         )  # fmt: skip
 
     def results(self, local_only: bool = False) -> dict[str, Any]:
