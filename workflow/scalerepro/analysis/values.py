@@ -47,3 +47,16 @@ def plain(value: Any, keep_blank_text: bool = False) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
             return None  # a numpy float narrower than Python's (float32) that is ±inf
     return value
+
+
+def finite_number(value: Any) -> float | None:
+    """A table's value as a finite float; None for a missing, non-numeric or non-finite one
+    (and for a bool, which is a flag, not a figure)."""
+    value = plain(value)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None

@@ -17,8 +17,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from scalerepro.analysis.presentation.headline import finite_number
-from scalerepro.analysis.values import absent
+from scalerepro.analysis.values import absent, finite_number
 
 MISSING = "—"  # what every absent or non-finite value renders as
 

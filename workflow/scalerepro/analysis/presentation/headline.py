@@ -9,13 +9,13 @@ does not import the report module (which imports it): the templates format its n
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import pandas as pd
 
+from scalerepro.analysis.values import finite_number
 from scalerepro.common import gpu_peaks
 
 # The columns that tell one configuration from another; repeats of a configuration share them.
@@ -51,18 +51,6 @@ def _value(value: Any) -> Any:
     except (TypeError, ValueError):
         return value
     return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
-
-
-def finite_number(value: Any) -> float | None:
-    """A table's value as a finite float; None for a missing, non-numeric or non-finite one."""
-    value = _value(value)
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _flag(value: Any) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from scalerepro.analysis.presentation.formatting import fmt_bytes, fmt_int, fmt_text, label
-from scalerepro.analysis.presentation.headline import finite_number
+from scalerepro.analysis.values import finite_number
 
 # Headings for the inventory keys scalerepro.telemetry.inventory writes; any other key gets label(key).
 INVENTORY_TITLES = {

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scalerepro.analysis.presentation.formatting import MISSING, fmt_percent
-from scalerepro.analysis.presentation.headline import finite_number
 from scalerepro.analysis.tables.loss_decomposition import PARTS
+from scalerepro.analysis.values import finite_number
 
 # how far the named parts may miss the measured loss and still be said to account for it
 ACCOUNTED_POINTS = 0.03

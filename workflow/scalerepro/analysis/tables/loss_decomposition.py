@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 
 from scalerepro.analysis.tables import repeats
+from scalerepro.analysis.values import finite_number
 
 NAMED_PARTS = ("compute_inflation", "exposed_comm", "straggler_wait", "data_stall")
 PARTS = (*NAMED_PARTS, "unexplained")
@@ -88,17 +89,9 @@ LOSS_DECOMPOSITION_COLUMNS = (
 )  # fmt: skip
 
 
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def mean_step_s(run: pd.Series) -> float | None:
     """window_s / measured_steps: the step of the run's throughput."""
-    window, steps = _number(run.get("window_s")), _number(run.get("measured_steps"))
+    window, steps = finite_number(run.get("window_s")), finite_number(run.get("measured_steps"))
     return window / steps if window and steps else None
 
 
@@ -110,7 +103,7 @@ def run_quantities(run: pd.Series) -> dict[str, float] | str:
     step = mean_step_s(run)
     if step is None:
         return "no measured window"
-    probe = {key: _number(run.get(key)) for key in ("sync_step_s", "nosync_rank_mean_s", "straggler_wait_s")}
+    probe = {key: finite_number(run.get(key)) for key in ("sync_step_s", "nosync_rank_mean_s", "straggler_wait_s")}
     missing = [key for key, value in probe.items() if value is None]
     if missing:
         return f"its record has no {', '.join(missing)} (a probe from before every rank was timed, or --comm-probe-steps 0)"
@@ -119,7 +112,7 @@ def run_quantities(run: pd.Series) -> dict[str, float] | str:
         "sync": probe["sync_step_s"],
         "nosync": probe["nosync_rank_mean_s"],
         "straggler": max(probe["straggler_wait_s"], 0.0),
-        "data": (_number(run.get("data_wait_s")) or 0.0) / float(run["measured_steps"]),
+        "data": (finite_number(run.get("data_wait_s")) or 0.0) / float(run["measured_steps"]),
     }
 
 
@@ -142,7 +135,7 @@ def loss_decomposition_table(runs: pd.DataFrame, scaling: pd.DataFrame) -> pd.Da
     for _, cell in scaling[scaling["gpus"].gt(1) & scaling["study"].isin(["strong", "weak"])].iterrows():
         study, model, gpus = cell["study"], cell["model"], int(cell["gpus"])
         base = {"study": study, "model": model, "gpus": gpus, "nodes": cell.get("nodes"), "efficiency": cell.get("efficiency")}
-        efficiency = _number(cell.get("efficiency"))
+        efficiency = finite_number(cell.get("efficiency"))
         base["loss"] = 1 - efficiency if efficiency is not None else None
         ones = [mean_step_s(run) for _, run in counted[counted["study"].eq(study) & counted["model"].eq(model) & counted["gpus"].eq(1)].iterrows()]
         ones = [step for step in ones if step is not None]

@@ -138,6 +138,8 @@ from scalerepro.analysis.tables.network_model import (
     read_links,
     read_prediction_error,
 )
+from scalerepro.analysis.tables.readers import read_comm
+from scalerepro.analysis.values import finite_number
 
 SCALING_MODEL_COLUMNS = (
     "study", "model", "gpus", "nodes", "basis", "network", "alpha_step_us", "link_gbps", "global_batch",
@@ -196,16 +198,20 @@ def fit_ring(sizes_bytes: Sequence[float], times_s: Sequence[float], gpus: int, 
     return RingNetwork(gpus, float(alpha), float(1.0 / inverse_b), source)
 
 
-def fit_comm_file(path: str | os.PathLike[str]) -> RingNetwork:
-    """alpha and B of one ``scalerepro.training.commbench`` file (its median times)."""
-    document = read_json_document(path, what="all-reduce benchmark result", max_bytes=16 << 20)
+def fit_comm(document: Mapping[str, Any], name: str) -> RingNetwork:
+    """alpha and B of one ``scalerepro.training.commbench`` result (its median times), the file ``name``."""
     rows = document["results"]
     return fit_ring(
         [row["size_bytes"] for row in rows],
         [row["time_us_median"] * 1e-6 for row in rows],
         document["world_size"],
-        source=f"fit to {Path(path).name} ({document['backend']}, {len(rows)} sizes)",
+        source=f"fit to {name} ({document['backend']}, {len(rows)} sizes)",
     )
+
+
+def fit_comm_file(path: str | os.PathLike[str]) -> RingNetwork:
+    """alpha and B of one ``scalerepro.training.commbench`` file (``readers.read_comm``)."""
+    return fit_comm(read_comm(path), Path(path).name)
 
 
 def config_network(links: Mapping[str, Link], gpus: int, gpus_per_node: int) -> RingNetwork:
@@ -443,12 +449,10 @@ class BatchCurve:
                 f"m = {', '.join(map(str, self.batches))} ({self.source})")  # fmt: skip
 
 
-def _finite(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number > 0 else None
+def _positive(value: Any) -> float | None:
+    """A measured time: finite and above 0, else None."""
+    number = finite_number(value)
+    return number if number is not None and number > 0 else None
 
 
 def one_gpu_steps(model_runs: pd.DataFrame) -> dict[tuple[int, int], float]:
@@ -457,7 +461,7 @@ def one_gpu_steps(model_runs: pd.DataFrame) -> dict[tuple[int, int], float]:
     one = model_runs[model_runs["gpus"].eq(1) & model_runs["counts"].astype(bool)]
     steps: dict[tuple[int, int], list[float]] = {}
     for _, run in one.iterrows():
-        step = _finite(run.get("step_time_median_s"))
+        step = _positive(run.get("step_time_median_s"))
         if step is not None:
             key = (int(run["per_gpu_batch"]), int(run.get("grad_accum_steps", 1) or 1))
             steps.setdefault(key, []).append(step)
@@ -657,13 +661,12 @@ def scaling_model_table(
     fits: dict[int, tuple[RingNetwork, int]] = {}  # GPU count -> (alpha, B fitted, nodes)
     fit_problems = {}
     for path in comm_paths:
-        document = read_json_document(path, what="all-reduce benchmark result", max_bytes=16 << 20)
+        document = read_comm(path)
         try:
-            fits[document["world_size"]] = (fit_comm_file(path), document["nodes"])
+            fits[document["world_size"]] = (fit_comm(document, Path(path).name), document["nodes"])
         except ValueError as error:
             fit_problems[document["world_size"]] = str(error)
     links = read_links(references_path)
-    links_prefix = tuple(f"{link.name}:" for link in links.values()) or ("\0",)
     measured_across = any(nodes > 1 for _, nodes in fits.values())  # the study's own inter-node link
     rows = []
     scaled = runs[runs["study"].isin(["strong", "weak"])]
@@ -705,7 +708,7 @@ def scaling_model_table(
 
         measured_inflation = []
         for _, run in runs[runs["model"].eq(model) & runs["study"].isin(["strong", "weak"]) & runs["gpus"].gt(1)].iterrows():
-            nosync = _finite(run.get("nosync_step_s"))
+            nosync = _positive(run.get("nosync_step_s"))
             if nosync is None or not bool(run["counts"]):
                 continue
             key = (int(run["per_gpu_batch"]), int(run.get("grad_accum_steps", 1) or 1))
@@ -714,7 +717,7 @@ def scaling_model_table(
             occupancy = min(int(run["gpus"]), int(run["gpus_per_node"]))
             # s: the bandwidth at which the replay, its compute at this run's own k, exposes what
             # the probe measured exposed (sync - no-sync step), on the benchmark at this count
-            share, sync = None, _finite(run.get("sync_step_s"))
+            share, sync = None, _positive(run.get("sync_step_s"))
             if sync is not None and int(run["gpus"]) in fits:
                 share = bandwidth_share(inflated(profile, nosync / uninflated), fits[int(run["gpus"])][0],
                                         max(sync - nosync, 0.0), compute_scale_at(key[0]), key[1])  # fmt: skip
@@ -765,23 +768,23 @@ def scaling_model_table(
                        compute_inflation=k, inflation_basis=k_basis,
                        batch_curve=curve.describe() if curve is not None else "proportional: one micro-batch measured")  # fmt: skip
             network: AllReduceNetwork
+            own_link = False  # a link the study's all-reduce benchmark measured (not references.yaml's)
             try:
                 if gpus == 1:
                     network = RingNetwork(1, 0.0, math.inf, "one GPU: no all-reduce")
                 elif basis == "measured":
                     if gpus not in fits:
                         raise ValueError(fit_problems.get(gpus, f"no all-reduce benchmark at {gpus} GPUs (results/comm/g{gpus}.json)"))
-                    network = fits[gpus][0]
+                    network, own_link = fits[gpus][0], True
                 elif on_cluster:
                     network = cluster.network(gpus)
                 else:
-                    network = measured_network(fits, gpus, gpus_per_node) or config_network(links, gpus, gpus_per_node)
+                    measured = measured_network(fits, gpus, gpus_per_node)
+                    network, own_link = (measured, True) if measured is not None else (config_network(links, gpus, gpus_per_node), False)
             except ValueError as error:
                 row["note"] = f"no prediction: {error}"
                 rows.append(row)
                 continue
-            own_link = isinstance(network, RingNetwork) and gpus > 1 and not on_cluster and (
-                basis == "measured" or not network.source.startswith(links_prefix))
             if own_link:
                 # the all-reduce under load: the benchmark measured it alone, the step runs it
                 # beside the backward (on a CPU, on the same cores)
