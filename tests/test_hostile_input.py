@@ -220,6 +220,7 @@ BOUNDARY = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow  # starts training processes or Snakemake: not in the fast tier
 @pytest.mark.parametrize(("name", "argv", "said"), BOUNDARY, ids=[case[0] for case in BOUNDARY])
 def test_every_command_inside_the_boundary(name: str, argv, said: str, tmp_path: Path) -> None:
     _files(tmp_path)
@@ -275,6 +276,7 @@ ALSO = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow  # starts training processes or Snakemake: not in the fast tier
 @pytest.mark.parametrize(("name", "command", "status", "said"), ALSO, ids=[case[0] for case in ALSO])
 def test_a_failure_names_what_failed(name: str, command, status: int, said: str, tmp_path: Path) -> None:
     argv, env = command(tmp_path)
@@ -312,6 +314,7 @@ TWO_DRIVERS = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow  # starts training processes or Snakemake: not in the fast tier
 @pytest.mark.parametrize(("name", "flags", "status", "said"), TWO_DRIVERS, ids=[case[0] for case in TWO_DRIVERS])
 def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: str, tmp_path: Path) -> None:
     """A real driver runs the CI study (synthetic data) in a copy of the checkout; a second one
@@ -351,6 +354,7 @@ AFTER_THE_LAST_STEP = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow  # starts training processes or Snakemake: not in the fast tier
 @pytest.mark.parametrize(("name", "flags", "after", "where"), AFTER_THE_LAST_STEP, ids=[case[0] for case in AFTER_THE_LAST_STEP])
 def test_a_stop_is_a_stop_after_the_last_step(name: str, flags: list[str], after: str, where: str, tmp_path: Path) -> None:
     """SIGTERM once the last step is done: acknowledged within seconds (the defect: the evaluation
