@@ -8,8 +8,10 @@ channels_last, fused SGD with Nesterov momentum, 8 samples per rank per micro-ba
 batch of 16: at 1 rank two accumulated micro-batches, at 2 ranks one each), at 1 and 2 ranks,
 measured three ways, each on ranks pinned one to a core with one thread:
 
-  bare     a DDP loop written out here: no scalerepro code but the model's definition; random
-           batches made before the loop; perf_counter around each step (the CPU is synchronous)
+  bare     a DDP loop written out here: no scalerepro code but the model's definition and the
+           malloc thresholds every rank sets (scalerepro.common.host_heap: a setting of the
+           process, so that both loops allocate alike); random batches made before the loop;
+           perf_counter around each step (the CPU is synchronous)
   trainer  python -m scalerepro.launching.launch ... -- -m scalerepro.training.train <the study job's own flags>,
            outside Snakemake
   study    the same job run by Snakemake (snakemake --forcerun <its record>) in a copy of the
@@ -65,6 +67,9 @@ def bare_rank(rank: int, world: int, port: int, steps_min: int, min_window_s: fl
     """One rank of the bare loop: pinned to core ``rank``, one thread, DDP over gloo when world > 1."""
     core = sorted(os.sched_getaffinity(0))[rank]
     os.sched_setaffinity(0, {core})
+    from scalerepro.common import host_heap
+
+    host_heap.steady_heap()
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F

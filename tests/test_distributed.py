@@ -3,6 +3,7 @@ stop every rank after the same step, a missing peer is a clear error, srun-style
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -337,6 +338,53 @@ def test_a_probe_out_of_memory_on_one_rank_leaves_a_complete_run_on_every_rank(t
     assert m["exposed_communication"]["reason"] is None  # the other probe measured
     reason = m["backward_buckets"]["reason"]
     assert "ran out of device memory" in reason and "planted by the test" in reason
+
+
+_BROADCASTS_IN_THE_PROBE = """
+import json, os, sys
+from torch.nn.parallel import DistributedDataParallel
+from scalerepro.training.train import main
+from scalerepro.training.trainer import Trainer
+
+steps, broadcast = [], DistributedDataParallel._sync_buffers
+original = Trainer._train_step
+
+def sync_buffers(self):  # observed, then done as DDP does it
+    steps[-1]["broadcasts"] += 1
+    return broadcast(self)
+
+def train_step(self, micro_batches, sync_gradients=True, **kwargs):
+    probe = "eager" not in kwargs and kwargs.get("step_scheduler") is False  # the communication probe's steps
+    steps.append({"probe": probe, "sync": sync_gradients, "broadcasts": 0})
+    return original(self, micro_batches, sync_gradients=sync_gradients, **kwargs)
+
+DistributedDataParallel._sync_buffers = sync_buffers
+Trainer._train_step = train_step
+code = main(sys.argv[1:])
+if os.environ["RANK"] == "0":
+    json.dump(steps, open(os.environ["STEPS_OUT"], "w"))
+sys.exit(code)
+"""
+
+
+def test_the_probe_broadcasts_buffers_in_its_sync_steps_only(tmp_path):
+    """A training step's forward broadcasts the BatchNorm buffers (DDP's broadcast_buffers): the
+    probe's sync step must too, and its no-sync step (compute alone) must not. DDP decides from
+    the step before, so with the probe's alternation left alone each sync step skipped the
+    broadcast and each no-sync step paid it (probes.buffers_broadcast_like_a_training_step)."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(_BROADCASTS_IN_THE_PROBE)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(driver),
+               "--model", "resnet18_cifar", "--image-size", "8", "--per-gpu-batch", "2", "--steps", "4", "--warmup-steps", "2",
+               "--loader", "device", "--no-eval", "--synthetic-samples", "64", "--comm-probe-steps", "3",
+               "--bucket-probe-steps", "0", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    done = subprocess.run(command, env={**clean_env(), "STEPS_OUT": str(tmp_path / "steps.json")}, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads((tmp_path / "steps.json").read_text())
+    window, probe = [s for s in steps if not s["probe"]], [s for s in steps if s["probe"]]
+    assert window and all(s["broadcasts"] == 1 for s in window), window  # what a training step does
+    # a warm-up no-sync step, three timed ones, an untimed sync step, three timed ones (probe_schedule)
+    assert [(s["sync"], s["broadcasts"]) for s in probe] == [(False, 0)] * 4 + [(True, 1)] * 4, probe
 
 
 def test_two_ranks_lengthen_their_window_alike(tmp_path):

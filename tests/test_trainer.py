@@ -293,6 +293,9 @@ def test_the_optimised_preset_resolves_once_explicit_flags_win_and_the_record_sa
     record = load_record(tmp_path / "run.json")
     knobs = record["knobs"]
     assert knobs["preset"] == "optimised" and knobs["preset_overrides"] == {"compile": "none"}
+    from scalerepro.common import host_heap  # the rank fixed its malloc thresholds and the record says how
+
+    assert knobs["host_heap"] == host_heap.SETTING and knobs["host_heap"].startswith(("glibc malloc", "left as it is"))
     # bf16 where this CPU runs it natively, else fp32 (scalerepro.common.cpu_features: the suite
     # also runs with oneDNN held below bf16, ONEDNN_MAX_CPU_ISA=AVX512_CORE)
     from scalerepro.common import cpu_features

@@ -102,12 +102,46 @@ def preserved_state(state: RunState) -> Iterator[None]:
         checkpoint.set_rng_state(saved["rng"])
 
 
+def buffers_broadcast_like_a_training_step(ddp: DistributedDataParallel, sync: bool) -> None:
+    """Whether the next step's forward broadcasts the module's buffers (BatchNorm's running
+    statistics, ``broadcast_buffers``) from rank 0: yes for a step with the all-reduce, as every
+    training step does, no for one without it (compute alone).
+
+    DDP decides at a forward from what the step before did (``require_forward_param_sync``,
+    set after each forward: true when it synchronised gradients). Left alone, a sync step right
+    after a no-sync step would skip the broadcast and a no-sync step right after a sync step would
+    pay it: the probe alternates the two, which moved a broadcast's time from the one to the other."""
+    ddp.require_forward_param_sync = sync
+
+
+# Measured steps of one kind in a row: short runs, so that a burst of load from elsewhere on the
+# host or GPU falls on both kinds alike, not on one kind's long block.
+PROBE_RUN = 3
+
+
+def probe_schedule(steps: int) -> list[tuple[bool, bool]]:
+    """The exposed-communication probe's steps in order, each (sync, timed): a warm-up step, then
+    runs of ``PROBE_RUN`` no-sync steps, each followed by an untimed sync step and the same
+    batches' sync steps, until ``steps`` of each kind are timed.
+
+    A timed sync step follows a sync step, as every step of the window does: the all-reduce of
+    the step before lined the ranks up. A sync step right after a no-sync step would count the
+    ranks' drift during it (the last step's straggler) as its own communication; one right after
+    a barrier timed 1.3-2 % faster than the window's steps on the development VM (2026-11-27,
+    benchmarks/README.md): neither is the step the window measures."""
+    schedule = [(False, False)]
+    for first in range(0, steps, PROBE_RUN):
+        run = min(PROBE_RUN, steps - first)
+        schedule += [(False, True)] * run + [(True, False)] + [(True, True)] * run
+    return schedule
+
+
 def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
     """Exposed communication and the wait for the slowest rank: the same steps timed with and
     without the gradient all-reduce, on identical, pre-built batches (the loader is out of the
-    picture), the two kinds of step interleaved. Every rank's step times are gathered; with
-    t_r,i rank r's time of step i and med_i the median over the probe's ``steps``
-    (``--comm-probe-steps``) steps:
+    picture), in short runs of each kind (``probe_schedule``). Every rank's step times are
+    gathered; with t_r,i rank r's time of step i and med_i the median over the probe's ``steps``
+    (``--comm-probe-steps``) steps of each kind:
 
         sync_step_s          = med_i max_r t_r,i(sync)        (every rank leaves the all-reduce together)
         nosync_step_s        = max_r med_i t_r,i(no sync)     (the slowest rank's median, as before)
@@ -118,8 +152,11 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
                                step over the ranks is the wait the all-reduce imposes)
         exposed_fraction     = (sync_step_s - nosync_step_s) / sync_step_s
 
-    The steps leave the LR scheduler alone (OneCycleLR refuses steps past the run's end); the
-    run's state is restored afterwards.
+    The ranks agree whether to stop (a collective, so a barrier) before every step but a timed
+    sync step, whose predecessor's all-reduce lines them up instead: a stop is honoured within
+    ``PROBE_RUN`` + 1 steps. Each no-sync step starts from that barrier, so that the ranks' times
+    of one step are independent draws. The steps leave the LR scheduler alone (OneCycleLR refuses
+    steps past the run's end); the run's state is restored afterwards.
     """
     if run.sharded_by is not None:  # the probe switches DDP's all-reduce off; FSDP has no such switch
         return exposed_not_measured(f"not measured under --parallel {run.sharded_by}: the probe times DDP with and without no_sync")
@@ -130,21 +167,20 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
     timers = {True: metrics.StepTimer(device), False: metrics.StepTimer(device)}
     with preserved_state(run.state):
         groups = run.batches(steps)  # inside: reading them may draw random numbers
-        # Interleaved, sync then no-sync on the same batch: a burst of load from elsewhere on
-        # the host or GPU falls on both modes alike, not on one mode's block of steps. The
-        # first pair is a warm-up. Every step starts from an agreement of the ranks (whether to
-        # stop: a collective, so a barrier), outside its time: a no-sync step lets the ranks drift
-        # apart, and the sync step after it would otherwise count that drift (the last step's
-        # straggler) as its own communication.
-        for repeat in range(steps + 1):
-            for sync, timer in timers.items():
-                if stop_agreed(run):  # before the step's time starts: the agreement is the barrier
-                    return exposed_not_measured(STOPPED)
-                timer.start()
-                run.step(iter(groups[repeat % len(groups)]), sync_gradients=sync, step_scheduler=False)
-                timer.stop(0, measured=repeat > 0)
-        # rank -> mode -> the measured steps' seconds (the first pair, a warm-up, left out)
-        mine = {sync: timers[sync].durations_s()[1:] for sync in (True, False)}
+        done = {True: 0, False: 0}  # timed steps of each kind so far: the i-th of each takes batch i
+        for sync, timed in probe_schedule(steps):
+            if not (sync and timed) and stop_agreed(run):
+                return exposed_not_measured(STOPPED)
+            buffers_broadcast_like_a_training_step(run.ddp, sync)
+            batch = iter(groups[done[sync] % len(groups)])
+            if not timed:
+                run.step(batch, sync_gradients=sync, step_scheduler=False)
+                continue
+            timers[sync].start()
+            run.step(batch, sync_gradients=sync, step_scheduler=False)
+            timers[sync].stop(0, measured=True)
+            done[sync] += 1
+        mine = {sync: timers[sync].durations_s() for sync in (True, False)}  # rank -> kind -> seconds of its timed steps
     ranks = gather_objects(run.ctx, mine)
     sync_steps = np.array([rank[True] for rank in ranks])  # ranks x steps
     nosync_steps = np.array([rank[False] for rank in ranks])

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerepro import schedulers
+from scalerepro.common import host_heap
 from scalerepro.common.files import utc_now
 from scalerepro.config import precision_reason, preset_overrides
 from scalerepro.telemetry import hardware
@@ -68,6 +69,8 @@ def build(
             "static_graph": config.parallel.static_graph,
             "sync_batchnorm": config.parallel.sync_batchnorm,
             "grad_accum_steps": config.optim.grad_accum_steps,
+            # the rank's malloc thresholds (scalerepro.common.host_heap); null where no rank set them (the launcher's record)
+            "host_heap": host_heap.SETTING,
         },
         "config": dataclasses.asdict(config),
         "git": hardware.git_info(Path(__file__).resolve().parent),

@@ -15,6 +15,7 @@ import uuid
 
 import torch.distributed
 
+from scalerepro.common import host_heap
 from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from scalerepro.common.files import utc_now, write_json_atomically
@@ -91,6 +92,7 @@ def main(argv: list[str]) -> int:
     trainer: Trainer | None = None
     code = EXIT_FAILED
     stop = StopRequest()
+    host_heap.steady_heap()  # before anything is built: every step's allocations then cost alike (the module says why)
     try:
         ctx = distributed.setup(
             config.parallel.device, config.parallel.dist_timeout_s, group_at_one_rank=config.parallel.process_group_at_one_rank

@@ -21,9 +21,10 @@ the same step on pre-built batches, with and without DDP's all-reduce, every ran
         the all-reduce that the backward does not hide
     data stall         = data_wait_s / measured_steps
         the input wait of a step in the window (the probe's batches are pre-built: it has none)
-    unexplained        = t_N - ideal - the four above
-        what the parts do not account for: the probe's moment against the window's, logging and
-        the loop's own cost, noise
+    unexplained        = t_N - ideal - the four above  (= t_N - sync_step_s - data stall, exposed comm above 0)
+        what the parts do not account for: the probe's moment against the window's, its cached
+        batches, the loop's own cost, noise (benchmarks/probe_against_window.py measures the
+        probe's sync step against the window's: on the development VM -0.6 % of a step, sd 2.6 %)
 
 A cell's parts come from the medians over its repeats of the measured seconds (t_N, the sync
 step, the typical rank's no-sync step, the straggler wait, the data wait per step), put through
