@@ -323,14 +323,19 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_probe_out_of_memory_on_one_rank_leaves_a_complete_run_on_every_rank(tmp_path):
+def _two_ranks_of(driver_source: str, tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Two ranks (torchrun) of a driver script that observes or plants something around the trainer's main."""
     driver = tmp_path / "driver.py"
-    driver.write_text(_OUT_OF_MEMORY_IN_THE_PROBE)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(driver),
-               "--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--per-gpu-batch", "8", "--num-workers", "0",
-               "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "2", "--bucket-probe-steps", "2",
-               "--dist-timeout-s", "60", "--record", str(tmp_path / "r.json")]  # fmt: skip
-    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=240)
+    driver.write_text(driver_source)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(driver), *args]
+    return subprocess.run(command, env={**clean_env(), **env}, capture_output=True, text=True, timeout=240)
+
+
+def test_a_probe_out_of_memory_on_one_rank_leaves_a_complete_run_on_every_rank(tmp_path):
+    done = _two_ranks_of(_OUT_OF_MEMORY_IN_THE_PROBE, tmp_path,
+                         "--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--per-gpu-batch", "8", "--num-workers", "0",
+                         "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "2", "--bucket-probe-steps", "2",
+                         "--dist-timeout-s", "60", "--record", str(tmp_path / "r.json"))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     record = load_record(tmp_path / "r.json")
     m = record["measurements"]
@@ -372,13 +377,10 @@ def test_the_probe_broadcasts_buffers_in_its_sync_steps_only(tmp_path):
     probe's sync step must too, and its no-sync step (compute alone) must not. DDP decides from
     the step before, so with the probe's alternation left alone each sync step skipped the
     broadcast and each no-sync step paid it (probes.buffers_broadcast_like_a_training_step)."""
-    driver = tmp_path / "driver.py"
-    driver.write_text(_BROADCASTS_IN_THE_PROBE)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(driver),
-               "--model", "resnet18_cifar", "--image-size", "8", "--per-gpu-batch", "2", "--steps", "4", "--warmup-steps", "2",
-               "--loader", "device", "--no-eval", "--synthetic-samples", "64", "--comm-probe-steps", "3",
-               "--bucket-probe-steps", "0", "--record", str(tmp_path / "r.json")]  # fmt: skip
-    done = subprocess.run(command, env={**clean_env(), "STEPS_OUT": str(tmp_path / "steps.json")}, capture_output=True, text=True, timeout=240)
+    done = _two_ranks_of(_BROADCASTS_IN_THE_PROBE, tmp_path,
+                         "--model", "resnet18_cifar", "--image-size", "8", "--per-gpu-batch", "2", "--steps", "4", "--warmup-steps", "2",
+                         "--loader", "device", "--no-eval", "--synthetic-samples", "64", "--comm-probe-steps", "3",
+                         "--bucket-probe-steps", "0", "--record", str(tmp_path / "r.json"), STEPS_OUT=str(tmp_path / "steps.json"))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     steps = json.loads((tmp_path / "steps.json").read_text())
     window, probe = [s for s in steps if not s["probe"]], [s for s in steps if s["probe"]]
