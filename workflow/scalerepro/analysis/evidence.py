@@ -123,15 +123,22 @@ IDENTITY: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+def dig(document: Any, path: tuple[str, ...]) -> Any:
+    """The value at ``path`` in a record (nested objects), or None where any step is absent."""
+    for key in path:
+        if not isinstance(document, dict):
+            return None
+        document = document.get(key)
+    return document
+
+
 def identity_problem(document: Mapping[str, Any], planned: Mapping[str, Any]) -> str | None:
     """Why the record is not the run its plan names (its run id or model differ), or None. The GPU
     count, node count, per-GPU batch and strategy are compared where runs.csv is made
     (``consistent``); these two say whose record it is at all."""
     differs = []
     for column, (where, name) in IDENTITY.items():
-        value: Any = document
-        for key in where:
-            value = value.get(key) if isinstance(value, Mapping) else None
+        value = dig(document, where)
         if value is not None and column in planned and str(value) != str(planned[column]):
             differs.append(f"{name} {value!r}, not {planned[column]!r}")
     return f"it is another run's record ({'; '.join(differs)})" if differs else None

@@ -59,9 +59,6 @@ def _targets(config: dict) -> dict[str, Any]:
     return {key: value for key, value in (config.get("targets") or {}).items() if key in columns.TARGETS}
 
 
-RECORD_STUDY = RECORDS_STUDY  # the study column of a run no study planned
-
-
 def _is_run_record(document: Any) -> bool:
     return isinstance(document, dict) and {"schema_version", "run_id", "status", "measurements"} <= document.keys()
 
@@ -127,7 +124,7 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, list[Path
             command = get("command_line")
             rows.append({
                 "run_id": f"{records_dir.resolve().name}_{path.stem}" if len(records_dirs) > 1 else path.stem,
-                "study": RECORD_STUDY, "model": get("model", "name"), "gpus": gpus,
+                "study": RECORDS_STUDY, "model": get("model", "name"), "gpus": gpus,
                 "nodes": get("parallel", "nodes") or 1, "gpus_per_node": get("parallel", "gpus_per_node") or gpus,
                 "variant": variant_of(document), "precision": get("precision"),
                 "per_gpu_batch": get("batch", "per_gpu") or get("batch", "per_rank"),  # schema 2 named it per_rank

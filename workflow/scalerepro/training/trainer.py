@@ -393,13 +393,13 @@ class Trainer:
                 outcome = self._train(energy, bar)
             if outcome.status == "ok":
                 probed = self._probed_run()
-                # a stop in a probe ends it within one of its steps; the run is then preempted
+                # a stop in a probe ends it within a few of its steps (probes); the run is then preempted
                 measured_by = {
                     "exposed_comm": lambda: probes.exposed_communication(probed, run.comm_probe_steps),
                     "bucket_profile": lambda: probes.backward_buckets(probed, run.bucket_probe_steps),
                 }
                 for field_name, probe in measured_by.items():
-                    setattr(self.measured, field_name, probe())  # a probe stops within one of its steps
+                    setattr(self.measured, field_name, probe())
                     stop_signal = self._agreed_stop_signal()
                     if stop_signal is not None:
                         return self._stopped_after_training(stop_signal, "the probes")
@@ -493,6 +493,11 @@ class Trainer:
         self.total_steps += added
         self.log(f"measured {window_s:.2f} s of --min-window-s {wanted:g}: {added} more steps (to {self.total_steps}) at the schedule's last learning rate")
 
+    def _stop_received(self) -> bool:
+        """Whether a stop signal reached this rank (the evaluation and the probes check it; the ranks
+        then agree before they stop)."""
+        return self.stop.signal_name is not None
+
     def _agreed_stop_signal(self) -> str | None:
         """The stop signal any rank received, agreed by all (a collective), or None."""
         received = signal.Signals[self.stop.signal_name].value if self.stop.signal_name else 0
@@ -561,7 +566,7 @@ class Trainer:
             with self._outside_energy_window():
                 result = evaluation.evaluate(
                     self.module, self.pipeline, self.eval_source, batch_size, self.dp_size, self.dp_rank, self.ctx,
-                    self._channels_last, self._autocast, stop_requested=lambda: self.stop.signal_name is not None,
+                    self._channels_last, self._autocast, stop_requested=self._stop_received,
                 )  # fmt: skip
             if result is None:  # stopped: the caller honours the signal (at the next log point, or now after the last step)
                 self.log(f"evaluation stopped by {self.stop.signal_name or 'a stop signal on another rank'}")
@@ -634,7 +639,7 @@ class Trainer:
         return probes.ProbedRun(
             step=self._train_step, state=self.state, batches=self._cached_step_batches, ctx=self.ctx, ddp=self.ddp,
             sharded_by=p.parallel if self.mesh is not None else None, bucket_cap_mb=p.bucket_cap_mb,
-            grad_accum_steps=self.config.optim.grad_accum_steps, stop_requested=lambda: self.stop.signal_name is not None,
+            grad_accum_steps=self.config.optim.grad_accum_steps, stop_requested=self._stop_received,
         )  # fmt: skip
 
     def results(self, local_only: bool = False) -> dict[str, Any]:

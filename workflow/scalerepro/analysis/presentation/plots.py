@@ -540,7 +540,7 @@ def loss_waterfall(t: Tables) -> Figure:
         ax.bar(0, ideal, color="0.75")
         ax.text(0, ideal, f"{ideal:.0f}", ha="center", va="bottom", fontsize="small")
         for x, (key, label) in enumerate(WATERFALL_STEPS, start=1):
-            height = 100 * (1 - row.ideal_step_s / row.step_s - sum(getattr(row, k) for k, _ in WATERFALL_STEPS[:-1])) if key == "unexplained" else 100 * getattr(row, key)
+            height = 100 * getattr(row, key)  # the unexplained rest too: what takes the steps to 100 %
             bottom = level if height >= 0 else level + height
             ax.bar(x, abs(height), bottom=bottom, color=colours[key], hatch="//" if key == "unexplained" else None, edgecolor="white")
             low, high = getattr(row, f"{key}_ci_low"), getattr(row, f"{key}_ci_high")

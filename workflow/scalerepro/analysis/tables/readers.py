@@ -23,7 +23,7 @@ from scalerepro.analysis.columns import (
     RECORD_FIELDS,
     RUN_COLUMNS,
 )
-from scalerepro.analysis.evidence import FIGURE_BOUNDS, EvidenceError, figure_problems, identity_problem, read_json_document
+from scalerepro.analysis.evidence import FIGURE_BOUNDS, EvidenceError, dig, figure_problems, identity_problem, read_json_document
 from scalerepro.analysis.tables.cell_tables import counts
 from scalerepro.common.cli import CommandError
 from scalerepro.common.cuda_graphs import CUDA_GRAPH_MODES
@@ -39,14 +39,6 @@ class TableInputError(CommandError, ValueError):
 
 
 RECORDS_STUDY = "records"  # rebuild --records' study column: runs no study planned, named after their files
-
-
-def dig(document: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(document, dict):
-            return None
-        document = document.get(key)
-    return document
 
 
 def cuda_graph_replays(document: dict[str, Any]) -> bool:
