@@ -19,6 +19,7 @@
 #   levers    each lever of the optimised preset changed alone: resnet18_cifar, resnet50, gpt2_small
 #             (~50-75 s a lever; SMOKE_MODELS selects models here too)
 #   ncu       the ncu probe alone: does the real ncu read every metric the project asks for (~11 s)
+#   cells     the study's one-GPU scaling cells alone (the one-H100 study's frontier), before the rest
 #   study     snakemake --cores all on $SMOKE_STUDY_CONFIG (default benchmarks/gpu/study.yaml; the
 #             one-H100 study is benchmarks/gpu/h100-study.yaml); needs the wheels of wheels.py;
 #             results/ packed into $OUT/study-results.tgz every 20 s while it runs
@@ -278,9 +279,13 @@ stage_ce() {
   else note "SKIP ce: needs CUDA"; fi
 }
 
-stage_study() {
-  note "stage study on $DEVICE $(date -u +%FT%TZ)"
-  command -v snakemake > /dev/null || { note "FAIL no snakemake: carry the wheels of benchmarks/gpu/wheels.py"; FAILS=$((FAILS + 1)); return; }
+# snakemake_study WHAT TARGET...: Snakemake on the study config, towards TARGET... (none: the
+# whole study), with results/ packed into $OUT every 20 s; the record check of each scaling cell
+study_snakemake() {
+  local what=$1
+  shift
+  note "stage $what on $DEVICE $(date -u +%FT%TZ)"
+  command -v snakemake > /dev/null || { note "FAIL no snakemake: carry the wheels of benchmarks/gpu/wheels.py"; FAILS=$((FAILS + 1)); return 1; }
   # SMOKE_STUDY_CONFIG: benchmarks/gpu/h100-study.yaml, the one-H100 study (default: the small smoke study)
   local config=${SMOKE_STUDY_CONFIG:-$HERE/study.yaml} record
   gpu || config=${SMOKE_STUDY_CONFIG_CPU:-config/config.yaml}  # the README's study: synthetic, no download
@@ -297,13 +302,40 @@ stage_study() {
     packer=$!
   fi
   # shellcheck disable=SC2086  # SMOKE_STUDY_ARGS is a list of flags
-  RUN_SIGNAL=INT run 120 600 snakemake --cores all --keep-going --rerun-incomplete --configfile "$config" ${SMOKE_STUDY_ARGS:-} > "$DIR/study.log" 2>&1
+  # 45 s: one ablation cell with a warm start; Snakemake stopped by SIGINT keeps every finished record
+  # the targets first: --configfile takes every word after it
+  RUN_SIGNAL=INT run 45 600 snakemake "$@" --cores all --keep-going --rerun-incomplete --configfile "$config" ${SMOKE_STUDY_ARGS:-} >> "$DIR/study.log" 2>&1
+  local rc=$?
   [ -n "$packer" ] && kill "$packer" 2> /dev/null
+  case $rc in
+    0) note "PASS snakemake $what" ;;
+    124) note "INFO snakemake $what stopped by the call's budget (a later call continues it)" ;;
+    125) ;;  # skipped, said so by run
+    *) note "FAIL snakemake $what (rc=$rc; $DIR/study.log)"; FAILS=$((FAILS + 1)) ;;
+  esac
   grep -E "^(Error|Finished|Complete log|[0-9]+ of [0-9]+ steps)|Exiting because" "$DIR/study.log" | tail -15
   for record in results/runs/strong_*/record.json; do  # the scaling cells: DDP's figures (the FSDP/TP cells have no DDP probes)
-    [ -f "$record" ] && check "study record $(basename "$(dirname "$record")") has every figure" record_check "$record"
+    [ -f "$record" ] && check "$what: record $(basename "$(dirname "$record")") has every figure" record_check "$record"
   done
+}
+
+# The study's one-GPU scaling cells alone (the one-H100 study's six optimised cells are the
+# frontier): what a call must bring back before anything else, so that `cells curve study` puts
+# the frontier, then the batch curve (never yet run on a GPU), then the rest of the study.
+stage_cells() {
+  local cells=() model
+  if gpu; then
+    for model in ${SMOKE_MODELS:-resnet50 gpt2_small resnet18_cifar bert_base vit_b_16 llama_1b}; do cells+=("results/runs/strong_${model}_g1_r1/record.json"); done
+  else
+    cells=(results/runs/strong_resnet18_cifar_g1_r1/record.json)  # CPU rehearsal: the README study's one-rank cell
+  fi
+  study_snakemake cells "${cells[@]}"
+}
+
+stage_study() {
+  study_snakemake study
   check "the study's report" test -s results/report/index.html
+  pack_study
 }
 
 # ResNet-50's step time at several per-GPU batches (benchmarks/gpu/batch_curve.py: one compile,
@@ -336,8 +368,8 @@ stage_ncu() {
 
 for stage in "$@"; do
   case "$stage" in
-    env | ncu | frontier | levers | record | profile | ce | study | curve) "stage_$stage" ;;
-    *) echo "usage: bash benchmarks/gpu/smoke.sh STAGE... (env ncu frontier levers record profile ce study curve)"; exit 2 ;;
+    env | ncu | frontier | levers | record | profile | ce | cells | study | curve) "stage_$stage" ;;
+    *) echo "usage: bash benchmarks/gpu/smoke.sh STAGE... (env ncu frontier levers record profile ce cells study curve)"; exit 2 ;;
   esac
 done
 note "done in ${SECONDS}s of a ${BUDGET}s budget; $FAILS FAIL"
