@@ -206,17 +206,48 @@ def fsdp_units(series: Series) -> int:
     return len(model.layers)
 
 
-def read_batch_curve(path: Path | None, model: str, gpu: str) -> scaling_model.BatchCurve | None:
-    """The curve of ``batch_curve.json`` (benchmarks/gpu/batch_curve.py) when it is of ``model`` on
-    ``gpu``; None otherwise. Without a path, the newest kept one under benchmarks/gpu/."""
+def kept_batch_curve(path: Path | None, model: str, gpu: str) -> tuple[Path, dict] | None:
+    """The ``batch_curve.json`` (benchmarks/gpu/batch_curve.py) of ``model`` on ``gpu``, and its
+    document: ``path``, or without one the newest kept under benchmarks/gpu/; None if none is."""
     candidates = [path] if path is not None else sorted(REPO.glob("benchmarks/gpu/*/batch_curve.json"), reverse=True)
     for candidate in candidates:
         document = json.loads(candidate.read_text())
         if document.get("model") == model and gpu in str(document.get("device")):
-            rows = document["rows"]
-            where = f"{candidate.relative_to(REPO) if candidate.is_relative_to(REPO) else candidate}, {document['device']}"
-            return scaling_model.BatchCurve.fit([r["batch"] for r in rows], [r["step_s_median"] for r in rows], where)
+            return candidate, document
     return None
+
+
+def read_batch_curve(path: Path | None, model: str, gpu: str) -> scaling_model.BatchCurve | None:
+    """The curve of the kept ``batch_curve.json`` of ``model`` on ``gpu`` (kept_batch_curve); None
+    where there is none."""
+    found = kept_batch_curve(path, model, gpu)
+    if found is None:
+        return None
+    candidate, document = found
+    rows = document["rows"]
+    where = f"{candidate.relative_to(REPO) if candidate.is_relative_to(REPO) else candidate}, {document['device']}"
+    return scaling_model.BatchCurve.fit([r["batch"] for r in rows], [r["step_s_median"] for r in rows], where)
+
+
+def curve_calibration(path: Path | None, model: str, gpu: str) -> str | None:
+    """The curve's bare loop against the trainer at a batch both ran: the trainer's record of the
+    same session (``<model>-optimised-frontier.json`` beside the curve). The model takes only the
+    curve's ratios t(m) / t(m0), so a bias the same at every batch cancels; one that is not does not."""
+    found = kept_batch_curve(path, model, gpu)
+    if found is None:
+        return None
+    candidate, document = found
+    record_path = candidate.parent / f"{model}-optimised-frontier.json"
+    if not record_path.is_file():
+        return f"no calibration: no trainer record ({record_path.name}) beside {candidate.name}"
+    record = json.loads(record_path.read_text())
+    batch, trainer_s = record["batch"]["per_gpu"], record["measurements"]["step_time_s"]["median"]
+    bare = [row["step_s_median"] for row in document["rows"] if row["batch"] == batch]
+    if not bare:
+        return f"no calibration: the curve has no point at the trainer's batch {batch}"
+    return (f"calibration at batch {batch}: the curve's bare loop {bare[0] * 1e3:.2f} ms against the trainer's "
+            f"{trainer_s * 1e3:.2f} ms ({record_path.name}): {bare[0] / trainer_s - 1:+.1%}; the model takes the "
+            f"curve's ratios t(m) / t(m0) only")  # fmt: skip
 
 
 def predict_series(
@@ -333,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     print("per series, median |error| of the model against ideal scaling's: " + "; ".join(
         f"{label} {statistics.median(abs(r['error']) for r in group):.1%} vs {statistics.median(abs(r['ideal_error']) for r in group):.1%}"
         for label in dict.fromkeys(r["source"] for r in scored) for group in [[r for r in scored if r["source"] == label]]))
+    calibration = curve_calibration(args.batch_curve, "resnet50", "H100")
+    if calibration is not None:
+        print(f"batch curve: {calibration}")
     for name, probe in probes.items():
         shown = "bert_large" if name == "bert_base" else name
         print(f"CPU probe {shown}: {probe.parameters / 1e6:.1f} M parameters, forward {probe.forward_s:.2f} s, backward "

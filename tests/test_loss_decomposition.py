@@ -210,3 +210,24 @@ def test_the_mlperf_row_takes_its_compute_from_the_batch_curve_and_names_it_when
     with_curve = bench.predict_series(series, references, presets, probe, curve)[1]
     assert abs(with_curve["error"]) < 0.10 and abs(with_curve["error"]) < abs(with_curve["ideal_error"]) / 2, with_curve
     assert with_curve["input_note"].startswith("batch curve t(m) =")
+
+
+def test_the_mlperf_row_from_the_h100_batch_curve_kept_in_the_repository():
+    """The curve an H100 measured (benchmarks/gpu/h100-2026-11-27, GPU issue 38) is the one the
+    benchmark finds by default, lands the 64-GPU row within 10 % at under half of ideal scaling's
+    error, and is set beside the trainer's step at the batch both ran: the bare loop's dynamic-batch
+    compile runs 24.5 % slower there, which the benchmark says (it takes the curve's ratios only)."""
+    import yaml
+
+    bench = _benchmark()
+    curve = bench.read_batch_curve(None, "resnet50", "H100")
+    assert curve is not None and "h100-2026-11-27" in curve.source and curve.batches == (50, 100, 200, 256, 400)
+    series = next(s for s in bench.SERIES if s.label.startswith("MLPerf"))
+    document = yaml.safe_load(REFERENCES.read_text())
+    references = {entry["id"]: entry for entry in document["references"]}
+    probe = bench.CpuProfile(0.07, 0.11, (2_000_000, 6_000_000, 9_000_000, 8_557_032), (0.1, 0.2, 0.43, 1.0), 25_557_032, 0.0)
+    row = bench.predict_series(series, references, bench.network_model.read_clusters(REFERENCES), probe, curve)[1]
+    assert abs(row["error"]) < 0.10 and abs(row["error"]) < abs(row["ideal_error"]) / 2, row
+    calibration = bench.curve_calibration(None, "resnet50", "H100")
+    assert calibration.startswith("calibration at batch 256: the curve's bare loop 56.38 ms against the trainer's 45.28 ms"), calibration
+    assert "+24.5%" in calibration

@@ -6,11 +6,13 @@ run holds 50 images a GPU, where an H100 is underfilled and the fixed per-step c
 
 A bare loop, no scalerepro code but the model's definition and its loss: the optimised preset's
 settings written out (bf16 autocast, channels_last, cudnn.benchmark, torch.compile with CUDA graphs,
-fused SGD, one fixed batch resident on the device). One compilation serves every batch (the batch
-dimension is marked dynamic), so the curve costs one cold compile instead of one a batch; the
-batch the trainer's frontier ran (256) is measured too, and the bare loop's figure there against
-the trainer's record is this curve's calibration. Step time: CUDA events around each step, median
-and p10-p90 over a window of at least --window-s seconds after --warmup steps at that batch.
+fused SGD, one fixed batch resident on the device). Each batch is compiled for its own static shape,
+as the trainer compiles its one batch; the batch the trainer's frontier ran (256) is measured too,
+and the bare loop's figure there against the trainer's record is this curve's calibration. On an
+H100 on 2026-11-27, one compilation with the batch marked dynamic (``--dynamic``: one cold compile
+for every batch) ran 24.5 % slower than the trainer at 256 (benchmarks/README.md, round 3), so it
+does not calibrate; static shapes cost a compile a batch. Step time: CUDA events around each step,
+median and p10-p90 over a window of at least --window-s seconds after --warmup steps at that batch.
 
     python benchmarks/gpu/batch_curve.py [--batches 400 200 100 50 256] [--window-s 2] [--json OUT]
 """
@@ -43,6 +45,7 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=2.0)
     parser.add_argument("--compile", default="reduce-overhead", help="torch.compile mode, or none")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dynamic", action="store_true", help="one compile with the batch dimension dynamic (faster to compile, slower to run)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -51,14 +54,16 @@ def main() -> int:
     spec = models.resolve(args.model)
     model = ModelWithLoss(models.build(spec), 0.0).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=cuda or None)
-    forward = torch.compile(model, mode=args.compile) if args.compile != "none" else model
+    # static: a recompile for each batch (the batches must stay under dynamo's recompile limit, 8)
+    forward = torch.compile(model, mode=args.compile, dynamic=args.dynamic) if args.compile != "none" else model
     started = time.perf_counter()
     rows = []
     for batch in args.batches:
         images = torch.randn(batch, 3, spec.image_size, spec.image_size, device=device).to(memory_format=torch.channels_last)
         labels = torch.randint(0, spec.num_classes, (batch,), device=device)
-        torch._dynamo.mark_dynamic(images, 0)
-        torch._dynamo.mark_dynamic(labels, 0)
+        if args.dynamic:
+            torch._dynamo.mark_dynamic(images, 0)
+            torch._dynamo.mark_dynamic(labels, 0)
 
         def step() -> None:
             with torch.autocast(device.type, torch.bfloat16):
@@ -100,7 +105,8 @@ def main() -> int:
     if fit:
         print(f"CURVE fit: step = {fit.intercept * 1e3:.2f} ms + {fit.slope * 1e3:.4f} ms x batch")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    result = {"model": args.model, "device": name, "torch": torch.__version__, "compile": args.compile, "rows": rows,
+    result = {"model": args.model, "device": name, "torch": torch.__version__, "compile": args.compile,
+              "shapes": "dynamic" if args.dynamic else "static", "rows": rows,
               "fit": {"intercept_s": fit.intercept, "slope_s_per_sample": fit.slope} if fit else None}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -23,7 +23,8 @@
 #   study     snakemake --cores all on $SMOKE_STUDY_CONFIG (default benchmarks/gpu/study.yaml; the
 #             one-H100 study is benchmarks/gpu/h100-study.yaml); needs the wheels of wheels.py;
 #             results/ packed into $OUT/study-results.tgz every 20 s while it runs
-#   curve     ResNet-50's step time at batches 400 200 100 50 256 (benchmarks/gpu/batch_curve.py)
+#   curve     ResNet-50's step time at batches 400 200 100 50 256 (benchmarks/gpu/batch_curve.py, a compile
+#             a batch: ~5 min cold on an H100)
 #
 # benchmarks/README.md plans the calls of one session's device time and holds what they measured.
 # One call must end inside the device tool's 10-minute limit, or a killed stage loses its lines:
@@ -321,7 +322,7 @@ study_snakemake() {
 
 # The study's one-GPU scaling cells alone (the one-H100 study's six optimised cells are the
 # frontier): what a call must bring back before anything else, so that `cells curve study` puts
-# the frontier, then the batch curve (never yet run on a GPU), then the rest of the study.
+# the frontier, then the batch curve, then the rest of the study.
 stage_cells() {
   local cells=() model
   if gpu; then
@@ -338,15 +339,17 @@ stage_study() {
   pack_study
 }
 
-# ResNet-50's step time at several per-GPU batches (benchmarks/gpu/batch_curve.py: one compile,
-# the batch dimension dynamic; batch 256 again as the calibration against the frontier's record)
+# ResNet-50's step time at several per-GPU batches (benchmarks/gpu/batch_curve.py: a static compile
+# a batch, as the trainer compiles; batch 256 again as the calibration against the frontier's
+# record). On 2026-11-27 one dynamic-batch compile took over 93 s cold and ran 24.5 % slower than
+# the trainer; five static compiles need about 50 s each cold.
 stage_curve() {
   note "stage curve on $DEVICE $(date -u +%FT%TZ)"
   [ -s "$DIR/batch_curve.json" ] && { note "SKIP curve: $DIR/batch_curve.json is there from an earlier call"; return; }
   local model=resnet50 batches=(400 200 100 50 256) extra=()
   gpu || { model=cnn; batches=(64 32 16); extra=(--device cpu --warmup 2 --window-s 0.5); }
   curve() {
-    run 90 300 $PY $HERE/batch_curve.py --model $model --batches "${batches[@]}" "${extra[@]}" --json "$DIR/batch_curve.json" 2>&1 | tee "$DIR/batch_curve.log"
+    run 150 420 $PY $HERE/batch_curve.py --model $model --batches "${batches[@]}" "${extra[@]}" --json "$DIR/batch_curve.json" 2>&1 | tee "$DIR/batch_curve.log"
     return "${PIPESTATUS[0]}"
   }
   check "batch curve $model ${batches[*]}" curve
