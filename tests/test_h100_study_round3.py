@@ -5,7 +5,7 @@ cell interrupted by the call's budget (its log, no record), six cells never star
 today's code in a process where torch cannot be imported, as a later session's reader would.
 
 What it pins: the report renders from a study stopped part-way; the cells that have no record are
-failures or absent, never results; the frontier figures are the records' own; ResNet-18's profile
+failures or absent, never results, and the one that was stopped says so from its log; the frontier figures are the records' own; ResNet-18's profile
 says what its step is made of (the convolutions against Inductor's fused normalisation kernels,
 the stem's convolution on the CUDA cores)."""
 
@@ -70,6 +70,15 @@ def test_only_the_nine_measured_cells_count_and_the_rest_are_not_results(study):
     rows = {row[2]: row for row in table_rows(section(study.html, "ablation")) if len(row) > 2}
     assert rows["device_loader"][3] == "0 / 1" and rows["device_loader"][-1] == "no completed repeat"
     assert rows["bf16"][4] == "24,608"
+    # why the interrupted cell has no record: its log's last line, beside the rerun command
+    errors = runs.set_index("run_id")["error"]
+    assert errors["ablation_resnet18_cifar_g1_device_loader_r1"].endswith(
+        "record.json; its log ends: [default0]:scalerepro.training.train: interrupted: what it writes is written whole or not at all;"
+        f" run it again ({study.results}/runs/ablation_resnet18_cifar_g1_device_loader_r1/train.log)"
+    )
+    assert errors["ablation_resnet18_cifar_g1_compile_r1"].endswith("/runs/ablation_resnet18_cifar_g1_compile_r1/record.json")  # never started: no log
+    failures = visible(study.html.split('<section id="failures">')[1].split("</section>")[0])
+    assert "its log ends: [default0]:scalerepro.training.train: interrupted" in failures
 
 
 def test_resnet18s_profile_names_the_normalisation_kernels_and_the_stem_on_the_cuda_cores(study):

@@ -119,3 +119,22 @@ def test_strings_where_the_schema_wants_numbers_are_read_as_yaml_and_kept_only_w
     config["compare"]["threshold"] = "lots"
     with pytest.raises(planning.ConfigError, match="compare.threshold': 'lots' is not of type 'number'"):
         planning.validate(config, SCHEMA)
+
+
+def test_a_cells_repeats_are_a_whole_round_apart_in_the_order_snakemake_starts_them():
+    """The train jobs' priorities order every run: repeat 1 of each cell, then repeat 2 of each
+    cell in the same order, and so on. Sorted as Snakemake starts ready jobs (highest first), two
+    repeats of one cell are as many runs apart as the study has cells, so a slowdown shorter than a
+    round reaches one repeat of a cell, not two (the defect: priority by repeat alone, which left
+    the order within a round to Snakemake, and the last cell of round 1 could open round 2)."""
+    plan = _load(_config())
+    runs = list(plan.study.runs.values())
+    priorities = [plan.train_priority(run) for run in runs]
+    assert len(set(priorities)) == len(runs)  # a total order: nothing left to Snakemake's tie-break
+    started = [run for _, run in sorted(zip(priorities, runs), key=lambda pair: -pair[0])]
+    cells = list(dict.fromkeys(run.cell for run in runs))
+    assert len(cells) > 1 and max(run.repeat for run in runs) > 1
+    assert [run.repeat for run in started] == sorted(run.repeat for run in runs)  # round after round
+    rounds = [[run.cell for run in started if run.repeat == repeat] for repeat in sorted({run.repeat for run in runs})]
+    for earlier, later in zip(rounds, rounds[1:]):
+        assert [cell for cell in earlier if cell in later] == later  # the same order every round

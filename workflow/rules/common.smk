@@ -160,7 +160,7 @@ def run_threads(wildcards):
 
 
 def run_priority(wildcards):
-    """Repeat 1 of every cell before any repeat 2 (scalerepro.planning.plan.Plan.train_priority)."""
+    """Repeat 1 of every cell, in one order, before any repeat 2 (scalerepro.planning.plan.Plan.train_priority)."""
     return PLAN.train_priority(RUNS[wildcards.run])
 
 

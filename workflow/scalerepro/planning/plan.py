@@ -9,6 +9,7 @@ Python, unit-tested in tests/test_plan.py. ``load`` is the one entry point.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import shutil
 from collections.abc import Callable, Sequence
@@ -215,13 +216,22 @@ class Plan:
     def train_threads(self, run: Run) -> int:
         return run.ranks_per_node * self.config["resources"]["cpus_per_gpu"]
 
-    @staticmethod
-    def train_priority(run: Run) -> int:
+    @functools.cached_property
+    def _cell_order(self) -> dict[str, int]:
+        """Each cell's place in the study's planning order."""
+        return {cell: place for place, cell in enumerate(dict.fromkeys(run.cell for run in self.study.runs.values()))}
+
+    def train_priority(self, run: Run) -> int:
         """Snakemake starts ready jobs of higher priority first: every cell's repeat 1, then every
-        cell's repeat 2, and so on. The repeats of a cell are spread over the study, so a drift
-        of the machine (another job, heat) falls on every cell alike instead of on one cell's
-        block of repeats, where it would read as that cell's knob."""
-        return -run.repeat
+        cell's repeat 2, and so on, the cells in one order in every round. The repeats of a cell
+        are then a whole round apart, so a drift of the machine (another job, heat) falls on every
+        cell alike instead of on one cell's block of repeats, where it would read as that cell's
+        knob; and a slowdown shorter than a round reaches at most one repeat of a cell, which the
+        cell's median over its repeats leaves out. (With the order within a round left to
+        Snakemake, the last cell of one round could start the next: two of its three repeats back
+        to back, both inside one slowdown.)"""
+        order = self._cell_order
+        return -(run.repeat * len(order) + order[run.cell])
 
     def comm_resources(self, gpus: int) -> dict[str, Any]:
         """The all-reduce benchmark's resources over ``gpus`` GPUs."""

@@ -72,6 +72,11 @@ class Run:
     def global_batch(self) -> int:
         return mesh.global_batch(self.per_gpu_batch, self.grad_accum_steps, self.data_parallel or self.gpus)
 
+    @property
+    def cell(self) -> str:
+        """The cell this run repeats: its run id without the repeat (``strong_resnet50_g2``)."""
+        return self.run_id.removesuffix(f"_r{self.repeat}")
+
 
 @dataclass(frozen=True)
 class Study:

@@ -46,6 +46,21 @@ def cuda_graph_replays(document: dict[str, Any]) -> bool:
     return dig(document, ("knobs", "compile")) in CUDA_GRAPH_MODES and dig(document, ("parallel", "device_type")) == "cuda"
 
 
+LOG_TAIL_BYTES = 4096  # enough for the last lines of a train.log, however long the log
+
+
+def _log_ending(log: Path) -> str:
+    """Where a run left no record but its job's log is there (a run stopped or crashed before
+    its record was written): "; its log ends: <last line> (<log>)", else ""."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, handle.seek(0, 2) - LOG_TAIL_BYTES))
+            lines = [line.strip() for line in handle.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return f"; its log ends: {lines[-1][:300]} ({log})" if lines else ""
+
+
 def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[tuple], list[tuple]]:
     """One record as (its runs.csv fields, its epochs.csv rows, its loss_log.csv rows).
     A record that is absent, unreadable, out of bounds (``evidence.read_json_document``) or
@@ -56,7 +71,7 @@ def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None) -
     try:
         document = read_json_document(path)
     except FileNotFoundError:
-        return {"run_id": run_id, "status": "missing", "error": f"no run record at {path}"}, [], []
+        return {"run_id": run_id, "status": "missing", "error": f"no run record at {path}{_log_ending(Path(path).parent / 'train.log')}"}, [], []
     except (OSError, ValueError) as error:
         why = str(error) if isinstance(error, EvidenceError) else f"unreadable run record {path}: {error}"
         return {"run_id": run_id, "status": "missing", "error": f"{why}: rerun this run"}, [], []
