@@ -9,8 +9,11 @@ never needs it)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,3 +46,27 @@ def h100_report(tmp_path_factory) -> RenderedReport:
     done = rebuild_from_records(H100_RECORDS, out)
     assert done.returncode == 0, done.stderr[-3000:]
     return RenderedReport(out, (out / "report" / "index.html").read_text(), done.stderr)
+
+
+@dataclass(frozen=True)
+class RebuiltStudy:
+    results: Path  # the study's results/, rebuilt: tables/, plots/, report/index.html
+    html: str
+
+
+def rebuild_kept_study(kept: Path, root: Path, edit_config: Callable[[dict], None] | None = None) -> RebuiltStudy:
+    """A study's ``results/`` kept from a GPU session, copied under ``root`` and rebuilt with
+    today's code (``rebuild --results``) in a process where torch cannot be imported;
+    ``edit_config`` changes its tables/config.json first."""
+    results = root / "results"
+    shutil.copytree(kept, results)
+    if edit_config is not None:
+        config_path = results / "tables" / "config.json"
+        config = json.loads(config_path.read_text())
+        edit_config(config)
+        config_path.write_text(json.dumps(config))
+    code = NO_TORCH + "import runpy; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", code, "--results", str(results), "--references", str(REPO / "config" / "references.yaml"),
+                           "--templates", str(REPO / "report")], cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return RebuiltStudy(results, (results / "report" / "index.html").read_text())

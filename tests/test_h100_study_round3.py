@@ -12,17 +12,12 @@ the stem's convolution on the CUDA cores)."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from conftest import REPO
-from h100_report import NO_TORCH
+from h100_report import RebuiltStudy, rebuild_kept_study
 from test_report_profile_predict import section, table_rows, visible
 
 ROUND3 = REPO / "benchmarks" / "gpu" / "h100-2026-11-27"
@@ -31,21 +26,9 @@ PROFILED = "strong_resnet18_cifar_g1_r1"
 FRONTIER = ("resnet50", "resnet18_cifar", "gpt2_small", "bert_base", "vit_b_16", "llama_1b")
 
 
-@dataclass(frozen=True)
-class Rebuilt:
-    results: Path
-    html: str
-
-
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Rebuilt:
-    results = tmp_path_factory.mktemp("h100-round3") / "results"
-    shutil.copytree(STUDY, results)
-    code = NO_TORCH + "import runpy; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
-    done = subprocess.run([sys.executable, "-c", code, "--results", str(results), "--references", str(REPO / "config" / "references.yaml"),
-                           "--templates", str(REPO / "report")], cwd=results.parent, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return Rebuilt(results, (results / "report" / "index.html").read_text())
+def study(tmp_path_factory) -> RebuiltStudy:
+    return rebuild_kept_study(STUDY, tmp_path_factory.mktemp("h100-round3"))
 
 
 def test_the_frontier_records_are_the_studys_cells_and_every_one_ran_on_the_h100():

@@ -14,10 +14,8 @@ from __future__ import annotations
 import html as htmllib
 import json
 import re
-import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -30,7 +28,7 @@ from scalerepro.analysis.profiles.kernels import MATRIX_KINDS
 from scalerepro.analysis.tables import scaling_model
 
 from conftest import REPO, free_port
-from h100_report import NO_TORCH
+from h100_report import RebuiltStudy, rebuild_kept_study
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results"
 PROFILED = "strong_resnet50_g1_r1"
@@ -39,30 +37,17 @@ RECORDED_NCU = REPO / "tests" / "fixtures" / "ncu" / "recorded"
 H100_NCU_2025_11_25 = RECORDED_NCU / "ncu-2025.3.1_H100-SXM5-80GB_resnet50-bf16_raw-metrics.csv"  # no wgmma count in it
 
 
-@dataclass(frozen=True)
-class Rebuilt:
-    results: Path
-    html: str
-
-
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Rebuilt:
+def study(tmp_path_factory) -> RebuiltStudy:
     """The kept study rebuilt (``rebuild --results``) in a process where torch cannot be imported,
     its config's ``scaling.predict_cluster`` (dgx_h100 as it ran) set to null: a GPU study that
     names no cluster preset, the path of point 5."""
-    root = tmp_path_factory.mktemp("h100-study")
-    results = root / "results"
-    shutil.copytree(STUDY, results)
-    config_path = results / "tables" / "config.json"
-    config = json.loads(config_path.read_text())
-    assert config["scaling"]["predict_cluster"] == "dgx_h100"
-    config["scaling"]["predict_cluster"] = None
-    config_path.write_text(json.dumps(config))
-    code = NO_TORCH + "import runpy; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
-    done = subprocess.run([sys.executable, "-c", code, "--results", str(results), "--references", str(REFERENCES),
-                           "--templates", str(REPO / "report")], cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return Rebuilt(results, (results / "report" / "index.html").read_text())
+
+    def no_cluster(config: dict) -> None:
+        assert config["scaling"]["predict_cluster"] == "dgx_h100"
+        config["scaling"]["predict_cluster"] = None
+
+    return rebuild_kept_study(STUDY, tmp_path_factory.mktemp("h100-study"), no_cluster)
 
 
 def section(page: str, anchor: str) -> str:
@@ -229,7 +214,7 @@ def test_a_gpu_study_naming_no_preset_predicts_on_its_gpus_preset_and_says_so(st
             "scaling.predict_cluster is not set): NVIDIA DGX H100, 8 GPUs/node;") in text  # fmt: skip
 
 
-def _model_inputs(study: Rebuilt) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _model_inputs(study: RebuiltStudy) -> tuple[pd.DataFrame, pd.DataFrame]:
     tables = study.results / "tables"
     runs = pd.read_csv(tables / "runs.csv")
     runs["counts"] = runs["counts"].astype(bool)
