@@ -9,7 +9,9 @@ wrong. This runs the README study's 2-rank ResNet-18 cell (the CPU study's train
 each rank on its own core) as blocks, each 16 window steps (the trainer's own step function on
 the loader's batches, timed back to back as the window times them) and then the shipped probe
 (``probes.exposed_communication`` with the study's 6 steps), until ``--seconds`` have passed, and
-prints per block and over all blocks (window mean - probe sync) / window mean, in %.
+prints per block and over all blocks (window mean - probe sync) / window mean, in %; and the same
+against the mean of the probe before and the probe after each window (what a probe on both sides
+of the window would give).
 
 ``--default-heap`` leaves glibc malloc's thresholds as they are (scalerepro.common.host_heap is
 skipped): the probe's saved copy of the run's state then moves them, and its steps fault pages in
@@ -37,6 +39,13 @@ TRAINER_FLAGS = [
 WINDOW_STEPS, PROBE_STEPS = 16, 6
 
 
+def robust_sd(values: list[float]) -> float:
+    """The spread that one slow block does not set: 1.4826 x the median absolute deviation (the sd
+    of normal data)."""
+    middle = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - middle) for v in values) if len(values) > 1 else 0.0
+
+
 def rank_main(seconds: float, default_heap: bool) -> None:
     from scalerepro.common import host_heap
 
@@ -62,7 +71,7 @@ def rank_main(seconds: float, default_heap: bool) -> None:
     for _ in range(4):  # warm-up
         trainer._train_step(source, step_scheduler=False)
     probed = trainer._probed_run()
-    started, gaps = time.perf_counter(), []
+    started, gaps, windows, syncs = time.perf_counter(), [], [], []
     while True:
         elapsed = torch.tensor([time.perf_counter() - started])
         if distributed.all_reduce_max(ctx, elapsed).item() > seconds:
@@ -76,13 +85,22 @@ def rank_main(seconds: float, default_heap: bool) -> None:
         window_s = distributed.all_reduce_max(ctx, torch.tensor([statistics.fmean(window)], dtype=torch.float64)).item()
         sync_s = probes.exposed_communication(probed, PROBE_STEPS)["sync_step_s"]
         gaps.append((window_s - sync_s) / window_s)
+        windows.append(window_s)
+        syncs.append(sync_s)
         if ctx.is_main:
             print(f"block {len(gaps):3d}: window {window_s * 1e3:6.1f} ms, probe sync {sync_s * 1e3:6.1f} ms: {gaps[-1]:+.1%}", flush=True)
     if ctx.is_main:
         spread = statistics.pstdev(gaps) if len(gaps) > 1 else 0.0
         heap = "glibc defaults" if default_heap else host_heap.SETTING
         print(f"(window - probe sync) / window over {len(gaps)} blocks: mean {statistics.fmean(gaps):+.1%}, sd {spread:.1%}, "
-              f"largest {max(gaps, key=abs):+.1%}; heap: {heap}")  # fmt: skip
+              f"robust sd {robust_sd(gaps):.1%}, largest {max(gaps, key=abs):+.1%}; heap: {heap}")  # fmt: skip
+        # A probe on both sides of the window: each window (from the second) against the mean of
+        # the probe before it and the probe after it, the blocks alternating window, probe.
+        straddled = [(windows[k] - (syncs[k - 1] + syncs[k]) / 2) / windows[k] for k in range(1, len(windows))]
+        if len(straddled) > 1:
+            print(f"the same against the mean of the probes before and after each window, over {len(straddled)} windows: "
+                  f"mean {statistics.fmean(straddled):+.1%}, sd {statistics.pstdev(straddled):.1%}, robust sd {robust_sd(straddled):.1%}, "
+                  f"largest {max(straddled, key=abs):+.1%}")  # fmt: skip
     distributed.finish(ctx, True)
 
 
