@@ -536,3 +536,29 @@ def test_a_window_shorter_than_min_window_s_is_lengthened_at_the_schedules_last_
     m, steps = record["measurements"], record["steps"]
     assert m["window_s"] >= 2 and steps["total"] > 6 and steps["scheduled"] == 6 and steps["completed"] == steps["total"]
     assert m["measured_steps"] == steps["total"] - 2
+
+
+def test_the_step_timer_reads_each_steps_input_waits_on_its_clock_and_drops_those_outside_a_step():
+    """The waits of a step are the gaps between the clock marks around each of its fetches, summed
+    per step, the measured steps' apart from the warm-up's; a fetch outside an open step (a probe's,
+    timed by its own timer) counts for no step. On the CPU the clock is the host's."""
+    import time as clock
+
+    from scalerepro.telemetry.metrics import StepTimer, window_stats
+
+    timer = StepTimer(torch.device("cpu"))
+    outside = timer.data_wait_started()
+    timer.data_wait_ended(outside)
+    assert outside is None
+    for step, (measured, fetches) in enumerate([(False, (0.02,)), (True, (0.01, 0.03)), (True, ())]):
+        timer.start()
+        for seconds in fetches:
+            started = timer.data_wait_started()
+            clock.sleep(seconds)
+            timer.data_wait_ended(started)
+        timer.stop(0, measured)
+    waits = timer.data_waits_s()
+    assert waits[0] == pytest.approx(0.02, abs=0.01) and waits[1] == pytest.approx(0.04, abs=0.015) and waits[2] == 0.0
+    stats = window_stats(timer)
+    assert stats.data_wait_s == pytest.approx(waits[1]) and stats.warmup_data_wait_s == pytest.approx(waits[0])
+    assert stats.seconds >= stats.data_wait_s  # a step's waits are inside its own bracket

@@ -346,10 +346,10 @@ class Trainer:
         model = self.eager_model if eager else self.model
         total = torch.zeros((), device=self.device)
         for micro in range(accum):
-            waited = time.perf_counter()
+            waited = self.measured.timer.data_wait_started()
             with ranges.annotate("data"):
                 inputs, targets = next(micro_batches)
-            self.measured.timer.add_data_wait(time.perf_counter() - waited)  # the step's own: window_stats sums the measured ones
+            self.measured.timer.data_wait_ended(waited)  # the step's own: window_stats sums the measured ones
             if self.pipeline is not None:  # --parallel pp: the schedule runs forward and backward of all
                 # --microbatches (accumulation is refused under pp: one loader batch per step)
                 with self._autocast(), ranges.annotate("pipeline"):
