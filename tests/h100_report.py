@@ -5,11 +5,15 @@ kept as they are: benchmarks/gpu/h100-2026-11-25 and h100-2026-11-26) by the rec
 
 Tests of the report's points (issue 33) read ``h100_report``: the folder it wrote and the page's
 HTML. It runs once a test session, in a process where torch cannot be imported (the analysis side
-never needs it)."""
+never needs it). The studies kept whole from GPU sessions (``<session>/study-results``) are rebuilt
+by ``rebuild_kept_study``; ``section``, ``section_element``, ``visible`` and ``table_rows`` read a
+rendered page as its reader sees it."""
 
 from __future__ import annotations
 
+import html as htmllib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -70,3 +74,27 @@ def rebuild_kept_study(kept: Path, root: Path, edit_config: Callable[[dict], Non
                            "--templates", str(REPO / "report")], cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return RebuiltStudy(results, (results / "report" / "index.html").read_text())
+
+
+def section(page: str, anchor: str) -> str:
+    """The HTML of one section: from the heading with id ``anchor`` to the next h2/h3 heading."""
+    start = page.index(f'id="{anchor}"')
+    following = re.compile(r"<h[23][ >]").search(page, start)
+    return page[start : following.start() if following else len(page)]
+
+
+def section_element(page: str, section_id: str) -> str:
+    """The HTML inside ``<section id="section_id">`` (the summary and the failures are such
+    elements; their headings carry no id)."""
+    return page.split(f'<section id="{section_id}">', 1)[1].split("</section>", 1)[0]
+
+
+def visible(fragment: str) -> str:
+    """What a reader sees of an HTML fragment: no tags, no embedded images, one space between words."""
+    text = re.sub(r"<img[^>]*>", " ", fragment)
+    return re.sub(r"\s+", " ", htmllib.unescape(re.sub(r"<[^>]+>", " ", text))).strip()
+
+
+def table_rows(fragment: str) -> list[list[str]]:
+    """Each <tr> of a fragment as its cells' visible text."""
+    return [[visible(cell) for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)] for row in re.findall(r"<tr>(.*?)</tr>", fragment, re.S)]

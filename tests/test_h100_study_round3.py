@@ -17,8 +17,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from h100_report import RebuiltStudy, rebuild_kept_study
-from test_report_profile_predict import section, table_rows, visible
+from h100_report import RebuiltStudy, rebuild_kept_study, section, section_element, table_rows, visible
 
 ROUND3 = REPO / "benchmarks" / "gpu" / "h100-2026-11-27"
 STUDY = ROUND3 / "study-results"
@@ -47,7 +46,7 @@ def test_only_the_nine_measured_cells_count_and_the_rest_are_not_results(study):
     # the interrupted cell (a log, no record) and the six never started: no figure, and said so
     ablation = pd.read_csv(study.results / "tables" / "ablation.csv").set_index("variant")
     assert set(ablation.index[ablation["samples_per_s_median"].notna()]) == {"baseline", "bf16", "cudnn_benchmark"}
-    summary = visible(study.html.split('<section id="summary">')[1].split("</section>")[0])
+    summary = visible(section_element(study.html, "summary"))
     assert "Runs 16 planned: 9 ok 7 missing" in summary
     assert "ablation (3 of 8 ok), reproduce (0 of 2 ok), strong (6 of 6 ok)" in summary
     rows = {row[2]: row for row in table_rows(section(study.html, "ablation")) if len(row) > 2}
@@ -60,7 +59,7 @@ def test_only_the_nine_measured_cells_count_and_the_rest_are_not_results(study):
         f" run it again ({study.results}/runs/ablation_resnet18_cifar_g1_device_loader_r1/train.log)"
     )
     assert errors["ablation_resnet18_cifar_g1_compile_r1"].endswith("/runs/ablation_resnet18_cifar_g1_compile_r1/record.json")  # never started: no log
-    failures = visible(study.html.split('<section id="failures">')[1].split("</section>")[0])
+    failures = visible(section_element(study.html, "failures"))
     assert "its log ends: [default0]:scalerepro.training.train: interrupted" in failures
 
 

@@ -11,9 +11,7 @@ nodes; no 100 % at one GPU; the part of a predicted loss that is fixed per-step 
 
 from __future__ import annotations
 
-import html as htmllib
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +26,7 @@ from scalerepro.analysis.profiles.kernels import MATRIX_KINDS
 from scalerepro.analysis.tables import scaling_model
 
 from conftest import REPO, free_port
-from h100_report import RebuiltStudy, rebuild_kept_study
+from h100_report import RebuiltStudy, rebuild_kept_study, section, table_rows, visible
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results"
 PROFILED = "strong_resnet50_g1_r1"
@@ -48,24 +46,6 @@ def study(tmp_path_factory) -> RebuiltStudy:
         config["scaling"]["predict_cluster"] = None
 
     return rebuild_kept_study(STUDY, tmp_path_factory.mktemp("h100-study"), no_cluster)
-
-
-def section(page: str, anchor: str) -> str:
-    """The HTML of one section: from the heading with id ``anchor`` to the next h2/h3 heading."""
-    start = page.index(f'id="{anchor}"')
-    following = re.compile(r"<h[23][ >]").search(page, start)
-    return page[start : following.start() if following else len(page)]
-
-
-def visible(fragment: str) -> str:
-    """What a reader sees of an HTML fragment: no tags, no embedded images, one space between words."""
-    text = re.sub(r"<img[^>]*>", " ", fragment)
-    return re.sub(r"\s+", " ", htmllib.unescape(re.sub(r"<[^>]+>", " ", text))).strip()
-
-
-def table_rows(fragment: str) -> list[list[str]]:
-    """Each <tr> of a fragment as its cells' visible text."""
-    return [[visible(cell) for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)] for row in re.findall(r"<tr>(.*?)</tr>", fragment, re.S)]
 
 
 # ---- point 4: profiling shows the step ---------------------------------------------------------
