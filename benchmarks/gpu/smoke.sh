@@ -52,6 +52,7 @@ export PYTHONPATH="$PWD/workflow${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$DIR/inductor-cache" LC_NUMERIC=C NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 SUMMARY="$DIR/summary.txt"
 FAILS=0
+declare -A CHECKED=()  # study records already checked in this call
 note() {
   echo "== $*" | tee -a "$SUMMARY"
   if [ -n "${OUT:-}" ]; then cp "$SUMMARY" "$OUT/summary.txt"; fi
@@ -316,7 +317,10 @@ study_snakemake() {
   esac
   grep -E "^(Error|Finished|Complete log|[0-9]+ of [0-9]+ steps)|Exiting because" "$DIR/study.log" | tail -15
   for record in results/runs/strong_*/record.json; do  # the scaling cells: DDP's figures (the FSDP/TP cells have no DDP probes)
-    [ -f "$record" ] && check "$what: record $(basename "$(dirname "$record")") has every figure" record_check "$record"
+    # each record once a call: `cells study` checks in the study stage only what it added
+    [ -f "$record" ] && [ -z "${CHECKED[$record]:-}" ] || continue
+    CHECKED[$record]=1
+    check "$what: record $(basename "$(dirname "$record")") has every figure" record_check "$record"
   done
 }
 
