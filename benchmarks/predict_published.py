@@ -217,10 +217,8 @@ def kept_batch_curve(path: Path | None, model: str, gpu: str) -> tuple[Path, dic
     return None
 
 
-def read_batch_curve(path: Path | None, model: str, gpu: str) -> scaling_model.BatchCurve | None:
-    """The curve of the kept ``batch_curve.json`` of ``model`` on ``gpu`` (kept_batch_curve); None
-    where there is none."""
-    found = kept_batch_curve(path, model, gpu)
+def read_batch_curve(found: tuple[Path, dict] | None) -> scaling_model.BatchCurve | None:
+    """The curve of a kept ``batch_curve.json`` (``kept_batch_curve``'s answer); None where there is none."""
     if found is None:
         return None
     candidate, document = found
@@ -229,15 +227,15 @@ def read_batch_curve(path: Path | None, model: str, gpu: str) -> scaling_model.B
     return scaling_model.BatchCurve.fit([r["batch"] for r in rows], [r["step_s_median"] for r in rows], where)
 
 
-def curve_calibration(path: Path | None, model: str, gpu: str) -> str | None:
-    """The curve's bare loop against the trainer at a batch both ran: the trainer's record of the
-    same session (``<model>-optimised-frontier.json`` beside the curve). The model takes only the
-    curve's ratios t(m) / t(m0), so a bias the same at every batch cancels; one that is not does not."""
-    found = kept_batch_curve(path, model, gpu)
+def curve_calibration(found: tuple[Path, dict] | None) -> str | None:
+    """The curve's bare loop (``kept_batch_curve``'s answer) against the trainer at a batch both
+    ran: the trainer's record of the same session (``<model>-optimised-frontier.json`` beside the
+    curve). The model takes only the curve's ratios t(m) / t(m0), so a bias the same at every batch
+    cancels; one that is not does not."""
     if found is None:
         return None
     candidate, document = found
-    record_path = candidate.parent / f"{model}-optimised-frontier.json"
+    record_path = candidate.parent / f"{document['model']}-optimised-frontier.json"
     if not record_path.is_file():
         return f"no calibration: no trainer record ({record_path.name}) beside {candidate.name}"
     record = json.loads(record_path.read_text())
@@ -338,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         "resnet50": cpu_profile("resnet50", ModelShape(), args.resnet_batch),
         "bert_base": cpu_profile("bert_base", BERT_LARGE, args.bert_batch),
     }
-    curve = read_batch_curve(args.batch_curve, "resnet50", "H100")
+    kept_curve = kept_batch_curve(args.batch_curve, "resnet50", "H100")
+    curve = read_batch_curve(kept_curve)
     rows = [row for series in SERIES for row in predict_series(series, references, presets, probes.get(series.model), curve)]
     print(f"{'source':<29} {'model':<10} {'GPUs':>5} {'nodes':>5} {'published':>10} {'E pub':>6} {'predicted':>10} "
           f"{'pred/pub-1':>10} {'ideal':>10} {'ideal/pub-1':>11}  metric, exposed comm")  # fmt: skip
@@ -364,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     print("per series, median |error| of the model against ideal scaling's: " + "; ".join(
         f"{label} {statistics.median(abs(r['error']) for r in group):.1%} vs {statistics.median(abs(r['ideal_error']) for r in group):.1%}"
         for label in dict.fromkeys(r["source"] for r in scored) for group in [[r for r in scored if r["source"] == label]]))
-    calibration = curve_calibration(args.batch_curve, "resnet50", "H100")
+    calibration = curve_calibration(kept_curve)
     if calibration is not None:
         print(f"batch curve: {calibration}")
     for name, probe in probes.items():
