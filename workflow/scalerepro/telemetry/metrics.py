@@ -2,8 +2,8 @@
 
 Step timing never synchronises the host inside the loop: on CUDA each step, and each fetch of its
 input, is bracketed by two CUDA events recorded on the current stream and read once, after the
-loop; on the CPU the work is synchronous and ``time.perf_counter`` brackets it. Anything outside the brackets (evaluation,
-checkpointing) is outside every figure below.
+loop; on the CPU the work is synchronous and ``time.perf_counter`` brackets it. Anything outside
+the brackets (evaluation, checkpointing) is outside every figure below.
 """
 
 from __future__ import annotations
