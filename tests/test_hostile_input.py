@@ -340,8 +340,9 @@ def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: s
         first.wait(timeout=120)
     output = second.stdout + second.stderr
     lines = [line for line in output.splitlines() if said in line]
-    assert second.returncode == status and lines, (name, second.returncode, output[-3000:])
-    assert f"pid {first.pid}" in lines[0] and "IncompleteFilesException" not in output, (name, output[-3000:])
+    # the messages are strings, which pytest prints whole (a tuple's repr it cuts short)
+    assert second.returncode == status and lines, f"{name}: exit {second.returncode}\n--- stdout\n{second.stdout[-3000:]}\n--- stderr\n{second.stderr[-3000:]}"
+    assert f"pid {first.pid}" in lines[0] and "IncompleteFilesException" not in output, f"{name}\n{output[-3000:]}"
 
 
 # ---- kind 4: a stop is a stop, also in evaluation ---------------------------------------------
