@@ -13,7 +13,7 @@ import pytest
 
 from scalerepro.analysis.presentation.loss_view import loss_rows
 from scalerepro.analysis.tables import aggregate
-from scalerepro.analysis.tables.loss_decomposition import NAMED_PARTS, PARTS, loss_decomposition_table
+from scalerepro.analysis.tables.loss_decomposition import FROM_PROBE, NAMED_PARTS, PARTS, loss_decomposition_table
 from scalerepro.analysis.tables.network_model import HierarchicalNetwork
 from scalerepro.analysis.tables.scaling_model import BatchCurve, Inflation, inflation_for
 
@@ -28,40 +28,65 @@ T1 = 0.100  # the one-rank step (s)
 BUILT = {"compute_inflation": 0.010, "straggler_wait": 0.004, "exposed_comm": 0.012, "data_stall": 0.003, "unexplained": 0.001}
 
 
-def _run(run_id: str, study: str, gpus: int, repeat: int, step_s: float, parts: dict[str, float] | None, jitter: float = 0.0) -> dict:
+# what the all-reduce beside the backward costs it (the probe's sync step less its wait, against its
+# no-sync step), and how much slower the machine was when the probe ran than in the window
+OVERLAP, PROBE_SLOWER = 0.003, 0.006
+
+
+def _run(run_id: str, study: str, gpus: int, repeat: int, step_s: float, parts: dict[str, float] | None, jitter: float = 0.0, source: str = "window") -> dict:
     """runs.csv's row of one counted run: a window of 100 steps of ``step_s``; with ``parts``, the
-    probe's figures that give them back."""
+    figures that give them back: the window's split with the probe's overlap cost (``window``),
+    or the probe's figures alone (``probe``, a record from before the window was split)."""
     row = {"run_id": run_id, "study": study, "model": "resnet50", "gpus": gpus, "nodes": 1, "repeat": repeat, "counts": True,
            "window_s": 100 * step_s, "measured_steps": 100, "data_wait_s": 0.0}  # fmt: skip
-    if parts is not None:
-        ideal = T1 / gpus if study == "strong" else T1
-        nosync_mean = ideal + parts["compute_inflation"] + jitter
+    if parts is None:
+        return row
+    ideal = T1 / gpus if study == "strong" else T1
+    if source == "window":
+        # the probe ran at a slower moment than the window: only its overlap cost (a difference
+        # of its own steps) may reach the parts
+        nosync = ideal + parts["compute_inflation"] + PROBE_SLOWER
         row.update(
-            nosync_rank_mean_s=nosync_mean,
-            straggler_wait_s=parts["straggler_wait"],
-            sync_step_s=nosync_mean + parts["straggler_wait"] + parts["exposed_comm"],
-            data_wait_s=100 * parts["data_stall"],
+            window_compute_rank_mean_s=ideal + parts["compute_inflation"] + OVERLAP + jitter,
+            window_exposed_wait_s=parts["exposed_comm"] - OVERLAP,
+            window_straggler_wait_s=parts["straggler_wait"],
+            window_data_wait_rank_mean_s=parts["data_stall"],
+            data_wait_s=100 * parts["data_stall"] * 1.2,  # the slowest rank's, not the parts'
+            nosync_rank_mean_s=nosync,
+            sync_compute_rank_mean_s=nosync + OVERLAP,
+            straggler_wait_s=parts["straggler_wait"] / 3,
+            sync_step_s=nosync + OVERLAP + parts["exposed_comm"] * 2,
         )
+        return row
+    nosync_mean = ideal + parts["compute_inflation"] + jitter
+    row.update(
+        nosync_rank_mean_s=nosync_mean,
+        straggler_wait_s=parts["straggler_wait"],
+        sync_step_s=nosync_mean + parts["straggler_wait"] + parts["exposed_comm"],
+        data_wait_s=100 * parts["data_stall"],
+    )
     return row
 
 
-def _cell(study: str = "strong", parts: dict[str, float] | None = BUILT, repeats: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _cell(study: str = "strong", parts: dict[str, float] | None = BUILT, repeats: int = 3, source: str = "window") -> tuple[pd.DataFrame, pd.DataFrame]:
     ideal = T1 / 2 if study == "strong" else T1
     step = ideal + sum(BUILT.values())  # the measured step: ideal + every part
     rows = [_run(f"{study}_g1_r{r}", study, 1, r, T1, None) for r in (1, 2, 3)]
     # repeats whose inflation differs a little around the built one (an interval to state), the
     # measured step moving with it
-    rows += [_run(f"{study}_g2_r{r}", study, 2, r, step + 0.001 * (r - 2), parts, jitter=0.001 * (r - 2)) for r in range(1, repeats + 1)]
+    rows += [_run(f"{study}_g2_r{r}", study, 2, r, step + 0.001 * (r - 2), parts, 0.001 * (r - 2), source) for r in range(1, repeats + 1)]
     runs = pd.DataFrame(rows)
     efficiency = ideal / step
     scaling = pd.DataFrame([{"study": study, "model": "resnet50", "gpus": g, "nodes": 1, "efficiency": e} for g, e in ((1, 1.0), (2, efficiency))])
     return runs, scaling
 
 
+@pytest.mark.parametrize("source", ["window", "probe"])
 @pytest.mark.parametrize("study", ["strong", "weak"])
-def test_each_built_part_comes_back_and_they_add_up_to_the_loss(study):
-    runs, scaling = _cell(study)
+def test_each_built_part_comes_back_and_they_add_up_to_the_loss(study, source):
+    runs, scaling = _cell(study, source=source)
     row = loss_decomposition_table(runs, scaling).iloc[0]
+    assert (row["note"] == FROM_PROBE) if source == "probe" else pd.isna(row["note"]), row["note"]
     step = (T1 / 2 if study == "strong" else T1) + sum(BUILT.values())
     for part, seconds in BUILT.items():
         assert row[f"{part}_s"] == pytest.approx(seconds, abs=1e-9), part
@@ -75,6 +100,24 @@ def test_each_built_part_comes_back_and_they_add_up_to_the_loss(study):
     assert row["bottleneck"].startswith("communication-bound")  # 12 ms exposed is the largest part
 
 
+@pytest.mark.parametrize("repeats", [3, 4])
+def test_a_cell_whose_runs_each_add_up_adds_up_when_its_parts_move_apart_over_the_repeats(repeats):
+    """Each run's parts add up to its own step, and the parts move apart over the repeats (a slower
+    run computes more and waits less). The cell's parts are its median run's (with four repeats the
+    mean of the two middle runs), so they add up too: the medians of each part taken apart halved
+    the three-repeat cell's rest (0.5 ms of the built 1 ms)."""
+    runs, scaling = _cell(repeats=repeats)
+    moved = runs["gpus"].eq(2)
+    shifts = [0.004, -0.003, 0.001, -0.002][:repeats]  # compute against exposed wait, run by run
+    runs.loc[moved, "window_compute_rank_mean_s"] += shifts
+    runs.loc[moved, "window_exposed_wait_s"] -= [2 * shift for shift in shifts]
+    runs.loc[moved, "window_s"] -= [100 * shift for shift in shifts]  # each run's step: its parts' sum
+    row = loss_decomposition_table(runs, scaling).iloc[0]
+    steps = sorted(runs.loc[moved, "window_s"] / 100)
+    assert row["step_s"] == pytest.approx((steps[(repeats - 1) // 2] + steps[repeats // 2]) / 2)
+    assert row["unexplained_s"] == pytest.approx(BUILT["unexplained"], abs=1e-12)
+
+
 def test_the_bottleneck_is_the_largest_part_with_its_lever():
     parts = {**BUILT, "data_stall": 0.030}
     runs, scaling = _cell(parts=parts)
@@ -84,9 +127,21 @@ def test_the_bottleneck_is_the_largest_part_with_its_lever():
 
 def test_a_record_without_the_probes_parts_says_so_and_gives_none():
     runs, scaling = _cell(parts=None)
+    runs["window_split_reason"] = "not timed under --compile reduce-overhead: a CUDA graph replay runs no Python hook"
     row = loss_decomposition_table(runs, scaling).iloc[0]
     assert row["repeats"] == 0 and all(pd.isna(row[part]) for part in NAMED_PARTS)
+    assert "its window is not split (not timed under --compile reduce-overhead" in row["note"]
     assert "has no sync_step_s, nosync_rank_mean_s, straggler_wait_s" in row["note"]
+
+
+def test_without_the_probe_the_overlap_cost_stays_in_compute_and_the_note_says_so():
+    runs, scaling = _cell()
+    runs.loc[runs["gpus"].eq(2), ["nosync_rank_mean_s", "sync_compute_rank_mean_s", "sync_step_s", "straggler_wait_s"]] = None
+    row = loss_decomposition_table(runs, scaling).iloc[0]
+    assert row["compute_inflation_s"] == pytest.approx(BUILT["compute_inflation"] + OVERLAP, abs=1e-9)
+    assert row["exposed_comm_s"] == pytest.approx(BUILT["exposed_comm"] - OVERLAP, abs=1e-9)
+    assert row["unexplained_s"] == pytest.approx(BUILT["unexplained"], abs=1e-9)  # the sum is the window's either way
+    assert "--comm-probe-steps 0" in row["note"]
 
 
 def test_the_report_states_each_part_with_its_interval_and_whether_they_add_up():

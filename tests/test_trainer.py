@@ -562,3 +562,70 @@ def test_the_step_timer_reads_each_steps_input_waits_on_its_clock_and_drops_thos
     stats = window_stats(timer)
     assert stats.data_wait_s == pytest.approx(waits[1]) and stats.warmup_data_wait_s == pytest.approx(waits[0])
     assert stats.seconds >= stats.data_wait_s  # a step's waits are inside its own bracket
+
+
+def test_the_step_timer_reads_each_steps_allreduce_wait_from_the_last_launch_to_the_last_completion():
+    """A step's wait for its gradient all-reduce runs from its last bucket's launch (the backward's
+    compute is done) to the last completion, which gloo marks on a thread of its own; it is 0 where
+    every bucket was done before the last launch, and None for a step that ran no all-reduce or
+    left one unfinished. A launch outside an open step marks nothing."""
+    import threading
+    import time as clock
+
+    from scalerepro.telemetry.metrics import StepTimer
+
+    timer = StepTimer(torch.device("cpu"))
+    assert timer.allreduce_launched() is None
+
+    def complete_after(marks, seconds):
+        clock.sleep(seconds)
+        marks.completed.append(timer.clock.now())
+
+    # step 0: two buckets, 0.03 s apart; the first completes at once, the last 0.05 s after its launch
+    timer.start()
+    first = timer.allreduce_launched()
+    first.completed.append(timer.clock.now())
+    clock.sleep(0.03)
+    last = timer.allreduce_launched()
+    assert last is first  # one step, one set of marks
+    finishing = threading.Thread(target=complete_after, args=(last, 0.05))
+    finishing.start()
+    finishing.join()
+    timer.stop(0, True)
+    # step 1: its only bucket completed before the step's last launch cannot make a wait below 0
+    timer.start()
+    marks = timer.allreduce_launched()
+    marks.completed.append(marks.launched[0] - 0.01)
+    timer.stop(0, True)
+    # step 2: no all-reduce (a no-sync step); step 3: one launched and never completed
+    for launched in (False, True):
+        timer.start()
+        if launched:
+            timer.allreduce_launched()
+        timer.stop(0, True)
+    timer.durations_s()
+    waits = timer.allreduce_waits_s()
+    assert waits[0] == pytest.approx(0.05, abs=0.02) and waits[1] == 0.0 and waits[2] is None and waits[3] is None
+
+
+def test_the_window_split_takes_the_exposed_wait_from_the_last_rank_and_the_rest_as_the_wait_for_it():
+    """Rank 1 finishes each backward 20 ms after rank 0, and the all-reduce then takes 5 ms: rank 0
+    waits 25 ms, rank 1 5 ms. The exposed wait is the last rank's, the typical rank's straggler wait
+    the mean less it, and compute is each step less its two waits."""
+    from scalerepro.training.allreduce_timing import window_split
+
+    ranks = [
+        {"step": [0.100, 0.100], "data": [0.002, 0.0], "allreduce": [0.025, 0.025]},
+        {"step": [0.100, 0.100], "data": [0.0, 0.002], "allreduce": [0.005, 0.005]},
+    ]
+    split = window_split(ranks, "host")
+    assert split["steps"] == 2 and split["reason"] is None and split["clock"] == "host"
+    assert split["exposed_allreduce_wait_s"] == pytest.approx(0.005)
+    assert split["straggler_wait_s"] == pytest.approx(0.010)
+    assert split["data_wait_rank_mean_s"] == pytest.approx(0.001)
+    assert split["compute_rank_mean_s"] == pytest.approx(0.100 - 0.001 - 0.015)
+    parts = split["compute_rank_mean_s"] + split["straggler_wait_s"] + split["exposed_allreduce_wait_s"] + split["data_wait_rank_mean_s"]
+    assert parts == pytest.approx(split["step_rank_mean_s"])
+    assert window_split([ranks[0], {**ranks[1], "step": [0.1]}], "host")["reason"] == "the ranks measured different numbers of steps"
+    unfinished = {**ranks[1], "allreduce": [0.005, None]}
+    assert window_split([ranks[0], unfinished], "host")["reason"] == "a measured step ran no timed all-reduce"

@@ -21,6 +21,17 @@ class StepRecord:
     epoch: int
     measured: bool  # inside the measured window (after --warmup-steps)
     data_waits: list[tuple[object, object]] = field(default_factory=list)  # clock marks around each fetch of an input batch
+    allreduce: AllReduceMarks | None = None  # the step's gradient all-reduce, where one ran and was timed
+
+
+@dataclass
+class AllReduceMarks:
+    """One step's gradient all-reduce on the step timer's clock: a mark as each DDP bucket is
+    launched (its gradients are ready: the last launch is where the backward's compute ends) and
+    one as each completes (scalerepro.training.allreduce_timing marks them)."""
+
+    launched: list[object] = field(default_factory=list)
+    completed: list[object] = field(default_factory=list)
 
 
 class DeviceClock:
@@ -55,10 +66,23 @@ class StepTimer:
         self._marks: list[tuple[object, object]] = []
         self._open: object | None = None
         self._open_waits: list[tuple[object, object]] = []
+        self._open_allreduce: AllReduceMarks | None = None
 
     def start(self) -> None:
         self._open = self.clock.now()
         self._open_waits = []
+        self._open_allreduce = None
+
+    def allreduce_launched(self) -> AllReduceMarks | None:
+        """A mark as a bucket's all-reduce is launched inside the open step; the step's marks are
+        returned for the bucket's completion mark (which may come on another thread: gloo
+        completes a collective on its own). None outside an open step."""
+        if self._open is None:
+            return None
+        if self._open_allreduce is None:
+            self._open_allreduce = AllReduceMarks()
+        self._open_allreduce.launched.append(self.clock.now())
+        return self._open_allreduce
 
     def data_wait_started(self) -> object | None:
         """A clock mark before the open step fetches an input batch; None outside an open step (a
@@ -79,8 +103,8 @@ class StepTimer:
 
     def stop(self, epoch: int, measured: bool) -> None:
         self._marks.append((self._open, self.clock.now()))
-        self.steps.append(StepRecord(epoch, measured, self._open_waits))
-        self._open, self._open_waits = None, []
+        self.steps.append(StepRecord(epoch, measured, self._open_waits, self._open_allreduce))
+        self._open, self._open_waits, self._open_allreduce = None, [], None
 
     def durations_s(self) -> list[float]:
         """Seconds per step, in step order (synchronises the device once)."""
@@ -91,6 +115,26 @@ class StepTimer:
         """Seconds each step waited for its input (the sum over its fetches), in step order; read
         after ``durations_s`` (which synchronises)."""
         return [sum(self.clock.seconds(start, end) for start, end in step.data_waits) for step in self.steps]
+
+    def allreduce_waits_s(self) -> list[float | None]:
+        """Seconds each step waited at the end of its backward for its gradient all-reduce, in step
+        order (None for a step that ran none, or untimed); read after ``durations_s``:
+
+            wait = max(0, last bucket's completion - last bucket's launch)
+
+        the last launch being where the step's gradients are all computed. It holds the
+        all-reduce the backward did not hide and, at several ranks, the time this rank finished
+        its backward before the slowest one did (no bucket completes before every rank has
+        launched it)."""
+        waits: list[float | None] = []
+        for step in self.steps:
+            marks = step.allreduce
+            if marks is None or not marks.launched or len(marks.completed) < len(marks.launched):
+                waits.append(None)  # none ran, or a bucket never completed inside the step
+                continue
+            last = marks.launched[-1]
+            waits.append(max(0.0, max(self.clock.seconds(last, done) for done in marks.completed)))
+        return waits
 
 
 @dataclass

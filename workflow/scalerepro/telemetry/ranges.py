@@ -3,7 +3,8 @@
 Three modes (``--profile-mode``):
 
 ``none``      (default) nothing happens: :func:`annotate` hands back one shared no-op context
-              manager, no comm hook is registered, no profiler API is called. The training loop
+              manager (the all-reduce hook, which scalerepro.training.allreduce_timing wraps to
+              time the window's waits, opens no range), no profiler API is called. The training loop
               pays one function call per range and nothing else (no host sync, no allocation).
 ``cuda_api``  for an external tool (Nsight Systems, Nsight Compute) started with a capture range
               on the CUDA profiler API: NVTX ranges (``torch.cuda.nvtx``) around data loading,

@@ -20,7 +20,7 @@ from scalerepro.config import TrainConfig
 from scalerepro.parallel import blocks, comm_bytes, parallelize, pipeline_parallel, tensor_parallel
 from scalerepro.telemetry import hardware, metrics
 from scalerepro.telemetry.nvml import combine_ranks, unavailable_summary
-from scalerepro.training import buckets, probes
+from scalerepro.training import allreduce_timing, buckets, probes
 from scalerepro.training.distributed import DistContext, all_reduce_max, gather_objects
 from scalerepro.training.energy_window import EnergyWindow
 
@@ -41,6 +41,8 @@ class RankMeasurements:
     state_bytes: dict[str, int] | None = None
     exposed_comm: dict[str, Any] = field(default_factory=lambda: probes.exposed_not_measured("not measured: the run stopped before its end"))
     bucket_profile: dict[str, Any] = field(default_factory=lambda: buckets.not_measured("the run stopped before its end"))
+    # why the window's all-reduce waits are not timed (allreduce_timing.install); None where they are
+    window_split_reason: str | None = "not timed"
 
     @classmethod
     def before_training(cls, device: torch.device, nvml_interval_s: float) -> RankMeasurements:
@@ -155,6 +157,18 @@ def memory_split(ctx: DistContext, measured: RankMeasurements, compile_mode: str
     return {"per_rank": per_rank, "activations_reason": reason}
 
 
+def window_split(ctx: DistContext, measured: RankMeasurements) -> dict[str, Any]:
+    """The measured window's steps split into compute, input wait, and the waits at the
+    all-reduce, over every rank (scalerepro.training.allreduce_timing). A collective where the
+    all-reduce was timed (on every rank alike, or on none)."""
+    if measured.window_split_reason is not None:
+        return allreduce_timing.not_measured(measured.window_split_reason)
+    timer = measured.timer
+    per_step = {"step": timer.durations_s(), "data": timer.data_waits_s(), "allreduce": timer.allreduce_waits_s()}
+    mine = {name: [value for value, step in zip(values, timer.steps) if step.measured] for name, values in per_step.items()}
+    return allreduce_timing.window_split(gather_objects(ctx, mine), "cuda events" if ctx.device.type == "cuda" else "host")
+
+
 def results(
     ctx: DistContext,
     config: TrainConfig,
@@ -223,6 +237,7 @@ def results(
             "rss_bytes_max": max_or_none([m["rss_bytes"] for m in memory]),
         },
         "exposed_communication": measured.exposed_comm,
+        "window_split": window_split(ctx, measured),
         "sharding": sharding_figures(ctx, config, spec, sharded),
         "memory_split": memory_split(ctx, measured, config.perf.compile),
         "backward_buckets": measured.bucket_profile,  # see scalerepro.training.buckets

@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_map
 from scalerepro.data import sources
 from scalerepro.telemetry import metrics
 from scalerepro.training import buckets, checkpoint
+from scalerepro.training.allreduce_timing import AllReduceTiming
 from scalerepro.training.checkpointing import RunState
 from scalerepro.training.distributed import DistContext, all_reduce_max, gather_objects
 
@@ -56,6 +57,9 @@ class ProbedRun:
     bucket_cap_mb: float
     grad_accum_steps: int
     stop_requested: Callable[[], bool] = lambda: False  # a stop signal reached this rank
+    # the all-reduce timing hook's state (allreduce_timing), None where it is not installed: the
+    # probe's timed sync steps mark their all-reduce on the probe's timer
+    allreduce_timing: AllReduceTiming | None = None
 
 
 STOPPED = "stopped by a signal during the probe"
@@ -72,7 +76,7 @@ def exposed_not_measured(reason: str, fraction: float | None = None) -> dict[str
     """The record's ``exposed_communication`` where the probe did not time anything."""
     return {
         "fraction": fraction, "sync_step_s": None, "nosync_step_s": None, "nosync_rank_mean_s": None,
-        "straggler_wait_s": None, "steps": 0, "reason": reason,
+        "straggler_wait_s": None, "sync_compute_rank_mean_s": None, "steps": 0, "reason": reason,
     }  # fmt: skip
 
 
@@ -150,6 +154,11 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
                                (what a typical rank waits at a synchronisation for the slowest: the
                                ranks' steps without sync are independent draws, so the spread of one
                                step over the ranks is the wait the all-reduce imposes)
+        sync_compute_rank_mean_s = med_i mean_r (t_r,i(sync) - w_r,i)
+                               (the typical rank's sync step less its wait at the backward's end for
+                               the all-reduce, w (allreduce_timing): the work of a step whose backward
+                               the all-reduce overlaps; against nosync_rank_mean_s, what the overlap
+                               costs the backward. None where the all-reduce is not timed)
         exposed_fraction     = (sync_step_s - nosync_step_s) / sync_step_s
 
     The ranks agree whether to stop (a collective, so a barrier) before every step but a timed
@@ -177,13 +186,17 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
                 run.step(batch, sync_gradients=sync, step_scheduler=False)
                 continue
             timers[sync].start()
-            run.step(batch, sync_gradients=sync, step_scheduler=False)
+            with run.allreduce_timing.marking(timers[sync]) if run.allreduce_timing else contextlib.nullcontext():
+                run.step(batch, sync_gradients=sync, step_scheduler=False)
             timers[sync].stop(0, measured=True)
             done[sync] += 1
         mine = {sync: timers[sync].durations_s() for sync in (True, False)}  # rank -> kind -> seconds of its timed steps
+        mine["wait"] = timers[True].allreduce_waits_s()
     ranks = gather_objects(run.ctx, mine)
     sync_steps = np.array([rank[True] for rank in ranks])  # ranks x steps
     nosync_steps = np.array([rank[False] for rank in ranks])
+    timed = all(wait is not None for rank in ranks for wait in rank["wait"])
+    sync_compute = float(np.median((sync_steps - np.array([rank["wait"] for rank in ranks], dtype=float)).mean(axis=0))) if timed else None
     t_sync = float(np.median(sync_steps.max(axis=0)))
     t_nosync = float(np.median(nosync_steps, axis=1).max())
     return {
@@ -192,6 +205,7 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
         "nosync_step_s": t_nosync,
         "nosync_rank_mean_s": float(np.median(nosync_steps.mean(axis=0))),
         "straggler_wait_s": float(np.median(nosync_steps.max(axis=0) - nosync_steps.mean(axis=0))),
+        "sync_compute_rank_mean_s": sync_compute,
         "steps": steps,
         "reason": None,
     }

@@ -34,7 +34,7 @@ from scalerepro.data import builders, sources
 from scalerepro.parallel import activation_checkpointing, mesh, parallelize, pipeline_parallel
 from scalerepro.schedulers import cores
 from scalerepro.telemetry import metrics, ranges
-from scalerepro.training import buckets, checkpointing, distributed, evaluation, measurements, optim, probes
+from scalerepro.training import allreduce_timing, buckets, checkpointing, distributed, evaluation, measurements, optim, probes
 from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum
 from scalerepro.training.energy_window import EnergyWindow
 from scalerepro.training.objective import ModelWithLoss, cross_entropy
@@ -198,8 +198,6 @@ class Trainer:
                 "use --profile-mode torch (the torch.profiler fallback) there"
             )
         ranges.enable_ranges(prof.profile_mode, self.device)
-        if self.ddp is not None and prof.profile_mode != "none":
-            self.ddp.register_comm_hook(None, ranges.nvtx_allreduce_hook)
         self.profile_window = ranges.ProfileWindow(
             prof.profile_mode, prof.profile_window_start, prof.profile_window_steps,
             Path(prof.profile_dir) if prof.profile_dir else None, self.device, ctx.is_main,
@@ -223,6 +221,11 @@ class Trainer:
 
         # Measurements of this process's segment of the run (scalerepro.training.measurements).
         self.measured = measurements.RankMeasurements.before_training(self.device, run.nvml_interval_s)
+        # DDP's all-reduce with each bucket's launch and completion marked on the step timer's clock
+        # (in a named range when profiling): the window's steps split into compute and waits
+        self.allreduce_timing, self.measured.window_split_reason = allreduce_timing.install(
+            self.ddp, self.measured.timer, self.device, perf.compile, prof.profile_mode != "none"
+        )
         self.loss_log: list[dict[str, float]] = []
         self._checkpoint_path: str | None = None
 
@@ -640,6 +643,7 @@ class Trainer:
             step=self._train_step, state=self.state, batches=self._cached_step_batches, ctx=self.ctx, ddp=self.ddp,
             sharded_by=p.parallel if self.mesh is not None else None, bucket_cap_mb=p.bucket_cap_mb,
             grad_accum_steps=self.config.optim.grad_accum_steps, stop_requested=self._stop_received,
+            allreduce_timing=self.allreduce_timing,
         )  # fmt: skip
 
     def results(self, local_only: bool = False) -> dict[str, Any]:

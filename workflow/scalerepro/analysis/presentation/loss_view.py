@@ -1,5 +1,5 @@
 """What the report's "Why not faster" section shows: each multi-rank cell's loss against ideal
-scaling as measured parts, each part's median with its interval over repeats, whether the named
+scaling as measured parts, each the cell's median run's with its interval over repeats, whether the named
 parts account for the loss, and the bottleneck with its lever.
 
 The figures are loss_decomposition.csv's (``scalerepro.analysis.tables.loss_decomposition``); this
@@ -20,7 +20,7 @@ ACCOUNTED_POINTS = 0.03
 
 
 def part_text(row: Mapping[str, Any], part: str) -> str:
-    """"17.2 % (12.1–21.0 %)": the part's median share of the measured step with its 95 % interval."""
+    """"17.2 % (12.1–21.0 %)": the part's share of the measured step (the median run's) with its 95 % interval."""
     median = finite_number(row.get(part))
     if median is None:
         return MISSING
@@ -42,7 +42,7 @@ def loss_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
             if abs(error) <= ACCOUNTED_POINTS:
                 row["accounted"] = "yes"
             elif low is not None and high is not None and low <= 0 <= high:
-                # the rest is not told apart from 0 by the repeats: noise between the window and the probe
+                # the rest is not told apart from 0 by the repeats: noise, not a missing part
                 row["accounted"] = f"within the repeats' spread: {100 * error:+.1f} points, the rest's interval holds 0"
             else:
                 row["accounted"] = f"no: {100 * error:+.1f} points"

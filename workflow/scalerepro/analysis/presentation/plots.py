@@ -523,7 +523,7 @@ WATERFALL_STEPS = (
 def loss_waterfall(t: Tables) -> Figure:
     """Per multi-rank cell, from the ideal step to the measured one in % of the measured step: each
     measured part of the loss (loss_decomposition.csv) stacked on the last, with the 95 % interval
-    of its median over repeats; the largest named part is the bottleneck."""
+    over repeats (the median run's parts); the largest named part is the bottleneck."""
     table = t["loss_decomposition"].dropna(subset=["compute_inflation"])
     if table.empty:
         notes = "; ".join(sorted(set(t["loss_decomposition"]["note"].dropna()))) or "no multi-rank strong or weak cell completed"

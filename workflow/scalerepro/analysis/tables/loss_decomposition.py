@@ -7,41 +7,57 @@ median of the same study's one-GPU repeats:
     t_1     = the one-GPU cell's median of the same
     ideal   = t_1 / N (strong: the global batch split N ways)  |  t_1 (weak: the per-GPU batch kept)
 
-and from the exposed-communication probe after its window (``measurements.exposed_communication``:
-the same step on pre-built batches, with and without DDP's all-reduce, every rank timed):
+The parts come from the window's own steps, every rank timed (``measurements.window_split``,
+scalerepro.training.allreduce_timing: each step less its input wait and its wait for the
+all-reduce at the backward's end, means over the window), and, for one correction, from the
+exposed-communication probe after the window (``measurements.exposed_communication``: the same
+step on pre-built batches, with and without the all-reduce, in alternating short runs):
 
-    compute inflation  = nosync_rank_mean_s - ideal
+    overlap cost       = max(sync_compute_rank_mean_s - nosync_rank_mean_s, 0)   (the probe)
+        what the all-reduce running beside the backward costs the backward (on the CPU gloo's
+        threads share the ranks' cores; on a GPU NCCL's kernels share its SMs): the probe's sync
+        step less its wait, against its no-sync step, both at one moment
+    compute inflation  = window_compute_rank_mean_s - overlap cost - ideal
         the typical rank's step without communication against ideal: ranks sharing a node's
         memory bandwidth and cores, clocks under a power cap, a smaller per-GPU batch whose fixed
         per-step cost (optimizer, launches) does not shrink (strong scaling)
-    straggler wait     = straggler_wait_s
-        what a typical rank waits at a synchronisation for the slowest (the spread of one step
-        over the ranks without the all-reduce)
-    exposed comm       = max(sync_step_s - nosync_rank_mean_s - straggler wait, 0)
-        the all-reduce that the backward does not hide
-    data stall         = data_wait_s / measured_steps
-        the input wait of a step in the window (the probe's batches are pre-built: it has none)
-    unexplained        = t_N - ideal - the four above  (= t_N - sync_step_s - data stall, exposed comm above 0)
-        what the parts do not account for: the probe's moment against the window's, its cached
-        batches, the loop's own cost, noise (benchmarks/probe_against_window.py measures the
-        probe's sync step against the window's: on the development VM -0.6 % of a step, sd 2.6 %)
+    straggler wait     = window_straggler_wait_s
+        what a typical rank waits at the backward's end for the rank that finishes it last
+    exposed comm       = window_exposed_wait_s + overlap cost
+        what the all-reduce costs the step: the wait of the last rank, for the communication its
+        backward did not hide, and the overlap cost
+    data stall         = window_data_wait_rank_mean_s
+        the typical rank's input wait per step in the window
+    unexplained        = t_N - ideal - the four above
+        what the parts do not account for: the loop between the step timer's marks, the slowest
+        rank's window against the typical rank's, an overlap cost the probe measured below 0
 
-A cell's parts come from the medians over its repeats of the measured seconds (t_N, the sync
-step, the typical rank's no-sync step, the straggler wait, the data wait per step), put through
-the formulas above, each stated as a fraction of the median t_N: so the cell's parts and its rest
-add up to its loss 1 - ideal / t_N exactly, which is scaling.csv's 1 - E(N) (``aggregate``: E =
-thr(N) / (N thr(1)) strong, T(1) / T(N) weak, both t_1 / t_N in step terms) up to the mean against
-the median of the steps. (Medians of each part taken apart would not add up: one repeat's probe
-catching a slow moment moves one part in one repeat only.) Each part's 95 % interval comes from
-the same derivation on bootstrap resamples of the repeats, each resample drawing whole runs
-(``repeats.BOOTSTRAP_RESAMPLES``, seeded by the cell), t_1 held at its median; with one repeat
-there is none. The row holds ``parts_sum`` (the four named parts) beside ``loss`` (1 - E from
-scaling.csv), and the bottleneck: the largest named part, with the lever that addresses it
-(``BOTTLENECKS``). A run whose record lacks a part (a record from before the probe timed every
-rank, a probe switched off) gives no parts; the cell says why.
+The window's parts and the probe are measured at different moments only in the overlap cost,
+which moves time between compute inflation and exposed comm and leaves their sum as the window
+measured it. A record from before the window was split (no window_split) gives its parts from the
+probe alone, as they were then: compute inflation = nosync_rank_mean_s - ideal, straggler wait =
+straggler_wait_s, exposed comm = max(sync_step_s - nosync_rank_mean_s - straggler wait, 0), data
+stall = data_wait_s / measured_steps; there the rest holds the probe's moment against the
+window's (benchmarks/probe_against_window.py: +0.7 % of a step, sd 1.3-2.8 % a run on the
+development VM), and the cell's note says so.
+
+A cell's parts are those of its median run: the repeat whose t_N is the median over the cell's
+repeats (with an even number, the mean of the two middle repeats, whose mean is the median), put
+through the formulas above and stated as fractions of that t_N. Each run's parts add up to its
+own step, so the cell's parts and its rest add up to its loss 1 - ideal / t_N, which is
+scaling.csv's 1 - E(N) (``aggregate``: E = thr(N) / (N thr(1)) strong, T(1) / T(N) weak, both
+t_1 / t_N in step terms, medians over repeats alike). (Medians of each part taken apart do not
+add up: over three repeats whose step moved by 6 %, they left 1-2 points of a README study's loss
+unexplained where every run's own rest was under 0.1 ms.) Each part's 95 % interval comes from
+the same derivation on bootstrap resamples of the repeats, each resample drawing whole runs and
+taking its median run (``repeats.BOOTSTRAP_RESAMPLES``, seeded by the cell), t_1 held at its
+median; with one repeat there is none. The row holds ``parts_sum`` (the four named parts) beside
+``loss`` (1 - E from scaling.csv), and the bottleneck: the largest named part, with the lever
+that addresses it (``BOTTLENECKS``). A run whose record lacks a part (a probe switched off, a run
+under CUDA graphs whose window is not split) gives no parts; the cell says why.
 
 Table ``loss_decomposition.csv``: one row per (study, model, gpus > 1) of scaling.csv: study,
-model, gpus, nodes, repeats (runs with every part), step_s, ideal_step_s (medians), loss,
+model, gpus, nodes, repeats (runs with every part), step_s (the median run's), ideal_step_s (the one-GPU median), loss,
 efficiency, then per part ``<part>`` (median fraction), ``<part>_ci_low``, ``<part>_ci_high`` and
 ``<part>_s`` (median seconds), parts_sum, sum_error (parts_sum - loss), bottleneck, lever, note.
 
@@ -96,37 +112,70 @@ def mean_step_s(run: pd.Series) -> float | None:
     return window / steps if window and steps else None
 
 
-QUANTITIES = ("step", "sync", "nosync", "straggler", "data")
+QUANTITIES = ("step", "compute", "exposed", "straggler", "data")
+WINDOW_FIELDS = ("window_compute_rank_mean_s", "window_exposed_wait_s", "window_straggler_wait_s", "window_data_wait_rank_mean_s")
+PROBE_FIELDS = ("sync_step_s", "nosync_rank_mean_s", "straggler_wait_s")
+FROM_PROBE = "parts from the probe after the window (a record from before the window's steps were split)"
 
 
-def run_quantities(run: pd.Series) -> dict[str, float] | str:
-    """The seconds one run measured that its parts come from (module docstring), or why it has none."""
+def _figures(run: pd.Series, names: tuple[str, ...]) -> dict[str, float | None]:
+    return {name: finite_number(run.get(name)) for name in names}
+
+
+def run_quantities(run: pd.Series) -> dict[str, Any] | str:
+    """The seconds one run measured that its parts come from (module docstring), with where they
+    were measured (``measured_in``), or why it has none."""
     step = mean_step_s(run)
     if step is None:
         return "no measured window"
-    probe = {key: finite_number(run.get(key)) for key in ("sync_step_s", "nosync_rank_mean_s", "straggler_wait_s")}
+    window, probe = _figures(run, WINDOW_FIELDS), _figures(run, PROBE_FIELDS)
+    if all(value is not None for value in window.values()):
+        nosync, sync_compute = finite_number(run.get("nosync_rank_mean_s")), finite_number(run.get("sync_compute_rank_mean_s"))
+        overlap = max(sync_compute - nosync, 0.0) if nosync is not None and sync_compute is not None else None
+        return {
+            "step": step,
+            "compute": window["window_compute_rank_mean_s"] - (overlap or 0.0),
+            "exposed": window["window_exposed_wait_s"] + (overlap or 0.0),
+            "straggler": window["window_straggler_wait_s"],
+            "data": window["window_data_wait_rank_mean_s"],
+            "measured_in": "window" if overlap is not None else "window, no overlap cost",
+        }
     missing = [key for key, value in probe.items() if value is None]
     if missing:
-        return f"its record has no {', '.join(missing)} (a probe from before every rank was timed, or --comm-probe-steps 0)"
+        reason = run.get("window_split_reason")
+        split = f"its window is not split ({reason})" if isinstance(reason, str) and reason else "its record has no window split"
+        return f"{split} and it has no {', '.join(missing)} (--comm-probe-steps 0, or a record from before every rank was timed)"
+    straggler = max(probe["straggler_wait_s"], 0.0)
     return {
         "step": step,
-        "sync": probe["sync_step_s"],
-        "nosync": probe["nosync_rank_mean_s"],
-        "straggler": max(probe["straggler_wait_s"], 0.0),
+        "compute": probe["nosync_rank_mean_s"],
+        "exposed": max(probe["sync_step_s"] - probe["nosync_rank_mean_s"] - straggler, 0.0),
+        "straggler": straggler,
         "data": (finite_number(run.get("data_wait_s")) or 0.0) / float(run["measured_steps"]),
+        "measured_in": "probe",
     }
 
 
 def parts_of(q: dict[str, Any], ideal_s: float) -> dict[str, Any]:
     """The parts in seconds from the measured seconds ``q`` (numbers, or arrays of resamples)."""
     parts = {
-        "compute_inflation": q["nosync"] - ideal_s,
+        "compute_inflation": q["compute"] - ideal_s,
         "straggler_wait": q["straggler"],
-        "exposed_comm": np.maximum(q["sync"] - q["nosync"] - q["straggler"], 0.0),
+        "exposed_comm": q["exposed"],
         "data_stall": q["data"],
     }
     parts["unexplained"] = q["step"] - ideal_s - sum(parts.values())
     return parts
+
+
+def at_median_step(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each measured quantity (runs on the last axis) of the run whose step is the median: the
+    middle run's, or with an even number of runs the mean of the two middle runs' (the median step
+    is their mean); so that the quantities, like each run's, add up to the median step."""
+    step = values["step"]
+    count = step.shape[-1]
+    middle = np.argsort(step, axis=-1, kind="stable")[..., [(count - 1) // 2, count // 2]]
+    return {name: np.take_along_axis(array, middle, axis=-1).mean(axis=-1) for name, array in values.items()}
 
 
 def loss_decomposition_table(runs: pd.DataFrame, scaling: pd.DataFrame) -> pd.DataFrame:
@@ -153,18 +202,18 @@ def loss_decomposition_table(runs: pd.DataFrame, scaling: pd.DataFrame) -> pd.Da
             rows.append(row)
             continue
         values = {name: np.array([q[name] for q in measured]) for name in QUANTITIES}
-        medians = {name: float(np.median(array)) for name, array in values.items()}
-        row["step_s"] = medians["step"]
-        parts = parts_of(medians, ideal)
+        median_run = {name: float(value) for name, value in at_median_step(values).items()}
+        row["step_s"] = median_run["step"]
+        parts = parts_of(median_run, ideal)
         intervals: dict[str, tuple[float, float]] = {}
         if len(measured) >= 2:  # resample whole runs, so that each resample's parts add up too
             draws = repeats._rng(("loss", study, model, gpus)).integers(0, len(measured), size=(repeats.BOOTSTRAP_RESAMPLES, len(measured)))
-            resampled = {name: np.median(array[draws], axis=1) for name, array in values.items()}
+            resampled = at_median_step({name: array[draws] for name, array in values.items()})
             for part, seconds in parts_of(resampled, ideal).items():
                 intervals[part] = repeats.interval(seconds / resampled["step"])
         for part in PARTS:
             low, high = intervals.get(part, (math.nan, math.nan))
-            row.update({part: float(parts[part]) / medians["step"], f"{part}_ci_low": low, f"{part}_ci_high": high,
+            row.update({part: float(parts[part]) / median_run["step"], f"{part}_ci_low": low, f"{part}_ci_high": high,
                         f"{part}_s": float(parts[part])})  # fmt: skip
         row["parts_sum"] = sum(row[part] for part in NAMED_PARTS)
         if row["loss"] is not None:
@@ -172,8 +221,12 @@ def loss_decomposition_table(runs: pd.DataFrame, scaling: pd.DataFrame) -> pd.Da
         largest = max(NAMED_PARTS, key=lambda part: row[part])
         if row[largest] > 0:
             row["bottleneck"], row["lever"] = BOTTLENECKS[largest]
-        row["note"] = "; ".join(
-            [f"{len(found) - len(measured)} of {len(found)} runs without parts: {'; '.join(why)}"] if why else []
-        ) or None
+        where = {q["measured_in"] for q in measured}
+        notes = [f"{len(found) - len(measured)} of {len(found)} runs without parts: {'; '.join(why)}"] if why else []
+        if "probe" in where:
+            notes.append(FROM_PROBE)
+        if "window, no overlap cost" in where:
+            notes.append("no probe after the window (--comm-probe-steps 0): what the overlapped all-reduce costs the backward is in compute inflation")
+        row["note"] = "; ".join(notes) or None
         rows.append(row)
     return pd.DataFrame(rows, columns=LOSS_DECOMPOSITION_COLUMNS)
