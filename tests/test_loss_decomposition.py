@@ -200,6 +200,43 @@ def test_the_table_predicts_a_cell_with_the_inflation_the_other_cell_measured(tm
         assert row["inflation_basis"] == f"held out: the no-sync probe of {other} 2 (1 runs)"
 
 
+def test_the_table_takes_each_cells_inflation_from_its_window_where_the_record_splits_it(tmp_path):
+    """As above, with each 2-rank record's window split: k is the window's step without its waits
+    (the typical rank's compute less the probe's overlap cost, plus the wait for the slowest), not
+    the probe's no-sync step, which ran at a moment 30 % slower (the defect: the model read the
+    probe alone, and predicted each cell with the other's probe)."""
+    s = Study(tmp_path)
+    buckets = {"steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1,
+               "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
+               "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)]}  # fmt: skip
+    k = {"strong": 1.2, "weak": 1.4}
+    overlap, straggler = 1e-3, 0.5e-3
+    for study in ("strong", "weak"):
+        one = make_record(f"{study}_resnet50_g1_r1", per_gpu_batch=32, samples_per_s=32 / 18e-3)
+        one["measurements"]["backward_buckets"] = buckets
+        s.add(study, 1, 1, per_gpu_batch=32, record=validate(one))
+        two = make_record(f"{study}_resnet50_g2_r1", per_gpu_batch=32, world_size=2, samples_per_s=64 / 30e-3)
+        probe = two["measurements"]["exposed_communication"]
+        probe.update(nosync_step_s=1.3 * k[study] * 18e-3, nosync_rank_mean_s=1.3 * k[study] * 18e-3)
+        probe["sync_compute_rank_mean_s"] = probe["nosync_rank_mean_s"] + overlap
+        compute = k[study] * 18e-3 - straggler  # the typical rank's, without the overlap cost
+        two["measurements"]["window_split"] = {
+            "steps": 100, "step_rank_mean_s": 30e-3, "data_wait_rank_mean_s": 0.0, "compute_rank_mean_s": compute + overlap,
+            "exposed_allreduce_wait_s": 30e-3 - compute - overlap - straggler, "straggler_wait_s": straggler, "clock": "host", "reason": None,
+        }  # fmt: skip
+        s.add(study, 2, 1, per_gpu_batch=32, record=validate(two))
+    matrix = pd.read_csv(s.write_matrix())
+    matrix["gpus_per_node"] = 2
+    matrix["global_batch"] = matrix["per_gpu_batch"] * matrix["gpus"]
+    matrix.to_csv(tmp_path / "matrix.csv", index=False)
+    free = write_comm(tmp_path / "g2.json", 2, 1, {size: 1e-3 for size in (1 << 10, 1 << 24)})  # 1 ns a ring step: nothing exposed
+    table = aggregate.aggregate(tmp_path / "matrix.csv", [free], REFERENCES, {}, predict_gpus=[])["scaling_model"]
+    for study, other in (("strong", "weak"), ("weak", "strong")):
+        row = table[table["study"].eq(study) & table["gpus"].eq(2)].iloc[0]
+        assert row["compute_inflation"] == pytest.approx(k[other]), row["inflation_basis"]
+        assert row["inflation_basis"] == f"held out: the window split of {other} 2 (1 runs)"
+
+
 # ---- the batch curve ----------------------------------------------------------------------------
 
 

@@ -44,9 +44,11 @@ development VM), and the cell's note says so.
 A cell's parts are those of its median run: the repeat whose t_N is the median over the cell's
 repeats (with an even number, the mean of the two middle repeats, whose mean is the median), put
 through the formulas above and stated as fractions of that t_N. Each run's parts add up to its
-own step, so the cell's parts and its rest add up to its loss 1 - ideal / t_N, which is
-scaling.csv's 1 - E(N) (``aggregate``: E = thr(N) / (N thr(1)) strong, T(1) / T(N) weak, both
-t_1 / t_N in step terms, medians over repeats alike). (Medians of each part taken apart do not
+own step, so the cell's parts and its rest add up to its loss 1 - ideal / t_N. That is
+scaling.csv's 1 - E(N) (``aggregate``) for a strong cell, E = thr(N) / (N thr(1)) being t_1 / t_N
+in mean steps; a weak cell's E = T(1) / T(N) is in epoch times, from each window's median step,
+so its sum_error also holds the windows' slow steps (mean against median: 0.0-0.7 points in the
+README studies of 2026-11-27, benchmarks/README.md). (Medians of each part taken apart do not
 add up: over three repeats whose step moved by 6 %, they left 1-2 points of a README study's loss
 unexplained where every run's own rest was under 0.1 ms.) Each part's 95 % interval comes from
 the same derivation on bootstrap resamples of the repeats, each resample drawing whole runs and

@@ -49,10 +49,17 @@ ready and the previous all-reduce is done, overlapping the rest of the backward)
 
 Compute inflation. Ranks that share a node slow each other (memory bandwidth, caches, clocks
 under a power or thermal cap, cores shared with the launcher): the step they compute is not the
-one-GPU step. The model takes it from the multi-rank runs' no-sync probe
-(``measurements.exposed_communication``: the same step without the all-reduce, slowest rank):
+one-GPU step. The model takes it from the multi-rank runs' own windows (``no_sync_step_and_exposed``:
+the step less its waits for the all-reduce and its input, typical rank, less what the overlapped
+all-reduce costs the backward, plus the wait for the slowest rank; ``loss_decomposition``), or for
+a record from before the window was split, from its no-sync probe (``measurements.exposed_communication``:
+the same step without the all-reduce, slowest rank):
 
     k = t_nosync(N) / t_1(m_N, A_N)
+
+(Over five README studies of 2026-11-27, the window's figures took the model's largest E(2) error
+from 4.4 points to 2.6: two cells of one configuration, the strong and the weak at two ranks of
+batch 8, had probes 2-5 % apart where their windows were 1-2 % apart.)
 
 t_1(m, A): the study's measured one-GPU step at that micro-batch and accumulation (any study of
 the model under the same conditions), else the profile's own step at (c, A). k is a property of
@@ -65,7 +72,8 @@ profile's step at (c, A)), so that the replayed step without communication is k 
 
 Bandwidth under load. The all-reduce benchmark times the collective alone; in the step it runs
 beside the backward (on a CPU, gloo's reductions on the very cores the backward computes on), and
-is slower. Each multi-rank run's probe measures what the step exposes, sync - no-sync step; the
+is slower. Each multi-rank run measures what the step exposes (the exposed comm of its window,
+else its probe's sync - no-sync step); the
 share s of the benchmark's B at which the replay (its compute at that run's own k) exposes as much
 is found by bisection (``bandwidth_share``; 1 where the replay already exposes as much at B). A cell
 on a link the study measured replays its all-reduces at s x B, s chosen as k is (held out, else
@@ -138,6 +146,7 @@ from scalerepro.analysis.tables.network_model import (
     read_links,
     read_prediction_error,
 )
+from scalerepro.analysis.tables import loss_decomposition
 from scalerepro.analysis.tables.readers import read_comm
 from scalerepro.analysis.values import finite_number
 
@@ -455,6 +464,21 @@ def _positive(value: Any) -> float | None:
     return number if number is not None and number > 0 else None
 
 
+def no_sync_step_and_exposed(run: pd.Series) -> tuple[float | None, float | None, str]:
+    """A multi-rank run's step without the all-reduce, as the ranks wait for the slowest, and the
+    all-reduce it exposed. From the window's own steps where the record splits them
+    (``loss_decomposition.run_quantities``: the typical rank's compute + its wait for the slowest;
+    the exposed comm), else from the probe after the window (its slowest rank's no-sync step;
+    sync - no-sync step); (None, None) with neither; and which ("window" or "probe")."""
+    quantities = loss_decomposition.run_quantities(run)
+    # the window's figures with the probe's overlap cost only: without it (--comm-probe-steps 0)
+    # the window's compute holds the all-reduce's cost to the backward, and the model has neither
+    if isinstance(quantities, dict) and quantities["measured_in"] == "window":
+        return quantities["compute"] + quantities["straggler"], quantities["exposed"], "window"
+    nosync, sync = _positive(run.get("nosync_step_s")), _positive(run.get("sync_step_s"))
+    return nosync, (max(sync - nosync, 0.0) if nosync is not None and sync is not None else None), "probe"
+
+
 def one_gpu_steps(model_runs: pd.DataFrame) -> dict[tuple[int, int], float]:
     """(micro-batch, micro-batches a step) -> the median step time of the model's counted one-GPU
     runs there, over every study that ran it (strong, weak, sensitivity: the same preset)."""
@@ -478,6 +502,7 @@ class Inflation:
     occupancy: int  # ranks on one node
     factor: float  # k
     bandwidth_share: float | None = None  # s: the share of the benchmark's B the all-reduce had in the step
+    measured_in: str = "probe"  # "window" (the run's window split) or "probe" (its no-sync probe)
 
 
 def inflation_for(
@@ -487,7 +512,8 @@ def inflation_for(
     and where it comes from (module docstring): the other cells at its occupancy, else its own,
     and beyond the hardware the fullest occupancy measured."""
     measured = [m for m in measured if getattr(m, attribute) is not None]
-    what = "no-sync probe" if attribute == "factor" else "sync and no-sync probe"
+    names = {"window": "window split", "probe": "no-sync probe" if attribute == "factor" else "sync and no-sync probe"}
+    what = " and ".join(names[kind] for kind in sorted({m.measured_in for m in measured}, reverse=True)) or names["probe"]
     if occupancy <= 1:
         return 1.0, "one rank a node: none"
     if not is_measured_cell:  # a count beyond the study's hardware: what was measured, carried over
@@ -708,7 +734,7 @@ def scaling_model_table(
 
         measured_inflation = []
         for _, run in runs[runs["model"].eq(model) & runs["study"].isin(["strong", "weak"]) & runs["gpus"].gt(1)].iterrows():
-            nosync = _positive(run.get("nosync_step_s"))
+            nosync, exposed, measured_in = no_sync_step_and_exposed(run)
             if nosync is None or not bool(run["counts"]):
                 continue
             key = (int(run["per_gpu_batch"]), int(run.get("grad_accum_steps", 1) or 1))
@@ -717,11 +743,11 @@ def scaling_model_table(
             occupancy = min(int(run["gpus"]), int(run["gpus_per_node"]))
             # s: the bandwidth at which the replay, its compute at this run's own k, exposes what
             # the probe measured exposed (sync - no-sync step), on the benchmark at this count
-            share, sync = None, _positive(run.get("sync_step_s"))
-            if sync is not None and int(run["gpus"]) in fits:
+            share = None
+            if exposed is not None and int(run["gpus"]) in fits:
                 share = bandwidth_share(inflated(profile, nosync / uninflated), fits[int(run["gpus"])][0],
-                                        max(sync - nosync, 0.0), compute_scale_at(key[0]), key[1])  # fmt: skip
-            measured_inflation.append(Inflation(str(run["study"]), int(run["gpus"]), occupancy, nosync / step_1, share))
+                                        exposed, compute_scale_at(key[0]), key[1])  # fmt: skip
+            measured_inflation.append(Inflation(str(run["study"]), int(run["gpus"]), occupancy, nosync / step_1, share, measured_in))
         # the strong study's global batch G, the same at every N (the 1-GPU cell's, for matrices
         # from before it was: there G was the 1-GPU per-GPU batch)
         global_batch = int(first.loc[1, "global_batch"]) if study == "strong" else None
