@@ -64,7 +64,7 @@ batch 8, had probes 2-5 % apart where their windows were 1-2 % apart.)
 t_1(m, A): the study's measured one-GPU step at that micro-batch and accumulation (any study of
 the model under the same conditions), else the profile's own step at (c, A). k is a property of
 the occupancy o = min(N, GPUs per node); a cell is predicted with the median k of the *other*
-cells measured at its occupancy (held out: its own probe is not its input), its own only where no
+cells measured at its occupancy (held out: its own measurement is not its input), its own only where no
 other cell has that occupancy (the row says "in-sample"), and a count beyond the node with the k
 measured at the node's fullest occupancy (inflation at full occupancy carries to more nodes).
 Every phase of the step (f, b, o, other, every r_k) is scaled by K = k t_1(m_N, A_N) / (the
