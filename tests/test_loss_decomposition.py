@@ -171,40 +171,17 @@ def test_inflation_of_a_measured_cell_comes_from_the_other_cells_at_its_occupanc
     assert inflation_for(measured, "weak", 1, 1, True)[0] == 1.0
 
 
-def test_the_table_predicts_a_cell_with_the_inflation_the_other_cell_measured(tmp_path):
-    """Strong and weak at 2 ranks a node, each 2-rank run's probe slower than one rank alone by a
-    known factor; each cell is predicted with the other's (the defect: its prediction ignored
-    inflation, so the step came out at the one-rank step plus the exposed all-reduce)."""
-    s = Study(tmp_path)
-    buckets = {"steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1,
-               "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
-               "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)]}  # fmt: skip
-    k = {"strong": 1.2, "weak": 1.4}
-    for study in ("strong", "weak"):
-        one = make_record(f"{study}_resnet50_g1_r1", per_gpu_batch=32, samples_per_s=32 / 18e-3)
-        one["measurements"]["backward_buckets"] = buckets
-        s.add(study, 1, 1, per_gpu_batch=32, record=validate(one))
-        two = make_record(f"{study}_resnet50_g2_r1", per_gpu_batch=32, world_size=2, samples_per_s=64 / 30e-3)
-        two["measurements"]["exposed_communication"]["nosync_step_s"] = k[study] * 18e-3  # t_1(32, 1) = 18 ms
-        s.add(study, 2, 1, per_gpu_batch=32, record=validate(two))
-    matrix = pd.read_csv(s.write_matrix())
-    matrix["gpus_per_node"] = 2
-    matrix["global_batch"] = matrix["per_gpu_batch"] * matrix["gpus"]
-    matrix.to_csv(tmp_path / "matrix.csv", index=False)
-    free = write_comm(tmp_path / "g2.json", 2, 1, {size: 1e-3 for size in (1 << 10, 1 << 24)})  # 1 ns a ring step: nothing exposed
-    table = aggregate.aggregate(tmp_path / "matrix.csv", [free], REFERENCES, {}, predict_gpus=[])["scaling_model"]
-    for study, other in (("strong", "weak"), ("weak", "strong")):
-        row = table[table["study"].eq(study) & table["gpus"].eq(2)].iloc[0]
-        assert row["compute_inflation"] == pytest.approx(k[other]), row["inflation_basis"]
-        assert row["step_time_predicted_s"] == pytest.approx(k[other] * 18e-3, rel=1e-3)
-        assert row["inflation_basis"] == f"held out: the no-sync probe of {other} 2 (1 runs)"
+@pytest.mark.parametrize("measured_in", ["probe", "window"])
+def test_the_table_predicts_a_cell_with_the_inflation_the_other_cell_measured(tmp_path, measured_in):
+    """Strong and weak at 2 ranks a node, each 2-rank run slower than one rank alone by a known
+    factor k; each cell is predicted with the other's (the defect: its prediction ignored
+    inflation, so the step came out at the one-rank step plus the exposed all-reduce).
 
-
-def test_the_table_takes_each_cells_inflation_from_its_window_where_the_record_splits_it(tmp_path):
-    """As above, with each 2-rank record's window split: k is the window's step without its waits
-    (the typical rank's compute less the probe's overlap cost, plus the wait for the slowest), not
-    the probe's no-sync step, which ran at a moment 30 % slower (the defect: the model read the
-    probe alone, and predicted each cell with the other's probe)."""
+    ``probe``: a record from before the window was split, k its no-sync probe's step. ``window``:
+    k is the window's step without its waits (the typical rank's compute less the probe's overlap
+    cost, plus the wait for the slowest), not the probe's no-sync step, which ran at a moment 30 %
+    slower (the defect: the model read the probe alone, so the spread of two cells' probes went
+    into each other's prediction)."""
     s = Study(tmp_path)
     buckets = {"steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1,
                "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
@@ -217,13 +194,16 @@ def test_the_table_takes_each_cells_inflation_from_its_window_where_the_record_s
         s.add(study, 1, 1, per_gpu_batch=32, record=validate(one))
         two = make_record(f"{study}_resnet50_g2_r1", per_gpu_batch=32, world_size=2, samples_per_s=64 / 30e-3)
         probe = two["measurements"]["exposed_communication"]
-        probe.update(nosync_step_s=1.3 * k[study] * 18e-3, nosync_rank_mean_s=1.3 * k[study] * 18e-3)
-        probe["sync_compute_rank_mean_s"] = probe["nosync_rank_mean_s"] + overlap
-        compute = k[study] * 18e-3 - straggler  # the typical rank's, without the overlap cost
-        two["measurements"]["window_split"] = {
-            "steps": 100, "step_rank_mean_s": 30e-3, "data_wait_rank_mean_s": 0.0, "compute_rank_mean_s": compute + overlap,
-            "exposed_allreduce_wait_s": 30e-3 - compute - overlap - straggler, "straggler_wait_s": straggler, "clock": "host", "reason": None,
-        }  # fmt: skip
+        probe["nosync_step_s"] = k[study] * 18e-3  # t_1(32, 1) = 18 ms
+        if measured_in == "window":
+            probe.update(nosync_step_s=1.3 * k[study] * 18e-3, nosync_rank_mean_s=1.3 * k[study] * 18e-3)
+            probe["sync_compute_rank_mean_s"] = probe["nosync_rank_mean_s"] + overlap
+            compute = k[study] * 18e-3 - straggler  # the typical rank's, without the overlap cost
+            two["measurements"]["window_split"] = {
+                "steps": 100, "step_rank_mean_s": 30e-3, "data_wait_rank_mean_s": 0.0, "compute_rank_mean_s": compute + overlap,
+                "exposed_allreduce_wait_s": 30e-3 - compute - overlap - straggler, "straggler_wait_s": straggler, "clock": "host",
+                "reason": None,
+            }  # fmt: skip
         s.add(study, 2, 1, per_gpu_batch=32, record=validate(two))
     matrix = pd.read_csv(s.write_matrix())
     matrix["gpus_per_node"] = 2
@@ -231,10 +211,12 @@ def test_the_table_takes_each_cells_inflation_from_its_window_where_the_record_s
     matrix.to_csv(tmp_path / "matrix.csv", index=False)
     free = write_comm(tmp_path / "g2.json", 2, 1, {size: 1e-3 for size in (1 << 10, 1 << 24)})  # 1 ns a ring step: nothing exposed
     table = aggregate.aggregate(tmp_path / "matrix.csv", [free], REFERENCES, {}, predict_gpus=[])["scaling_model"]
+    source = "no-sync probe" if measured_in == "probe" else "window split"
     for study, other in (("strong", "weak"), ("weak", "strong")):
         row = table[table["study"].eq(study) & table["gpus"].eq(2)].iloc[0]
         assert row["compute_inflation"] == pytest.approx(k[other]), row["inflation_basis"]
-        assert row["inflation_basis"] == f"held out: the window split of {other} 2 (1 runs)"
+        assert row["step_time_predicted_s"] == pytest.approx(k[other] * 18e-3, rel=1e-3)
+        assert row["inflation_basis"] == f"held out: the {source} of {other} 2 (1 runs)"
 
 
 # ---- the batch curve ----------------------------------------------------------------------------
