@@ -13,6 +13,7 @@ import json
 import sys
 
 from scalerepro.common import gpu_peaks
+from scalerepro.common.cuda_graphs import CUDA_GRAPH_MODES
 
 path, on_cpu = sys.argv[1], "--cpu" in sys.argv[2:]
 record = json.load(open(path))
@@ -36,6 +37,17 @@ print(f"  energy/sample J={m.get('energy_per_sample_j')} allocated max bytes={me
 need = {"status ok": record["status"] == "ok", "samples_per_s": bool(m.get("samples_per_s")), "step median": bool(steps.get("median"))}
 if parallel.get("backend"):  # a process group: DDP's probes must have measured
     need.update({"exposed communication measured": comm.get("reason") is None, "bucket probe measured": buckets.get("reason") is None})
+    # the window's steps split on the step timer's clock (CUDA events on a GPU: the hook's CUDA
+    # path, unexercised before a GPU session runs this), except under CUDA graphs, where the
+    # record must say why not
+    split = m.get("window_split") or {}
+    graphs = (record.get("knobs") or {}).get("compile") in CUDA_GRAPH_MODES and parallel.get("device_type") == "cuda"
+    print(f"  window split: steps={split.get('steps')} compute={split.get('compute_rank_mean_s')} "
+          f"exposed wait={split.get('exposed_allreduce_wait_s')} clock={split.get('clock')} ({split.get('reason')})")  # fmt: skip
+    if graphs:
+        need["window split not timed under CUDA graphs, and why"] = bool(split.get("reason"))
+    else:
+        need["window split measured"] = split.get("reason") is None and split.get("steps") == m.get("measured_steps") and (split.get("compute_rank_mean_s") or 0) > 0
 if not on_cpu:
     expected_peak = gpu_peaks.gpu_model(record["hardware"]["gpu"]["name"])  # None: a GPU the table lacks
     need.update({
