@@ -86,7 +86,8 @@ def _cell(study: str = "strong", parts: dict[str, float] | None = BUILT, repeats
 def test_each_built_part_comes_back_and_they_add_up_to_the_loss(study, source):
     runs, scaling = _cell(study, source=source)
     row = loss_decomposition_table(runs, scaling).iloc[0]
-    assert (row["note"] == FROM_PROBE) if source == "probe" else pd.isna(row["note"]), row["note"]
+    probe_note = f"{FROM_PROBE} (a record from before the window's steps were split)"
+    assert (row["note"] == probe_note) if source == "probe" else pd.isna(row["note"]), row["note"]
     step = (T1 / 2 if study == "strong" else T1) + sum(BUILT.values())
     for part, seconds in BUILT.items():
         assert row[f"{part}_s"] == pytest.approx(seconds, abs=1e-9), part
@@ -125,13 +126,18 @@ def test_the_bottleneck_is_the_largest_part_with_its_lever():
     assert row["bottleneck"].startswith("input-bound") and "--loader device" in row["lever"]
 
 
-def test_a_record_without_the_probes_parts_says_so_and_gives_none():
+def test_a_run_whose_window_is_not_split_takes_its_parts_from_the_probe_or_says_why_it_has_none():
     runs, scaling = _cell(parts=None)
     runs["window_split_reason"] = "not timed under --compile reduce-overhead: a CUDA graph replay runs no Python hook"
     row = loss_decomposition_table(runs, scaling).iloc[0]
     assert row["repeats"] == 0 and all(pd.isna(row[part]) for part in NAMED_PARTS)
     assert "its window is not split (not timed under --compile reduce-overhead" in row["note"]
     assert "has no sync_step_s, nosync_rank_mean_s, straggler_wait_s" in row["note"]
+    # with the probe's figures, the parts come from it, and the note says why
+    runs, scaling = _cell(source="probe")
+    runs["window_split_reason"] = "not timed under --compile reduce-overhead: a CUDA graph replay runs no Python hook"
+    row = loss_decomposition_table(runs, scaling).iloc[0]
+    assert row["repeats"] == 3 and row["note"] == f"{FROM_PROBE} (not timed under --compile reduce-overhead: a CUDA graph replay runs no Python hook)"
 
 
 def test_without_the_probe_the_overlap_cost_stays_in_compute_and_the_note_says_so():

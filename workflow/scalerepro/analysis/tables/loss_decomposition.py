@@ -117,7 +117,14 @@ def mean_step_s(run: pd.Series) -> float | None:
 QUANTITIES = ("step", "compute", "exposed", "straggler", "data")
 WINDOW_FIELDS = ("window_compute_rank_mean_s", "window_exposed_wait_s", "window_straggler_wait_s", "window_data_wait_rank_mean_s")
 PROBE_FIELDS = ("sync_step_s", "nosync_rank_mean_s", "straggler_wait_s")
-FROM_PROBE = "parts from the probe after the window (a record from before the window's steps were split)"
+FROM_PROBE = "parts from the probe after the window"  # the note of a cell with such runs, with why (probe_reason)
+
+
+def probe_reason(run: pd.Series) -> str:
+    """Why a run's parts come from its probe: the record's reason its window is not split (CUDA
+    graphs), else its age."""
+    reason = run.get("window_split_reason")
+    return reason if isinstance(reason, str) and reason else "a record from before the window's steps were split"
 
 
 def _figures(run: pd.Series, names: tuple[str, ...]) -> dict[str, float | None]:
@@ -144,9 +151,7 @@ def run_quantities(run: pd.Series) -> dict[str, Any] | str:
         }
     missing = [key for key, value in probe.items() if value is None]
     if missing:
-        reason = run.get("window_split_reason")
-        split = f"its window is not split ({reason})" if isinstance(reason, str) and reason else "its record has no window split"
-        return f"{split} and it has no {', '.join(missing)} (--comm-probe-steps 0, or a record from before every rank was timed)"
+        return f"its window is not split ({probe_reason(run)}) and it has no {', '.join(missing)} (--comm-probe-steps 0, or a record from before every rank was timed)"
     straggler = max(probe["straggler_wait_s"], 0.0)
     return {
         "step": step,
@@ -155,6 +160,7 @@ def run_quantities(run: pd.Series) -> dict[str, Any] | str:
         "straggler": straggler,
         "data": (finite_number(run.get("data_wait_s")) or 0.0) / float(run["measured_steps"]),
         "measured_in": "probe",
+        "probe_reason": probe_reason(run),
     }
 
 
@@ -226,7 +232,8 @@ def loss_decomposition_table(runs: pd.DataFrame, scaling: pd.DataFrame) -> pd.Da
         where = {q["measured_in"] for q in measured}
         notes = [f"{len(found) - len(measured)} of {len(found)} runs without parts: {'; '.join(why)}"] if why else []
         if "probe" in where:
-            notes.append(FROM_PROBE)
+            reasons = sorted({q["probe_reason"] for q in measured if q["measured_in"] == "probe"})
+            notes.append(f"{FROM_PROBE} ({'; '.join(reasons)})")
         if "window, no overlap cost" in where:
             notes.append("no probe after the window (--comm-probe-steps 0): what the overlapped all-reduce costs the backward is in compute inflation")
         row["note"] = "; ".join(notes) or None
