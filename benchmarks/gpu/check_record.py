@@ -13,7 +13,7 @@ import json
 import sys
 
 from scalerepro.common import gpu_peaks
-from scalerepro.common.cuda_graphs import CUDA_GRAPH_MODES
+from scalerepro.analysis.tables.readers import cuda_graph_replays
 
 path, on_cpu = sys.argv[1], "--cpu" in sys.argv[2:]
 record = json.load(open(path))
@@ -41,10 +41,9 @@ if parallel.get("backend"):  # a process group: DDP's probes must have measured
     # path, unexercised before a GPU session runs this), except under CUDA graphs, where the
     # record must say why not
     split = m.get("window_split") or {}
-    graphs = (record.get("knobs") or {}).get("compile") in CUDA_GRAPH_MODES and parallel.get("device_type") == "cuda"
     print(f"  window split: steps={split.get('steps')} compute={split.get('compute_rank_mean_s')} "
           f"exposed wait={split.get('exposed_allreduce_wait_s')} clock={split.get('clock')} ({split.get('reason')})")  # fmt: skip
-    if graphs:
+    if cuda_graph_replays(record):
         need["window split not timed under CUDA graphs, and why"] = bool(split.get("reason"))
     else:
         need["window split measured"] = split.get("reason") is None and split.get("steps") == m.get("measured_steps") and (split.get("compute_rank_mean_s") or 0) > 0

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from scalerepro.common.cuda_graphs import CUDA_GRAPH_MODES
+from scalerepro.common.cuda_graphs import replays_cuda_graphs
 from scalerepro.telemetry import metrics, ranges
 
 
@@ -83,7 +83,7 @@ def install(
     Where it is not timed, a profiled run still gets its all-reduces in named ranges."""
     if ddp is None:
         return None, "no DDP all-reduce (one process, or a sharded --parallel)"
-    if device.type == "cuda" and compile_mode in CUDA_GRAPH_MODES:
+    if replays_cuda_graphs(device.type, compile_mode):
         if profiling:
             ddp.register_comm_hook(None, ranges.nvtx_allreduce_hook)
         return None, f"not timed under --compile {compile_mode}: a CUDA graph replay runs no Python hook"

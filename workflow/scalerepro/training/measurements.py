@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from scalerepro import models
-from scalerepro.common.cuda_graphs import CUDA_GRAPH_MODES
+from scalerepro.common.cuda_graphs import replays_cuda_graphs
 from scalerepro.common.reductions import max_or_none
 from scalerepro.config import TrainConfig
 from scalerepro.parallel import blocks, comm_bytes, parallelize, pipeline_parallel, tensor_parallel
@@ -144,7 +144,7 @@ def memory_split(ctx: DistContext, measured: RankMeasurements, compile_mode: str
     device = ctx.device
     peak = _peak_memory(measured, device)["allocated_bytes"]
     state = measured.state_bytes
-    graphs = device.type == "cuda" and compile_mode in CUDA_GRAPH_MODES
+    graphs = replays_cuda_graphs(device.type, compile_mode)
     activations = peak - sum(state.values()) if peak is not None and state is not None and not graphs else None
     per_rank = gather_objects(ctx, {**(state or {"parameters": None, "gradients": None, "optimizer_state": None}), "activations": activations})
     reason = None

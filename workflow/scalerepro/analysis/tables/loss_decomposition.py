@@ -139,7 +139,7 @@ def run_quantities(run: pd.Series) -> dict[str, Any] | str:
         return "no measured window"
     window, probe = _figures(run, WINDOW_FIELDS), _figures(run, PROBE_FIELDS)
     if all(value is not None for value in window.values()):
-        nosync, sync_compute = finite_number(run.get("nosync_rank_mean_s")), finite_number(run.get("sync_compute_rank_mean_s"))
+        nosync, sync_compute = probe["nosync_rank_mean_s"], finite_number(run.get("sync_compute_rank_mean_s"))
         overlap = max(sync_compute - nosync, 0.0) if nosync is not None and sync_compute is not None else None
         return {
             "step": step,

@@ -26,7 +26,7 @@ from scalerepro.analysis.columns import (
 from scalerepro.analysis.evidence import FIGURE_BOUNDS, EvidenceError, dig, figure_problems, identity_problem, read_json_document
 from scalerepro.analysis.tables.cell_tables import counts
 from scalerepro.common.cli import CommandError
-from scalerepro.common.cuda_graphs import CUDA_GRAPH_MODES
+from scalerepro.common.cuda_graphs import replays_cuda_graphs
 
 
 class TableInputError(CommandError, ValueError):
@@ -43,7 +43,7 @@ RECORDS_STUDY = "records"  # rebuild --records' study column: runs no study plan
 
 def cuda_graph_replays(document: dict[str, Any]) -> bool:
     """Whether a record's run trained by replaying CUDA graphs: compiled in a graph mode, on CUDA."""
-    return dig(document, ("knobs", "compile")) in CUDA_GRAPH_MODES and dig(document, ("parallel", "device_type")) == "cuda"
+    return replays_cuda_graphs(dig(document, ("parallel", "device_type")), dig(document, ("knobs", "compile")))
 
 
 LOG_TAIL_BYTES = 4096  # enough for the last lines of a train.log, however long the log
