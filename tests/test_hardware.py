@@ -200,8 +200,9 @@ def test_host_facts_on_this_machine() -> None:
     assert facts["usable_cpus"] is None or 1 <= facts["usable_cpus"] <= facts["logical_cpus"]
     assert facts["memory_total_bytes"] is None or facts["memory_total_bytes"] > 0
     gpu = facts["gpu"]
-    assert set(gpu) == {"name", "count", "memory_bytes", "compute_capability", "driver_version",
-                        "reason"}
+    # the card's identity and limits (uuid, power limit, top SM clock) where torch sees a CUDA device
+    card = {"uuid", "power_limit_w", "sm_clock_max_mhz"} if gpu["count"] else set()
+    assert set(gpu) == {"name", "count", "memory_bytes", "compute_capability", "driver_version", "reason", *card}
     if not gpu["count"]:
         # A CPU machine: nothing about a GPU is invented, and the record says why.
         assert gpu["name"] is None and gpu["memory_bytes"] is None

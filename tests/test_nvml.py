@@ -1,10 +1,15 @@
-"""The NVML summary arithmetic on hand-made samples, and the sampler on a machine without a GPU."""
+"""The NVML summary arithmetic on hand-made samples, the sampler on a machine without a GPU, and
+the sampler replaying a recorded NVML reply (tests/fixtures/nvml) through a fake pynvml."""
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
+import types
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +19,10 @@ from scalerepro.telemetry.nvml import (
     MEASURED_KEYS,
     NvmlSampler,
     Sample,
+    card_limits,
+    clock_event_reason_bits,
     combine_ranks,
+    decode_clock_event_reasons,
     format_nvml_uuid,
     idle_power,
     summarise,
@@ -23,6 +31,7 @@ from scalerepro.telemetry.nvml import (
 )
 
 UUID = "5d5b6c2b-1c4a-9e3f-0a21-7b3cdd1e8f40"
+REPLY = Path(__file__).parent / "fixtures" / "nvml" / "h100_power_capped_reply.json"
 
 
 def _sample(t_s: float, power_w: float | None, **fields: float | None) -> Sample:
@@ -76,7 +85,29 @@ def test_summarise_prefers_the_energy_counter_and_reduces_each_field() -> None:
     assert summary["power_max_w"] == 300.0
     assert summary["sm_clock_mean_mhz"] == pytest.approx(1493.333333)  # 4480 / 3
     assert summary["sm_clock_max_mhz"] == 1980.0
+    assert summary["sm_clock_min_mhz"] == 1000.0
     assert summary["temperature_max_c"] == 61.0
+    assert summary["temperature_mean_c"] == pytest.approx(52.0)  # (40 + 61 + 55) / 3
+    # no reasons read, no card limits given: None, not {} or 0
+    assert summary["clock_event_reasons"] is None
+    assert summary["power_limit_w"] is None and summary["sm_clock_max_supported_mhz"] is None
+    json.dumps(summary)
+
+
+def test_summarise_gives_each_clock_event_reasons_share_of_the_samples_that_read_them() -> None:
+    capped = [
+        _sample(0.0, 690.0, clock_event_reasons=("sw_power_cap",)),
+        _sample(0.1, 701.0, clock_event_reasons=("sw_power_cap", "hw_slowdown")),
+        _sample(0.2, 640.0, clock_event_reasons=()),  # read, none active
+        _sample(0.3, 650.0, clock_event_reasons=None),  # NVML refused this reading: not in any share
+    ]
+    summary = summarise(capped, (None, None), device_name=None, interval_s=0.1, window_s=0.3,
+                        power_limit_w=700.0, sm_clock_max_supported_mhz=1980.0)  # fmt: skip
+    # 3 samples read the reasons: sw_power_cap in 2 of them, hw_slowdown in 1
+    assert summary["clock_event_reasons"] == {"hw_slowdown": pytest.approx(1 / 3), "sw_power_cap": pytest.approx(2 / 3)}
+    assert summary["power_limit_w"] == 700.0 and summary["sm_clock_max_supported_mhz"] == 1980.0
+    none_active = summarise([_sample(0.0, 90.0, clock_event_reasons=())], (None, None), device_name=None, interval_s=0.1, window_s=0.1)
+    assert none_active["clock_event_reasons"] == {}  # sampled, nothing held the clocks down
     json.dumps(summary)
 
 
@@ -105,7 +136,10 @@ def test_summarise_with_unsupported_fields_reports_none_not_zero() -> None:
 
 def test_unavailable_summary_has_the_same_keys_as_a_measured_one() -> None:
     measured = summarise(TRACE, (None, None), device_name=None, interval_s=1.0, window_s=3.0)
-    assert unavailable_summary("why", interval_s=1.0).keys() == measured.keys()
+    unavailable = unavailable_summary("why", interval_s=1.0)
+    assert unavailable.keys() == measured.keys()
+    power_capping = ("sm_clock_min_mhz", "temperature_mean_c", "power_limit_w", "sm_clock_max_supported_mhz", "clock_event_reasons")
+    assert set(power_capping) <= set(MEASURED_KEYS) and all(unavailable[key] is None for key in power_capping)
 
 
 def _gpu(power_mean_w: float, energy_j: float | None, **overrides: object) -> dict[str, object]:
@@ -150,6 +184,32 @@ def test_combine_ranks_sums_energy_and_power_and_takes_max_of_maxima() -> None:
     assert run["window_s"] == 1.02
     assert run["device_name"] == "NVIDIA H100 80GB HBM3"
     json.dumps(run)
+
+
+def test_combine_ranks_reads_power_capping_over_the_gpus() -> None:
+    a = _gpu(690.0, 690.0, sm_clock_min_mhz=1400.0, temperature_mean_c=60.0, power_limit_w=700.0, sm_clock_max_supported_mhz=1980.0,
+             clock_event_reasons={"sw_power_cap": 0.5, "hw_slowdown": 0.25})  # fmt: skip
+    b = _gpu(699.0, 699.0, sm_clock_min_mhz=1300.0, temperature_mean_c=64.0, power_limit_w=700.0, sm_clock_max_supported_mhz=1980.0,
+             clock_event_reasons={"sw_power_cap": 1.0})  # fmt: skip
+    run = combine_ranks([a, b])
+    assert run["sm_clock_min_mhz"] == 1300.0  # min(1400, 1300)
+    assert run["temperature_mean_c"] == pytest.approx(62.0)  # (60 + 64) / 2
+    assert run["power_limit_w"] == pytest.approx(1400.0)  # 700 + 700, beside power_mean_w = 690 + 699
+    assert run["power_limit_per_gpu_w"] == 700.0 and run["sm_clock_max_supported_mhz"] == 1980.0
+    # sw_power_cap (0.5 + 1.0) / 2 = 0.75; hw_slowdown (0.25 + 0, absent on b) / 2 = 0.125
+    assert run["clock_event_reasons"] == {"hw_slowdown": pytest.approx(0.125), "sw_power_cap": pytest.approx(0.75)}
+    json.dumps(run)
+
+    capped = _gpu(600.0, 600.0, power_limit_w=600.0, sm_clock_max_supported_mhz=1755.0, clock_event_reasons={})
+    mixed = combine_ranks([a, capped])
+    assert mixed["power_limit_w"] == pytest.approx(1300.0)  # 700 + 600: the total still holds
+    assert mixed["power_limit_per_gpu_w"] is None and mixed["sm_clock_max_supported_mhz"] is None  # the cards differ
+    assert mixed["clock_event_reasons"] == {"hw_slowdown": pytest.approx(0.125), "sw_power_cap": pytest.approx(0.25)}
+    assert combine_ranks([capped, capped])["clock_event_reasons"] == {}
+    # a GPU whose reasons or limit were not read (or an older summary without them): None, not a partial figure
+    unread = combine_ranks([a, _gpu(600.0, 600.0)])
+    assert unread["clock_event_reasons"] is None and unread["power_limit_w"] is None and unread["sm_clock_min_mhz"] is None
+    assert unread["temperature_mean_c"] is None
 
 
 def test_combine_ranks_does_not_sum_a_partial_set() -> None:
@@ -241,6 +301,12 @@ class _FakeNvml:
     def nvmlDeviceGetClockInfo(self, handle: str, clock: int) -> int:
         return 1980
 
+    def nvmlDeviceGetMaxClockInfo(self, handle: str, clock: int) -> int:
+        return 1980
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: str) -> int:
+        return 700_000  # mW
+
     def nvmlDeviceGetMemoryInfo(self, handle: str) -> object:
         raise self.NVMLError("Not Supported")
 
@@ -270,6 +336,7 @@ def test_sampler_loop_tolerates_unsupported_fields_and_keeps_its_schedule(
     assert summary["memory_used_max_bytes"] is None and summary["temperature_max_c"] is None
     assert summary["energy_method"] == ENERGY_COUNTER
     assert summary["energy_j"] == pytest.approx(2.5)  # consecutive counter reads, 2_500 mJ apart
+    assert summary["clock_event_reasons"] is None  # a library without either reasons query: None, no error
 
 
 # ---- the measured window only: pauses, and the idle power beside it -------------------------------
@@ -343,3 +410,189 @@ def test_idle_power_is_read_after_the_moving_average_settles(monkeypatch: pytest
     assert fake.initialised == 0
     assert idle_power(None, 1.0)["reason"].startswith("device_uuid is None")
     assert idle_power(f"GPU-{UUID}", 0.0)["idle_power_w"] is None  # --nvml-idle-s 0: off, no sampling
+
+
+# ---- power capping: the card's limits and the clock-event reasons, from a recorded NVML reply ------
+
+
+def test_decode_names_each_bit_by_the_librarys_own_constants_and_keeps_an_unknown_bit() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    bits = clock_event_reason_bits(pynvml)
+    mask = pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwSlowdown | 0x800_0000  # a bit NVML may add later
+    assert decode_clock_event_reasons(mask, bits) == ("sw_power_cap", "hw_slowdown", "unknown_0x8000000")  # lowest bit first
+    assert decode_clock_event_reasons(pynvml.nvmlClocksEventReasonNone, bits) == ()
+    assert decode_clock_event_reasons(pynvml.nvmlClocksEventReasonGpuIdle, bits) == ("gpu_idle",)
+    # every reason the library defines has its name, none decodes as unknown
+    assert not any(name.startswith("unknown") for name in decode_clock_event_reasons(pynvml.nvmlClocksEventReasonAll, bits))
+    # a library with the older names only (nvidia-ml-py before 12.535) decodes the same bits the same way
+    older = types.SimpleNamespace(**{name: getattr(pynvml, name) for name in dir(pynvml) if name.startswith("nvmlClocksThrottleReason")})
+    assert decode_clock_event_reasons(mask, clock_event_reason_bits(older)) == ("sw_power_cap", "hw_slowdown", "unknown_0x8000000")
+
+
+class _RecordedReply:
+    """The card of the recorded reply (tests/fixtures/nvml), answering each pynvml query as the real
+    library does: ints in NVML's units, the reasons bitmask ORed from the installed nvidia-ml-py's
+    constants, refusals as its own NVMLError classes. A sample begins with its power reading (the
+    sampler reads power first); after the recorded readings every per-sample query answers
+    NVML_ERROR_NOT_SUPPORTED (a refused field is None and in no figure), so the figures are the
+    recorded readings' however many samples the sampler's thread took."""
+
+    def __init__(self, reply: dict[str, Any]) -> None:
+        import pynvml
+
+        self.real, self.reply = pynvml, reply
+        self.index = -1  # the reading of the sample being read
+        self.energy_reads = 0
+        self.initialised = 0
+        self.all_read = threading.Event()  # the last recorded reading has been served
+        self.reasons_calls: list[str] = []
+
+    def _refuse(self, code: int) -> Exception:
+        return self.real.NVMLError(code)  # pynvml maps the code to its subclass, e.g. NVMLError_FunctionNotFound
+
+    def _reading(self) -> dict[str, Any]:
+        if self.index >= len(self.reply["readings"]):
+            raise self._refuse(self.real.NVML_ERROR_NOT_SUPPORTED)
+        return self.reply["readings"][max(self.index, 0)]  # before the first sample: the card as at the first
+
+    def _mask(self) -> int:
+        mask = self.real.nvmlClocksEventReasonNone
+        for constant in self._reading()["clock_event_reasons"]:
+            mask |= getattr(self.real, constant)
+        return mask
+
+    def nvmlInit(self) -> None:
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self.initialised -= 1
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        if uuid != self.reply["uuid"]:
+            raise self._refuse(self.real.NVML_ERROR_NOT_FOUND)
+        return uuid
+
+    def nvmlDeviceGetName(self, handle: str) -> str:
+        return self.reply["device_name"]
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: str) -> int:
+        return self.reply["enforced_power_limit_mw"]
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: str, clock: int) -> int:
+        assert clock == self.real.NVML_CLOCK_SM
+        return self.reply["max_sm_clock_mhz"]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: str) -> int:
+        counter = self.reply["total_energy_consumption_mj"]  # at the window's start, then at its end
+        self.energy_reads += 1
+        return counter[min(self.energy_reads, len(counter)) - 1]
+
+    def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
+        self.index += 1
+        if self.index == len(self.reply["readings"]) - 1:
+            self.all_read.set()
+        return self._reading()["power_mw"]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: str) -> object:
+        return types.SimpleNamespace(gpu=self._reading()["gpu_util_pct"], memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> object:
+        return types.SimpleNamespace(used=self._reading()["memory_used_bytes"], total=85_520_809_984, free=0)
+
+    def nvmlDeviceGetClockInfo(self, handle: str, clock: int) -> int:
+        assert clock == self.real.NVML_CLOCK_SM
+        return self._reading()["sm_clock_mhz"]
+
+    def nvmlDeviceGetTemperature(self, handle: str, sensor: int) -> int:
+        assert sensor == self.real.NVML_TEMPERATURE_GPU
+        return self._reading()["temperature_c"]
+
+    def reasons_query(self, name: str, answers: bool) -> Any:
+        """The reasons query under ``name``: the bitmask, or NVMLError_FunctionNotFound where the
+        driver's libnvidia-ml lacks the symbol (pynvml raises it at the call, not at import)."""
+
+        def query(handle: str) -> int:
+            self.reasons_calls.append(name)
+            if not answers:
+                raise self._refuse(self.real.NVML_ERROR_FUNCTION_NOT_FOUND)
+            return self._mask()
+
+        return query
+
+
+CURRENT, OLDER = "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"
+
+
+def _recorded_pynvml(card: _RecordedReply, reasons_by: str) -> types.SimpleNamespace:
+    """A pynvml module answering as ``card``. ``reasons_by``: "current" (nvidia-ml-py 12.535 and a
+    driver that has its name), "older" (the library has the current name, the driver only the
+    older one: the sampler must fall back), "neither" (a library with no reasons query)."""
+    real = card.real
+    module = types.SimpleNamespace(
+        NVMLError=real.NVMLError, NVMLError_FunctionNotFound=real.NVMLError_FunctionNotFound,
+        NVML_CLOCK_SM=real.NVML_CLOCK_SM, NVML_TEMPERATURE_GPU=real.NVML_TEMPERATURE_GPU,
+        **{name: getattr(real, name) for name in dir(real) if name.startswith(("nvmlClocksEventReason", "nvmlClocksThrottleReason"))},
+        **{name: getattr(card, name) for name in dir(card) if name.startswith("nvml")},
+    )  # fmt: skip
+    if reasons_by != "neither":
+        setattr(module, CURRENT, card.reasons_query(CURRENT, answers=reasons_by == "current"))
+        setattr(module, OLDER, card.reasons_query(OLDER, answers=reasons_by == "older"))
+    return module
+
+
+@pytest.mark.parametrize("reasons_by", ["older", "current", "neither"])
+def test_sampler_reads_a_power_capped_h100_from_its_recorded_nvml_reply(reasons_by: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pynvml")
+    reply = json.loads(REPLY.read_text())
+    card = _RecordedReply(reply)
+    monkeypatch.setitem(sys.modules, "pynvml", _recorded_pynvml(card, reasons_by))
+    sampler = NvmlSampler(reply["uuid"], interval_s=0.01)
+    sampler.start()
+    assert card.all_read.wait(timeout=10), "the sampler did not read every recorded reading"
+    summary = sampler.stop()
+
+    assert summary["available"] is True, summary["reason"]
+    assert card.initialised == 0
+    assert summary["samples"] > len(reply["readings"])  # every recorded reading, and the closing sample (refused)
+    # the card, read once: 700_000 mW -> 700 W; 1980 MHz
+    assert summary["power_limit_w"] == 700.0 and summary["sm_clock_max_supported_mhz"] == 1980.0
+    # SM clock: (1785 + 1620 + 1545 + 1500 + 1470 + 1530 + 1485 + 1465) / 8 = 12400 / 8 = 1550 MHz, 1465 .. 1785
+    assert summary["sm_clock_mean_mhz"] == pytest.approx(1550.0)
+    assert summary["sm_clock_min_mhz"] == 1465.0 and summary["sm_clock_max_mhz"] == 1785.0
+    # power: (668.2 + 690.4 + 697.6 + 701.048 + 699.5 + 696.3 + 698.9 + 696.852) / 8 = 5548.8 / 8 = 693.6 W, at most 701.048 W
+    assert summary["power_mean_w"] == pytest.approx(693.6) and summary["power_max_w"] == pytest.approx(701.048)
+    # temperature: (61 + 63 + 64 + 65 + 65 + 66 + 66 + 66) / 8 = 516 / 8 = 64.5 C, at most 66 C
+    assert summary["temperature_mean_c"] == pytest.approx(64.5) and summary["temperature_max_c"] == 66.0
+    assert summary["gpu_util_mean_pct"] == pytest.approx(99.75)  # (98 + 7 x 100) / 8
+    assert summary["energy_method"] == ENERGY_COUNTER and summary["energy_j"] == pytest.approx(4441.088)  # (1_004_441_088 - 1_000_000_000) mJ
+    if reasons_by == "neither":
+        assert summary["clock_event_reasons"] is None  # not readable: None, and every other figure still there
+        return
+    # of the 8 readings: SwPowerCap in 7, HwSlowdown in 1 (the 701 W one), the first none
+    assert summary["clock_event_reasons"] == {"hw_slowdown": pytest.approx(1 / 8), "sw_power_cap": pytest.approx(7 / 8)}
+    answering = CURRENT if reasons_by == "current" else OLDER
+    # the current name is tried once when sampling starts; each sample then asks the name that answers
+    assert card.reasons_calls[0] == CURRENT and set(card.reasons_calls[1:]) == {answering}
+    run = combine_ranks([summary])
+    assert run["power_limit_w"] == run["power_limit_per_gpu_w"] == 700.0 and run["clock_event_reasons"] == summary["clock_event_reasons"]
+
+
+def test_card_limits_read_the_recorded_card_and_say_why_when_they_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pynvml")
+    reply = json.loads(REPLY.read_text())
+    card = _RecordedReply(reply)
+    module = _recorded_pynvml(card, "current")
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    assert card_limits(reply["uuid"]) == {"power_limit_w": 700.0, "sm_clock_max_supported_mhz": 1980.0, "reason": None}
+    assert card.initialised == 0
+
+    def refused(handle: str) -> int:  # e.g. a MIG instance or a virtualised GPU
+        raise card.real.NVMLError(card.real.NVML_ERROR_NOT_SUPPORTED)
+
+    module.nvmlDeviceGetEnforcedPowerLimit = refused
+    limits = card_limits(reply["uuid"])
+    assert limits["power_limit_w"] is None and limits["sm_clock_max_supported_mhz"] == 1980.0
+    assert limits["reason"] == "NVML did not report the enforced power limit: Not Supported"
+    assert card_limits(f"GPU-{UUID}")["reason"].startswith("NVML has no device with UUID")
+    assert card_limits(None)["reason"].startswith("device_uuid is None")
+    assert card.initialised == 0

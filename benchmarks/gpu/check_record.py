@@ -5,7 +5,11 @@
 On a GPU run every figure issue 11 asks of a 1-GPU record must be there: NVML energy from the
 total-energy counter, power, utilisation, SM clock, MFU against the peak the table gives the
 record's own GPU (H100 SXM5 on the H100 kind, H200 SXM on its fallback), step times (CUDA events
-on a GPU) and peak CUDA memory. ``--cpu`` (the CPU rehearsal) checks only what a CPU run can fill."""
+on a GPU) and peak CUDA memory; and what reads power capping, from the real NVML calls that the
+tests only replay (tests/fixtures/nvml): the lowest SM clock, the enforced power limit and the
+clock-event reasons (``{}`` where none was active, so only null fails), and the card's UUID, power
+limit and maximum SM clock in ``hardware.gpu``. ``--cpu`` (the CPU
+rehearsal) checks only what a CPU run can fill."""
 
 from __future__ import annotations
 
@@ -31,6 +35,11 @@ print(f"  mfu={m.get('mfu')} peak/device={m.get('peak_flops_per_device')} source
 print(f"  nvml available={nvml.get('available')} reason={nvml.get('reason')} energy_j={nvml.get('energy_j')} "
       f"method={nvml.get('energy_method')} power_mean_w={nvml.get('power_mean_w')} util_mean={nvml.get('gpu_util_mean_pct')} "
       f"sm_clock_mean={nvml.get('sm_clock_mean_mhz')} samples={nvml.get('samples')} window_s={nvml.get('window_s')}")  # fmt: skip
+gpu_facts = record["hardware"]["gpu"]
+print(f"  purpose={record.get('purpose')} sm_clock min/max/card max={nvml.get('sm_clock_min_mhz')}/{nvml.get('sm_clock_max_mhz')}/"
+      f"{nvml.get('sm_clock_max_supported_mhz')} power limit W={nvml.get('power_limit_w')} temperature mean/max={nvml.get('temperature_mean_c')}/"
+      f"{nvml.get('temperature_max_c')} clock event reasons={nvml.get('clock_event_reasons')}")  # fmt: skip
+print(f"  card uuid={gpu_facts.get('uuid')} power_limit_w={gpu_facts.get('power_limit_w')} sm_clock_max_mhz={gpu_facts.get('sm_clock_max_mhz')}")
 print(f"  energy/sample J={m.get('energy_per_sample_j')} allocated max bytes={memory.get('allocated_bytes_max')} "
       f"exposed_comm={comm.get('fraction')} ({comm.get('reason')}) buckets={len(buckets.get('buckets') or [])} "
       f"({buckets.get('layout_source')}) fwd/bwd/opt s={buckets.get('forward_s')}/{buckets.get('backward_s')}/{buckets.get('optimizer_s')}")  # fmt: skip
@@ -56,6 +65,10 @@ if not on_cpu:
         "nvml energy_j": bool(nvml.get("energy_j")),
         "nvml total-energy counter": nvml.get("energy_method") == "total_energy_counter",
         "nvml power, utilisation, SM clock": None not in (nvml.get("power_mean_w"), nvml.get("gpu_util_mean_pct"), nvml.get("sm_clock_mean_mhz")),
+        "nvml lowest SM clock, power limit, clock-event reasons":
+            None not in (nvml.get("sm_clock_min_mhz"), nvml.get("power_limit_w"), nvml.get("clock_event_reasons")),
+        "hardware.gpu uuid, power limit, maximum SM clock":
+            str(gpu_facts.get("uuid")).startswith("GPU-") and None not in (gpu_facts.get("power_limit_w"), gpu_facts.get("sm_clock_max_mhz")),
         "energy_per_sample_j": bool(m.get("energy_per_sample_j")),
         "peak CUDA memory": bool(memory.get("allocated_bytes_max")),
     })  # fmt: skip

@@ -227,7 +227,7 @@ stage_record() {
   rm -f "$DIR/record_g1.json"
   run 60 200 $PY -m scalerepro.launching.launch --ranks-per-node 1 --name smoke -- -m scalerepro.training.train --model $model --per-gpu-batch $batch \
       --preset optimised --device "$DEVICE" --steps $steps --warmup-steps $((steps / 4)) --log-interval 10 --no-eval \
-      --synthetic-samples $((batch * 8)) --comm-probe-steps 4 --bucket-probe-steps 3 --record "$DIR/record_g1.json" --progress off 2>&1 | tail -4
+      --synthetic-samples $((batch * 8)) --comm-probe-steps 4 --bucket-probe-steps 3 --purpose smoke --record "$DIR/record_g1.json" --progress off 2>&1 | tail -4
   local figures="NVML energy, power, utilisation, SM clock, MFU, CUDA-event steps, peak memory"
   gpu || figures="CPU rehearsal: status, throughput, step times"
   check "1-GPU record via scalerepro.launching.launch ($figures)" record_check "$DIR/record_g1.json"
@@ -237,7 +237,7 @@ stage_record() {
   run 60 200 $PY -m scalerepro.training.train --process-group-at-one-rank --model resnet18_cifar --data "$DIR/fakecifar" \
       --per-gpu-batch $cifar_batch --precision bf16 --channels-last "${compile[@]}" --loader device \
       --optimizer-impl fused --device "$DEVICE" --steps 60 --warmup-steps 20 --log-interval 10 --eval-samples 1024 \
-      --comm-probe-steps 4 --bucket-probe-steps 3 "${profile[@]}" --record "$DIR/record_ddp_w1.json" --progress off 2>&1 | tail -4
+      --comm-probe-steps 4 --bucket-probe-steps 3 "${profile[@]}" --purpose smoke --record "$DIR/record_ddp_w1.json" --progress off 2>&1 | tail -4
   check "one rank with a process group: DDP, both probes" record_check "$DIR/record_ddp_w1.json"
   # 3. the all-reduce benchmark's timing path (CUDA events on the GPU) on a communicator of one
   rm -f "$DIR/comm_w1.json"
@@ -252,7 +252,7 @@ stage_profile() {
   local prof="$DIR/profiles/smoke" model=resnet50 batch=256
   gpu || { model=cnn; batch=32; }
   local trainer=(--model $model --per-gpu-batch $batch --preset optimised --steps 12 --warmup-steps 10 --seed 1 --device "$DEVICE"
-                 --synthetic-samples $((batch * 16)) --run-id smoke --no-eval --comm-probe-steps 0 --bucket-probe-steps 0 --no-resume --progress off)
+                 --synthetic-samples $((batch * 16)) --run-id smoke --purpose smoke --no-eval --comm-probe-steps 0 --bucket-probe-steps 0 --no-resume --progress off)
   rm -rf "$prof"
   # the torch.profiler fallback (what the rule runs where Nsight is missing)
   run 40 150 $PY -m scalerepro.launching.profile_job --tool torch --capture "$prof/torch/capture.json" --log "$prof/torch/profile.log" \

@@ -32,6 +32,7 @@ CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
 ]
 Preset = Literal["baseline", "optimised"]
+Purpose = Literal["measurement", "smoke"]
 
 # The convolutional networks: channels_last and cudnn.benchmark are part of the optimised preset
 # for these only (tests check this set against each model's family in scalerepro.models).
@@ -241,6 +242,11 @@ class RunConfig:
         0.0,
         "measure for at least this many seconds: when the measured steps of --steps add up to less, the run goes on "
         "(at the schedule's last learning rate) until they reach it; 0: the window is --steps less --warmup-steps",
+    )
+    purpose: Purpose = _opt(
+        "measurement",
+        "what the run is for, recorded as the record's purpose: 'measurement' (its figures count), 'smoke' (a check of a code path, "
+        "which the analysis must not pool with a measurement of the same configuration)",
     )
     seed: int = _opt(0, "seed of model init, data order, synthetic data and augmentation")
     log_interval: int = _opt(10, "steps between log lines (the loss is read from the device only then)")

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 
 from scalerepro.common import gpu_peaks
+from scalerepro.telemetry.nvml import card_limits, nvml_uuid_for_torch_device
 
 # What the MFU of a run can be counted against (the trainer's --precision, tf32 for fp32 convolutions).
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -151,7 +152,12 @@ def _driver_version() -> tuple[str | None, str | None]:
 
 
 def _gpu_facts(import_torch: bool = True) -> dict[str, Any]:
-    """The visible CUDA devices, described by device 0 (nodes are assumed homogeneous)."""
+    """The visible CUDA devices, described by device 0 (nodes are assumed homogeneous).
+
+    Where torch sees a CUDA device, device 0 is named by its NVML UUID (``uuid``, the card itself
+    whatever CUDA's numbering), with the power limit it enforces (``power_limit_w``) and its
+    maximum SM clock (``sm_clock_max_mhz``) from NVML, each None where NVML does not report it;
+    without a CUDA device these three are absent."""
     gpu: dict[str, Any] = {
         "name": None,
         "count": None,
@@ -174,6 +180,11 @@ def _gpu_facts(import_torch: bool = True) -> dict[str, Any]:
             gpu["name"] = props.name
             gpu["memory_bytes"] = props.total_memory
             gpu["compute_capability"] = f"{props.major}.{props.minor}"
+            gpu["uuid"] = nvml_uuid_for_torch_device(0)
+            limits = card_limits(gpu["uuid"])
+            gpu["power_limit_w"], gpu["sm_clock_max_mhz"] = limits["power_limit_w"], limits["sm_clock_max_supported_mhz"]
+            if limits["reason"] is not None:
+                reasons.append(f"power limit and maximum SM clock: {limits['reason']}")
         else:
             reasons.append("no CUDA device visible to torch")
     gpu["driver_version"], driver_reason = _driver_version()

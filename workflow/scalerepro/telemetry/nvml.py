@@ -1,4 +1,5 @@
-"""GPU telemetry over a measured window: utilisation, memory, power, energy, SM clock, temperature.
+"""GPU telemetry over a measured window: utilisation, memory, power against its limit, energy, SM
+clock against its maximum, temperature, and why the clocks were held down.
 
 One :class:`NvmlSampler` per rank watches that rank's GPU from a background thread while the
 timed part of a benchmark runs; :func:`combine_ranks` folds the per-GPU summaries into one for
@@ -18,6 +19,14 @@ What the NVML numbers mean (NVML API reference, "Device Queries"):
   1 s moving average on later architectures (Hopper included), so it lags fast load changes.
 * energy (``nvmlDeviceGetTotalEnergyConsumption``, mJ since the driver was last loaded, Volta and
   newer) is the driver's own integral, so it is preferred to integrating sampled power.
+* the power limit (``nvmlDeviceGetEnforcedPowerLimit``, mW) is the one the card enforces, the least
+  of every limit set on it; the maximum SM clock (``nvmlDeviceGetMaxClockInfo``, MHz) is the
+  highest the card may run at. Both are read once per window: a card whose mean power sits at its
+  limit and whose SM clock sits below its maximum is power capped.
+* the clock-event reasons (``nvmlDeviceGetCurrentClocksEventReasons``, a bitmask; before nvidia-ml-py
+  12.535 ``...ClocksThrottleReasons``) say why the clocks are below their maximum at the moment of
+  the reading: ``sw_power_cap`` is the driver lowering them to hold the power limit,
+  ``hw_slowdown`` and its kin are the hardware's emergency brakes, ``gpu_idle`` is nothing to do.
 
 The window is the measured training steps only: the trainer pauses the sampler around what is
 not training (evaluation, checkpoints) and the energy is summed over the active segments. The
@@ -32,6 +41,7 @@ import math
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -53,10 +63,33 @@ MEASURED_KEYS = (
     "power_max_w",
     "energy_j",
     "sm_clock_mean_mhz",
+    "sm_clock_min_mhz",
     "sm_clock_max_mhz",
+    "sm_clock_max_supported_mhz",
+    "temperature_mean_c",
     "temperature_max_c",
+    "power_limit_w",
+    "clock_event_reasons",
     "idle_power_w",
     "energy_net_j",
+)
+
+# The clock-event reasons by the suffix of their constant in pynvml (nvmlClocksEventReason<suffix>,
+# before nvidia-ml-py 12.535 nvmlClocksThrottleReason<suffix>), with the name the record gives them.
+# The bits are the library's, read where decoded (clock_event_reason_bits), never written here.
+CLOCK_EVENT_REASONS = (
+    ("gpu_idle", "GpuIdle"),
+    ("applications_clocks_setting", "ApplicationsClocksSetting"),
+    ("sw_power_cap", "SwPowerCap"),
+    ("hw_slowdown", "HwSlowdown"),
+    ("sync_boost", "SyncBoost"),
+    ("sw_thermal_slowdown", "SwThermalSlowdown"),
+    ("hw_thermal_slowdown", "HwThermalSlowdown"),
+    ("hw_power_brake_slowdown", "HwPowerBrakeSlowdown"),
+    ("display_clock_setting", "DisplayClockSetting"),
+    # pynvml names these two under the older prefix only: decoded where the library has them
+    ("board_limit", "BoardLimit"),
+    ("reliability", "Reliability"),
 )
 
 # How long stop() waits for the sampling thread: generous, because a query can block on a busy
@@ -75,6 +108,8 @@ class Sample:
     sm_clock_mhz: float | None
     temperature_c: float | None
     segment: int = 0  # the active segment of the window it was read in (pauses separate them)
+    # the reasons active at the reading, decoded (decode_clock_event_reasons); () none, None not read
+    clock_event_reasons: tuple[str, ...] | None = None
 
 
 def format_nvml_uuid(cuda_uuid: str) -> str:
@@ -104,12 +139,90 @@ def nvml_uuid_for_torch_device(index: int) -> str:
     return format_nvml_uuid(str(torch.cuda.get_device_properties(index).uuid))
 
 
+def clock_event_reason_bits(nvml: Any) -> tuple[tuple[str, int], ...]:
+    """(record name, bit) of each clock-event reason the pynvml module ``nvml`` defines, by its own
+    constants: ``nvmlClocksEventReason*``, else the older ``nvmlClocksThrottleReason*``."""
+    bits = []
+    for name, suffix in CLOCK_EVENT_REASONS:
+        bit = getattr(nvml, f"nvmlClocksEventReason{suffix}", None)
+        if bit is None:
+            bit = getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None)
+        if bit:
+            bits.append((name, int(bit)))
+    return tuple(bits)
+
+
+def decode_clock_event_reasons(mask: int, bits: Sequence[tuple[str, int]]) -> tuple[str, ...]:
+    """The names of the reasons set in ``mask`` by ``bits`` (:func:`clock_event_reason_bits`: one
+    bit each), lowest bit first; a set bit the library does not name is ``unknown_0x<bit>``, kept."""
+    names = dict((bit, name) for name, bit in reversed(bits))  # one bit named twice: the first listed
+    return tuple(names.get(1 << k, f"unknown_{1 << k:#x}") for k in range(mask.bit_length()) if mask >> k & 1)
+
+
+def _is_function_not_found(nvml: Any, error: BaseException) -> bool:
+    """Whether NVML said the driver's library has no such function (an older driver)."""
+    not_found = getattr(nvml, "NVMLError_FunctionNotFound", None)
+    return not_found is not None and isinstance(error, not_found)
+
+
+def clock_event_reasons_function(nvml: Any, handle: Any) -> Callable[[Any], int] | None:
+    """The pynvml function that reads the current clock-event reasons on this driver, or None.
+
+    ``nvmlDeviceGetCurrentClocksEventReasons`` (nvidia-ml-py 12.535 and newer) where the library
+    has it and the driver's libnvidia-ml answers it; NVML_ERROR_FUNCTION_NOT_FOUND from a driver
+    older than the name sends the read to ``nvmlDeviceGetCurrentClocksThrottleReasons``, the same
+    query under its deprecated name. Any other refusal keeps the current name (each sample then
+    reads None).
+    """
+    current = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    older = getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    if current is None or older is None:
+        return current or older
+    try:
+        current(handle)
+    except nvml.NVMLError as error:
+        if _is_function_not_found(nvml, error):
+            return older
+    return current
+
+
+def _read_card_limits(nvml: Any, handle: Any) -> tuple[float | None, float | None, list[str]]:
+    """(enforced power limit W, maximum SM clock MHz, why either is missing) of an open device."""
+    why: list[str] = []
+    try:
+        power_limit_w: float | None = nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0  # mW -> W
+    except nvml.NVMLError as error:
+        power_limit_w = None
+        why.append(f"NVML did not report the enforced power limit: {error}")
+    try:
+        sm_clock_max_mhz: float | None = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+    except nvml.NVMLError as error:
+        sm_clock_max_mhz = None
+        why.append(f"NVML did not report the maximum SM clock: {error}")
+    return power_limit_w, sm_clock_max_mhz, why
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
+def _min(values: Sequence[_T]) -> _T | None:
+    return min(values) if values else None  # type: ignore[type-var]
+
+
 def _max(values: Sequence[_T]) -> _T | None:
     return max(values) if values else None  # type: ignore[type-var]
+
+
+def reason_shares(samples: Sequence[Sample]) -> dict[str, float] | None:
+    """Share of the samples whose reasons were read in which each reason was active (0..1), for
+    the reasons seen: share(r) = samples with r active / samples with reasons read. ``{}`` where
+    read and never active, None where never read."""
+    read = [s.clock_event_reasons for s in samples if s.clock_event_reasons is not None]
+    if not read:
+        return None
+    seen = Counter(name for reasons in read for name in set(reasons))
+    return {name: seen[name] / len(read) for name in sorted(seen)}
 
 
 def _present(values: Sequence[_T | None]) -> list[_T]:
@@ -142,6 +255,8 @@ def summarise(
     window_s: float,
     idle: dict[str, Any] | None = None,
     paused_s: float = 0.0,
+    power_limit_w: float | None = None,
+    sm_clock_max_supported_mhz: float | None = None,
 ) -> dict[str, Any]:
     """Reduce one GPU's samples over a window into the summary dict (JSON-serialisable).
 
@@ -157,7 +272,8 @@ def summarise(
     ``energy_net_j = energy_j - idle_power_w x window_s``.
 
     Means are plain sample means: the sampler spaces samples evenly in time, so a sample mean is
-    a time average.
+    a time average. ``clock_event_reasons`` is :func:`reason_shares`. ``power_limit_w`` and
+    ``sm_clock_max_supported_mhz`` are the card's, read once (None: not read), reported as given.
     """
     util = _present([s.gpu_util_pct for s in samples])
     memory = _present([s.memory_used_bytes for s in samples])
@@ -193,8 +309,13 @@ def summarise(
         "energy_j": energy_j,
         "energy_method": energy_method,
         "sm_clock_mean_mhz": _mean(clock),
+        "sm_clock_min_mhz": _min(clock),
         "sm_clock_max_mhz": _max(clock),
+        "sm_clock_max_supported_mhz": sm_clock_max_supported_mhz,
+        "temperature_mean_c": _mean(temperature),
         "temperature_max_c": _max(temperature),
+        "power_limit_w": power_limit_w,
+        "clock_event_reasons": reason_shares(samples),
         "paused_s": paused_s,
         "idle_power_w": idle_w,
         "idle_power_reason": (idle or {}).get("reason", "idle power not measured"),
@@ -225,6 +346,12 @@ def _sum_or_none(values: Sequence[float | None]) -> float | None:
     return math.fsum(v for v in values if v is not None)
 
 
+def _min_or_none(values: Sequence[float | None]) -> float | None:
+    """Min, or None if any term is missing: the min of a subset is only an upper bound."""
+    present = _present(values)
+    return min(present) if values and len(present) == len(values) else None
+
+
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
     total = _sum_or_none(values)
     return None if total is None else total / len(values)
@@ -233,6 +360,15 @@ def _mean_or_none(values: Sequence[float | None]) -> float | None:
 def _common(values: Sequence[_T]) -> _T | None:
     """The value all entries share, else None."""
     return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def _mean_shares(shares: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
+    """Per reason, the mean of each GPU's share (a reason a GPU never showed counts 0 there);
+    None if any GPU's reasons were not read."""
+    if not shares or any(s is None for s in shares):
+        return None
+    names = sorted({name for s in shares if s is not None for name in s})
+    return {name: math.fsum((s or {}).get(name, 0.0) for s in shares) / len(shares) for name in names}
 
 
 def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -247,7 +383,13 @@ def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     * ``gpu_util_mean_pct``, ``sm_clock_mean_mhz`` = mean of per-GPU means (each per-GPU mean is a
       time average over nearly the same window, so this is the fleet's time average);
     * ``*_max_*`` = max of per-GPU maxima. ``power_max_per_gpu_w`` is the highest single-GPU draw,
-      not the peak total draw, because the GPUs' peaks need not coincide.
+      not the peak total draw, because the GPUs' peaks need not coincide;
+      ``sm_clock_min_mhz`` = min of per-GPU minima; ``temperature_mean_c`` = mean of per-GPU means;
+    * ``power_limit_w`` = sum of per-GPU enforced limits (beside ``power_mean_w``, the total draw);
+      ``power_limit_per_gpu_w`` and ``sm_clock_max_supported_mhz`` = the value every GPU shares,
+      else None (the cards differ: read the per-GPU summaries);
+    * ``clock_event_reasons`` = per reason, the mean over GPUs of its share of each GPU's samples
+      (a reason a GPU never showed counts 0 there).
 
     Pass one summary per physical GPU: two ranks sampling the same GPU would count it twice.
     """
@@ -282,8 +424,15 @@ def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "energy_j": _sum_or_none(column("energy_j")),
         "energy_method": _common(column("energy_method")),
         "sm_clock_mean_mhz": _mean_or_none(column("sm_clock_mean_mhz")),
+        "sm_clock_min_mhz": _min_or_none(column("sm_clock_min_mhz")),
         "sm_clock_max_mhz": max_or_none(column("sm_clock_max_mhz")),
+        "sm_clock_max_supported_mhz": _common(column("sm_clock_max_supported_mhz")),
+        "temperature_mean_c": _mean_or_none(column("temperature_mean_c")),
         "temperature_max_c": max_or_none(column("temperature_max_c")),
+        # the run's GPUs' enforced limits together (the sum), and one GPU's where all agree
+        "power_limit_w": _sum_or_none(column("power_limit_w")),
+        "power_limit_per_gpu_w": _common(column("power_limit_w")),
+        "clock_event_reasons": _mean_shares(column("clock_event_reasons")),
         "paused_s": max_or_none(column("paused_s")),
         # idle power of all GPUs (sum), and energy net of it (sum of each GPU's E - P_idle x t)
         "idle_power_w": _sum_or_none(column("idle_power_w")),
@@ -348,6 +497,23 @@ def idle_power(device_uuid: str | None, seconds: float, interval_s: float = 0.1)
     return {"idle_power_w": statistics.median(late), "samples": len(late), "seconds": seconds, "reason": None}
 
 
+def card_limits(device_uuid: str | None) -> dict[str, Any]:
+    """The GPU's enforced power limit (``power_limit_w``) and maximum SM clock
+    (``sm_clock_max_supported_mhz``) from NVML, each None where not readable, and ``reason``
+    (None when both were read). Never raises for a missing NVML or GPU."""
+    nvml, handle, _, why = _open_device(device_uuid)
+    if why is not None:
+        return {"power_limit_w": None, "sm_clock_max_supported_mhz": None, "reason": why}
+    try:
+        power_limit_w, sm_clock_max_mhz, refused = _read_card_limits(nvml, handle)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+    return {"power_limit_w": power_limit_w, "sm_clock_max_supported_mhz": sm_clock_max_mhz, "reason": "; ".join(refused) or None}
+
+
 class NvmlSampler:
     """Samples one GPU every ``interval_s`` on a background thread between start() and stop(),
     except between pause() and resume() (evaluation, checkpoints: not training).
@@ -376,6 +542,10 @@ class NvmlSampler:
         self._not_paused = threading.Event()
         self._not_paused.set()
         self._idle = idle
+        self._power_limit_w: float | None = None  # the card's, read once when sampling starts
+        self._sm_clock_max_supported_mhz: float | None = None
+        self._read_reasons: Callable[[Any], int] | None = None  # clock_event_reasons_function
+        self._reason_bits: tuple[tuple[str, int], ...] = ()
         self._t_start = 0.0
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
@@ -390,6 +560,9 @@ class NvmlSampler:
         self._unavailable_reason = self._open()
         if self._unavailable_reason is not None:
             return
+        self._power_limit_w, self._sm_clock_max_supported_mhz, _ = _read_card_limits(self._nvml, self._handle)
+        self._read_reasons = clock_event_reasons_function(self._nvml, self._handle)
+        self._reason_bits = clock_event_reason_bits(self._nvml)
         self._energy_start_mj = self._energy_counter_mj()
         self._t_start = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="scalerepro-nvml", daemon=True)
@@ -448,6 +621,8 @@ class NvmlSampler:
             window_s=window_s,
             idle=self._idle,
             paused_s=self._paused_s,
+            power_limit_w=self._power_limit_w,
+            sm_clock_max_supported_mhz=self._sm_clock_max_supported_mhz,
         )
 
     def _open(self) -> str | None:
@@ -472,6 +647,13 @@ class NvmlSampler:
         nvml, handle = self._nvml, self._handle
         return self._query(lambda: int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)))
 
+    def _clock_event_reasons(self) -> tuple[str, ...] | None:
+        read_reasons, handle = self._read_reasons, self._handle
+        if read_reasons is None:  # the library has neither name
+            return None
+        mask = self._query(lambda: int(read_reasons(handle)))
+        return None if mask is None else decode_clock_event_reasons(mask, self._reason_bits)
+
     def _read_sample(self) -> Sample:
         nvml, handle = self._nvml, self._handle
         segment = self._segment
@@ -488,6 +670,7 @@ class NvmlSampler:
             temperature_c=self._query(
                 lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
             ),
+            clock_event_reasons=self._clock_event_reasons(),
         )
 
     def _run(self) -> None:

@@ -225,6 +225,9 @@ def results(
         # seconds (slowest rank's of each); a warm-up step's wait is outside the window
         "data_stall_fraction": slowest_window[1] / window_s if window_s else None,
         "data_wait_s": slowest_window[1],
+        # which clock the waits are read on (metrics.StepTimer): the device's events on CUDA, so that a
+        # host running ahead of the GPU and blocking in the fetch is no stall; the host's elsewhere
+        "data_wait_clock": "device" if device.type == "cuda" else "host",
         "data_wait_warmup_s": slowest_window[2],  # not in the stall fraction: before the window
         "mfu": metrics.model_flops_utilization(spec.train_flops_per_sample, samples_per_s, peak_flops, ctx.world_size),
         "peak_flops_per_device": peak_flops,

@@ -20,7 +20,11 @@ from scalerepro.common.files import utc_now
 from scalerepro.config import precision_reason, preset_overrides
 from scalerepro.telemetry import hardware
 
-RECORD_SCHEMA_VERSION = 3  # 2: the scheduler's job facts under "scheduler" (was "slurm"); 3: batch.per_gpu (was batch.per_rank)
+# 2: the scheduler's job facts under "scheduler" (was "slurm"); 3: batch.per_gpu (was batch.per_rank);
+# 4: "purpose" (measurement or smoke); in measurements.nvml the SM clock's minimum and the card's maximum,
+# the mean temperature, the enforced power limit and the clock-event reasons' shares; hardware.gpu's
+# uuid, power limit and maximum SM clock; measurements.data_wait_clock (device events on CUDA)
+RECORD_SCHEMA_VERSION = 4
 
 
 def build(
@@ -45,6 +49,8 @@ def build(
     record: dict[str, Any] = {
         "schema_version": RECORD_SCHEMA_VERSION,
         "run_id": run_id,
+        # a smoke run checks a code path: the analysis must not pool it with a measurement (--purpose)
+        "purpose": config.run.purpose,
         "status": status,
         "error": error,
         "stop_signal": stop_signal,
