@@ -69,17 +69,16 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
-
-import yaml
+from typing import Any, Literal
 
 from scalerepro.common.cli import CommandError
 from scalerepro.common.gpu_peaks import PEAKS, peaks_key
+from scalerepro.common.references import load_optional_references
 
 Algorithm = Literal["ring", "tree", "auto"]
 ALGORITHMS: tuple[Algorithm, ...] = ("auto", "ring", "tree")
 # The share of a link's line rate an all-reduce reaches as bus bandwidth, where references.yaml
-# gives none for the link (issue 14: NVLink 4 all-reduce reaches about 370 of 450 GB/s).
+# gives none for the link (nccl-tests on 8x H100 SXM: about 390 of 450 GB/s each way, NVIDIA/nccl issue #1264).
 DEFAULT_LINK_EFFICIENCY = 0.85
 
 
@@ -100,10 +99,12 @@ class Link:
 
 
 def read_links(references_path: str | os.PathLike[str] | None) -> dict[str, Link]:
-    """``links.intra_node`` and ``links.inter_node`` of references.yaml (GB/s and microseconds)."""
-    if references_path is None or not Path(references_path).is_file():
-        return {}
-    entries = (yaml.safe_load(Path(references_path).read_text()) or {}).get("links") or {}
+    """``links`` of references.yaml (GB/s and microseconds); none without the file."""
+    return links_of(load_optional_references(references_path))
+
+
+def links_of(references: Mapping[str, Any]) -> dict[str, Link]:
+    """``links`` of a references document (scalerepro.common.references.load_references)."""
     return {
         key: Link(
             key,
@@ -114,7 +115,7 @@ def read_links(references_path: str | os.PathLike[str] | None) -> dict[str, Link
             f"{entry['bandwidth_source']}; efficiency: "
             f"{entry.get('efficiency_source', f'the default {DEFAULT_LINK_EFFICIENCY} of line rate')}; latency: {entry['latency_source']}",
         )
-        for key, entry in entries.items()
+        for key, entry in (references.get("links") or {}).items()
     }
 
 
@@ -264,17 +265,16 @@ class HierarchicalNetwork:
 
 
 def read_clusters(references_path: str | os.PathLike[str] | None) -> dict[str, ClusterPreset]:
-    """``clusters`` of references.yaml, their links resolved from ``links``."""
-    if references_path is None or not Path(references_path).is_file():
-        return {}
-    document = yaml.safe_load(Path(references_path).read_text()) or {}
-    links = read_links(references_path)
-    presets = {}
-    for key, entry in (document.get("clusters") or {}).items():
-        missing = [entry[name] for name in ("intra_node_link", "inter_node_link") if entry[name] not in links]
-        if missing:
-            raise ClusterPresetError(f"references.yaml clusters.{key} names links {missing} that `links` lacks: add them")
-        presets[key] = ClusterPreset(
+    """``clusters`` of references.yaml, their links resolved from ``links``; none without the file."""
+    return clusters_of(load_optional_references(references_path))
+
+
+def clusters_of(references: Mapping[str, Any]) -> dict[str, ClusterPreset]:
+    """``clusters`` of a references document, their links resolved from ``links`` (the loader
+    has checked that each names one of them)."""
+    links = links_of(references)
+    return {
+        key: ClusterPreset(
             key=key,
             name=entry["name"],
             gpu=entry["gpu"],
@@ -283,7 +283,8 @@ def read_clusters(references_path: str | os.PathLike[str] | None) -> dict[str, C
             inter=links[entry["inter_node_link"]],
             source=entry["source"],
         )
-    return presets
+        for key, entry in (references.get("clusters") or {}).items()
+    }
 
 
 @dataclass(frozen=True)
@@ -298,9 +299,12 @@ class PredictionError:
 
 
 def read_prediction_error(references_path: str | os.PathLike[str] | None) -> PredictionError | None:
-    if references_path is None or not Path(references_path).is_file():
-        return None
-    entry = (yaml.safe_load(Path(references_path).read_text()) or {}).get("prediction_error")
+    return prediction_error_of(load_optional_references(references_path))
+
+
+def prediction_error_of(references: Mapping[str, Any]) -> PredictionError | None:
+    """``prediction_error`` of a references document, None where it has none."""
+    entry = references.get("prediction_error")
     if not entry:
         return None
     return PredictionError(float(entry["typical"]), float(entry["largest"]), int(entry["rows"]), entry["command"])

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from scalerepro.analysis.columns import (
     COMPARISON_COLUMNS,
@@ -20,16 +18,9 @@ from scalerepro.analysis.columns import (
     DEFAULT_NOISE_CV_MAX,
     DEFAULT_REPRODUCE_TOLERANCE,
     REFERENCE_COLUMNS,
-    REFERENCE_KINDS,
-    REFERENCE_METRICS,
-    REFERENCE_PRECISIONS,
 )
 from scalerepro.analysis.tables import repeats
-from scalerepro.common.cli import CommandError
-
-
-class ReferencesError(CommandError, ValueError):
-    """config/references.yaml breaks its format; the message names the entry and the fix."""
+from scalerepro.common.references import load_references
 
 
 def _source_text(source: Any) -> str:
@@ -46,35 +37,11 @@ def _source_text(source: Any) -> str:
 
 def read_references(path: str | os.PathLike[str]) -> pd.DataFrame:
     """config/references.yaml's ``references``, one row each, conditions flattened into columns
-    (REFERENCE_COLUMNS). An entry that breaks the format is a one-line error naming it and what
-    to fix."""
-    try:
-        document = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ReferencesError(f"{path} is not valid YAML ({' '.join(str(error).split())[:200]}): fix the file") from None
+    (REFERENCE_COLUMNS). A file that breaks its schema is a one-line ReferencesError naming the
+    entry and what to fix (scalerepro.common.references)."""
     rows = []
-    for index, entry in enumerate(document.get("references") or []):
-        label = entry.get("id", "no id") if isinstance(entry, Mapping) else repr(entry)
-        name = f"{path}: references[{index}] ({label})"
-        if not isinstance(entry, Mapping):
-            raise ReferencesError(f"{name}: an entry is a mapping with id, model, gpus, metric, value, kind, source, conditions, trainer")
-        missing = [key for key in ("id", "model", "gpus", "metric", "value", "kind", "source", "conditions", "trainer") if key not in entry]
-        if missing:
-            raise ReferencesError(f"{name}: add {', '.join(missing)} (trainer: null with `unmatched` where the trainer cannot match it)")
-        if entry["kind"] not in REFERENCE_KINDS:
-            raise ReferencesError(f"{name}: kind {entry['kind']!r} is not one of {', '.join(REFERENCE_KINDS)}")
-        if entry["metric"] not in REFERENCE_METRICS:
-            raise ReferencesError(f"{name}: metric {entry['metric']!r} is not one of {', '.join(REFERENCE_METRICS)}")
-        conditions = entry["conditions"] or {}
-        if not isinstance(conditions, Mapping) or not conditions.get("gpu"):
-            raise ReferencesError(f"{name}: conditions must be a mapping naming at least the gpu (the device name NVML reports)")
-        if conditions.get("precision") not in (None, *REFERENCE_PRECISIONS):
-            raise ReferencesError(f"{name}: conditions.precision {conditions['precision']!r} is not one of {', '.join(REFERENCE_PRECISIONS)} (or null: not stated)")
-        trainer = entry["trainer"]
-        if trainer is None and not entry.get("unmatched"):
-            raise ReferencesError(f"{name}: trainer is null, so say why in `unmatched: \"<condition>: <why>\"`")
-        if trainer is not None and not (isinstance(trainer, Mapping) and {"model", "per_gpu_batch", "flags"} <= set(trainer)):
-            raise ReferencesError(f"{name}: trainer needs model, per_gpu_batch and flags (a list), or null")
+    for entry in load_references(path).get("references", []):
+        conditions, trainer = entry["conditions"], entry["trainer"]
         rows.append(
             {
                 **{key: entry.get(key) for key in ("id", "model", "gpus", "metric", "value", "kind", "unmatched", "note")},
@@ -85,15 +52,12 @@ def read_references(path: str | os.PathLike[str]) -> pd.DataFrame:
                 "trainer_flags": None if trainer is None else " ".join(map(str, trainer["flags"])),
             }
         )
-    frame = pd.DataFrame(rows, columns=list(REFERENCE_COLUMNS))
-    if frame["id"].duplicated().any():
-        raise ReferencesError(f"{path}: reference ids repeat: {sorted(set(frame.loc[frame['id'].duplicated(), 'id']))}")
-    return frame
+    return pd.DataFrame(rows, columns=list(REFERENCE_COLUMNS))
 
 
 def read_target_gpu(path: str | os.PathLike[str]) -> str | None:
     """``target_gpu`` of references.yaml: the GPU the set is for (see comparison_table)."""
-    return (yaml.safe_load(Path(path).read_text()) or {}).get("target_gpu")
+    return load_references(path).get("target_gpu")
 
 
 def _given(value: Any) -> bool:
