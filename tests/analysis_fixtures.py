@@ -94,6 +94,9 @@ def validate(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+STEPS_PER_EPOCH = 64
+
+
 def make_record(
     run_id: str,
     *,
@@ -105,7 +108,7 @@ def make_record(
     precision: str = "bf16",
     per_gpu_batch: int = 32,
     samples_per_s: float = 100.0,
-    epoch_time_s: float = 10.0,
+    epoch_time_s: float | None = None,
     exposed_comm: float = 0.0,
     data_stall: float = 0.01,
     gpu_util_pct: float = 90.0,
@@ -118,28 +121,45 @@ def make_record(
     stop_signal: str | None = None,
     tokens_per_sample: int = 0,
     sharding: dict[str, Any] | None = None,
+    global_batch: int | None = None,
+    grad_accum_steps: int = 1,
     started_at: datetime.datetime = datetime.datetime(2026, 11, 20, 8, 0, tzinfo=datetime.timezone.utc),
 ) -> dict[str, Any]:
-    """A complete run record (every required field) that validates against the schema."""
+    """A complete run record (every required field) that validates against the schema, whose
+    figures agree with each other as the trainer's do (scalerepro.analysis.evidence.RELATIONS):
+    the window is the measured steps' samples over the throughput; the median step is the mean
+    (global batch / throughput), or the epoch time over the steps of an epoch where one is given."""
     cuda = device_type == "cuda"
-    window_s = 2.0
-    step_s = per_gpu_batch * world_size / samples_per_s
+    global_batch = global_batch or per_gpu_batch * world_size * grad_accum_steps  # per replica x replicas x accumulation
+    # 20 measured steps, fewer where 20 would outlast the record's DURATION_S at this throughput
+    steps = max(1, min(20, int((DURATION_S - 2) * samples_per_s / global_batch))) if samples_per_s > 0 else 20
+    window_s = steps * global_batch / samples_per_s if samples_per_s > 0 else 2.0
+    step_s = global_batch / samples_per_s if samples_per_s > 0 else 1.0  # the mean step
+    # epoch_time_s = steps per epoch x median step
+    median_s = step_s if epoch_time_s is None else epoch_time_s / STEPS_PER_EPOCH
+    epoch_time_s = STEPS_PER_EPOCH * median_s
     energy_j = power_w * window_s if cuda else None
+    peak = 989.4e12 if cuda else None
+    # the model's FLOPs per sample set so that a GPU record's MFU is 0.4 at its throughput
+    flops_per_sample = 0.4 * world_size * peak / samples_per_s if cuda and samples_per_s > 0 else 2.45e10
     measurements = {
-        "measured_steps": 20,
-        "measured_samples": int(samples_per_s * window_s),
+        "measured_steps": steps,
+        "measured_samples": steps * global_batch,
         "window_s": window_s,
         "samples_per_s": samples_per_s,
         "tokens_per_s": samples_per_s * tokens_per_sample if tokens_per_sample else None,
-        "step_time_s": {"median": step_s, "p10": 0.9 * step_s, "p90": 1.2 * step_s, "mean": step_s},
+        "step_time_s": {"median": median_s, "p10": 0.9 * min(median_s, step_s), "p90": 1.2 * max(median_s, step_s), "mean": step_s},
         "epoch_time_s": epoch_time_s,
         "epoch_wall_times_s": [{"epoch": 0, "seconds": 3.0, "complete": False}],
         "train_time_s": 3.0,
         "data_stall_fraction": data_stall,
-        "mfu": 0.4 if cuda else None,
-        "peak_flops_per_device": 989.4e12 if cuda else None,
+        "data_wait_s": data_stall * window_s,  # data_stall_fraction = data_wait_s / window_s
+        "data_wait_clock": "device" if cuda else "host",
+        # MFU = FLOPs per sample x samples/s / (world size x peak)
+        "mfu": flops_per_sample * samples_per_s / (world_size * peak) if cuda else None,
+        "peak_flops_per_device": peak,
         "peak_flops_source": "table" if cuda else "no GPU",
-        "achieved_flops": 1e12,
+        "achieved_flops": flops_per_sample * samples_per_s,
         "memory": {
             "allocated_bytes_max": 4_000_000_000 if cuda else None,
             "reserved_bytes_max": 5_000_000_000 if cuda else None,
@@ -175,7 +195,7 @@ def make_record(
             "sm_clock_max_mhz": 1980.0 if cuda else None,
             "temperature_max_c": 60.0 if cuda else None,
         },
-        "energy_per_sample_j": energy_j / (samples_per_s * window_s) if cuda else None,
+        "energy_per_sample_j": energy_j / (steps * global_batch) if cuda else None,
         "sharding": sharding,  # null under --parallel ddp, as the trainer writes it
         # the scaling model's input: forward 30 %, backward 60 %, optimizer 5 % of the step; four
         # 25 MiB-capped buckets of resnet50's fp32 gradients, ready at 25, 50, 75 and 100 % of the backward
@@ -195,7 +215,8 @@ def make_record(
     }
     stamp = started_at.isoformat(timespec="milliseconds")
     record = {
-        "schema_version": 3,
+        "schema_version": 4,
+        "purpose": "measurement",
         "run_id": run_id,
         "status": status,
         "error": (
@@ -216,7 +237,7 @@ def make_record(
             "gradient_as_bucket_view": False,
             "static_graph": False,
             "sync_batchnorm": False,
-            "grad_accum_steps": 1,
+            "grad_accum_steps": grad_accum_steps,
         },
         "config": {"model": {}, "data": {}, "optim": {}, "parallel": {}, "perf": {}, "run": {}},
         "git": {"commit": "7333a9c6cdfbdc5a5b41d26536c88629aaf3162c", "dirty": False, "reason": None},
@@ -243,7 +264,7 @@ def make_record(
             "family": "cnn",
             "num_parameters": 25_557_032,
             "tokens_per_sample": tokens_per_sample,
-            "train_flops_per_sample": 2.45e10,
+            "train_flops_per_sample": flops_per_sample,
             "flops_source": "analytic",
             "shape": {},
         },
@@ -266,13 +287,13 @@ def make_record(
             "gpus": world_size if cuda else 0,
             "hostnames": [f"node{i + 1}" for i in range(nodes)],
         },
-        "batch": {"per_gpu": per_gpu_batch, "grad_accum_steps": 1, "global": per_gpu_batch * world_size},
+        "batch": {"per_gpu": per_gpu_batch, "grad_accum_steps": grad_accum_steps, "global": global_batch},
         "data": {"kind": data_kind, "path": None, "train_samples": 4096, "eval_samples": 512, "loader": "dataloader"},
         "steps": {
             "total": 24,
             "completed": 24 if status == "ok" else 10,
             "warmup": 4,
-            "per_epoch": 64,
+            "per_epoch": STEPS_PER_EPOCH,
             "resumed_from": None,
         },
         "epochs": {"planned": 0.375, "completed": 0},
@@ -350,6 +371,8 @@ class Study:
         if figures.get("status") != "missing":
             figures.setdefault("world_size", gpus)
             figures.setdefault("nodes", _nodes(figures["world_size"]))
+            figures.setdefault("global_batch", per_gpu_batch * (data_parallel or figures["world_size"]) * grad_accum_steps)
+            figures.setdefault("grad_accum_steps", grad_accum_steps)
             document = record or make_record(
                 run_id, model=model, precision=precision, per_gpu_batch=per_gpu_batch, **figures
             )
@@ -495,11 +518,10 @@ def write_cpu_study(root: Path) -> dict[str, Any]:
 def write_many_records(root: Path, count: int) -> Path:
     """``count`` strong-scaling records of one template (ids differ), for timing the reader."""
     s = Study(root)
-    template = make_record("template")
+    templates = {gpus: make_record("template", world_size=gpus, nodes=_nodes(gpus)) for gpus in (1, 2, 4, 8)}
     for index in range(count):
         gpus = 2 ** (index % 4)
-        record = copy.deepcopy(template)
+        record = copy.deepcopy(templates[gpus])
         record["run_id"] = f"strong_resnet50_g{gpus}_r{index}"
-        record["parallel"].update(world_size=gpus, nodes=_nodes(gpus), ranks_per_node=gpus // _nodes(gpus))
         s.add("strong", gpus, index, record=record)
     return s.write_matrix()

@@ -28,8 +28,13 @@ def test_the_kept_h100_records_give_a_report_with_every_record_a_run(h100_report
     # since 2026-11-26) is two cells, each named by the knob that differs
     resnet50 = set(matrix.loc[matrix["model"].eq("resnet50") & matrix["variant"].str.startswith("optimised ("), "variant"])
     assert resnet50 == {"optimised (compile default)", "optimised (compile reduce-overhead)"}
-    # the all-reduce result beside the records is the communication table
-    assert (h100_report.out / "comm" / "g1.json").is_file() and len(pd.read_csv(h100_report.out / "tables" / "communication.csv")) == 4
+    # the all-reduce result beside the records is copied as the workflow names it; at one rank it moves
+    # no data (its "9,998 GB/s" was a no-op's), so it is left out of the table, and said to be
+    assert (h100_report.out / "comm" / "g1.json").is_file() and pd.read_csv(h100_report.out / "tables" / "communication.csv").empty
+    left_out = json.loads((h100_report.out / "tables" / "summary.json").read_text())["left_out"]
+    assert left_out == ["comm/g1.json: an all-reduce at one rank moves no data: its time and bandwidth are a no-op's, not a link's"]
+    # the output is a study folder of its own: every record copied into runs/, so it rebuilds with --results
+    assert sorted(p.parent.name for p in (h100_report.out / "runs").glob("*/record.json")) == sorted(matrix["run_id"])
     assert (h100_report.out / "report" / "index.html").stat().st_size > 10_000
     # the inventory beside them (scalerepro.telemetry.inventory's system.json) describes the system
     inventory = json.loads((h100_report.out / "inventory" / "system.json").read_text())

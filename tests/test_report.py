@@ -554,7 +554,7 @@ def test_summary_checks_and_headline(study):
     assert H100 in summary
     resnet = re.search(r"<tr>\s*<td>resnet50</td>(.*?)</tr>", summary, re.S).group(1)
     # 1 GPU: the strong-scaling cell, median of its three repeats.
-    assert '<td class="num">2,900</td>' in resnet and "(n=3)" in resnet
+    assert '<td class="num">2,900</td>' in resnet and "n=3: min – max" in resnet
     # 8 GPUs: the ablation's "all" variant beats the strong-scaling cell (21,070, median of the
     # two repeats left after the preemption).
     assert f'<td class="num">{8 * 1020 * 2.86:,.0f}</td>' in resnet and "ablation · all · bf16" in resnet

@@ -139,7 +139,9 @@ def kept_topology() -> str:
 def test_the_topology_block_shows_no_terminal_escapes(h100_report, tmp_path):
     topology = kept_topology()
     system = tmp_path / "system.json"
-    system.write_text(json.dumps({"hostname": "h100-host", "nvidia_smi_topo": topology, "nvidia_smi_topo_reason": None}))
+    # the inventory kept beside the records (of their machine: the report shows no other), its topology as captured raw
+    kept = json.loads(KEPT_H100_INVENTORY.read_text())
+    system.write_text(json.dumps({**kept, "nvidia_smi_topo": topology, "nvidia_smi_topo_reason": None}))
     out = h100_report.out
     page = report.render(out / "tables", out / "plots", system, None, REFERENCES, TEMPLATES)
     block = re.search(r'id="inventory-nvidia-smi-topo">.*?<pre class="block">(.*?)</pre>', section(page, "system"), re.S).group(1)

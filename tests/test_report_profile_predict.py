@@ -24,6 +24,7 @@ from scalerepro.analysis.presentation import plots, report
 from scalerepro.analysis.profiles import captures, classify, ncu, roofline
 from scalerepro.analysis.profiles.kernels import MATRIX_KINDS
 from scalerepro.analysis.tables import scaling_model
+from scalerepro.common import study_layout
 
 from conftest import REPO, free_port
 from h100_report import RebuiltStudy, rebuild_kept_study, section, table_rows, visible
@@ -194,22 +195,24 @@ def test_a_gpu_study_naming_no_preset_predicts_on_its_gpus_preset_and_says_so(st
             "scaling.predict_cluster is not set): NVIDIA DGX H100, 8 GPUs/node;") in text  # fmt: skip
 
 
-def _model_inputs(study: RebuiltStudy) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _model_inputs(study: RebuiltStudy) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+    """The scaling model's tables, and each run's record inside the study folder (study_layout's one rule)."""
     tables = study.results / "tables"
     runs = pd.read_csv(tables / "runs.csv")
     runs["counts"] = runs["counts"].astype(bool)
-    return runs, pd.read_csv(tables / "scaling.csv")
+    files = {run_id: str(study_layout.record_file(record, study.results)) for run_id, record in zip(runs["run_id"], runs["record"])}
+    return runs, pd.read_csv(tables / "scaling.csv"), files
 
 
 def test_a_named_preset_wins_and_a_gpu_no_preset_has_is_not_predicted_as_one_gpu_nodes(study, tmp_path):
-    runs, scaling = _model_inputs(study)
-    named = scaling_model.scaling_model_table(runs, scaling, [], REFERENCES, [8, 16], "dgx_a100").set_index(["model", "gpus"])
+    runs, scaling, files = _model_inputs(study)
+    named = scaling_model.scaling_model_table(runs, scaling, [], REFERENCES, [8, 16], "dgx_a100", files).set_index(["model", "gpus"])
     assert named.loc[("resnet50", 8), "cluster"] == "dgx_a100" and named.loc[("resnet50", 8), "cluster_basis"] == "scaling.predict_cluster"
     document = yaml.safe_load(REFERENCES.read_text())
     document.pop("clusters")  # no preset has the study's GPU
     references = tmp_path / "references.yaml"
     references.write_text(yaml.safe_dump(document))
-    table = scaling_model.scaling_model_table(runs, scaling, [], references, [8, 16], None).set_index(["model", "gpus"])
+    table = scaling_model.scaling_model_table(runs, scaling, [], references, [8, 16], None, files).set_index(["model", "gpus"])
     row = table.loc[("resnet50", 8)]
     assert pd.isna(row["step_time_predicted_s"]) and pd.isna(row["nodes"])
     assert row["note"].startswith("no prediction beyond the one-GPU node the study ran on: no cluster preset in config/references.yaml has the study's GPU")

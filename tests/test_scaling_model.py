@@ -228,20 +228,30 @@ def _without_clusters(tmp_path) -> Path:
     return path
 
 
+def _agreeing(record: dict) -> None:
+    """A record whose median step was set by hand, made to agree with itself again as the
+    trainer's do: epoch_time_s = steps per epoch x median step, p10 and p90 around the median."""
+    steps = record["measurements"]["step_time_s"]
+    steps["p10"], steps["p90"] = min(steps["p10"], steps["median"]), max(steps["p90"], steps["median"])
+    record["measurements"]["epoch_time_s"] = record["steps"]["per_epoch"] * steps["median"]
+
+
 def _strong_study(tmp_path, gpus_per_node: int, global_batch: int, micro_1: int, accum_1: int):
     """A strong-scaling study: a 1-GPU run of micro-batch ``micro_1`` x ``accum_1`` (= G) with the
     overlap fixture's step, a 2-GPU run and the 2-GPU benchmark of RING (1 GB/s, one node)."""
     s = Study(tmp_path)
-    one = make_record("strong_resnet50_g1_r1", per_gpu_batch=micro_1, samples_per_s=global_batch / 18e-3)
+    one = make_record("strong_resnet50_g1_r1", per_gpu_batch=micro_1, grad_accum_steps=accum_1, samples_per_s=global_batch / 18e-3)
     one["measurements"]["backward_buckets"] = {
         "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": accum_1,
         "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
         "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)],
     }  # fmt: skip
     one["measurements"]["step_time_s"]["median"] = 18e-3 + (accum_1 - 1) * 16e-3  # other 1 ms: t(1) = 1 + A(6 + 10) + 1
+    _agreeing(one)
     s.add("strong", 1, 1, per_gpu_batch=micro_1, grad_accum_steps=accum_1, record=validate(one))
     micro_2 = global_batch // 2 // max(1, accum_1 // 2)
-    two = make_record("strong_resnet50_g2_r1", per_gpu_batch=micro_2, world_size=2, samples_per_s=global_batch / 30e-3)
+    two = make_record("strong_resnet50_g2_r1", per_gpu_batch=micro_2, world_size=2, grad_accum_steps=max(1, accum_1 // 2),
+                      samples_per_s=global_batch / 30e-3)
     s.add("strong", 2, 1, per_gpu_batch=micro_2, grad_accum_steps=max(1, accum_1 // 2), record=_without_probe(two))
     matrix = pd.read_csv(s.write_matrix())
     matrix["global_batch"] = global_batch  # the same at every N (scaling.strong.global_batch)

@@ -391,9 +391,9 @@ def test_full_disk_paths_are_one_line_and_keep_what_was_there(studies, exported,
     }  # fmt: skip
     file_size_limit = "the file size limit was reached (ulimit -f, or the file system's): raise it or write elsewhere"
     expected = {
-        "compare --csv": file_size_limit, "aggregate": file_size_limit,
+        "compare --csv": file_size_limit, "aggregate": file_size_limit, "rebuild": file_size_limit,
         # Python's tempfile finds no directory it can write a byte to
-        "bundle export": "No usable temporary directory found in", "rebuild": "No usable temporary directory found in",
+        "bundle export": "No usable temporary directory found in",
     }  # fmt: skip
     for name, argv in writers.items():
         result = subprocess.run(
@@ -874,6 +874,104 @@ def test_a_bundle_with_a_value_that_does_not_fit_is_refused_before_the_store_is_
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
     assert not history.exists()
+
+
+def _doubled(rows) -> None:
+    """Every run's throughput twice its record's."""
+    for run in rows["runs"]:
+        if run["samples_per_s"] is not None:
+            run["samples_per_s"] *= 2
+
+
+def test_a_bundle_whose_figures_are_not_its_records_is_refused_by_compare_and_import(studies, exported, tmp_path):
+    """Rows whose throughput is twice their own records' (every checksum agreeing) were compared as
+    they said (each ratio off by a factor of 2: "2.000x faster" where nothing changed) and imported."""
+    forged = _forged(exported["bundle"], tmp_path / "doubled.zip", _doubled)
+    baseline = json.loads((studies["baseline"] / "results/tables/store.json").read_text())["study_id"]
+    first = "run 'strong_cnn_g1_r1': its samples_per_s is "
+    compared = _python("-m", "scalerepro.analysis.history.compare", str(forged), baseline, "--store", str(exported["store"]))
+    lines = compared.stderr.strip().splitlines()
+    assert compared.returncode == 2 and len(lines) == 1 and first in lines[0] and "but its record's is" in lines[0], compared.stderr
+    assert compared.stdout == ""  # no comparison printed
+    history = tmp_path / "history.duckdb"
+    imported = _python("-m", "scalerepro.analysis.history.bundle", "import", str(forged), "--store", str(history))
+    lines = imported.stderr.strip().splitlines()
+    assert imported.returncode == 2 and len(lines) == 1 and first in lines[0], imported.stderr
+    figures = re.search(r"its samples_per_s is ([0-9.e+]+) but its record's is ([0-9.e+]+)", lines[0])
+    assert figures and float(figures[1]) == 2 * float(figures[2])  # the row's figure and its record's, named
+    assert not history.exists()
+
+
+# Hostile bundles whose rows fit their columns but are not what their records measured (every checksum
+# agreeing): (id, what it does to the bundle's store rows, what the one line of refusal says). The first
+# run is strong_cnn_g1_r1, ok and counted, on 1 GPU.
+UNTRUE = [
+    ("throughput-negative", lambda rows: rows["runs"][0].update(samples_per_s=-5.0),
+     "run 'strong_cnn_g1_r1': samples_per_s is -5.0, where a measured one is above 0 samples/s"),
+    ("throughput-zero", lambda rows: rows["runs"][0].update(samples_per_s=0.0), "samples_per_s is 0.0, where a measured one is above 0 samples/s"),
+    ("failed-but-counted", lambda rows: rows["runs"][0].update(status="failed"), "it counts but its status is 'failed'"),
+    ("status-not-its-records", lambda rows: rows["runs"][0].update(status="missing", counts=False), "its status is 'missing' but its record's is 'ok'"),
+    ("counted-at-8-gpus", lambda rows: rows["runs"][0].update(gpus=8), "it counts as gpus 8 but its record ran 1"),
+    ("step-time-halved", lambda rows: rows["runs"][0].update(step_time_median_s=rows["runs"][0]["step_time_median_s"] / 2), "its step_time_median_s is"),
+    ("record-sha256-rewritten", lambda rows: rows["runs"][0].update(record_sha256="0" * 64), "its record_sha256 is not the sha256 of the record it carries"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", UNTRUE, ids=[case[0] for case in UNTRUE])
+def test_a_bundle_row_that_is_not_what_its_record_measured_is_refused(exported, tmp_path, case):
+    """Each of these was imported with exit 0: a negative or zero throughput, a failed run counted,
+    a status, GPU count or figure its record does not state."""
+    name, change, expected = case
+    forged = _forged(exported["bundle"], tmp_path / f"{name}.zip", change)
+    history = tmp_path / "history.duckdb"
+    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(forged), "--store", str(history))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
+    assert lines[0].startswith("scalerepro.analysis.history.bundle: error: ") and "run 'strong_cnn_g1_r1'" in lines[0]
+    assert not history.exists()
+
+
+def test_the_same_records_under_another_study_id_are_named_a_repeat_and_stored_once(studies, tmp_path):
+    """A study appended again after its config changed (a new study id) stored its records a second
+    time, and the history counted each run twice. Now it is named a repeat of the stored study and
+    nothing is stored again (the workflow's store step after a config edit that reran no run)."""
+    history = tmp_path / "history.duckdb"
+    stored = _appended(studies["baseline"], history)["study_id"]
+    before, before_bytes = _dump(history), history.read_bytes()
+    renamed = tmp_path / "renamed"
+    shutil.copytree(studies["baseline"], renamed)
+    config = json.loads((renamed / "results/tables/config.json").read_text())
+    (renamed / "results/tables/config.json").write_text(json.dumps({**config, "study_name": "store-test-renamed"}))
+    result = append(renamed, history)
+    assert result.returncode == 0, result.stderr
+    assert f"is already stored as study {stored}: this study is a repeat of it, nothing stored again" in result.stderr
+    receipt = json.loads((renamed / "results/tables/store.json").read_text())
+    assert (receipt["study_id"], receipt["repeat_of"], receipt["new_study"]) == (stored, stored, False)
+    assert history.read_bytes() == before_bytes and _dump(history) == before
+    again = _appended(studies["baseline"], history)  # the same study again: as before, unchanged
+    assert again["study_id"] == stored and not again["new_study"] and again["runs_unchanged"] == 2 * REPEATS
+
+
+def test_a_bundle_of_stored_records_under_another_study_id_is_refused(exported, tmp_path):
+    """The candidate's bundle with its study id rewritten (every checksum agreeing) was imported
+    beside the same study, and each of its runs counted twice in the history."""
+    history = tmp_path / "history.duckdb"
+    first = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(history))
+    assert first.returncode == 0, first.stderr
+    stored = json.loads((exported["study"] / "results/tables/store.json").read_text())["study_id"]
+    before, before_bytes = _dump(history), history.read_bytes()
+
+    def under_another_id(rows):
+        other = "0" * 12 + stored[12:]
+        rows["study"]["study_id"] = other
+        for run in rows["runs"]:
+            run["study_id"] = other
+
+    forged = _forged(exported["bundle"], tmp_path / "renamed.zip", under_another_id)
+    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(forged), "--store", str(history))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and f"are already stored as study {stored}: " in lines[0], result.stderr
+    assert history.read_bytes() == before_bytes and _dump(history) == before
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+from scalerepro.analysis import evidence
 from scalerepro.analysis.tables import cell_tables, readers
 from scalerepro.common import cpu_features
 from scalerepro.common.exits import EXIT_PREEMPTED
@@ -88,6 +89,15 @@ def test_record_figures_follow_their_formulas(tmp_path):
     assert m["data_stall_fraction"] == pytest.approx(m["data_wait_s"] / m["window_s"])  # over the window only
     assert r["parallel"]["world_size"] == 1 and r["parallel"]["launcher"] == "single"
     assert r["status"] == "ok" and r["git"].keys() >= {"commit", "dirty"}
+    assert m["data_wait_clock"] == "host" and r["purpose"] == "measurement"
+    # the analysis holds a record's figures against each other by the same formulas: a real record agrees
+    assert evidence.record_problems(r) == [] and evidence.schema_problem(r) is None
+
+
+def test_a_smoke_run_says_so_in_its_record(tmp_path):
+    assert main(small_run(tmp_path, "--model", "cnn", "--purpose", "smoke", steps=4)) == 0
+    record = load_record(tmp_path / "run.json")
+    assert record["purpose"] == "smoke" and evidence.record_purpose(record) == ("smoke", "stated by the record")
 
 
 @pytest.mark.measures  # its premise is a timing (the warm-up wait outlasts the window), which a test beside it can undo

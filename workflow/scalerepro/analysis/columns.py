@@ -26,7 +26,12 @@ MATRIX_COLUMNS = (
     "global_batch", "bucket_cap_mb", "runtime_min", "record", "rerun",
 )  # fmt: skip
 # Matrix columns that older matrices lack, and what their absence means.
-OPTIONAL_MATRIX_COLUMNS = {"reference": "", "grad_accum_steps": 1, "parallel": "ddp", "data_parallel": None}
+OPTIONAL_MATRIX_COLUMNS = {
+    "reference": "", "grad_accum_steps": 1, "parallel": "ddp", "data_parallel": None,
+    # what the plan sets beside its batches (matrices from before them leave them unset: ""), and
+    # what a run is for: a study plans measurements; rebuild --records takes each record's own
+    "device": "", "data": "", "purpose": "measurement",
+}  # fmt: skip
 RUN_STATUSES = ("ok", "failed", "preempted", "missing")
 
 # runs.csv column <- path of the value in a run record.
@@ -100,12 +105,30 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "pipeline_bubble_fraction": ("measurements", "sharding", "pipeline_bubble_fraction"),
     "activations_reason": ("measurements", "memory_split", "activations_reason"),
     "reshard_after_forward": ("measurements", "sharding", "reshard_after_forward"),
+    # the model's shape (a figure of ResNet-50 at 224 px is not one at 64 px)
+    "image_size": ("model", "shape", "image_size"),
+    "seq_len": ("model", "shape", "seq_len"),
+    # the card and host, and the clocks and power the card held over the window (NVML)
+    "gpu_uuid": ("hardware", "gpu", "uuid"),
+    "gpu_driver": ("hardware", "gpu", "driver_version"),
+    "cpu_model": ("hardware", "cpu_model"),
+    "backend": ("parallel", "backend"),
+    "usable_cpus": ("hardware", "usable_cpus"),
+    "sm_clock_mean_mhz": ("measurements", "nvml", "sm_clock_mean_mhz"),
+    "sm_clock_min_mhz": ("measurements", "nvml", "sm_clock_min_mhz"),
+    "sm_clock_max_mhz": ("measurements", "nvml", "sm_clock_max_mhz"),
+    "sm_clock_max_supported_mhz": ("measurements", "nvml", "sm_clock_max_supported_mhz"),
+    "power_limit_w": ("measurements", "nvml", "power_limit_w"),
+    "temperature_max_c": ("measurements", "nvml", "temperature_max_c"),
+    "data_wait_clock": ("measurements", "data_wait_clock"),
+    "schema_version": ("schema_version",),
 }
 # The columns read_record gives: those above and the ones it derives.
 RECORD_COLUMNS = (
     "run_id", *RECORD_FIELDS, "error", "peak_memory_bytes", "peak_memory_kind", "final_train_loss", "final_eval_loss",
     "final_eval_accuracy", "device_name", "parallel_recorded", "mesh", "comm_bytes_per_step", "comm_by_collective",
     "params_bytes_per_rank", "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank",
+    "hostname", "purpose_recorded", "purpose_basis", "clock_event_reasons", "withheld", "consistency",
 )  # fmt: skip
 RUN_COLUMNS = (
     *MATRIX_COLUMNS, *OPTIONAL_MATRIX_COLUMNS, "status", "error", "stop_signal", "consistent", "counts", "samples_per_s",
@@ -122,6 +145,9 @@ RUN_COLUMNS = (
     "peak_flops_per_device", "gpu_memory_bytes", "parallel_recorded", "mesh", "reshard_after_forward", "state_bytes_per_rank_max", "state_bytes_per_rank_min",
     "comm_bytes_per_step", "comm_by_collective", "comm_reason", "pipeline_bubble_fraction", "params_bytes_per_rank",
     "grads_bytes_per_rank", "optimizer_bytes_per_rank", "activations_bytes_per_rank", "activations_reason",
+    "consistency", "withheld", "purpose_recorded", "purpose_basis", "image_size", "seq_len", "hostname", "gpu_uuid", "gpu_driver", "cpu_model", "backend", "usable_cpus",
+    "sm_clock_mean_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "sm_clock_max_supported_mhz", "power_limit_w", "temperature_max_c",
+    "clock_event_reasons", "data_wait_clock", "schema_version",
 )  # fmt: skip
 EPOCH_COLUMNS = ("run_id", "epoch", "step", "complete", "train_loss", "eval_loss", "eval_accuracy")
 LOSS_COLUMNS = ("run_id", "step", "loss", "samples_per_s")

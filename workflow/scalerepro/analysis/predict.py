@@ -22,6 +22,14 @@ study defines it: strong t(1) / (N t(N)), weak t(1) / t(N). Each row states its 
 model's typical error on published runs (``prediction_error`` of references.yaml, measured by
 benchmarks/predict_published.py).
 
+A record is a claim: ``--record`` replays only a completed one-GPU step that is evidence (its
+status ok, its figures inside ``evidence.FIGURE_BOUNDS`` and agreeing as the aggregation asks:
+``tables.readers.read_record``), measured on a GPU (not a CPU), one rank (``parallel.world_size``
+and ``parallel.gpus`` 1: more ranks' step holds their all-reduce already). The output names the
+GPU the step was measured on; one other than the preset's (``gpu_peaks.peaks_key`` of each name)
+is refused unless ``--other-gpu`` says to replay it as if its compute were unchanged (the model
+does not scale compute between GPU models).
+
 Bad input is one line on stderr naming the problem and the fix, exit status 2.
 """
 
@@ -35,10 +43,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalerepro.analysis.evidence import read_json_document
-from scalerepro.analysis.tables import network_model, scaling_model
+from scalerepro.analysis.evidence import dig, read_json_document
+from scalerepro.analysis.tables import network_model, readers, scaling_model
 from scalerepro.common.cli import COUNT, CommandError, OneLineErrorParser, bounded_float, bounded_int, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
+from scalerepro.common.gpu_peaks import peaks_key
 
 DEFAULT_REFERENCES = Path("config/references.yaml")
 PREDICT_COLUMNS = (
@@ -64,20 +73,82 @@ class OneGpuInput:
     profile: scaling_model.StepProfile
     micro_batch: int  # m_1
     global_batch: int | None  # G (strong)
+    device: str | None = None  # the GPU a record's step was measured on (hardware.gpu.name)
+
+
+# Where a record says how many ranks ran: each must be 1 for one GPU's step.
+RANK_COUNTS = (("parallel", "world_size"), ("parallel", "gpus"))
+_GIVE = "give the record of a completed one-GPU run"
+
+
+def one_gpu_record(path: Path) -> dict:
+    """The record at ``path``, once it says it is a completed run of one rank on one GPU, named;
+    a PredictError naming what it is instead. Its figures are checked after its profile is read."""
+    document = read_json_document(path)
+    status = document.get("status")
+    if status != "ok":
+        raise PredictError(f"{path}: the record's status is {status!r}, not 'ok': a run that did not complete is no step to replay; {_GIVE}")
+    if dig(document, RANK_COUNTS[0]) is None:
+        raise PredictError(f"{path}: the record does not say how many ranks ran (parallel.world_size); {_GIVE}")
+    for where in RANK_COUNTS:
+        count = dig(document, where)
+        if count is not None and count != 1:
+            raise PredictError(
+                f"{path}: the record is of {count!r} ranks ({'.'.join(where)} {count!r}), not one GPU's step: its step holds their "
+                f"all-reduce already; {_GIVE}"
+            )
+    device_type = dig(document, ("parallel", "device_type"))
+    if device_type != "cuda":
+        raise PredictError(
+            f"{path}: the step was measured on {device_type!r} (parallel.device_type), not a GPU: its step says nothing of a GPU "
+            f"cluster's; {_GIVE}"
+        )
+    gpu = dig(document, ("hardware", "gpu", "name"))
+    if not isinstance(gpu, str) or not gpu.strip():
+        raise PredictError(f"{path}: the record names no GPU (hardware.gpu.name): which GPU's step it is is unknown; {_GIVE}")
+    return document
 
 
 def from_record(path: Path, global_batch: int | None) -> OneGpuInput:
+    document = one_gpu_record(path)
     profile, why = scaling_model.read_profile(path)
     if profile is None:
         raise PredictError(f"{path}: {why}; give the record of a one-GPU run made with the scaling model's bucket probe")
-    document = read_json_document(path)  # read_profile read it within the same bounds
+    # the record as the aggregation reads it: its figures inside their bounds and agreeing with each other
+    fields, _, _ = readers.read_record(str(document.get("run_id") or path.stem), str(path))
+    if fields["status"] != "ok":
+        raise PredictError(f"{path}: the record is no evidence: {fields['error']}")
     batch = (document.get("batch") or {}).get("per_gpu")
     if batch is None:
         raise PredictError(f"{path}: the record has no batch.per_gpu; give a run record of schema 3 or later")
     model = (document.get("model") or {}).get("name", "model")
     profile = scaling_model.within_step(profile)
     study = "strong" if global_batch is not None else "weak"
-    return OneGpuInput(study, model, profile, int(batch), global_batch)
+    return OneGpuInput(study, model, profile, int(batch), global_batch, dig(document, ("hardware", "gpu", "name")))
+
+
+def same_gpu(device: str, cluster: network_model.ClusterPreset) -> bool:
+    """Whether ``device`` is the preset's GPU model (by the peak table's key; by name where the table knows neither)."""
+    key = peaks_key(device)
+    return key == peaks_key(cluster.gpu) if key is not None else device == cluster.gpu
+
+
+def record_notes(path: Path, one: OneGpuInput, cluster: network_model.ClusterPreset, other_gpu: bool) -> list[str]:
+    """The lines that say where a record's step was measured (and, with --other-gpu, what replaying
+    it on another GPU's cluster assumes); a PredictError where the GPUs differ without the flag."""
+    notes = [f"profile: {path}, one GPU's step measured on {one.device}"]
+    if same_gpu(one.device, cluster):
+        return notes
+    if not other_gpu:
+        raise PredictError(
+            f"{path}: the step was measured on {one.device}, and {cluster.name} ({cluster.key}) has {cluster.gpu}: the model does not "
+            f"scale compute between GPU models; give a record measured on {cluster.gpu}, or --other-gpu to replay this step on that "
+            "network as if its compute were unchanged"
+        )
+    return notes + [
+        f"the step was measured on {one.device} and is replayed on {cluster.name}'s network as if its compute were unchanged "
+        f"(no scaling of compute between GPU models: {cluster.gpu} would compute at its own speed)"
+    ]
 
 
 def from_study(tables: Path) -> list[OneGpuInput]:
@@ -173,8 +244,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--global-batch", type=bounded_int(1, 1 << 40), help="strong scaling of a --record: the global batch G (default: weak scaling)"
     )
+    parser.add_argument(
+        "--other-gpu", action="store_true",
+        help="with --record: replay a step measured on another GPU than the preset's as if its compute were unchanged",
+    )  # fmt: skip
     parser.add_argument("--csv", type=output_path, help="also write the table here")
     args = parser.parse_args(argv)
+    if args.other_gpu and args.record is None:
+        raise PredictError("--other-gpu applies to --record only: give it with --record RECORD, or leave it out")
     if not args.references.is_file():
         raise PredictError(f"{args.references}: no such file; give --references config/references.yaml (its clusters and links)")
     try:
@@ -188,8 +265,10 @@ def main(argv: list[str]) -> int:
             if not args.record.is_file():
                 raise PredictError(f"{args.record}: no such record; give the path of a one-GPU run's JSON record")
             inputs = [from_record(args.record, args.global_batch)]
+            notes = record_notes(args.record, inputs[0], cluster, args.other_gpu)
         else:
             inputs = from_study(args.study)
+            notes = []
     except ValueError as error:  # a preset that references.yaml lacks or gets wrong
         raise PredictError(str(error)) from None
     if args.nodes:
@@ -199,7 +278,7 @@ def main(argv: list[str]) -> int:
     else:
         gpu_counts = [2**k for k in range(int(math.log2(8 * cluster.gpus_per_node)) + 1)]
     table = pd.concat([predict(one, cluster, sorted(set([1, *gpu_counts])), args.algorithm) for one in inputs], ignore_index=True)
-    print(render(table, cluster, network_model.read_prediction_error(args.references)))
+    print("\n".join([*notes, render(table, cluster, network_model.read_prediction_error(args.references))]))
     if args.csv:
         write_text_atomically(args.csv, table.to_csv(index=False))
     return 0

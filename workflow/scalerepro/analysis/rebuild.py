@@ -1,31 +1,36 @@
-"""Regenerate the tables, figures and report of a finished study from its files alone: no run,
-no benchmark, no Snakemake.
+"""Regenerate the tables, figures and report of a finished study from its files alone: no run, no benchmark, no Snakemake.
 
-    python -m scalerepro.analysis.rebuild --results results
+    python -m scalerepro.analysis.rebuild --results DIR
 
-What it reads under ``--results`` (what the workflow left there): ``tables/matrix.csv`` (the
-planned runs, with the path of each record), the records it names, ``tables/config.json`` (the
-resolved config: the targets and the counts the scaling model predicts), ``comm/g*.json``,
-``profiles/*/`` (when the study was profiled: each run's captures summarised again, its
-summary.json where the captures are gone), ``inventory/system.json``; and
+``DIR`` is a study folder as the workflow wrote it (``results/``), wherever it now lies and
+whatever it is now called (a kept study copied elsewhere). What it reads there:
+``tables/matrix.csv`` (the planned runs, with the path of each record), the records it names,
+``tables/config.json`` (the resolved config: the targets and the counts the scaling model
+predicts), ``comm/g*.json``, ``profiles/*/`` (when the study was profiled: each run's captures
+summarised again, its summary.json where the captures are gone), ``inventory/system.json``; and
 ``--references`` (``config/references.yaml``) and ``--templates`` (``report/``). It writes what
 the aggregate, plots and report rules write: ``tables/*.csv`` and ``summary.json``,
-``plots/*.png|svg``, ``report/index.html``. A record path in the matrix that is relative is
-resolved against the directory that holds ``--results`` (where the workflow ran), so a copied
-results folder rebuilds where it lies.
+``plots/*.png|svg``, ``report/index.html``. Every record path of the matrix resolves inside
+``DIR`` (``results/runs/<run>/record.json`` is ``DIR/runs/<run>/record.json``:
+``scalerepro.common.study_layout``); one that lies outside it is refused, and a file beside the
+records that is not of this study's runs (another study's profiles, another machine's inventory,
+an all-reduce over another backend) is left out and named (``scalerepro.analysis.study_files``).
 
 Use it after changing the analysis code, the references or the templates, or to read an old
 study's records with today's statistics.
 
-    python -m scalerepro.analysis.rebuild --records DIR --out OUT
+    python -m scalerepro.analysis.rebuild --records DIR... --out OUT
 
-The same report from a folder of run records that no study planned (runs of the trainer by hand,
-records kept from a GPU session): every ``*.json`` in ``DIR`` that is a run record becomes one run
-(``record_matrix``: its model, GPU count, precision, per-GPU batch and configuration as the record
-states them; records of one configuration are repeats of one cell), an all-reduce result of
-``scalerepro.training.commbench`` beside them is the communication table, a system inventory
-(``scalerepro.telemetry.inventory``'s ``system.json``) the system section, and any other JSON is
-named and left out. ``OUT`` gets ``tables/``, ``plots/`` and ``report/index.html``.
+The same report from folders of run records that no study planned (runs of the trainer by hand,
+records kept from a GPU session): every ``*.json`` in each ``DIR`` that is a run record becomes one
+run (``record_matrix``: its model, GPU and node counts, precision, batches, strategy, device, data,
+shape and configuration as the record states them, and its purpose: a smoke run is a cell of its
+own and counts in no figure; records of one configuration are repeats of one cell, and one run kept
+under two names counts once), an all-reduce result of ``scalerepro.training.commbench`` beside them
+is the communication table, a system inventory (``scalerepro.telemetry.inventory``'s
+``system.json``) the system section, and any other JSON is named and left out. ``OUT`` becomes a
+study folder of its own: ``runs/`` (a copy of each record), ``tables/``, ``plots/`` and
+``report/index.html``, and reads again with ``--results OUT``.
 
 This module is on the analysis side: it never imports torch.
 """
@@ -33,10 +38,8 @@ This module is on the analysis side: it never imports torch.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,12 +47,13 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from scalerepro.analysis import columns
-from scalerepro.analysis.evidence import read_json_document
+from scalerepro.analysis import columns, study_files
+from scalerepro.analysis.evidence import read_json_document, record_purpose
 from scalerepro.analysis.presentation import plots, report
 from scalerepro.analysis.profiles import captures
 from scalerepro.analysis.tables import aggregate, readers
 from scalerepro.analysis.tables.readers import RECORDS_STUDY, dig
+from scalerepro.common import study_layout
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
 from scalerepro.common.files import write_text_atomically
 
@@ -72,18 +76,26 @@ def _is_inventory(document: Any) -> bool:
     return isinstance(document, dict) and {"hostname", "collected_at", "gpus", "software"} <= document.keys()
 
 
-# The knobs that make two records of one preset label different configurations (a preset's
-# content can change between versions: the optimised preset compiles the conv nets with CUDA
-# graphs since 2026-11-26)
+# What makes two records of one preset label different configurations, beside the columns of
+# the matrix (model, GPUs, nodes, precision, batches, strategy, device, data, purpose): a
+# preset's content can change between versions (the optimised preset compiles the conv nets
+# with CUDA graphs since 2026-11-26), a model's shape can be set by flags, and one label can
+# have run on two GPU models. Each is named in the variant where records of one label differ.
 CONFIG_KNOBS = ("compile", "channels_last", "cudnn_benchmark", "loader", "optimizer_impl", "grad_accum_steps")
+SHAPE = {"image_size": ("model", "shape", "image_size"), "seq_len": ("model", "shape", "seq_len")}
+CONDITION_WORDS = {"image_size": "image", "seq_len": "sequence", "device_name": "on"}
+# What a profile beside records looks like (Nsight's reports and text, a kept study's profiles/): a
+# records-only report reads none of it, and names it.
+PROFILES_BESIDE = ("*.ncu-rep", "*.nsys-rep", "ncu*.txt", "nsys*.txt", "*/profiles")
 
 
 def variant_of(record: dict[str, Any]) -> str:
     """What configuration a record ran, in a few words: its preset and each flag that departs from
-    it (``optimised, precision=fp16``)."""
+    it (``optimised, precision=fp16``), and ``smoke run`` where it was one (evidence.record_purpose)."""
     knobs = record.get("knobs") or {}
     overrides = knobs.get("preset_overrides") or {}
-    return ", ".join([str(knobs.get("preset") or "no preset"), *(f"{name}={value}" for name, value in sorted(overrides.items()))])
+    words = [str(knobs.get("preset") or "no preset"), *(f"{name}={value}" for name, value in sorted(overrides.items()))]
+    return ", ".join(words + (["smoke run"] if record_purpose(record)[0] != "measurement" else []))
 
 
 def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, dict]], list[Path], list[Path], list[str]]:
@@ -107,55 +119,96 @@ def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, dict]], list[Path]
     return records, comm, inventories, skipped
 
 
-def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, list[Path], list[Path], list[str]]:
-    """A study matrix for the run records in ``records_dirs`` (module docstring), the commbench
-    results and system inventories beside them, and the names of the other JSON files, which are
-    left out. A run's id is its file's name less .json, prefixed with its folder's name when
-    several folders are read."""
-    rows, comm, inventories, skipped = [], [], [], []
+def _without_copies(found: list[tuple[str, Path, dict]]) -> tuple[list[tuple[str, Path, dict]], list[str]]:
+    """The records with each run once: two files that hold one run (the same run id and start time)
+    count once, the first by name, and the other is named; two that claim one run with different
+    contents are both left out (which is the run's own cannot be told)."""
+    by_run: dict[tuple[Any, Any], list[tuple[str, Path, dict]]] = {}
+    for entry in found:
+        document = entry[2]
+        by_run.setdefault((document.get("run_id"), document.get("started_at")), []).append(entry)
+    kept, skipped = [], []
+    for (run_id, started), entries in by_run.items():
+        first = entries[0]
+        if run_id is None or started is None or len(entries) == 1:
+            kept += entries
+        elif all(entry[2] == first[2] for entry in entries[1:]):
+            kept.append(first)
+            skipped += [f"{entry[0]} (a copy of {first[0]}: run {run_id} started {started}, counted once)" for entry in entries[1:]]
+        else:
+            skipped += [f"{entry[0]} (run {run_id} started {started} is claimed by {len(entries)} different records: none is counted)" for entry in entries]
+    return kept, skipped
+
+
+def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, dict[str, Path], list[Path], list[Path], list[str]]:
+    """A study matrix for the run records in ``records_dirs`` (module docstring), each record's
+    file by run id, the commbench results and system inventories beside them, and the other JSON
+    files, named with why they are left out. A run's id is its file's name less .json, prefixed
+    with its folder's name when several folders are read. A cell is every condition that changes
+    the figure: the matrix's columns as the record states them, and where records of one label
+    differ in a knob, a shape or a GPU model, the variant names it."""
+    found, comm, inventories, skipped = [], [], [], []
     for records_dir in records_dirs:
         records, found_comm, found_inventories, found_skipped = _read_folder(records_dir)
         comm += found_comm
         inventories += found_inventories
-        skipped += [f"{records_dir.name}/{name}" if len(records_dirs) > 1 else name for name in found_skipped]
-        for path, document in records:
-            get = lambda *keys: dig(document, keys)  # noqa: E731
-            gpus = get("parallel", "gpus") or get("parallel", "world_size") or 1
-            command = get("command_line")
-            rows.append({
-                "run_id": f"{records_dir.resolve().name}_{path.stem}" if len(records_dirs) > 1 else path.stem,
-                "study": RECORDS_STUDY, "model": get("model", "name"), "gpus": gpus,
-                "nodes": get("parallel", "nodes") or 1, "gpus_per_node": get("parallel", "gpus_per_node") or gpus,
-                "variant": variant_of(document), "precision": get("precision"),
-                "per_gpu_batch": get("batch", "per_gpu") or get("batch", "per_rank"),  # schema 2 named it per_rank
-                "grad_accum_steps": get("batch", "grad_accum_steps") or 1, "global_batch": get("batch", "global"),
-                "bucket_cap_mb": get("knobs", "bucket_cap_mb"), "parallel": get("parallel", "strategy") or "ddp",
-                "data_parallel": None, "reference": "", "runtime_min": None, "record": str(path.resolve()),
-                "rerun": shlex.join(str(word) for word in command) if isinstance(command, list) else "",
-                **{f"knob_{knob}": str(get("knobs", knob)) for knob in CONFIG_KNOBS},
-            })  # fmt: skip
+        prefix = f"{records_dir.resolve().name}/" if len(records_dirs) > 1 else ""
+        skipped += [f"{prefix}{name}" for name in found_skipped]
+        found += [(f"{prefix}{path.name}", path, document) for path, document in records]
+    found, copies = _without_copies(found)
+    skipped += copies
+    rows, files = [], {}
+    for name, path, document in found:
+        get = lambda *keys: dig(document, keys)  # noqa: E731
+        gpus = get("parallel", "gpus") or get("parallel", "world_size") or 1
+        command = get("command_line")
+        run_id = name.removesuffix(".json").replace("/", "_")
+        files[run_id] = path
+        rows.append({
+            "run_id": run_id, "study": RECORDS_STUDY, "model": get("model", "name"), "gpus": gpus,
+            "nodes": get("parallel", "nodes") or 1, "gpus_per_node": get("parallel", "gpus_per_node") or gpus,
+            "variant": variant_of(document), "precision": get("precision"),
+            "per_gpu_batch": get("batch", "per_gpu") or get("batch", "per_rank"),  # schema 2 named it per_rank
+            "grad_accum_steps": get("batch", "grad_accum_steps") or 1, "global_batch": get("batch", "global"),
+            "bucket_cap_mb": get("knobs", "bucket_cap_mb"), "parallel": get("parallel", "strategy") or _strategy_of(document),
+            "data_parallel": None, "reference": "", "runtime_min": None,
+            "device": get("parallel", "device_type") or "", "data": get("data", "kind") or "", "purpose": record_purpose(document)[0],
+            "record": study_layout.RUN_RECORD.format(run=run_id),
+            "rerun": shlex.join(str(word) for word in command) if isinstance(command, list) else "",
+            **{f"knob_{knob}": str(get("knobs", knob)) for knob in CONFIG_KNOBS},
+            **{column: str(get(*where)) for column, where in SHAPE.items()},
+            "device_name": str(get("hardware", "gpu", "name") or get("hardware", "cpu_model")),
+        })  # fmt: skip
     if not rows:
         raise CommandError(f"{', '.join(map(str, records_dirs))}: no run record among the JSON files there (a run record is what python -m scalerepro.training.train --record writes)")
     matrix = pd.DataFrame(rows)
     if matrix["run_id"].duplicated().any():
         raise CommandError(f"two records are named {sorted(matrix.loc[matrix.run_id.duplicated(), 'run_id'])[0]}: give folders of different names")
-    # Records of one label whose resolved knobs differ are different cells: the label says which knobs.
-    label = ["model", "gpus", "precision", "per_gpu_batch", "variant"]
-    knobs = [f"knob_{knob}" for knob in CONFIG_KNOBS]
+    # Records of one label whose conditions differ are different cells: the label says which.
+    label = ["model", "gpus", "nodes", "precision", "per_gpu_batch", "grad_accum_steps", "parallel", "device", "data", "purpose", "variant"]
+    conditions = [*(f"knob_{knob}" for knob in CONFIG_KNOBS), *SHAPE, "device_name"]
     for _, group in matrix.groupby(label, dropna=False):
-        differing = [k for k in knobs if group[k].nunique() > 1]
+        differing = [c for c in conditions if group[c].nunique() > 1]
         if differing:
-            suffix = group[differing].apply(lambda row: ", ".join(f"{k.removeprefix('knob_')} {v}" for k, v in row.items()), axis=1)
+            words = lambda c: CONDITION_WORDS.get(c, c.removeprefix("knob_"))  # noqa: E731
+            suffix = group[differing].apply(lambda row: ", ".join(f"{words(k)} {v}" for k, v in row.items()), axis=1)
             matrix.loc[group.index, "variant"] = group["variant"] + " (" + suffix + ")"
     matrix["repeat"] = matrix.groupby(label, dropna=False).cumcount() + 1
     order = [*columns.MATRIX_COLUMNS, *(c for c in columns.OPTIONAL_MATRIX_COLUMNS if c not in columns.MATRIX_COLUMNS)]
-    return matrix[order], comm, inventories, skipped
+    return matrix[order], files, comm, inventories, skipped
+
+
+def _strategy_of(document: dict[str, Any]) -> str:
+    sharding = dig(document, ("measurements", "sharding"))
+    return str(sharding.get("strategy") or "ddp") if isinstance(sharding, dict) else "ddp"
 
 
 def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, templates: Path, study_config: Path | None) -> dict[str, object]:
-    """The report of folders of run records no study planned, written under ``out``; the targets
-    (checks) and the scaling model's predictions are those of ``study_config`` where given."""
-    matrix, comm, inventories, skipped = record_matrix(records_dirs)
+    """The report of folders of run records no study planned, written under ``out`` as a study
+    folder of its own (each record copied to ``runs/<run>/record.json``, so that ``out`` reads
+    again as any study does); the targets (checks) and the scaling model's predictions are those
+    of ``study_config`` where given."""
+    matrix, files, comm, inventories, skipped = record_matrix(records_dirs)
     if out.exists() and not out.is_dir():
         raise CommandError(f"--out {out} is a file: give a folder for tables/, plots/ and report/")
     config: dict[str, Any] = {}
@@ -165,9 +218,14 @@ def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, t
         except (OSError, yaml.YAMLError) as error:
             raise CommandError(f"--config {study_config}: cannot be read as YAML ({error}): give a study config such as config/config.yaml") from None
         config = {key: loaded[key] for key in ("targets", "scaling") if isinstance(loaded, dict) and key in loaded}
+        config["targets_from"] = study_config.name  # the config the checks were taken from: no study ran with it
     names = ", ".join(d.resolve().name for d in records_dirs)
-    config.update(study_name=f"run records of {names}", records_dirs=[str(d.resolve()) for d in records_dirs])
+    config.update(study_name=f"run records of {names}", records_dirs=[d.resolve().name for d in records_dirs],
+                  profiles_not_read=[f"{d.resolve().name}/{path.relative_to(d)}" for d in records_dirs for pattern in PROFILES_BESIDE
+                                     for path in sorted(d.glob(pattern))])  # fmt: skip
     (out / "tables").mkdir(parents=True, exist_ok=True)
+    for run_id, path in files.items():
+        write_text_atomically(out / "runs" / run_id / "record.json", path.read_text(encoding="utf-8"))
     write_text_atomically(out / "tables" / "matrix.csv", matrix.to_csv(index=False))
     write_text_atomically(out / "tables" / "config.json", json.dumps(config, indent=1))
     if comm:
@@ -175,48 +233,67 @@ def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, t
         for index, path in enumerate(comm):  # named as the workflow names them: g<gpus>.json
             document = json.loads(path.read_bytes())
             write_text_atomically(out / "comm" / f"g{document['world_size']}{'' if index == 0 else f'-{index}'}.json", json.dumps(document))
-    if inventories:  # the system the records ran on; the report describes one, the first folder's
+    if inventories:  # the system the records ran on: the report describes one, the first whose machine the records name
         (out / "inventory").mkdir(exist_ok=True)
         write_text_atomically(out / "inventory" / "system.json", inventories[0].read_text())
-        skipped += [f"{path} (a second inventory: the report describes the first, {inventories[0]})" for path in inventories[1:]]
+        skipped += [f"{path.parent.name}/{path.name} (a second inventory: the report describes {inventories[0].parent.name}/{inventories[0].name}, and "
+                    "lists every host and card the records name)" for path in inventories[1:]]  # fmt: skip
     done = rebuild(out, references, templates)
     done["skipped"] = skipped
     return done
 
 
 def rebuild(results: Path, references: Path, templates: Path) -> dict[str, object]:
-    """Tables, figures and report from the files under ``results`` (module docstring)."""
+    """Tables, figures and report from the files under ``results`` (module docstring). Every
+    record path of its matrix resolves inside ``results`` (readers.read_matrix), whatever the
+    folder is called and wherever it lies; one that does not is refused."""
     tables_dir = results / "tables"
     matrix_path = tables_dir / "matrix.csv"
     if not matrix_path.is_file():
         raise CommandError(f"{matrix_path}: no study matrix (run the workflow's study_matrix rule, or point --results at a study)")
     config_path = tables_dir / "config.json"
     config = read_json_document(config_path, what="resolved config") if config_path.is_file() else {}
-    # the aggregation's checks (empty, not CSV, columns, repeated run ids) on the user's file, so that
-    # an error names it, not the scratch copy with resolved paths made below
-    readers.read_matrix(matrix_path)
-    # record paths relative to where the workflow ran (the folder holding results/)
-    matrix = pd.read_csv(matrix_path, dtype=str, keep_default_na=False)
-    base = results.resolve().parent
-    matrix["record"] = [r if os.path.isabs(r) or not r else str(base / r) for r in matrix["record"]]
-    with tempfile.TemporaryDirectory() as scratch:
-        resolved = Path(scratch) / "matrix.csv"
-        matrix.to_csv(resolved, index=False)
-        comm = sorted((results / "comm").glob("g*.json"))
-        scaling = config.get("scaling") or {}
-        predict = scaling.get("predict_gpus", list(aggregate.scaling_model.DEFAULT_PREDICT_GPUS))
-        tables = aggregate.aggregate(resolved, comm, references, _targets(config), predict, scaling.get("predict_cluster"))
-    summary = aggregate.write_tables(tables, tables_dir)
-    summaries = captures.study_summaries(results, config, matrix)  # made again from the captures, with today's code
+    matrix = readers.read_matrix(matrix_path, results)
+    comm = sorted((results / "comm").glob("g*.json"))
+    scaling = config.get("scaling") or {}
+    predict = scaling.get("predict_gpus", list(aggregate.scaling_model.DEFAULT_PREDICT_GPUS))
+    tables, left_out = aggregate.aggregate_study(matrix_path, comm, references, _targets(config), predict, scaling.get("predict_cluster"), results)
+    summaries, not_this_study = captures.study_summaries(results, config, matrix)  # made again from the captures, with today's code
+    left_out += not_this_study
     if summaries:
         for name, table in captures.tables(summaries).items():
             write_text_atomically(tables_dir / f"{name}.csv", table.to_csv(index=False))
+    left_out += _foreign_profiling_rows(tables_dir, tables["runs"])
+    summary = aggregate.write_tables(tables, tables_dir, left_out)
     drawn = plots.draw(plots.read_tables(tables_dir), results / "plots")
     out = results / "report" / "index.html"
     inventory = results / "inventory" / "system.json"
     html = report.render(tables_dir, results / "plots", inventory, config_path, references, templates, out.parent)
     write_text_atomically(out, html)
-    return {"summary": summary, "figures": drawn, "profiled_runs": len(summaries), "report": out}
+    return {"summary": summary, "figures": drawn, "profiled_runs": len(summaries), "report": out, "left_out": left_out}
+
+
+def _foreign_profiling_rows(tables_dir: Path, runs: pd.DataFrame) -> list[str]:
+    """The profiling tables in ``tables_dir`` keep only the profiles of this study's runs
+    (study_files.profile_problem: tables another study left there are not this study's); each
+    profile dropped is named with why."""
+    profiling = tables_dir / "profiling.csv"
+    if not profiling.is_file() or profiling.stat().st_size == 0:
+        return []
+    rows = pd.read_csv(profiling, dtype={"run_id": str})
+    if "run_id" not in rows.columns:
+        return []
+    problems = {str(run_id): why for run_id, tools in zip(rows["run_id"], rows.get("tools", [None] * len(rows)))
+                if (why := study_files.profile_problem(run_id, tools, runs))}  # fmt: skip
+    if not problems:
+        return []
+    for name in study_layout.PROFILING_TABLE_NAMES:
+        path = tables_dir / f"{name}.csv"
+        if path.is_file() and path.stat().st_size:
+            table = pd.read_csv(path, dtype={"run_id": str})
+            if "run_id" in table.columns:
+                write_text_atomically(path, table[~table["run_id"].astype(str).isin(problems)].to_csv(index=False))
+    return [str(study_files.LeftOut(f"tables/profiling.csv, run {run_id}", f"{why}: dropped from the profiling tables")) for run_id, why in problems.items()]
 
 
 _PROG = "scalerepro.analysis.rebuild"
@@ -233,8 +310,8 @@ def _from_here_or_checkout(relative: str) -> Path:
 
 @error_boundary(_PROG)
 def main(argv: list[str]) -> int:
-    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--results", type=Path, default=None, help="the study's results folder (default: results)")
+    parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--results", type=Path, default=None, help="the study's folder, whatever it is called (default: results)")
     parser.add_argument("--records", type=Path, nargs="+", default=None, help="instead: folders of run records no study planned (with --out)")
     parser.add_argument("--config", type=Path, default=None, help="with --records: the study config whose targets and predictions apply (default config/config.yaml)")
     parser.add_argument("--out", type=Path, default=None, help="with --records: the folder that gets tables/, plots/ and report/")
@@ -258,6 +335,8 @@ def main(argv: list[str]) -> int:
         if args.out is not None:
             parser.error("--out goes with --records; a study's results folder is rebuilt in place (--results)")
         done = rebuild(args.results or Path("results"), args.references, args.templates)
+    for line in done["left_out"]:
+        print(f"rebuild: left out {line}", file=sys.stderr)
     summary = done["summary"]
     print(
         f"rebuild: {summary['runs']} runs {summary['status']}, checks {summary['checks']}, comparison "

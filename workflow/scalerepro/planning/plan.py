@@ -20,8 +20,9 @@ from typing import Any
 import yaml
 
 from scalerepro import schedulers
-from scalerepro.common import gpu_peaks
+from scalerepro.common import gpu_peaks, study_layout
 from scalerepro.common.cli import CommandError
+from scalerepro.common.references import ReferencesError, load_references
 from scalerepro.planning import study, submission
 from scalerepro.planning.study import Run, Study
 from scalerepro.schedulers.base import LOCAL, Scheduler
@@ -32,6 +33,14 @@ class ConfigError(CommandError, ValueError):
 
     def __init__(self, key: str, message: str):
         super().__init__(f"config error at '{key}': {message}")
+
+
+class ReferencesConfigError(ConfigError):
+    """config/references.yaml breaks its schema: the loader's one line as it is, raised as a
+    ConfigError because that is what the workflow turns into its one-line WorkflowError."""
+
+    def __init__(self, message: str):
+        CommandError.__init__(self, message)
 
 
 # A config is a few hundred values of a few dozen characters. Far more is a mistake or an attack
@@ -284,8 +293,7 @@ class Plan:
         return self.config["reproduce"].get("gpu")
 
 
-# One run's record, the file its training job writes (the rule's output: {run} is its wildcard)
-RUN_RECORD = "results/runs/{run}/record.json"
+from scalerepro.common.study_layout import RUN_RECORD  # noqa: E402  (one run's record, the file its training job writes)
 
 
 def record_path(run: Run) -> str:
@@ -305,7 +313,10 @@ def load(
         # no GPU here and none asked for: the small CPU matrix
         config = study.merge(config, config.get("cpu_overrides", {}))
         validate(config, schema)
-    published = yaml.safe_load(references.read_text()).get("references", [])
+    try:
+        published = load_references(references)["references"]
+    except ReferencesError as error:
+        raise ReferencesConfigError(str(error)) from None
     built = study.build(
         config, on_cluster=on_cluster, local_gpus=len(local_gpu_names),
         local_gpu_name=local_gpu_names[0] if local_gpu_names else None, references=published,
@@ -315,7 +326,7 @@ def load(
 
 # ---- profiling: which runs, which tools, each job's flags -------------------------------------
 
-PROFILING_TABLES = tuple(f"results/tables/{name}.csv" for name in ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files"))
+PROFILING_TABLES = tuple(f"{study_layout.RESULTS_DIR}/tables/{name}.csv" for name in study_layout.PROFILING_TABLE_NAMES)
 
 
 @dataclass(frozen=True)

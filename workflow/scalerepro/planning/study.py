@@ -387,6 +387,8 @@ def matrix_rows(study: Study, record_path, rerun_command) -> list[dict[str, Any]
             "gpus_per_node": study.gpus_per_node, "repeat": run.repeat, "variant": run.variant, "precision": run.precision,
             "per_gpu_batch": run.per_gpu_batch, "grad_accum_steps": run.grad_accum_steps, "global_batch": run.global_batch,
             "bucket_cap_mb": run.bucket_cap_mb, "parallel": run.parallel, "data_parallel": run.data_parallel or run.gpus, "reference": run.reference, "runtime_min": study.config["resources"]["runtime_min"],
+            # what the record must state beside the batches (scalerepro.analysis.evidence.PLANNED_KNOBS)
+            "device": study.device, "data": "cifar10" if study.uses_cifar(run) else "synthetic", "purpose": "measurement",
             "record": record_path(run), "rerun": rerun_command(run),
         }  # fmt: skip
         for run in study.runs.values()

@@ -29,13 +29,18 @@ export: the bundle would not be what the rows say.
 Import checks, before it writes anything: the file is a complete zip (a truncated one has lost
 its central directory), no entry is a link or has an unsafe path, every file is in the manifest
 and every manifest entry is a file, and each sha256 matches (with ``--expect-sha256``, the
-archive's own digest too). Then it adds the study to the store in one transaction: a study
-already stored with the same rows is left as it is, one stored with other rows is refused. Each
+archive's own digest too), and every run row is what the record it carries measured (each
+figure, status and time its record's, within rounding; every figure inside its bound; a run
+counted only where it is ok: ``study_rows.check_records``), whoever reads the bundle (``compare``
+too). Then it adds the study to the store in one transaction: a study already stored with the same
+rows is left as it is, one stored with other rows is refused, and records stored under another
+study id are refused (they would count twice in the history). Each
 import is a row of the store's ``imports`` table, written in the same transaction, and the files
 ``--extract`` unpacks are renamed into place inside it too: any refusal or failure is one line
 and leaves the store, and the extract directory, as they were.
 
-What checksums cannot catch: a bundle whose files *and* manifest were rewritten together.
+What checksums cannot catch: a bundle whose files *and* manifest were rewritten together (its
+rows are held to its records, but a record rewritten with its rows is a consistent forgery).
 Export prints the archive's sha256 and writes it to ``<bundle>.sha256``: publish it beside the
 bundle, and import with ``--expect-sha256``.
 

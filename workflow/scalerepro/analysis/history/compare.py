@@ -8,7 +8,7 @@ BASELINE and CANDIDATE each name a study: a study id (or a unique prefix of one)
 git commit, a cluster name or ``CLUSTER:PARTITION`` (these pick the most recent matching study
 other than the other side, so ``latest`` compared with the newest study means the one before
 it), a study's store receipt (results/tables/store.json), or a bundle (``scalerepro.analysis.history.bundle``;
-verified and read without importing it).
+verified, its rows held to its records, and read without importing it).
 
 Definitions. A *cell* is (study kind, model, variant, precision, per-GPU batch, GPU count); its
 runs are the repeats that count (completed, record agrees with the plan). b and c are the

@@ -53,7 +53,11 @@ imports -- one row per import of a bundle (``scalerepro.analysis.history.bundle`
 
 Appending. A study is appended in one transaction. Appending the same study again changes
 nothing; a run whose row differs (rerun since) replaces its row, and the study row follows. The
-receipt (``--receipt``) says what was added, replaced and left unchanged.
+receipt (``--receipt``) says what was added, replaced and left unchanged. Refused, in one line,
+with nothing stored: a row that is not what the record it carries measured (a figure, status,
+time or counted cell its record does not state, a figure outside ``evidence.FIGURE_BOUNDS``, a
+run counted that is not ok: ``study_rows.check_records``), and records already stored under
+another study id (by sha256, or run id and start: the same runs would count twice in the history).
 
 Concurrency. DuckDB lets one process at a time open the file for writing. A writer (or a reader)
 that finds it locked says so in one line on stderr and retries with backoff for up to
@@ -79,7 +83,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -136,11 +140,13 @@ def _fetch(connection: duckdb.DuckDBPyConnection, query: str, parameters: Sequen
 
 @dataclass
 class AppendResult:
-    study_id: str
+    study_id: str  # the study the records are stored as: the one appended, or the stored one it repeats
     new_study: bool
     added: int
     replaced: int
     unchanged: int
+    repeat_of: str | None = None  # every record is already stored as this study: nothing was stored again
+    shares: dict[str, int] = field(default_factory=dict)  # another stored study id -> records the two share
 
 
 def append(
@@ -154,7 +160,15 @@ def append(
     again changes nothing. ``keep_appended_at``: keep the row's own ``appended_at`` (an import
     that reproduces a study exactly), else it is now. ``replace=False``: a study stored with
     other rows is an error (and nothing changes), not an update. ``before_commit`` runs inside
-    the transaction, last: what it writes, and whether it fails, is part of the append."""
+    the transaction, last: what it writes, and whether it fails, is part of the append. Rows that
+    are not what their records measured are a StoreError.
+
+    A study whose records are all stored already, as another study (the same runs under a config
+    edited since, which only changed what is judged: another study id), is that study: it is named
+    as a repeat of it (``repeat_of``) and nothing is stored again, so that no run counts twice in
+    the history; with ``replace=False`` (an import, which must add a study of its own) it is a
+    StoreError. A study that shares some of its records with stored ones is stored, the shared
+    records named (``shares``)."""
     row = dict(study.row)
     if not keep_appended_at or not row.get("appended_at"):
         row["appended_at"] = utc_now()
@@ -164,6 +178,13 @@ def append(
         # a study adds its own runs only: a row naming another study would change that study
         raise StoreError(f"study {study.study_id} holds runs of another study ({', '.join(strangers[:3])}): nothing stored")
     with transaction(connection):
+        elsewhere = _stored_elsewhere(connection, study)
+        recorded = sum(1 for run in study.runs if run.get("record") is not None)
+        whole = [other for other, runs in elsewhere.items() if recorded and len(runs) == recorded]
+        if whole and not replace:
+            raise StoreError(_stored_as(whole[0], elsewhere[whole[0]], study, recorded) + ": nothing stored")
+        if whole:
+            return AppendResult(whole[0], False, 0, 0, len(study.runs), repeat_of=whole[0])
         existing = _fetch(connection, "SELECT * FROM studies WHERE study_id = ?", [study.study_id])
         stored = {r["run_id"]: r for r in _fetch(connection, "SELECT * FROM runs WHERE study_id = ?", [study.study_id])}
         if existing and not replace:
@@ -201,7 +222,43 @@ def append(
                 _insert(connection, "studies", STUDY_COLUMNS, [{**row, **kept}])
         if before_commit is not None:
             before_commit(connection)
-    return AppendResult(study.study_id, not existing, added, replaced, unchanged)
+    return AppendResult(study.study_id, not existing, added, replaced, unchanged, shares={k: len(v) for k, v in elsewhere.items()})
+
+
+def _stored_elsewhere(connection: duckdb.DuckDBPyConnection, study: StoredStudy) -> dict[str, list[str]]:
+    """Another stored study id -> the study's runs whose records it holds already: the same
+    sha256, or the same run id and start (the same run, its record since edited). A study's own
+    id (appended again, a rerun replacing a run) is its own."""
+    keys = [(run["run_id"], run.get("started_at"), run.get("record_sha256")) for run in study.runs if run.get("record") is not None]
+    if not keys:
+        return {}
+    frame = pd.DataFrame(keys, columns=["run_id", "started_at", "record_sha256"], dtype="string")
+    connection.register("_appended_records", frame)
+    found = _fetch(
+        connection,
+        "SELECT stored.study_id, new.run_id FROM runs stored JOIN _appended_records new ON stored.record_sha256 = new.record_sha256 "
+        "WHERE stored.study_id <> ? "
+        "UNION SELECT stored.study_id, new.run_id FROM runs stored JOIN _appended_records new "
+        "ON stored.run_id = new.run_id AND stored.started_at = new.started_at WHERE stored.study_id <> ? "
+        "ORDER BY 1, 2",
+        [study.study_id, study.study_id],
+    )
+    connection.unregister("_appended_records")
+    shared: dict[str, list[str]] = {}
+    for row in found:
+        shared.setdefault(row["study_id"], [])
+        if row["run_id"] not in shared[row["study_id"]]:
+            shared[row["study_id"]].append(row["run_id"])
+    return shared
+
+
+def _stored_as(other: str, runs: Sequence[str], study: StoredStudy, recorded: int) -> str:
+    """What a study whose records another stored study holds is, in one line."""
+    return (
+        f"the records of study {study.study_id} are already stored as study {other}: {len(runs)} of its {recorded} records "
+        f"({', '.join(printable(r) for r in runs[:3])}{', ...' if len(runs) > 3 else ''}), the same record sha256 or run id and "
+        "start; stored again they would count twice in the history"
+    )
 
 
 def load_study(connection: duckdb.DuckDBPyConnection, study_id: str) -> StoredStudy:
@@ -372,7 +429,7 @@ def _append_command(args: argparse.Namespace) -> int:
     try:
         result = append(connection, study)
         stored = len(studies(connection))
-        past = history(connection, study.study_id) if args.history else None
+        past = history(connection, result.study_id) if args.history else None
     finally:
         connection.close()
     receipt = {
@@ -384,11 +441,18 @@ def _append_command(args: argparse.Namespace) -> int:
         "runs_replaced": result.replaced,
         "runs_unchanged": result.unchanged,
         "studies_in_store": stored,
+        "repeat_of": result.repeat_of,
+        "shares_records_with": result.shares,
     }
     if args.receipt:
         _write_json(args.receipt, receipt)
     if past is not None:
         _write_csv(args.history, past)
+    if result.repeat_of is not None:
+        print(f"store: every record of study {study.study_id} is already stored as study {result.repeat_of}: this study is a repeat of it, "
+              "nothing stored again", file=sys.stderr)  # fmt: skip
+    for other, shared in result.shares.items():
+        print(f"store: study {result.study_id} shares {shared} of its records with stored study {other}", file=sys.stderr)
     state = "new study" if result.new_study else "already stored"
     print(
         f"store: {result.study_id} ({state}): {result.added} runs added, {result.replaced} replaced, "

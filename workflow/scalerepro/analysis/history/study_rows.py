@@ -1,6 +1,7 @@
 """A study as rows of the results store, read from the files its workflow wrote (the matrix, the
-records, the resolved config, the system inventory), and the check that every field of those
-rows fits its column.
+records, the resolved config, the system inventory), and the checks on those rows wherever they
+come from (the workflow's files, a bundle): every field fits its column, and every run row is
+what the record it carries measured.
 
 This module is on the analysis side: it never imports torch.
 """
@@ -17,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalerepro.analysis.columns import RECORD_FIELDS
+from scalerepro.analysis.evidence import FIGURE_BOUNDS, PLANNED_KNOBS, dig, figure_problems, identity_problem
 from scalerepro.analysis.history.store_file import RUN_TYPES, STORED_RUN_COLUMNS, STUDY_TYPES, StoreError
 from scalerepro.analysis.tables import cell_tables, readers
 from scalerepro.analysis.values import plain
 from scalerepro.common.files import sha256_of
+from scalerepro.common.terminal import printable
 
 # Config sections that say where a study is kept and what it is compared with, not what it ran.
 UNHASHED_CONFIG_KEYS = ("store", "compare")
@@ -88,6 +92,7 @@ def read_study(
     except FileNotFoundError:
         raise StoreError(f"no study matrix at {matrix_path}: run the workflow up to it first") from None
     runs, _, _ = readers.read_runs(matrix)
+    record_files = dict(zip(matrix["run_id"], matrix["record_file"]))
     runs = runs.assign(counts=cell_tables.counts(runs))
     scheduler = inventory.get("scheduler") or {}
     cluster = scheduler.get("cluster_name") or inventory.get("hostname")
@@ -98,7 +103,7 @@ def read_study(
     for run in runs.to_dict("records"):
         text = document = None
         if run["status"] != "missing":  # aggregate read and parsed it
-            text = Path(run["record"]).read_text(encoding="utf-8")
+            text = Path(record_files[run["run_id"]]).read_text(encoding="utf-8")  # readers.read_matrix: inside the study folder
             document = json.loads(text)
         row = {column: plain(run.get(column), keep_blank_text=True) for column in STORED_RUN_COLUMNS if column in run}
         # The record is the truth: the batch the run ran, as its record says (the plan's where there is no
@@ -193,10 +198,114 @@ def _field_problem(name: str, kind: str, value: Any) -> str | None:
 
 def check_rows(study: StoredStudy) -> None:
     """Every field of the study's rows fits its column (type, range, format): what the store
-    accepts, every reader can read. Raises StoreError naming the first field that does not."""
+    accepts, every reader can read; then every run row is what its record measured
+    (``check_records``). Raises StoreError naming the first field that does not."""
     for where, row, types in (("study", study.row, STUDY_TYPES), *((f"run {i}", run, RUN_TYPES) for i, run in enumerate(study.runs))):
         for name, kind in types.items():
             problem = _field_problem(name, kind, row.get(name))
             if problem:
                 raise StoreError(f"study {str(study.row.get('study_id'))[:80]!r}: {where}: {name} is {problem}: nothing stored")
+    check_records(study)
+
+
+# --------------------------------------------------------------------------------------------
+# Every run row is what its record measured
+# --------------------------------------------------------------------------------------------
+
+# A runs row copies its figures from the record it carries (``record``, its text; ``record_sha256``):
+# rows and record travel together in a bundle, and a bundle's checksums are the sender's, so a figure
+# rewritten beside its record (the manifest rewritten to match) passes them. The record decides.
+
+# Store column -> where the record states the figure (as the aggregation reads it, ``tables.readers``);
+# each is bounded by ``evidence.FIGURE_BOUNDS``.
+RECORD_FIGURES: dict[str, tuple[str, ...]] = {
+    column: RECORD_FIELDS[column] for column in RUN_TYPES if column in FIGURE_BOUNDS and column in RECORD_FIELDS
+}
+# Store column -> where the record states it, copied as text: a run is known by its id and its start.
+RECORD_TIMES: dict[str, tuple[str, ...]] = {"started_at": RECORD_FIELDS["started_at"]}
+# What a counted row's cell says the run ran, and where its record states it (the plan's knobs the
+# store keeps, as ``evidence`` reads them): a run counts only where it ran its plan, and the cell is the plan.
+RECORD_SHAPE = tuple(knob for knob in PLANNED_KNOBS if knob.column in ("gpus", "nodes", "per_gpu_batch"))
+# The figures a counted row must hold: what the history and the comparison read (the aggregation
+# fails an ok record without a throughput). Any other figure may be empty where its record has one:
+# the aggregation empties the figures of a record that is no measurement, and withholds those a
+# trainer is known to have measured wrongly (``evidence``), by rules that grow; a bundle keeps the
+# rows its exporter made. A figure that is there is its record's.
+COUNTED_FIGURES = ("samples_per_s",)
+# JSON text and DuckDB's DOUBLE carry a figure exactly (Python writes the shortest repr that reads
+# back the same double); this much is rounding, more is another figure.
+FIGURE_RELATIVE_TOLERANCE = 1e-9
+
+
+def _same_figure(stored: Any, recorded: Any) -> bool:
+    if isinstance(recorded, bool) or not isinstance(recorded, (int, float)) or not math.isfinite(recorded):
+        return False
+    return math.isclose(stored, recorded, rel_tol=FIGURE_RELATIVE_TOLERANCE, abs_tol=0.0)
+
+
+def record_problem(run: Mapping[str, Any]) -> str | None:
+    """Why the run row is not what the record it carries measured, or None: a figure out of its
+    bound, a row counted that is not ok (or not consistent with its plan), a status, time, figure or
+    cell that its record does not state. Rows whose fields fit their columns (``check_rows``)."""
+    status, counted = run.get("status"), run.get("counts") is True
+    out_of_bounds = figure_problems({column: run.get(column) for column in RECORD_FIGURES})
+    if out_of_bounds:
+        return f"{out_of_bounds[0]}: no record measures that"
+    if counted and status != "ok":
+        return f"it counts but its status is {status!r}: only a run whose status is ok counts"
+    if counted and run.get("consistent") is False:
+        return "it counts but it did not run its plan (consistent is false)"
+    text = run.get("record")
+    if text is None:
+        if status != "missing":
+            return f"its status is {status!r} but it carries no record: a run without a record is missing"
+        measured = [column for column in RECORD_FIGURES if run.get(column) is not None]
+        if measured:
+            return f"{measured[0]} is {run[measured[0]]!r} but it carries no record that measured it"
+        return "it carries no record but a record_sha256" if run.get("record_sha256") is not None else None
+    if hashlib.sha256(text.encode("utf-8")).hexdigest() != run.get("record_sha256"):
+        return "its record_sha256 is not the sha256 of the record it carries"
+    try:
+        document = json.loads(text)
+    except (RecursionError, ValueError):
+        return "the record it carries is not JSON"
+    if not isinstance(document, dict):
+        return f"the record it carries is a JSON {type(document).__name__}, not an object"
+    # the run the record must be, as the aggregation asks (rebuild --records names runs after their files)
+    planned = {"model": run.get("model"), **({"run_id": run.get("run_id")} if run.get("study") != readers.RECORDS_STUDY else {})}
+    other = identity_problem(document, planned)
+    if other:
+        return f"the record it carries is not this run's: {other}"
+    recorded_status = document.get("status")
+    # the aggregation fails an ok record whose figures are no measurement or whose window is empty; it never passes a failed one
+    if status != recorded_status and not (status == "failed" and recorded_status == "ok"):
+        return f"its status is {status!r} but its record's is {recorded_status!r}"
+    for column, path in RECORD_TIMES.items():
+        if run.get(column) != dig(document, path):
+            return f"its {column} is {run.get(column)!r} but its record's is {dig(document, path)!r}"
+    for column, path in RECORD_FIGURES.items():
+        stored, recorded = run.get(column), dig(document, path)
+        if stored is None:
+            if counted and column in COUNTED_FIGURES:
+                return f"it counts but its {column} is empty (its record's is {recorded!r})"
+        elif not _same_figure(stored, recorded):
+            return f"its {column} is {stored!r} but its record's is {recorded!r}"
+    if counted:
+        for knob in RECORD_SHAPE:
+            ran = knob.recorded(document)
+            if ran is not None and ran != run.get(knob.column):
+                return f"it counts as {knob.column} {run.get(knob.column)!r} but its record ran {ran!r}"
+    return None
+
+
+def check_records(study: StoredStudy) -> None:
+    """Every run row is what the record it carries measured (``record_problem``). Raises StoreError
+    naming the first run that is not, and what differs."""
+    for run in study.runs:
+        problem = record_problem(run)
+        if problem:
+            raise StoreError(
+                f"study {str(study.row.get('study_id'))[:80]!r}: run {printable(str(run.get('run_id')))[:80]!r}: {problem}: "
+                "a stored row is what its record measured; these rows are refused, nothing stored"
+            )
 

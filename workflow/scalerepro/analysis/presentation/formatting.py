@@ -1,8 +1,9 @@
 """How the report writes a value: the number and text formats its templates apply (Jinja filters and the table macro's cell formats).
 
 Every value format (``fmt_*``, ``FORMATS``, ``cell``) renders a missing value (None, NaN, ±inf,
-NA, blank text, a Jinja undefined) as ``MISSING``, so a hole in a table shows as "—", never as
-"nan" or an error. The numbers are the
+NA, blank text) as ``MISSING``, so a hole in a table shows as "—", never as "nan" or an error. A
+Jinja undefined is not a missing value but a template reading a name or key that nothing set: it
+fails the render with Jinja's error naming it, never shows as "—". The numbers are the
 tables' own; a format changes only their units (fractions to percent, bytes to IEC units, seconds
 to milliseconds) and how many digits show.
 
@@ -23,8 +24,12 @@ MISSING = "—"  # what every absent or non-finite value renders as
 
 
 def is_missing(value: Any) -> bool:
-    """None, a Jinja undefined, an empty string or a non-finite float: shown as "—"."""
-    return isinstance(value, jinja2.Undefined) or absent(value)
+    """None, an empty string or a non-finite float: shown as "—". A Jinja undefined raises
+    Jinja's error naming what the template read: a value that may be absent is None on purpose
+    (in the context, or a table row's absent column), so a misspelt name cannot read as a hole."""
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()  # Jinja's documented hook for custom undefined types
+    return absent(value)
 
 
 def truthy(value: Any) -> bool | None:

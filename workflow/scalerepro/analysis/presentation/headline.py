@@ -15,13 +15,15 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from scalerepro.analysis.presentation import cell_facts
 from scalerepro.analysis.values import finite_number
 from scalerepro.common import gpu_peaks
 
 # The columns that tell one configuration from another; repeats of a configuration share them.
 CONFIG_COLUMNS = ("study", "variant", "precision", "per_gpu_batch", "bucket_cap_mb")
-# Beside them, what a headline figure must not mix: the data it read and the device it ran on.
-FIGURE_COLUMNS = (*CONFIG_COLUMNS, "data_kind", "device_name")
+# Beside them, what a headline figure must not mix: the data it read, the device it ran on, the
+# nodes the GPUs were spread over, the strategy, and the model's shape.
+FIGURE_COLUMNS = (*CONFIG_COLUMNS, "data_kind", "device_name", "nodes", "parallel", "image_size", "seq_len")
 
 # What "fp32" and "tf32" mean in this trainer (scalerepro.config: --precision); an H100's dense
 # TF32 rate is 7.4x its IEEE fp32 rate, and NGC's and Lambda's published "FP32" figures are TF32.
@@ -90,9 +92,9 @@ def precision_words(precision: Any) -> str | None:
 
 
 def throughput_unit(tokens_per_s: Any, tokens_per_sample: Any) -> str:
-    """img/s for an image model (no tokens), sequences/s for a language model, else samples/s."""
+    """img/s for an image model (no tokens), tokens/s for a language model, else samples/s."""
     if finite_number(tokens_per_s) is not None or (finite_number(tokens_per_sample) or 0) > 0:
-        return "sequences/s"
+        return "tokens/s"
     if finite_number(tokens_per_sample) == 0:
         return "img/s"
     return "samples/s"
@@ -238,13 +240,18 @@ def _fastest(cells: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
     """The configuration with the highest median throughput among ``cells`` (one row each)."""
     if cells.empty:
         return None
-    top = {key: _value(value) for key, value in cells.loc[cells["samples_per_s"].idxmax()].items()}
+    top = {key: _value(value) if not isinstance(value, (dict, list)) else value for key, value in cells.loc[cells["samples_per_s"].idxmax()].items()}
     device = device_facts(top.get("device_name"), top.get("device_type"), top.get("gpu_memory_bytes"), inventory)
     memory, capacity = finite_number(top.get("peak_memory_bytes")), device.get("memory_bytes")
+    unit = throughput_unit(top.get("tokens_per_s"), top.get("tokens_per_sample"))
     return {
         **top,
+        # the figures the headline reads that runs.csv may not have as columns (no MFU where no peak is known): None there
+        **{column: top.get(column) for column in ("tokens_per_s", "mfu", "peak_memory_kind")},
         "config": describe_config(top, "rank" if device["cpu"] else "GPU"),
-        "unit": throughput_unit(top.get("tokens_per_s"), top.get("tokens_per_sample")),
+        "unit": unit,
+        # a language model's figure is its tokens/s: sequences of one length are not comparable across lengths
+        "median": top.get("tokens_per_s") if unit == "tokens/s" else top.get("samples_per_s"),
         "mfu_peak": mfu_peak(top.get("peak_flops_per_device"), top.get("peak_flops_source")) if top.get("mfu") is not None else None,
         "device": device,
         "memory": gib(memory),
@@ -252,10 +259,11 @@ def _fastest(cells: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
-def _cells(ok: pd.DataFrame) -> pd.DataFrame:
+def _cells(ok: pd.DataFrame, inventory: Any = None) -> pd.DataFrame:
     """One row per configuration (model, GPUs, FIGURE_COLUMNS): its median throughput over its
     counted repeats, their number, min and max, and its other figures (medians; peak memory the
-    largest)."""
+    largest: a figure a record holds wrongly is withheld by the reader, so never the largest), its
+    spread, clocks and provenance (cell_facts), and why a figure of its records is withheld."""
     keys = ["model", "gpus", *[column for column in FIGURE_COLUMNS if column in ok.columns]]
     grouped = ok.groupby(keys, dropna=False)
     figures = {"samples_per_s": "median", "tokens_per_s": "median", "mfu": "median", "peak_memory_bytes": "max"}
@@ -264,7 +272,13 @@ def _cells(ok: pd.DataFrame) -> pd.DataFrame:
     facts = [c for c in ("peak_memory_kind", "peak_flops_per_device", "peak_flops_source", "tokens_per_sample",
                          "gpu_memory_bytes", "device_type") if c in ok.columns]  # fmt: skip
     first = grouped[facts].first() if facts else None
-    return pd.concat([frame for frame in (cells, spread, first) if frame is not None], axis=1).reset_index()
+    table = pd.concat([frame for frame in (cells, spread, first) if frame is not None], axis=1)
+    language = lambda cell: (finite_number(_first(cell, "tokens_per_sample")) or 0) > 0  # noqa: E731
+    table["spread"] = [cell_facts.spread(cell, language(cell)) for _, cell in grouped]
+    table["clocks"] = [cell_facts.clocks(cell, inventory) for _, cell in grouped]
+    table["provenance"] = [cell_facts.provenance(cell) for _, cell in grouped]
+    table["withheld"] = [_first(cell, "withheld") for _, cell in grouped]
+    return table.reset_index()
 
 
 def _strong_rows(scaling: pd.DataFrame) -> dict[Any, dict[str, Any]]:
@@ -290,7 +304,7 @@ def headline(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -
     out: list[dict[str, Any]] = []
     if {"model", "gpus", "samples_per_s"} <= set(ok.columns):
         ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
-        for model, cells in _cells(ok).groupby("model", sort=True):
+        for model, cells in _cells(ok, inventory).groupby("model", sort=True):
             max_gpus = _value(cells["gpus"].max())
             out.append({
                 "model": model,
@@ -307,7 +321,7 @@ def headline(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -
 
 
 def headline_section(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -> dict[str, Any]:
-    """The headline, grouped by unit (img/s, sequences/s, samples/s: a column header carries the
+    """The headline, grouped by unit (img/s, tokens/s, samples/s: a column header carries the
     unit), with what is common to its figures said once: the device, the peak MFU is against."""
     items = headline(runs, scaling, inventory)
     figures = [f for item in items for f in (item["one"], item["at_max"]) if f is not None]
@@ -321,7 +335,7 @@ def headline_section(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any =
         figure["mfu_note"] = note
     return {
         "rows": items,
-        "groups": [(unit, groups[unit]) for unit in ("img/s", "sequences/s", "samples/s") if unit in groups],
+        "groups": [(unit, groups[unit]) for unit in ("img/s", "tokens/s", "samples/s") if unit in groups],
         "devices": devices,
         "scaled": any(item["at_max"] is not None or item["strong"] is not None for item in items),
         "mfu_header": header,

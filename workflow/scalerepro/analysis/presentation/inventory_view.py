@@ -13,11 +13,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from scalerepro.analysis.presentation.formatting import fmt_bytes, fmt_int, fmt_text, label
+import pandas as pd
+
+from scalerepro.analysis.presentation.formatting import MISSING, fmt_bytes, fmt_int, fmt_text, label
 from scalerepro.analysis.values import finite_number
 
 # Headings for the inventory keys scalerepro.telemetry.inventory writes; any other key gets label(key).
 INVENTORY_TITLES = {
+    "hostname": "Host name",
+    "collected_at": "Collected at",
+    "memory_total_bytes": "Memory",
+    "gpu_reason": "Why no GPU was read",
+    "nvidia_smi_topo_reason": "Why no GPU topology was read",
     "cpu": "CPU",
     "gpus": "GPUs (NVML)",
     "cuda_visible": "CUDA devices visible to torch",
@@ -78,6 +85,42 @@ def describe_inventory(inventory: Mapping[str, Any] | None) -> dict[str, Any] | 
             )
         elif isinstance(item, list):
             host.append((title, ", ".join(value(key, entry) for entry in item) if item else "none"))
+        elif item is None and str(key).endswith("_reason"):
+            continue  # a reason is shown where there is one: a field that was read has none
         else:
             host.append((title, value(key, item)))
     return {"host": host, "blocks": blocks}
+
+
+# runs.csv columns -> the heading of the hosts-and-cards table's column
+HOST_COLUMNS = {
+    "hostname": "Host", "cpu_model": "CPU", "usable_cpus": "Usable CPUs", "device_name": "GPU", "gpu_uuid": "Card (UUID)",
+    "gpu_driver": "Driver",
+}  # fmt: skip
+
+
+def hosts_of_runs(runs: pd.DataFrame) -> list[dict[str, Any]]:
+    """Every host and card the completed runs ran on, as their records say (one row each: its
+    runs and the span of their start times); a record that does not name its card (before schema
+    4) says so. The inventory describes one machine; this is every one the figures came from."""
+    if runs.empty or "status" not in runs.columns:
+        return []
+    done = runs[runs["status"].eq("ok")].copy()
+    if done.empty:
+        return []
+    gpu = done["device_type"].eq("cuda") if "device_type" in done.columns else pd.Series(False, index=done.index)
+    for column in HOST_COLUMNS:
+        done[column] = done[column].astype(object) if column in done.columns else None
+    done.loc[~gpu, ["device_name", "gpu_uuid", "gpu_driver"]] = "no GPU"
+    done.loc[gpu & done["gpu_uuid"].isna(), "gpu_uuid"] = "not recorded (before schema 4)"
+    if "cpu_model" in done.columns and "device_name" in done.columns:  # a CPU run's device_name is its CPU
+        done.loc[~gpu & done["cpu_model"].isna(), "cpu_model"] = runs.loc[done.index[~gpu & done["cpu_model"].isna()], "device_name"]
+    found = []
+    for key, group in done.groupby(list(HOST_COLUMNS), dropna=False, sort=True):
+        stamps = pd.to_datetime(group.get("started_at"), utc=True, errors="coerce", format="ISO8601").dropna()
+        found.append({
+            **{column: fmt_text(value) for column, value in zip(HOST_COLUMNS, key)},
+            "runs": len(group),
+            "started": f"{stamps.min():%Y-%m-%d %H:%M} – {stamps.max():%Y-%m-%d %H:%M} UTC" if len(stamps) else MISSING,
+        })  # fmt: skip
+    return found

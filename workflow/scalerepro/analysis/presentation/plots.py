@@ -364,6 +364,10 @@ def energy_per_sample(t: Tables) -> Figure:
     scaled = runs[runs["study"].isin(["strong", "weak"]) & runs["counts"].astype(bool)]
     measured = scaled.dropna(subset=["energy_per_sample_j"])
     if measured.empty:
+        others = runs[runs["counts"].astype(bool) & runs["energy_per_sample_j"].notna()]
+        if len(others):  # the energy is measured, only not over GPU counts: say where it is, not that it is not
+            raise NotMeasured(f"not drawn: it sets energy against the GPU counts of the strong- and weak-scaling runs, and none of "
+                              f"them recorded energy; the energy of the {len(others)} other counted runs is in the table below")
         reasons = "; ".join(sorted(set(scaled["nvml_reason"].dropna())))
         raise NotMeasured("no completed scaling run recorded GPU energy" + (f" ({reasons})" if reasons else ""))
     cells = measured.groupby(["study", "model", "gpus"], as_index=False)[["energy_per_sample_j", "energy_per_sample_net_j"]].median()

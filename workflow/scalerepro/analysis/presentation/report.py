@@ -17,11 +17,14 @@ that comes from the config, the records or the inventory is HTML-escaped by Jinj
 Its parts: ``inputs`` reads the tables, documents and figures; ``formatting`` is how a value is
 written (the templates' filters); ``headline``, ``inventory_view``, ``profiling_view`` and
 ``scaling_model_view`` lay out their sections; this module derives the rest from the tables and
-renders. This module is on the analysis side: it never imports torch.
+renders. What the templates read is ``ReportContext``, one declared field per name, rendered under
+Jinja's StrictUndefined: a name or key that nothing set fails the render naming it, so a hole is
+only ever a value that is None on purpose. This module is on the analysis side: it never imports torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -33,16 +36,18 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from scalerepro.analysis import study_files
 from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, VERDICTS
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
 from scalerepro.analysis.presentation.formatting import MISSING, TEMPLATE_FILTERS, TEMPLATE_GLOBALS, fmt_int, fmt_text, is_missing, label, truthy
 from scalerepro.analysis.presentation.headline import headline_section, mfu_columns, study_identity
-from scalerepro.analysis.presentation.inputs import Row, load_figure, read_json, read_table, read_yaml, readable_inventory, require_aggregation, rows
-from scalerepro.analysis.presentation.inventory_view import describe_inventory
+from scalerepro.analysis.presentation.inputs import Figure, Row, load_figure, read_json, read_table, readable_inventory, require_aggregation, rows
+from scalerepro.analysis.presentation.inventory_view import describe_inventory, hosts_of_runs
 from scalerepro.analysis.presentation.loss_view import loss_rows
 from scalerepro.analysis.presentation.profiling_view import profiled_run
 from scalerepro.analysis.presentation.scaling_model_view import scaling_model_section
 from scalerepro.analysis.tables import nearest_published
+from scalerepro.analysis.tables.network_model import DEFAULT_LINK_EFFICIENCY
 from scalerepro.analysis.values import plain
 from scalerepro.common.cli import OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
@@ -299,6 +304,35 @@ def history_section(
     return section
 
 
+def withheld_figures(withheld: Any) -> tuple[str | None, list[str]]:
+    """runs.csv's ``withheld`` ("<columns>: <why> | ...") as the per-run table shows it: the
+    figures' names, short, and each reason apart (said once under the table)."""
+    if is_missing(withheld):
+        return None, []
+    names, reasons = [], []
+    for entry in str(withheld).split(" | "):
+        columns, _, why = entry.partition(": ")
+        names.append(label(columns.split(", ")[0]).removesuffix(" bytes").removesuffix(" fraction"))
+        reasons.append(f"{', '.join(label(c) for c in columns.split(', '))}: {why}")
+    return ", ".join(names), reasons
+
+
+def report_source(config: Any) -> dict[str, Any]:
+    """What the report was made from (rebuild --records writes ``records_dirs`` into its config):
+    records no study planned, with their folders, the config its checks came from and the
+    profiles beside them it did not read; else a planned study."""
+    config = config if isinstance(config, Mapping) else {}
+    records = "records_dirs" in config
+    return {
+        "records": records,
+        "records_dirs": list(config.get("records_dirs") or []),
+        "targets_from": config.get("targets_from"),
+        "profiles_not_read": list(config.get("profiles_not_read") or []),
+        "runs_word": "records" if records else "planned",
+        "profiling_configured": "profiling" in config,
+    }
+
+
 def parallelism_why_empty(config: Any, empty: str) -> str:
     """Why the parallelism section has no rows: the study switched off in the configuration,
     or (switched on) the table's own state."""
@@ -326,16 +360,21 @@ def split_cost(cost: pd.DataFrame) -> tuple[list[Row], Row | None]:
 
 def make_environment(templates_dir: Path) -> jinja2.Environment:
     """The Jinja environment: templates from ``<templates_dir>/templates``, autoescape on for
-    every template (they are all HTML), the formats of ``formatting`` as its filters and globals."""
+    every template (they are all HTML), the formats of ``formatting`` as its filters and globals,
+    and ``<templates_dir>/style.css`` as the global ``css``. A name or key that nothing set fails
+    the render with an error naming it (StrictUndefined): an absent value is None on purpose,
+    so a misspelling cannot pass for a hole."""
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(templates_dir) / "templates"),
         autoescape=True,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
     )
     environment.filters.update(TEMPLATE_FILTERS)
     environment.globals.update(TEMPLATE_GLOBALS)
+    environment.globals["css"] = _stylesheet(Path(templates_dir))
     environment.tests["missing"] = is_missing
     return environment
 
@@ -350,6 +389,7 @@ def _stylesheet(templates_dir: Path) -> str:
 
 
 MEASURED_COLUMNS = (
+    "sm_clock_mean_mhz",
     "power_mean_w",
     "energy_per_sample_j",
     "energy_per_sample_net_j",
@@ -357,6 +397,98 @@ MEASURED_COLUMNS = (
     "final_train_loss",
     "final_eval_accuracy",
 )
+
+
+def shown_links(links: Any) -> dict[str, dict[str, Any]]:
+    """``links`` of references.yaml as the scaling-model section lists them: each as written, with
+    the efficiency the model uses where the file states none (network_model.read_links' default)
+    and its efficiency's source None there (the table shows "—")."""
+    if not isinstance(links, Mapping):
+        return {}
+    return {
+        key: {**link, "efficiency": link.get("efficiency", DEFAULT_LINK_EFFICIENCY), "efficiency_source": link.get("efficiency_source")}
+        for key, link in links.items()
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportContext:
+    """Everything the templates show, read and derived once (``build_context``): one field per
+    name the templates read, each a top-level variable there (``{{ overview.runs }}``).
+
+    New report content is a field here, with a line on what it holds, and its value in
+    ``build_context``: a field declared but not given, or given but not declared, is a TypeError
+    as the context is built, and a template that reads a name or key that nothing set fails the
+    render naming it (``make_environment``'s StrictUndefined). A value that may be absent is
+    None on purpose (the templates' ``missing`` test and filters show "—" or say why); a table's
+    rows are ``inputs.Row`` dicts, whose absent columns read None.
+    """
+
+    # The whole report
+    study: dict[str, Any]  # the title: the study's name and what it was (headline.study_identity)
+    generated_at: str  # when this report was rendered, "YYYY-MM-DD HH:MM UTC"
+    tables_dir: str  # the folder of the tables it was rendered from, relative to the report (no path of the machine that rendered it)
+    source: dict[str, Any]  # what the report was made from: a planned study, or records no study planned (records: True, their folders, the config its checks came from, the profiles beside them it did not read)
+    left_out: list[str]  # the files beside the records not taken as this study's, each with why (summary.json's left_out)
+    sections: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...]  # SECTIONS: the contents and the section templates, in order
+    secno: dict[str, str]  # anchor id -> its number, "3" / "3.1" (section_numbers)
+    sectitle: dict[str, str]  # anchor id -> its heading (section_titles)
+    empty: dict[str, str]  # table name -> what its section says without rows: "Not measured: <name>.csv has no rows" / "is not there"
+    cpu_study: bool  # every completed run ran on the CPU: a count is of ranks, not GPUs
+    figures: dict[str, Figure]  # figure name (FIGURE_NAMES) -> its data URI, or why there is none
+    # Summary
+    overview: dict[str, Any]  # what was run: runs by study and status, models, counts, devices, dates (overview)
+    checks: list[Row]  # checks.csv: each target check with its status
+    check_counts: list[tuple[str, int]]  # (status, how many checks have it), CHECK_STATUSES first
+    noisy: list[dict[str, Any]]  # the cells whose throughput CV exceeds noise_cv_max, table by table (noisy_cells)
+    noise_cv_max: float  # targets.noise_cv_max: the CV above which a cell is noisy
+    headline: dict[str, Any]  # per model, its best figure at one GPU and at its most, grouped by unit (headline.headline_section)
+    # The system
+    inventory: dict[str, Any] | None  # the inventory laid out as lists, tables and text (inventory_view.describe_inventory); None without one, or where it is not of the runs' machines
+    inventory_problem: str | None  # why the inventory is not shown as this study's (study_files.inventory_problem); None where it is, or there is none
+    hosts: list[dict[str, Any]]  # every host and card the completed runs ran on, as their records say (inventory_view.hosts_of_runs)
+    software: Any  # the inventory's "software" entry as recorded; None without an inventory
+    # Results
+    scaling: dict[str, list[Row]]  # scaling.csv's rows by study ("strong", "weak")
+    scaling_unlabelled: list[Row]  # scaling.csv's rows when it has no study column
+    loss_view: list[Row]  # loss_decomposition.csv's rows, each part worded with its interval (loss_view.loss_rows)
+    sensitivity: list[Row]  # sensitivity.csv
+    ablation: list[Row]  # ablation.csv, the aggregation's variant order (baseline first) within a model and GPU count
+    parallelism: list[Row]  # parallelism.csv with each MFU's peak, the aggregation's strategy order within a model and GPU count
+    parallelism_why_empty: str  # why the parallelism section has no rows (parallelism_why_empty)
+    mfu_headers: dict[str, str]  # "runs" / "parallelism" -> that table's MFU column header, naming the peak where one is common
+    communication: list[Row]  # communication.csv: the all-reduce benchmark
+    ok_runs: list[Row]  # runs.csv's completed runs, with each MFU's peak and the names of the figures withheld from them
+    withheld_reasons: list[str]  # each reason a figure of a completed run is withheld, once (withheld_figures)
+    measured: dict[str, bool]  # MEASURED_COLUMNS -> whether any completed run has a value in it
+    nvml_reasons: list[str]  # why the runs' records have no NVML figures (e.g. a CPU run)
+    scaling_model_view: dict[str, Any]  # scaling_model.csv as its section shows it (scaling_model_view.scaling_model_section)
+    links: dict[str, dict[str, Any]]  # references.yaml's links, each with the efficiency the model uses (shown_links)
+    profiling: dict[str, Any]  # whether profiling was planned, and each profiled run (profiling_section)
+    # Measured vs published
+    nearest_published: dict[str, Any]  # the nearest published figure per measured model, and the references beside no run (nearest_published.report_context)
+    comparison_groups: dict[str, list[Row]]  # comparison.csv by group, "reproduction" and "context" (comparison_groups)
+    verdict_counts: list[tuple[str, int]]  # (verdict, how many references got it), VERDICTS first
+    tolerance: float  # targets.reproduce_tolerance: how far from 1 a ratio is still reproduced
+    references_path: str | None  # the references file by its folder and name (config/references.yaml), no path of the machine; None without one
+    peaks: list[dict[str, Any]]  # the GPU peak table, one entry per GPU (gpu_peaks)
+    # Failed or missing runs
+    unfinished: list[Row]  # runs.csv's runs whose status is not ok, worst first (unfinished)
+    inconsistent: list[Row]  # completed runs whose record disagrees with the plan (inconsistent)
+    # Cost of the study
+    cost: list[Row]  # cost.csv's per-study rows
+    cost_total: Row | None  # cost.csv's total row; None without one
+    # Reproducibility
+    provenance: dict[str, Any]  # the git commits, torch versions and devices the runs recorded (provenance)
+    all_runs: list[Row]  # runs.csv: every planned run, with its rerun command
+    config_json: str | None  # the resolved workflow config as JSON text; None without one
+    summary_json: str | None  # the aggregation's summary.json as text; None without one
+    # Versus baseline and history
+    history: dict[str, Any]  # the results store's view of the study and the comparison with the baseline (history_section)
+
+    def variables(self) -> dict[str, Any]:
+        """The fields by name, the templates' top-level variables (the values themselves, not copies)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
 def build_context(
@@ -369,7 +501,7 @@ def build_context(
     history_path: Path | None = None,
     versus_table_path: Path | None = None,
     versus_facts_path: Path | None = None,
-) -> dict[str, Any]:
+) -> ReportContext:
     """Everything the templates show, read and derived once."""
     tables = {name: read_table(Path(tables_dir), name) for name in TABLES}
     # What an empty table's section says: the file is absent, or there but without rows (e.g. a
@@ -381,8 +513,11 @@ def build_context(
     }
     runs, scaling = tables["runs"], tables["scaling"]
     inventory = read_json(inventory_path)
+    inventory_problem = study_files.inventory_problem(inventory, runs)
+    if inventory_problem is not None:  # another machine's: nothing of it is shown as this study's system
+        inventory = None
     config = read_json(config_path)
-    references_doc = read_yaml(references_path) or {}
+    references_doc = nearest_published.references_document(references_path)
     summary = read_json(Path(tables_dir) / "summary.json")
     ok = _ok_runs(runs)
     ok, tables["parallelism"], mfu_headers = mfu_columns(ok, tables["parallelism"])  # the peak each MFU is against
@@ -393,62 +528,69 @@ def build_context(
     # Why the runs have no NVML figures, as their records say (e.g. a CPU run).
     nvml_reasons = _unique(ok, "nvml_reason")
     targets = (config or {}).get("targets") or {} if isinstance(config, dict) else {}
-    return {
-        "empty": empty,
-        "cpu_study": bool(not ok.empty and "device_type" in ok.columns and set(ok["device_type"].dropna()) == {"cpu"}),
-        "tolerance": targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE),
-        "noise_cv_max": targets.get("noise_cv_max", DEFAULT_NOISE_CV_MAX),
-        "noisy": noisy_cells(tables),
-        "comparison_groups": comparison_groups(tables["comparison"]),
-        "verdict_counts": verdict_counts(tables["comparison"]),
-        "generated_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "overview": overview(runs),
-        "summary_json": json.dumps(summary, indent=2, sort_keys=True) if summary is not None else None,
-        "checks": rows(tables["checks"]),
-        "check_counts": _counts(tables["checks"], "status", CHECK_STATUSES),
-        "headline": headline_section(runs, scaling, inventory),
-        "study": study_identity(config, runs),  # the title: the study's name and what it was
-        "mfu_headers": mfu_headers,
-        "inventory": describe_inventory(readable_inventory(inventory)),
-        "software": (inventory or {}).get("software") if isinstance(inventory, dict) else None,
-        "scaling": {
+    return ReportContext(
+        study=study_identity(config, runs),
+        generated_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        tables_dir=os.path.relpath(tables_dir, report_dir) if report_dir is not None else Path(tables_dir).name,
+        source=report_source(config),
+        left_out=list((summary or {}).get("left_out") or []) if isinstance(summary, dict) else [],
+        sections=SECTIONS,
+        secno=section_numbers(),
+        sectitle=section_titles(),
+        empty=empty,
+        cpu_study=bool(not ok.empty and "device_type" in ok.columns and set(ok["device_type"].dropna()) == {"cpu"}),
+        figures={name: load_figure(plots_dir, name) for name in FIGURE_NAMES},
+        overview=overview(runs),
+        checks=rows(tables["checks"]),
+        check_counts=_counts(tables["checks"], "status", CHECK_STATUSES),
+        noisy=noisy_cells(tables),
+        noise_cv_max=targets.get("noise_cv_max", DEFAULT_NOISE_CV_MAX),
+        headline=headline_section(runs, scaling, inventory),
+        inventory=describe_inventory(readable_inventory(inventory)),
+        inventory_problem=inventory_problem,
+        hosts=hosts_of_runs(runs),
+        software=(inventory or {}).get("software") if isinstance(inventory, dict) else None,
+        scaling={
             study: rows(group, ("model", "gpus"))
             for study, group in (scaling.groupby("study", sort=True) if "study" in scaling.columns else [])
         },
-        "scaling_unlabelled": rows(scaling, ("model", "gpus")) if "study" not in scaling.columns else [],
-        "sensitivity": rows(tables["sensitivity"], ("model", "gpus", "precision", "per_gpu_batch", "bucket_cap_mb")),
-        # The aggregation's variant order (baseline first) is kept within a model and GPU count.
-        "ablation": rows(tables["ablation"], ("model", "gpus")),
-        # the aggregation's strategy order (matrix order) is kept within a model and GPU count
-        "parallelism": rows(tables["parallelism"], ("model", "gpus")),
-        "parallelism_why_empty": parallelism_why_empty(config, empty["parallelism"]),
-        "communication": rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
-        "comparison": rows(tables["comparison"], ("model", "gpus", "metric", "reference")),
-        "loss_view": loss_rows(rows(tables["loss_decomposition"], ("study", "model", "gpus"))),
-        "scaling_model": rows(tables["scaling_model"], ("study", "model", "gpus")),
-        "scaling_model_view": scaling_model_section(rows(tables["scaling_model"], ("study", "model", "gpus")), runs, empty["scaling_model"]),
-        "links": (references_doc.get("links") or {}),
-        "nearest_published": nearest_published.report_context(runs, references_path, tables["comparison"]),
-        "peaks": gpu_peaks(),
-        "references_path": str(references_path) if references_path is not None else None,
-        "ok_runs": rows(ok, ("study", "model", "gpus", "variant", "repeat", "run_id")),
-        "measured": measured,
-        "nvml_reasons": nvml_reasons,
-        "unfinished": unfinished(runs),
-        "inconsistent": inconsistent(runs),
-        "cost": cost,
-        "cost_total": cost_total,
-        "provenance": provenance(runs),
-        "all_runs": rows(runs, ("study", "model", "gpus", "variant", "repeat", "run_id")),
-        "config_json": json.dumps(config, indent=2) if config is not None else None,
-        "figures": {name: load_figure(plots_dir, name) for name in FIGURE_NAMES},
-        "sections": SECTIONS,
-        "secno": section_numbers(),
-        "sectitle": section_titles(),
-        "tables_dir": str(tables_dir),
-        "profiling": profiling_section(Path(tables_dir), report_dir),
-        "history": history_section(history_path, versus_table_path, versus_facts_path, plots_dir, config),
-    }
+        scaling_unlabelled=rows(scaling, ("model", "gpus")) if "study" not in scaling.columns else [],
+        loss_view=loss_rows(rows(tables["loss_decomposition"], ("study", "model", "gpus"))),
+        sensitivity=rows(tables["sensitivity"], ("model", "gpus", "precision", "per_gpu_batch", "bucket_cap_mb")),
+        ablation=rows(tables["ablation"], ("model", "gpus")),
+        parallelism=rows(tables["parallelism"], ("model", "gpus")),
+        parallelism_why_empty=parallelism_why_empty(config, empty["parallelism"]),
+        mfu_headers=mfu_headers,
+        communication=rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
+        ok_runs=[Row({**row, "withheld": withheld_figures(row.get("withheld"))[0]}) for row in rows(ok, ("study", "model", "gpus", "variant", "repeat", "run_id"))],
+        withheld_reasons=sorted({reason for value in ok.get("withheld", pd.Series(dtype=object)) for reason in withheld_figures(value)[1]}),
+        measured=measured,
+        nvml_reasons=nvml_reasons,
+        scaling_model_view=scaling_model_section(rows(tables["scaling_model"], ("study", "model", "gpus")), runs, empty["scaling_model"]),
+        links=shown_links(references_doc.get("links")),
+        profiling=profiling_section(Path(tables_dir), report_dir),
+        nearest_published=nearest_published.report_context(runs, references_path, tables["comparison"]),
+        comparison_groups=comparison_groups(tables["comparison"]),
+        verdict_counts=verdict_counts(tables["comparison"]),
+        tolerance=targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE),
+        references_path=f"{references_path.parent.name}/{references_path.name}" if references_path is not None else None,
+        peaks=gpu_peaks(),
+        unfinished=unfinished(runs),
+        inconsistent=inconsistent(runs),
+        cost=cost,
+        cost_total=cost_total,
+        provenance=provenance(runs),
+        all_runs=rows(runs, ("study", "model", "gpus", "variant", "repeat", "run_id")),
+        config_json=json.dumps(config, indent=2) if config is not None else None,
+        summary_json=json.dumps(summary, indent=2, sort_keys=True) if summary is not None else None,
+        history=history_section(history_path, versus_table_path, versus_facts_path, plots_dir, config),
+    )
+
+
+def render_context(context: ReportContext, templates_dir: str | os.PathLike[str]) -> str:
+    """The report of ``context`` as one HTML string, from ``<templates_dir>/templates/report.html.j2``
+    (and its partials) and ``<templates_dir>/style.css``."""
+    return make_environment(Path(templates_dir)).get_template("report.html.j2").render(context.variables())
 
 
 def render(
@@ -465,7 +607,6 @@ def render(
 ) -> str:
     """The report as one HTML string. ``templates_dir`` holds ``templates/report.html.j2`` (and
     its partials) and ``style.css``. Missing inputs become visible holes, never errors."""
-    environment = make_environment(Path(templates_dir))
     context = build_context(
         Path(tables_dir),
         Path(plots_dir) if plots_dir is not None else None,
@@ -475,8 +616,7 @@ def render(
         Path(report_dir) if report_dir is not None else None,
         *(Path(p) if p is not None else None for p in (history_path, versus_table_path, versus_facts_path)),
     )
-    context["css"] = _stylesheet(Path(templates_dir))
-    return environment.get_template("report.html.j2").render(**context)
+    return render_context(context, templates_dir)
 
 
 _PROG = "scalerepro.analysis.presentation.report"

@@ -60,8 +60,7 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
                 row[key] = None
             reference = REFERENCE_NOTE if _number(row.get("step_time_measured_s")) is not None else None  # none without a measured step
             row["note"] = "; ".join(filter(None, [reference, row.get("note")])) or None
-        else:
-            row["loss_source"] = loss_source(row)
+        row["loss_source"] = loss_source(row)  # None for the reference row: it predicts nothing, so loses nothing
         if row.get("cluster"):
             # the cluster's network and the model's typical error there are said once, above the table
             row["network"] = None

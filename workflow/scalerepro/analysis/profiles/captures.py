@@ -255,30 +255,35 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
     }
 
 
-def study_summaries(results: Path, config: Mapping[str, Any], matrix: pd.DataFrame) -> list[dict[str, Any]]:
+def study_summaries(results: Path, config: Mapping[str, Any], matrix: pd.DataFrame) -> tuple[list[dict[str, Any]], list[str]]:
     """Every profiled run's summary of a study's results folder, made again from its captures with
     today's code (what ``rebuild`` needs to read an old study with today's analysis) and written
     to its summary.json; a run whose captures are gone keeps the summary.json it has. The
     profile_summary rule's inputs: the classification thresholds and configured peaks of the
-    config, the run's precision from the matrix and its GPU from its record."""
+    config, the run's precision from the matrix and its GPU from its record (``record_file``:
+    readers.read_matrix's). A profile folder of a run the matrix does not plan is another study's:
+    left out, and named in the second list."""
     profiling = config.get("profiling") or {}
     thresholds = {**DEFAULT_THRESHOLDS, **(profiling.get("classification") or {})}
     planned = matrix.set_index("run_id") if "run_id" in matrix.columns else pd.DataFrame()
-    summaries = []
+    summaries, left_out = [], []
     for run_dir in sorted(p for p in (results / "profiles").glob("*") if p.is_dir()):
+        if run_dir.name not in planned.index:
+            left_out.append(f"profiles/{run_dir.name}: a profile of a run this study did not plan: not shown")
+            continue
         kept = run_dir / "summary.json"
         if not any(child.is_dir() for child in run_dir.iterdir()):
             if kept.is_file():
                 summaries.append(json.loads(kept.read_text()))
             continue
-        row = planned.loc[run_dir.name] if run_dir.name in planned.index else {}
-        record = Path(str(row.get("record") or ""))
+        row = planned.loc[run_dir.name]
+        record = Path(str(row.get("record_file") or ""))
         document = json.loads(record.read_text()) if record.is_file() else {}
         device = ((document.get("hardware") or {}).get("gpu") or {}).get("name") if isinstance((document.get("hardware") or {}).get("gpu"), dict) else None
         summary = summarize(run_dir, run_dir.name, thresholds, None, profiling.get("gpu_peaks"), str(row.get("precision") or "") or None, device)
         write_text_atomically(kept, json.dumps(summary, indent=2, default=str) + "\n")
         summaries.append(summary)
-    return summaries
+    return summaries, left_out
 
 
 _PROG = "scalerepro.analysis.profiles.captures"

@@ -158,14 +158,17 @@ from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAUL
 from scalerepro.analysis.tables import loss_decomposition, scaling_model
 from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, parallelism_table, scaling_table, sensitivity_table
 from scalerepro.analysis.tables.checking import checks_table, cpu_study, parse_checks
-from scalerepro.analysis.tables.readers import communication_table, read_matrix, read_runs
+from scalerepro.analysis.study_files import LeftOut, comm_problem
+from scalerepro.analysis.tables.readers import communication_table, read_comm, read_matrix, read_runs
 from scalerepro.analysis.tables.reproduction import comparison_table, read_references, read_target_gpu
 from scalerepro.common.cli import OneLineErrorParser, bounded_int, error_boundary
+from scalerepro.common.study_layout import study_folder_of
 from scalerepro.common.files import write_text_atomically
 
 
-def summarise(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
-    """The aggregation at a glance, for summary.json and the log."""
+def summarise(tables: Mapping[str, pd.DataFrame], left_out: Sequence[str] = ()) -> dict[str, Any]:
+    """The aggregation at a glance, for summary.json and the log; ``left_out``: the files beside
+    the records not taken as this study's, each with why (study_files)."""
     runs, checks = tables["runs"], tables["checks"]
     statuses = runs["status"].value_counts()
     return {
@@ -183,6 +186,7 @@ def summarise(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
         "cpu_study": cpu_study(runs),
         "noisy_cells": int(sum(tables[name]["noisy"].fillna(False).astype(bool).sum()
                                for name in ("scaling", "sensitivity", "ablation", "parallelism") if name in tables)),
+        "left_out": list(left_out),
     }
 
 
@@ -193,12 +197,32 @@ def aggregate(
     targets: Mapping[str, Any],
     predict_gpus: Sequence[int] = scaling_model.DEFAULT_PREDICT_GPUS,
     predict_cluster: str | None = None,
+    study: str | os.PathLike[str] | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """Every table, by file stem (see the module docstring)."""
-    comm_paths = list(comm_paths)
+    """Every table, by file stem (see the module docstring). ``study``: the study folder the
+    matrix's record paths resolve in (readers.read_matrix), by default the matrix's own."""
+    return aggregate_study(matrix_path, comm_paths, references_path, targets, predict_gpus, predict_cluster, study)[0]
+
+
+def aggregate_study(
+    matrix_path: str | os.PathLike[str],
+    comm_paths: Iterable[str | os.PathLike[str]],
+    references_path: str | os.PathLike[str],
+    targets: Mapping[str, Any],
+    predict_gpus: Sequence[int] = scaling_model.DEFAULT_PREDICT_GPUS,
+    predict_cluster: str | None = None,
+    study: str | os.PathLike[str] | None = None,
+) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """``aggregate``'s tables, and the files it did not take as this study's, each with why: an
+    all-reduce result that is not of the runs' communication (study_files.comm_problem)."""
     tolerance = targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE)
     noise = targets.get("noise_cv_max", DEFAULT_NOISE_CV_MAX)
-    runs, epochs, losses = read_runs(read_matrix(matrix_path))
+    matrix = read_matrix(matrix_path, study)
+    runs, epochs, losses = read_runs(matrix)
+    folder = Path(study) if study is not None else study_folder_of(matrix_path)
+    named = lambda path: os.path.relpath(path, folder) if Path(path).resolve().is_relative_to(folder.resolve()) else Path(path).name  # noqa: E731
+    left_out = [str(LeftOut(named(path), why)) for path in comm_paths if (why := comm_problem(read_comm(path), runs))]
+    comm_paths = [path for path in comm_paths if not comm_problem(read_comm(path), runs)]
     references = read_references(references_path)
     tables = {
         "runs": runs,
@@ -214,13 +238,13 @@ def aggregate(
     }
     tables["checks"] = checks_table(tables, targets)
     tables["scaling_model"] = scaling_model.scaling_model_table(
-        runs, tables["scaling"], comm_paths, references_path, predict_gpus, predict_cluster
+        runs, tables["scaling"], comm_paths, references_path, predict_gpus, predict_cluster, dict(zip(matrix["run_id"], matrix["record_file"]))
     )
     tables["loss_decomposition"] = loss_decomposition.loss_decomposition_table(runs, tables["scaling"])
-    return tables
+    return tables, left_out
 
 
-def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[str], left_out: Sequence[str] = ()) -> dict[str, Any]:
     """Write ``<name>.csv`` per table and summary.json into ``out_dir``; returns the summary."""
     if set(tables) != set(AGGREGATE_TABLES):
         raise ValueError(f"the tables are {sorted(tables)}, not the rule's outputs {sorted(AGGREGATE_TABLES)} (analysis/columns.py)")
@@ -228,7 +252,7 @@ def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():  # each file whole or not at all (a full disk keeps the last)
         write_text_atomically(out / f"{name}.csv", table.to_csv(index=False))
-    summary = summarise(tables)
+    summary = summarise(tables, left_out)
     write_text_atomically(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -274,8 +298,10 @@ def main(argv: list[str]) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    tables = aggregate(args.matrix, args.comm, args.references, args.targets, args.predict_gpus, args.predict_cluster)
-    summary = write_tables(tables, args.out)
+    tables, left_out = aggregate_study(args.matrix, args.comm, args.references, args.targets, args.predict_gpus, args.predict_cluster)
+    summary = write_tables(tables, args.out, left_out)
+    for line in left_out:
+        print(f"aggregate: left out {line}", file=sys.stderr)
     print(
         f"aggregate: {summary['runs']} runs {summary['status']}, checks {summary['checks']}, "
         f"{len(tables)} tables in {args.out} ({time.perf_counter() - start:.2f} s)",

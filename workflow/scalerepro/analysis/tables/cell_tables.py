@@ -33,9 +33,12 @@ def _joined(values: pd.Series) -> str:
 
 
 def counts(runs: pd.DataFrame) -> pd.Series:
-    """The runs that count: completed, and the record agrees with the plan (the ``counts``
-    column of runs.csv; read that column, do not call this again)."""
-    return (runs["status"].eq("ok") & runs["consistent"].ne(False).fillna(True)).astype(bool)
+    """The runs that count: completed, the record agrees with its plan and its cell's other
+    repeats (``consistent``), and the run was a measurement (not a smoke run, whose figures are
+    by-products of checking a code path). The ``counts`` column of runs.csv: read that column,
+    do not call this again."""
+    measurement = runs["purpose"].fillna("measurement").eq("measurement") if "purpose" in runs.columns else True
+    return (runs["status"].eq("ok") & runs["consistent"].ne(False).fillna(True) & measurement).astype(bool)
 
 
 def _values(runs: pd.DataFrame, column: str) -> pd.Series:
@@ -176,6 +179,15 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
         [NO_REPEAT, "no completed baseline run: gain undefined", _noise_note(cells)],
         "",
     )
+    # The trainer's fp32 is IEEE fp32 on the GPU for convolutions too (training.trainer:
+    # _precision_setup), where stock PyTorch lets cuDNN run fp32 convolutions as TF32: a baseline
+    # stricter than stock, so each gain against it is larger than against stock PyTorch.
+    strict = _strict_fp32_baselines(ablation)
+    for index, (model, gpus) in enumerate(zip(cells["model"], cells["gpus"])):
+        if (model, gpus) in strict:
+            if cells["variant"].iloc[index] == "baseline" or pd.notna(cells["gain"].iloc[index]):
+                words = STRICT_FP32 if cells["variant"].iloc[index] == "baseline" else "a gain against that stricter baseline"
+                cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], words]))
     # A bf16 cell on a CPU that emulates bf16 loses against fp32 by the emulation, not by a fault of
     # the lever: its records say so (knobs.precision_reason), and so does its row.
     emulated = _emulated_bf16(ablation)
@@ -184,6 +196,16 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
         if reason:
             cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], f"bf16 emulated on this CPU: {reason}"]))
     return cells[list(ABLATION_COLUMNS)]
+
+
+STRICT_FP32 = "a baseline stricter than stock PyTorch: fp32 with TF32 off for convolutions as for matmuls (stock PyTorch runs fp32 convolutions as TF32)"
+
+
+def _strict_fp32_baselines(runs: pd.DataFrame) -> set[tuple]:
+    """(model, gpus) of the ablations whose counted baseline runs trained fp32 on a GPU."""
+    base = runs[runs["counts"].fillna(False).astype(bool) & runs["variant"].eq("baseline")]
+    base = base[base["precision_recorded"].eq("fp32") & base["device_type"].eq("cuda")]
+    return set(zip(base["model"], base["gpus"]))
 
 
 def _emulated_bf16(runs: pd.DataFrame) -> dict[tuple, str]:

@@ -62,6 +62,7 @@ CHECK_LABELS = {"scaling": "model", "sensitivity": "model", "ablation": "model",
 CHECK_REASONS = {"scaling": "note", "sensitivity": "note", "ablation": "note", "parallelism": "note", "runs": "nvml_reason",
                  "comparison": "verdict"}  # fmt: skip
 REDUCTIONS = ("worst", "best", "mean", "median")
+REDUCED = {"worst": "the worst", "best": "the best", "mean": "the mean", "median": "the median"}
 DIRECTIONS = ("min", "max")  # min: the measured value must reach the threshold; max: stay under it
 CHECK_UNITS = ("fraction", "percent", "signed fraction")
 
@@ -209,10 +210,17 @@ def evaluate(check: Check, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]
     table = tables[check.table]
     label = CHECK_LABELS[check.table]
     chosen, where = select(table, check.where)
-    target = f"{check.description} {check.operator} {check.text(check.threshold)}" + (f" ({where})" if where else "")
+    # the target as its definition reads, so that one definition reads one way in every report
+    # and two definitions under one name read apart: what is reduced, how, over which rows
+    target = f"{check.description}: {REDUCED[check.reduce]} {check.metric} {check.operator} {check.text(check.threshold)}" + (
+        f" over the {check.table} rows where {where}" if where else f" over every {check.table} row"
+    )
     done = chosen.dropna(subset=[check.metric])
     if done.empty:
         reason = CHECK_REASONS.get(check.table)
+        if check.table == "runs" and "withheld" in chosen.columns:  # the records hold the figure wrongly: say so, not that it is absent
+            chosen = chosen.assign(withheld_why=[_withheld_why(text, check.metric) for text in chosen["withheld"]])
+            reason = "withheld_why" if chosen["withheld_why"].notna().any() else reason
         reasons = []  # each reason once, with the rows it is given for
         if reason in chosen.columns:
             for text, labels in chosen.dropna(subset=[reason]).groupby(reason, sort=False)[label]:
@@ -243,6 +251,15 @@ def evaluate(check: Check, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]
     return _verdict(check, target, detail, measured, interval)
 
 
+def _withheld_why(withheld: Any, metric: str) -> str | None:
+    """Why a run's ``metric`` is withheld, from runs.csv's withheld ("<columns>: <why>; ..."), or None."""
+    for entry in str(withheld or "").split(" | "):
+        columns, _, why = entry.partition(": ")
+        if metric in columns.split(", "):
+            return f"withheld: {why}"
+    return None
+
+
 def cpu_study(runs: pd.DataFrame) -> bool:
     """Every run that counts ran on the CPU (and at least one did)."""
     types = set(runs.loc[runs["counts"], "device_type"].dropna())
@@ -250,10 +267,11 @@ def cpu_study(runs: pd.DataFrame) -> bool:
 
 
 def checks_table(tables: Mapping[str, pd.DataFrame], targets: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per entry of ``targets['checks']``, in their order, each judged against its
+    """One row per entry of ``targets['checks']``, by name, each judged against its
     threshold. On a CPU study the thresholds are the CPU's (the config's cpu_overrides set them)
     and each row says what a CPU study judges: ranks sharing one host's cores are not a cluster."""
-    rows = [evaluate(check, tables) for check in parse_checks(targets)]
+    # by name: one order in every report, whatever order the study's config kept its checks in
+    rows = [evaluate(check, tables) for check in sorted(parse_checks(targets), key=lambda check: check.name)]
     if rows and cpu_study(tables["runs"]):
         for row in rows:
             if row["status"] != "not measured":

@@ -52,6 +52,7 @@ import pandas as pd
 from scalerepro.analysis.columns import REFERENCE_COLUMNS
 from scalerepro.analysis.tables import repeats
 from scalerepro.analysis.tables.reproduction import _same_device, read_references, recorded_conditions
+from scalerepro.common.references import load_optional_references
 
 # References that are measurements; "expected (seed document)" is a planning document's expectation.
 NEAREST_KINDS = ("published", "mlperf")
@@ -304,8 +305,9 @@ def _why_none(references: pd.DataFrame, model: str, device: str) -> str:
     if len(mention):
         ids = sorted(mention["id"].astype(str))
         families = sorted({re.sub(r"-\d+$", "-*", i) for i in ids})
-        reason = str(mention["unmatched"].iloc[0])
-        text += f". Not set beside it: {', '.join(families)}, another model (references.yaml: \u201c{reason}\u201d)"
+        # the entry's unmatched reads "<condition>: <why>"; the reader needs the why
+        reason = str(mention["unmatched"].iloc[0]).split(": ", 1)[-1]
+        text += f". Not set beside it: {', '.join(families)}, another model: {reason}"
     return text + "."
 
 
@@ -556,6 +558,12 @@ def unshown_references(references: pd.DataFrame, nearest: Sequence[Mapping[str, 
     order = ("a nearer", "a whole-job", "no ", "another GPU", "expected")
     group = {r["id"]: next((i for i, w in enumerate(order) if r["why"].startswith(w)), len(order)) for r in out}
     return sorted(out, key=lambda r: (group[r["id"]], str(r["gpu"]), str(r["model"]), r["gpus"] or 0))
+
+
+def references_document(references_path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """The references file for what else the report shows of it (the links), checked against its
+    schema as everywhere; empty without one."""
+    return load_optional_references(references_path)
 
 
 def report_context(runs: pd.DataFrame, references_path: str | os.PathLike[str] | None, comparison: pd.DataFrame) -> dict[str, Any]:

@@ -23,8 +23,21 @@ from scalerepro.analysis.columns import (
     RECORD_FIELDS,
     RUN_COLUMNS,
 )
-from scalerepro.analysis.evidence import FIGURE_BOUNDS, EvidenceError, dig, figure_problems, identity_problem, read_json_document
+from scalerepro.analysis.evidence import (
+    FIGURE_BOUNDS,
+    EvidenceError,
+    dig,
+    figure_problems,
+    identity_problem,
+    plan_problems,
+    read_json_document,
+    record_problems,
+    record_purpose,
+    schema_problem,
+    withheld,
+)
 from scalerepro.analysis.tables.cell_tables import counts
+from scalerepro.common import study_layout
 from scalerepro.common.cli import CommandError
 from scalerepro.common.cuda_graphs import replays_cuda_graphs
 
@@ -49,35 +62,50 @@ def cuda_graph_replays(document: dict[str, Any]) -> bool:
 LOG_TAIL_BYTES = 4096  # enough for the last lines of a train.log, however long the log
 
 
-def _log_ending(log: Path) -> str:
+def _log_ending(log: Path, record_named: str) -> str:
     """Where a run left no record but its job's log is there (a run stopped or crashed before
-    its record was written): "; its log ends: <last line> (<log>)", else ""."""
+    its record was written): "; its log ends: <last line> (<log>)", the log named beside the
+    record as the study names it, else ""."""
     try:
         with log.open("rb") as handle:
             handle.seek(max(0, handle.seek(0, 2) - LOG_TAIL_BYTES))
             lines = [line.strip() for line in handle.read().decode("utf-8", "replace").splitlines() if line.strip()]
     except OSError:
         return ""
-    return f"; its log ends: {lines[-1][:300]} ({log})" if lines else ""
+    return f"; its log ends: {lines[-1][:300]} ({Path(record_named).parent / log.name})" if lines else ""
 
 
-def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[tuple], list[tuple]]:
-    """One record as (its runs.csv fields, its epochs.csv rows, its loss_log.csv rows).
-    A record that is absent, unreadable, out of bounds (``evidence.read_json_document``) or
-    another run's (``planned``: the matrix's run id and model, ``evidence.identity_problem``)
-    gives status "missing" and the reason as its error: the run has no record of its own. One
-    whose figures are no measurement (``evidence.figure_problems``: negative, infinite, NaN, text)
-    gives status "failed"."""
+def read_record(
+    run_id: str, path: str, planned: dict[str, Any] | None = None, named: str | None = None
+) -> tuple[dict[str, Any], list[tuple], list[tuple]]:
+    """One record as (its runs.csv fields, its epochs.csv rows, its loss_log.csv rows), read at
+    ``path`` and named in its messages ``named`` (the matrix's path, as the study names it: a
+    message shows no path of the machine that read it), by default ``path``.
+
+    A record that is absent, unreadable, out of bounds (``evidence.read_json_document``), of a
+    schema this code does not read, or another run's (``planned``: the matrix row, whose run id and
+    model it must state: ``evidence.identity_problem``) gives status "missing" and the reason as
+    its error: the run has no record of its own. One whose figures are no measurement
+    (``evidence.figure_problems``: negative, infinite, NaN, text) or do not agree with each other
+    (``evidence.record_problems``) gives status "failed". A completed run whose record departs from
+    the rest of its plan (``evidence.plan_problems``) is not ``consistent``, and says why in
+    ``consistency``. A figure the record is known to hold wrongly (``evidence.withheld``) is
+    empty, and ``withheld`` says why."""
+    planned = planned or {}
+    shown = named or path
     try:
         document = read_json_document(path)
     except FileNotFoundError:
-        return {"run_id": run_id, "status": "missing", "error": f"no run record at {path}{_log_ending(Path(path).parent / 'train.log')}"}, [], []
+        return {"run_id": run_id, "status": "missing", "error": f"no run record at {shown}{_log_ending(Path(path).parent / 'train.log', shown)}"}, [], []
     except (OSError, ValueError) as error:
-        why = str(error) if isinstance(error, EvidenceError) else f"unreadable run record {path}: {error}"
+        why = str(error).replace(str(path), shown) if isinstance(error, EvidenceError) else f"unreadable run record {shown}: {error}"
         return {"run_id": run_id, "status": "missing", "error": f"{why}: rerun this run"}, [], []
-    other = identity_problem(document, planned or {})
+    unreadable = schema_problem(document)
+    if unreadable:
+        return {"run_id": run_id, "status": "missing", "error": f"the record at {shown} cannot be read here: {unreadable}"}, [], []
+    other = identity_problem(document, {key: planned[key] for key in ("run_id", "model") if key in planned})
     if other:
-        return {"run_id": run_id, "status": "missing", "error": f"the record at {path} is not this run's: {other}: rerun this run"}, [], []
+        return {"run_id": run_id, "status": "missing", "error": f"the record at {shown} is not this run's: {other}: rerun this run"}, [], []
     fields = {column: dig(document, where) for column, where in RECORD_FIELDS.items()}
     if fields["per_gpu_batch_recorded"] is None:  # records of schema version 2 name it batch.per_rank
         fields["per_gpu_batch_recorded"] = dig(document, ("batch", "per_rank"))
@@ -87,11 +115,13 @@ def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None) -
     if cuda_graph_replays(document) and memory.get("reserved_bytes_max") is not None:
         # A CUDA graph's replay allocates nothing through the caching allocator: its activations
         # live in the graph's private pool, which the window's "allocated" peak never sees
-        # (ResNet-50 on an H100, 2026-11-26: 0.56 GiB allocated, 12.7 GiB reserved). The reserved
-        # peak holds the pools; it bounds the step's memory from above (cached free blocks count too).
+        # (ResNet-50 on an H100: 0.56 GiB allocated, 12.7 GiB reserved). The reserved peak holds
+        # the pools; it bounds the step's memory from above (cached free blocks count too).
         allocated, allocated_kind = memory["reserved_bytes_max"], "cuda_reserved"
     history = document.get("history") or []
     last = history[-1] if history else {}
+    purpose, purpose_basis = record_purpose(document)
+    reasons = dig(document, ("measurements", "nvml", "clock_event_reasons"))
     fields.update(
         run_id=run_id,
         error=dig(document, ("error", "message")),
@@ -101,21 +131,43 @@ def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None) -
         final_eval_loss=last.get("eval_loss"),
         final_eval_accuracy=last.get("eval_accuracy"),
         device_name=dig(document, ("hardware", "gpu", "name")) or dig(document, ("hardware", "cpu_model")),
+        hostname=dig(document, ("hardware", "hostname")) or ", ".join(dig(document, ("parallel", "hostnames")) or []) or None,
+        purpose_recorded=purpose,
+        purpose_basis=purpose_basis,
+        clock_event_reasons=_reason_shares(reasons),
         **_sharding(dig(document, ("measurements",))),
     )
     nonsense = figure_problems(fields)
+    empty = fields["status"] == "ok" and not (dig(document, ("measurements", "measured_steps")) and fields["samples_per_s"])
+    nonsense += record_problems(document) if not nonsense and not empty else []
     if nonsense:
-        # a figure no measurement gives: the record is no evidence of a result (nor of the figure)
+        # a figure no measurement gives, or figures that disagree with each other: the record is
+        # no evidence of a result (nor of any of its figures)
         fields.update({name: None for name in FIGURE_BOUNDS if name in fields})
         fields.update(status="failed", error=f"the record's figures are no measurement ({'; '.join(nonsense)}): rerun this run")
-    elif fields["status"] == "ok" and not (dig(document, ("measurements", "measured_steps")) and fields["samples_per_s"]):
+    elif empty:
         # A record with no measurements is a failure, whatever it says of itself.
         fields.update(status="failed", error="the record says ok but its measured window is empty (no steps, no throughput)")
+    defects = withheld(document)
+    fields.update({column: None for defect in defects for column in defect.columns if column in fields})
+    fields["withheld"] = " | ".join(f"{', '.join(defect.columns)}: {defect.why}" for defect in defects) or None  # "<columns>: <why> | ..."
+    departures = plan_problems(document, planned) if fields["status"] == "ok" else []
+    fields["consistency"] = "; ".join(departures) or None
     if fields["scheduler_job_id"] is not None:
         fields["scheduler_job_id"] = str(fields["scheduler_job_id"])  # an integer or a string in the schema
     epochs = [(run_id, *map(entry.get, EPOCH_COLUMNS[1:])) for entry in history]
     losses = [(run_id, *map(entry.get, LOSS_COLUMNS[1:])) for entry in document.get("loss_log") or []]
     return fields, epochs, losses
+
+
+def _reason_shares(reasons: Any) -> str | None:
+    """measurements.nvml.clock_event_reasons (reason -> share of the window's samples it was
+    active in) as text, most frequent first: "sw_power_cap 92 %, ..."; "none" where NVML read
+    them and none was active; None where not read."""
+    if not isinstance(reasons, dict):
+        return None
+    shares = sorted(((str(name), share) for name, share in reasons.items() if isinstance(share, (int, float))), key=lambda item: -item[1])
+    return ", ".join(f"{name} {100 * share:.0f} %" for name, share in shares) or "none"
 
 
 def _sharding(measurements: Any) -> dict[str, Any]:
@@ -162,7 +214,12 @@ def _memory_split(split: Any) -> dict[str, Any]:
 MAX_MATRIX_BYTES = 64 << 20
 
 
-def read_matrix(path: str | os.PathLike[str]) -> pd.DataFrame:
+def read_matrix(path: str | os.PathLike[str], study: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """The study matrix at ``path``, checked, with each run's record file (``record_file``: the
+    matrix's ``record`` resolved inside the study folder by ``study_layout.record_file``).
+    ``study``: the study folder, by default the one the matrix lies in (``<study>/tables/matrix.csv``).
+    A record path that resolves outside the study folder is refused: a study is read from its own
+    files, never from whatever lies beside it."""
     size = Path(path).stat().st_size
     if size > MAX_MATRIX_BYTES:
         raise TableInputError(f"{path} is {size / 2**20:.0f} MiB, larger than any study matrix ({MAX_MATRIX_BYTES >> 20} MiB): make it again (rule study_matrix)")
@@ -181,38 +238,94 @@ def read_matrix(path: str | os.PathLike[str]) -> pd.DataFrame:
         matrix[column] = matrix[column].fillna(default) if column in matrix.columns else default
     # data_parallel: the replicas reading different data; every rank is one under DDP (older matrices)
     matrix["data_parallel"] = matrix["data_parallel"].fillna(matrix["gpus"]).astype(int)
-    return matrix.assign(variant=matrix["variant"].fillna(""), grad_accum_steps=matrix["grad_accum_steps"].astype(int))
+    folder = Path(study) if study is not None else study_layout.study_folder_of(path)
+    files = []
+    for run_id, recorded in zip(matrix["run_id"], matrix["record"].fillna("")):
+        try:
+            files.append(str(study_layout.record_file(recorded, folder)) if recorded else "")
+        except study_layout.OutsideStudy as error:
+            raise TableInputError(
+                f"{path}: the record of run {run_id}, {error}: a study is read from its own folder (give the folder that holds "
+                "its tables/ and runs/, whatever it is called)"
+            ) from None
+    return matrix.assign(variant=matrix["variant"].fillna(""), grad_accum_steps=matrix["grad_accum_steps"].astype(int), record_file=files)
+
+
+# The conditions a record states beside its plan that change its figures: the repeats of a cell
+# agree on each, or the cell mixes configurations and none of its runs counts.
+CELL_CONDITIONS = {
+    "device_name": "device", "data_kind": "data", "image_size": "image size", "seq_len": "sequence length",
+    "compile_mode": "compile mode", "channels_last": "memory format (channels_last)", "loader": "loader",
+    "optimizer_impl": "optimizer implementation", "cudnn_benchmark": "cuDNN benchmark",
+}  # fmt: skip
+# What makes a matrix row one repeat of a cell: every planned column but these.
+NOT_CELL_COLUMNS = ("run_id", "repeat", "record", "record_file", "rerun", "runtime_min")
+
+
+def _distinct(values: pd.Series) -> list[str]:
+    return sorted({str(v) for v in values.dropna()})
+
+
+def _mixed_cells(runs: pd.DataFrame) -> pd.Series:
+    """Why each completed run's cell mixes configurations ("" where it does not). The completed
+    repeats of a cell must agree on every condition of CELL_CONDITIONS (each stated by all or by
+    none): where they do not, none of the cell's runs counts, since which of them ran the
+    configuration cannot be told. And for the strong and weak studies, whose efficiencies set a
+    model's GPU counts against each other, a run on another device than most of that model's runs
+    in the study does not count (with no device most ran on, none counts)."""
+    why = pd.Series("", index=runs.index, dtype=object)
+
+    def add(index: pd.Index, text: str) -> None:
+        why.loc[index] = [f"{existing}; {text}" if existing else text for existing in why.loc[index]]
+
+    done = runs[runs["status"].eq("ok") & runs["consistency"].isna()]
+    keys = [column for column in runs.columns if column in MATRIX_COLUMNS + tuple(OPTIONAL_MATRIX_COLUMNS) and column not in NOT_CELL_COLUMNS]
+    for _, cell in done.groupby(keys, dropna=False, sort=False):
+        differing = []
+        for column, name in CELL_CONDITIONS.items():
+            values, stated = _distinct(cell[column]), int(cell[column].notna().sum())
+            if len(values) > 1 or (values and stated < len(cell)):
+                differing.append(f"{name} ({', '.join(values + (['not stated'] if stated < len(cell) else []))})")
+        if differing:
+            add(cell.index, f"its repeats differ in {'; '.join(differing)}")
+    for (study, model), group in done[done["study"].isin(["strong", "weak"])].groupby(["study", "model"], sort=False):
+        devices = group["device_name"].fillna("not stated").value_counts()
+        if len(devices) > 1:
+            most = devices.index[0] if devices.iloc[0] > len(group) / 2 else None
+            others = group.index[group["device_name"].fillna("not stated").ne(most)] if most is not None else group.index
+            add(others, f"the {study} study's {model} runs ran on {', '.join(sorted(devices.index))}: its efficiencies would set one against another")
+    return why
 
 
 def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """runs, epochs and loss_log tables: every matrix row left-joined with its record."""
+    """runs, epochs and loss_log tables: every matrix row left-joined with its record (read from
+    ``record_file``, read_matrix's resolution of the matrix's path)."""
     # Sequential on purpose: json.loads holds the GIL and a page-cached read is ~20 us, so a
     # thread pool was measured slower (10,000 records: 1.5-2.8 s with 2-8 threads vs 1.1 s).
-    # the run each record must be: its run id (where a study planned it: rebuild --records names
-    # runs after their files) and its model
-    planned = [
-        {"model": model, **({"run_id": run_id} if study != RECORDS_STUDY else {})}
-        for run_id, model, study in zip(matrix["run_id"], matrix["model"], matrix["study"])
-    ]
-    parsed = list(map(read_record, matrix["run_id"], matrix["record"], planned))
+    # The run each record must be is its matrix row: its run id (where a study planned it:
+    # rebuild --records names runs after their files), its model and every knob the plan sets.
+    rows = matrix.drop(columns=[c for c in NOT_CELL_COLUMNS if c != "run_id"], errors="ignore").to_dict("records")
+    planned = [{k: v for k, v in row.items() if k != "run_id" or row.get("study") != RECORDS_STUDY} for row in rows]
+    files = matrix["record_file"] if "record_file" in matrix.columns else matrix["record"]
+    parsed = list(map(read_record, matrix["run_id"], files, planned, matrix["record"].fillna("")))
     fields = pd.DataFrame.from_records([p[0] for p in parsed], columns=RECORD_COLUMNS)
     runs = matrix.merge(fields, on="run_id", how="left", validate="one_to_one")
     ended = pd.to_datetime(runs["ended_at"], format="ISO8601", utc=True)
     started = pd.to_datetime(runs["started_at"], format="ISO8601", utc=True)
     runs["duration_s"] = (ended - started).dt.total_seconds()
     for column in ("world_size_recorded", "nodes_recorded", "peak_memory_bytes", "per_gpu_batch_recorded",
-                   "grad_accum_recorded", "tokens_per_sample"):  # fmt: skip
+                   "grad_accum_recorded", "tokens_per_sample", "image_size", "seq_len"):  # fmt: skip
         runs[column] = runs[column].astype("Int64")
     runs["channels_last"] = runs["channels_last"].astype("boolean")
     for column in ("state_bytes_per_rank_max", "state_bytes_per_rank_min", *MEMORY_SPLIT):
         runs[column] = runs[column].astype("Int64")
-    recorded = runs["world_size_recorded"].notna() & runs["nodes_recorded"].notna()
-    matches = runs["world_size_recorded"].eq(runs["gpus"]) & runs["nodes_recorded"].eq(runs["nodes"])
-    # ... and a completed run's record names the planned --parallel strategy (where it names one)
-    matches &= runs["parallel_recorded"].isna() | runs["parallel_recorded"].eq(runs["parallel"]) | runs["status"].ne("ok")
-    # ... and its record ran the planned per-GPU batch (where it states one): the store keeps the batch a record ran
-    matches &= runs["per_gpu_batch_recorded"].isna() | runs["per_gpu_batch_recorded"].eq(runs["per_gpu_batch"])
-    runs["consistent"] = matches.astype("boolean").where(recorded)
+    mixed = _mixed_cells(runs)
+    runs["consistency"] = [("; ".join(filter(None, [own, cell]))) or None if isinstance(own, str) or cell else None
+                           for own, cell in zip(runs["consistency"], mixed)]  # fmt: skip
+    # consistent: a completed run whose record states every knob of its plan, each as planned, in a
+    # cell whose repeats agree; a run that did not complete is not judged (True: failed, not
+    # inconsistent); empty where there is no record
+    runs["consistent"] = runs["consistency"].isna().astype("boolean").where(runs["status"].isin(["ok", "failed", "preempted"]))
     runs["git_dirty"] = runs["git_dirty"].astype("boolean")
     epochs = pd.DataFrame.from_records([row for p in parsed for row in p[1]], columns=EPOCH_COLUMNS)
     losses = pd.DataFrame.from_records([row for p in parsed for row in p[2]], columns=LOSS_COLUMNS)

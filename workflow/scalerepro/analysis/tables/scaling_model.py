@@ -137,18 +137,21 @@ import numpy as np
 import pandas as pd
 
 from scalerepro.analysis.evidence import POSITIVE, Bound, EvidenceError, read_json_document
+# read_links as well: the scaling model's links, as its callers import them from here
 from scalerepro.analysis.tables.network_model import (
     ClusterPreset,
     Link,
+    clusters_of,
+    links_of,
+    prediction_error_of,
     preset,
     preset_for_gpu,
-    read_clusters,
     read_links,
-    read_prediction_error,
 )
 from scalerepro.analysis.tables import loss_decomposition
 from scalerepro.analysis.tables.readers import read_comm
 from scalerepro.analysis.values import finite_number
+from scalerepro.common.references import load_optional_references
 
 SCALING_MODEL_COLUMNS = (
     "study", "model", "gpus", "nodes", "basis", "network", "alpha_step_us", "link_gbps", "global_batch",
@@ -668,22 +671,27 @@ def scaling_model_table(
     references_path: str | os.PathLike[str] | None,
     predict_gpus: Sequence[int] = DEFAULT_PREDICT_GPUS,
     predict_cluster: str | None = None,
+    record_files: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
-    """scaling_model.csv (module docstring). ``runs``/``scaling`` are the aggregation's tables.
+    """scaling_model.csv (module docstring). ``runs``/``scaling`` are the aggregation's tables;
+    ``record_files``: each run's record file (readers.read_matrix's, inside the study folder), by
+    default the runs' ``record`` as written.
     ``predict_cluster``: a preset of ``clusters`` in references.yaml; the counts beyond the
     study's hardware are then predicted on its hierarchical network (``network_model``), with
     its GPUs per node, each beside the model's typical error on published runs
     (``prediction_error`` of references.yaml, measured by benchmarks/predict_published.py)."""
-    named: ClusterPreset | None = preset(read_clusters(references_path), predict_cluster) if predict_cluster else None
+    references = load_optional_references(references_path)
+    named: ClusterPreset | None = preset(clusters_of(references), predict_cluster) if predict_cluster else None
     # A GPU study that names no preset predicts the counts beyond its node (where it measured no
     # link across nodes) on the preset of its own GPU (an H100 SXM5 on a DGX H100's 8 GPUs a
     # node), never on nodes the size of the machine it ran on: a one-GPU box as eight one-GPU
     # nodes over InfiniBand is a shape nobody has.
-    gpu_runs = runs[runs["device_type"].eq("cuda")] if "device_type" in runs.columns else runs.iloc[0:0]
+    counted = runs[runs["counts"].astype(bool)] if "counts" in runs.columns else runs
+    gpu_runs = counted[counted["device_type"].eq("cuda")] if "device_type" in counted.columns else runs.iloc[0:0]
     own, own_why = (None, None)
     if named is None and len(gpu_runs):
-        own, own_why = preset_for_gpu(read_clusters(references_path), gpu_runs.get("device_name", pd.Series(dtype=str)).dropna())
-    typical_error = read_prediction_error(references_path) if named is not None or own is not None else None
+        own, own_why = preset_for_gpu(clusters_of(references), gpu_runs.get("device_name", pd.Series(dtype=str)).dropna())
+    typical_error = prediction_error_of(references) if named is not None or own is not None else None
     fits: dict[int, tuple[RingNetwork, int]] = {}  # GPU count -> (alpha, B fitted, nodes)
     fit_problems = {}
     for path in comm_paths:
@@ -692,7 +700,7 @@ def scaling_model_table(
             fits[document["world_size"]] = (fit_comm(document, Path(path).name), document["nodes"])
         except ValueError as error:
             fit_problems[document["world_size"]] = str(error)
-    links = read_links(references_path)
+    links = links_of(references)
     measured_across = any(nodes > 1 for _, nodes in fits.values())  # the study's own inter-node link
     rows = []
     scaled = runs[runs["study"].isin(["strong", "weak"])]
@@ -703,7 +711,7 @@ def scaling_model_table(
         batches = first["per_gpu_batch"]
         accumulation = first["grad_accum_steps"] if "grad_accum_steps" in first else pd.Series(1, index=first.index)
         gpus_per_node = int(cell_runs["gpus_per_node"].iloc[0])
-        found = [read_profile(path) for path in one["record"]]
+        found = [read_profile((record_files or {}).get(run_id, path)) for run_id, path in zip(one["run_id"], one["record"])]
         profiles = [profile for profile, _ in found if profile is not None]
         base = {"study": study, "model": model}
         if not profiles:

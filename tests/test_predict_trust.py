@@ -1,0 +1,104 @@
+"""``python -m scalerepro.analysis.predict --record`` replays only what a record is evidence of: a
+completed one-GPU step, on a GPU, the preset's GPU unless ``--other-gpu`` says otherwise. Each
+hostile record is a copy of a kept H100 record (benchmarks/gpu/, never edited) with one field
+changed, run through the real command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, clean_env
+
+KEPT = REPO / "benchmarks/gpu/h100-2026-11-27/study-results/runs/strong_resnet50_g1_r1/record.json"
+REFERENCES = REPO / "config" / "references.yaml"
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def _predict(record: Path, *flags: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "scalerepro.analysis.predict", "--record", str(record), "--references", str(REFERENCES), "--gpus", "8", "16", *flags],
+        cwd=cwd, env=clean_env(PYTHONPATH=str(REPO / "workflow")), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _copy(tmp_path: Path, change: Callable[[dict[str, Any]], None], name: str = "record.json") -> Path:
+    record = json.loads(KEPT.read_text())
+    change(record)
+    path = tmp_path / name
+    path.write_text(json.dumps(record, indent=1))
+    return path
+
+
+def _set(*path_and_value: Any) -> Callable[[dict[str, Any]], None]:
+    *path, value = path_and_value
+
+    def change(record: dict[str, Any]) -> None:
+        node = record
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+
+    return change
+
+
+def _on_a_cpu(record: dict[str, Any]) -> None:
+    record["parallel"]["device_type"] = "cpu"
+    record["hardware"]["gpu"] = None
+
+
+# (id, the one field changed, the preset, what the one line of refusal says)
+REFUSED = [
+    ("a failed run", _set("status", "failed"), "dgx_h100", "the record's status is 'failed', not 'ok'"),
+    ("a CPU run", _on_a_cpu, "dgx_h100", "the step was measured on 'cpu' (parallel.device_type), not a GPU"),
+    ("two ranks", _set("parallel", "world_size", 2), "dgx_h100", "the record is of 2 ranks (parallel.world_size 2), not one GPU's step"),
+    ("an A100 step on a DGX H100", _set("hardware", "gpu", "name", A100), "dgx_h100",
+     f"the step was measured on {A100}, and NVIDIA DGX H100 (dgx_h100) has {H100}: the model does not scale compute between GPU models"),
+    ("an H100 step on a DGX A100", lambda record: None, "dgx_a100", f"the step was measured on {H100}, and NVIDIA DGX A100 (dgx_a100) has {A100}"),
+    ("a negative throughput", _set("measurements", "samples_per_s", -5.0), "dgx_h100",
+     "the record is no evidence: the record's figures are no measurement (samples_per_s is -5.0, where a measured one is above 0 samples/s"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "change", "cluster", "said"), REFUSED, ids=[case[0] for case in REFUSED])
+def test_predict_refuses_a_record_that_is_not_one_gpus_step_on_the_presets_gpu(name, change, cluster, said, tmp_path):
+    """Each of these was predicted on the preset with exit 0, beside the model's typical error."""
+    record = _copy(tmp_path, change)
+    done = _predict(record, "--cluster", cluster, cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, (name, done.returncode, done.stderr[-2000:])
+    assert lines[0].startswith(f"scalerepro.analysis.predict: error: {record}: ") and said in lines[0], (name, lines[0])
+    assert done.stdout == "", name  # no prediction printed
+
+
+def test_predict_names_the_gpu_and_replays_another_gpus_step_only_when_told(tmp_path):
+    """The output says which GPU the step was measured on; with --other-gpu a step measured on an
+    A100 is replayed on the DGX H100's network with its compute unchanged (the same table as the
+    same step named an H100's), and says so."""
+    own = _predict(KEPT, "--cluster", "dgx_h100", "--csv", str(tmp_path / "h100.csv"), cwd=tmp_path)
+    assert own.returncode == 0, own.stderr
+    assert own.stdout.splitlines()[0] == f"profile: {KEPT}, one GPU's step measured on {H100}"
+    assert "as if its compute were unchanged" not in own.stdout and "typical error" in own.stdout
+    a100 = _copy(tmp_path, _set("hardware", "gpu", "name", A100))
+    told = _predict(a100, "--cluster", "dgx_h100", "--other-gpu", "--csv", str(tmp_path / "a100.csv"), cwd=tmp_path)
+    assert told.returncode == 0, told.stderr
+    assert told.stdout.splitlines()[:2] == [
+        f"profile: {a100}, one GPU's step measured on {A100}",
+        f"the step was measured on {A100} and is replayed on NVIDIA DGX H100's network as if its compute were unchanged "
+        f"(no scaling of compute between GPU models: {H100} would compute at its own speed)",
+    ]
+    assert pd.read_csv(tmp_path / "a100.csv").equals(pd.read_csv(tmp_path / "h100.csv"))
+    # the flag is --record's: with --study it is refused, not ignored
+    alone = subprocess.run(
+        [sys.executable, "-m", "scalerepro.analysis.predict", "--study", str(tmp_path), "--other-gpu", "--references", str(REFERENCES)],
+        cwd=tmp_path, env=clean_env(PYTHONPATH=str(REPO / "workflow")), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert alone.returncode == 2 and "--other-gpu applies to --record only" in alone.stderr, alone.stderr
