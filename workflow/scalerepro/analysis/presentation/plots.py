@@ -410,7 +410,7 @@ def busbw_vs_size(t: Tables) -> Figure:
 
 def profile_breakdown(t: Tables) -> Figure:
     if t["profiling"].empty:
-        raise NotMeasured("no run was profiled (profiling.enabled is false, or profiling.runs selects none)")
+        raise NotMeasured("no run was profiled: there is no profiling table (the profiling section says why)")
     runs = t["profiling"].dropna(subset=["window_s"]).reset_index(drop=True)
     if runs.empty:
         raise NotMeasured("no profiled run has a timeline to break down")
