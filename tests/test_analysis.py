@@ -456,7 +456,7 @@ def test_torchtitan_and_mpt_references_parse_and_are_not_comparable_on_an_h100_s
     assert titan["trainer_flags"].str.contains("--parallel fsdp --activation-checkpointing selective --precision bf16 --seq-len 8192").all()
     assert titan["unmatched"].str.startswith("gpu: torchtitan's H100 is the 96 GB HBM2e part at 500 W").all()
     assert by_id.filter(like="float8", axis=0)["trainer_model"].isna().all()
-    mpt = by_id.filter(like="mosaicml-mpt-1b", axis=0)
+    mpt = by_id.filter(regex=r"^mosaicml-mpt-1b-fsdp-h100-\d+$", axis=0)
     assert list(mpt["gpus"]) == [8, 16, 32, 64] and mpt["trainer_model"].isna().all() and mpt["unmatched"].str.contains("llama_1b").all()
     comparison = reproduction.comparison_table(gpu[0]["runs"], by_id.reset_index(), target_gpu=H100).set_index("reference")
     for reference in [*titan.index, *mpt.index]:

@@ -29,6 +29,8 @@ CONFIG_SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
 SCHEMA = yaml.safe_load(REFERENCES_SCHEMA.read_text())
 NGC_1GPU = "references[4] (lambda-rn50-h100sxm-fp16-ngc2403-1)"
 DLE_1GPU = "references[20] (dle-rn50-a100-fp16-1)"
+TITAN_8 = "references[44] (torchtitan-llama31-8b-fsdp-8)"
+MPT_8 = "references[50] (mosaicml-mpt-1b-fsdp-h100-8)"
 
 # (what is wrong, the text of the real file, what it becomes, the entry named, what the line says)
 BAD_COPIES = [
@@ -49,6 +51,10 @@ BAD_COPIES = [
      DLE_1GPU, "unknown key 'seqlen' in conditions (the keys: gpu, precision, per_gpu_samples_per_step, seq_len,"),
     ("an efficiency above 1", "    efficiency: 0.85\n    efficiency_source: \"nccl-tests", "    efficiency: 1.2\n    efficiency_source: \"nccl-tests",
      "links.intra_node", "efficiency 1.2 is above 1: an efficiency is the share of the line rate an all-reduce reaches, above 0 and at most 1"),
+    ("a power cap without whose figure it is", "      power_cap_w: 500\n      power_cap_basis: source\n", "      power_cap_w: 500\n",
+     TITAN_8, "add power_cap_basis to conditions"),
+    ("a stand-in without what makes it another model", "stands_for: &mpt_stands_for_llama {model: llama_1b, differs:",
+     "stands_for: &mpt_stands_for_llama {model: llama_1b, differs_not:", MPT_8, "unknown key 'differs_not' in stands_for"),
 ]  # fmt: skip
 
 
@@ -87,7 +93,8 @@ def test_the_schemas_vocabularies_are_the_analysis_columns():
     assert tuple(definitions["reference"]["properties"]["kind"]["enum"]) == REFERENCE_KINDS
     assert tuple(definitions["reference"]["properties"]["metric"]["enum"]) == REFERENCE_METRICS
     assert tuple(definitions["conditions"]["properties"]["precision"]["enum"]) == (*REFERENCE_PRECISIONS, None)
-    assert tuple(definitions["conditions"]["properties"]) == (*CONDITIONS, "framework", "metric_notes")
+    # the conditions compared, then the free text, then the GPU part and its power cap (read by nearest_published)
+    assert tuple(definitions["conditions"]["properties"]) == (*CONDITIONS, "framework", "metric_notes", "sku", "power_cap_w", "power_cap_basis")
     # a run's conditions, as the comparison spells them, are values the schema allows a reference
     for channels_last, data in ((True, "synthetic"), (False, "cifar10")):
         run = {"device_type": "cuda", "device_name": "G", "tokens_per_sample": math.nan, "channels_last": channels_last, "data_kind": data,

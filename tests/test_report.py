@@ -587,12 +587,16 @@ def test_scaling_model_section(study):
 
 def test_scaling_model_shows_the_cluster_and_its_typical_error_only_on_a_cluster_row(tmp_path):
     def scaling_model_rows(page: str) -> dict[str, dict[str, str]]:
-        """The scaling-model table's rows by GPU count, each as {header: cell text}."""
+        """The scaling-model tables' rows by GPU count, each as {header: cell text} over the table
+        shown and the folded ones (which hold the columns the first one leaves out)."""
         model = section(page, "results").split('id="scaling-model"')[1]
-        table = re.search(r"<table>(.*?)</table>", model, re.S).group(1)
-        headers = re.findall(r"<th[^>]*>(.*?)</th>", table)
-        rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in re.findall(r"<tr><td.*?</tr>", table, re.S)]
-        return {cells[headers.index("GPUs")]: dict(zip(headers, cells, strict=True)) for cells in rows}
+        found: dict[str, dict[str, str]] = {}
+        for table in re.findall(r"<table>(.*?)</table>", model.split("Links assumed beyond")[0], re.S):
+            headers = re.findall(r"<th[^>]*>(.*?)</th>", table)
+            for row in re.findall(r"<tr><td.*?</tr>", table, re.S):
+                cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+                found.setdefault(cells[headers.index("GPUs")], {}).update(zip(headers, cells, strict=True))
+        return found
 
     paths = write_study(tmp_path)
     plain = scaling_model_rows(render_study(paths, tmp_path / "plain.html"))

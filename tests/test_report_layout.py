@@ -1,7 +1,7 @@
 """The report as a reader's browser lays it out (issue 33, points 7 and 8).
 
-Point 7, on the report a GPU user reads (``h100_report``: the kept H100 records, rendered): at a
-1400 px window no table runs past its box, a figure with no data is one line with its reason
+Point 7, on the reports a GPU user reads (``h100_report``: the kept H100 records, rendered; and the
+kept one-H100 study of 2026-11-27, rebuilt): at a 1400 px window no table runs past its box, a figure with no data is one line with its reason
 (not a large empty box), the GPU/NIC topology shows no raw terminal escapes, and the cost section's
 sentence says the figures its table shows.
 
@@ -30,11 +30,13 @@ from scalerepro.analysis.tables import aggregate
 from scalerepro.telemetry import inventory
 
 from analysis_fixtures import REPO, Study, write_gpu_study
+from h100_report import RebuiltStudy, rebuild_kept_study
 from test_report import CHROMIUM, Chromium
 
 REFERENCES = REPO / "config" / "references.yaml"
 TEMPLATES = REPO / "report"
 KEPT_H100_INVENTORY = REPO / "benchmarks" / "gpu" / "h100-2026-11-25" / "system.json"
+KEPT_H100_STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
 
 
 def section(page: str, section_id: str) -> str:
@@ -80,10 +82,17 @@ def browser_layout(page: Path, width: int) -> dict:
         browser.close()
 
 
+@pytest.fixture(scope="module")
+def kept_study(tmp_path_factory) -> RebuiltStudy:
+    """The one-H100 study of 2026-11-27 rebuilt: its scaling model predicts every model at 8, 16 and 64 GPUs."""
+    return rebuild_kept_study(KEPT_H100_STUDY, tmp_path_factory.mktemp("h100-study"))
+
+
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (Debian: apt-get install chromium)")
-def test_at_1400_px_no_table_runs_past_its_box_and_empty_figures_are_one_line(h100_report, tmp_path):
+@pytest.mark.parametrize("report_of", ["records", "study"])
+def test_at_1400_px_no_table_runs_past_its_box_and_empty_figures_are_one_line(report_of, h100_report, kept_study, tmp_path):
     page = tmp_path / "index.html"
-    page.write_text(h100_report.html)  # a copy beside the browser's profile; the fixture stays as it is
+    page.write_text(h100_report.html if report_of == "records" else kept_study.html)  # a copy beside the browser's profile
     layout = browser_layout(page, 1400)
     assert layout["page_width"] == 1400  # nothing widens the page itself
     tables = layout["tables"]
@@ -93,8 +102,17 @@ def test_at_1400_px_no_table_runs_past_its_box_and_empty_figures_are_one_line(h1
     # ...and at 1400 px none needs to: the per-run measurements and the comparison were cut off
     hidden = [t for t in tables if t["hidden_px"] > 0]
     assert not hidden, hidden
-    # the H100 records have no scaling, sensitivity, ablation or profile: each such figure one line
-    assert len(layout["folded"]) >= 10 and max(layout["folded"]) < 50, layout["folded"]
+    # each figure without data is one line (the multi-GPU sections of these one-GPU reports are a line
+    # each with no figure: tests/test_one_gpu_report.py)
+    assert layout["folded"] and max(layout["folded"]) < 50, layout["folded"]
+
+
+# The section each figure of a multi-GPU section is shown in: a one-GPU report says that section in
+# one line, without its figures.
+MULTI_GPU_FIGURES = {
+    "throughput_vs_gpus": "scaling", "efficiency_vs_gpus": "scaling", "weak_epoch_time": "scaling", "loss_waterfall": "why-not-faster",
+    "sensitivity_heatmap": "sensitivity", "busbw_vs_size": "communication", "predicted_vs_measured_efficiency": "scaling-model",
+}  # fmt: skip
 
 
 def test_a_figure_drawn_without_data_is_a_line_with_its_reason_not_an_image(h100_report):
@@ -103,7 +121,9 @@ def test_a_figure_drawn_without_data_is_a_line_with_its_reason_not_an_image(h100
     for name in report.FIGURE_NAMES:
         why = inputs.not_measured_note((plots_dir / f"{name}.svg").read_bytes(), "svg")
         figure = re.search(rf'<figure class="plot[^"]*" id="fig-{name}">(.*?)</figure>', page, re.S)
-        assert figure, name
+        if figure is None:  # shown nowhere: only in a multi-GPU section this one-GPU report says in a line
+            assert why is not None and f'<h3 id="{MULTI_GPU_FIGURES[name]}" class="run-in">' in page, name
+            continue
         if why is None:  # drawn from data: embedded
             assert "<img" in figure.group(1), name
             continue
@@ -111,8 +131,8 @@ def test_a_figure_drawn_without_data_is_a_line_with_its_reason_not_an_image(h100
         assert inputs.not_measured_note((plots_dir / f"{name}.png").read_bytes(), "png") == why
         assert 'class="plot not-drawn"' in figure.group(0) and "<img" not in figure.group(1), name
         assert html.escape(why, quote=False) in figure.group(1) and "not measured" in figure.group(1)
-    scaling = re.search(r'<h3 id="scaling">(.*?)<h3 id="sensitivity">', page, re.S).group(1)
-    assert "no completed strong- or weak-scaling run" in text_of(scaling) and "<img" not in scaling
+    scaling = re.search(r'<h3 id="scaling" class="run-in">(.*?)<h3 id="why-not-faster"', page, re.S).group(1)
+    assert "not measured — every run used 1 GPU, so nothing was scaled" in text_of(scaling) and "<figure" not in scaling
 
 
 def test_a_figure_with_data_is_never_taken_for_a_placeholder(tmp_path):

@@ -16,6 +16,12 @@ and 132 SMs x 4096 dense FP16 FLOP/clock x 1.83 GHz = 989.4 T; the datasheet pri
 rounded (67; TF32 989*/2; FP16/BF16 1979*/2). H200, GH200 and H800 SXM5 are the same GH100 die,
 SM count and clocks (their datasheets print the H100 SXM compute figures), so the whitepaper's
 unrounded figures apply to them; they differ in memory (and the H800 in FP64 and NVLink).
+
+``fp16_cuda_core``/``bf16_cuda_core`` are the non-tensor (CUDA-core) half-precision rates, the
+roof of a kernel whose FLOPs are in the SASS half-precision counters (packed HFMA2, two lanes per
+FP32 lane: 2 x the fp32 rate on Hopper). The whitepaper prints them for SXM5 and PCIe; the NVL's
+datasheet prints none, so its entry derives them (SM count x clock x FLOP/clk/SM, said in its
+source); None elsewhere: no recorded source.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ _A100_DATASHEET = (
     "(https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
 )
 _SPARSE_TO_DENSE = 0.5
+# the whitepaper's A100/H100 comparison table, "Peak FP16 TFLOPS (non-Tensor)" and "Peak BF16 TFLOPS (non-Tensor)"
+_H100_WHITEPAPER_NON_TENSOR = "non-tensor (CUDA-core) FP16 and BF16 from the same whitepaper table's Peak FP16/BF16 TFLOPS (non-Tensor) rows"
 
 
 @dataclass(frozen=True)
@@ -55,25 +63,41 @@ class GpuPeaks:
     fp8: float | None
     hbm_tbps: float | None
     source: str
+    fp16_cuda_core: float | None = None  # non-tensor fp16 (HFMA2 on the CUDA cores), dense
+    bf16_cuda_core: float | None = None  # non-tensor bf16 (HFMA2.BF16 on the CUDA cores), dense
 
     def tflops(self, precision: str) -> float | None:
         """Dense TFLOP/s at ``precision`` (fp64, fp32, tf32, fp16, bf16, fp8), None where unknown."""
         return getattr(self, precision)
 
+    def cuda_core_tflops(self, precision: str) -> float | None:
+        """Non-tensor (CUDA-core) TFLOP/s at ``precision`` (fp64, fp32, fp16, bf16), None where unknown."""
+        return {"fp64": self.fp64, "fp32": self.fp32, "fp16": self.fp16_cuda_core, "bf16": self.bf16_cuda_core}.get(precision)
+
 
 _TABLE = (
     GpuPeaks("h100_sxm", "H100 SXM5", "NVIDIA H100 SXM5 80GB", ("NVIDIA H100 80GB HBM3",),
-             33.5, 66.9, 494.7, 989.4, 989.4, 1978.9, 3.35, f"{_H100_WHITEPAPER}; HBM3 3.35 TB/s from the {_H100_DATASHEET}"),
+             33.5, 66.9, 494.7, 989.4, 989.4, 1978.9, 3.35,
+             f"{_H100_WHITEPAPER}; HBM3 3.35 TB/s from the {_H100_DATASHEET}; {_H100_WHITEPAPER_NON_TENSOR}: 133.8",
+             fp16_cuda_core=133.8, bf16_cuda_core=133.8),
     # the whitepaper's PCIe column (114 SMs); the datasheet's: 51, 756*/2, 1513*/2
     GpuPeaks("h100_pcie", "H100 PCIe", "NVIDIA H100 PCIe 80GB", ("NVIDIA H100 PCIe",),
-             25.6, 51.2, 378.0, 756.0, 756.0, 1513.0, 2.0, f"{_H100_WHITEPAPER}, H100 PCIe column; HBM2e 2.0 TB/s from the {_H100_DATASHEET}"),
+             25.6, 51.2, 378.0, 756.0, 756.0, 1513.0, 2.0,
+             f"{_H100_WHITEPAPER}, H100 PCIe column; HBM2e 2.0 TB/s from the {_H100_DATASHEET}; {_H100_WHITEPAPER_NON_TENSOR}, PCIe column: 102.4",
+             fp16_cuda_core=102.4, bf16_cuda_core=102.4),
     # datasheet, H100 NVL column per GPU: FP32 60; TF32 835*, FP16/BF16 1671*, FP8 3341* (with sparsity)
     GpuPeaks("h100_nvl", "H100 NVL", "NVIDIA H100 NVL 94GB", ("NVIDIA H100 NVL",),
              30.0, 60.0, 835.0 * _SPARSE_TO_DENSE, 1671.0 * _SPARSE_TO_DENSE, 1671.0 * _SPARSE_TO_DENSE, 3341.0 * _SPARSE_TO_DENSE, 3.9,
-             f"{_H100_DATASHEET}, H100 NVL column, per GPU; tensor figures printed with sparsity, halved"),
+             f"{_H100_DATASHEET}, H100 NVL column, per GPU; tensor figures printed with sparsity, halved; non-tensor FP16 and BF16 "
+             "120, derived: the datasheet prints none, and a Hopper SM issues 512 half-precision FLOP/clk (HFMA2) against 256 FP32 "
+             "FLOP/clk, so SM count x clock x 512 = 2 x its FP32 60 (the whitepaper's SXM5 and PCIe columns: 133.8 = 2 x 66.9, "
+             "102.4 = 2 x 51.2)",
+             fp16_cuda_core=120.0, bf16_cuda_core=120.0),
     GpuPeaks("h200", "H200 SXM", "NVIDIA H200 SXM 141GB", ("NVIDIA H200",),
              33.5, 66.9, 494.7, 989.4, 989.4, 1978.9, 4.8,
-             f"{_H200_DATASHEET}: identical compute figures to H100 SXM, so the {_H100_WHITEPAPER}; HBM3e 4.8 TB/s"),
+             f"{_H200_DATASHEET}: identical compute figures to H100 SXM, so the {_H100_WHITEPAPER}; HBM3e 4.8 TB/s; "
+             f"{_H100_WHITEPAPER_NON_TENSOR}, H100 SXM5 column: 133.8",
+             fp16_cuda_core=133.8, bf16_cuda_core=133.8),
     # datasheet, H200 NVL column: FP32 60; TF32 835*, FP16/BF16 1671* (with sparsity)
     GpuPeaks("h200_nvl", "H200 NVL", "NVIDIA H200 NVL", ("NVIDIA H200 NVL",),
              None, 60.0, 835.0 * _SPARSE_TO_DENSE, 1671.0 * _SPARSE_TO_DENSE, 1671.0 * _SPARSE_TO_DENSE, None, None,

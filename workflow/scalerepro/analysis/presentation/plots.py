@@ -26,11 +26,14 @@ import seaborn as sns
 from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.text import Text
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from scalerepro.analysis import columns
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+from scalerepro.analysis.presentation.headline import FIGURE_COLUMNS
 from scalerepro.analysis.presentation.inputs import placeholder_metadata, require_aggregation
+from scalerepro.analysis.profiles import step as step_parts
 from scalerepro.analysis.tables import loss_decomposition, scaling_model
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
 
@@ -119,13 +122,30 @@ def _panels(count: int, width: float = 5.2, height: float = 4.2) -> tuple[Figure
     return fig, axes[0]
 
 
+def _panel_grid(count: int, columns: int, width: float, height: float) -> tuple[Figure, list[plt.Axes]]:
+    """``count`` panels in rows of at most ``columns``, so that many models make a grid that keeps
+    its text legible where the report fits it to the page, not a strip; the spare cells are hidden."""
+    across = max(1, min(count, columns))
+    down = -(-count // across)
+    fig, axes = plt.subplots(down, across, figsize=(max(width * across, 7.5), height * down), squeeze=False, layout="constrained")
+    for ax in axes.flat[count:]:
+        ax.set_axis_off()
+    return fig, list(axes.flat[:count])
+
+
 def _legend_below(fig: Figure, axes: Sequence[plt.Axes], order: Callable[[str], object] = str) -> None:
     """One legend for all panels, below them; each label once, sorted by ``order``."""
     entries = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
     labels = sorted(entries, key=order)
     # in columns, so that a legend of a dozen entries does not push the panels into a strip
     columns = max(1, min(len(labels), int(fig.get_figwidth() // 3.6)))  # about 3.6 in a column of these labels
-    fig.legend([entries[label] for label in labels], labels, loc="outside lower center", frameon=False, ncol=columns, fontsize="small")
+    while True:
+        legend = fig.legend([entries[label] for label in labels], labels, loc="outside lower center", frameon=False, ncol=columns, fontsize="small")
+        # long labels (a published source's name) in fewer columns, so that none is cut at the figure's edges
+        if columns == 1 or legend.get_window_extent().width <= fig.bbox.width:
+            return
+        legend.remove()
+        columns -= 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,13 +157,17 @@ def throughput_vs_gpus(t: Tables) -> Figure:
     cells = t["scaling"].dropna(subset=["samples_per_s_median"])
     if cells.empty:
         raise NotMeasured("no completed strong- or weak-scaling run (scaling.csv has no throughput)")
+    device = _device(t)
+    if cells["gpus"].nunique() < 2:  # one point a model: a line against the count would draw nothing
+        raise NotMeasured(f"every scaling run used {_count(cells['gpus'].iloc[0], device)}: throughput against the {device[0]} count needs "
+                          "two counts or more; each model's throughput is in the headline and the per-run table")  # fmt: skip
     comparison = t["comparison"]
     # the references on the GPU the study ran on (a reference on another GPU is context only)
     published = comparison[comparison["metric"].eq("samples_per_s") & comparison["group"].eq("reproduction")]
     markers = dict(zip(sorted(published["source"].unique()), itertools.cycle(MARKERS)))
     colours = dict(zip(("strong", "weak"), sns.color_palette(n_colors=2)))
-    models, device = sorted(cells["model"].unique()), _device(t)
-    fig, axes = _panels(len(models))
+    models = sorted(cells["model"].unique())
+    fig, axes = _panel_grid(len(models), columns=2, width=5.2, height=4.2)
     for ax, model in zip(axes, models):
         for study, group in cells[cells["model"].eq(model)].sort_values("gpus").groupby("study"):
             median, colour = group["samples_per_s_median"], colours[study]
@@ -359,30 +383,95 @@ def accuracy_curves(t: Tables) -> Figure:
     return _curves(t, "epochs", "eval_accuracy", 100.0, "evaluation accuracy (%)", title)
 
 
-def energy_per_sample(t: Tables) -> Figure:
+# What a training sample is, by runs.csv's tokens_per_sample: a language model's sequence is
+# read per token (a sequence of 2,048 tokens is not comparable with one of 128), every other
+# model's sample is an image.
+ENERGY_UNITS = (("image", "Image models: GPU energy per training image"), ("token", "Language models: GPU energy per training token"),
+                ("sample", "Models whose record gives no tokens per sample: energy per training sample"))  # fmt: skip
+SPREAD_FOR_LOG = 10  # a panel's values spread over more than this factor: a log axis, so that the smallest stay readable
+
+
+def _energy_rows(t: Tables) -> pd.DataFrame:
+    """Each counted run with GPU energy: its energy per image or per token, gross and net of idle
+    (runs.csv's energy_per_sample_j and energy_per_sample_net_j, divided by tokens_per_sample for
+    a language model), and the row it is drawn on (the model, with its GPU count where the runs
+    have several)."""
     runs = t["runs"]
-    scaled = runs[runs["study"].isin(["strong", "weak"]) & runs["counts"].astype(bool)]
-    measured = scaled.dropna(subset=["energy_per_sample_j"])
+    counted = runs[runs["counts"].astype(str).str.lower().eq("true")]
+    measured = counted.dropna(subset=["energy_per_sample_j"])
     if measured.empty:
-        others = runs[runs["counts"].astype(bool) & runs["energy_per_sample_j"].notna()]
-        if len(others):  # the energy is measured, only not over GPU counts: say where it is, not that it is not
-            raise NotMeasured(f"not drawn: it sets energy against the GPU counts of the strong- and weak-scaling runs, and none of "
-                              f"them recorded energy; the energy of the {len(others)} other counted runs is in the table below")
-        reasons = "; ".join(sorted(set(scaled["nvml_reason"].dropna())))
-        raise NotMeasured("no completed scaling run recorded GPU energy" + (f" ({reasons})" if reasons else ""))
-    cells = measured.groupby(["study", "model", "gpus"], as_index=False)[["energy_per_sample_j", "energy_per_sample_net_j"]].median()
-    # gross: all the GPUs drew over the measured steps; net: less their idle power x time
-    long = cells.melt(["study", "model", "gpus"], ["energy_per_sample_j", "energy_per_sample_net_j"], var_name="energy",
-                      value_name="joules").dropna(subset=["joules"])  # fmt: skip
-    long["series"] = long["model"] + ", " + long["study"]
-    long["energy"] = long["energy"].map({"energy_per_sample_j": "gross", "energy_per_sample_net_j": "net of idle"})
-    fig, (ax,) = _panels(1, width=7.0, height=4.6)
-    style = {"hue": "series", "style": "energy", "markers": True, "markersize": 8, "errorbar": None}
-    sns.lineplot(long, x="gpus", y="joules", ax=ax, **style)
-    _gpu_axis(ax, cells["gpus"], _device(t))
-    ax.set_ylim(0, 1.15 * long["joules"].max())
-    ax.set_ylabel("GPU energy per sample (J, median over repeats)")
-    ax.set_title("Energy per training sample vs GPUs")
+        reasons = "; ".join(sorted(set(counted["nvml_reason"].dropna())))
+        raise NotMeasured("no counted run recorded GPU energy" + (f" ({reasons})" if reasons else ""))
+    tokens = pd.to_numeric(measured["tokens_per_sample"], errors="coerce")
+    unit = np.select([tokens > 0, tokens == 0], ["token", "image"], "sample")
+    per = tokens.where(tokens > 0, 1.0).fillna(1.0)
+    device = _device(t)
+    several = measured["gpus"].nunique() > 1
+    label = measured["model"].astype(str) + (" · " + measured["gpus"].map(lambda n: _count(n, device)) if several else "")
+    return measured.assign(unit=unit, label=label, gross=measured["energy_per_sample_j"] / per, net=measured["energy_per_sample_net_j"] / per)
+
+
+def _fastest_configurations(energy: pd.DataFrame) -> pd.DataFrame:
+    """Per row of the figure (a model at a GPU count), the medians of the configuration the headline
+    shows for it: the one with the highest median throughput (configurations told apart as the
+    headline tells them, headline.FIGURE_COLUMNS). A median over every configuration would mix an
+    fp32 baseline with a bf16 one, a figure no configuration measured."""
+    keys = ["model", "gpus", *(column for column in FIGURE_COLUMNS if column in energy.columns)]
+    cells = energy.groupby(keys, dropna=False).agg(label=("label", "first"), speed=("samples_per_s", "median"), gross=("gross", "median"),
+                                                   net=("net", "median")).reset_index()  # fmt: skip
+    fastest = cells.loc[cells.assign(speed=cells["speed"].fillna(-np.inf)).groupby(["model", "gpus"])["speed"].idxmax()]
+    return fastest.set_index("label").sort_index()
+
+
+def energy_per_sample(t: Tables) -> Figure:
+    """Per model (and GPU count), the GPU energy of a training image or token of the configuration
+    the headline shows (the fastest: _fastest_configurations), gross and net of the GPUs' idle
+    power, each counted run of any configuration a dot; image and language models in panels of
+    their own, on a log axis where a panel's values spread over more than SPREAD_FOR_LOG."""
+    energy = _energy_rows(t)
+    panels = [(unit, title, energy[energy["unit"].eq(unit)]) for unit, title in ENERGY_UNITS if energy["unit"].eq(unit).any()]
+    sizes = [panel["label"].nunique() for _, _, panel in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7.5, 1.0 + sum(0.55 * n + 1.1 for n in sizes)), squeeze=False, layout="constrained",
+                             gridspec_kw={"height_ratios": [0.55 * n + 1.1 for n in sizes]})  # fmt: skip
+    gross_colour, net_colour = sns.color_palette(n_colors=2)
+    for ax, (unit, title, panel) in zip(axes[:, 0], panels):
+        values = panel[["gross", "net"]].to_numpy(dtype=float)
+        values = values[np.isfinite(values) & (values > 0)]
+        scale, prefix = (1e3, "mJ") if values.max() < 1 else (1.0, "J")
+        medians = _fastest_configurations(panel)
+        rows = {label: y for y, label in enumerate(medians.index)}
+        # every run a dot, the median of its row a marker: gross filled, net of idle hollow, joined by the idle share
+        for column, colour, offset in (("gross", gross_colour, -0.12), ("net", net_colour, 0.12)):
+            runs = panel.dropna(subset=[column])
+            ax.scatter(scale * runs[column], runs["label"].map(rows) + offset, s=14, color="0.45", alpha=0.6, zorder=2,
+                       label="any counted run (gross, net of idle)")  # fmt: skip
+        for label, median in medians.iterrows():
+            y = rows[label]
+            if np.isfinite(median["net"]):
+                ax.plot(scale * np.array([median["net"], median["gross"]]), [y + 0.12, y - 0.12], color="0.6", lw=1, zorder=1)
+                ax.scatter(scale * median["net"], y + 0.12, s=70, facecolors="white", edgecolors=net_colour, linewidths=2, zorder=3,
+                           label="fastest configuration: net of idle")  # fmt: skip
+            ax.scatter(scale * median["gross"], y - 0.12, s=70, color=gross_colour, zorder=3, label="fastest configuration: gross")
+        ax.set_yticks(range(len(rows)), list(rows))
+        ax.set_ylim(len(rows) - 0.5, -0.5)  # the first model on top
+        # each row's medians as numbers at its right, clear of the dots whatever their spread
+        numbers = ax.secondary_yaxis("right")
+        numbers.set_yticks(range(len(rows)), [f"{scale * m.gross:,.3g} {prefix}" + (f"\nnet {scale * m.net:,.3g}" if np.isfinite(m.net) else "")
+                                              for m in medians.itertuples()], fontsize="small")  # fmt: skip
+        numbers.tick_params(length=0)
+        spread = values.max() / values.min()
+        if spread > SPREAD_FOR_LOG:
+            ax.set_xscale("log")
+            _plain_log_axis(ax.xaxis)
+            ax.set_xlim(scale * values.min() / 1.6, scale * values.max() * 1.6)
+            where = "log scale"
+        else:
+            ax.set_xlim(0, scale * values.max() * 1.15)
+            where = "from 0"
+        ax.set_xlabel(f"{prefix} per training {unit} ({where})")
+        ax.set_title(title, fontsize="medium")
+    _legend_below(fig, list(axes[:, 0]), order=lambda label: (label.startswith("any counted run"), "net" in label))
+    fig.suptitle("GPU energy per training image and per token")
     return fig
 
 
@@ -408,78 +497,191 @@ def busbw_vs_size(t: Tables) -> Figure:
     return fig
 
 
+# the colour of each part of a step (profiles.step): one per class, the launches not captured one
+# by one and the GPU's waiting in greys, so that a bar reads the same in every run
+STEP_COLOURS = {
+    "convolution": "tab:blue", "GEMM": "tab:purple", "attention": "tab:pink", "normalisation and elementwise": "tab:orange",
+    "optimizer": "tab:olive", "communication": "tab:red", "copies": "tab:brown", "other": "tab:cyan",
+    step_parts.RELAUNCHED: "0.55", step_parts.DATA_WAIT: "gold", step_parts.IDLE: "0.85",
+}  # fmt: skip
+
+
 def profile_breakdown(t: Tables) -> Figure:
+    """Each profiled run's step, part by part (profiles.step.step_breakdown): the kernel classes,
+    the launches not captured one by one or the data wait, and the idle time, as shares of the step;
+    the parts add up to the step."""
     if t["profiling"].empty:
         raise NotMeasured("no run was profiled: there is no profiling table (the profiling section says why)")
-    runs = t["profiling"].dropna(subset=["window_s"]).reset_index(drop=True)
-    if runs.empty:
-        raise NotMeasured("no profiled run has a timeline to break down")
-    fig, (ax,) = _panels(1, width=max(6.5, 1.6 * len(runs) + 3), height=5.0)
-    colours = dict(zip(columns.CATEGORIES, ("tab:green", "tab:red", "tab:orange", "0.75")))
-    names = {"compute": "compute", "exposed_comm": "exposed communication", "data_wait": "data wait", "idle": "idle"}
-    bottom = np.zeros(len(runs))
-    for category in columns.CATEGORIES:  # compute + exposed comm + data wait + idle = the whole window
-        share = 100 * runs[f"{category}_fraction"].fillna(0).to_numpy()
-        ax.bar(runs.index, share, width=0.6, bottom=bottom, color=colours[category], label=names[category])
-        bottom += share
-    for x, row in runs.iterrows():
-        overlap = "no comm" if pd.isna(row["overlap_fraction"]) else f"overlap {row['overlap_fraction']:.0%}"
-        # a whole-capture window (no step ranges) gives a guess, and the figure says so
-        provisional = " (provisional)" if str(row.get("provisional")).lower() == "true" else ""
-        ax.text(x, 101, f"{row['classification']}{provisional}\n{overlap}", ha="center", va="bottom", fontsize="x-small")
-    ax.set_xticks(runs.index, [f"{r.run_id}\n{r.source}" for r in runs.itertuples()], fontsize="x-small")
-    ax.set_ylim(0, 118)
-    ax.set_xlim(-0.7, len(runs) - 0.3)
-    ax.set_ylabel("share of the profiling window (%)")
-    ax.set_title("Where the profiled steps went (overlap = comm hidden behind compute)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize="small", frameon=False)
+    measured = {str(row["run_id"]): row for row in t["runs"].to_dict("records")} if "run_id" in t["runs"] else {}
+    bars = []
+    for row in t["profiling"].to_dict("records"):
+        breakdown = step_parts.step_breakdown(row, measured.get(str(row["run_id"])))
+        if breakdown and breakdown.get("rows"):
+            bars.append((row, breakdown))
+    if not bars:
+        raise NotMeasured("no profiled run has a breakdown of its step (no kernels captured, or no measured step to split)")
+    fig, (ax,) = _panels(1, width=max(8.0, 1.6 * len(bars) + 5.0), height=5.6)
+    seen: dict[str, Any] = {}
+    dropped = []
+    for x, (row, breakdown) in enumerate(bars):
+        bottom = 0.0
+        for part in breakdown["rows"]:
+            share = 100 * part["share"]
+            if share <= 0:  # more captured than the step's kernel time: a part a stack cannot show
+                if share < 0:
+                    dropped.append(f"{row['run_id']}: {part['part']} {share:.1f} %")
+                continue
+            key = part["step_class"] or part["part"]
+            colour = STEP_COLOURS.get(key, STEP_COLOURS[step_parts.RELAUNCHED] if key.startswith(step_parts.RELAUNCHED) else "0.7")
+            seen[key] = ax.bar(x, share, width=0.55, bottom=bottom, color=colour, edgecolor="white", linewidth=0.6,
+                               hatch="//" if key.startswith(step_parts.RELAUNCHED) else None)  # fmt: skip
+            if share >= 5:
+                ax.text(x, bottom + share / 2, f"{share:.0f} %", ha="center", va="center", fontsize="x-small")
+            bottom += share
+        verdict = row.get("classification")
+        if isinstance(verdict, str) and verdict:  # a timeline's classification, above its bar
+            ax.text(x, 101, verdict, ha="center", va="bottom", fontsize="x-small")
+    step = [f"{r['run_id']}\n{b['step_s'] * 1e3:.3g} ms step (the measured run's); classes:\none launch of each configuration, {b['captured_s'] * 1e3:.3g} ms"
+            if b["coverage"] == step_parts.ONE_PER_CONFIGURATION else f"{r['run_id']}\n{b['step_s'] * 1e3:.3g} ms step (the profiled window's)"
+            for r, b in bars]  # fmt: skip
+    ax.set_xticks(range(len(bars)), step, fontsize="x-small")
+    ax.set_xlim(-0.7, len(bars) - 0.3)
+    ax.set_ylim(0, 108)
+    ax.set_ylabel("share of the step (%)")
+    note = f"\nnot drawn (negative): {'; '.join(dropped)}" if dropped else ""
+    fig.suptitle(f"Where each profiled step's time goes (shares of the step; the parts add up to it){note}", fontsize="medium")
+    labels = [key for key in STEP_COLOURS if key in seen] + [key for key in seen if key not in STEP_COLOURS]
+    fig.legend([seen[key] for key in labels], [textwrap.fill(key, 34) for key in labels], loc="outside right center", frameon=False, fontsize="small")
     return fig
 
 
-ROOFLINE_NAMED = 10  # kernels named in the roofline figure, the longest first
+ROOFLINE_NUMBERED = 15  # the kernels numbered in the roofline figure: the longest, as many as the report's roofline table lists
 
 
-def _shortened(name: str, length: int) -> str:
-    return name if len(name) <= length else name[: length - 1] + "…"
+def _roof_reason(row: Mapping[str, Any]) -> str:
+    """Why a roofline row is not drawn, short: its roof's "none: <why> (...)", or what it lacks."""
+    roof = str(row.get("roof") if isinstance(row.get("roof"), str) else row.get("peak") or "")
+    if roof.startswith("none: "):
+        return roof.removeprefix("none: ").split(" (")[0].split(", a rate")[0]
+    return "no DRAM bytes or duration measured" if pd.isna(row.get("arithmetic_intensity")) else "no FLOP rate"
+
+
+def _place_labels(
+    ax: plt.Axes, points: Sequence[tuple[float, float, str]], colour: Callable[[str], Any], obstacles: Sequence[tuple[float, float]]
+) -> list[Any]:
+    """Each point's number beside it, where it covers no label placed before it and no marker
+    (``obstacles``: every point drawn), in display space, greedily: twelve directions, further out
+    ring by ring, a leader line from the second ring on; where no place is free, the place that
+    covers the fewest (a label before a marker). The axes' limits must be final."""
+    fig = ax.figure
+    fig.canvas.draw()  # the layout, then kept as it is: drawn again at the file's dpi it would move the points under their labels
+    fig.set_layout_engine("none")
+    renderer = fig.canvas.get_renderer()
+    marker = 4.0 * fig.dpi / 72  # half a marker's width (s=36: 6 pt), in pixels
+    taken = [ax.transData.transform(xy) for xy in obstacles]
+    frame = ax.get_window_extent(renderer).padded(-4)  # a label inside the axes, clear of their frame
+    boxes: list[Any] = []
+    placed: list[Any] = []
+    angles = np.deg2rad([30, 150, -30, -150, 90, -90, 0, 180, 60, 120, -60, -120])
+    for x, y, text in points:
+        best = None
+        for ring in range(1, 13):
+            distance = 7 + 9 * (ring - 1)
+            for angle in angles:
+                offset = (1.3 * distance * np.cos(angle), distance * np.sin(angle))  # wider than high, as the labels are
+                label = ax.annotate(text, (x, y), xytext=offset, textcoords="offset points", fontsize="x-small",
+                                    fontweight="bold", ha="center", va="center", color=colour(text),
+                                    bbox={"boxstyle": "round,pad=0.12", "fc": "white", "ec": colour(text), "lw": 0.5, "alpha": 0.9},
+                                    arrowprops={"arrowstyle": "-", "color": colour(text), "lw": 0.5} if ring > 1 else None)  # fmt: skip
+                label.set_in_layout(False)  # a label must not move the axes it was placed in
+                # the text alone (an annotation's own extent adds its leader line) with room for its frame
+                box = Text.get_window_extent(label, renderer).padded(3)
+                markers = sum(box.x0 - marker < px < box.x1 + marker and box.y0 - marker < py < box.y1 + marker for px, py in taken)
+                cost = 100 * sum(box.overlaps(other) for other in boxes) + markers + (1000 if not frame.contains(*box.p0) or not frame.contains(*box.p1) else 0)
+                if best is None or cost < best[0]:
+                    if best is not None:
+                        best[1].remove()
+                    best = (cost, label, box)
+                else:
+                    label.remove()
+                if cost == 0:
+                    break
+            if best[0] == 0:
+                break
+        boxes.append(best[2])
+        placed.append(best[1])
+    return placed
 
 
 def roofline(t: Tables) -> Figure:
-    roof = t["profiling_roofline"].dropna(subset=["arithmetic_intensity", "achieved_flops_per_s"])
-    roof = roof[(roof["arithmetic_intensity"] > 0) & (roof["achieved_flops_per_s"] > 0)]
-    if roof.empty and len(t["profiling_roofline"]):  # ncu profiled kernels, none with a FLOP roof: say so, not "no profile"
-        raise NotMeasured(f"none of the {len(t['profiling_roofline'])} kernels Nsight Compute profiled has a FLOP roof to set it under "
+    """Every kernel that has a FLOP roof, achieved FLOP/s against arithmetic intensity, in the colour
+    of the roof it is set under (profiles.roofline: the tensor cores of its precision, or the CUDA
+    cores of its precision); the roofs min(peak, AI x DRAM bandwidth), each named; the longest
+    numbered as the report's roofline table numbers them (rank_in_run); how many are left out, and why."""
+    table = t["profiling_roofline"]
+    drawn_mask = table["arithmetic_intensity"].gt(0) & table["achieved_flops_per_s"].gt(0) & table["peak_flops_per_s"].notna()
+    roof = table[drawn_mask]
+    if roof.empty and len(table):  # ncu profiled kernels, none with a FLOP roof: say so, not "no profile"
+        raise NotMeasured(f"none of the {len(table)} kernels Nsight Compute profiled has a FLOP roof to set it under "
                           "(no floating-point work, or tensor-core work not counted): see the roofline table")
     if roof.empty:
         raise NotMeasured(
             "no Nsight Compute kernel profile (the torch.profiler fallback has no hardware counters; "
             "ncu runs with profiling.tool auto or ncu on a GPU)"
         )
-    fig, (ax,) = _panels(1, width=7.5, height=5.2)
-    lo, hi = roof["arithmetic_intensity"].min() / 10, roof["arithmetic_intensity"].max() * 10
-    for (peak, bandwidth), _ in roof.groupby(["peak_flops_per_s", "peak_dram_bytes_per_s"]):
-        x = np.logspace(np.log10(min(lo, peak / bandwidth / 10)), np.log10(max(hi, peak / bandwidth * 10)), 200)
-        ax.plot(x, np.minimum(peak, x * bandwidth), color="0.3", lw=1.2, label=f"roof: min({peak / 1e12:g} TFLOP/s, AI x {bandwidth / 1e12:g} TB/s)")
-    # numbers on the longest kernels only: a step profiled whole has a couple of hundred, whose names
-    # would cover one another, so each of these is numbered on the plot and named in a key below it
-    # (the report's roofline table lists more of them, profiling_roofline.csv every one)
-    longest = roof.nlargest(ROOFLINE_NAMED, "duration_s").index if "duration_s" in roof.columns else roof.index[:ROOFLINE_NAMED]
-    number = {index: rank for rank, index in enumerate(longest, start=1)}
-    for (run_id, kind), group in roof.groupby(["run_id", "flops_source"]):
-        ax.scatter(group["arithmetic_intensity"], group["achieved_flops_per_s"], s=50, label=f"{run_id}: {kind}")
-        for row in group.itertuples():
-            if row.Index in number:
-                ax.annotate(str(number[row.Index]), (row.arithmetic_intensity, row.achieved_flops_per_s),
-                            fontsize="x-small", fontweight="bold", xytext=(4, 2), textcoords="offset points")  # fmt: skip
-    key = [f"{rank}  {_shortened(roof.at[index, 'kernel'], 48)}" for index, rank in number.items()]
-    blank = [Line2D([], [], linestyle="none")] * len(key)
-    fig.legend(blank, key, loc="outside lower center", ncol=2, fontsize="x-small", frameon=False, handlelength=0, handletextpad=0)
+    left_out: dict[str, int] = {}
+    for row in table[~drawn_mask].to_dict("records"):
+        left_out[_roof_reason(row)] = left_out.get(_roof_reason(row), 0) + 1
+    fig, (ax,) = _panels(1, width=9.0, height=6.2)
+    roofs = roof.drop_duplicates("roof").sort_values("peak_flops_per_s", ascending=False)
+    colours = dict(zip(roofs["roof"], ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:olive"]))
+    bandwidth = float(roof["peak_dram_bytes_per_s"].dropna().max())
+    lo = min(roof["arithmetic_intensity"].min(), (roofs["peak_flops_per_s"] / bandwidth).min()) / 4
+    hi = max(roof["arithmetic_intensity"].max(), (roofs["peak_flops_per_s"] / bandwidth).max()) * 4
+    x = np.logspace(np.log10(lo), np.log10(hi), 200)
+    top = float(roofs["peak_flops_per_s"].max())
+    slope = x[x * bandwidth <= top]
+    ax.plot(slope, slope * bandwidth, color="0.2", lw=1.3, label=f"DRAM bandwidth: AI x {bandwidth / 1e12:g} TB/s")
+    for entry in roofs.itertuples():
+        ridge = entry.peak_flops_per_s / bandwidth  # where the compute roof meets the bandwidth roof
+        ax.plot([ridge, hi], [entry.peak_flops_per_s] * 2, color=colours[entry.roof], lw=1.6,
+                label=f"{entry.roof}: {entry.peak_flops_per_s / 1e12:,.1f} TFLOP/s")  # fmt: skip
+    runs = list(dict.fromkeys(roof["run_id"]))
+    for marker, run_id in zip(itertools.cycle(MARKERS), runs):
+        mine = roof[roof["run_id"].eq(run_id)]
+        ax.scatter(mine["arithmetic_intensity"], mine["achieved_flops_per_s"], s=36, marker=marker, c=[colours[r] for r in mine["roof"]],
+                   edgecolors="white", linewidths=0.5, label=f"{run_id + ': ' if len(runs) > 1 else ''}kernels (colour: their roof)")  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(roof["achieved_flops_per_s"].min() / 4, top * 2.5)
     ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte)")
     ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(f"Roofline of the kernels (Nsight Compute): {len(roof)} kernels, the {min(len(roof), ROOFLINE_NAMED)} longest numbered")
-    ax.legend(fontsize="x-small")
+    ax.legend(fontsize="x-small", loc="lower right")
+    # numbers as the roofline table gives them (rank_in_run: the kernels by time), a run's letter before them where there are several
+    prefix = {run_id: (chr(ord("A") + i) if len(runs) > 1 else "") for i, run_id in enumerate(runs)}
+    numbered = roof[roof["rank_in_run"].le(ROOFLINE_NUMBERED)] if "rank_in_run" in roof else roof.iloc[0:0]
+    numbered = numbered.sort_values(["run_id", "rank_in_run"])
+    # the key: each number the table gives, the ones not drawn with why, so that the two never disagree
+    listed = table[table["run_id"].isin(runs) & table["rank_in_run"].le(ROOFLINE_NUMBERED)] if "rank_in_run" in table else table.iloc[0:0]
+    key = []
+    for index, r in listed.sort_values(["run_id", "rank_in_run"]).iterrows():
+        name = str(r["kernel"]).removeprefix("void ")
+        key.append(f"{prefix[r['run_id']]}{r['rank_in_run']:g}  " + _shortened(name if index in roof.index else f"not drawn, {_roof_reason(r)}: {name}", 58))
+    blank = [Line2D([], [], linestyle="none")] * len(key)
+    if key:
+        fig.legend(blank, key, loc="outside lower center", ncol=2, fontsize="x-small", frameon=False, handlelength=0, handletextpad=0)
+    reasons = "; ".join(f"{count} {why}" for why, count in sorted(left_out.items(), key=lambda item: -item[1]))
+    ax.set_title(f"Roofline of the kernels (Nsight Compute): {len(roof)} of {len(table)} kernels drawn, the longest numbered as in the table\n"
+                 + (f"left out, with no FLOP roof to set them under: {reasons}" if reasons else "none left out"), fontsize="small")  # fmt: skip
+    colour_of = {f"{prefix[r.run_id]}{r.rank_in_run:g}": colours[r.roof] for r in numbered.itertuples()}
+    _place_labels(ax, [(r.arithmetic_intensity, r.achieved_flops_per_s, f"{prefix[r.run_id]}{r.rank_in_run:g}") for r in numbered.itertuples()],
+                  lambda text: colour_of.get(text, "black"), list(zip(roof["arithmetic_intensity"], roof["achieved_flops_per_s"])))  # fmt: skip
     return fig
+
+
+def _shortened(name: str, length: int) -> str:
+    return name if len(name) <= length else name[: length - 1] + "…"
 
 
 def predicted_vs_measured_efficiency(t: Tables) -> Figure:

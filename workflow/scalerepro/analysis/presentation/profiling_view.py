@@ -1,6 +1,8 @@
 """What the report's profiling section shows of one profiled run: its failed captures with their
-errors, the kernels that took the profiled step's time (by kind too), what their times and shares
-are of, set beside the measured run's step, and the roofline rows with readable names.
+errors, where its step's time goes (``profiles.step``: by kernel class, the launches not captured
+one by one and the idle time, adding up to the step), the kernels that took it, and the roofline
+rows with readable names and the numbers the roofline figure gives them. A kernel's time is in µs
+below 1 ms (``duration_text``).
 
 The rows come from the profiling tables (``scalerepro.analysis.profiles.captures``) as the report
 reads them; this module only selects, names and relates them, so the template says no number the
@@ -14,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scalerepro.analysis.profiles.kernels import kind_totals, short_name
+from scalerepro.analysis.profiles.kernels import STEP_CLASSES, kernel_class, short_name
+from scalerepro.analysis.profiles.step import DATA_WAIT, IDLE, ONE_PER_CONFIGURATION, WINDOW_ONLY, step_breakdown
 
 KERNELS_SHOWN = 15  # the kernels by time the report lists (the CSV has every one)
 ROOFLINE_SHOWN = 15  # the roofline rows it lists, by time
@@ -28,15 +31,30 @@ def _number(value: Any) -> float | None:
     return number if number == number else None  # NaN: no value
 
 
+def duration_text(seconds: Any) -> str | None:
+    """A kernel's or a part's time as a reader takes it in: µs below 1 ms (0 decimals from 100 µs,
+    1 below: "311 µs", "11.7 µs"), else ms to three figures ("6.73 ms", "12.4 ms"); None when absent."""
+    number = _number(seconds)
+    if number is None:
+        return None
+    if abs(number) < 1e-3:
+        micro = number * 1e6
+        return f"{micro:,.0f} µs" if abs(micro) >= 100 else f"{micro:.1f} µs"
+    milli = number * 1e3
+    return f"{milli:.2f} ms" if abs(milli) < 10 else f"{milli:.1f} ms" if abs(milli) < 100 else f"{milli:,.0f} ms"
+
+
 def measured_step(measured: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The profiled run's own measured step (runs.csv, and its record's count of measured steps):
-    median, p10, p90 and n; None when the run has no measured step."""
+    """The profiled run's own measured step (runs.csv, with its count of measured steps, else its
+    record's): median, p10, p90 and n; None when the run has no measured step."""
     if not measured or _number(measured[0].get("step_time_median_s")) is None:
         return None
     run = measured[0]
+    steps = _number(run.get("measured_steps"))
     record = Path(str(run.get("record") or ""))
     try:
-        steps = ((json.loads(record.read_text()).get("measurements") or {}).get("measured_steps")) if record.is_file() else None
+        if steps is None and record.is_file():
+            steps = (json.loads(record.read_text()).get("measurements") or {}).get("measured_steps")
     except (OSError, ValueError):
         steps = None
     return {"median_s": _number(run.get("step_time_median_s")), "p10_s": _number(run.get("step_time_p10_s")),
@@ -60,14 +78,20 @@ def profiled_run(
     warnings = [line for line in str(run.get("warnings") or "").split("\n") if line.strip() and not line.startswith(failed or ("\0",))]
     from_ncu = str(run.get("kernel_basis") or "").startswith("Nsight Compute")
     kernels_total = sum(_number(k.get("total_s")) or 0.0 for k in kernels)
-    shown = [rows({**k, "short": short_name(str(k.get("name") or ""))}) for k in kernels[:KERNELS_SHOWN]]
-    by_time = sorted(roofline, key=lambda r: -(_number(r.get("duration_s")) or 0.0))
+    step = measured_step(measured)
+    breakdown = step_breakdown(run, measured[0] if measured else None)
+    # a kernel's part of the step: ncu's one launch of each configuration against the measured step
+    # (at least that: the step may launch it again); a timeline's kernel time against its window
+    of_step = _number(run.get("window_s")) if not from_ncu else (step or {}).get("median_s")
+    shown = [rows({**k, "short": short_name(str(k.get("name") or "")), "time": duration_text(k.get("total_s")),
+                   "step_share": _number(k.get("total_s")) / of_step if of_step and _number(k.get("total_s")) is not None else None})
+             for k in kernels[:KERNELS_SHOWN]]  # fmt: skip
+    by_time = sorted(roofline, key=lambda r: (-(_number(r.get("duration_s")) or 0.0), str(r.get("kernel"))))
     unplaced: dict[str, int] = {}
     for row in roofline:
         if _number(row.get("peak_flops_per_s")) is None or _number(row.get("arithmetic_intensity")) is None:
             reason = str(row.get("roof") or row.get("peak") or "no roof").removeprefix("none: ")
             unplaced[reason] = unplaced.get(reason, 0) + 1
-    step = measured_step(measured)
     return {
         "run": run,
         "files": files,
@@ -76,15 +100,43 @@ def profiled_run(
         "timeline": _number(run.get("window_s")) is not None,  # a breakdown of the step (nsys, torch.profiler)
         "kernels": shown,
         "kernels_count": len(kernels),
-        # one launch of each configuration: their sum, how many, and the step's time they do not cover
-        "times": {"kernels_s": kernels_total, "configurations": sum(int(_number(k.get("calls")) or 0) for k in kernels),
-                  "unseen_s": step["median_s"] - kernels_total if from_ncu and step and step["median_s"] > kernels_total else None},
+        # one launch of each configuration: their sum and how many
+        "times": {"kernels_s": kernels_total, "kernels": duration_text(kernels_total),
+                  "configurations": sum(int(_number(k.get("calls")) or 0) for k in kernels)},  # fmt: skip
         "kernels_from_ncu": from_ncu,
-        # by kind only where the table holds every kernel (ncu), not a top ten
-        "kinds": [rows(k) for k in kind_totals([dict(k) for k in kernels])] if from_ncu else [],
+        "breakdown": _shown_breakdown(breakdown, kernels, run),
         "step": step,
-        "roofline": [rows({**r, "short": short_name(str(r.get("kernel") or ""))}) for r in by_time[:ROOFLINE_SHOWN]],
+        "step_text": duration_text((step or {}).get("median_s")),
+        "roofline": [rows({**r, "short": short_name(str(r.get("kernel") or "")), "time": duration_text(r.get("duration_s"))})
+                     for r in by_time[:ROOFLINE_SHOWN]],
         "roofline_count": len(roofline),
         "roofline_unplaced": sorted(unplaced.items(), key=lambda item: -item[1]),
         "peaks_basis": next((r.get("peaks_basis") for r in roofline if r.get("peaks_basis")), None),
     }
+
+
+def _shown_breakdown(breakdown: Mapping[str, Any] | None, kernels: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The step's breakdown (``profiles.step.step_breakdown``) with each class's kernels and launches
+    (from the kernels table, which holds every kernel of the capture), times as text, and the parts
+    a stacked bar can draw (a negative part, more captured than the step's kernel time, cannot be)."""
+    if breakdown is None or breakdown.get("rows") is None:
+        return breakdown
+    per_class: dict[str, dict[str, float]] = {c: {"kernels": 0, "launches": 0.0} for c in STEP_CLASSES}
+    for kernel in kernels:
+        step_class = kernel.get("class") or kernel_class(str(kernel.get("name") or ""), kernel.get("kind"))
+        if step_class in per_class:
+            per_class[step_class]["kernels"] += 1
+            per_class[step_class]["launches"] += _number(kernel.get("calls")) or 0.0
+    steps = 1.0 if breakdown["coverage"] == ONE_PER_CONFIGURATION else _number(run.get("steps")) or 1.0
+    shown = []
+    for row in breakdown["rows"]:
+        counts = per_class.get(row["step_class"]) if row["step_class"] and breakdown["coverage"] != WINDOW_ONLY else None
+        # the bar's colour of the part (report/style.css .part-*): its class, or what the rest of the step is
+        colour = row["step_class"] or ("idle" if row["part"] == IDLE else "wait" if row["part"] == DATA_WAIT else "again")
+        shown.append({**row, "time": duration_text(row["time_s"]), "kernels": counts["kernels"] if counts else None,
+                      "launches": counts["launches"] / steps if counts else None, "colour": colour})  # fmt: skip
+    if breakdown.get("window_s"):  # a timeline's step, window / steps, said with its numbers
+        breakdown = {**breakdown, "step_basis": f"the profiled window's step: {duration_text(breakdown['window_s'])} over {breakdown['steps']:g} steps"}
+    return {**breakdown, "rows": shown, "step": duration_text(breakdown["step_s"]), "sum": duration_text(breakdown["sum_s"]),
+            "captured": duration_text(breakdown["captured_s"]), "measured_step": duration_text(breakdown.get("measured_step_s")),
+            "bar": [row for row in shown if row["share"] > 0]}  # fmt: skip

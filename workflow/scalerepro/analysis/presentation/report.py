@@ -38,6 +38,7 @@ import pandas as pd
 
 from scalerepro.analysis import study_files
 from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, VERDICTS
+from scalerepro.analysis.presentation.bottlenecks import bottleneck_rows
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
 from scalerepro.analysis.presentation.formatting import MISSING, TEMPLATE_FILTERS, TEMPLATE_GLOBALS, fmt_int, fmt_text, is_missing, label, truthy
 from scalerepro.analysis.presentation.headline import headline_section, mfu_columns, study_identity
@@ -77,6 +78,20 @@ SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         ("versus-baseline", "Versus baseline"), ("history-cells", "Headline cells across studies"),
     )),
 )  # fmt: skip
+
+# A report whose every counted run used one GPU leads with what that GPU measured: the headline,
+# then the published figures it stands beside; the sections about scaling, which it cannot fill,
+# come after the system, each as one line.
+ONE_GPU_LEAD = ("summary", "comparison")
+
+
+def report_sections(one_gpu: bool) -> tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...]:
+    """SECTIONS in the order the report shows them: a one-GPU report's ONE_GPU_LEAD first, then
+    the rest in SECTIONS' order; a study that scaled keeps SECTIONS' order."""
+    if not one_gpu:
+        return SECTIONS
+    by_anchor = {entry[0]: entry for entry in SECTIONS}
+    return (*(by_anchor[anchor] for anchor in ONE_GPU_LEAD), *(entry for entry in SECTIONS if entry[0] not in ONE_GPU_LEAD))
 
 
 def section_numbers(sections: Sequence[tuple[str, str, Sequence[tuple[str, str]]]] = SECTIONS) -> dict[str, str]:
@@ -344,6 +359,49 @@ def parallelism_why_empty(config: Any, empty: str) -> str:
     return empty
 
 
+def one_gpu_scope(runs: pd.DataFrame) -> str | None:
+    """Why nothing was scaled, where every counted run used one GPU (one rank on a CPU): "every
+    run used 1 GPU", or "every completed run ..." where runs at more were planned but none counts;
+    None where a counted run used more, or none counts."""
+    counted = runs[runs["counts"].map(truthy).eq(True)] if "counts" in runs.columns else _ok_runs(runs)
+    if "gpus" not in counted.columns:
+        return None
+    gpus = pd.to_numeric(counted["gpus"], errors="coerce").dropna()
+    if gpus.empty or not gpus.eq(1).all():
+        return None
+    cpu = "device_type" in counted.columns and set(counted["device_type"].dropna()) == {"cpu"}
+    planned = pd.to_numeric(runs["gpus"], errors="coerce").dropna()
+    return f"every {'run' if planned.eq(1).all() else 'completed run'} used 1 {'rank' if cpu else 'GPU'}"
+
+
+def single_lines(
+    scope: str | None, empty: Mapping[str, str], loss_view: Sequence[Row], sensitivity: Sequence[Row],
+    parallelism: Sequence[Row], parallelism_why: str, communication: Sequence[Row], scaling_model: Mapping[str, Any],
+) -> dict[str, str]:  # fmt: skip
+    """Anchor -> the one line a one-GPU report says instead of a multi-GPU section it cannot fill
+    (its formulas and empty tables would explain what was not measured); empty where the study
+    scaled, and a section that has rows at one GPU keeps them."""
+    if scope is None:
+        return {}
+    many = "ranks" if scope.endswith("rank") else "GPUs"
+
+    def why(state: str) -> str:  # "Not measured: x.csv has no rows." -> "x.csv has no rows"
+        return state.removeprefix("Not measured: ").removeprefix("No prediction: ").rstrip(".")
+
+    lines = {"scaling": f"not measured — {scope}, so nothing was scaled: no speed-up or efficiency (each model's throughput is in the headline)"}
+    if not loss_view:
+        lines["why-not-faster"] = f"not measured — {scope}: there is no loss against ideal scaling to split into parts"
+    if not sensitivity:
+        lines["sensitivity"] = f"not measured — {scope}; {why(empty['sensitivity'])}"
+    if not parallelism:
+        lines["parallelism"] = f"not measured — {scope}; {why(parallelism_why)}"
+    if not communication:
+        lines["communication"] = f"not measured — {scope}, and an all-reduce needs two {many} or more; {why(empty['communication'])}"
+    if not scaling_model["rows"]:
+        lines["scaling-model"] = f"no prediction — {why(scaling_model['why_empty'])}"
+    return lines
+
+
 def split_cost(cost: pd.DataFrame) -> tuple[list[Row], Row | None]:
     """The per-study rows of ``cost.csv`` and its 'total' row (None when it has none)."""
     if "study" not in cost.columns:
@@ -430,8 +488,10 @@ class ReportContext:
     tables_dir: str  # the folder of the tables it was rendered from, relative to the report (no path of the machine that rendered it)
     source: dict[str, Any]  # what the report was made from: a planned study, or records no study planned (records: True, their folders, the config its checks came from, the profiles beside them it did not read)
     left_out: list[str]  # the files beside the records not taken as this study's, each with why (summary.json's left_out)
-    sections: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...]  # SECTIONS: the contents and the section templates, in order
-    secno: dict[str, str]  # anchor id -> its number, "3" / "3.1" (section_numbers)
+    sections: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...]  # SECTIONS in the report's order (report_sections): contents and templates
+    one_gpu: str | None  # "every run used 1 GPU" where every counted run used one GPU or rank (one_gpu_scope); None where the study scaled
+    single_lines: dict[str, str]  # anchor -> the line a one-GPU report says for a multi-GPU section it cannot fill (single_lines); {} where it scaled
+    secno: dict[str, str]  # anchor id -> its number, "3" / "3.1", from the report's order (section_numbers)
     sectitle: dict[str, str]  # anchor id -> its heading (section_titles)
     empty: dict[str, str]  # table name -> what its section says without rows: "Not measured: <name>.csv has no rows" / "is not there"
     cpu_study: bool  # every completed run ran on the CPU: a count is of ranks, not GPUs
@@ -465,8 +525,9 @@ class ReportContext:
     scaling_model_view: dict[str, Any]  # scaling_model.csv as its section shows it (scaling_model_view.scaling_model_section)
     links: dict[str, dict[str, Any]]  # references.yaml's links, each with the efficiency the model uses (shown_links)
     profiling: dict[str, Any]  # whether profiling was planned, and each profiled run (profiling_section)
+    bottlenecks: list[dict[str, Any]]  # per model, what bounds its one-GPU cell, with the evidence and the lever (bottlenecks.bottleneck_rows)
     # Measured vs published
-    nearest_published: dict[str, Any]  # the nearest published figure per measured model, and the references beside no run (nearest_published.report_context)
+    nearest_published: dict[str, Any]  # per measured model its best published and like-for-like figures, and the references beside no run (nearest_published.report_context)
     comparison_groups: dict[str, list[Row]]  # comparison.csv by group, "reproduction" and "context" (comparison_groups)
     verdict_counts: list[tuple[str, int]]  # (verdict, how many references got it), VERDICTS first
     tolerance: float  # targets.reproduce_tolerance: how far from 1 a ratio is still reproduced
@@ -528,14 +589,24 @@ def build_context(
     # Why the runs have no NVML figures, as their records say (e.g. a CPU run).
     nvml_reasons = _unique(ok, "nvml_reason")
     targets = (config or {}).get("targets") or {} if isinstance(config, dict) else {}
+    one_gpu = one_gpu_scope(runs)
+    sections = report_sections(one_gpu is not None)
+    loss_view = loss_rows(rows(tables["loss_decomposition"], ("study", "model", "gpus")))
+    sensitivity = rows(tables["sensitivity"], ("model", "gpus", "precision", "per_gpu_batch", "bucket_cap_mb"))
+    parallelism = rows(tables["parallelism"], ("model", "gpus"))
+    parallelism_why = parallelism_why_empty(config, empty["parallelism"])
+    communication = rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes"))
+    scaling_model_view = scaling_model_section(rows(tables["scaling_model"], ("study", "model", "gpus")), runs, empty["scaling_model"])
     return ReportContext(
         study=study_identity(config, runs),
         generated_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         tables_dir=os.path.relpath(tables_dir, report_dir) if report_dir is not None else Path(tables_dir).name,
         source=report_source(config),
         left_out=list((summary or {}).get("left_out") or []) if isinstance(summary, dict) else [],
-        sections=SECTIONS,
-        secno=section_numbers(),
+        sections=sections,
+        one_gpu=one_gpu,
+        single_lines=single_lines(one_gpu, empty, loss_view, sensitivity, parallelism, parallelism_why, communication, scaling_model_view),
+        secno=section_numbers(sections),
         sectitle=section_titles(),
         empty=empty,
         cpu_study=bool(not ok.empty and "device_type" in ok.columns and set(ok["device_type"].dropna()) == {"cpu"}),
@@ -555,21 +626,22 @@ def build_context(
             for study, group in (scaling.groupby("study", sort=True) if "study" in scaling.columns else [])
         },
         scaling_unlabelled=rows(scaling, ("model", "gpus")) if "study" not in scaling.columns else [],
-        loss_view=loss_rows(rows(tables["loss_decomposition"], ("study", "model", "gpus"))),
-        sensitivity=rows(tables["sensitivity"], ("model", "gpus", "precision", "per_gpu_batch", "bucket_cap_mb")),
+        loss_view=loss_view,
+        sensitivity=sensitivity,
         ablation=rows(tables["ablation"], ("model", "gpus")),
-        parallelism=rows(tables["parallelism"], ("model", "gpus")),
-        parallelism_why_empty=parallelism_why_empty(config, empty["parallelism"]),
+        parallelism=parallelism,
+        parallelism_why_empty=parallelism_why,
         mfu_headers=mfu_headers,
-        communication=rows(tables["communication"], ("backend", "nodes", "gpus", "size_bytes")),
+        communication=communication,
         ok_runs=[Row({**row, "withheld": withheld_figures(row.get("withheld"))[0]}) for row in rows(ok, ("study", "model", "gpus", "variant", "repeat", "run_id"))],
         withheld_reasons=sorted({reason for value in ok.get("withheld", pd.Series(dtype=object)) for reason in withheld_figures(value)[1]}),
         measured=measured,
         nvml_reasons=nvml_reasons,
-        scaling_model_view=scaling_model_section(rows(tables["scaling_model"], ("study", "model", "gpus")), runs, empty["scaling_model"]),
+        scaling_model_view=scaling_model_view,
         links=shown_links(references_doc.get("links")),
         profiling=profiling_section(Path(tables_dir), report_dir),
-        nearest_published=nearest_published.report_context(runs, references_path, tables["comparison"]),
+        bottlenecks=bottleneck_rows(runs, scaling, inventory, Path(tables_dir)),
+        nearest_published=nearest_published.report_context(runs, references_path, tables["comparison"], inventory),
         comparison_groups=comparison_groups(tables["comparison"]),
         verdict_counts=verdict_counts(tables["comparison"]),
         tolerance=targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE),

@@ -16,9 +16,11 @@ that failed (capture.json ``"status": "failed"``, a tool folder with a log and n
 or an ncu file with no table) is in ``failed_captures`` with the error its files hold
 (``failures``), nothing of it is read, and the report says so.
 
-Kernels by time: the timeline's (nsys, torch.profiler: the top ten over the window); with ncu
-alone, every kernel ncu profiled (``kernels.ncu_kernel_times``), whose times are one launch of
-each launch configuration: ``kernel_basis`` says what their sum and shares are of.
+Kernels by time: the timeline's (nsys, torch.profiler's CUDA trace: every kernel launched in the
+window; the CPU fallback: the top ten operators); with ncu alone, every kernel ncu profiled
+(``kernels.ncu_kernel_times``), whose times are one launch of each launch configuration:
+``kernel_basis`` says what their sum and shares are of. The kernels' time by class
+(``step_classes``, profiling.csv's ``class_*_s``) is what the step's breakdown reads (``step``).
 
 Definitions. All times are over the profiling window W: from the start of the trainer's first
 ``scalerepro:step`` range (steps K .. K+M-1) to the later of the last step range's end and the end
@@ -47,7 +49,9 @@ counters do not see tensor-core work: a kernel's tensor-core FLOPs are estimated
 utilisation x duration x the dense tensor peak of the run's precision, added to its SASS FLOPs,
 and it is set against that tensor roof (``tensor_work`` says how, or why the tensor-core work
 could not be counted). On Hopper the dense peak is wgmma's: a kernel whose tensor pipe is busy
-with no wgmma instruction (mma.sync, or HFMA2.MMA in elementwise kernels) gets no estimate. The peaks are those of the GPU the capture names (the GPU peak table,
+with no wgmma instruction (mma.sync, or HFMA2.MMA in elementwise kernels) gets no estimate, and
+one whose pipe ran only the HFMA2.MMA its SASS counters hold is a CUDA-core kernel, under the
+CUDA-core roof of its precision (fp32, fp64, or the non-tensor fp16/bf16 rate). The peaks are those of the GPU the capture names (the GPU peak table,
 ``scalerepro.common.gpu_peaks``, matched by device name: H100, H200, GH200, H800, A100) and of the run's
 precision; the configured ``profiling.gpu_peaks`` applies only when the capture names no GPU.
 
@@ -75,10 +79,11 @@ from scalerepro.analysis.columns import FILE_COLUMNS, KERNEL_COLUMNS, PROFILING_
 from scalerepro.analysis.profiles.classify import DEFAULT_THRESHOLDS, classify
 from scalerepro.analysis.profiles.failures import failure
 from scalerepro.analysis.profiles.intervals import WHOLE_CAPTURE, ProfileError, breakdown, top_calls
-from scalerepro.analysis.profiles.kernels import ncu_kernel_times, short_name
+from scalerepro.analysis.profiles.kernels import kernel_class, ncu_kernel_times, short_name
 from scalerepro.analysis.profiles.ncu import read_ncu_csv
 from scalerepro.analysis.profiles.nsys import read_nsys_metadata, read_nsys_sqlite
 from scalerepro.analysis.profiles.roofline import precision_of_capture, resolve_peaks, roofline
+from scalerepro.analysis.profiles.step import capture_classes, mean_classes, profile_columns, timeline_classes
 from scalerepro.analysis.profiles.torch_trace import read_operator_table, read_torch_trace
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
 from scalerepro.common.files import write_text_atomically
@@ -139,20 +144,23 @@ def summarize(
     operators: list[dict[str, Any]] = []
     warnings: list[str] = []
     metadata: list[dict[str, Any]] = []
+    classes: list[dict[str, Any]] = []  # per rank, its window split by kernel class (step.timeline_classes)
     for path in sorted((run_dir / "nsys").glob("*.sqlite")) if "nsys" not in failed else ():
         metadata.append({k: v for k, v in read_nsys_metadata(path).items() if k != "tables"})
         for timeline in read_nsys_sqlite(path):
             parts.append(breakdown(timeline))
+            classes += [c for c in [timeline_classes(timeline)] if c]
             if timeline.provisional:
                 warnings.append(f"{timeline.rank}: no {RANGE_PREFIX}step ranges: window: {WHOLE_CAPTURE}; its classification is provisional")
             if not top:
-                top = top_calls(timeline.calls)
+                top = _kernels_of_window(timeline)
     # torch/ normally; under nsys/ or ncu/ when that tool was missing on the node and the job fell back
     trace = next(iter(sorted(p for p in run_dir.glob("*/trace.json") if p.parent.name not in failed)), None)
     if not parts and trace is not None:
         timeline = read_torch_trace(trace)
         parts.append(breakdown(timeline))
-        top = top_calls(timeline.calls)
+        classes += [c for c in [timeline_classes(timeline)] if c]
+        top = _kernels_of_window(timeline) if classes else top_calls(timeline.calls)
         if (trace.parent / "operators.csv").is_file():
             operators = read_operator_table(trace.parent / "operators.csv")
     kernels_csv = run_dir / "ncu" / "kernels.csv"
@@ -171,6 +179,7 @@ def summarize(
         warnings += reading.problems
         if not top:  # no timeline (ncu alone): the kernels by time are ncu's, and say what they are of
             top, kernel_basis = ncu_kernel_times(reading.launches)
+            classes = [capture_classes(top)]
         if peaks is None:
             precision = precision or precision_of_capture(captures)
             devices = [device_name] if device_name else [re.sub(r"\s*\(compute capability [^)]*\)$", "", g) for m in metadata for g in m.get("gpus") or [] if "(ncu)" not in g]
@@ -194,6 +203,8 @@ def summarize(
         "per_rank": parts,
         "top_kernels": top,
         "kernel_basis": kernel_basis,
+        # the kernels' time by class (step.py): every launch of the window, or ncu's one launch per configuration
+        "step_classes": mean_classes(classes),
         "failed_captures": failed,
         "operators": operators,
         "roofline": roof,
@@ -203,6 +214,14 @@ def summarize(
         "warnings": warnings,
         "files": _files(run_dir),
     }
+
+
+def _kernels_of_window(timeline: Any) -> list[dict[str, Any]]:
+    """Every kernel launched in a timeline's window, by total time, each with its class (the step's
+    breakdown counts launches per class from them)."""
+    start, end = timeline.window
+    calls = timeline.calls[(timeline.calls["end"] > start) & (timeline.calls["start"] < end)]
+    return [{**row, "class": kernel_class(row["name"])} for row in top_calls(calls, count=max(len(calls), 1))]
 
 
 def roofline_warnings(roof: Sequence[Mapping[str, Any]], named: int = 3) -> list[str]:
@@ -242,10 +261,13 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
              "warnings": "\n".join(s.get("warnings") or []) or None}  # fmt: skip
         )
         runs[-1]["kernel_basis"] = (s.get("kernel_basis") or {}).get("what")
+        runs[-1].update(profile_columns(s.get("step_classes")))
         runs[-1]["capture_errors"] = "\n".join(f"{tool}: {f['error']}" for tool, f in (s.get("failed_captures") or {}).items()) or None
         kernels += [{"run_id": s["run_id"], "rank_in_run": i + 1, **k} for i, k in enumerate(s["top_kernels"])]
         peak_bw = (s.get("gpu_peaks") or {}).get("dram_bytes_per_s")
-        roof += [{"run_id": s["run_id"], **k, "peak_dram_bytes_per_s": peak_bw, "peaks_basis": s.get("peaks_basis")} for k in s["roofline"]]
+        # numbered by time as the kernels are (both longest first, ties by name): the report's tables and figure share the numbers
+        roof += [{"run_id": s["run_id"], "rank_in_run": i + 1, **k, "peak_dram_bytes_per_s": peak_bw, "peaks_basis": s.get("peaks_basis")}
+                 for i, k in enumerate(s["roofline"])]  # fmt: skip
         files += [{"run_id": s["run_id"], **f} for f in s["files"]]
     return {
         "profiling": pd.DataFrame(runs, columns=PROFILING_COLUMNS),

@@ -95,8 +95,8 @@ class Timeline:
     compute: list[Interval]
     communication: list[Interval]
     data_wait: list[Interval]
-    # name, kind (compute | communication), duration_s: one row per kernel (or operator) call
-    calls: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["name", "kind", "duration_s"]))
+    # name, kind (compute | communication), duration_s, start, end: one row per kernel (or operator) call
+    calls: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["name", "kind", "duration_s", "start", "end"]))
     # what bounds the window: the trainer's step ranges, or WHOLE_CAPTURE where it has none
     window_label: str = ""
 

@@ -1,6 +1,7 @@
 """What a GPU kernel is, from its name: its kind (convolution, GEMM, a fused Triton elementwise
-kernel ...), whether it is matrix work that may run on the tensor cores, the precision its name
-states, and a name short enough to read; and the kernels of an Nsight Compute capture by time.
+kernel ...), the class of the step's breakdown it counts in (``STEP_CLASSES``), whether it is
+matrix work that may run on the tensor cores, the precision its name states, and a name short
+enough to read; and the kernels of an Nsight Compute capture by time.
 
 The kinds are data (``KERNEL_KINDS``: the first pattern that matches names the kind), so a kernel
 family this table lacks is one line here, never a branch of code.
@@ -38,6 +39,31 @@ KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 OTHER_KIND = "other"
+
+# The classes a step's time is split into (the report's breakdown of the step), each a few kinds:
+# what a reader can act on (a convolution or GEMM is matrix work; normalisation and elementwise
+# work is memory traffic that fusion can remove; copies move, cast or fill memory and do no math).
+STEP_CLASSES = ("convolution", "GEMM", "attention", "normalisation and elementwise", "optimizer", "communication", "copies", "other")
+KIND_CLASSES = {
+    "communication (NCCL)": "communication",
+    "attention": "attention",
+    "layout / set-up": "copies",
+    "convolution": "convolution",
+    "GEMM": "GEMM",
+    "normalisation": "normalisation and elementwise",
+    "fused elementwise (Triton)": "normalisation and elementwise",
+    "fused reduction (Triton)": "normalisation and elementwise",
+    "softmax / reduction (ATen)": "normalisation and elementwise",
+    "elementwise (ATen)": "normalisation and elementwise",
+    "optimizer (multi-tensor)": "optimizer",
+    OTHER_KIND: "other",
+}
+# Kernels that only move, cast or fill memory, whatever their kind: ATen's copy and fill kernels,
+# and Inductor kernels that fused nothing but copies, casts and views ("triton_poi_fused__to_copy_1").
+COPY_KERNEL = re.compile(
+    r"direct_copy|copy_kernel|memcpy|memset|FillFunctor|^triton_\w{3}_fused_((_to_copy|clone|copy_?|new_zeros|zeros|squeeze|unsqueeze|view|permute)_)+\d+$",
+    re.IGNORECASE,
+)
 # The kinds whose work is matrix multiplication, and so may run on the tensor cores; any other
 # kernel is never set under a tensor roof, whatever the tensor-pipe counter shows (Hopper's counts
 # the half-precision FMAs an elementwise kernel issues to the tensor pipe, HFMA2.MMA, as busy).
@@ -60,6 +86,17 @@ NAME_PRECISIONS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 def kernel_kind(name: str) -> str:
     """The kind of the kernel called ``name`` (``KERNEL_KINDS``), ``OTHER_KIND`` when none matches."""
     return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), OTHER_KIND)
+
+
+def kernel_class(name: str, kind: str | None = None) -> str:
+    """The class of the step's breakdown (``STEP_CLASSES``) the kernel called ``name`` counts in:
+    a copy by its name, else its kind's class (a Triton template by what its name says it fused)."""
+    kind = kind or kernel_kind(name)
+    if COPY_KERNEL.search(name):
+        return "copies"
+    if kind == "GEMM/convolution (Triton template)":
+        return "convolution" if re.search(r"conv", name, re.IGNORECASE) else "GEMM"
+    return KIND_CLASSES.get(kind, "other")
 
 
 def name_precision(name: str) -> str | None:
@@ -110,8 +147,8 @@ def ncu_kernel_times(launches: pd.DataFrame) -> tuple[list[dict[str, Any]], dict
     grouped = timed.groupby("kernel", sort=False)["duration"].agg(calls="count", total_s="sum").reset_index()
     grouped = grouped.sort_values(["total_s", "kernel"], ascending=[False, True], kind="stable")
     rows = [
-        {"name": row.kernel, "kind": kernel_kind(row.kernel), "calls": int(row.calls), "total_s": float(row.total_s),
-         "mean_us": float(row.total_s) / row.calls * 1e6, "share": float(row.total_s) / total if total else None}
+        {"name": row.kernel, "kind": kernel_kind(row.kernel), "class": kernel_class(row.kernel), "calls": int(row.calls),
+         "total_s": float(row.total_s), "mean_us": float(row.total_s) / row.calls * 1e6, "share": float(row.total_s) / total if total else None}
         for row in grouped.itertuples()
     ]  # fmt: skip
     basis = {
@@ -125,13 +162,3 @@ def ncu_kernel_times(launches: pd.DataFrame) -> tuple[list[dict[str, Any]], dict
                  "launches several times counts once)"),
     }  # fmt: skip
     return rows, basis
-
-
-def kind_totals(kernels: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Time and share by kind over ``kernels`` (rows of ``ncu_kernel_times``), longest first."""
-    frame = pd.DataFrame(kernels, columns=["name", "kind", "calls", "total_s", "share"])
-    if frame.empty:
-        return []
-    grouped = frame.groupby("kind", sort=False).agg(kernels=("name", "count"), calls=("calls", "sum"), total_s=("total_s", "sum"), share=("share", "sum"))
-    grouped = grouped.sort_values("total_s", ascending=False, kind="stable").reset_index()
-    return [{**row, "matrix": row["kind"] in MATRIX_KINDS} for row in grouped.to_dict("records")]

@@ -148,6 +148,8 @@ def read_nsys_sqlite(path: str | os.PathLike[str]) -> list[Timeline]:
                         "name": group["name"].to_numpy(),
                         "kind": is_comm.map({True: "communication", False: "compute"}).to_numpy(),
                         "duration_s": ((group["end"] - group["start"]) * ns).to_numpy(),
+                        "start": (group["start"] * ns).to_numpy(),
+                        "end": (group["end"] * ns).to_numpy(),
                     }
                 ),
                 window_label=label,

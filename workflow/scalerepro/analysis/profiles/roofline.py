@@ -16,6 +16,15 @@ from scalerepro.common.gpu_peaks import PEAKS, TBPS, TFLOPS, peaks_key
 
 # The tensor-core precisions of a training run; fp32 (TF32 off) runs no tensor-core math: no tensor roof.
 TENSOR_PRECISIONS = ("tf32", "bf16", "fp16", "fp8")
+HALF_PRECISIONS = ("fp16", "bf16")  # what the SASS half-precision counters (HADD, HMUL, HFMA) count, both
+# Hopper's tensor-pipe counter also counts the half-precision FMAs a kernel issues to that pipe
+# (HFMA2.MMA), which the SASS fp16 counters hold as FP work. A matrix kernel with no wgmma
+# instruction, half-precision SASS FLOPs and its tensor pipe busy under this share of its time did
+# its math on the CUDA cores: in the kept H100 captures every such kernel (cuDNN's 3-channel stem
+# convolution at 0.41 %, two wgrad variants at 0.05 %) is busy exactly in proportion to its
+# HFMA2 FLOPs, as Inductor's elementwise kernels are (0.02-1.3 %), while a kernel doing mma.sync
+# (CUTLASS's wmma GEMMs at 0.7-1.9 %, an sm80 wgrad at 14 %) has no half-precision SASS FLOPs.
+HFMA2_ONLY_BUSY_MAX = 0.02
 
 
 def gpu_peaks(key: str, precision: str | None = None) -> dict[str, Any]:
@@ -96,18 +105,20 @@ def _tensor_roof(peaks: Mapping[str, Any], precision: str | None) -> tuple[float
     return (rate * TFLOPS, None) if rate else (None, f"{entry.name} has no {precision} tensor cores")
 
 
-def _cuda_core_roof(peaks: Mapping[str, Any], precision: str) -> tuple[float | None, str]:
+def _cuda_core_roof(peaks: Mapping[str, Any], precision: str, half: str | None) -> tuple[float | None, str]:
     """The CUDA-core roof of the precision most of a kernel's SASS FLOPs ran in: (FLOP/s, its
-    name), or (None, why there is none)."""
+    name), or (None, why there is none). ``half``: which half precision (fp16, bf16) the
+    half-precision counters hold for this kernel (its name's, else the run's); fp16 where neither says."""
     if precision == "fp32":
         return peaks["fp32_flops"], f"{peaks.get('name')} FP32 CUDA cores"
-    if precision == "fp64":
-        entry = PEAKS.get(peaks.get("key") or "")
-        if entry is not None and entry.fp64:
-            return entry.fp64 * TFLOPS, f"{peaks.get('name')} FP64 CUDA cores"
-        return None, f"none: FLOPs mostly FP64, a rate the GPU peak table does not hold for {peaks.get('name')}"
-    # packed half-precision FMAs (HFMA2) run at a rate of their own, which the table does not hold
-    return None, f"none: FLOPs mostly half-precision on the CUDA cores, a rate the GPU peak table does not hold for {peaks.get('name')}"
+    entry = PEAKS.get(peaks.get("key") or "")
+    if precision == "fp16":
+        precision = half if half in HALF_PRECISIONS else "fp16"
+    rate = entry.cuda_core_tflops(precision) if entry is not None else None
+    if rate:
+        return rate * TFLOPS, f"{peaks.get('name')} {precision.upper()} CUDA cores"
+    what = "FP64" if precision == "fp64" else f"{precision} on the CUDA cores (non-tensor)"
+    return None, f"none: FLOPs mostly {what}, a rate the GPU peak table does not hold for {peaks.get('name')}"
 
 
 def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -122,7 +133,9 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
     on: a kernel with tensor-core work under that tensor roof; a kernel of a kind that does no
     matrix work (``kernels.MATRIX_KINDS``: elementwise, reduction ...) never under a tensor roof,
     whatever the tensor-pipe counter shows; any other under the CUDA-core roof of the precision
-    most of its SASS FLOPs ran in. A kernel with no roof is not placed (no intensity, no
+    most of its SASS FLOPs ran in (fp32, fp64, or the half precision its name or the run states),
+    a matrix kernel whose tensor pipe ran only the HFMA2.MMA its SASS counters hold
+    (``HFMA2_ONLY_BUSY_MAX``: cuDNN's 3-channel stem convolution) included. A kernel with no roof is not placed (no intensity, no
     fraction of a peak) and ``peak`` says why: a kernel with no floating-point work (integer,
     copy), one whose tensor-core work cannot be counted (``tensor_work`` says why: no tensor-pipe
     metric, no tensor peak for its precision, or Hopper's mma.sync, which the wgmma peak does not
@@ -154,6 +167,11 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
             tensor_work = "not counted: the capture has no tensor-pipe metric for this kernel"
         elif tensor_busy_s == 0:
             tensor, tensor_work = 0.0, "none: the tensor pipe was idle"
+        elif _hfma2_only(group, tensor_busy_s, seconds):
+            # its tensor pipe ran only the half-precision FMAs the SASS counters already hold
+            tensor = 0.0
+            tensor_work = (f"none: a CUDA-core kernel (no wgmma instruction; its tensor pipe busy {_busy_text(tensor_busy_s / seconds)} of "
+                           "the time with the half-precision FMAs its SASS counters hold, HFMA2.MMA)")
         elif tensor_peak is None:
             tensor_work = f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time, but {tensor_reason}"
         elif group["wgmma_instructions"].notna().any() and group["wgmma_instructions"].fillna(0).sum() == 0:
@@ -190,7 +208,7 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
         else:
             by_precision = {p: float(group[f"flops_{p}"].fillna(0).sum()) if f"flops_{p}" in group else 0.0 for p in CUDA_CORE_PRECISIONS}
             dominant = max(by_precision, key=by_precision.get) if any(by_precision.values()) else "fp32"
-            peak, peak_name = _cuda_core_roof(peaks, dominant)
+            peak, peak_name = _cuda_core_roof(peaks, dominant, name_precision(kernel) or peaks.get("precision"))
         dram_bytes = group["dram_bytes"].sum() if len(group) and group["dram_bytes"].notna().all() else None
         if len(group) and dram_bytes is None:
             missing.append("DRAM bytes")
@@ -232,4 +250,18 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
                 "missing": "; ".join(missing) or None,
             }
         )
-    return sorted(out, key=lambda row: -(row["duration_s"] or 0.0))
+    # longest first, ties by name: the order (and so the numbers) of the kernels by time (kernels.ncu_kernel_times)
+    return sorted(out, key=lambda row: (-(row["duration_s"] or 0.0), row["kernel"]))
+
+
+def _busy_text(share: float) -> str:
+    return f"{share:.1%}" if share >= 0.0005 else "under 0.05 %"
+
+
+def _hfma2_only(group: pd.DataFrame, tensor_busy_s: float, seconds: float | None) -> bool:
+    """Whether a matrix kernel's busy tensor pipe ran only HFMA2.MMA (``HFMA2_ONLY_BUSY_MAX``):
+    no wgmma instruction counted, half-precision SASS FLOPs, the pipe busy under that share."""
+    if not seconds or "wgmma_instructions" not in group or group["wgmma_instructions"].isna().any():
+        return False
+    half = float(group["flops_fp16"].fillna(0).sum()) if "flops_fp16" in group else 0.0
+    return group["wgmma_instructions"].sum() == 0 and half > 0 and tensor_busy_s / seconds < HFMA2_ONLY_BUSY_MAX

@@ -79,6 +79,8 @@ def read_torch_trace(path: str | os.PathLike[str]) -> Timeline:
                 "name": calls_frame["name"].to_numpy(),
                 "kind": is_comm.map({True: "communication", False: "compute"}).to_numpy(),
                 "duration_s": (calls_frame["end"] - calls_frame["start"]).to_numpy(),
+                "start": calls_frame["start"].to_numpy(),
+                "end": calls_frame["end"].to_numpy(),
             }
         ),
         window_label=f"{len(steps)} {RANGE_PREFIX}step ranges" + (", to the end of their last kernel" if len(kernels) else ""),
