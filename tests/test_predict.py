@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from scalerepro.analysis import predict
-from scalerepro.analysis.tables import aggregate
+from scalerepro.analysis.tables import aggregate, prediction_error
+from scalerepro.analysis.tables.prediction_error import error_table_of
 from scalerepro.analysis.tables.network_model import HierarchicalNetwork, read_clusters, read_prediction_error
 from scalerepro.analysis.tables.scaling_model import (
     FsdpProfile,
@@ -23,6 +24,8 @@ from scalerepro.analysis.tables.scaling_model import (
     simulate_fsdp_step,
     simulate_step,
 )
+
+from scalerepro.common.references import load_references
 
 from analysis_fixtures import REPO, Study, make_record, validate
 
@@ -178,8 +181,11 @@ def test_the_table_predicts_beyond_the_study_on_a_cluster_with_its_typical_error
     table = tables["scaling_model"].set_index("gpus")
     row = table.loc[64]
     assert row["basis"] == "predicted" and row["cluster"] == "dgx_h100" and row["nodes"] == 8
-    assert row["typical_error"] == pytest.approx(read_prediction_error(REFERENCES).typical)
-    assert "NVIDIA DGX H100" in row["network"] and "typical error on published runs" in row["note"]
+    # the error bar of its own regime (weak: the batch held; 8 nodes), back-tested on published runs
+    regime = prediction_error.Regime("ddp", "2-8 nodes", "held", "as given")
+    assert row["regime"] == regime.key
+    assert row["typical_error"] == pytest.approx(error_table_of(load_references(REFERENCES)).for_regime(regime).median)
+    assert "NVIDIA DGX H100" in row["network"] and "typical error in its regime" in row["note"] and "DLE BERT-large" in row["error_basis"]
     network = read_clusters(REFERENCES)["dgx_h100"].network(64)
     profile = StepProfile(18e-3, 6e-3, 10e-3, 1e-3, 1, (4_000_000, 1_000_000, 3_000_000), (2e-3, 5e-3, 9e-3))
     assert row["step_time_predicted_s"] == pytest.approx(simulate_step(profile, network).step_s)
@@ -246,3 +252,24 @@ def test_predict_command_refuses_a_record_without_buckets(tmp_path, capsys):
     assert err.startswith("scalerepro.analysis.predict: error: ") and "backward_buckets" in err and "\n" not in err
     assert predict.main(["--study", str(tmp_path), "--references", str(REFERENCES)]) == 2
     assert "no runs.csv" in capsys.readouterr().err
+
+
+def test_each_prediction_carries_its_own_regimes_back_tested_error_or_none(tmp_path):
+    """A weak prediction keeps the micro-batch: at 8 GPUs (one node) the Lambda rows' +-1.4 %, at 16
+    (2 nodes) the 8-node rows' +-1.1 %, at 256 (32 nodes) the 9+ node rows' +-1.6 %. A strong one from
+    G = 256 at 32 a GPU keeps 32 at 8 GPUs, but 16 GPUs take 16 a GPU with compute proportional to the
+    micro-batch (no batch curve): an upper bound, in a regime no back-test covered, so no error."""
+    errors = error_table_of(load_references(REFERENCES))
+    cluster = read_clusters(REFERENCES)["dgx_h100"]
+    profile = StepProfile(18e-3, 6e-3, 10e-3, 1e-3, 1, (4_000_000, 1_000_000, 3_000_000), (2e-3, 5e-3, 9e-3))
+    weak = predict.predict(predict.OneGpuInput("weak", "resnet50", profile, 32, None), cluster, [1, 8, 16, 256], "auto", errors)
+    weak = weak.set_index("gpus")
+    assert weak.loc[[8, 16, 256], "typical_error"].tolist() == pytest.approx([0.014, 0.011, 0.016])
+    assert weak.loc[256, "regime"] == "ddp, 9+ nodes, batch held, compute as given" and "DLE BERT-large" in weak.loc[256, "error_basis"]
+    assert pd.isna(weak.loc[1, "regime"]) and weak["bound"].isna().all()
+    strong = predict.predict(predict.OneGpuInput("strong", "resnet50", profile, 32, 256), cluster, [8, 16], "auto", errors).set_index("gpus")
+    assert strong.loc[8, "typical_error"] == pytest.approx(0.014) and pd.isna(strong.loc[8, "bound"])
+    assert pd.isna(strong.loc[16, "typical_error"]) and strong.loc[16, "error_basis"] == prediction_error.NO_BACK_TEST
+    assert strong.loc[16, "bound"].startswith("upper bound") and strong.loc[16, "regime"].endswith("batch changed, no curve, compute proportional")
+    text = predict.render(strong.reset_index(), cluster, errors)
+    assert "(upper bound)" in text and "no back-test of this regime (no ± printed): ddp, 2-8 nodes, batch changed, no curve" in text

@@ -19,8 +19,10 @@ tuner would take per bucket), t(N) = other + A_N c f + (A_N - 1) c b + max(c b, 
 default for a record) keeps the micro-batch; strong scaling (``--global-batch G``) splits G over
 N GPUs in whole samples. Throughput = N x samples per GPU per step / t(N); efficiency as the
 study defines it: strong t(1) / (N t(N)), weak t(1) / t(N). Each row states its network and the
-model's typical error on published runs (``prediction_error`` of references.yaml, measured by
-benchmarks/predict_published.py).
+model's typical error in its own regime (``tables.prediction_error``: ``prediction_error_by_regime``
+of references.yaml, back-tested by benchmarks/predict_published.py), or that no back-test covered
+its regime; a strong row whose micro-batch shrinks is an upper bound on the efficiency (no batch
+curve here: compute proportional to the micro-batch).
 
 A record is a claim: ``--record`` replays only a completed one-GPU step that is evidence (its
 status ok, its figures inside ``evidence.FIGURE_BOUNDS`` and agreeing as the aggregation asks:
@@ -44,15 +46,16 @@ from pathlib import Path
 import pandas as pd
 
 from scalerepro.analysis.evidence import dig, read_json_document
-from scalerepro.analysis.tables import network_model, readers, scaling_model
+from scalerepro.analysis.tables import network_model, prediction_error, readers, scaling_model
 from scalerepro.common.cli import COUNT, CommandError, OneLineErrorParser, bounded_float, bounded_int, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.gpu_peaks import peaks_key
+from scalerepro.common.references import load_optional_references
 
 DEFAULT_REFERENCES = Path("config/references.yaml")
 PREDICT_COLUMNS = (
     "study", "model", "gpus", "nodes", "per_gpu_batch", "grad_accum_steps", "step_time_s", "samples_per_s",
-    "efficiency", "exposed_comm_s", "algorithm", "assumptions",
+    "efficiency", "exposed_comm_s", "algorithm", "assumptions", "regime", "typical_error", "error_basis", "bound",
 )  # fmt: skip
 
 
@@ -172,8 +175,9 @@ def from_study(tables: Path) -> list[OneGpuInput]:
 
 
 def predict(one: OneGpuInput, cluster: network_model.ClusterPreset, gpu_counts: Sequence[int],
-            algorithm: network_model.Algorithm = "auto") -> pd.DataFrame:  # fmt: skip
-    """One row per GPU count (PREDICT_COLUMNS); a count the model cannot take has a row that says why."""
+            algorithm: network_model.Algorithm = "auto", errors: prediction_error.ErrorTable | None = None) -> pd.DataFrame:  # fmt: skip
+    """One row per GPU count (PREDICT_COLUMNS); a count the model cannot take has a row that says
+    why. ``errors``: the back-tested error by regime each row carries its own regime's of."""
     profile = one.profile
     rows = []
     for gpus in gpu_counts:
@@ -192,33 +196,43 @@ def predict(one: OneGpuInput, cluster: network_model.ClusterPreset, gpu_counts: 
         micro, accum = split
         prediction = scaling_model.simulate_step(profile, network, micro / one.micro_batch, accum)
         algorithms = sorted({network.algorithm_for(size) for size in profile.bucket_bytes}) if gpus > 1 else ["none"]
+        # no batch curve here: a smaller micro-batch's compute is taken as proportional to it
+        regime = prediction_error.regime_of("ddp", network.nodes, micro, one.micro_batch, None)
         rows.append({
             **row, "nodes": network.nodes, "per_gpu_batch": micro, "grad_accum_steps": accum,
             "step_time_s": prediction.step_s, "samples_per_s": gpus * micro * accum / prediction.step_s,
             "efficiency": scaling_model.predicted_efficiency(one.study, profile.step_s, prediction.step_s, gpus),
             "exposed_comm_s": prediction.exposed_comm_s, "algorithm": "+".join(algorithms),
             "assumptions": network.source if gpus > 1 else "one GPU: no all-reduce",
+            **(prediction_error.error_columns(regime, errors) if gpus > 1 else {}),
+            "bound": scaling_model.PROPORTIONAL_BOUND if micro != one.micro_batch else None,
         })  # fmt: skip
     return pd.DataFrame(rows, columns=PREDICT_COLUMNS)
 
 
-def render(table: pd.DataFrame, cluster: network_model.ClusterPreset, error: network_model.PredictionError | None) -> str:
+def render(table: pd.DataFrame, cluster: network_model.ClusterPreset, errors: prediction_error.ErrorTable | None) -> str:
     lines = [f"cluster: {cluster.describe()}", f"  source: {cluster.source}"]
-    if error is not None:
-        lines.append(f"typical error of these predictions on published runs: ±{error.typical:.0%} "
-                     f"(largest {error.largest:.0%}, {error.rows} rows of {error.command})")  # fmt: skip
-    header = f"{'study':<7}{'model':<16}{'GPUs':>6}{'nodes':>6}{'batch':>7}{'accum':>6}{'step ms':>10}{'samples/s':>12}{'eff':>7}{'exposed ms':>11}  algorithm"
+    if errors is not None:
+        lines.append(f"typical error (±, the column): the median |predicted / published - 1| back-tested in each row's regime by "
+                     f"{errors.command}; \"{prediction_error.NO_BACK_TEST}\" where none covered it")  # fmt: skip
+    header = (f"{'study':<7}{'model':<16}{'GPUs':>6}{'nodes':>6}{'batch':>7}{'accum':>6}{'step ms':>10}{'samples/s':>12}{'eff':>7}"
+              f"{'exposed ms':>11}{'±':>8}  algorithm")  # fmt: skip
     lines += [header, "-" * len(header)]
     for row in table.itertuples():
         if pd.isna(row.step_time_s):
             lines.append(f"{row.study:<7}{row.model:<16}{row.gpus:>6}  {row.assumptions}")
             continue
+        typical = "" if pd.isna(row.regime) else "none" if pd.isna(row.typical_error) else f"{row.typical_error:.1%}"
+        bound = "  (upper bound)" if isinstance(row.bound, str) else ""
         lines.append(f"{row.study:<7}{row.model:<16}{row.gpus:>6}{row.nodes:>6}{row.per_gpu_batch:>7}{row.grad_accum_steps:>6}"
                      f"{row.step_time_s * 1e3:>10.2f}{row.samples_per_s:>12,.1f}{row.efficiency:>7.1%}{row.exposed_comm_s * 1e3:>11.3f}"
-                     f"  {row.algorithm}")  # fmt: skip
-    lines.append("assumptions per row: the network above (B = line rate x efficiency, alpha per hop); compute time "
-                 "proportional to the micro-batch; optimizer and data wait as measured at one GPU; no contention, "
-                 "stragglers or loader effects at N ranks")  # fmt: skip
+                     f"{typical:>8}  {row.algorithm}{bound}")  # fmt: skip
+    uncovered = sorted({row.regime for row in table.itertuples() if isinstance(row.regime, str) and pd.isna(row.typical_error)})
+    if uncovered:
+        lines.append(f"{prediction_error.NO_BACK_TEST} (no ± printed): {'; '.join(uncovered)}")
+    lines.append("assumptions per row: the network above (B = line rate x efficiency, alpha per hop, NCCL's tuner); compute time "
+                 "proportional to the micro-batch (a strong row whose micro-batch shrinks is an upper bound on the efficiency); "
+                 "optimizer and data wait as measured at one GPU; no contention, stragglers or loader effects at N ranks")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -277,8 +291,9 @@ def main(argv: list[str]) -> int:
         gpu_counts = list(args.gpus)
     else:
         gpu_counts = [2**k for k in range(int(math.log2(8 * cluster.gpus_per_node)) + 1)]
-    table = pd.concat([predict(one, cluster, sorted(set([1, *gpu_counts])), args.algorithm) for one in inputs], ignore_index=True)
-    print("\n".join([*notes, render(table, cluster, network_model.read_prediction_error(args.references))]))
+    errors = prediction_error.error_table_of(load_optional_references(args.references))
+    table = pd.concat([predict(one, cluster, sorted(set([1, *gpu_counts])), args.algorithm, errors) for one in inputs], ignore_index=True)
+    print("\n".join([*notes, render(table, cluster, errors)]))
     if args.csv:
         write_text_atomically(args.csv, table.to_csv(index=False))
     return 0

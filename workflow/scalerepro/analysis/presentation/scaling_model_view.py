@@ -10,10 +10,14 @@ only selects and words them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+
+from scalerepro.analysis.presentation.formatting import fmt_milliseconds, fmt_percent
+from scalerepro.analysis.tables.scaling_model import PROPORTIONAL_BOUND
 
 SCALING_STUDIES = ("strong", "weak")
 REFERENCE_NOTE = "the reference: every efficiency and speed-up is against this measured one-GPU step"
@@ -27,8 +31,12 @@ def _number(value: Any) -> float | None:
     return number if number == number else None
 
 
-LOSS_PARTS = (("loss_fixed_cost", "fixed per-step cost"), ("loss_compute_inflation", "compute inflation"),
-              ("loss_exposed_comm", "exposed all-reduce"))  # fmt: skip
+LOSS_PARTS = (
+    ("loss_fixed_cost", "fixed per-step cost"),
+    ("loss_compute_inflation", "compute inflation"),
+    ("loss_exposed_comm", "exposed all-reduce"),
+    ("loss_straggler", "wait for the slowest rank"),
+)
 
 
 def loss_source(row: Mapping[str, Any]) -> str | None:
@@ -47,6 +55,19 @@ def loss_source(row: Mapping[str, Any]) -> str | None:
     return f"{first_name} and {second_name}"
 
 
+def _shown_note_part(part: str) -> str | None:
+    """A part of a row's note as the table shows it, in the width of its column: what the row's
+    other cells already say is left out (scaling_model.csv keeps the whole note)."""
+    if part == "prediction only: beyond the 1 GPU the study ran on":
+        return None  # every row of a one-GPU study: the Basis column and the section's first line say it
+    if part.startswith(PROPORTIONAL_BOUND):  # "an upper bound" is under the efficiency: the note says why
+        return "compute taken as proportional to the micro-batch: no batch curve covers it"
+    weak = re.fullmatch(r"weak scaling at the one-GPU run's per-GPU batch \((\d+)\) held at every count, from the (\w+) study's one-GPU step", part)
+    if weak:
+        return f"weak: per-GPU batch {weak[1]} held, from the {weak[2]} study's one-GPU step"
+    return part
+
+
 def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.DataFrame, empty: str) -> dict[str, Any]:
     """``model_rows``: scaling_model.csv's rows as the report reads them; ``runs``: runs.csv;
     ``empty``: what to say when there are none and the reason is not that no scaling study ran."""
@@ -61,12 +82,28 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
             reference = REFERENCE_NOTE if _number(row.get("step_time_measured_s")) is not None else None  # none without a measured step
             row["note"] = "; ".join(filter(None, [reference, row.get("note")])) or None
         row["loss_source"] = loss_source(row)  # None for the reference row: it predicts nothing, so loses nothing
+        # the table's first columns show the prediction with the measurement beneath it, so that a
+        # measured cell reads in the width of one column (every column is in the fold below it)
+        step, efficiency = _number(row.get("step_time_measured_s")), _number(row.get("efficiency_measured"))
+        row["step_measured_note"] = f"measured {fmt_milliseconds(step)} ms" if step is not None else None
+        row["efficiency_measured_note"] = f"measured {fmt_percent(efficiency)}" if efficiency is not None else None
+        if row.get("bound") and efficiency is None:
+            row["efficiency_measured_note"] = "an upper bound"  # its note says why
         if row.get("cluster"):
             # the cluster's network and the model's typical error there are said once, above the table
             row["network"] = None
+            # and the regime's error is in its own column, its back-test listed once above the table
             row["note"] = "; ".join(part for part in str(row.get("note") or "").split("; ")
                                     if "typical error" not in part and not part.startswith("on ")) or None  # fmt: skip
+        row["note"] = "; ".join(filter(None, map(_shown_note_part, str(row.get("note") or "").split("; ")))) or None
         shown.append(row)
+    regimes: dict[str, dict[str, Any]] = {}
+    for row in model_rows:
+        if row.get("basis") != "predicted" or not row.get("regime") or _number(row.get("efficiency_predicted")) is None:
+            continue
+        regime = regimes.setdefault(row["regime"], {"key": row["regime"], "typical_error": _number(row.get("typical_error")),
+                                                    "basis": row.get("error_basis"), "rows": 0})  # fmt: skip
+        regime["rows"] += 1
     curves = {row.get("batch_curve") for row in shown if row.get("batch_curve")}
     batch_curve = None
     if len(curves) == 1:  # one curve (or none) for every row: said once, above the table
@@ -79,18 +116,15 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
     clusters: dict[str, dict[str, Any]] = {}
     for row in model_rows:
         if row.get("cluster") and row["cluster"] not in clusters:
-            clusters[row["cluster"]] = {"key": row["cluster"], "network": row.get("network"), "basis": row.get("cluster_basis"),
-                                        "typical_error": row.get("typical_error"),
-                                        # the note's "; on <name>; the model's typical error ... (largest ...)" part
-                                        "error_note": next((part for part in str(row.get("note") or "").split("; ") if "typical error" in part), None)}  # fmt: skip
+            clusters[row["cluster"]] = {"key": row["cluster"], "network": row.get("network"), "basis": row.get("cluster_basis")}
     studies = set(runs["study"].dropna()) if "study" in runs.columns else set()
     why_empty = empty
     if not model_rows and not studies & set(SCALING_STUDIES):
-        why_empty = (f"No prediction: no strong or weak scaling study among these runs ({', '.join(sorted(studies)) or 'none'}), so no "
-                     "one-GPU step of a study to replay; python -m scalerepro.analysis.predict --record <a one-GPU record> "
-                     "--cluster <a preset of clusters in config/references.yaml> predicts one record on a cluster.")  # fmt: skip
+        why_empty = (f"No prediction: no strong or weak scaling run here ({', '.join(sorted(studies)) or 'none'}) to replay; "
+                     "scalerepro.analysis.predict --record predicts a record.")  # fmt: skip
     fixed_mostly = [row for row in shown if row.get("loss_source") == "fixed per-step cost"]
     # what a count counts: gloo ranks where every run with a record ran on a CPU
     devices = set(runs["device_type"].dropna()) if "device_type" in runs.columns else set()
     return {"rows": shown, "clusters": list(clusters.values()), "why_empty": why_empty, "fixed_mostly": fixed_mostly, "batch_curve": batch_curve,
+            "regimes": sorted(regimes.values(), key=lambda regime: (regime["typical_error"] is None, regime["key"])),
             "unit": ("rank", "ranks") if devices == {"cpu"} else ("GPU", "GPUs")}  # fmt: skip

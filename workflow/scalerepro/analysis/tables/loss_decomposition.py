@@ -13,7 +13,10 @@ all-reduce at the backward's end, means over the window), and, for one correctio
 exposed-communication probe after the window (``measurements.exposed_communication``: the same
 step on pre-built batches, with and without the all-reduce, in alternating short runs):
 
-    overlap cost       = max(sync_compute_rank_mean_s - nosync_rank_mean_s, 0)   (the probe)
+    overlap cost       = max(sync_compute_rank_mean_s - nosync_rank_mean_s, 0)   (the probe; its
+                         standard error over the probe's steps, overlap_cost_se_s, is the column
+                         overlap_cost_se as a share of the step: how far compute inflation and
+                         exposed comm may move between each other for the probe's few steps)
         what the all-reduce running beside the backward costs the backward (on the CPU gloo's
         threads share the ranks' cores; on a GPU NCCL's kernels share its SMs): the probe's sync
         step less its wait, against its no-sync step, both at one moment
@@ -104,7 +107,7 @@ BOTTLENECKS: dict[str, tuple[str, str]] = {
 LOSS_DECOMPOSITION_COLUMNS = (
     "study", "model", "gpus", "nodes", "repeats", "step_s", "ideal_step_s", "loss", "efficiency",
     *(f"{part}{suffix}" for part in PARTS for suffix in ("", "_ci_low", "_ci_high", "_s")),
-    "parts_sum", "sum_error", "bottleneck", "lever", "note",
+    "parts_sum", "sum_error", "overlap_cost_se", "bottleneck", "lever", "note",
 )  # fmt: skip
 
 
@@ -141,12 +144,15 @@ def run_quantities(run: pd.Series) -> dict[str, Any] | str:
     if all(value is not None for value in window.values()):
         nosync, sync_compute = probe["nosync_rank_mean_s"], finite_number(run.get("sync_compute_rank_mean_s"))
         overlap = max(sync_compute - nosync, 0.0) if nosync is not None and sync_compute is not None else None
+        se = finite_number(run.get("overlap_cost_se_s"))
         return {
             "step": step,
             "compute": window["window_compute_rank_mean_s"] - (overlap or 0.0),
             "exposed": window["window_exposed_wait_s"] + (overlap or 0.0),
             "straggler": window["window_straggler_wait_s"],
             "data": window["window_data_wait_rank_mean_s"],
+            # the probe's own precision, moved between compute inflation and exposed comm with the overlap cost
+            "overlap_se": se if overlap is not None and se is not None else math.nan,
             "measured_in": "window" if overlap is not None else "window, no overlap cost",
         }
     missing = [key for key, value in probe.items() if value is None]
@@ -224,6 +230,10 @@ def loss_decomposition_table(runs: pd.DataFrame, scaling: pd.DataFrame) -> pd.Da
             row.update({part: float(parts[part]) / median_run["step"], f"{part}_ci_low": low, f"{part}_ci_high": high,
                         f"{part}_s": float(parts[part])})  # fmt: skip
         row["parts_sum"] = sum(row[part] for part in NAMED_PARTS)
+        # the probe's precision where the parts hold its overlap cost: its standard error, a share of
+        # the step, by which compute inflation and exposed comm may move between each other
+        se = [q["overlap_se"] for q in measured if math.isfinite(q.get("overlap_se", math.nan))]
+        row["overlap_cost_se"] = float(np.median(se)) / median_run["step"] if se else None
         if row["loss"] is not None:
             row["sum_error"] = row["parts_sum"] - row["loss"]
         largest = max(NAMED_PARTS, key=lambda part: row[part])

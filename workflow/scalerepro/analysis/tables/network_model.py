@@ -52,12 +52,40 @@ flat ring of ``scaling_model.RingNetwork``, all-reduce 2(g-1) alpha_i + 2(g-1)/g
 
 "auto" takes, per message size, the faster of ring and tree, as NCCL's tuner does from its own
 cost model: the tree's log2 n hops win for small messages across many nodes, the ring's
-2(N-1)/N < 2 for large ones.
+2(N-1)/N < 2 for large ones. A reduce-scatter or an all-gather is always the ring: NCCL's tuner
+offers them no tree (src/graph/tuning.cc skips every algorithm but ring, PAT, NVLS and CollNet for
+them; PAT only at one GPU per node, ncclPatEnable; NVLS and CollNet are not modelled).
+
+NCCL's tuner (``nccl_tuner``; on for the presets, ``ClusterPreset.network``). The switch point
+between ring and tree is where NCCL's own cost model says it is, from src/graph/tuning.cc (NVIDIA/nccl
+at 5067397c, the Simple protocol, the one large buckets use): every collective pays a base latency
+once (baseLat, 8.4 us for ring and tree); the tree's bus bandwidth is 0.92 of the link's for an
+all-reduce and 0.85 of that again across nodes (its tree pattern), and is corrected by message size
+(treeCorrectionFactor, 0.5-0.9 between 64 B and 256 MB, in ncclTopoGetAlgoTime); a multi-node ring
+all-reduce's latency is 1.4 times its sum on sm80 and later (its "plateau effect", once a channel's
+share of the message reaches 64 bytes per rank). So, with c(S) the size correction,
+
+    ring all-reduce(S)     = 1.4 (t_0 + 2(N-n) alpha_i + 2(n-1) alpha_e) + max(NVLink, NIC)   (n > 1)
+    tree all-reduce(S)     = t_0 + 2(g-1) alpha_i + 2 ceil(log2 n) alpha_e + max(NVLink, NIC) / (0.92 x 0.85 x c(S))
+    reduce-scatter(S)      = t_0 + (N-n) alpha_i + (n-1) alpha_e + max(NVLink, NIC)            (t_0 = 8.4 us)
+
+Tiers (``Topology``, a preset's ``topology`` in references.yaml). A rail-optimised fabric joins
+local rank j of L nodes on one leaf switch; a job on n > L nodes spans ceil(n / L) leaves, joined
+through the spine. A ring visits the leaves in turn: of its n-1 network hops a pass, ceil(n / L) - 1
+cross the spine, each adding alpha_s; its slowest link is then a leaf's up-link, whose bandwidth is
+B_e / o for a spine oversubscribed o : 1 (down-links over up-links; 1 in a non-blocking fat tree).
+The tree's top ceil(log2 ceil(n / L)) levels join leaves, each crossing the spine up and down:
+
+    ring, n > L:  + (ceil(n/L) - 1) alpha_s a pass,  NIC term at B_e / o
+    tree, n > L:  + 2 ceil(log2 ceil(n/L)) alpha_s,  NIC term at B_e / o
+
+Where no source states a preset's tier (``nodes_per_leaf`` null), the network is one tier; where
+one states the leaves but not alpha_s or o, those terms are 0 and 1, and the preset says so.
 
 What it leaves out: NVLink SHARP (NVLS, the in-switch reduction of H100 NVSwitch) and SHARP in the
 InfiniBand switches, which raise the bus bandwidth above the ring's (the model is conservative
-where NCCL uses them); congestion in the fabric's upper tiers (a non-blocking fat tree is
-assumed); NCCL's protocol choice (LL/LL128/Simple) beyond one latency per hop.
+where NCCL uses them); congestion from other jobs in the fabric; NCCL's protocol choice
+(LL/LL128/Simple) beyond the Simple protocol's latencies.
 
 This module is on the analysis side: it never imports torch.
 """
@@ -80,6 +108,19 @@ ALGORITHMS: tuple[Algorithm, ...] = ("auto", "ring", "tree")
 # The share of a link's line rate an all-reduce reaches as bus bandwidth, where references.yaml
 # gives none for the link (nccl-tests on 8x H100 SXM: about 390 of 450 GB/s each way, NVIDIA/nccl issue #1264).
 DEFAULT_LINK_EFFICIENCY = 0.85
+# NCCL's own cost model, src/graph/tuning.cc (NVIDIA/nccl at 5067397c), the Simple protocol:
+# baseLat of ring and tree, once per collective
+NCCL_BASE_LATENCY_S = 8.4e-6
+# the tree all-reduce's bus bandwidth against the link's, and across nodes (its tree pattern) again
+NCCL_TREE_ALLREDUCE_BANDWIDTH = 0.92
+NCCL_TREE_PATTERN_BANDWIDTH = 0.85
+# treeCorrectionFactor, Simple, by log2(bytes / 64): 64 B, 128 B, ... (applied below 2^23 x 64 B)
+NCCL_TREE_SIZE_CORRECTION = (0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7, 0.8, 0.9, 0.9)
+# a multi-node ring all-reduce's latency on sm80 and later ("plateau effect of ring", ncclTopoGetAlgoTime),
+# once bytes / (channels x ranks) reaches 64; the channels taken as NCCL's most, MAXCHANNELS = 64
+# (src/include/device.h), so that the factor applies only where it would for any channel count
+NCCL_RING_PLATEAU = 1.4
+NCCL_RING_PLATEAU_BYTES_PER_RANK = 64 * 64
 
 
 class ClusterPresetError(CommandError, ValueError):
@@ -120,6 +161,23 @@ def links_of(references: Mapping[str, Any]) -> dict[str, Link]:
 
 
 @dataclass(frozen=True)
+class Topology:
+    """The fabric above the nodes (module docstring, tiers), as a source states it; None: not stated."""
+
+    nodes_per_leaf: int | None = None  # L: the nodes one rail's leaf switch joins
+    spine_oversubscription: float | None = None  # o: a leaf's down-links over its up-links (1: non-blocking)
+    spine_hop_latency_s: float | None = None  # alpha_s: what a hop through the spine adds
+    source: str = "not stated"
+
+    def describe(self) -> str:
+        if self.nodes_per_leaf is None:
+            return "one tier (no leaf size stated)"
+        over = "oversubscription not stated (1 assumed)" if self.spine_oversubscription is None else f"spine {self.spine_oversubscription:g}:1"
+        hop = "spine hop latency not stated (0 assumed)" if self.spine_hop_latency_s is None else f"spine hop +{self.spine_hop_latency_s * 1e6:g} us"
+        return f"{self.nodes_per_leaf} nodes a leaf, {over}, {hop}"
+
+
+@dataclass(frozen=True)
 class ClusterPreset:
     """A cluster shape: GPUs per node and the links of ``links`` in references.yaml it uses."""
 
@@ -130,6 +188,7 @@ class ClusterPreset:
     intra: Link  # NVLink, per GPU
     inter: Link  # one NIC per GPU
     source: str
+    topology: Topology = Topology()
 
     def with_overrides(
         self, gpus_per_node: int | None = None, nvlink_gbps: float | None = None, nic_gbps: float | None = None
@@ -151,16 +210,18 @@ class ClusterPreset:
             changes.append(f"NIC {nic_gbps:g} GB/s")
         return replace(preset, name=f"{self.name} with {', '.join(changes)}") if changes else preset
 
-    def network(self, gpus: int, algorithm: Algorithm = "auto") -> HierarchicalNetwork:
+    def network(self, gpus: int, algorithm: Algorithm = "auto", nccl_tuner: bool = True, tiers: bool = True) -> HierarchicalNetwork:
         """The network of a job on ``gpus`` GPUs: one partial node below a node's worth of GPUs,
         else whole nodes (a count that does not fill whole nodes is refused: the model has no
-        uneven rails)."""
+        uneven rails). ``nccl_tuner``, ``tiers``: NCCL's cost-model refinements and the fabric's
+        tiers (module docstring), each on unless a comparison takes it out."""
         if gpus <= self.gpus_per_node:
             per_node, nodes = gpus, 1
         elif gpus % self.gpus_per_node:
             raise ValueError(f"{gpus} GPUs do not fill whole nodes of {self.gpus_per_node}")
         else:
             per_node, nodes = self.gpus_per_node, gpus // self.gpus_per_node
+        tier = self.topology if tiers else Topology()
         return HierarchicalNetwork(
             gpus_per_node=per_node,
             nodes=nodes,
@@ -170,6 +231,10 @@ class ClusterPreset:
             inter_hop_s=self.inter.hop_latency_s,
             algorithm=algorithm,
             source=self.describe(),
+            nodes_per_leaf=tier.nodes_per_leaf,
+            spine_oversubscription=tier.spine_oversubscription or 1.0,
+            spine_hop_s=tier.spine_hop_latency_s or 0.0,
+            nccl_tuner=nccl_tuner,
         )
 
     def describe(self) -> str:
@@ -180,7 +245,8 @@ class ClusterPreset:
             return (f"{name} {link.name}: {rate:g} GB/s x {link.efficiency:g} = {rate * link.efficiency:.4g} GB/s per GPU, "
                     f"alpha {link.hop_latency_s * 1e6:g} us/hop")  # fmt: skip
 
-        return f"{self.name}, {self.gpus_per_node} GPUs/node; {link('intra', self.intra)}; {link('inter', self.inter)}"
+        return (f"{self.name}, {self.gpus_per_node} GPUs/node; {link('intra', self.intra)}; {link('inter', self.inter)}; "
+                f"{self.topology.describe()}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -195,32 +261,50 @@ class HierarchicalNetwork:
     inter_hop_s: float  # alpha_e
     algorithm: Algorithm
     source: str
+    nodes_per_leaf: int | None = None  # L: nodes a rail's leaf switch joins (None: one tier)
+    spine_oversubscription: float = 1.0  # o: a leaf's down-links over its up-links
+    spine_hop_s: float = 0.0  # alpha_s: what a hop through the spine adds
+    nccl_tuner: bool = False  # NCCL's cost-model refinements (module docstring)
 
     @property
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def leaves(self) -> int:
+        """The leaf switches one rail of the job spans: ceil(n / L); 1 on one tier."""
+        if self.nodes_per_leaf is None:
+            return 1
+        return -(-self.nodes // self.nodes_per_leaf)
+
+    @property
+    def nic_bytes_per_s(self) -> float:
+        """The NIC term's bandwidth: B_e within one leaf, B_e / o once the ring crosses the spine."""
+        return self.inter_bytes_per_s / (self.spine_oversubscription if self.leaves > 1 else 1.0)
 
     # --- the terms: (latency, NVLink transfer, NIC transfer) -----------------------------------
 
     def ring_terms(self, size_bytes: float, passes: int) -> tuple[float, float, float]:
         """The flat ring through all N GPUs, ``passes`` = 2 for an all-reduce, 1 for a
         reduce-scatter or an all-gather (module docstring), per pass:
-        ((N-n) alpha_i + (n-1) alpha_e, (N-1)/N * S / B_i, (N-1)/N * (S/g) / B_e): N-1 steps,
-        n-1 of them across the network; on one node the NIC term is 0."""
+        ((N-n) alpha_i + (n-1) alpha_e + (ceil(n/L) - 1) alpha_s, (N-1)/N * S / B_i,
+        (N-1)/N * (S/g) / (B_e / o beyond one leaf)): N-1 steps, n-1 of them across the network,
+        ceil(n/L) - 1 of those through the spine; on one node the NIC term is 0."""
         g, n, N = self.gpus_per_node, self.nodes, self.gpus
-        latency = (N - n) * self.intra_hop_s + (n - 1) * self.inter_hop_s
+        latency = (N - n) * self.intra_hop_s + (n - 1) * self.inter_hop_s + (self.leaves - 1) * self.spine_hop_s
         nvlink = (N - 1) / N * size_bytes / self.intra_bytes_per_s
-        nic = (N - 1) / N * (size_bytes / g) / self.inter_bytes_per_s if n > 1 else 0.0
+        nic = (N - 1) / N * (size_bytes / g) / self.nic_bytes_per_s if n > 1 else 0.0
         return passes * latency, passes * nvlink, passes * nic
 
     def tree_terms(self, size_bytes: float) -> tuple[float, float, float]:
         """The all-reduce's chain within the node and double binary tree across nodes:
-        (2(g-1) alpha_i + 2 ceil(log2 n) alpha_e, 2(g-1)/g * S / B_i, 2 (S/g) / B_e);
-        on one node the NIC term is 0."""
+        (2(g-1) alpha_i + 2 ceil(log2 n) alpha_e + 2 ceil(log2 ceil(n/L)) alpha_s, 2(g-1)/g * S / B_i,
+        2 (S/g) / (B_e / o beyond one leaf)); on one node the NIC term is 0."""
         g, n = self.gpus_per_node, self.nodes
-        latency = 2 * (g - 1) * self.intra_hop_s + 2 * math.ceil(math.log2(n)) * self.inter_hop_s
+        spine_levels = math.ceil(math.log2(self.leaves))  # the top levels, which join leaves
+        latency = 2 * (g - 1) * self.intra_hop_s + 2 * math.ceil(math.log2(n)) * self.inter_hop_s + 2 * spine_levels * self.spine_hop_s
         nvlink = 2 * (g - 1) / g * size_bytes / self.intra_bytes_per_s
-        nic = 2 * (size_bytes / g) / self.inter_bytes_per_s if n > 1 else 0.0
+        nic = 2 * (size_bytes / g) / self.nic_bytes_per_s if n > 1 else 0.0
         return latency, nvlink, nic
 
     # --- the collectives ----------------------------------------------------------------------
@@ -228,11 +312,31 @@ class HierarchicalNetwork:
     def allreduce_by(self, size_bytes: float, algorithm: Literal["ring", "tree"]) -> float:
         """latency + max(NVLink transfer, NIC transfer), the transfers streamed (module docstring):
         ring 2(N-n) alpha_i + 2(n-1) alpha_e + max(2(N-1)/N * S / B_i, 2(N-1)/N * (S/g) / B_e),
-        tree 2(g-1) alpha_i + 2 ceil(log2 n) alpha_e + max(2(g-1)/g * S / B_i, 2 (S/g) / B_e)."""
+        tree 2(g-1) alpha_i + 2 ceil(log2 n) alpha_e + max(2(g-1)/g * S / B_i, 2 (S/g) / B_e);
+        with ``nccl_tuner`` NCCL's base latency t_0, its ring plateau and its tree's bandwidth
+        factors (module docstring)."""
         if self.gpus == 1:
             return 0.0
-        latency, nvlink, nic = self.ring_terms(size_bytes, 2) if algorithm == "ring" else self.tree_terms(size_bytes)
-        return latency + max(nvlink, nic)
+        if algorithm == "ring":
+            latency, nvlink, nic = self.ring_terms(size_bytes, 2)
+            if not self.nccl_tuner:
+                return latency + max(nvlink, nic)
+            plateau = self.nodes > 1 and size_bytes >= NCCL_RING_PLATEAU_BYTES_PER_RANK * self.gpus
+            # 1.4 (t_0 + hops) + transfer: NCCL scales the whole latency, base included
+            return (NCCL_RING_PLATEAU if plateau else 1.0) * (NCCL_BASE_LATENCY_S + latency) + max(nvlink, nic)
+        latency, nvlink, nic = self.tree_terms(size_bytes)
+        if not self.nccl_tuner:
+            return latency + max(nvlink, nic)
+        return NCCL_BASE_LATENCY_S + latency + max(nvlink, nic) / self.tree_bandwidth_factor(size_bytes)
+
+    def tree_bandwidth_factor(self, size_bytes: float) -> float:
+        """NCCL's tree all-reduce bandwidth against the model's: 0.92, x 0.85 across nodes, x the
+        size correction c(S) (module docstring); 1 on one node, where NCCL's tree is a chain."""
+        if self.nodes == 1:
+            return 1.0
+        log_size = int(math.floor(math.log2(size_bytes / 64))) if size_bytes >= 64 else -1
+        correction = NCCL_TREE_SIZE_CORRECTION[log_size] if 0 <= log_size < len(NCCL_TREE_SIZE_CORRECTION) else 1.0
+        return NCCL_TREE_ALLREDUCE_BANDWIDTH * NCCL_TREE_PATTERN_BANDWIDTH * correction
 
     def algorithm_for(self, size_bytes: float) -> Literal["ring", "tree"]:
         """The algorithm this network uses for S bytes: the configured one, or under "auto" the
@@ -252,7 +356,7 @@ class HierarchicalNetwork:
         if self.gpus == 1:
             return 0.0
         latency, nvlink, nic = self.ring_terms(size_bytes, 1)
-        return latency + max(nvlink, nic)
+        return (NCCL_BASE_LATENCY_S if self.nccl_tuner else 0.0) + latency + max(nvlink, nic)
 
     def all_gather_s(self, size_bytes: float) -> float:
         """The reduce-scatter's mirror image, the same time (S: the gathered, unsharded buffer)."""
@@ -282,15 +386,32 @@ def clusters_of(references: Mapping[str, Any]) -> dict[str, ClusterPreset]:
             intra=links[entry["intra_node_link"]],
             inter=links[entry["inter_node_link"]],
             source=entry["source"],
+            topology=topology_of(entry.get("topology")),
         )
         for key, entry in (references.get("clusters") or {}).items()
     }
 
 
+def topology_of(entry: Mapping[str, Any] | None) -> Topology:
+    """A preset's ``topology`` of references.yaml (its latency in microseconds there, seconds here);
+    a figure null or absent is not stated."""
+    if not entry:
+        return Topology()
+    latency = entry.get("spine_hop_latency_us")
+    over = entry.get("spine_oversubscription")
+    return Topology(
+        nodes_per_leaf=None if entry.get("nodes_per_leaf") is None else int(entry["nodes_per_leaf"]),
+        spine_oversubscription=None if over is None else float(over),
+        spine_hop_latency_s=None if latency is None else float(latency) * 1e-6,
+        source=entry.get("source") or "not stated",
+    )
+
+
 @dataclass(frozen=True)
 class PredictionError:
     """The model's typical error on published runs (``prediction_error`` of references.yaml): the
-    median and the largest |predicted / published - 1| over the benchmark's predicted rows."""
+    median and the largest |predicted / published - 1| over the benchmark's held-back rows, every
+    regime together; a prediction's own error bar is its regime's (``prediction_error.ErrorTable``)."""
 
     typical: float
     largest: float

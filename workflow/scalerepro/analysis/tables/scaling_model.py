@@ -33,11 +33,16 @@ ready and the previous all-reduce is done, overlapping the rest of the backward)
          scaling splits the study's global batch G into G / N per GPU, in micro-batches of at
          most the 1-GPU micro-batch m_1, and a G that does not split evenly gets no prediction;
          weak scaling keeps m_1 and A_1)
-    c  = compute scale = m_N / m_1   (compute proportional to the micro-batch) where the study
-         measured this model at one micro-batch only; where it measured two or more (one-GPU
-         runs of one micro-batch a step), the batch curve t(m) = a + b m through them
-         (``BatchCurve``, least squares): c = (t(m_N) - fixed) / (t(m_1) - fixed), fixed =
-         other + o, so that a step's launch and per-kernel costs do not shrink with the batch
+    c  = compute scale: the batch curve t(m) = a + b m (``BatchCurve``, least squares) where one
+         covers m_N: c = (t(m_N) - fixed) / (t(m_1) - fixed), fixed = other + o, so that a step's
+         launch and per-kernel costs do not shrink with the batch; else m_N / m_1 (compute
+         proportional to the micro-batch), and a row whose micro-batch shrinks so is an upper
+         bound on the efficiency (its ``bound`` says so: a small batch's fixed cost is unknown).
+         The curve: through the study's one-GPU runs of one micro-batch a step where it ran two
+         or more micro-batches; else a kept ``batch_curve.json`` (benchmarks/gpu/batch_curve.py)
+         of this model on the study's GPU, in the study folder or in the folder that holds it (a
+         GPU session's folder keeps its curve beside its study: ``kept_batch_curve``). A curve
+         covers the batches it was measured between (a line is not extrapolated below them)
     e_0 = 0;  e_k = max(c r_k, e_(k-1)) + t_ring(S_k, N)            end of bucket k's all-reduce
     other = t(1) - (A_1 (f + b) + o)                                 data wait and loop overhead
                                                                      of the measured 1-GPU step
@@ -49,13 +54,35 @@ ready and the previous all-reduce is done, overlapping the rest of the backward)
 
 Compute inflation. Ranks that share a node slow each other (memory bandwidth, caches, clocks
 under a power or thermal cap, cores shared with the launcher): the step they compute is not the
-one-GPU step. The model takes it from the multi-rank runs' own windows (``no_sync_step_and_exposed``:
-the step less its waits for the all-reduce and its input, typical rank, less what the overlapped
-all-reduce costs the backward, plus the wait for the slowest rank; ``loss_decomposition``), or for
-a record from before the window was split, from its no-sync probe (``measurements.exposed_communication``:
-the same step without the all-reduce, slowest rank):
+one-GPU step. The model takes it from the multi-rank runs' own windows (``rank_step``: the step
+less its waits for the all-reduce, its input and the slowest rank, typical rank, less what the
+overlapped all-reduce costs the backward; ``loss_decomposition``), or for a record from before
+the window was split, from its no-sync probe (``measurements.exposed_communication``: the same
+step without the all-reduce, slowest rank, the wait for it included):
 
-    k = t_nosync(N) / t_1(m_N, A_N)
+    k = t_compute(N) / t_1(m_N, A_N)
+
+Each is read in the statistic the cell's efficiency is in (``statistic_of``): a strong cell's E
+is in throughputs, samples over the window (mean steps), a weak cell's in epoch times, from the
+window's median step; the window's figures, means over its steps, are scaled by the run's median
+step over its mean step for a weak cell, and t_1 is the one-GPU runs' median or mean step to
+match. (On the kept README study, cpu-readme-a0f872f, whose strong runs each had one slow step
+among three or four, the window's means taken as a weak cell's median put that cell's E(2) 8.4
+points low; in its own statistic, 2.0 points high.)
+
+Stragglers. At every all-reduce the ranks wait for the one that finishes its backward last: the
+typical rank waits W(N) = E[max of the N ranks' steps] - their mean. The record keeps the window's
+mean wait, not its per-rank, per-step times (``allreduce_timing.window_split`` gathers them and
+keeps means), so the distribution is fitted, not taken empirically: a normal of spread sigma, the
+one parameter a mean wait identifies, whose expected maximum grows as e_N (``expected_max_normal``,
+e_2 = 0.564, e_8 = 1.424, e_64 = 2.344, e_512 = 3.044: about sqrt(2 ln N)). It is a lower bound
+where rank steps have a heavy tail (an occasional hiccup of one rank), whose wait grows faster:
+
+    sigma / t = W(N_measured) / (e_N_measured x t_compute)      (``straggler_spread``, per run)
+    W(N) = (sigma / t) x e_N x k t_1(m_N, A_N)                   (``straggler_wait_s``)
+
+sigma / t is chosen as k is (held out: the other cells'; beyond the hardware, every window's), and
+W(N) is its own part of the predicted loss (``loss_straggler``). A probe's k holds its wait already.
 
 (Over five README studies of 2026-11-27, the window's figures took the model's largest E(2) error
 from 4.4 points to 2.6: two cells of one configuration, the strong and the weak at two ranks of
@@ -80,27 +107,36 @@ on a link the study measured replays its all-reduces at s x B, s chosen as k is 
 in-sample, beyond the hardware the fullest occupancy's); a link from references.yaml or a cluster
 preset keeps its own B (s is a property of the study's hardware, not of the preset's).
 
-The optimizer and "other" do not shrink with the batch. Predicted efficiency, by the study's
-definitions (``scalerepro.analysis.tables.aggregate``) with median step times on both sides:
+The optimizer and "other" do not shrink with the batch. The step at N ranks is the replay plus
+the wait for the slowest, t(N) = replayed step + W(N). Predicted efficiency, by the study's
+definitions (``scalerepro.analysis.tables.aggregate``), t(1) and t(N) in the statistic above:
 
-    strong (global batch fixed)     E(N) = thr(N) / (N thr(1)) = t(1) / (N t(N))
-    weak (per-GPU batch, data fixed) E(N) = T(1) / T(N)        = t(1) / t(N)   (same steps per epoch)
+    strong (global batch fixed)     E(N) = thr(N) / (N thr(1)) = t(1) / (N t(N))   (mean steps)
+    weak (per-GPU batch, data fixed) E(N) = T(1) / T(N)        = t(1) / t(N)       (median steps)
+
+A study of one GPU (a model whose only scaling study ran one GPU) is also predicted as weak
+scaling at its one-GPU run's per-GPU batch, held at every N: the question a user with one GPU
+asks, and one no batch curve is needed for (the rows say so in their note).
 
 On a cluster preset (``predict_cluster``: ``clusters`` in references.yaml) the counts beyond the
 study's hardware run instead on that cluster's hierarchical network (``network_model``: NCCL's
 flat ring through all N GPUs over NVLink and one NIC per GPU, or its tree across nodes), with its
-GPUs per node, each row beside the model's typical error on published runs (``prediction_error``
-of references.yaml, measured by benchmarks/predict_published.py). A GPU study that names no
+GPUs per node, each row beside the model's back-tested error in its own regime (``prediction_error``:
+strategy, nodes, the micro-batch against the batch curve's knee, where the compute came from;
+``prediction_error_by_regime`` of references.yaml, measured by benchmarks/predict_published.py),
+or no error where no back-test covered that regime; a row that replays the study's own links is
+no regime of the back-test (it ran on NCCL clusters) and carries none. A GPU study that names no
 preset predicts the counts beyond its node, where it measured no link across nodes, on the preset
 of its own GPU (``network_model.preset_for_gpu``: an H100 SXM5 on dgx_h100), and says so; with no
 preset for its GPU, a one-GPU node predicts nothing beyond itself (a one-GPU box is not eight
 one-GPU nodes over InfiniBand). ``simulate_fsdp_step`` is the
 same step under FSDP (all-gathers before each unit's forward and backward, reduce-scatters after
-its backward), and ``fit_compute_to_step`` scales a profile's compute to a published step.
+its backward, the root unit's apart), and ``fit_compute_to_step`` scales a profile's compute to a
+published step.
 
 What it leaves out: contention between the all-reduce and the backward on one GPU, DDP's copies
 into and out of the buckets, and a data loader that slows at N ranks (the inflation k holds the
-rest of the contention and the wait for the slowest rank, as the probe measured them).
+rest of the contention as the runs measured it).
 
 Table ``scaling_model.csv``, one row per (study, model, GPU count), in strong|weak order:
     study, model, gpus, nodes, basis (measured: a measured cell, prediction beside it |
@@ -110,28 +146,37 @@ Table ``scaling_model.csv``, one row per (study, model, GPU count), in strong|we
     allreduce_s (sum of t_ring over the buckets), exposed_comm_s (max(c b, e_last) - c b),
     step_time_measured_s, step_time_predicted_s, step_time_error (predicted / measured - 1),
     efficiency_measured (scaling.csv's), efficiency_predicted, efficiency_error (predicted -
-    measured), cluster (the preset a predicted row ran on), typical_error (the model's typical
-    error there), profile_run (the one-GPU run whose buckets were replayed), note, cluster_basis
+    measured), cluster (the preset a predicted row ran on), typical_error (the median |error| the
+    back-test measured in the row's regime; empty where none did), profile_run (the one-GPU run
+    whose buckets were replayed), note, cluster_basis
     (why that preset: named in the config, or the study's GPU's), fixed_step_s (other + o: the
     per-step cost that does not shrink with the batch), loss_fixed_cost and loss_exposed_comm (the
-    predicted loss of efficiency split: (t(N) - ideal - exposed) / t(N) and exposed / t(N), ideal
-    t(1) / N strong, t(1) weak; they add up to 1 - efficiency), compute_inflation (k),
+    predicted loss of efficiency split: (t(N) - ideal - exposed - inflation - W(N)) / t(N) and
+    exposed / t(N), ideal t(1) / N strong, t(1) weak; with loss_compute_inflation and
+    loss_straggler they add up to 1 - efficiency), compute_inflation (k + W(N) / t_1(m_N, A_N): the
+    step without communication, the wait for the slowest included, against the one-GPU step),
     inflation_basis (where k comes from), loss_compute_inflation (the part of the loss k adds:
-    (k - 1) / k x the inflated compute step / t(N)), batch_curve (the curve c came from, or
-    "proportional"); ``network`` ends with the share s of B under load where one was applied.
+    (k - 1) t_1(m_N, A_N) / t(N)), batch_curve (the curve c came from, or why none), loss_straggler
+    (W(N) / t(N)), straggler_basis (where sigma / t comes from, and W(N) in it), regime (the key of
+    the row's regime, ``prediction_error.Regime``), error_basis (the back-test rows behind
+    typical_error, or "no back-test of this regime"), bound (why the predicted efficiency is an
+    upper bound, where it is one); ``network`` ends with the share s of B under load where one
+    was applied.
 
 This module is on the analysis side: it never imports torch.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -148,9 +193,10 @@ from scalerepro.analysis.tables.network_model import (
     preset_for_gpu,
     read_links,
 )
-from scalerepro.analysis.tables import loss_decomposition
+from scalerepro.analysis.tables import loss_decomposition, prediction_error
 from scalerepro.analysis.tables.readers import read_comm
 from scalerepro.analysis.values import finite_number
+from scalerepro.common.gpu_peaks import peaks_key
 from scalerepro.common.references import load_optional_references
 
 SCALING_MODEL_COLUMNS = (
@@ -159,9 +205,12 @@ SCALING_MODEL_COLUMNS = (
     "exposed_comm_s", "step_time_measured_s", "step_time_predicted_s", "step_time_error", "efficiency_measured",
     "efficiency_predicted", "efficiency_error", "cluster", "typical_error", "profile_run", "note",
     "cluster_basis", "fixed_step_s", "loss_fixed_cost", "loss_exposed_comm", "compute_inflation", "inflation_basis",
-    "loss_compute_inflation", "batch_curve",
+    "loss_compute_inflation", "batch_curve", "loss_straggler", "straggler_basis", "regime", "error_basis", "bound",
 )  # fmt: skip
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
+BATCH_CURVE_FILE = "batch_curve.json"  # benchmarks/gpu/batch_curve.py's output: a study's, or its GPU session's
+PROPORTIONAL_BOUND = "upper bound: compute taken as proportional to the micro-batch (no batch curve covers it)"
+Statistic = Literal["mean", "median"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,6 +385,7 @@ class FsdpProfile:
     gather_bytes: float  # P_g
     reduce_bytes: float  # P_r
     reshard_after_forward: bool = True  # FSDP2's default: the backward gathers every unit again
+    root_fraction: float = 0.0  # rho: the parameters outside the L units (embeddings, head), FSDP's root unit
 
     @property
     def other_s(self) -> float:
@@ -357,31 +407,38 @@ class ShardingNetwork(Protocol):
 def simulate_fsdp_step(
     profile: FsdpProfile, network: ShardingNetwork, compute_scale: float = 1.0, micro_batches: int | None = None
 ) -> StepPrediction:
-    """t(N) of an FSDP step. Each unit's parameters are all-gathered before its forward and (with
-    reshard after forward) again before its backward, prefetched one unit ahead; its gradients are
-    reduce-scattered after its backward; every transfer shares the one network, end to end:
+    """t(N) of an FSDP step. Each unit of wrapping (FSDP's, one a transformer block) has its
+    parameters all-gathered before its forward and (with reshard after forward) again before its
+    backward, prefetched one unit ahead; its gradients are reduce-scattered after its backward;
+    each collective is a ring with its own latency (``network_model``: NCCL offers these two no
+    tree); every transfer shares the one network, end to end. The root unit, the share rho of the
+    parameters that no block holds (embeddings, final norm, head), is gathered before anything
+    computes and reduce-scattered after everything has, so neither of its transfers overlaps:
 
-        ag = all-gather(P_g / L, N),  rs = reduce-scatter(P_r / L, N)
-        forward phase  F = max(ag + c f, L ag)              (the first gather cannot overlap)
-        backward phase G = max(c b + rs, L (r ag + rs))      (nor the last reduce-scatter; r = 1
-                                                             with reshard after forward, else 0)
-        t(N) = other + A (F + G) + o / N                     (FSDP gathers and reduce-scatters
-                                                             every micro-batch; the optimizer
-                                                             updates one shard)
+        ag = all-gather((1 - rho) P_g / L, N),   rs = reduce-scatter((1 - rho) P_r / L, N)
+        ag_0 = all-gather(rho P_g, N),           rs_0 = reduce-scatter(rho P_r, N)   (0 for rho = 0)
+        forward phase  F = ag_0 + max(ag + c f, L ag)         (the first gather cannot overlap)
+        backward phase G = max(c b + rs, L (r ag + rs)) + rs_0 (nor the last reduce-scatter; r = 1
+                                                              with reshard after forward, else 0)
+        t(N) = other + A (F + G) + o / N                      (FSDP gathers and reduce-scatters
+                                                              every micro-batch; the optimizer
+                                                              updates one shard)
 
-    ``allreduce_s`` of the result is the communication of the step, A L ((1 + r) ag + rs);
+    ``allreduce_s`` of the result is the communication of the step, A (L ((1 + r) ag + rs) + ag_0 + rs_0);
     ``exposed_comm_s`` is A (F + G - c (f + b))."""
     c = compute_scale
-    units = profile.units
-    gather = network.all_gather_s(profile.gather_bytes / units)
-    scatter = network.reduce_scatter_s(profile.reduce_bytes / units)
+    units, root = profile.units, profile.root_fraction
+    gather = network.all_gather_s((1 - root) * profile.gather_bytes / units)
+    scatter = network.reduce_scatter_s((1 - root) * profile.reduce_bytes / units)
+    root_gather = network.all_gather_s(root * profile.gather_bytes) if root > 0 else 0.0
+    root_scatter = network.reduce_scatter_s(root * profile.reduce_bytes) if root > 0 else 0.0
     again = 1 if profile.reshard_after_forward else 0
     forward, backward = c * profile.forward_s, c * profile.backward_s
-    forward_phase = max(gather + forward, units * gather)
-    backward_phase = max(backward + scatter, units * (again * gather + scatter))
+    forward_phase = root_gather + max(gather + forward, units * gather)
+    backward_phase = max(backward + scatter, units * (again * gather + scatter)) + root_scatter
     a = profile.micro_batches if micro_batches is None else micro_batches
     step = profile.other_s + a * (forward_phase + backward_phase) + profile.optimizer_s / network.gpus
-    communication = a * units * ((1 + again) * gather + scatter)
+    communication = a * (units * ((1 + again) * gather + scatter) + root_gather + root_scatter)
     return StepPrediction(step, communication, a * (forward_phase + backward_phase - forward - backward), backward_phase)
 
 
@@ -460,11 +517,122 @@ class BatchCurve:
         return (f"t(m) = {self.intercept_s * 1e3:.3g} ms + {self.slope_s * 1e3:.3g} ms x m through "
                 f"m = {', '.join(map(str, self.batches))} ({self.source})")  # fmt: skip
 
+    def covers(self, batch: float) -> bool:
+        """Whether ``batch`` lies within the batches the curve was measured at (a line is not
+        extrapolated: below its smallest batch a step's fixed cost may be more than the line says)."""
+        return min(self.batches) <= batch <= max(self.batches)
+
+    @property
+    def knee(self) -> float:
+        """The batch whose fixed per-step cost is a tenth of its step (``prediction_error.knee``)."""
+        return prediction_error.knee(self.intercept_s, self.slope_s)
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any], where: str) -> BatchCurve | None:
+        """The curve of a ``batch_curve.json`` (benchmarks/gpu/batch_curve.py: rows of batch and
+        step_s_median), named by ``where`` and the device it ran on."""
+        rows = document.get("rows") or []
+        return cls.fit([r["batch"] for r in rows], [r["step_s_median"] for r in rows], f"{where}, {document.get('device')}")
+
+
+def kept_batch_curve(record_files: Iterable[str], model: str, device_names: Iterable[str]) -> tuple[BatchCurve | None, str]:
+    """The batch curve kept for ``model`` beside a study: ``batch_curve.json`` in the study folder
+    (the one holding the ``runs`` folder its records lie in, <study>/runs/<run>/record.json), else
+    in the folder holding the study (a GPU session's folder, where benchmarks/gpu/batch_curve.py
+    writes its curve beside the session's records). A curve of another model, or measured on
+    another GPU than the study's (``gpu_peaks.peaks_key``), is not this study's. (None, why) where
+    none is kept."""
+    folders = {next((parent.parent for parent in Path(path).parents if parent.name == "runs"), None) for path in record_files}
+    folders.discard(None)
+    if len(folders) != 1:
+        return None, "no study folder to look for a kept batch curve in"
+    (study,) = folders
+    keys = {peaks_key(str(name)) for name in device_names if name}
+    for candidate in (study / BATCH_CURVE_FILE, study.parent / BATCH_CURVE_FILE):
+        if not candidate.is_file():
+            continue
+        try:
+            document = json.loads(candidate.read_text())
+        except (OSError, ValueError):
+            continue
+        if document.get("model") == model and peaks_key(str(document.get("device"))) in keys - {None}:
+            where = f"{candidate.parent.name}/{candidate.name}" if candidate.parent != study else candidate.name
+            curve = BatchCurve.from_document(document, where)
+            return curve, f"kept: {where}" if curve is not None else f"{where} holds no curve that rises with the batch"
+    return None, f"no {BATCH_CURVE_FILE} of {model} on the study's GPU in the study folder or the folder holding it"
+
+
+# --------------------------------------------------------------------------------------------
+# Stragglers: the wait for the slowest of N ranks
+# --------------------------------------------------------------------------------------------
+
+_GRID = np.linspace(-12.0, 12.0, 48_001)  # standard normal draws, step 5e-4
+_PDF = np.exp(-(_GRID**2) / 2) / math.sqrt(2 * math.pi)
+_CDF = 0.5 * (1 + np.vectorize(math.erf)(_GRID / math.sqrt(2)))
+
+
+@functools.lru_cache(maxsize=None)
+def expected_max_normal(n: int) -> float:
+    """e_N = E[max of N independent standard normal draws] = integral of x N phi(x) Phi(x)^(N-1) dx,
+    by the trapezoid rule on a grid of step 5e-4 over +-12 (within 1e-6 of the closed forms
+    e_2 = 1/sqrt(pi) = 0.5642, e_3 = 3 / (2 sqrt(pi)) = 0.8463); e_1 = 0."""
+    if n < 1:
+        raise ValueError(f"a count of ranks is a whole number from 1 (got {n})")
+    if n == 1:
+        return 0.0
+    return float(np.trapezoid(_GRID * n * _PDF * _CDF ** (n - 1), _GRID))
+
+
+def straggler_spread(wait_s: float, ranks: int, compute_s: float) -> float:
+    """sigma / t: a rank's step-to-step spread as a share of its compute step, from the mean wait
+    for the slowest of ``ranks`` ranks the window measured, W = sigma e_N (module docstring)."""
+    return wait_s / (expected_max_normal(ranks) * compute_s)
+
+
+def straggler_wait_s(spread: float, ranks: int, compute_s: float) -> float:
+    """W(N) = E[max of N rank steps] - their mean = sigma e_N, sigma = spread x the compute step."""
+    return spread * compute_s * expected_max_normal(ranks)
+
 
 def _positive(value: Any) -> float | None:
     """A measured time: finite and above 0, else None."""
     number = finite_number(value)
     return number if number is not None and number > 0 else None
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """A multi-rank run's step as the model reads it (``rank_step``): the typical rank's compute,
+    its wait for the slowest rank (None where the record does not split it out), the all-reduce
+    it exposed, and where they were measured."""
+
+    compute_s: float
+    straggler_s: float | None
+    exposed_s: float | None
+    measured_in: str  # "window" | "probe"
+
+    @property
+    def nosync_s(self) -> float:
+        """The step without communication as the ranks wait for the slowest."""
+        return self.compute_s + (self.straggler_s or 0.0)
+
+
+def rank_step(run: pd.Series, statistic: Statistic = "median") -> RankStep | None:
+    """``no_sync_step_and_exposed`` with the wait for the slowest rank apart. The window's figures
+    are means over its steps; where the prediction is of a median step (``statistic``: a weak
+    cell's E is in median steps, a strong cell's in mean steps, ``statistic_of``) they are scaled
+    by the run's median step over its mean step, so that a window with one slow step among few
+    does not put that step into a median. A probe's figures are its own short run's: its slowest
+    rank's no-sync step holds the wait, which is not split out."""
+    quantities = loss_decomposition.run_quantities(run)
+    if isinstance(quantities, dict) and quantities["measured_in"] == "window":
+        scale = 1.0
+        if statistic == "median":
+            median = _positive(run.get("step_time_median_s"))
+            scale = median / quantities["step"] if median is not None else 1.0
+        return RankStep(scale * quantities["compute"], scale * quantities["straggler"], scale * quantities["exposed"], "window")
+    nosync, exposed, measured_in = no_sync_step_and_exposed(run)
+    return None if nosync is None else RankStep(nosync, None, exposed, measured_in)
 
 
 def no_sync_step_and_exposed(run: pd.Series) -> tuple[float | None, float | None, str]:
@@ -482,13 +650,14 @@ def no_sync_step_and_exposed(run: pd.Series) -> tuple[float | None, float | None
     return nosync, (max(sync - nosync, 0.0) if nosync is not None and sync is not None else None), "probe"
 
 
-def one_gpu_steps(model_runs: pd.DataFrame) -> dict[tuple[int, int], float]:
-    """(micro-batch, micro-batches a step) -> the median step time of the model's counted one-GPU
-    runs there, over every study that ran it (strong, weak, sensitivity: the same preset)."""
+def one_gpu_steps(model_runs: pd.DataFrame, statistic: Statistic = "median") -> dict[tuple[int, int], float]:
+    """(micro-batch, micro-batches a step) -> the median, over the model's counted one-GPU runs
+    there and every study that ran it (strong, weak, sensitivity: the same preset), of each run's
+    median step (``statistic`` "median") or mean step, window / steps ("mean": a throughput's)."""
     one = model_runs[model_runs["gpus"].eq(1) & model_runs["counts"].astype(bool)]
     steps: dict[tuple[int, int], list[float]] = {}
     for _, run in one.iterrows():
-        step = _positive(run.get("step_time_median_s"))
+        step = _positive(run.get("step_time_median_s")) if statistic == "median" else loss_decomposition.mean_step_s(run)
         if step is not None:
             key = (int(run["per_gpu_batch"]), int(run.get("grad_accum_steps", 1) or 1))
             steps.setdefault(key, []).append(step)
@@ -506,6 +675,7 @@ class Inflation:
     factor: float  # k
     bandwidth_share: float | None = None  # s: the share of the benchmark's B the all-reduce had in the step
     measured_in: str = "probe"  # "window" (the run's window split) or "probe" (its no-sync probe)
+    spread: float | None = None  # sigma / t of the rank steps (``straggler_spread``); None: the wait is in k
 
 
 def inflation_for(
@@ -561,6 +731,12 @@ def bandwidth_share(
         middle = (low + high) / 2
         low, high = (low, middle) if exposed(middle) < exposed_s else (middle, high)
     return (low + high) / 2
+
+
+def statistic_of(study: str) -> Statistic:
+    """The step statistic a study's efficiency is in (``aggregate``): strong's E from throughputs,
+    samples over the window (mean steps); weak's from epoch times, from the window's median step."""
+    return "mean" if study == "strong" else "median"
 
 
 def predicted_efficiency(study: str, step_1_s: float, step_n_s: float, gpus: int) -> float:
@@ -664,6 +840,24 @@ def strong_split(global_batch: int, gpus: int, micro_batch_1: int) -> tuple[int,
     return micro_batch_1, share // micro_batch_1
 
 
+def spread_for(measured: Sequence[Inflation], study: str, gpus: int, is_measured_cell: bool) -> tuple[float, str]:
+    """sigma / t of the rank steps for a cell (module docstring, stragglers), and where it comes
+    from: a measured cell's from the other cells' windows (held out), else its own (in-sample); a
+    count beyond the hardware from every window measured. 0 where no window split the wait out."""
+    with_spread = [m for m in measured if m.spread is not None]
+    if gpus <= 1:
+        return 0.0, "one rank: no wait"
+    if not with_spread:
+        return 0.0, "no window split measured the wait for the slowest rank: none apart from k"
+    cells = lambda group: ", ".join(sorted({f"{m.study} {m.gpus}" for m in group}))  # noqa: E731
+    if is_measured_cell:
+        others = [m for m in with_spread if (m.study, m.gpus) != (study, gpus)]
+        if others:
+            return statistics.median(m.spread for m in others), f"held out: the window split of {cells(others)} ({len(others)} runs)"
+        return statistics.median(m.spread for m in with_spread), f"in-sample: this cell's own window split ({len(with_spread)} runs)"
+    return statistics.median(m.spread for m in with_spread), f"measured in the window split of {cells(with_spread)} ({len(with_spread)} runs)"
+
+
 def scaling_model_table(
     runs: pd.DataFrame,
     scaling: pd.DataFrame,
@@ -675,11 +869,12 @@ def scaling_model_table(
 ) -> pd.DataFrame:
     """scaling_model.csv (module docstring). ``runs``/``scaling`` are the aggregation's tables;
     ``record_files``: each run's record file (readers.read_matrix's, inside the study folder), by
-    default the runs' ``record`` as written.
+    default the runs' ``record`` as written; the study folder they lie in is where a kept batch
+    curve is looked for (``kept_batch_curve``).
     ``predict_cluster``: a preset of ``clusters`` in references.yaml; the counts beyond the
     study's hardware are then predicted on its hierarchical network (``network_model``), with
-    its GPUs per node, each beside the model's typical error on published runs
-    (``prediction_error`` of references.yaml, measured by benchmarks/predict_published.py)."""
+    its GPUs per node, each beside the back-tested error of its regime (``prediction_error``,
+    ``prediction_error_by_regime`` of references.yaml, measured by benchmarks/predict_published.py)."""
     references = load_optional_references(references_path)
     named: ClusterPreset | None = preset(clusters_of(references), predict_cluster) if predict_cluster else None
     # A GPU study that names no preset predicts the counts beyond its node (where it measured no
@@ -691,7 +886,7 @@ def scaling_model_table(
     own, own_why = (None, None)
     if named is None and len(gpu_runs):
         own, own_why = preset_for_gpu(clusters_of(references), gpu_runs.get("device_name", pd.Series(dtype=str)).dropna())
-    typical_error = prediction_error_of(references) if named is not None or own is not None else None
+    errors = prediction_error.error_table_of(references)
     fits: dict[int, tuple[RingNetwork, int]] = {}  # GPU count -> (alpha, B fitted, nodes)
     fit_problems = {}
     for path in comm_paths:
@@ -704,8 +899,17 @@ def scaling_model_table(
     measured_across = any(nodes > 1 for _, nodes in fits.values())  # the study's own inter-node link
     rows = []
     scaled = runs[runs["study"].isin(["strong", "weak"])]
-    for (study, model), cell_runs in scaled.groupby(["study", "model"], sort=True):
-        cells = scaling[scaling["study"].eq(study) & scaling["model"].eq(model)].set_index("gpus")
+    # (study predicted, model, the runs it comes from, whether it is weak scaling derived from a
+    # study of one GPU): a model whose only study ran one GPU is also predicted at its per-GPU
+    # batch held at N, the question a one-GPU user has, from that study's one-GPU run
+    jobs = [(study, model, cell_runs, False) for (study, model), cell_runs in scaled.groupby(["study", "model"], sort=True)]
+    for study, model, cell_runs, _ in list(jobs):
+        if study == "strong" and int(cell_runs["gpus"].max()) == 1 and not (scaled["study"].eq("weak") & scaled["model"].eq(model)).any():
+            jobs.append(("weak", model, cell_runs, True))
+    jobs.sort(key=lambda job: (job[0], job[1]))
+    for study, model, cell_runs, derived in jobs:
+        source_study = str(cell_runs["study"].iloc[0])
+        cells = scaling[scaling["study"].eq(source_study) & scaling["model"].eq(model)].set_index("gpus")
         one = cell_runs[cell_runs["gpus"].eq(1) & cell_runs["counts"]]
         first = cell_runs.drop_duplicates("gpus").set_index("gpus")
         batches = first["per_gpu_batch"]
@@ -716,7 +920,7 @@ def scaling_model_table(
         base = {"study": study, "model": model}
         if not profiles:
             why = "; ".join(sorted({reason for _, reason in found})) or "no completed 1-GPU run of this study and model"
-            for gpus, cell in cells.iterrows():
+            for gpus, cell in ([] if derived else cells.iterrows()):
                 rows.append(_row(**base, gpus=gpus, nodes=cell["nodes"], basis="measured",
                                  step_time_measured_s=cell["step_time_median_s"], efficiency_measured=cell["efficiency"],
                                  per_gpu_batch=batches.get(gpus), note=f"no prediction: {why}"))  # fmt: skip
@@ -724,45 +928,65 @@ def scaling_model_table(
         profile = within_step(median_profile(profiles))
         profile_run = ", ".join(one["run_id"][[p is not None for p, _ in found]])
         micro_1 = int(batches[1])
+        statistic = statistic_of(study)
         # the model's one-GPU steps under the profile's conditions, and the batch curve through them
         same = runs["model"].eq(model) & runs["study"].isin(["strong", "weak", "sensitivity"])
         if "precision_recorded" in runs.columns and one["precision_recorded"].notna().any():
             same &= runs["precision_recorded"].eq(one["precision_recorded"].dropna().iloc[0])
-        steps_1 = one_gpu_steps(runs[same])
-        single = {m: t for (m, a), t in steps_1.items() if a == 1}
+        steps_1 = one_gpu_steps(runs[same], statistic)
+        single = {m: t for (m, a), t in one_gpu_steps(runs[same]).items() if a == 1}
         curve = BatchCurve.fit(list(single), list(single.values()), f"one-GPU {model} runs, one micro-batch a step")
+        curve_why = "one micro-batch measured"
+        if curve is None:
+            files = [(record_files or {}).get(run_id, path) for run_id, path in zip(one["run_id"], one["record"])]
+            curve, curve_why = kept_batch_curve(files, model, one.get("device_name", pd.Series(dtype=str)).dropna())
         fixed_s = profile.other_s + profile.optimizer_s
 
         def compute_scale_at(micro: int) -> float:
-            return micro / micro_1 if curve is None else curve.compute_scale(micro, micro_1, fixed_s)
+            if micro == micro_1:
+                return 1.0
+            if curve is not None and curve.covers(micro):
+                return curve.compute_scale(micro, micro_1, fixed_s)
+            return micro / micro_1
 
         def profile_step(micro: int, accum: int) -> float:
             """The profile's own step without communication at (c, A)."""
             return simulate_step(profile, RingNetwork(1, 0.0, math.inf, "one GPU"), compute_scale_at(micro), accum).step_s
 
+        # the profile in the statistic the study's efficiency is in: a one-GPU step at (m, A),
+        # measured where the study ran it, else the profile's own step scaled to the statistic
+        in_statistic = steps_1.get((micro_1, profile.micro_batches), profile.step_s) / profile.step_s
+
+        def step_1_at(micro: int, accum: int) -> float:
+            return steps_1.get((micro, accum)) or in_statistic * profile_step(micro, accum)
+
+        reference_step = step_1_at(micro_1, profile.micro_batches)  # t(1): every efficiency's numerator
         measured_inflation = []
         for _, run in runs[runs["model"].eq(model) & runs["study"].isin(["strong", "weak"]) & runs["gpus"].gt(1)].iterrows():
-            nosync, exposed, measured_in = no_sync_step_and_exposed(run)
-            if nosync is None or not bool(run["counts"]):
+            step = rank_step(run, statistic)
+            if step is None or not bool(run["counts"]):
                 continue
             key = (int(run["per_gpu_batch"]), int(run.get("grad_accum_steps", 1) or 1))
             uninflated = profile_step(*key)
-            step_1 = steps_1.get(key) or uninflated  # t_1(m_N, A_N): measured, else the profile's
+            step_1 = step_1_at(*key)  # t_1(m_N, A_N)
             occupancy = min(int(run["gpus"]), int(run["gpus_per_node"]))
             # s: the bandwidth at which the replay, its compute at this run's own k, exposes what
-            # the probe measured exposed (sync - no-sync step), on the benchmark at this count
+            # the run measured exposed, on the benchmark at this count
             share = None
-            if exposed is not None and int(run["gpus"]) in fits:
-                share = bandwidth_share(inflated(profile, nosync / uninflated), fits[int(run["gpus"])][0],
-                                        exposed, compute_scale_at(key[0]), key[1])  # fmt: skip
-            measured_inflation.append(Inflation(str(run["study"]), int(run["gpus"]), occupancy, nosync / step_1, share, measured_in))
+            if step.exposed_s is not None and int(run["gpus"]) in fits:
+                share = bandwidth_share(inflated(profile, step.nosync_s / uninflated), fits[int(run["gpus"])][0],
+                                        step.exposed_s, compute_scale_at(key[0]), key[1])  # fmt: skip
+            # k: the typical rank's compute where the window splits out the wait for the slowest
+            # (that wait then grows with N, the spread sigma / t), else the probe's step that holds it
+            spread = straggler_spread(step.straggler_s, int(run["gpus"]), step.compute_s) if step.straggler_s is not None else None
+            measured_inflation.append(Inflation(str(run["study"]), int(run["gpus"]), occupancy, step.compute_s / step_1, share,
+                                                step.measured_in, spread))  # fmt: skip
         # the strong study's global batch G, the same at every N (the 1-GPU cell's, for matrices
         # from before it was: there G was the 1-GPU per-GPU batch)
         global_batch = int(first.loc[1, "global_batch"]) if study == "strong" else None
         measured_max = max(cells.index)
-        targets = [(g, "measured") for g in cells.index] + [
-            (g, "predicted") for g in sorted(set(predict_gpus)) if g > measured_max
-        ]
+        targets = [] if derived else [(g, "measured") for g in cells.index]
+        targets += [(g, "predicted") for g in sorted(set(predict_gpus)) if g > measured_max]
         for gpus, basis in targets:
             cell = cells.loc[gpus] if basis == "measured" else None
             beyond_node = basis == "predicted" and gpus > gpus_per_node and not measured_across
@@ -793,14 +1017,27 @@ def scaling_model_table(
                 continue
             micro, accum = split
             compute_scale = compute_scale_at(micro)  # c = m_N / m_1, or through the batch curve
+            on_curve = micro != micro_1 and curve is not None and curve.covers(micro)
             occupancy = min(gpus, node_size)
             k, k_basis = inflation_for(measured_inflation, study, gpus, occupancy, basis == "measured")
+            spread, spread_basis = spread_for(measured_inflation, study, gpus, basis == "measured")
             uninflated = profile_step(micro, accum)
+            step_1 = step_1_at(micro, accum)  # t_1(m_N, A_N)
             # K: every phase scaled so that the step without communication is k t_1(m_N, A_N)
-            factor = k * steps_1.get((micro, accum), uninflated) / uninflated
+            factor = k * step_1 / uninflated
+            straggler_s = straggler_wait_s(spread, gpus, k * step_1)  # W(N) = sigma e_N
+            if on_curve:
+                curve_text = curve.describe()
+            elif micro != micro_1:
+                why = f"m = {micro} outside the curve's {curve.describe()}" if curve is not None else curve_why
+                curve_text, row["bound"] = f"proportional: {why}", PROPORTIONAL_BOUND
+            else:  # the one-GPU run's own micro-batch: no curve is needed
+                curve_text = curve.describe() if curve is not None else f"none needed at the one-GPU micro-batch ({curve_why})"
             row.update(per_gpu_batch=micro, grad_accum_steps=accum, compute_scale=compute_scale,
-                       compute_inflation=k, inflation_basis=k_basis,
-                       batch_curve=curve.describe() if curve is not None else "proportional: one micro-batch measured")  # fmt: skip
+                       compute_inflation=k + straggler_s / step_1, inflation_basis=k_basis, batch_curve=curve_text,
+                       straggler_basis=(f"{spread_basis}; sigma / t = {spread:.3g}, W({gpus}) = sigma x e_{gpus} = {expected_max_normal(gpus):.3f} "
+                                        "sigma (a normal fitted to the mean wait: the record keeps no per-step times)")
+                       if spread else spread_basis)  # fmt: skip
             network: AllReduceNetwork
             own_link = False  # a link the study's all-reduce benchmark measured (not references.yaml's)
             try:
@@ -826,17 +1063,19 @@ def scaling_model_table(
                 network = RingNetwork(gpus, network.alpha_step_s, share * network.link_bytes_per_s,
                                       f"{network.source}; B under load {share:.3g} x the benchmark's ({share_basis})")  # fmt: skip
             prediction = simulate_step(inflated(profile, factor), network, compute_scale, accum)
+            step_n = prediction.step_s + straggler_s  # the last bucket waits for the slowest rank's backward
             # What the loss of efficiency is lost to: ideal is t(1) / N (strong) or t(1) (weak);
             # t(N) - ideal = the all-reduce left exposed + what inflation adds to the compute,
-            # (k - 1) / k of it + the per-step cost that does not shrink with the batch, (other +
-            # o)(1 - 1/N) strong, nothing weak (compute scales as c A_N)
-            ideal = profile.step_s / gpus if study == "strong" else profile.step_s
-            inflation_s = (k - 1) / k * factor * uninflated
+            # (k - 1) t_1(m_N, A_N) + the wait for the slowest rank W(N) + the per-step cost that
+            # does not shrink with the batch, (other + o)(1 - 1/N) strong, nothing weak
+            ideal = reference_step / gpus if study == "strong" else reference_step
+            inflation_s = (k - 1) * step_1
             row.update(
                 fixed_step_s=fixed_s,
-                loss_exposed_comm=prediction.exposed_comm_s / prediction.step_s,
-                loss_compute_inflation=inflation_s / prediction.step_s,
-                loss_fixed_cost=max(prediction.step_s - ideal - prediction.exposed_comm_s - inflation_s, 0.0) / prediction.step_s,
+                loss_exposed_comm=prediction.exposed_comm_s / step_n,
+                loss_compute_inflation=inflation_s / step_n,
+                loss_straggler=straggler_s / step_n,
+                loss_fixed_cost=max(step_n - ideal - prediction.exposed_comm_s - inflation_s - straggler_s, 0.0) / step_n,
             )
             row.update(
                 network=network.source,
@@ -847,24 +1086,34 @@ def scaling_model_table(
                 else None,
                 allreduce_s=prediction.allreduce_s,
                 exposed_comm_s=prediction.exposed_comm_s,
-                step_time_predicted_s=prediction.step_s,
-                efficiency_predicted=predicted_efficiency(study, profile.step_s, prediction.step_s, gpus),
+                step_time_predicted_s=step_n,
+                efficiency_predicted=predicted_efficiency(study, reference_step, step_n, gpus),
             )
             if row["step_time_measured_s"] is not None and not pd.isna(row["step_time_measured_s"]):
                 # the prediction's error beside the measured cell
-                row["step_time_error"] = prediction.step_s / row["step_time_measured_s"] - 1  # predicted / measured - 1
+                row["step_time_error"] = step_n / row["step_time_measured_s"] - 1  # predicted / measured - 1
             if row["efficiency_measured"] is not None and not pd.isna(row["efficiency_measured"]):
                 row["efficiency_error"] = row["efficiency_predicted"] - row["efficiency_measured"]  # predicted - measured
             if basis == "predicted":
                 row["note"] = f"prediction only: beyond the {measured_max:g} GPU{'' if measured_max == 1 else 's'} the study ran on"
+                if derived:
+                    row["note"] += (f"; weak scaling at the one-GPU run's per-GPU batch ({micro_1}) held at every count, from the "
+                                    f"{source_study} study's one-GPU step")  # fmt: skip
+                if row["bound"]:
+                    row["note"] += f"; {PROPORTIONAL_BOUND}: the efficiency is at most this"
             if on_cluster:
+                # the back-tested error of the row's own regime, or none: an error measured on another
+                # regime is no error bar of this one
+                regime = prediction_error.regime_of("ddp", int(nodes), micro, micro_1, curve.knee if on_curve else None)
+                row.update(prediction_error.error_columns(regime, errors))
                 row["cluster"] = cluster.key
                 row["cluster_basis"] = cluster_basis
-                if typical_error is not None:
-                    row["typical_error"] = typical_error.typical
-                    row["note"] += (f"; on {cluster.name}; the model's typical error on published runs is "
-                                    f"±{typical_error.typical:.0%} (largest {typical_error.largest:.0%}, "
-                                    f"{typical_error.rows} rows of {typical_error.command})")  # fmt: skip
+                row["note"] += f"; on {cluster.name}; " + (
+                    f"the model's typical error in its regime ({regime.key}) is ±{row['typical_error']:.1%}: {row['error_basis']}"
+                    if row["typical_error"] is not None else f"no typical error: {prediction_error.NO_BACK_TEST} ({regime.key})")  # fmt: skip
+            elif basis == "predicted":
+                row["error_basis"] = (f"{prediction_error.NO_BACK_TEST}: the back-test ran on NCCL clusters' published series; "
+                                      "this row replays the study's own links")  # fmt: skip
             rows.append(row)
     table = pd.DataFrame(rows, columns=SCALING_MODEL_COLUMNS)
     return table.sort_values(["study", "model", "gpus"], kind="stable", ignore_index=True)

@@ -1,0 +1,156 @@
+"""The scaling model's error bars: what a back-test on published scaling series measured, by regime.
+
+benchmarks/predict_published.py gives the model, per published series, the smaller counts only
+(the one-node figure; on a series of three or more counts, the straggler spread is fitted on the
+counts below the held-back ones) and predicts the held-back largest counts; each held-back row's
+error is e = predicted / published - 1 of the published figure. A regime is where a row's
+prediction stands on four axes:
+
+    strategy   ddp | fsdp | 3d                      (how the gradients and parameters move)
+    nodes      one node | 2-8 nodes | 9+ nodes      (9+: more than 64 GPUs at 8 a node)
+    batch      held | above the knee | below the knee | changed, no curve
+               the per-GPU micro-batch against the given figure's: held, or changed and placed
+               against the batch curve's knee, m_knee = 9 a / b for t(m) = a + b m (the batch
+               whose fixed per-step cost a is a tenth of its step: at or above it the compute is
+               within 10 % of proportional to the batch, below it the fixed cost matters)
+    compute    as given | batch curve | proportional
+               where the compute at the new micro-batch comes from: the given figure (batch held),
+               a measured batch curve, or the assumption that it is proportional to the batch
+
+Per regime the table holds the median and the largest |e| over its held-back rows, and the rows
+themselves; ``prediction_error_by_regime`` in config/references.yaml holds it as data, with the
+command that measured it. A prediction carries its own regime's figures (``error_columns``):
+``typical_error`` (the median |e|), ``regime`` (the key) and ``error_basis`` (the rows behind it);
+a regime no back-test covered carries no error, and says so (``NO_BACK_TEST``): a figure measured on
+another regime is not this one's error bar.
+
+This module is on the analysis side: it never imports torch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+REGIME_STRATEGIES = ("ddp", "fsdp", "3d")
+NODE_REGIMES = ("one node", "2-8 nodes", "9+ nodes")
+BATCH_REGIMES = ("held", "above the knee", "below the knee", "changed, no curve")
+COMPUTE_REGIMES = ("as given", "batch curve", "proportional")
+NO_BACK_TEST = "no back-test of this regime"
+# the fixed per-step cost's share of the step at the knee: t(0) / t(m_knee) = a / (a + b m_knee)
+KNEE_FIXED_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Where a prediction stands (module docstring)."""
+
+    strategy: str
+    nodes: str
+    batch: str
+    compute: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.strategy}, {self.nodes}, batch {self.batch}, compute {self.compute}"
+
+
+def node_regime(nodes: int) -> str:
+    """one node (n = 1), 2-8 nodes, 9+ nodes."""
+    return NODE_REGIMES[0] if nodes <= 1 else NODE_REGIMES[1] if nodes <= 8 else NODE_REGIMES[2]
+
+
+def knee(intercept_s: float, slope_s: float) -> float:
+    """m_knee = (1 / f - 1) a / b = 9 a / b for f = 0.1: the batch at which the curve's fixed
+    per-step cost a is the share f of the step a + b m."""
+    return (1 / KNEE_FIXED_SHARE - 1) * intercept_s / slope_s
+
+
+def regime_of(strategy: str, nodes: int, micro_batch: int, given_micro_batch: int, curve_knee: float | None) -> Regime:
+    """The regime of a prediction at ``micro_batch`` per GPU from a figure (or one-GPU run) at
+    ``given_micro_batch``; ``curve_knee``: the knee of the batch curve the compute came from, None
+    where it came from none (proportional, or the batch held)."""
+    if strategy not in REGIME_STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is none of {', '.join(REGIME_STRATEGIES)}")
+    if micro_batch == given_micro_batch:
+        batch, compute = BATCH_REGIMES[0], COMPUTE_REGIMES[0]
+    elif curve_knee is None:
+        batch, compute = BATCH_REGIMES[3], COMPUTE_REGIMES[2]
+    else:
+        batch, compute = BATCH_REGIMES[1] if micro_batch >= curve_knee else BATCH_REGIMES[2], COMPUTE_REGIMES[1]
+    return Regime(strategy, node_regime(nodes), batch, compute)
+
+
+@dataclass(frozen=True)
+class RegimeError:
+    """The back-tested error of one regime: median and largest |predicted / published - 1|."""
+
+    regime: Regime
+    median: float
+    largest: float
+    rows: tuple[str, ...]  # the held-back rows behind it, "<series> <GPUs>"
+
+
+@dataclass(frozen=True)
+class ErrorTable:
+    """``prediction_error_by_regime`` of references.yaml: each regime's back-tested error."""
+
+    regimes: dict[str, RegimeError]  # by Regime.key
+    command: str  # the benchmark command that measured it
+
+    def for_regime(self, regime: Regime) -> RegimeError | None:
+        return self.regimes.get(regime.key)
+
+
+def back_tested(rows: Iterable[tuple[Regime, str, float]]) -> list[RegimeError]:
+    """Each regime's median and largest |e| over its held-back rows (regime, row name, e), in the
+    order the regimes first appear."""
+    grouped: dict[str, list[tuple[Regime, str, float]]] = {}
+    for regime, name, error in rows:
+        grouped.setdefault(regime.key, []).append((regime, name, error))
+    return [
+        RegimeError(group[0][0], statistics.median(abs(e) for _, _, e in group), max(abs(e) for _, _, e in group), tuple(n for _, n, _ in group))
+        for group in grouped.values()
+    ]
+
+
+def to_document(errors: Iterable[RegimeError], command: str, protocol: str) -> dict[str, Any]:
+    """``prediction_error_by_regime`` as references.yaml holds it (shares rounded to 0.1 point)."""
+    return {
+        "command": command,
+        "protocol": protocol,
+        "regimes": [
+            {"strategy": e.regime.strategy, "nodes": e.regime.nodes, "batch": e.regime.batch, "compute": e.regime.compute,
+             "median": round(e.median, 3), "largest": round(e.largest, 3), "rows": list(e.rows)}
+            for e in errors
+        ],
+    }  # fmt: skip
+
+
+def error_table_of(references: Mapping[str, Any]) -> ErrorTable | None:
+    """``prediction_error_by_regime`` of a references document (the loader has checked its form); None without one."""
+    entry = references.get("prediction_error_by_regime")
+    if not entry:
+        return None
+    regimes = {}
+    for item in entry["regimes"]:
+        regime = Regime(item["strategy"], item["nodes"], item["batch"], item["compute"])
+        regimes[regime.key] = RegimeError(regime, float(item["median"]), float(item["largest"]), tuple(item["rows"]))
+    return ErrorTable(regimes, entry["command"])
+
+
+def error_columns(regime: Regime, table: ErrorTable | None) -> dict[str, Any]:
+    """A prediction's ``regime``, ``typical_error`` (its regime's median |e|, None where no
+    back-test covered it) and ``error_basis`` (the rows behind it, or ``NO_BACK_TEST``)."""
+    found = table.for_regime(regime) if table is not None else None
+    if found is None:
+        return {"regime": regime.key, "typical_error": None, "error_basis": NO_BACK_TEST}
+    rows = ", ".join(found.rows)
+    return {
+        "regime": regime.key,
+        "typical_error": found.median,
+        "error_basis": (f"back-test of {table.command}: median ±{found.median:.1%}, largest ±{found.largest:.1%} over "
+                        f"{len(found.rows)} held-back row{'' if len(found.rows) == 1 else 's'} ({rows})"),
+    }  # fmt: skip
