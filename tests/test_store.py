@@ -251,6 +251,8 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
         store.append(connection, baseline)
         for new, old in store_file.RENAMED_RUN_COLUMNS.items():
             connection.execute(f'ALTER TABLE runs RENAME COLUMN "{new}" TO "{old}"')
+        for added in store_file.ADDED_RUN_COLUMNS:
+            connection.execute(f'ALTER TABLE runs DROP COLUMN "{added}"')
         connection.execute("DROP TABLE imports")
         connection.execute("UPDATE store_meta SET value = '1' WHERE key = 'schema_version'")
         assert {"per_rank_batch", "slurm_job_id"} <= {row[0] for row in connection.execute("DESCRIBE runs").fetchall()}
@@ -263,13 +265,13 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
     ]
     receipt = _appended(studies["candidate"], history)  # a writable open migrates
     with duckdb.connect(str(history), read_only=True) as connection:
-        assert store_file.schema_version(connection) == store_file.STORE_SCHEMA_VERSION == 4
+        assert store_file.schema_version(connection) == store_file.STORE_SCHEMA_VERSION == 5
         assert (
             connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
         )
-        assert (
+        assert (  # version 1's rows as they were, each run its own (record_of "", the column version 5 added)
             connection.execute("SELECT * FROM runs WHERE study_id = ? ORDER BY run_id", [baseline.study_id]).fetchall()
-            == old_rows
+            == [(*row, "") for row in old_rows]
         )
         assert connection.execute("SELECT count(*) FROM imports").fetchone() == (0,)
     assert receipt["new_study"] and receipt["studies_in_store"] == 2
@@ -587,7 +589,7 @@ def test_version_3_imports_are_kept_and_a_bundle_imported_again_adds_a_row(tmp_p
     try:
         connection.execute("INSERT INTO imports VALUES ('ab', 's1', 'b.zip', '2026-02-01T00:00:00.000+00:00')")
         assert connection.execute("SELECT path FROM imports ORDER BY imported_at").fetchall() == [("a.zip",), ("b.zip",)]
-        assert store_file.schema_version(connection) == 4
+        assert store_file.schema_version(connection) == store_file.STORE_SCHEMA_VERSION
     finally:
         connection.close()
 

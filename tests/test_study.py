@@ -8,7 +8,7 @@ import copy
 import pytest
 import yaml
 
-from scalerepro.planning import study
+from scalerepro.planning import plan, study
 
 from conftest import REPO
 
@@ -120,3 +120,40 @@ def test_every_strategy_trains_the_same_global_batch_at_a_gpu_count_and_fsdp_tp_
     both = [r for r in on_nodes.runs.values() if r.study == "parallelism" and r.parallel == "fsdp+tp"]
     assert {(r.model, r.gpus, r.data_parallel, r.per_gpu_batch) for r in both} == {("gpt2_medium", 8, 2, 32), ("llama_1b", 8, 2, 4)}
     assert all(r.global_batch == r.gpus * study_batch for r, study_batch in ((r, 8 if r.model == "gpt2_medium" else 1) for r in both))
+
+
+def _cpu_study(**changes) -> study.Study:
+    config = _config(**changes)
+    return study.build(study.merge(config, config["cpu_overrides"]), on_cluster=False, local_gpus=0)
+
+
+def test_one_trainer_run_runs_once_and_every_cell_of_it_reads_its_record():
+    """The strong and weak cells at the largest count run one configuration where the strong global
+    batch is the per-GPU batch times that count: 3 of the CPU study's 12 ResNet-18 runs measured
+    what 3 others measured."""
+    runs = _cpu_study().runs
+    largest = max(r.gpus for r in runs.values() if r.study == "weak")
+    for repeat in (1, 2, 3):
+        strong = runs[f"strong_resnet18_cifar_g{largest}_r{repeat}"]
+        weak = runs[f"weak_resnet18_cifar_g{largest}_r{repeat}"]
+        assert (strong.global_batch, strong.grad_accum_steps) == (weak.global_batch, weak.grad_accum_steps)
+        assert {strong.record_of, weak.record_of} == {"", min(strong.run_id, weak.run_id, key=list(runs).index)}
+        assert plan.record_path(weak) == plan.record_path(strong)
+    # a repeat is its own run (another seed), and one GPU is two configurations: the strong cell
+    # accumulates the global batch, the weak one steps a GPU's batch
+    assert runs["weak_resnet18_cifar_g2_r2"].record_of != "strong_resnet18_cifar_g2_r1"
+    assert not runs["weak_resnet18_cifar_g1_r1"].record_of and not runs["strong_resnet18_cifar_g1_r1"].record_of
+    assert runs["strong_resnet18_cifar_g1_r1"].grad_accum_steps == largest
+    jobs = [r for r in runs.values() if r.runs_itself]
+    assert len({plan.record_path(r) for r in jobs}) == len(jobs)  # no two jobs write one record
+
+
+def test_the_ablations_all_is_the_studys_preset_as_it_resolves_here():
+    """With every optimisation's flags stacked, "all" set bf16 on a CPU that emulates it while the
+    preset itself trains fp32 there: the optimisation check failed at -40 %. "All" is the preset."""
+    cpu = _cpu_study()
+    ablation = {r.variant: r for r in cpu.runs.values() if r.study == "ablation" and r.repeat == 1}
+    preset = study.parse_trainer_flags(cpu.trainer_args(ablation["all"], "r.json", "c"), "test")
+    strong = next(r for r in cpu.runs.values() if r.study == "strong")
+    assert ablation["all"].args == () and ablation["all"].precision == strong.precision == preset.perf.precision
+    assert "bf16" in {r.precision for r in ablation.values()}  # the bf16 cell keeps measuring bf16

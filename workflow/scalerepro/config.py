@@ -238,6 +238,12 @@ class RunConfig:
     steps: int | None = _opt(None, "optimizer steps to run (default 100 unless --epochs is given)")
     epochs: int | None = _opt(None, "epochs to run instead of --steps")
     warmup_steps: int = _opt(10, "first steps excluded from the measured window (compilation, allocator and cuDNN warm-up)")
+    warmup_max_steps: int = _opt(
+        0,
+        "warm up past --warmup-steps until the step time settles (two steps in a row within --warmup-settle of each other), "
+        "at most this many steps in all (0: exactly --warmup-steps)",
+    )
+    warmup_settle: float = _opt(0.1, "with --warmup-max-steps: the relative change of the step time below which the warm-up has settled")
     min_window_s: float = _opt(
         0.0,
         "measure for at least this many seconds: when the measured steps of --steps add up to less, the run goes on "
@@ -252,8 +258,15 @@ class RunConfig:
     log_interval: int = _opt(10, "steps between log lines (the loss is read from the device only then)")
     eval: bool = _opt(True, "evaluate on held-out data after every epoch and at the end")
     eval_batch_size: int | None = _opt(None, "evaluation batch per rank (default: --per-gpu-batch)")
+    eval_budget_s: float = _opt(0.0, "seconds an evaluation may take: past them it stops after the batch in hand, one batch at least (0: every held-out sample)")
     comm_probe_steps: int = _opt(8, "after training, steps timed with and without gradient all-reduce to measure exposed communication (0: off)")
     bucket_probe_steps: int = _opt(5, "after training, steps timing forward, backward with each DDP bucket's ready time, and the optimizer, for the scaling model (0: off)")
+    probe_budget_s: float = _opt(
+        0.0,
+        "seconds the probes after training may take: each runs as many of its steps as fit at the window's median step, "
+        "at least what its statistics need (the communication probe 3 of each kind, the bucket probe 1), at most "
+        "--comm-probe-steps / --bucket-probe-steps (0: those step counts, whatever they take)",
+    )
     nvml_interval_s: float = _opt(0.1, "NVML sampling period in seconds")
     nvml_idle_s: float = _opt(2.0, "seconds of reading each GPU's idle power before the first step (energy is reported net of it too; 0: off)")
     peak_tflops: float | None = _opt(None, "peak dense TFLOP/s per device for MFU (default: from the GPU datasheet table)")
@@ -330,6 +343,10 @@ class TrainConfig:
             "--comm-probe-steps": r.comm_probe_steps,
             "--bucket-probe-steps": r.bucket_probe_steps,
             "--clip-grad-norm": o.clip_grad_norm,
+            "--warmup-max-steps": r.warmup_max_steps,
+            "--probe-budget-s": r.probe_budget_s,
+            "--eval-budget-s": r.eval_budget_s,
+            "--warmup-settle": r.warmup_settle,
         }.items():
             if value < 0:
                 raise TrainerConfigError(f"{flag} must not be negative (got {value})")

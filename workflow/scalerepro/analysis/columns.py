@@ -31,6 +31,8 @@ OPTIONAL_MATRIX_COLUMNS = {
     # what the plan sets beside its batches (matrices from before them leave them unset: ""), and
     # what a run is for: a study plans measurements; rebuild --records takes each record's own
     "device": "", "data": "", "purpose": "measurement",
+    # the run whose record a row reads where another cell runs the same trainer run ("": its own)
+    "record_of": "",
 }  # fmt: skip
 RUN_STATUSES = ("ok", "failed", "preempted", "missing")
 
@@ -56,6 +58,7 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "nosync_rank_mean_s": ("measurements", "exposed_communication", "nosync_rank_mean_s"),
     "straggler_wait_s": ("measurements", "exposed_communication", "straggler_wait_s"),
     "sync_compute_rank_mean_s": ("measurements", "exposed_communication", "sync_compute_rank_mean_s"),
+    "overlap_cost_se_s": ("measurements", "exposed_communication", "overlap_cost_se_s"),
     # the window's own steps split on every rank (scalerepro.training.allreduce_timing)
     "window_compute_rank_mean_s": ("measurements", "window_split", "compute_rank_mean_s"),
     "window_exposed_wait_s": ("measurements", "window_split", "exposed_allreduce_wait_s"),
@@ -135,7 +138,7 @@ RUN_COLUMNS = (
     "tokens_per_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s", "epoch_time_s", "window_s", "mfu",
     "exposed_comm_fraction", "data_stall_fraction", "measured_steps", "data_wait_s", "sync_step_s", "nosync_step_s",
     "nosync_rank_mean_s", "straggler_wait_s", "sync_compute_rank_mean_s", "window_compute_rank_mean_s",
-    "window_exposed_wait_s", "window_straggler_wait_s", "window_data_wait_rank_mean_s", "window_split_reason", "gpu_util_mean_pct", "power_mean_w", "energy_j",
+    "window_exposed_wait_s", "window_straggler_wait_s", "window_data_wait_rank_mean_s", "window_split_reason", "overlap_cost_se_s", "gpu_util_mean_pct", "power_mean_w", "energy_j",
     "energy_per_sample_j", "energy_per_sample_net_j", "idle_power_w", "nvml_reason", "peak_memory_bytes",
     "peak_memory_kind", "final_train_loss", "final_eval_loss", "final_eval_accuracy", "duration_s", "device_type",
     "device_name", "world_size_recorded", "nodes_recorded", "scheduler_job_id", "git_commit", "git_dirty",
@@ -231,10 +234,13 @@ PROFILING_COLUMNS = (
     "compute_kernel_time_s", "comm_kernel_time_s", "median_call_us", "window", "classification", "provisional",
     "evidence", "tool_versions", "gpus", "driver", "warnings",
     "kernel_basis", "capture_errors",  # what the kernels' times and shares are of; each failed capture's error
+    # the kernels' time by class (profiles.step: every launch of the window, or one launch per configuration)
+    "kernel_coverage", "kernel_launches", "kernel_time_s", "class_convolution_s", "class_gemm_s", "class_attention_s",
+    "class_norm_elementwise_s", "class_optimizer_s", "class_communication_s", "class_copies_s", "class_other_s",
 )  # fmt: skip
-KERNEL_COLUMNS = ("run_id", "rank_in_run", "name", "kind", "calls", "total_s", "mean_us", "share")
+KERNEL_COLUMNS = ("run_id", "rank_in_run", "name", "kind", "class", "calls", "total_s", "mean_us", "share")
 ROOFLINE_COLUMNS = (
-    "run_id", "kernel", "kind", "launches", "duration_s", "flops", "flops_source", "cuda_core_flops", "tensor_flops",
+    "run_id", "rank_in_run", "kernel", "kind", "launches", "duration_s", "flops", "flops_source", "cuda_core_flops", "tensor_flops",
     "tensor_work", "achieved_flops_per_s", "peak_flops_per_s", "peak", "roof", "flops_fraction", "dram_bytes",
     "dram_bytes_per_s", "dram_fraction", "arithmetic_intensity", "ridge_intensity", "attainable_flops_per_s", "bound",
     "sm_throughput_pct", "memory_throughput_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct",

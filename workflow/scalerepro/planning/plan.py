@@ -297,7 +297,8 @@ from scalerepro.common.study_layout import RUN_RECORD  # noqa: E402  (one run's 
 
 
 def record_path(run: Run) -> str:
-    return RUN_RECORD.format(run=run.run_id)
+    """The record a run's row reads: its own, or the one of the run that runs its configuration."""
+    return RUN_RECORD.format(run=run.record_of or run.run_id)
 
 
 def load(

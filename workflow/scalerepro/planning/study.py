@@ -25,7 +25,9 @@ default.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,6 +69,14 @@ class Run:
     reference: str  # the reference a reproduce run stands beside ("" for the others)
     parallel: str = "ddp"  # the trainer's --parallel strategy
     data_parallel: int = 0  # replicas reading different data (ranks of a TP group read one batch); 0: all ranks
+    # the run whose record this one reads, where an earlier cell runs the same trainer run (the
+    # strong and weak cells at the largest count, at one batch): "" where the run is its own
+    record_of: str = ""
+
+    @property
+    def runs_itself(self) -> bool:
+        """Whether a training job runs this run (else its cell reads ``record_of``'s record)."""
+        return not self.record_of
 
     @property
     def global_batch(self) -> int:
@@ -237,9 +247,19 @@ def refuse_study_set_flags(flags: Sequence[str], key: str) -> None:
             raise StudyError(key, f"{flag} is a flag the study sets for every run ({STUDY_SET_FLAGS[name]}): remove it")
 
 
+def trainer_run_key(parsed: trainer_config.TrainConfig) -> str:
+    """What makes two planned runs one trainer run: every setting the trainer reads but what names
+    and places a run (its id, record, checkpoints) and its seed (each repeat has its own)."""
+    settings = dataclasses.asdict(parsed)
+    settings["run"].update(run_id=None, seed=None, record=None, checkpoint_dir=None, resume=None, progress=None)
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
 class _Builder:
     def __init__(self, study: Study):
         self.study, self.config, self.runs = study, study.config, {}
+        # (trainer run, repeat) -> the run that runs it: a later cell of one configuration reads its record
+        self.owners: dict[tuple[str, int], str] = {}
         refuse_study_set_flags(self.config["trainer_args"], "trainer_args")
         for model, entry in self.config["models"].items():
             refuse_study_set_flags(entry.get("args", []), f"models.{model}.args")
@@ -252,17 +272,21 @@ class _Builder:
         if study != "reproduce":
             self.per_gpu_batch(model, key)  # the model has its entry
         args = (*self.config["models"].get(model, {}).get("args", []), *args)
-        parsed = None
+        parsed = shared = None
         for repeat in range(1, repeats + 1):
             run_id = "_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part)
             if parsed is None:  # repeats differ in seed and run id only: the trainer reads them alike
                 draft = Run(run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, per_gpu_batch, grad_accum_steps, "", 0.0, tuple(args), reference)
                 # what the trainer will do with these flags, read by the trainer's own parser
                 parsed = parse_trainer_flags(self.study.trainer_args(draft, "record.json", "checkpoints"), flags_key)
+                shared = (trainer_run_key(parsed), gpus)
+            # one trainer run, one job: a cell whose run an earlier cell runs already reads that run's record
+            owner = self.owners.setdefault((*shared, repeat), run_id)
             self.runs[run_id] = Run(
                 run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, parsed.run.per_gpu_batch,
                 parsed.optim.grad_accum_steps, parsed.perf.precision, float(parsed.parallel.bucket_cap_mb), tuple(args), reference,
                 parsed.parallel.parallel, data_parallel_size(parsed.parallel, gpus, ranks_per_node, flags_key),
+                "" if owner == run_id else owner,
             )  # fmt: skip
 
     def per_gpu_batch(self, model: str, key: str) -> int:
@@ -308,9 +332,13 @@ class _Builder:
             return
         batch = self.per_gpu_batch(abl["model"], "ablation.model")
         variants = {"baseline": [], **{o["name"]: o["flags"] for o in abl["optimisations"]}}
-        variants["all"] = [flag for o in abl["optimisations"] for flag in o["flags"]]
         for variant, flags in variants.items():
             self.add("ablation", abl["model"], self._gpus(abl["gpus"]), abl["repeats"], variant, batch, (*abl["baseline"], *flags), "ablation.gpus", flags_key=f"ablation.optimisations ({variant})")
+        # "all" is the study's own preset (trainer_args) as it resolves on the machine it runs on,
+        # not the optimisations' flags stacked: on a CPU that emulates bf16 the preset trains fp32,
+        # which the bf16 cell alone measures against the baseline (the ablation table names the
+        # levers each cell's records resolved)
+        self.add("ablation", abl["model"], self._gpus(abl["gpus"]), abl["repeats"], "all", batch, (), "ablation.gpus", flags_key="ablation (all: trainer_args)")
 
     def parallelism(self) -> None:
         """Each model under each strategy at each GPU count of ``parallelism.gpu_counts`` (auto:
@@ -389,6 +417,7 @@ def matrix_rows(study: Study, record_path, rerun_command) -> list[dict[str, Any]
             "bucket_cap_mb": run.bucket_cap_mb, "parallel": run.parallel, "data_parallel": run.data_parallel or run.gpus, "reference": run.reference, "runtime_min": study.config["resources"]["runtime_min"],
             # what the record must state beside the batches (scalerepro.analysis.evidence.PLANNED_KNOBS)
             "device": study.device, "data": "cifar10" if study.uses_cifar(run) else "synthetic", "purpose": "measurement",
+            "record_of": run.record_of,  # the run whose record this row reads, where another cell runs it
             "record": record_path(run), "rerun": rerun_command(run),
         }  # fmt: skip
         for run in study.runs.values()

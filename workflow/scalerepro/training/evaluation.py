@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,7 @@ def evaluate(
     channels_last: bool,
     autocast: Callable[[], contextlib.AbstractContextManager],
     stop_requested: Callable[[], bool] = lambda: False,
+    budget_s: float = 0.0,
 ) -> dict[str, float] | None:
     """Loss and top-1 accuracy over ``eval_source`` (--eval-samples) at ``batch_size`` per
     data-parallel rank, summed over ranks; None when a stop signal reached any rank during it
@@ -34,6 +36,10 @@ def evaluate(
     Runs the plain module (not the DDP or compiled wrapper): evaluation is not measured, and
     this avoids recompiling for eval mode. Under --parallel pp the schedule's forward runs the
     stages (``pipeline``).
+
+    ``budget_s`` (> 0, --eval-budget-s) bounds it by time: past the budget it stops after the batch
+    in hand, at least one batch in, the ranks agreeing at every batch (the largest elapsed time
+    decides) so that all evaluate the same batches; ``eval_samples`` says how many were evaluated.
     """
     device = ctx.device
     module.eval()
@@ -41,9 +47,12 @@ def evaluate(
     # figures each: every total is tp x the data-parallel one, and the ratios are unchanged
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     stopped = False
-    for inputs, targets in loaders.eval_batches(eval_source.to(device), batch_size, dp_size, dp_rank, device, channels_last):
+    started = time.perf_counter()
+    for index, (inputs, targets) in enumerate(loaders.eval_batches(eval_source.to(device), batch_size, dp_size, dp_rank, device, channels_last)):
         if stop_requested():
             stopped = True
+            break
+        if budget_s > 0 and index > 0 and all_reduce_max(ctx, torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)).item() > budget_s:
             break
         with autocast():
             # --parallel pp: the logits exist on the last stage, whose figures alone are counted
@@ -60,4 +69,4 @@ def evaluate(
     all_reduce_sum(ctx, totals)
     loss_sum, correct, count = totals.tolist()
     # eval_loss = sum of per-target losses / targets; eval_accuracy = correct / targets
-    return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count}
+    return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count, "eval_samples": int(count)}

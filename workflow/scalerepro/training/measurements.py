@@ -43,6 +43,8 @@ class RankMeasurements:
     bucket_profile: dict[str, Any] = field(default_factory=lambda: buckets.not_measured("the run stopped before its end"))
     # why the window's all-reduce waits are not timed (allreduce_timing.install); None where they are
     window_split_reason: str | None = "not timed"
+    # how the probes were sized within --probe-budget-s (probes.ProbeSizes.record); None without a budget
+    probe_budget: dict[str, Any] | None = None
 
     @classmethod
     def before_training(cls, device: torch.device, nvml_interval_s: float) -> RankMeasurements:
@@ -244,6 +246,7 @@ def results(
         "sharding": sharding_figures(ctx, config, spec, sharded),
         "memory_split": memory_split(ctx, measured, config.perf.compile),
         "backward_buckets": measured.bucket_profile,  # see scalerepro.training.buckets
+        "probe_budget": measured.probe_budget,
         "nvml": nvml,
         "host_activity": {
             "intra_op_threads_per_rank": torch.get_num_threads(),

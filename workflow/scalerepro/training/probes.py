@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -76,7 +77,7 @@ def exposed_not_measured(reason: str, fraction: float | None = None) -> dict[str
     """The record's ``exposed_communication`` where the probe did not time anything."""
     return {
         "fraction": fraction, "sync_step_s": None, "nosync_step_s": None, "nosync_rank_mean_s": None,
-        "straggler_wait_s": None, "sync_compute_rank_mean_s": None, "steps": 0, "reason": reason,
+        "straggler_wait_s": None, "sync_compute_rank_mean_s": None, "overlap_cost_se_s": None, "steps": 0, "reason": reason,
     }  # fmt: skip
 
 
@@ -140,6 +141,49 @@ def probe_schedule(steps: int) -> list[tuple[bool, bool]]:
     return schedule
 
 
+# What each probe's statistics need at least: the communication probe one run of each kind (a
+# median of 3), the bucket probe one timed step (after its warm-up step).
+COMM_PROBE_FLOOR = PROBE_RUN
+BUCKET_PROBE_FLOOR = 1
+
+
+def comm_probe_length(steps: int) -> int:
+    """Steps the communication probe takes for ``steps`` timed of each kind (probe_schedule)."""
+    return len(probe_schedule(steps)) if steps else 0
+
+
+@dataclass(frozen=True)
+class ProbeSizes:
+    """How many steps each probe takes within a time budget, and why."""
+
+    comm_steps: int
+    bucket_steps: int
+    reason: str
+
+    def record(self, budget_s: float, step_s: float) -> dict[str, Any]:
+        return {"budget_s": budget_s, "step_s": step_s, "comm_probe_steps": self.comm_steps, "bucket_probe_steps": self.bucket_steps, "reason": self.reason}
+
+
+def sized_by_time(budget_s: float, step_s: float, comm_wanted: int, bucket_wanted: int, communicates: bool) -> ProbeSizes:
+    """The probes' step counts within ``budget_s`` at ``step_s`` a step: each first gets its floor
+    (COMM_PROBE_FLOOR, BUCKET_PROBE_FLOOR, or what was asked where that is less), then the
+    communication probe grows up to ``comm_wanted`` while the two fit, then the bucket probe up to
+    ``bucket_wanted``. The bucket probe takes steps + 1 steps (its warm-up), the communication probe
+    comm_probe_length(steps); one that does not run (no gradient communication) takes none. Floors
+    are kept over the budget: fewer steps would measure nothing worth the time."""
+    comm = min(comm_wanted, COMM_PROBE_FLOOR) if communicates else 0
+    bucket = min(bucket_wanted, BUCKET_PROBE_FLOOR)
+    cost = lambda c, b: (comm_probe_length(c) + (b + 1 if b else 0)) * step_s  # noqa: E731
+    while communicates and comm < comm_wanted and cost(comm + 1, bucket) <= budget_s:
+        comm += 1
+    while bucket < bucket_wanted and cost(comm, bucket + 1) <= budget_s:
+        bucket += 1
+    over = cost(comm, bucket) > budget_s
+    reason = (f"{comm} timed steps of each kind and {bucket} bucket steps: {cost(comm, bucket):.2f} s at {step_s * 1e3:.0f} ms a step, "
+              f"{'over' if over else 'within'} the probes' {budget_s:g} s{' (their floors)' if over else ''}")  # fmt: skip
+    return ProbeSizes(comm, bucket, reason)
+
+
 def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
     """Exposed communication and the wait for the slowest rank: the same steps timed with and
     without the gradient all-reduce, on identical, pre-built batches (the loader is out of the
@@ -196,7 +240,15 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
     sync_steps = np.array([rank[True] for rank in ranks])  # ranks x steps
     nosync_steps = np.array([rank[False] for rank in ranks])
     timed = all(wait is not None for rank in ranks for wait in rank["wait"])
-    sync_compute = float(np.median((sync_steps - np.array([rank["wait"] for rank in ranks], dtype=float)).mean(axis=0))) if timed else None
+    per_step_compute = (sync_steps - np.array([rank["wait"] for rank in ranks], dtype=float)).mean(axis=0) if timed else None
+    sync_compute = float(np.median(per_step_compute)) if timed else None
+    # the probe's own precision: the standard error of the overlap cost (sync compute - no-sync
+    # step, typical rank), sqrt(s_sync^2 / n + s_nosync^2 / n) over its n timed steps of each kind
+    nosync_means = nosync_steps.mean(axis=0)
+    overlap_se = (
+        float(math.sqrt(np.var(per_step_compute, ddof=1) / len(per_step_compute) + np.var(nosync_means, ddof=1) / len(nosync_means)))
+        if timed and len(nosync_means) >= 2 else None
+    )  # fmt: skip
     t_sync = float(np.median(sync_steps.max(axis=0)))
     t_nosync = float(np.median(nosync_steps, axis=1).max())
     return {
@@ -206,6 +258,7 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
         "nosync_rank_mean_s": float(np.median(nosync_steps.mean(axis=0))),
         "straggler_wait_s": float(np.median(nosync_steps.max(axis=0) - nosync_steps.mean(axis=0))),
         "sync_compute_rank_mean_s": sync_compute,
+        "overlap_cost_se_s": overlap_se,
         "steps": steps,
         "reason": None,
     }

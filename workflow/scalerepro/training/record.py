@@ -142,7 +142,8 @@ def build(
             # the LR schedule's steps; fewer than total when --min-window-s lengthened the run
             "scheduled": trainer.scheduled_steps,
             "completed": progress.step,
-            "warmup": config.run.warmup_steps,
+            "warmup": trainer.warmup_steps,  # this process's: --warmup-steps, or more where the step time settled later
+            "warmup_reason": trainer.warmup_reason,
             "per_epoch": trainer.steps_per_epoch,
             "resumed_from": trainer.resumed_from,
             # newer checkpoints passed over on resume, each with why (scalerepro.training.checkpoint)

@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
         if outcome.status == "ok" and not measurements["measured_steps"]:
             # A run that trained but timed nothing is not a result (the standard of truth).
             error = EmptyWindowError(
-                f"rank 0: the measured window is empty ({trainer.total_steps} steps, {config.run.warmup_steps} warm-up, "
+                f"rank 0: the measured window is empty ({trainer.total_steps} steps, {trainer.warmup_steps} warm-up, "
                 f"started at step {trainer.start_step}): raise --steps or lower --warmup-steps"
             )
             if ctx.is_main:

@@ -147,8 +147,9 @@ class Trainer:
         self.total_steps = run.epochs * self.steps_per_epoch if run.epochs else (run.steps or DEFAULT_STEPS)
         # the LR schedule's length; total_steps grows past it when --min-window-s asks for more
         self.scheduled_steps = self.total_steps
-        if run.warmup_steps >= self.total_steps:
-            raise TrainerConfigError(f"--warmup-steps ({run.warmup_steps}) must be smaller than the run's {self.total_steps} steps")
+        if max(run.warmup_steps, run.warmup_max_steps) >= self.total_steps:
+            flag = "--warmup-max-steps" if run.warmup_max_steps > run.warmup_steps else "--warmup-steps"
+            raise TrainerConfigError(f"{flag} ({max(run.warmup_steps, run.warmup_max_steps)}) must be smaller than the run's {self.total_steps} steps")
 
         with torch.device("cpu"):
             module = models.build(self.spec)
@@ -218,6 +219,8 @@ class Trainer:
         if run.resume and self.checkpoints is not None:
             self._resume()
         self.start_step = self.progress.step  # this process's first step (warm-up counts from here)
+        # this process's warm-up: --warmup-steps, or more until the step time settles (_warmed_up)
+        self.warmup_steps, self.warmup_reason, self.window_started = run.warmup_steps, f"{run.warmup_steps} steps (--warmup-steps)", False
 
         # Measurements of this process's segment of the run (scalerepro.training.measurements).
         self.measured = measurements.RankMeasurements.before_training(self.device, run.nvml_interval_s)
@@ -396,10 +399,11 @@ class Trainer:
                 outcome = self._train(energy, bar)
             if outcome.status == "ok":
                 probed = self._probed_run()
+                sizes = self._probe_sizes()
                 # a stop in a probe ends it within a few of its steps (probes); the run is then preempted
                 measured_by = {
-                    "exposed_comm": lambda: probes.exposed_communication(probed, run.comm_probe_steps),
-                    "bucket_profile": lambda: probes.backward_buckets(probed, run.bucket_probe_steps),
+                    "exposed_comm": lambda: probes.exposed_communication(probed, sizes.comm_steps),
+                    "bucket_profile": lambda: probes.backward_buckets(probed, sizes.bucket_steps),
                 }
                 for field_name, probe in measured_by.items():
                     setattr(self.measured, field_name, probe())
@@ -421,7 +425,7 @@ class Trainer:
             batches = self.loader.epoch(p.epoch, start=p.micro_in_epoch)
             while p.micro_in_epoch < micro_per_epoch and p.step < self.total_steps:
                 # Each process warms up anew, a resumed one too: compilation happens per process.
-                measured = p.step - self.start_step >= run.warmup_steps
+                measured = self._warmed_up(p.step - self.start_step)
                 if measured:
                     energy.start()  # at the first measured step; a no-op after
                 self._timed_step(batches, measured, losses)
@@ -470,7 +474,7 @@ class Trainer:
             loss = self._train_step(batches, step_scheduler=p.step < self.scheduled_steps)
         losses.add(loss, p.step)
         p.step += 1
-        if p.step == self.start_step + max(self.config.run.warmup_steps, 1):
+        if p.step == self.start_step + max(self.warmup_steps, 1):
             # Warmed up (the first step a process runs compiles, a resumed one's too): collectives
             # get the steady-state timeout.
             distributed.set_collective_timeout(self.ctx, self.config.parallel.dist_timeout_s)
@@ -479,6 +483,29 @@ class Trainer:
         # The step ends here: the log point's host syncs, all-reduces and print are not part of
         # any step's time.
         self.measured.timer.stop(p.epoch, measured)
+
+    def _warmed_up(self, taken: int) -> bool:
+        """Whether the next step is measured, ``taken`` steps into this process's run. Past
+        --warmup-steps, with --warmup-max-steps, the warm-up goes on while the last two steps' times
+        differ by more than --warmup-settle (relative), up to --warmup-max-steps: a collective, so
+        that every rank starts its window at one step (the largest change over the ranks decides).
+        ``warmup_steps`` and ``warmup_reason`` say what was decided (the record's steps)."""
+        run = self.config.run
+        if taken < self.warmup_steps or self.window_started:
+            return self.window_started or taken >= self.warmup_steps
+        if run.warmup_max_steps > run.warmup_steps and taken < run.warmup_max_steps:
+            times = self.measured.timer.durations_s()[-2:]  # the last two warm-up steps (synchronises the device)
+            change = abs(times[1] - times[0]) / max(times[0], 1e-12) if len(times) == 2 else math.inf
+            change = float(all_reduce_max(self.ctx, torch.tensor([change], dtype=torch.float64, device=self.device)).item())
+            if change > run.warmup_settle:
+                self.warmup_steps = taken + 1
+                self.warmup_reason = f"{self.warmup_steps} steps: the step time still changed {100 * change:.0f} % > {100 * run.warmup_settle:g} % after {taken}"
+                return False
+            self.warmup_reason = f"{taken} steps: settled within {100 * run.warmup_settle:g} % (at least {run.warmup_steps}, at most {run.warmup_max_steps})"
+        elif run.warmup_max_steps > run.warmup_steps:
+            self.warmup_reason = f"{taken} steps: the most --warmup-max-steps allows (the step time had not settled within {100 * run.warmup_settle:g} %)"
+        self.window_started = True
+        return True
 
     def _extend_to_min_window(self) -> None:
         """At the last step: if the measured steps add up to less than --min-window-s, add the
@@ -569,7 +596,7 @@ class Trainer:
             with self._outside_energy_window():
                 result = evaluation.evaluate(
                     self.module, self.pipeline, self.eval_source, batch_size, self.dp_size, self.dp_rank, self.ctx,
-                    self._channels_last, self._autocast, stop_requested=self._stop_received,
+                    self._channels_last, self._autocast, stop_requested=self._stop_received, budget_s=self.config.run.eval_budget_s,
                 )  # fmt: skip
             if result is None:  # stopped: the caller honours the signal (at the next log point, or now after the last step)
                 self.log(f"evaluation stopped by {self.stop.signal_name or 'a stop signal on another rank'}")
@@ -577,6 +604,8 @@ class Trainer:
                 entry.update(result)
         p.history.append(entry)
         summary = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if isinstance(v, float))
+        if "eval_samples" in entry and entry["eval_samples"] < self.eval_source.num_samples:
+            summary += f" (over {entry['eval_samples']} of {self.eval_source.num_samples} held-out samples: --eval-budget-s {self.config.run.eval_budget_s:g})"
         self.log(f"epoch {p.epoch} {'done' if complete else 'so far'} at step {p.step}: {summary}")
         if complete:
             p.epoch += 1
@@ -634,6 +663,19 @@ class Trainer:
         micro = self.config.optim.grad_accum_steps
         batch_iter = self.loader.epoch(self.progress.epoch)
         return [[next(batch_iter) for _ in range(micro)] for _ in range(min(steps, self.steps_per_epoch))]
+
+    def _probe_sizes(self) -> probes.ProbeSizes:
+        """The probes' step counts: --comm-probe-steps and --bucket-probe-steps, or as many as fit
+        --probe-budget-s at the window's median step (the slowest rank's: every rank agrees), with
+        the reason in the record (measurements.probe_budget). A collective where a budget is set."""
+        run = self.config.run
+        if run.probe_budget_s <= 0:
+            return probes.ProbeSizes(run.comm_probe_steps, run.bucket_probe_steps, "the step counts asked for (no --probe-budget-s)")
+        median = metrics.window_stats(self.measured.timer).step_time_median_s or 0.0
+        step_s = float(all_reduce_max(self.ctx, torch.tensor([median], dtype=torch.float64, device=self.device)).item())
+        sizes = probes.sized_by_time(run.probe_budget_s, step_s, run.comm_probe_steps, run.bucket_probe_steps, self.ddp is not None)
+        self.measured.probe_budget = sizes.record(run.probe_budget_s, step_s)
+        return sizes
 
     def _probed_run(self) -> probes.ProbedRun:
         """What the probes after training need of this run: its own step function (not a copy),

@@ -400,6 +400,9 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
                 "runs": [{renamed.get(k, k): v for k, v in run.items()} if isinstance(run, dict) else run for run in rows["runs"]]}  # fmt: skip
     if rows.get("schema_version") == 3:
         rows = {**rows, "schema_version": 4}  # store_file.MIGRATIONS[4] changed the imports table only: the same rows
+    if rows.get("schema_version") == 4 and isinstance(rows.get("runs"), list):
+        # version 4's rows: every run its own (store_file.MIGRATIONS[5] added record_of)
+        rows = {**rows, "schema_version": 5, "runs": [{**run, "record_of": ""} if isinstance(run, dict) else run for run in rows["runs"]]}
     if rows.get("schema_version") != store_file.STORE_SCHEMA_VERSION:
         raise BundleError(
             f"{path} holds rows of store schema version {rows.get('schema_version')}, this scalerepro reads "

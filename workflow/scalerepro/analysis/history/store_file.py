@@ -24,7 +24,7 @@ import duckdb
 from scalerepro.common.cli import CommandError, bounded_float
 from scalerepro.common.files import current_umask
 
-STORE_SCHEMA_VERSION = 4
+STORE_SCHEMA_VERSION = 5
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 # --lock-timeout: seconds, at most a day (a typo must not wait for ever).
 LOCK_TIMEOUT_S = bounded_float(0, 24 * 3600)
@@ -105,6 +105,9 @@ RUN_TYPES: dict[str, str] = {
     "driver_version": "VARCHAR",
     "record_sha256": "VARCHAR",
     "record": "VARCHAR",
+    # the run whose record this row reads, where another cell of the study runs the same trainer run
+    # (the strong and weak cells at the largest count, at one batch); "" where the run is its own
+    "record_of": "VARCHAR",
 }
 STORED_RUN_COLUMNS = tuple(RUN_TYPES)
 
@@ -119,7 +122,9 @@ def _create_table_sql(table: str, types: Mapping[str, str], key: str = "") -> st
 # released step: add the next one (and a test that migrates a file of the previous version).
 # Columns renamed since version 1 (new name: old name); version 1's runs table had the old ones.
 RENAMED_RUN_COLUMNS = {"per_gpu_batch": "per_rank_batch", "scheduler_job_id": "slurm_job_id"}
-_RUN_TYPES_V1 = {RENAMED_RUN_COLUMNS.get(name, name): kind for name, kind in RUN_TYPES.items()}
+# Columns added since version 1, by the version that added them (each its own migration step).
+ADDED_RUN_COLUMNS = {"record_of": 5}
+_RUN_TYPES_V1 = {RENAMED_RUN_COLUMNS.get(name, name): kind for name, kind in RUN_TYPES.items() if name not in ADDED_RUN_COLUMNS}
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -145,6 +150,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP TABLE imports",
         "ALTER TABLE imports_v4 RENAME TO imports",
     ),
+    # A row may read another cell's run: the study runs one trainer run once (record_of)
+    5: ("ALTER TABLE runs ADD COLUMN record_of VARCHAR DEFAULT ''",),
 }
 assert sorted(MIGRATIONS) == list(range(1, STORE_SCHEMA_VERSION + 1))
 

@@ -110,6 +110,7 @@ def read_study(
         # record or it does not say). One that disagrees with its plan is not consistent (readers.read_runs).
         recorded_batch = plain(run.get("per_gpu_batch_recorded"), keep_blank_text=True)
         row.update(
+            record_of=row.get("record_of") or "",  # "": the run is its own
             per_gpu_batch=row.get("per_gpu_batch") if recorded_batch is None else recorded_batch,
             variant=run["variant"] or "",
             cluster=readers.dig(document, ("scheduler", "cluster_name")) or cluster if document else None,
@@ -272,7 +273,8 @@ def record_problem(run: Mapping[str, Any]) -> str | None:
     if not isinstance(document, dict):
         return f"the record it carries is a JSON {type(document).__name__}, not an object"
     # the run the record must be, as the aggregation asks (rebuild --records names runs after their files)
-    planned = {"model": run.get("model"), **({"run_id": run.get("run_id")} if run.get("study") != readers.RECORDS_STUDY else {})}
+    # (a row that reads another cell's run, record_of, carries that run's record)
+    planned = {"model": run.get("model"), **({"run_id": run.get("record_of") or run.get("run_id")} if run.get("study") != readers.RECORDS_STUDY else {})}
     other = identity_problem(document, planned)
     if other:
         return f"the record it carries is not this run's: {other}"

@@ -127,7 +127,24 @@ def scaling_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX
          _noise_note(cells)],
         "",
     )  # fmt: skip
+    _say_whose_runs(cells, scaled, ["study", "model", "gpus"])
     return cells.sort_values(["study", "model", "gpus"], kind="stable")[list(SCALING_COLUMNS)].reset_index(drop=True)
+
+
+def _say_whose_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]) -> None:
+    """A cell whose runs another cell runs (one trainer run, run once: the strong and weak cells at
+    the largest count at one batch, or an ablation's "all" that is a sensitivity cell) says whose,
+    in its note."""
+    if "record_of" not in runs.columns:
+        return
+    for index, cell in enumerate(cells[list(keys)].itertuples(index=False)):
+        at = pd.Series(True, index=runs.index)
+        for key, value in zip(keys, cell):
+            at &= runs[key].eq(value)
+        read = sorted({owner.rsplit("_r", 1)[0] for owner in runs.loc[at, "record_of"].fillna("") if owner})
+        if read:
+            said = f"the runs of {', '.join(read)} (one configuration: run once, read by both cells)"
+            cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], said]))
 
 
 def weak_variation(scaled: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
@@ -150,8 +167,10 @@ def weak_variation(scaled: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def sensitivity_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
-    cells = cell_stats(runs[runs["study"].eq("sensitivity")], SENSITIVITY_KEYS, noise_cv_max)
+    sensitivity = runs[runs["study"].eq("sensitivity")]
+    cells = cell_stats(sensitivity, SENSITIVITY_KEYS, noise_cv_max)
     cells["note"] = np.select([cells["repeats_ok"].eq(0), cells["noisy"]], [NO_REPEAT, _noise_note(cells)], "")
+    _say_whose_runs(cells, sensitivity, SENSITIVITY_KEYS)
     return cells[list(SENSITIVITY_COLUMNS)]
 
 
@@ -188,6 +207,15 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
             if cells["variant"].iloc[index] == "baseline" or pd.notna(cells["gain"].iloc[index]):
                 words = STRICT_FP32 if cells["variant"].iloc[index] == "baseline" else "a gain against that stricter baseline"
                 cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], words]))
+    _say_whose_runs(cells, ablation, ["model", "gpus", "variant"])
+    # "all" is the study's preset as it resolved where it ran (on a CPU that emulates bf16 it trains
+    # fp32): its row names the levers its records state
+    for index, (model, gpus, variant) in enumerate(zip(cells["model"], cells["gpus"], cells["variant"])):
+        if variant == "all":
+            levers = _resolved_levers(ablation[ablation["counts"].fillna(False).astype(bool) & ablation["model"].eq(model)
+                                                & ablation["gpus"].eq(gpus) & ablation["variant"].eq("all")])  # fmt: skip
+            if levers:
+                cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], f"the study's preset as it resolved here: {levers}"]))
     # A bf16 cell on a CPU that emulates bf16 loses against fp32 by the emulation, not by a fault of
     # the lever: its records say so (knobs.precision_reason), and so does its row.
     emulated = _emulated_bf16(ablation)
@@ -196,6 +224,21 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
         if reason:
             cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], f"bf16 emulated on this CPU: {reason}"]))
     return cells[list(ABLATION_COLUMNS)]
+
+
+LEVER_WORDS = {"precision_recorded": "precision", "channels_last": "channels_last", "compile_mode": "compile", "loader": "loader",
+               "optimizer_impl": "optimizer", "cudnn_benchmark": "cuDNN benchmark"}  # fmt: skip
+
+
+def _resolved_levers(runs: pd.DataFrame) -> str:
+    """The levers a cell's records state, "precision fp32, channels_last True, ...", each value
+    the runs agree on (a cell mixing them is not counted: readers._mixed_cells)."""
+    said = []
+    for column, word in LEVER_WORDS.items():
+        values = sorted({str(v) for v in runs[column].dropna()}) if column in runs.columns else []
+        if len(values) == 1:
+            said.append(f"{word} {values[0]}")
+    return ", ".join(said)
 
 
 STRICT_FP32 = "a baseline stricter than stock PyTorch: fp32 with TF32 off for convolutions as for matmuls (stock PyTorch runs fp32 convolutions as TF32)"
@@ -286,6 +329,9 @@ def _parallelism_note(cell: Mapping[str, Any]) -> str:
 
 
 def cost_table(runs: pd.DataFrame) -> pd.DataFrame:
+    # a row that reads another cell's run (record_of) is no job of its own: it uses and requests nothing
+    own = runs["record_of"].fillna("").eq("") if "record_of" in runs.columns else pd.Series(True, index=runs.index)
+    runs = runs.assign(duration_s=runs["duration_s"].where(own), runtime_min=runs["runtime_min"].where(own))
     hours = runs.assign(
         gpu_hours_used=runs["duration_s"] * runs["gpus"] / 3600,  # runs without a record add nothing
         node_hours_used=runs["duration_s"] * runs["nodes"] / 3600,

@@ -259,7 +259,7 @@ CELL_CONDITIONS = {
     "optimizer_impl": "optimizer implementation", "cudnn_benchmark": "cuDNN benchmark",
 }  # fmt: skip
 # What makes a matrix row one repeat of a cell: every planned column but these.
-NOT_CELL_COLUMNS = ("run_id", "repeat", "record", "record_file", "rerun", "runtime_min")
+NOT_CELL_COLUMNS = ("run_id", "repeat", "record", "record_file", "rerun", "runtime_min", "record_of")
 
 
 def _distinct(values: pd.Series) -> list[str]:
@@ -304,8 +304,13 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     # thread pool was measured slower (10,000 records: 1.5-2.8 s with 2-8 threads vs 1.1 s).
     # The run each record must be is its matrix row: its run id (where a study planned it:
     # rebuild --records names runs after their files), its model and every knob the plan sets.
-    rows = matrix.drop(columns=[c for c in NOT_CELL_COLUMNS if c != "run_id"], errors="ignore").to_dict("records")
-    planned = [{k: v for k, v in row.items() if k != "run_id" or row.get("study") != RECORDS_STUDY} for row in rows]
+    rows = matrix.drop(columns=[c for c in NOT_CELL_COLUMNS if c not in ("run_id", "record_of")], errors="ignore").to_dict("records")
+    # a row that reads another cell's run (record_of) must find that run's id in the record
+    planned = [
+        {**{k: v for k, v in row.items() if k not in ("run_id", "record_of")},
+         **({"run_id": row.get("record_of") or row["run_id"]} if row.get("study") != RECORDS_STUDY else {})}
+        for row in rows
+    ]  # fmt: skip
     files = matrix["record_file"] if "record_file" in matrix.columns else matrix["record"]
     parsed = list(map(read_record, matrix["run_id"], files, planned, matrix["record"].fillna("")))
     fields = pd.DataFrame.from_records([p[0] for p in parsed], columns=RECORD_COLUMNS)
