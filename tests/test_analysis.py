@@ -38,8 +38,6 @@ from analysis_fixtures import (
     write_parallelism_study,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def targets(strong_gpus: int | str = 4, only: tuple[str, ...] = (), **thresholds: float) -> dict:
     """config/config.yaml's targets (the checks as shipped), with the strong-scaling check at

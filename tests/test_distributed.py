@@ -52,7 +52,7 @@ def test_two_ranks_equal_one_rank_on_the_same_global_batch(tmp_path, accumulate)
     two = _run(tmp_path, "two", 2, 4 if accumulate else 8, *two_args)
     assert one["batch"]["global"] == two["batch"]["global"] == 16
     assert two["parallel"]["world_size"] == 2 and two["parallel"]["backend"] == "gloo"
-    before = _run(tmp_path, "init", 1, 16, "--steps", "1", "--lr", "0")  # the initial weights
+    _run(tmp_path, "init", 1, 16, "--steps", "1", "--lr", "0")  # the initial weights
     expected, actual, initial = _final_params(tmp_path / "one"), _final_params(tmp_path / "two"), _final_params(tmp_path / "init")
     for name in expected:
         assert not torch.equal(expected[name], initial[name]), f"{name} did not change: the comparison would be empty"

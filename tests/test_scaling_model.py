@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from scalerepro.analysis.tables import aggregate, prediction_error
 from scalerepro.analysis.tables.network_model import HierarchicalNetwork
+from scalerepro.analysis.tables.network_model import read_links
 from scalerepro.analysis.tables.scaling_model import (
     PROPORTIONAL_BOUND,
     FsdpProfile,
@@ -30,7 +31,6 @@ from scalerepro.analysis.tables.scaling_model import (
     expected_max_normal,
     fit_comm_file,
     fit_ring,
-    read_links,
     read_profile,
     simulate_fsdp_step,
     simulate_step,

@@ -24,7 +24,7 @@ from scalerepro.analysis.profiles import captures, classify, roofline, step
 from scalerepro.common import gpu_peaks
 
 from conftest import REPO
-from h100_report import RebuiltStudy, rebuild_kept_study, section, table_rows, visible
+from h100_report import RebuiltStudy, rebuild_kept_study, section, section_element, table_rows, visible
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
 PROFILED = "strong_resnet18_cifar_g1_r1"
@@ -191,7 +191,11 @@ def test_the_bottleneck_summary_of_the_kept_study(study):
     # 674 W is 96 % of the limit: not at it, however low the clock
     assert rows["vit_b_16"] == [["none measured", "compute at 98.0 % GPU utilisation; 674 W of 700; SM clock 1,879 of 1,980 MHz; no profile", "—"]]
     assert rows["resnet50"][0][1] == "compute at 99.5 % GPU utilisation; 639 W of 700; SM clock 1,980 of 1,980 MHz; no profile"
-    assert section(study.html, "profiling").index('id="bottlenecks"') < section(study.html, "profiling").index("figures")
+    # a one-GPU report's lead: the headline, the published figures, then what bounds each model
+    page = study.html
+    assert page.count('id="bottlenecks"') == 1
+    assert 'id="bottlenecks"' in section_element(page, "comparison")  # its last table
+    assert 'href="#bottlenecks"' in section(page, "profiling")
 
 
 def test_power_bound_takes_both_thresholds():

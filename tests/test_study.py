@@ -157,3 +157,14 @@ def test_the_ablations_all_is_the_studys_preset_as_it_resolves_here():
     strong = next(r for r in cpu.runs.values() if r.study == "strong")
     assert ablation["all"].args == () and ablation["all"].precision == strong.precision == preset.perf.precision
     assert "bf16" in {r.precision for r in ablation.values()}  # the bf16 cell keeps measuring bf16
+
+
+def test_the_planner_and_the_scaling_model_split_a_strong_batch_alike():
+    """Global batch 96 on 2 GPUs at micro-batch 32: the planner ran 2 x 24 while the model, which
+    needed the share to be a multiple of 32, said the batch does not split."""
+    from scalerepro.analysis.tables import scaling_model
+
+    assert study.strong_batches(96, 2, 32, "key") == scaling_model.strong_split(96, 2, 32) == (24, 2)
+    for global_batch, gpus, micro in ((2048, 8, 256), (100, 1, 30), (7, 1, 32), (96, 4, 32), (96, 3, 20)):
+        assert study.strong_batches(global_batch, gpus, micro, "key") == scaling_model.strong_split(global_batch, gpus, micro)
+    assert scaling_model.strong_split(97, 2, 32) == "the global batch 97 does not split evenly over 2 GPUs"

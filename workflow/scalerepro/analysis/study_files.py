@@ -13,7 +13,7 @@ On the analysis side: no torch. ``runs`` is the aggregation's runs table (runs.c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalerepro import config as trainer_config
+from scalerepro.common import batch_split
 from scalerepro.common.cli import CommandError
 from scalerepro.parallel import mesh
 
@@ -195,16 +196,12 @@ def nodes_for(gpus: int, gpus_per_node: int, local: bool, key: str) -> tuple[int
 
 
 def strong_batches(global_batch: int, gpus: int, per_gpu_batch: int, key: str) -> tuple[int, int]:
-    """(micro-batch, accumulation steps) of one GPU's share of a strong-scaling global batch.
-
-    share = G / N must be whole; it runs as the fewest micro-batches of at most ``per_gpu_batch``
-    that divide it evenly: accumulation = the smallest a >= ceil(share / per_gpu_batch) dividing
-    share, micro-batch = share / a."""
-    if global_batch % gpus:
-        raise StudyError(key, f"the global batch {global_batch} does not split evenly over {gpus} GPUs: choose a multiple of every GPU count")
-    share = global_batch // gpus
-    steps = next(a for a in range(math.ceil(share / per_gpu_batch), share + 1) if share % a == 0)
-    return share // steps, steps
+    """(micro-batch, accumulation steps) of one GPU's share of a strong-scaling global batch
+    (common.batch_split.strong_split), or a config error naming ``key``."""
+    try:
+        return batch_split.strong_split(global_batch, gpus, per_gpu_batch)
+    except batch_split.BatchSplitError as error:
+        raise StudyError(key, f"{error}: choose a multiple of every GPU count") from None
 
 
 def _gpus_per_node(config: dict[str, Any], device: str, local: bool, local_gpus: int) -> int:

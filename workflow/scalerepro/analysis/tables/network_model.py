@@ -96,7 +96,6 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Literal
 
 from scalerepro.common.cli import CommandError

@@ -182,20 +182,18 @@ import numpy as np
 import pandas as pd
 
 from scalerepro.analysis.evidence import POSITIVE, Bound, EvidenceError, read_json_document
-# read_links as well: the scaling model's links, as its callers import them from here
 from scalerepro.analysis.tables.network_model import (
     ClusterPreset,
     Link,
     clusters_of,
     links_of,
-    prediction_error_of,
     preset,
     preset_for_gpu,
-    read_links,
 )
 from scalerepro.analysis.tables import loss_decomposition, prediction_error
 from scalerepro.analysis.tables.readers import read_comm
 from scalerepro.analysis.values import finite_number
+from scalerepro.common import batch_split
 from scalerepro.common.gpu_peaks import peaks_key
 from scalerepro.common.references import load_optional_references
 
@@ -827,17 +825,13 @@ def _row(**values: Any) -> dict[str, Any]:
 
 
 def strong_split(global_batch: int, gpus: int, micro_batch_1: int) -> tuple[int, int] | str:
-    """(micro-batch per GPU, micro-batches per step) of a global batch G over N GPUs, in
-    micro-batches of at most the 1-GPU micro-batch m_1; or why there is none (integers only:
-    no GPU trains a fraction of a sample)."""
-    if global_batch % gpus:
-        return f"the global batch {global_batch} does not split evenly over {gpus} GPUs"
-    share = global_batch // gpus  # samples per GPU per step
-    if share <= micro_batch_1:
-        return share, 1
-    if share % micro_batch_1:
-        return f"{share} samples per GPU do not split into micro-batches of {micro_batch_1}"
-    return micro_batch_1, share // micro_batch_1
+    """(micro-batch per GPU, micro-batches per step) of a global batch G over N GPUs in
+    micro-batches of at most the 1-GPU micro-batch m_1, as the planner schedules it
+    (common.batch_split.strong_split); or why there is none."""
+    try:
+        return batch_split.strong_split(global_batch, gpus, micro_batch_1)
+    except batch_split.BatchSplitError as error:
+        return str(error)
 
 
 def spread_for(measured: Sequence[Inflation], study: str, gpus: int, is_measured_cell: bool) -> tuple[float, str]:
