@@ -218,7 +218,11 @@ def main() -> int:
     gap = efficiency["study"] / efficiency["bare"] - 1
     verdicts.append(("E(2) study / E(2) bare - 1", gap, abs(gap) <= 0.10, "within +-0.10"))
     for what, value, met, goal in verdicts:
-        print(f"{what:32s} {value:+.3f}  (goal {goal}: {'met' if met else 'MISSED'})" if "- 1" in what else f"{what:32s} {value:.3f}  (goal {goal}: {'met' if met else 'MISSED'})")
+        print(
+            f"{what:32s} {value:+.3f}  (goal {goal}: {'met' if met else 'MISSED'})"
+            if "- 1" in what
+            else f"{what:32s} {value:.3f}  (goal {goal}: {'met' if met else 'MISSED'})"
+        )
     print("ratios of medians; each way's spread above (min-max over the interleaved repeats)")
     return 0
 

@@ -354,7 +354,11 @@ def _golden_minimum(function: Callable[[float], float], low: float, high: float,
 
 
 def predict_series(
-    series: Series, references: dict[str, dict], presets, probe: CpuProfile | None, curve: scaling_model.BatchCurve | None = None,
+    series: Series,
+    references: dict[str, dict],
+    presets,
+    probe: CpuProfile | None,
+    curve: scaling_model.BatchCurve | None = None,
     terms: Terms = ALL_TERMS,
 ) -> list[dict]:
     """One row per published count of the series (its figure, the model's prediction, ideal
@@ -530,8 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in SERIES:
         spread = next(r["spread"] for r in rows if r["source"] == s.label)
         if spread:
-            print(f"straggler spread sigma / t of {s.label}: {spread:.3g}, fitted on its counts "
-                  f"{', '.join(str(r['gpus']) for r in rows if r['source'] == s.label and r['role'] == 'fit')}")
+            print(
+                f"straggler spread sigma / t of {s.label}: {spread:.3g}, fitted on its counts "
+                f"{', '.join(str(r['gpus']) for r in rows if r['source'] == s.label and r['role'] == 'fit')}"
+            )
 
     held = [row for row in rows if row["role"] == "held back"]
     modelled = [row for row in held if row["error"] is not None]
@@ -545,17 +551,25 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{_median_abs([r['ideal_error'] for r in mine]):.1%}"]
         for label, _ in TERM_STEPS:
             theirs = [r for r in by_terms[label] if r["source"] == s.label and r["role"] == "held back"]
-            cells.append("no prediction" if theirs[0]["error"] is None else
-                         f"{_median_abs([r['error'] for r in theirs]):.1%} ({', '.join(format(r['error'], '+.1%') for r in theirs)})")
+            cells.append(
+                "no prediction"
+                if theirs[0]["error"] is None
+                else f"{_median_abs([r['error'] for r in theirs]):.1%} ({', '.join(format(r['error'], '+.1%') for r in theirs)})"
+            )
         print(f"{s.label:<29} {counts:<16} " + " ".join(f"{cell:>28}" for cell in cells))
     errors = [abs(r["error"]) for r in modelled]
     print(f"\nheld-back rows: {len(held)}, {len(modelled)} predicted; |pred/pub - 1|: median {statistics.median(errors):.1%}, "
           f"largest {max(errors):.1%}; within 10 %: {sum(e <= 0.10 for e in errors)} of {len(errors)}")  # fmt: skip
     # where the published efficiency falls, the model must beat ideal scaling: its median |e| at most half of ideal's
     bends = [r for r in held if r["efficiency"] < 0.93]
-    print("held-back rows with published efficiency below 0.93: " + "; ".join(
-        f"{r['source']} {r['gpus']} (E {r['efficiency']:.3f}): model "
-        f"{'none' if r['error'] is None else format(r['error'], '+.1%')}, ideal {r['ideal_error']:+.1%}" for r in bends))
+    print(
+        "held-back rows with published efficiency below 0.93: "
+        + "; ".join(
+            f"{r['source']} {r['gpus']} (E {r['efficiency']:.3f}): model "
+            f"{'none' if r['error'] is None else format(r['error'], '+.1%')}, ideal {r['ideal_error']:+.1%}"
+            for r in bends
+        )
+    )
     table = prediction_error.back_tested((r["regime"], f"{r['source']} {r['gpus']}", r["error"]) for r in modelled)
     print("\nback-tested error by regime (median and largest |pred/pub - 1|, the rows):")
     for entry in table:

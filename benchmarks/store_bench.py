@@ -40,9 +40,7 @@ def write_study(root: Path, runs: int, speed: float, start_minute: int) -> None:
         gpus = 2 ** (cell % 4)
         run_id = f"strong_cnn_g{gpus}_b{cell}_r{repeat + 1}"
         record = copy.deepcopy(template)
-        record.update(
-            run_id=run_id, started_at=f"2026-11-20T{8 + start_minute // 60:02d}:{start_minute % 60:02d}:00.000+00:00"
-        )
+        record.update(run_id=run_id, started_at=f"2026-11-20T{8 + start_minute // 60:02d}:{start_minute % 60:02d}:00.000+00:00")
         record["parallel"].update(world_size=gpus, nodes=1)
         record["measurements"]["samples_per_s"] *= speed * (1 + (i % 7) / 100)
         path = root / "results/runs" / run_id / "record.json"

@@ -42,8 +42,7 @@ def main() -> None:
                 images += args.batch
             rounds.append((time.perf_counter() - started) / images * 1e3)
         median = statistics.median(rounds)
-        print(f"{side:>4} px: {median:.3f} ms/image (median of 5 rounds, range {min(rounds):.3f}-{max(rounds):.3f}) "
-              f"= {1e3 / median:,.0f} images/s per worker")
+        print(f"{side:>4} px: {median:.3f} ms/image (median of 5 rounds, range {min(rounds):.3f}-{max(rounds):.3f}) = {1e3 / median:,.0f} images/s per worker")
 
 
 if __name__ == "__main__":

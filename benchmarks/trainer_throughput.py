@@ -73,7 +73,9 @@ def device_name(device: str) -> str:
     return f"{cpu} ({len(os.sched_getaffinity(0))} cores)"
 
 
-def run_one(workload: Workload, device: str, flags: tuple[str, ...], steps: int, warmup: int, workers: int, out: Path, log: Path, batch: int | None = None) -> dict:
+def run_one(
+    workload: Workload, device: str, flags: tuple[str, ...], steps: int, warmup: int, workers: int, out: Path, log: Path, batch: int | None = None
+) -> dict:
     batch = batch or workload.batch[device]
     command = [
         sys.executable, "-m", "scalerepro.training.train", "--model", workload.model, "--per-gpu-batch", str(batch),

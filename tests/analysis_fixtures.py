@@ -88,9 +88,7 @@ references:
 
 def validate(record: dict[str, Any]) -> dict[str, Any]:
     errors = sorted(VALIDATOR.iter_errors(record), key=lambda e: list(e.path))
-    assert not errors, "record does not match the schema:\n" + "\n".join(
-        f"{'/'.join(map(str, e.path))}: {e.message[:300]}" for e in errors
-    )
+    assert not errors, "record does not match the schema:\n" + "\n".join(f"{'/'.join(map(str, e.path))}: {e.message[:300]}" for e in errors)
     return record
 
 
@@ -219,9 +217,7 @@ def make_record(
         "purpose": "measurement",
         "run_id": run_id,
         "status": status,
-        "error": (
-            None if error is None else {"type": "NonFiniteLossError", "message": error, "traceback": "Traceback ..."}
-        ),
+        "error": (None if error is None else {"type": "NonFiniteLossError", "message": error, "traceback": "Traceback ..."}),
         "stop_signal": stop_signal,
         "started_at": stamp,
         "ended_at": (started_at + datetime.timedelta(seconds=DURATION_S)).isoformat(timespec="milliseconds"),
@@ -257,7 +253,9 @@ def make_record(
             "memory_total_bytes": 2**40,
             "gpu": {"name": device_name if cuda else None, "count": GPUS_PER_NODE if cuda else 0},
         },
-        "scheduler": {"name": "slurm", "job_id": 4182000, "cluster_name": None, "partition": "h100"} if cuda else {"name": "local", "job_id": None, "cluster_name": None, "partition": None},
+        "scheduler": {"name": "slurm", "job_id": 4182000, "cluster_name": None, "partition": "h100"}
+        if cuda
+        else {"name": "local", "job_id": None, "cluster_name": None, "partition": None},
         "model": {
             "name": model,
             "task": "image_classification",
@@ -303,9 +301,7 @@ def make_record(
             {"epoch": 0, "step": 12, "complete": False, "train_loss": 2.0, "eval_loss": 2.1, "eval_accuracy": 0.2},
             {"epoch": 0, "step": 24, "complete": False, "train_loss": 1.5, "eval_loss": 1.6, "eval_accuracy": 0.4},
         ],
-        "loss_log": [
-            {"step": step, "loss": 2.5 - 0.04 * step, "samples_per_s": samples_per_s} for step in range(4, 25, 4)
-        ],
+        "loss_log": [{"step": step, "loss": 2.5 - 0.04 * step, "samples_per_s": samples_per_s} for step in range(4, 25, 4)],
         "checkpoint": None,
     }
     return validate(record)
@@ -373,9 +369,7 @@ class Study:
             figures.setdefault("nodes", _nodes(figures["world_size"]))
             figures.setdefault("global_batch", per_gpu_batch * (data_parallel or figures["world_size"]) * grad_accum_steps)
             figures.setdefault("grad_accum_steps", grad_accum_steps)
-            document = record or make_record(
-                run_id, model=model, precision=precision, per_gpu_batch=per_gpu_batch, **figures
-            )
+            document = record or make_record(run_id, model=model, precision=precision, per_gpu_batch=per_gpu_batch, **figures)
             path.write_text(json.dumps(document))
         return run_id
 
@@ -458,8 +452,7 @@ def write_gpu_study(root: Path) -> dict[str, Any]:
     return {"matrix_path": s.write_matrix(), "comm_paths": comm, "references_path": references}
 
 
-def sharding(strategy: str, mesh: tuple[list[int], list[str]], state_max: int, state_min: int,
-             comm: dict[str, float] | None) -> dict[str, Any]:
+def sharding(strategy: str, mesh: tuple[list[int], list[str]], state_max: int, state_min: int, comm: dict[str, float] | None) -> dict[str, Any]:
     """measurements.sharding as the trainer writes it (scalerepro.training.measurements.sharding_figures)."""
     return {
         "strategy": strategy,
@@ -482,11 +475,11 @@ TOKENS = 1024  # gpt2_small's tokens per sample in the parallelism study
 def write_parallelism_study(root: Path, device_type: str = "cuda") -> dict[str, Any]:
     """The parallelism study: gpt2_small at 2 GPUs, the same global batch (16) under each strategy.
 
-        ddp      samples/s 40, 44 -> median 42, tokens/s 43,008, per GPU 21,504; no sharding entry
-        fsdp     38, 40 -> 39; state 700 / 690 MB per rank; all-gather 500 MB + reduce-scatter 300 MB
-                 = 800 MB per step; a third repeat whose record says ddp (not the plan: not counted)
-        tp       30 (one replica of 16); state 800 MB; communication not counted (comm_reason)
-        fsdp-tp  at 4 GPUs (2x2): failed -> not measured
+    ddp      samples/s 40, 44 -> median 42, tokens/s 43,008, per GPU 21,504; no sharding entry
+    fsdp     38, 40 -> 39; state 700 / 690 MB per rank; all-gather 500 MB + reduce-scatter 300 MB
+             = 800 MB per step; a third repeat whose record says ddp (not the plan: not counted)
+    tp       30 (one replica of 16); state 800 MB; communication not counted (comm_reason)
+    fsdp-tp  at 4 GPUs (2x2): failed -> not measured
     """
     s = Study(root)
     gpt = {"model": "gpt2_small", "tokens_per_sample": TOKENS, "device_type": device_type, "per_gpu_batch": 8}

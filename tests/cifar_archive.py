@@ -33,8 +33,7 @@ def random_batches(per_batch: int = 20, seed: int = 0) -> dict[str, Batch]:
     """Five training batches and a test batch of random pixels and labels, keyed by member base name."""
     rng = np.random.default_rng(seed)
     return {
-        name: Batch(rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8), rng.integers(0, 10, per_batch).tolist())
-        for name in (*TRAIN_BATCHES, TEST_BATCH)
+        name: Batch(rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8), rng.integers(0, 10, per_batch).tolist()) for name in (*TRAIN_BATCHES, TEST_BATCH)
     }
 
 
@@ -80,9 +79,7 @@ def legacy_pickle(value: object) -> bytes:
 
 def _emit(value: object, out: bytearray) -> None:
     if isinstance(value, bytes):
-        header = (
-            pickle.SHORT_BINSTRING + bytes([len(value)]) if len(value) < 256 else pickle.BINSTRING + struct.pack("<i", len(value))
-        )
+        header = pickle.SHORT_BINSTRING + bytes([len(value)]) if len(value) < 256 else pickle.BINSTRING + struct.pack("<i", len(value))
         out += header + value
     elif isinstance(value, int):
         out += pickle.BININT + struct.pack("<i", value)

@@ -17,8 +17,9 @@ import jsonschema
 import numpy as np
 import pytest
 
-from h100_report import h100_report  # noqa: F401  (the report rendered from the kept H100 records)
 from scalerepro.data import cifar10
+
+from h100_report import h100_report  # noqa: F401  (the report rendered from the kept H100 records)
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_SCHEMA = json.loads((REPO / "workflow/schemas/run_record.schema.json").read_text())
@@ -29,9 +30,7 @@ def load_record(path: Path) -> dict:
     """Read a run record and fail the test unless it validates against the schema."""
     record = json.loads(Path(path).read_text())
     errors = sorted(_VALIDATOR.iter_errors(record), key=lambda e: list(e.path))
-    assert not errors, "record does not match the schema:\n" + "\n".join(
-        f"{'/'.join(map(str, e.path))}: {e.message[:300]}" for e in errors
-    )
+    assert not errors, "record does not match the schema:\n" + "\n".join(f"{'/'.join(map(str, e.path))}: {e.message[:300]}" for e in errors)
     return record
 
 
@@ -55,9 +54,7 @@ def torchrun(nproc: int, args: list[str], timeout: float = 300, **popen) -> subp
 
 
 def python_train(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "scalerepro.training.train", *args], env=env or clean_env(), capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "scalerepro.training.train", *args], env=env or clean_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def learnable_cifar_split(count: int, seed: int) -> cifar10.Split:

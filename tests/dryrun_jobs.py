@@ -98,4 +98,7 @@ if __name__ == "__main__":
         from test_slurm import PROFILE_ARGS, STUDY, _cluster_env, _env
 
         env = _env(_cluster_env())
-        _write("slurm", planned_jobs(REPO, env, *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY), "tests/fixtures/dryrun/slurm_weak.yaml", *SINCE_SNAPSHOT))
+        _write(
+            "slurm",
+            planned_jobs(REPO, env, *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY), "tests/fixtures/dryrun/slurm_weak.yaml", *SINCE_SNAPSHOT),
+        )

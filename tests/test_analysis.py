@@ -94,9 +94,7 @@ def test_runs_keep_every_planned_run(gpu):
     assert len(runs) == 22
     assert runs["status"].value_counts().to_dict() == {"ok": 19, "failed": 1, "preempted": 1, "missing": 1}
     missing = row(runs, run_id="strong_resnet50_g4_r3")
-    assert (
-        missing["status"] == "missing" and "no run record at" in missing["error"] and pd.isna(missing["samples_per_s"])
-    )
+    assert missing["status"] == "missing" and "no run record at" in missing["error"] and pd.isna(missing["samples_per_s"])
     assert pd.isna(missing["consistent"]) and missing["rerun"].startswith("snakemake")
     failed = row(runs, run_id="strong_resnet50_g4_r2")
     assert failed["status"] == "failed" and failed["error"] == FAILED_MESSAGE
@@ -485,8 +483,13 @@ def test_checks_pass_and_fail(gpu):
 def test_checks_follow_the_thresholds(gpu):
     tables = gpu[0]
     strict = targets(
-        4, strong_efficiency=0.9, weak_variation=0.2, optimisation_gain=0.35, gpu_utilisation=90,
-        exposed_communication=0.15, data_stall=0.03,
+        4,
+        strong_efficiency=0.9,
+        weak_variation=0.2,
+        optimisation_gain=0.35,
+        gpu_utilisation=90,
+        exposed_communication=0.15,
+        data_stall=0.03,
     )
     statuses = checking.checks_table(tables, strict).set_index("check")["status"].to_dict()
     # pass at equality for >= / <= targets, fail at equality for the strict > / < ones
@@ -526,9 +529,7 @@ def test_cpu_study_checks_are_judged_at_cpu_scale_and_say_so(cpu):
 def test_cost(gpu):
     cost = gpu[0]["cost"].set_index("study")
     # strong: records of 3 x 1, 3 x 2 and 2 x 4 GPUs (one missing) at 360 s; 30 min requested for all 9
-    assert cost.loc["strong"].tolist() == pytest.approx(
-        [9, (3 + 6 + 8) * 0.1, (3 + 3 + 2 * 2) * 0.1, 0.5 * 21, 0.5 * 12]
-    )
+    assert cost.loc["strong"].tolist() == pytest.approx([9, (3 + 6 + 8) * 0.1, (3 + 3 + 2 * 2) * 0.1, 0.5 * 21, 0.5 * 12])
     assert cost.loc["total"].tolist() == pytest.approx(cost.drop(index="total").sum().tolist())
     assert list(cost.index) == ["strong", "weak", "sensitivity", "ablation", "total"]
 
@@ -547,13 +548,8 @@ def test_cli_writes_tables_and_summary_without_torch(gpu, tmp_path):
         tmp_path,
         *targets,
     ]
-    code = (
-        NO_TORCH
-        + "import runpy; sys.argv[0] = 'aggregate'; runpy.run_module('scalerepro.analysis.tables.aggregate', run_name='__main__')"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, *map(str, command)], check=False, capture_output=True, text=True, timeout=60
-    )
+    code = NO_TORCH + "import runpy; sys.argv[0] = 'aggregate'; runpy.run_module('scalerepro.analysis.tables.aggregate', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", code, *map(str, command)], check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     for name, table in tables.items():
         written = pd.read_csv(tmp_path / f"{name}.csv")
@@ -589,10 +585,7 @@ def test_modules_do_not_import_torch():
 
 
 def _plot(tables_dir: Path, out: Path) -> str:
-    code = (
-        NO_TORCH
-        + "import runpy; sys.argv[0] = 'plots'; runpy.run_module('scalerepro.analysis.presentation.plots', run_name='__main__')"
-    )
+    code = NO_TORCH + "import runpy; sys.argv[0] = 'plots'; runpy.run_module('scalerepro.analysis.presentation.plots', run_name='__main__')"
     done = subprocess.run(
         [sys.executable, "-c", code, "--tables", str(tables_dir), "--out", str(out)],
         check=False,

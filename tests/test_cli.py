@@ -20,11 +20,7 @@ PACKAGE = REPO / "workflow" / "scalerepro"
 
 def _commands() -> list[str]:
     """Every module of the package that runs as a command (it has a ``__main__`` guard)."""
-    return sorted(
-        str(path.relative_to(PACKAGE))
-        for path in PACKAGE.rglob("*.py")
-        if 'if __name__ == "__main__":' in path.read_text()
-    )
+    return sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if 'if __name__ == "__main__":' in path.read_text())
 
 
 def test_there_are_commands_to_check():
@@ -108,9 +104,8 @@ def test_bounded_numbers_and_output_paths(tmp_path):
 
 def test_an_atomic_write_over_a_directory_is_refused_before_the_work(tmp_path):
     (tmp_path / "tables").mkdir()
-    with pytest.raises(IsADirectoryError) as refused:
-        with atomic_file(tmp_path / "tables"):
-            raise AssertionError("the body ran")
+    with pytest.raises(IsADirectoryError) as refused, atomic_file(tmp_path / "tables"):
+        raise AssertionError("the body ran")
     assert refused.value.filename == str(tmp_path / "tables") and list(tmp_path.iterdir()) == [tmp_path / "tables"]
 
 

@@ -91,12 +91,20 @@ BAD = [
     ("store-unknown-key", "store.url", "duckdb://x", "url"),
     ("compare-threshold-one", "compare.threshold", 1.0, "compare.threshold"),
     ("compare-baseline-empty", "compare.baseline", "", "compare.baseline"),
-    ("ablation-name-twice", "ablation.optimisations", [{"name": "cl", "flags": ["--channels-last"]}, {"name": "cl", "flags": []}],
-     "ablation.optimisations': the name 'cl' is given twice"),
+    (
+        "ablation-name-twice",
+        "ablation.optimisations",
+        [{"name": "cl", "flags": ["--channels-last"]}, {"name": "cl", "flags": []}],
+        "ablation.optimisations': the name 'cl' is given twice",
+    ),
     ("scaling-models-repeat", "scaling.models", ["cnn", "cnn"], "scaling.models"),
     ("study-name-5000-characters", "study_name", "x" * 5000, "study_name': a string of 5,000 characters"),
-    ("check-selects-on-an-unknown-column", "targets.checks.strong_efficiency.where", {"colour": "red"},
-     "targets.checks.strong_efficiency.where': scaling.csv has no column 'colour'"),
+    (
+        "check-selects-on-an-unknown-column",
+        "targets.checks.strong_efficiency.where",
+        {"colour": "red"},
+        "targets.checks.strong_efficiency.where': scaling.csv has no column 'colour'",
+    ),
 ]
 # Every config string that reaches a shell (or the Slurm plugin's sbatch command), with a payload.
 INJECTIONS = [
@@ -191,8 +199,7 @@ def test_yaml_aliases_that_expand_past_the_bound_are_refused_in_seconds(tmp_path
     result = snakemake(REPO, "-n", "--configfile", str(path), timeout=60)
     errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("config error at '")]
     assert result.returncode != 0 and errors == [
-        "config error at 'top level': the config holds more than 100,000 values (YAML aliases nested in lists "
-        "expand to that): write the values out"
+        "config error at 'top level': the config holds more than 100,000 values (YAML aliases nested in lists expand to that): write the values out"
     ], result.stderr[-1500:]
 
 

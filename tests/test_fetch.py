@@ -241,14 +241,22 @@ class _MakeDirectory:
     [
         (lambda files, tmp: files.pop("data_batch_3"), "no member 'cifar-10-batches-py/data_batch_3'"),
         (lambda files, tmp: files.update({META: meta_file(["cat"] * 10)}), "batches.meta names the classes"),
-        (lambda files, tmp: files.update(test_batch=legacy_pickle({b"data": np.zeros((2, 3071), np.uint8), b"labels": [0, 1]})),
-         "test_batch: b'data' is uint8 (2, 3071), expected uint8 (N, 3072)"),  # fmt: skip
-        (lambda files, tmp: files.update(test_batch=legacy_pickle({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 10]})),
-         "test_batch: labels outside 0..9"),  # fmt: skip
-        (lambda files, tmp: files.update(test_batch=legacy_pickle({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0]})),
-         "b'labels' is not a list of 2 ints"),  # fmt: skip
-        (lambda files, tmp: files.update(test_batch=pickle.dumps(_MakeDirectory(tmp / "pwned"))),
-         "refers to posix.mkdir, which a CIFAR-10 batch never does"),  # fmt: skip
+        (
+            lambda files, tmp: files.update(test_batch=legacy_pickle({b"data": np.zeros((2, 3071), np.uint8), b"labels": [0, 1]})),
+            "test_batch: b'data' is uint8 (2, 3071), expected uint8 (N, 3072)",
+        ),  # fmt: skip
+        (
+            lambda files, tmp: files.update(test_batch=legacy_pickle({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 10]})),
+            "test_batch: labels outside 0..9",
+        ),  # fmt: skip
+        (
+            lambda files, tmp: files.update(test_batch=legacy_pickle({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0]})),
+            "b'labels' is not a list of 2 ints",
+        ),  # fmt: skip
+        (
+            lambda files, tmp: files.update(test_batch=pickle.dumps(_MakeDirectory(tmp / "pwned"))),
+            "refers to posix.mkdir, which a CIFAR-10 batch never does",
+        ),  # fmt: skip
     ],
     ids=["missing-batch", "wrong-classes", "wrong-shape", "label-range", "label-count", "code-in-pickle"],
 )

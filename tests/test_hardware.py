@@ -136,9 +136,10 @@ needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not i
 
 def _git(repo: Path, *args: str) -> None:
     subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.org",
-         "-c", "commit.gpgsign=false", *args],
-        cwd=repo, check=True, capture_output=True,
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "commit.gpgsign=false", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
     )
 
 
@@ -173,16 +174,22 @@ def test_git_info_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_git_info_missing_directory(tmp_path: Path) -> None:
     absent = tmp_path / "absent"
-    assert git_info(absent) == {
-        "commit": None, "dirty": None, "reason": f"{absent} is not a directory"
-    }
+    assert git_info(absent) == {"commit": None, "dirty": None, "reason": f"{absent} is not a directory"}
 
 
 def test_software_versions_on_this_machine() -> None:
     versions = software_versions()
     assert set(versions) == {
-        "python", "torch", "cuda", "cudnn", "nccl", "torchvision", "numpy", "nvidia-ml-py",
-        "scalerepro", "platform",
+        "python",
+        "torch",
+        "cuda",
+        "cudnn",
+        "nccl",
+        "torchvision",
+        "numpy",
+        "nvidia-ml-py",
+        "scalerepro",
+        "platform",
     }
     for key in ("python", "torch", "numpy", "scalerepro", "platform"):
         assert isinstance(versions[key], str) and versions[key], key

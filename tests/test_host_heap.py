@@ -51,4 +51,3 @@ def test_a_steady_heap_reuses_what_a_step_freed():
     assert default["setting"] is None and min(default["faults"][1:]) > 5000, default
     assert steady["setting"].startswith("glibc malloc: mmap threshold fixed at 32 MiB, trimming off"), steady
     assert max(steady["faults"][1:]) < 100, steady
-

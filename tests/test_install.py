@@ -12,11 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 from conftest import REPO, clean_env

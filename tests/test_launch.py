@@ -73,7 +73,18 @@ def test_inside_a_slurm_job_it_is_one_srun_task_per_node_with_everything_explici
         "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--kill-on-bad-exit=1",
         "--export=ALL", "--label", "--job-name=strong_g8", "--gpus-per-node=4",
     ]  # fmt: skip
-    assert agent == [sys.executable, "-m", "scalerepro.launching.launch", "--node-agent=slurm", "--nodes=2", "--ranks-per-node=4", "--cpus-per-node=32", "--port=29400", "--", *TRAIN]
+    assert agent == [
+        sys.executable,
+        "-m",
+        "scalerepro.launching.launch",
+        "--node-agent=slurm",
+        "--nodes=2",
+        "--ranks-per-node=4",
+        "--cpus-per-node=32",
+        "--port=29400",
+        "--",
+        *TRAIN,
+    ]
 
 
 def test_with_a_container_each_node_task_runs_in_it(monkeypatch):
@@ -189,7 +200,7 @@ def test_ranks_killed_before_writing_a_record_leave_the_launchers_failed_record(
          "-m", "scalerepro.training.train", "--model", "cnn", "--per-gpu-batch", "16", "--num-workers", "0", "--synthetic-samples", "1024",
          "--eval-samples", "64", "--steps", "5000", "--warmup-steps", "2", "--log-interval", "5", "--device", "cpu",
          "--run-id", "killed", "--record", str(record)],
-        env=clean_env(), stdout=subprocess.PIPE, stderr=open(tmp_path / "launcher.err", "w"), text=True,
+        env=clean_env(), stdout=subprocess.PIPE, stderr=open(tmp_path / "launcher.err", "w"), text=True,  # noqa: SIM115 (the launcher writes it until it is killed)
     )  # fmt: skip
     seen = []
     for line in launcher.stdout:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 import yaml
 
 from scalerepro.common import gpu_peaks, source_closure
@@ -16,17 +16,22 @@ from scalerepro.common import gpu_peaks, source_closure
 from conftest import REPO
 
 PACKAGE = REPO / "workflow" / "scalerepro"
-MODULES = sorted(
-    ".".join(path.relative_to(REPO / "workflow").with_suffix("").parts).removesuffix(".__init__")
-    for path in PACKAGE.rglob("*.py")
-)
+MODULES = sorted(".".join(path.relative_to(REPO / "workflow").with_suffix("").parts).removesuffix(".__init__") for path in PACKAGE.rglob("*.py"))
 # The sides, lowest first: a module may import its own side and the sides below it, never one
 # above (README, "Layout"). The analysis side stands apart: it imports only `common`, and no side
 # imports it (the two sides of a run meet in the record, never in code).
 LAYERS = ("common", "config", "schedulers", "telemetry", "models", "data", "parallel", "training", "launching", "planning")
 APART = {"analysis": {"common", "analysis"}}
 # What needs no torch: the workflow's planning and launching, the analysis, and what they import.
-TORCH_FREE = ("scalerepro.planning", "scalerepro.launching", "scalerepro.analysis", "scalerepro.common", "scalerepro.schedulers", "scalerepro.config", "scalerepro.data.fetch")
+TORCH_FREE = (
+    "scalerepro.planning",
+    "scalerepro.launching",
+    "scalerepro.analysis",
+    "scalerepro.common",
+    "scalerepro.schedulers",
+    "scalerepro.config",
+    "scalerepro.data.fetch",
+)
 
 
 def _side(module: str) -> str:

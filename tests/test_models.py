@@ -215,4 +215,4 @@ def test_the_presets_conv_nets_are_the_cnn_family() -> None:
     channels_last and cudnn.benchmark; they must be exactly the models of the cnn family."""
     from scalerepro.config import CONV_NETS
 
-    assert CONV_NETS == {name for name in MODEL_NAMES if resolve(name).family == "cnn"}
+    assert {name for name in MODEL_NAMES if resolve(name).family == "cnn"} == CONV_NETS

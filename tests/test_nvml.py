@@ -48,12 +48,9 @@ def _sample(t_s: float, power_w: float | None, **fields: float | None) -> Sample
 # Power 100 W -> 300 W -> 200 W at t = 0, 1, 3 s (uneven spacing on purpose).
 # Trapezoids: (100 + 300) / 2 * 1 = 200 J, (300 + 200) / 2 * 2 = 500 J; total 700 J.
 TRACE = [
-    _sample(0.0, 100.0, gpu_util_pct=50.0, memory_used_bytes=1_000, sm_clock_mhz=1000.0,
-            temperature_c=40.0),
-    _sample(1.0, 300.0, gpu_util_pct=100.0, memory_used_bytes=3_000, sm_clock_mhz=1980.0,
-            temperature_c=61.0),
-    _sample(3.0, 200.0, gpu_util_pct=90.0, memory_used_bytes=2_000, sm_clock_mhz=1500.0,
-            temperature_c=55.0),
+    _sample(0.0, 100.0, gpu_util_pct=50.0, memory_used_bytes=1_000, sm_clock_mhz=1000.0, temperature_c=40.0),
+    _sample(1.0, 300.0, gpu_util_pct=100.0, memory_used_bytes=3_000, sm_clock_mhz=1980.0, temperature_c=61.0),
+    _sample(3.0, 200.0, gpu_util_pct=90.0, memory_used_bytes=2_000, sm_clock_mhz=1500.0, temperature_c=55.0),
 ]
 
 
@@ -71,7 +68,10 @@ def test_trapezoid_bridges_a_missing_power_reading_and_needs_two_readings() -> N
 
 def test_summarise_prefers_the_energy_counter_and_reduces_each_field() -> None:
     summary = summarise(
-        TRACE, (5_000_000, 5_612_345), device_name="NVIDIA H100 80GB HBM3", interval_s=1.0,
+        TRACE,
+        (5_000_000, 5_612_345),
+        device_name="NVIDIA H100 80GB HBM3",
+        interval_s=1.0,
         window_s=3.0,
     )
     assert summary["available"] is True and summary["reason"] is None

@@ -36,7 +36,9 @@ def run_ranks(world: int, out: Path, *args: str, timeout: float = 180) -> dict:
         subprocess.Popen(
             [sys.executable, str(WORKER), "--out", str(out), *args],
             env=clean_env(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )  # fmt: skip
         for r in range(world)
     ]
@@ -182,9 +184,7 @@ def test_dcp_checkpoint_mid_run_resumes_to_the_same_weights(tmp_path):
     common = ("--strategy", "fsdp", "--optimizer", "adamw")
     straight = run_ranks(2, tmp_path / "straight.pt", *common, "--steps", "4")
     run_ranks(2, tmp_path / "first.pt", *common, "--steps", "2", "--save-dcp", str(tmp_path / "step-00000002.dcp"))
-    resumed = run_ranks(
-        2, tmp_path / "resumed.pt", *common, "--steps", "2", "--first-step", "2", "--load-dcp", str(tmp_path / "step-00000002.dcp")
-    )
+    resumed = run_ranks(2, tmp_path / "resumed.pt", *common, "--steps", "2", "--first-step", "2", "--load-dcp", str(tmp_path / "step-00000002.dcp"))
     assert_same_weights(resumed["state"], straight["state"], rtol=0, atol=0)
 
 
@@ -354,7 +354,9 @@ def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel
     reference_args = [*common, "--checkpoint-dir", str(tmp_path / "ref"), "--record", str(tmp_path / "ref.json")]
     reference = python_train(reference_args) if reference_world == 1 else torchrun(reference_world, reference_args, timeout=240)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    result = torchrun(world, [*common, "--parallel", strategy, *extra, "--checkpoint-dir", str(tmp_path / "tp"), "--record", str(tmp_path / "tp.json")], timeout=300)
+    result = torchrun(
+        world, [*common, "--parallel", strategy, *extra, "--checkpoint-dir", str(tmp_path / "tp"), "--record", str(tmp_path / "tp.json")], timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     record = load_record(tmp_path / "tp.json")
     if strategy == "tp":

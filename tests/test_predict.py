@@ -14,8 +14,8 @@ import pytest
 
 from scalerepro.analysis import predict
 from scalerepro.analysis.tables import aggregate, prediction_error
-from scalerepro.analysis.tables.prediction_error import error_table_of
 from scalerepro.analysis.tables.network_model import HierarchicalNetwork, read_clusters, read_prediction_error
+from scalerepro.analysis.tables.prediction_error import error_table_of
 from scalerepro.analysis.tables.scaling_model import (
     FsdpProfile,
     RingNetwork,
@@ -24,7 +24,6 @@ from scalerepro.analysis.tables.scaling_model import (
     simulate_fsdp_step,
     simulate_step,
 )
-
 from scalerepro.common.references import load_references
 
 from analysis_fixtures import REPO, Study, make_record, validate

@@ -38,8 +38,6 @@ def nsys_sqlite(tmp_path_factory):
     return builder.build(tmp_path_factory.mktemp("nsys") / "rank0.sqlite")
 
 
-
-
 @pytest.fixture(scope="module")
 def peaks():
     return roofline.gpu_peaks("h100_sxm", "bf16")
@@ -441,7 +439,6 @@ NCCL_KERNELS = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_AllReduce
 
 
 def _ncu_command(names=None):
-
     return nsight.command("ncu", "0", "/out", 0, ["python", "-m", "scalerepro.training.train"], names,
                                 nsight.tensor_pipe_metrics(9))  # fmt: skip
 
@@ -492,8 +489,10 @@ def test_the_tensor_pipe_metric_follows_the_gpu_generation(capsys):
     assert nsight.tensor_pipe_metrics(8) == ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",)
     # Hopper: one cycles counter for wgmma and mma.sync (ncu 2025.3 knows no gmma cycles counter on an
     # H100), and the wgmma instruction count that tells them apart
-    assert nsight.tensor_pipe_metrics(9) == ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
-                                                   "sm__inst_executed_pipe_tensor_op_gmma.sum")
+    assert nsight.tensor_pipe_metrics(9) == (
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+        "sm__inst_executed_pipe_tensor_op_gmma.sum",
+    )
     assert nsight.tensor_pipe_metrics(12) == ()
     (line,) = capsys.readouterr().err.splitlines()
     assert "no tensor-pipe metric known for compute capability 12.x" in line
@@ -554,7 +553,7 @@ def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, 
     assert pd.read_csv(tables_dir / "profiling_roofline.csv").loc[0, "missing"].startswith("duration (1 of 1 launches)")
     page = report.render(tables_dir, tmp_path / "no-plots", tmp_path / "none.json", tmp_path / "none.json",
                          REPO / "config/references.yaml", REPO / "report")  # fmt: skip
-    shown = page[page.index('id="profile-strong-resnet50-g8-r1"'):]
+    shown = page[page.index('id="profile-strong-resnet50-g8-r1"') :]
     for warning in summary["warnings"]:
         assert f"<li>{markupsafe.escape(warning)}</li>" in shown
     assert "Not measured</th>" in shown and "<td>duration (1 of 1 launches)</td>" in shown

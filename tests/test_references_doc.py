@@ -63,11 +63,7 @@ def test_no_section_for_an_unknown_id():
 
 def test_each_section_states_the_value():
     sections = _sections()
-    wrong = [
-        f"{ref['id']}: {ref['value']}"
-        for ref in _references()
-        if ref["id"] in sections and not _value_pattern(ref["value"]).search(sections[ref["id"]])
-    ]
+    wrong = [f"{ref['id']}: {ref['value']}" for ref in _references() if ref["id"] in sections and not _value_pattern(ref["value"]).search(sections[ref["id"]])]
     assert not wrong, f"these sections do not state the YAML's value: {wrong}"
 
 
@@ -85,8 +81,7 @@ def test_nothing_points_outside_the_repository():
         files += [
             path
             for path in (REPO / top).rglob("*")
-            if path.is_file()
-            and not any(part in _SKIP_DIRS or part.endswith(".egg-info") for part in path.relative_to(REPO).parts)
+            if path.is_file() and not any(part in _SKIP_DIRS or part.endswith(".egg-info") for part in path.relative_to(REPO).parts)
         ]
     offenders = []
     for path in files:

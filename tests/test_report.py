@@ -152,8 +152,7 @@ def _run_rows(evil: bool) -> list[dict]:
     failures = {
         ("bert_base", 8, 2): (
             "failed",
-            "DistBackendError: NCCL error in ProcessGroupNCCL.cpp:1970, remote process "
-            "exited or there was a network error, NCCL version 2.21.5",
+            "DistBackendError: NCCL error in ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error, NCCL version 2.21.5",
         ),
         ("resnet50", 8, 3): ("preempted", "stopped by SIGTERM at step 143; checkpoint written, rerun resumes"),
     }
@@ -203,9 +202,7 @@ def _scaling(runs: pd.DataFrame) -> pd.DataFrame:
         )
     frame = pd.DataFrame(out)
     base = frame[frame.gpus == 1].set_index(["study", "model"]).samples_per_s_median
-    frame["speedup"] = [
-        row.samples_per_s_median / base.get((row.study, row.model), float("nan")) for row in frame.itertuples()
-    ]
+    frame["speedup"] = [row.samples_per_s_median / base.get((row.study, row.model), float("nan")) for row in frame.itertuples()]
     frame["ideal_speedup"] = frame.gpus.astype(float)
     frame["efficiency"] = frame.speedup / frame.ideal_speedup
     frame["note"] = frame.repeats_ok.map(lambda ok: "" if ok else "no completed repeat")
@@ -362,9 +359,7 @@ def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sampl
     topology = (
         "\tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tNIC0\tCPU Affinity\tNUMA Affinity\n"
         + "".join(
-            f"GPU{i}\t"
-            + "\t".join("X" if i == j else "NV18" for j in range(8))
-            + f"\tPIX\t{0 if i < 4 else 56}-{55 if i < 4 else 111}\t{i // 4}\n"
+            f"GPU{i}\t" + "\t".join("X" if i == j else "NV18" for j in range(8)) + f"\tPIX\t{0 if i < 4 else 56}-{55 if i < 4 else 111}\t{i // 4}\n"
             for i in range(8)
         )
         + "\nLegend:\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLinks\n"
@@ -701,10 +696,7 @@ def test_cost_and_reproducibility(study):
     assert '<th scope="row">Total</th>' in cost
     repro = section(page, "reproducibility")
     assert "7333a9c6cdfbdc5a5b41d26536c88629aaf3162c" in repro
-    assert (
-        "<details" in repro
-        and "snakemake --cores all --forcerun results/runs/strong_resnet50_g1_r1/record.json" in repro
-    )
+    assert "<details" in repro and "snakemake --cores all --forcerun results/runs/strong_resnet50_g1_r1/record.json" in repro
     assert "--forcerun &lt;rule&gt;" in repro
     assert "&#34;resolved_gpu_counts&#34;" in repro or "&quot;resolved_gpu_counts&quot;" in repro  # the config, escaped
     assert "2.6.0a0+ecf3bae40a.nv25.01" in repro and 'href="#inventory-software"' in repro
@@ -713,11 +705,7 @@ def test_cost_and_reproducibility(study):
 
 def test_number_formats():
     assert formatting.fmt_rate(21111.4) == "21,111" and formatting.fmt_rate(45.27) == "45" and formatting.fmt_rate(3.14159) == "3.1"
-    assert (
-        formatting.fmt_auto(0.05123) == "0.0512"
-        and formatting.fmt_auto(20.974) == "20.97"
-        and formatting.fmt_auto(467.53) == "467.5"
-    )
+    assert formatting.fmt_auto(0.05123) == "0.0512" and formatting.fmt_auto(20.974) == "20.97" and formatting.fmt_auto(467.53) == "467.5"
     assert formatting.fmt_percent(0.9312) == "93.1 %" and formatting.fmt_percent_value(96.54) == "96.5 %"
     assert formatting.fmt_gain(0.3104) == "+31.0 %" and formatting.fmt_gain(-0.04) == "−4.0 %"
     assert formatting.fmt_bytes(1024) == "1 KiB" and formatting.fmt_bytes(268435456) == "256 MiB"
@@ -738,9 +726,7 @@ def test_missing_and_empty_inputs_are_holes_not_crashes(tmp_path):
     (tables / "scaling.csv").write_text("study,model,gpus,samples_per_s_median\n")  # header only
     (tables / "checks.csv").write_text("check,target,value,status,detail\n")
     # sensitivity, ablation, communication, comparison, cost: absent
-    page = report.render(
-        tables, tmp_path / "no-plots", tmp_path / "none.json", tmp_path / "none.json", REFERENCES, TEMPLATES
-    )
+    page = report.render(tables, tmp_path / "no-plots", tmp_path / "none.json", tmp_path / "none.json", REFERENCES, TEMPLATES)
     assert page.count("Figure missing:") == len(report.FIGURE_NAMES)
     assert "<img" not in page
     assert "Not measured: runs.csv has no rows: there are no runs" in section(page, "summary")
@@ -763,9 +749,7 @@ def test_a_cpu_study_says_why_gpu_figures_are_missing(tmp_path):
     runs.loc[recorded, ["device_type", "device_name"]] = ["cpu", "AMD EPYC 7763 64-Core Processor"]
     runs.to_csv(paths["tables"] / "runs.csv", index=False)
     inventory = json.loads(paths["inventory"].read_text())
-    inventory.update(
-        gpus=[], gpu_reason="NVML could not be initialised: NVML Shared Library Not Found", nvidia_smi_topo=None
-    )
+    inventory.update(gpus=[], gpu_reason="NVML could not be initialised: NVML Shared Library Not Found", nvidia_smi_topo=None)
     paths["inventory"].write_text(json.dumps(inventory))
     page = render_study(paths, tmp_path / "index.html")
     assert "ranks, not GPUs" in section(page, "summary")
@@ -848,9 +832,7 @@ def test_noisy_cells_are_flagged_in_tables_and_summary(tmp_path):
 
 def test_missing_optional_columns_show_a_dash(tmp_path):
     paths = write_study(tmp_path)
-    scaling = pd.read_csv(paths["tables"] / "scaling.csv").drop(
-        columns=["epoch_time_s", "ideal_speedup", "repeats_total"]
-    )
+    scaling = pd.read_csv(paths["tables"] / "scaling.csv").drop(columns=["epoch_time_s", "ideal_speedup", "repeats_total"])
     scaling.to_csv(paths["tables"] / "scaling.csv", index=False)
     runs = pd.read_csv(paths["tables"] / "runs.csv").drop(columns=["error", "git_dirty", "consistent", "mfu"])
     runs.to_csv(paths["tables"] / "runs.csv", index=False)
@@ -1005,28 +987,18 @@ class Chromium:
     def problems(self, session: str) -> dict[str, list]:
         """What a reader's browser would complain about: images that did not load, console
         errors and exceptions, and requests for anything but the file itself and data: URIs."""
-        images = json.loads(
-            self.call("Runtime.evaluate", {"expression": IMAGES_JS, "returnByValue": True}, session)["result"]["value"]
-        )
+        images = json.loads(self.call("Runtime.evaluate", {"expression": IMAGES_JS, "returnByValue": True}, session)["result"]["value"])
         mine = [event for event in self.events if event.get("sessionId") == session]
         errors = [
-            event["params"]["entry"]["text"]
-            for event in mine
-            if event.get("method") == "Log.entryAdded" and event["params"]["entry"]["level"] == "error"
+            event["params"]["entry"]["text"] for event in mine if event.get("method") == "Log.entryAdded" and event["params"]["entry"]["level"] == "error"
         ]
         errors += [
             str(event["params"]["args"])
             for event in mine
             if event.get("method") == "Runtime.consoleAPICalled" and event["params"]["type"] in ("error", "assert")
         ]
-        errors += [
-            event["params"]["exceptionDetails"]["text"]
-            for event in mine
-            if event.get("method") == "Runtime.exceptionThrown"
-        ]
-        requests = [
-            event["params"]["request"]["url"] for event in mine if event.get("method") == "Network.requestWillBeSent"
-        ]
+        errors += [event["params"]["exceptionDetails"]["text"] for event in mine if event.get("method") == "Runtime.exceptionThrown"]
+        requests = [event["params"]["request"]["url"] for event in mine if event.get("method") == "Network.requestWillBeSent"]
         return {
             "images": images,
             "broken_images": [image for image in images if not image["complete"] or image["naturalWidth"] == 0],
@@ -1069,9 +1041,7 @@ def test_report_in_headless_chromium(study, tmp_path):
     # A negative control: a copy of the report with a broken image and a console error, to
     # prove that the checks below can fail.
     broken = tmp_path / "broken.html"
-    broken.write_text(
-        page.replace("<main>", '<main><img src="no-such-figure.png"><script>console.error("planted")</script>', 1)
-    )
+    broken.write_text(page.replace("<main>", '<main><img src="no-such-figure.png"><script>console.error("planted")</script>', 1))
     browser = Chromium(tmp_path / "profile", tmp_path / "chromium.log")
     try:
         session = browser.open_page(out.as_uri(), 1400, 3000)

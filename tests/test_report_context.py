@@ -23,7 +23,6 @@ import pytest
 import yaml
 
 from scalerepro.analysis.presentation import report
-
 from test_report import REFERENCES, TEMPLATES, section, write_study
 
 

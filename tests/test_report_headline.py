@@ -22,11 +22,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from h100_report import H100_RECORDS, visible
 from scalerepro.analysis import rebuild
 from scalerepro.analysis.presentation import inputs, report
 from scalerepro.analysis.tables import checking
 from scalerepro.common import gpu_peaks
+
+from h100_report import H100_RECORDS, visible
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_H100_STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results"
@@ -106,10 +107,14 @@ def test_the_headline_gives_each_model_its_best_figure_with_what_it_takes_to_rea
     tokens = record["batch"]["global"] * record["model"]["tokens_per_sample"]
     steps = record["measurements"]["step_time_s"]
     row = language[1]["llama_1b"]
-    assert row["Spread"] == f"{tokens / steps['p90']:,.0f} – {tokens / steps['p10']:,.0f} n=1: its p10 – p90 steps, of {record['measurements']['measured_steps']}"
+    assert (
+        row["Spread"] == f"{tokens / steps['p90']:,.0f} – {tokens / steps['p10']:,.0f} n=1: its p10 – p90 steps, of {record['measurements']['measured_steps']}"
+    )
     nvml = record["measurements"]["nvml"]
     clock = row["Clock and power (NVML)"]
-    assert clock.startswith(f"SM {nvml['sm_clock_mean_mhz']:,.0f} MHz of 1,980 {nvml['power_mean_w']:.0f} W of 700 W per GPU, {nvml['temperature_max_c']:.0f} °C max")
+    assert clock.startswith(
+        f"SM {nvml['sm_clock_mean_mhz']:,.0f} MHz of 1,980 {nvml['power_mean_w']:.0f} W of 700 W per GPU, {nvml['temperature_max_c']:.0f} °C max"
+    )
     assert "clock events not recorded (before schema 4)" in clock
     mfu = row[f"MFU vs {peak:.0f} TFLOP/s dense bf16 (H100 SXM5)"]
     assert mfu == f"{100 * llama.mfu:.1f} % {100 * llama.mfu * 1980 / nvml['sm_clock_mean_mhz']:.1f} % at the clock held"
@@ -168,8 +173,10 @@ def test_gpu_utilisation_is_judged_on_the_worst_run(h100_report):
     assert row["detail"].startswith(f"worst run_id {worst['run_id']}: ")
     summary = h100_report.html.split('id="checks"')[1].split('id="headline"')[0]
     check = text(re.search(r"<tr><td>gpu_utilisation</td>(.*?)</tr>", summary, re.S).group(1))
-    assert check.startswith(f"GPU utilisation of every completed run: the worst gpu_util_mean_pct > 80.0% over the runs rows where counts = True "
-                            f"{worst['gpu_util_mean_pct']:.1f}% — fail "), check
+    assert check.startswith(
+        f"GPU utilisation of every completed run: the worst gpu_util_mean_pct > 80.0% over the runs rows where counts = True "
+        f"{worst['gpu_util_mean_pct']:.1f}% — fail "
+    ), check
     assert "record_ddp_w1" not in row["detail"] and runs["run_id"].str.contains("record_").sum() == 0
 
 

@@ -28,10 +28,10 @@ import pytest
 from scalerepro.analysis.presentation import inputs, plots, report
 from scalerepro.analysis.tables import aggregate
 from scalerepro.telemetry import inventory
+from test_report import CHROMIUM, Chromium
 
 from analysis_fixtures import REPO, Study, write_gpu_study
 from h100_report import RebuiltStudy, rebuild_kept_study
-from test_report import CHROMIUM, Chromium
 
 REFERENCES = REPO / "config" / "references.yaml"
 TEMPLATES = REPO / "report"

@@ -177,7 +177,7 @@ def test_like_for_like_allows_the_same_precision_class_and_any_batch_but_not_oth
 def test_the_references_beside_no_measurement_are_one_folded_compact_table(h100_report):
     section = _comparison(h100_report.html)
     ids = [ref["id"] for ref in yaml.safe_load(REFERENCES.read_text())["references"]]
-    context = section[section.index('<h3 id="context">'):section.index('<h3 id="peaks">')]
+    context = section[section.index('<h3 id="context">') : section.index('<h3 id="peaks">')]
     # one table, folded (a <details> without `open`), a row for each reference not shown above
     assert context.count("<table") == 1 and context.count("<details") == 1 and "<details open" not in context
     rows = re.findall(r"<tr>\s*<td><code>([^<]+)</code>", context)
@@ -189,5 +189,5 @@ def test_the_references_beside_no_measurement_are_one_folded_compact_table(h100_
             "framework: MXNet (NVIDIA Release 23.04) + Horovod, ours PyTorch") in text  # fmt: skip
     assert "22,059 samples/s (whole job)" in text  # a whole-job figure is never called a per-GPU one
     # no reproduce run here: no table of dozens of "not comparable" rows in front of the reader
-    reproduction = section[section.index('<h3 id="reproduction">'):section.index('<h3 id="context">')]
+    reproduction = section[section.index('<h3 id="reproduction">') : section.index('<h3 id="context">')]
     assert "<table" not in reproduction and "not comparable" not in section and "This study ran no <code>reproduce</code> run" in reproduction

@@ -20,8 +20,7 @@ import pytest
 import torch.distributed as dist
 
 from scalerepro.analysis.tables import aggregate, prediction_error
-from scalerepro.analysis.tables.network_model import HierarchicalNetwork
-from scalerepro.analysis.tables.network_model import read_links
+from scalerepro.analysis.tables.network_model import HierarchicalNetwork, read_links
 from scalerepro.analysis.tables.scaling_model import (
     PROPORTIONAL_BOUND,
     FsdpProfile,
@@ -156,9 +155,7 @@ def test_bucket_layout_follows_ddp():
     order = list(reversed(range(len(params))))
     first, cap = buckets.bucket_caps_bytes(0.1)
     layout = buckets.bucket_layout(sizes, order, first, cap)
-    expected, _ = dist._compute_bucket_assignment_by_size(
-        [params[i] for i in order], [first, cap], [False] * len(order), order
-    )
+    expected, _ = dist._compute_bucket_assignment_by_size([params[i] for i in order], [first, cap], [False] * len(order), order)
     assert layout == [list(b) for b in expected]
     assert sorted(i for bucket in layout for i in bucket) == list(range(len(params)))
     # DDP without bucket_cap_mb: a 1 MiB first bucket, then 25 MiB
@@ -194,7 +191,9 @@ def test_table_puts_prediction_beside_measurement_and_predicts_beyond(tmp_path):
         "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)],
     }  # fmt: skip
     s.add("strong", 1, 1, per_gpu_batch=32, record=validate(one))
-    s.add("strong", 2, 1, per_gpu_batch=16, record=_without_probe(make_record("strong_resnet50_g2_r1", per_gpu_batch=16, world_size=2, samples_per_s=32 / 15e-3)))
+    s.add(
+        "strong", 2, 1, per_gpu_batch=16, record=_without_probe(make_record("strong_resnet50_g2_r1", per_gpu_batch=16, world_size=2, samples_per_s=32 / 15e-3))
+    )
     # 2-GPU benchmark of the RING network above: t = S / 1 GB/s
     comm = write_comm(tmp_path / "g2.json", 2, 1, {s: s / 1e9 * 1e6 for s in (1 << 20, 1 << 24)})
     references = tmp_path / "references.yaml"
@@ -264,8 +263,7 @@ def _strong_study(tmp_path, gpus_per_node: int, global_batch: int, micro_1: int,
     _agreeing(one)
     s.add("strong", 1, 1, per_gpu_batch=micro_1, grad_accum_steps=accum_1, record=validate(one))
     micro_2 = global_batch // 2 // max(1, accum_1 // 2)
-    two = make_record("strong_resnet50_g2_r1", per_gpu_batch=micro_2, world_size=2, grad_accum_steps=max(1, accum_1 // 2),
-                      samples_per_s=global_batch / 30e-3)
+    two = make_record("strong_resnet50_g2_r1", per_gpu_batch=micro_2, world_size=2, grad_accum_steps=max(1, accum_1 // 2), samples_per_s=global_batch / 30e-3)
     s.add("strong", 2, 1, per_gpu_batch=micro_2, grad_accum_steps=max(1, accum_1 // 2), record=_without_probe(two))
     matrix = pd.read_csv(s.write_matrix())
     matrix["global_batch"] = global_batch  # the same at every N (scaling.strong.global_batch)
@@ -359,8 +357,19 @@ def test_two_gloo_ranks_real_buckets_and_benchmark_drive_the_prediction(tmp_path
     ]  # fmt: skip
     for gpus in (1, 2):
         samples = str(1024 * gpus)
-        _run([*torchrun, f"--nproc-per-node={gpus}", *common, "--synthetic-samples", samples, "--record", str(tmp_path / f"g{gpus}.json"),
-              "--run-id", f"weak_cnn_g{gpus}_r1"])  # the matrix's run id below: the analysis refuses another run's record
+        _run(
+            [
+                *torchrun,
+                f"--nproc-per-node={gpus}",
+                *common,
+                "--synthetic-samples",
+                samples,
+                "--record",
+                str(tmp_path / f"g{gpus}.json"),
+                "--run-id",
+                f"weak_cnn_g{gpus}_r1",
+            ]
+        )  # the matrix's run id below: the analysis refuses another run's record
     sizes = [str(4**k) for k in range(6, 12)]  # 4 KiB .. 4 MiB: the buckets' sizes and enough range for B
     _run([*torchrun, "--nproc-per-node=2", "-m", "scalerepro.training.commbench", "--out", str(tmp_path / "comm.json"),
           "--device", "cpu", "--sizes", *sizes, "--iterations", "30"])  # fmt: skip

@@ -97,8 +97,6 @@ def test_slurm_facts_minimal_job_leaves_the_rest_none() -> None:
     assert facts["array_task_id"] is None and facts["restart_count"] is None
 
 
-
-
 # nvidia-smi -L's listing: a line per GPU, and under a GPU in MIG mode a line per instance (the
 # layout of NVIDIA's MIG user guide; GPU 0's UUID is the H100 lent to issue 24's session)
 NVIDIA_SMI_L = """GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-e7038405-b552-3705-127c-81a8843d7291)

@@ -231,7 +231,9 @@ def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env
         "sensitivity": {"enabled": False}, "ablation": {"enabled": False}, "communication": {"enabled": False},
     })  # fmt: skip
     run = "strong_cnn_g1_r1"
-    result = _snakemake(workdir, env, f"results/runs/{run}/record.json", *PROFILE_ARGS, "--retries", "0", "--configfile", "config/ci.yaml", str(STUDY), config, timeout=300)
+    result = _snakemake(
+        workdir, env, f"results/runs/{run}/record.json", *PROFILE_ARGS, "--retries", "0", "--configfile", "config/ci.yaml", str(STUDY), config, timeout=300
+    )
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "Error in rule train" in output

@@ -183,7 +183,8 @@ def test_the_bottleneck_summary_of_the_kept_study(study):
     resnet18 = {row[0]: row[1:] for row in rows["resnet18_cifar"]}
     assert list(resnet18) == ["memory-bound normalisation and elementwise kernels", "the 3-channel stem on the CUDA cores"]
     assert resnet18["memory-bound normalisation and elementwise kernels"][0] == (
-        "50 % of the captured kernel time (one launch per configuration), at 78–90 % of DRAM bandwidth (the middle half of their time)")
+        "50 % of the captured kernel time (one launch per configuration), at 78–90 % of DRAM bandwidth (the middle half of their time)"
+    )
     evidence, lever = resnet18["the 3-channel stem on the CUDA cores"]
     assert evidence.startswith("the longest convolution, convolve_common_engine_float_NHWC")
     assert "(311 µs, 14.1 TFLOP/s = 21 % of the FP32 CUDA cores roof)" in evidence

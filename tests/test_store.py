@@ -144,10 +144,7 @@ def _appended(study_dir: Path, store_path: Path) -> dict:
 def _dump(store_path: Path) -> dict[str, list]:
     """Every row of the store's tables, for before/after comparisons."""
     with duckdb.connect(str(store_path), read_only=True) as connection:
-        return {
-            table: sorted(map(repr, connection.execute(f"SELECT * FROM {table}").fetchall()))
-            for table in ("store_meta", "studies", "runs", "imports")
-        }
+        return {table: sorted(map(repr, connection.execute(f"SELECT * FROM {table}").fetchall())) for table in ("store_meta", "studies", "runs", "imports")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,12 +165,8 @@ def test_a_study_appended_twice_is_stored_once(studies, tmp_path):
     )
     assert _dump(history) == before and len(before["studies"]) == 1 and len(before["runs"]) == 2 * REPEATS
     with duckdb.connect(str(history), read_only=True) as connection:
-        row = connection.execute(
-            "SELECT study_id, config_hash, git_commit, cluster, node_list, runs, runs_ok FROM studies"
-        ).fetchone()
-        records = connection.execute(
-            "SELECT run_id, record, json_extract_string(record, '$.knobs.loader') FROM runs"
-        ).fetchall()
+        row = connection.execute("SELECT study_id, config_hash, git_commit, cluster, node_list, runs, runs_ok FROM studies").fetchone()
+        records = connection.execute("SELECT run_id, record, json_extract_string(record, '$.knobs.loader') FROM runs").fetchall()
     study_id, digest, commit, cluster, nodes, runs, runs_ok = row
     assert study_id == first["study_id"] and study_id.startswith(digest[:12] + "-") and (runs, runs_ok) == (12, 12)
     inventory = json.loads((studies["baseline"] / "results/inventory/system.json").read_text())
@@ -186,10 +179,25 @@ def test_two_processes_appending_at_once_both_land(studies, tmp_path):
     history = tmp_path / "history.duckdb"
     writers = [
         subprocess.Popen(
-            [sys.executable, "-m", "scalerepro.analysis.history.store", "append", "--store", str(history),
-             "--matrix", "results/tables/matrix.csv", "--config", "results/tables/config.json",
-             "--inventory", "results/inventory/system.json"],
-            cwd=directory, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "scalerepro.analysis.history.store",
+                "append",
+                "--store",
+                str(history),
+                "--matrix",
+                "results/tables/matrix.csv",
+                "--config",
+                "results/tables/config.json",
+                "--inventory",
+                "results/inventory/system.json",
+            ],
+            cwd=directory,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for directory in studies.values()
     ]
@@ -241,9 +249,7 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
     cwd = os.getcwd()
     os.chdir(studies["baseline"])  # the matrix's record paths are relative to the study directory
     try:
-        baseline = study_rows.read_study(
-            "results/tables/matrix.csv", "results/tables/config.json", "results/inventory/system.json"
-        )
+        baseline = study_rows.read_study("results/tables/matrix.csv", "results/tables/config.json", "results/inventory/system.json")
     finally:
         os.chdir(cwd)
     with duckdb.connect(str(history)) as connection:  # a store as version 1 wrote it: its tables and column names
@@ -266,12 +272,9 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
     receipt = _appended(studies["candidate"], history)  # a writable open migrates
     with duckdb.connect(str(history), read_only=True) as connection:
         assert store_file.schema_version(connection) == store_file.STORE_SCHEMA_VERSION == 5
-        assert (
-            connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
-        )
+        assert connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
         assert (  # version 1's rows as they were, each run its own (record_of "", the column version 5 added)
-            connection.execute("SELECT * FROM runs WHERE study_id = ? ORDER BY run_id", [baseline.study_id]).fetchall()
-            == [(*row, "") for row in old_rows]
+            connection.execute("SELECT * FROM runs WHERE study_id = ? ORDER BY run_id", [baseline.study_id]).fetchall() == [(*row, "") for row in old_rows]
         )
         assert connection.execute("SELECT count(*) FROM imports").fetchone() == (0,)
     assert receipt["new_study"] and receipt["studies_in_store"] == 2
@@ -320,9 +323,7 @@ def _commands(history: Path, exported: dict[str, Path]) -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize("case", DAMAGED_STORES, ids=[case[0] for case in DAMAGED_STORES])
-def test_a_damaged_or_foreign_store_is_one_line_for_every_command_and_is_left_as_it_was(
-    studies, exported, tmp_path, capsys, monkeypatch, case
-):
+def test_a_damaged_or_foreign_store_is_one_line_for_every_command_and_is_left_as_it_was(studies, exported, tmp_path, capsys, monkeypatch, case):
     """Each of these was a DuckDB or pandas traceback (or, for a dropped table, an empty listing)."""
     name, damage, expected = case
     history = tmp_path / "history.duckdb"
@@ -516,17 +517,13 @@ def test_selectors_name_the_study_or_say_in_one_line_why_not(studies, tmp_path):
                                (f"{cluster}:nosuchpartition", f"no study in the store matches '{cluster}:nosuchpartition'"),
                                (prefix, f"'{prefix}' is the start of 2 study ids")):  # fmt: skip
         result = _python("-m", "scalerepro.analysis.history.compare", selector, "latest", "--store", str(history))
-        assert (
-            result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr
-        ), result.stderr
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr, result.stderr
     only = tmp_path / "only.duckdb"
     _appended(studies["baseline"], only)
     alone = _python("-m", "scalerepro.analysis.history.compare", "latest", "latest", "--store", str(only))
     assert alone.returncode == 2 and "'latest': the store has no study other than" in alone.stderr, alone.stderr
     missing = _python("-m", "scalerepro.analysis.history.compare", "a", "b", "--store", str(tmp_path / "none.duckdb"))
-    assert (
-        missing.returncode == 2 and "no results store at" in missing.stderr and not (tmp_path / "none.duckdb").exists()
-    )
+    assert missing.returncode == 2 and "no results store at" in missing.stderr and not (tmp_path / "none.duckdb").exists()
 
 
 def test_a_cluster_named_with_a_colon_is_selected_alone_or_with_its_partition(studies, tmp_path):
@@ -671,12 +668,8 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
         assert b.execute("SELECT bundle_sha256, study_id FROM imports").fetchall() == [(digest, study_id)]
     for path in (exported["study"] / "results").rglob("*"):
         if path.is_file():  # every file the study wrote is in the bundle, byte for byte
-            assert (
-                unpacked / "results" / path.relative_to(exported["study"] / "results")
-            ).read_bytes() == path.read_bytes()
-    checked = subprocess.run(
-        ["sha256sum", "--check", "--quiet", bundle.MANIFEST], cwd=unpacked, capture_output=True, text=True
-    )
+            assert (unpacked / "results" / path.relative_to(exported["study"] / "results")).read_bytes() == path.read_bytes()
+    checked = subprocess.run(["sha256sum", "--check", "--quiet", bundle.MANIFEST], cwd=unpacked, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     again = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(other))
     assert again.returncode == 0 and "already in the store, unchanged" in again.stdout
@@ -692,9 +685,7 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
     assert root["mainEntity"] == {"@id": "Snakefile"} and "ComputationalWorkflow" in graph["Snakefile"]["@type"]
     action = graph[root["mentions"][0]["@id"]]
     assert action["@type"] == "CreateAction" and action["instrument"] == {"@id": "Snakefile"}
-    assert action["object"] == [{"@id": "results/tables/config.json"}] or action["object"] == {
-        "@id": "results/tables/config.json"
-    }
+    assert action["object"] == [{"@id": "results/tables/config.json"}] or action["object"] == {"@id": "results/tables/config.json"}
     results = {ref["@id"] for ref in action["result"]}
     assert "results/runs/strong_cnn_g1_r1/record.json" in results and "results/tables/matrix.csv" in results
     commands = (unpacked / "commands.sh").read_text()
@@ -760,9 +751,10 @@ def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(st
         unpack = ["--extract", str(tmp_path / name)] if name in ("tampered", "truncated") else []
         result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(path), "--store", str(history), *unpack, *extra)
         lines = result.stderr.strip().splitlines()
-        assert (
-            result.returncode == 2 and len(lines) == 1 and lines[0].startswith("scalerepro.analysis.history.bundle: error: ") and expected in lines[0]
-        ), (name, result.stderr)
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("scalerepro.analysis.history.bundle: error: ") and expected in lines[0], (
+            name,
+            result.stderr,
+        )
         assert not (tmp_path / name).exists(), name  # nothing unpacked
         assert history.read_bytes() == before_bytes and _dump(history) == before, name
 
@@ -988,14 +980,9 @@ def test_the_report_shows_history_and_the_baseline_comparison(studies, tmp_path)
     _appended(studies["baseline"], history)
     for name in ("history.csv", "store.json"):
         shutil.copy(studies["baseline"] / "results/tables" / name, tables / name)
-    first = report.render(
-        tables, None, None, tables / "config.json", None, REPO / "report", history_path=tables / "history.csv"
-    )
+    first = report.render(tables, None, None, tables / "config.json", None, REPO / "report", history_path=tables / "history.csv")
     section = first.split('<section id="history">')[1].split("</section>")[0]
-    assert (
-        "This is the first study in the results store <code>results/history.duckdb</code>: there is no history yet."
-        in section
-    )
+    assert "This is the first study in the results store <code>results/history.duckdb</code>: there is no history yet." in section
     assert "No baseline set." in section and "<img" not in section
 
     _appended(studies["candidate"], history)
@@ -1017,9 +1004,7 @@ def test_the_report_shows_history_and_the_baseline_comparison(studies, tmp_path)
         "history",
         "versus_baseline",
     )
-    assert (
-        drawn.returncode == 0 and "history: drawn" in drawn.stderr and "versus_baseline: drawn" in drawn.stderr
-    ), drawn.stderr
+    assert drawn.returncode == 0 and "history: drawn" in drawn.stderr and "versus_baseline: drawn" in drawn.stderr, drawn.stderr
     html = report.render(tables, plots, None, tables / "config.json", None, REPO / "report", history_path=tables / "history.csv",
                          versus_table_path=versus, versus_facts_path=facts)  # fmt: skip
     section = html.split('<section id="history">')[1].split("</section>")[0]

@@ -74,7 +74,12 @@ def test_a_flag_the_trainer_refuses_is_a_config_error_before_anything_runs():
 
 
 REFERENCES = [
-    {"id": "lambda-rn50-h100-1", "gpus": 1, "conditions": {"gpu": H100}, "trainer": {"model": "resnet50", "per_gpu_batch": 1280, "flags": ["--precision", "fp16"]}},
+    {
+        "id": "lambda-rn50-h100-1",
+        "gpus": 1,
+        "conditions": {"gpu": H100},
+        "trainer": {"model": "resnet50", "per_gpu_batch": 1280, "flags": ["--precision", "fp16"]},
+    },
     {"id": "lambda-rn50-h100-16", "gpus": 16, "conditions": {"gpu": H100}, "trainer": {"model": "resnet50", "per_gpu_batch": 1280, "flags": []}},
     {"id": "dle-rn50-a100-1", "gpus": 1, "conditions": {"gpu": "NVIDIA A100-SXM4-80GB"}, "trainer": {"model": "resnet50", "per_gpu_batch": 256, "flags": []}},
     {"id": "mlperf-rn50", "gpus": 1, "conditions": {"gpu": H100}, "trainer": None, "unmatched": "MXNet + DALI"},

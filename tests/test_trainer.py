@@ -575,7 +575,7 @@ def test_the_step_timer_reads_each_steps_input_waits_on_its_clock_and_drops_thos
     outside = timer.data_wait_started()
     timer.data_wait_ended(outside)
     assert outside is None
-    for step, (measured, fetches) in enumerate([(False, (0.02,)), (True, (0.01, 0.03)), (True, ())]):
+    for measured, fetches in [(False, (0.02,)), (True, (0.01, 0.03)), (True, ())]:
         timer.start()
         for seconds in fetches:
             started = timer.data_wait_started()

@@ -14,14 +14,15 @@ import subprocess
 import sys
 import threading
 import time
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import pandas as pd
 import pytest
 import yaml
 
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+
 from cifar_archive import Batch, official_files, write_archive
 from conftest import REPO, clean_env, learnable_cifar_split, load_record
 
@@ -43,6 +44,7 @@ def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.Com
 
 def _archive_batches(seed: int) -> dict[str, Batch]:
     """The five training batches and the test batch, learnable (class patterns), in CHW rows."""
+
     def rows(split):
         return Batch(split.images.transpose(0, 3, 1, 2).reshape(len(split.labels), 3072).copy(), split.labels.tolist())
 
@@ -300,7 +302,9 @@ def test_the_workflow_is_lint_clean_and_formatted():
     lint = snakemake(REPO, "--lint", "--configfile", "config/ci.yaml", timeout=120)
     assert lint.returncode == 0 and "Congratulations" in lint.stdout + lint.stderr, lint.stdout[-3000:]
     env = _env()
-    fmt = subprocess.run([str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow/rules"], cwd=REPO, env=env, capture_output=True, text=True)
+    fmt = subprocess.run(
+        [str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow/rules"], cwd=REPO, env=env, capture_output=True, text=True
+    )
     assert fmt.returncode == 0, fmt.stderr
 
 

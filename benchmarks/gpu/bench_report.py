@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 GOALS = {  # model: (figure, goal on one H100, unit)
     "resnet50": ("samples_per_s", 5000, "img/s"),
@@ -19,7 +20,7 @@ GOALS = {  # model: (figure, goal on one H100, unit)
 }
 failed = 0
 for path in sys.argv[1:]:
-    document = json.load(open(path))
+    document = json.loads(Path(path).read_text())
     flags = " ".join(document.get("flags") or []) or "preset as is"
     for model, runs in document["results"].items():
         key, goal, unit = GOALS.get(model, ("samples_per_s", None, "samples/s"))

@@ -33,5 +33,7 @@ for label, fn in (("eager", loss), ("torch.compile", torch.compile(loss))):
         logits.grad = None
     end.record()
     torch.cuda.synchronize()
-    print(f"GPT-2 loss fwd+bwd, 32768 x 50304 logits, {label}: {start.elapsed_time(end) / 10:.1f} ms/step, "
-          f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    print(
+        f"GPT-2 loss fwd+bwd, 32768 x 50304 logits, {label}: {start.elapsed_time(end) / 10:.1f} ms/step, "
+        f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+    )

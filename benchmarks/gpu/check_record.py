@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-from scalerepro.common import gpu_peaks
 from scalerepro.analysis.tables.readers import cuda_graph_replays
+from scalerepro.common import gpu_peaks
 
 path, on_cpu = sys.argv[1], "--cpu" in sys.argv[2:]
-record = json.load(open(path))
+record = json.loads(Path(path).read_text())
 m = record.get("measurements") or {}
 parallel, nvml, steps = record.get("parallel") or {}, m.get("nvml") or {}, m.get("step_time_s") or {}
 memory, comm, buckets = m.get("memory") or {}, m.get("exposed_communication") or {}, m.get("backward_buckets") or {}
@@ -55,7 +56,9 @@ if parallel.get("backend"):  # a process group: DDP's probes must have measured
     if cuda_graph_replays(record):
         need["window split not timed under CUDA graphs, and why"] = bool(split.get("reason"))
     else:
-        need["window split measured"] = split.get("reason") is None and split.get("steps") == m.get("measured_steps") and (split.get("compute_rank_mean_s") or 0) > 0
+        need["window split measured"] = (
+            split.get("reason") is None and split.get("steps") == m.get("measured_steps") and (split.get("compute_rank_mean_s") or 0) > 0
+        )
 if not on_cpu:
     expected_peak = gpu_peaks.gpu_model(record["hardware"]["gpu"]["name"])  # None: a GPU the table lacks
     need.update({

@@ -24,8 +24,7 @@ print(f"torch {torch.__version__} cuda {torch.version.cuda} cudnn {torch.backend
       f"nccl {torch.cuda.nccl.version() if cuda else None}")  # fmt: skip
 bf16, source = hardware.peak_flops(name, "bf16")
 where = "" if cuda else " (no CUDA here: the H100 SXM name from issue 11)"
-print(f"device {name!r}{where} -> peak table {gpu_peaks.gpu_model(name)!r}: bf16 {bf16} ({source[:60]}...) "
-      f"fp32 {hardware.peak_flops(name, 'fp32')[0]}")
+print(f"device {name!r}{where} -> peak table {gpu_peaks.gpu_model(name)!r}: bf16 {bf16} ({source[:60]}...) fp32 {hardware.peak_flops(name, 'fp32')[0]}")
 if "H100" in name and gpu_peaks.gpu_model(name) != "H100 SXM5":
     bad.append("the peak table did not pick H100 SXM5")
 if not cuda:

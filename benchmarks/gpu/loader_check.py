@@ -5,6 +5,7 @@ without CUDA it compares CPU with CPU (a rehearsal of the code path, not of the 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -22,10 +23,8 @@ splits = {
     split: cifar10.Split(rng.integers(0, 256, (count, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, count).astype(np.int64))
     for split, count in (("train", n), ("test", max(n // 8, 512)))
 }  # fmt: skip
-try:
+with contextlib.suppress(cifar10.DatasetError):  # written by an earlier stage
     cifar10.write(path, splits, source="random bytes (scalerepro GPU smoke test)")
-except cifar10.DatasetError:
-    pass  # written by an earlier stage
 train = splits["train"]
 sources = {
     "cifar10+augment": CifarImages(torch.from_numpy(train.images), torch.from_numpy(train.labels), True, 0),

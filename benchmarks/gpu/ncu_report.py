@@ -26,19 +26,25 @@ for problem in reading.problems:
     print(f"  problem: {problem}")
 print(frame[["id", "kernel", "duration", "tensor_pipe_pct", "flops", "dram_bytes"]].to_string(max_colwidth=60))
 peaks = gpu_peaks("h100_sxm", precision)
+
+
 def tflops(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 1e12:.1f}"
 
 
 for row in roofline(frame, peaks):
     fraction = "n/a" if row["flops_fraction"] is None else f"{row['flops_fraction']:.0%}"
-    print(f"ROOFLINE {row['kernel'][:56]:56s} x{row['launches']} {1e6 * row['duration_s']:9.1f} us  "
-          f"{tflops(row['achieved_flops_per_s'])} of {tflops(row['peak_flops_per_s'])} TFLOP/s ({fraction}, {row['peak']}) "
-          f"bound={row['bound']} tensor={row['tensor_work']}")
+    print(
+        f"ROOFLINE {row['kernel'][:56]:56s} x{row['launches']} {1e6 * row['duration_s']:9.1f} us  "
+        f"{tflops(row['achieved_flops_per_s'])} of {tflops(row['peak_flops_per_s'])} TFLOP/s ({fraction}, {row['peak']}) "
+        f"bound={row['bound']} tensor={row['tensor_work']}"
+    )
 # tensor-core work: the tensor pipe busy where the capture measured it, else a GEMM/conv name
 busy = frame["tensor_pipe_pct"].fillna(0) > 0
 named = frame["kernel"].map(lambda kernel: bool(GEMM_OR_CONV.search(kernel)))
 tensor_core = sorted(set(frame.loc[busy | (frame["tensor_pipe_pct"].isna() & named), "kernel"]))
-print(f"tensor-core kernels among the profiled: {len(tensor_core)} (tensor pipe busy: {int(busy.sum())} launches; "
-      f"GEMM/conv by name: {int(named.sum())}): {[k[:50] for k in tensor_core][:6]}")
+print(
+    f"tensor-core kernels among the profiled: {len(tensor_core)} (tensor pipe busy: {int(busy.sum())} launches; "
+    f"GEMM/conv by name: {int(named.sum())}): {[k[:50] for k in tensor_core][:6]}"
+)
 raise SystemExit(0 if tensor_core else 1)

@@ -28,9 +28,7 @@ from scalerepro.common import cpu_features
 from scalerepro.common.cli import CommandError, OneLineErrorParser
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
-CompileMode = Literal[
-    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
-]
+CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 Preset = Literal["baseline", "optimised"]
 Purpose = Literal["measurement", "smoke"]
 
@@ -137,7 +135,10 @@ def _opt(default: Any, help: str, **argparse_extra: Any) -> Any:
 
 @dataclass
 class ModelConfig:
-    model: str = _opt("resnet18_cifar", "model to train: cnn, resnet18_cifar, resnet50, vit_b_16, bert_base, gpt2_small, gpt2_medium, gpt2_large, gpt2_xl, llama_1b, llama3_8b")
+    model: str = _opt(
+        "resnet18_cifar",
+        "model to train: cnn, resnet18_cifar, resnet50, vit_b_16, bert_base, gpt2_small, gpt2_medium, gpt2_large, gpt2_xl, llama_1b, llama3_8b",
+    )
     image_size: int | None = _opt(None, "image side in pixels (default: the model's, or 32 for CIFAR-10)")
     num_classes: int | None = _opt(None, "classifier outputs (default: the model's, or 10 for CIFAR-10)")
     seq_len: int | None = _opt(None, "sequence length of the language models (default 128 bert_base, 1024 gpt2_*, 8192 llama_*)")
@@ -153,7 +154,10 @@ class ModelConfig:
 class DataConfig:
     data: str = _opt("synthetic", "'synthetic' or a prepared CIFAR-10 directory (written by the workflow's fetch rule)")
     synthetic_samples: int = _opt(50_000, "training samples in the synthetic dataset (one epoch)")
-    eval_samples: int | None = _opt(None, "held-out samples to evaluate (default: 16 eval batches per rank, at most 2048; the first of the CIFAR-10 test split, or synthetic; 10000 is the whole CIFAR-10 split)")
+    eval_samples: int | None = _opt(
+        None,
+        "held-out samples to evaluate (default: 16 eval batches per rank, at most 2048; the first of the CIFAR-10 test split, or synthetic; 10000 is the whole CIFAR-10 split)",
+    )
     augment: bool = _opt(True, "random crop (4-pixel padding) and horizontal flip on CIFAR-10")
     loader: Literal["dataloader", "device"] = _opt(
         "dataloader", "'dataloader': torch DataLoader + DistributedSampler; 'device': whole dataset resident on the device, augmented there"
@@ -181,7 +185,9 @@ class OptimConfig:
     label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy")
     grad_accum_steps: int = _opt(1, "micro-batches per optimizer step; under DDP the all-reduce runs on the last only (no_sync)")
     clip_grad_norm: float = _opt(0.0, "clip the global gradient norm to this value (0: off)")
-    optimizer_impl: Literal["foreach", "fused", "for-loop"] = _opt("foreach", "optimizer kernel implementation (for-loop under --parallel tp, where the others cannot run)")
+    optimizer_impl: Literal["foreach", "fused", "for-loop"] = _opt(
+        "foreach", "optimizer kernel implementation (for-loop under --parallel tp, where the others cannot run)"
+    )
 
 
 @dataclass
@@ -192,7 +198,9 @@ class ParallelConfig:
         "parallel strategy (scalerepro.parallel): ddp (DistributedDataParallel), fsdp (FSDP2 per block), tp (tensor parallel), "
         "fsdp+tp (2-D mesh, TP over --tp-size ranks), pp (GPT cut into one stage per rank, --pp-schedule over --microbatches)",
     )
-    reshard_after_forward: bool = _opt(True, "FSDP: free gathered parameters after each block's forward (ZeRO-3-like); --no-: keep them for backward (ZeRO-2-like)")
+    reshard_after_forward: bool = _opt(
+        True, "FSDP: free gathered parameters after each block's forward (ZeRO-3-like); --no-: keep them for backward (ZeRO-2-like)"
+    )
     tp_size: int | None = _opt(None, "tensor-parallel ranks per group under --parallel fsdp+tp (default: the ranks of one node; under tp: all ranks)")
     pp_schedule: Literal["gpipe", "1f1b"] = _opt("gpipe", "pipeline schedule under --parallel pp")
     microbatches: int = _opt(4, "pipeline micro-batches per step under --parallel pp")
@@ -226,9 +234,7 @@ class PerfConfig:
     )
     precision: Precision = _opt("fp32", "fp32 (TF32 off), tf32 (TF32 matmuls/convs), fp16 (autocast + loss scaling), bf16 (autocast)")
     channels_last: bool = _opt(False, "NHWC memory format for image models and their inputs")
-    compile: CompileMode = _opt(
-        "none", "torch.compile the model; '--compile' alone means mode 'default'", nargs="?", const="default"
-    )
+    compile: CompileMode = _opt("none", "torch.compile the model; '--compile' alone means mode 'default'", nargs="?", const="default")
     cudnn_benchmark: bool = _opt(False, "torch.backends.cudnn.benchmark: time the convolution algorithms for each shape, keep the fastest")
 
 
@@ -258,9 +264,13 @@ class RunConfig:
     log_interval: int = _opt(10, "steps between log lines (the loss is read from the device only then)")
     eval: bool = _opt(True, "evaluate on held-out data after every epoch and at the end")
     eval_batch_size: int | None = _opt(None, "evaluation batch per rank (default: --per-gpu-batch)")
-    eval_budget_s: float = _opt(0.0, "seconds an evaluation may take: past them it stops after the batch in hand, one batch at least (0: every held-out sample)")
+    eval_budget_s: float = _opt(
+        0.0, "seconds an evaluation may take: past them it stops after the batch in hand, one batch at least (0: every held-out sample)"
+    )
     comm_probe_steps: int = _opt(8, "after training, steps timed with and without gradient all-reduce to measure exposed communication (0: off)")
-    bucket_probe_steps: int = _opt(5, "after training, steps timing forward, backward with each DDP bucket's ready time, and the optimizer, for the scaling model (0: off)")
+    bucket_probe_steps: int = _opt(
+        5, "after training, steps timing forward, backward with each DDP bucket's ready time, and the optimizer, for the scaling model (0: off)"
+    )
     probe_budget_s: float = _opt(
         0.0,
         "seconds the probes after training may take: each runs as many of its steps as fit at the window's median step, "
@@ -275,15 +285,20 @@ class RunConfig:
     checkpoint_dir: str | None = _opt(None, "directory for checkpoints (none written without it)")
     checkpoint_interval: int = _opt(0, "steps between checkpoints (0: only on SIGTERM/SIGUSR1)")
     keep_checkpoints: int = _opt(2, "newest usable checkpoints kept in --checkpoint-dir (unreadable or foreign files never count)")
-    keep_final_checkpoint: bool = _opt(False, "write a final checkpoint (marked final: never resumed) and keep it; otherwise a finished, recorded run removes its checkpoints")
-    resume: bool = _opt(False, "continue from the newest usable checkpoint in --checkpoint-dir, naming every newer one passed over (start fresh if there is none)")
+    keep_final_checkpoint: bool = _opt(
+        False, "write a final checkpoint (marked final: never resumed) and keep it; otherwise a finished, recorded run removes its checkpoints"
+    )
+    resume: bool = _opt(
+        False, "continue from the newest usable checkpoint in --checkpoint-dir, naming every newer one passed over (start fresh if there is none)"
+    )
     progress: Literal["auto", "on", "off"] = _opt("auto", "progress bar on rank 0 ('auto': when stderr is a terminal)")
 
 
 @dataclass
 class ProfileConfig:
     profile_mode: Literal["none", "cuda_api", "torch"] = _opt(
-        "none", "'cuda_api': NVTX ranges + cudaProfilerStart/Stop around the window (for nsys/ncu); 'torch': torch.profiler over the window on rank 0 (the fallback)"
+        "none",
+        "'cuda_api': NVTX ranges + cudaProfilerStart/Stop around the window (for nsys/ncu); 'torch': torch.profiler over the window on rank 0 (the fallback)",
     )
     profile_window_start: int = _opt(10, "first optimizer step (0-based) inside the profiling window")
     profile_window_steps: int = _opt(5, "optimizer steps inside the profiling window")
@@ -436,9 +451,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     namespace = vars(parser.parse_args(argv))
     hints = typing.get_type_hints(TrainConfig)
     sections = {
-        section.name: hints[section.name](
-            **{f.name: namespace[f.name] for f in dataclasses.fields(hints[section.name])}
-        )
+        section.name: hints[section.name](**{f.name: namespace[f.name] for f in dataclasses.fields(hints[section.name])})
         for section in dataclasses.fields(TrainConfig)
     }
     config = TrainConfig(**sections)
@@ -452,4 +465,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 def preset_overrides(config: TrainConfig) -> dict[str, Any]:
     """The fields where ``config`` departs from its preset (dest name -> the value it has)."""
     resolved = {f.name: getattr(section, f.name) for section in vars(config).values() for f in dataclasses.fields(section)}
-    return {name: resolved[name] for name, value in preset_values(config.perf.preset, config.model.model, config.optim.grad_accum_steps, config.parallel.parallel, config.parallel.device).items() if resolved[name] != value}
+    return {
+        name: resolved[name]
+        for name, value in preset_values(
+            config.perf.preset, config.model.model, config.optim.grad_accum_steps, config.parallel.parallel, config.parallel.device
+        ).items()
+        if resolved[name] != value
+    }

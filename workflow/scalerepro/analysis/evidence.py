@@ -118,7 +118,7 @@ FIGURE_BOUNDS: dict[str, Bound] = {
 
 
 def figure_problems(fields: Mapping[str, Any], bounds: Mapping[str, Bound] = FIGURE_BOUNDS) -> list[str]:
-    """"<column> is <why>" for every figure of ``fields`` outside its bound."""
+    """ "<column> is <why>" for every figure of ``fields`` outside its bound."""
     return [f"{name} is {why}" for name, bound in bounds.items() if name in fields and (why := bound.problem(fields[name]))]
 
 
@@ -207,7 +207,9 @@ class Requirement:
 
 REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_m("mfu"), _m("peak_flops_per_device"), "MFU is a fraction of the device's peak FLOP/s, and the record names none (a CPU has none)"),
-    Requirement(_m("energy_per_sample_j"), _m("nvml", "energy_j"), "energy per sample is the window's GPU energy over its samples, and the record has no energy"),
+    Requirement(
+        _m("energy_per_sample_j"), _m("nvml", "energy_j"), "energy per sample is the window's GPU energy over its samples, and the record has no energy"
+    ),
     Requirement(_m("tokens_per_s"), ("model", "tokens_per_sample"), "tokens/s is samples/s x tokens per sample, and the record's model has no tokens"),
 )
 
@@ -279,7 +281,9 @@ def schema_problem(record: Mapping[str, Any]) -> str | None:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         return f"schema_version {version!r} is no record schema version"
     if version > NEWEST_RECORD_SCHEMA:
-        return f"it is of record schema {version}, newer than this scalerepro reads ({NEWEST_RECORD_SCHEMA}): read it with the scalerepro that wrote it, or update"
+        return (
+            f"it is of record schema {version}, newer than this scalerepro reads ({NEWEST_RECORD_SCHEMA}): read it with the scalerepro that wrote it, or update"
+        )
     return None
 
 
@@ -343,7 +347,11 @@ class PlannedKnob:
         value = self.recorded(document)
         if value is None:
             return f"its record states no {self.name} (the plan's is {_shown(planned)})"
-        same = _number(value) is not None and _number_of(planned) is not None and _number(value) == _number_of(planned) if self.number else str(value) == str(planned)
+        same = (
+            _number(value) is not None and _number_of(planned) is not None and _number(value) == _number_of(planned)
+            if self.number
+            else str(value) == str(planned)
+        )
         return None if same else f"{self.name} {_shown(value)}, where the plan's is {_shown(planned)}"
 
 
@@ -438,8 +446,7 @@ KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
     KnownDefect(
         ("peak_memory_bytes", "activations_bytes_per_rank"),
         lambda document: _schema(document) < 3,
-        "the peak of a schema-2 record may include the probes run after the measured window (the trainer reads the "
-        "window's own peak from schema 3 on)",
+        "the peak of a schema-2 record may include the probes run after the measured window (the trainer reads the window's own peak from schema 3 on)",
     ),
     KnownDefect(
         ("data_stall_fraction", "data_wait_s", "window_data_wait_rank_mean_s"),

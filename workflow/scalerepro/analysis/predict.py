@@ -97,14 +97,12 @@ def one_gpu_record(path: Path) -> dict:
         count = dig(document, where)
         if count is not None and count != 1:
             raise PredictError(
-                f"{path}: the record is of {count!r} ranks ({'.'.join(where)} {count!r}), not one GPU's step: its step holds their "
-                f"all-reduce already; {_GIVE}"
+                f"{path}: the record is of {count!r} ranks ({'.'.join(where)} {count!r}), not one GPU's step: its step holds their all-reduce already; {_GIVE}"
             )
     device_type = dig(document, ("parallel", "device_type"))
     if device_type != "cuda":
         raise PredictError(
-            f"{path}: the step was measured on {device_type!r} (parallel.device_type), not a GPU: its step says nothing of a GPU "
-            f"cluster's; {_GIVE}"
+            f"{path}: the step was measured on {device_type!r} (parallel.device_type), not a GPU: its step says nothing of a GPU cluster's; {_GIVE}"
         )
     gpu = dig(document, ("hardware", "gpu", "name"))
     if not isinstance(gpu, str) or not gpu.strip():
@@ -255,9 +253,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--nvlink-gbps", type=RATE_GBPS, help="override the preset's NVLink line rate, GB/s per GPU each way")
     parser.add_argument("--nic-gbps", type=RATE_GBPS, help="override the preset's NIC line rate, GB/s per GPU each way")
     parser.add_argument("--algorithm", choices=network_model.ALGORITHMS, default="auto", help="inter-node all-reduce (default: NCCL-like auto)")
-    parser.add_argument(
-        "--global-batch", type=bounded_int(1, 1 << 40), help="strong scaling of a --record: the global batch G (default: weak scaling)"
-    )
+    parser.add_argument("--global-batch", type=bounded_int(1, 1 << 40), help="strong scaling of a --record: the global batch G (default: weak scaling)")
     parser.add_argument(
         "--other-gpu", action="store_true",
         help="with --record: replay a step measured on another GPU than the preset's as if its compute were unchanged",

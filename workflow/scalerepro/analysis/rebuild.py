@@ -181,7 +181,9 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, dict[str,
             "device_name": str(get("hardware", "gpu", "name") or get("hardware", "cpu_model")),
         })  # fmt: skip
     if not rows:
-        raise CommandError(f"{', '.join(map(str, records_dirs))}: no run record among the JSON files there (a run record is what python -m scalerepro.training.train --record writes)")
+        raise CommandError(
+            f"{', '.join(map(str, records_dirs))}: no run record among the JSON files there (a run record is what python -m scalerepro.training.train --record writes)"
+        )
     matrix = pd.DataFrame(rows)
     if matrix["run_id"].duplicated().any():
         raise CommandError(f"two records are named {sorted(matrix.loc[matrix.run_id.duplicated(), 'run_id'])[0]}: give folders of different names")
@@ -314,7 +316,9 @@ def main(argv: list[str]) -> int:
     parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n", 1)[0])
     parser.add_argument("--results", type=Path, default=None, help="the study's folder, whatever it is called (default: results)")
     parser.add_argument("--records", type=Path, nargs="+", default=None, help="instead: folders of run records no study planned (with --out)")
-    parser.add_argument("--config", type=Path, default=None, help="with --records: the study config whose targets and predictions apply (default config/config.yaml)")
+    parser.add_argument(
+        "--config", type=Path, default=None, help="with --records: the study config whose targets and predictions apply (default config/config.yaml)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="with --records: the folder that gets tables/, plots/ and report/")
     parser.add_argument("--references", type=Path, default=None, help="published figures, GPU peaks, links (default config/references.yaml)")
     parser.add_argument("--templates", type=Path, default=None, help="directory holding templates/ and style.css (default report/)")

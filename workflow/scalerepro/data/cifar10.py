@@ -43,9 +43,7 @@ class Split:
 
 
 def _fix_hint(path: Path) -> str:
-    return (
-        f"run the workflow's fetch rule to prepare it (snakemake {path}) or train with --data synthetic"
-    )
+    return f"run the workflow's fetch rule to prepare it (snakemake {path}) or train with --data synthetic"
 
 
 def load(path: str | os.PathLike[str], mmap: bool = False) -> dict[str, Split]:
@@ -76,10 +74,7 @@ def load(path: str | os.PathLike[str], mmap: bool = False) -> dict[str, Split]:
                 raise DatasetError(f"'{file}' is not a readable .npy array ({error}): {_fix_hint(root)}") from None
         images, labels = arrays
         if images.dtype != np.uint8 or images.shape[1:] != IMAGE_SHAPE:
-            raise DatasetError(
-                f"'{root}/{name}_images.npy' has dtype {images.dtype} shape {images.shape}, "
-                f"expected uint8 (N, 32, 32, 3): {_fix_hint(root)}"
-            )
+            raise DatasetError(f"'{root}/{name}_images.npy' has dtype {images.dtype} shape {images.shape}, expected uint8 (N, 32, 32, 3): {_fix_hint(root)}")
         if labels.shape != (images.shape[0],) or labels.dtype != np.int64:
             raise DatasetError(f"'{root}/{name}_labels.npy' must be int64 with one label per image: {_fix_hint(root)}")
         if len(labels) and (labels.min() < 0 or labels.max() >= len(CLASSES)):
@@ -141,5 +136,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's live process
         return True
     return True
-
-

@@ -102,9 +102,7 @@ def _open_url(url: str, timeout: float) -> http.client.HTTPResponse:
         response: http.client.HTTPResponse = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as error:
         error.close()
-        raise FetchError(
-            f"{url} answered HTTP {error.code} {error.reason}: check --url or pass --archive FILE (a pre-staged copy)"
-        ) from None
+        raise FetchError(f"{url} answered HTTP {error.code} {error.reason}: check --url or pass --archive FILE (a pre-staged copy)") from None
     except urllib.error.URLError as error:
         raise FetchError(f"cannot reach {url}: {_reason(error.reason)}; {offline}") from None
     except (OSError, http.client.HTTPException) as error:  # a timeout or a broken reply before the body
@@ -129,9 +127,7 @@ def _stream(url: str, response: http.client.HTTPResponse, sink: BinaryIO, timeou
             # a stall is reported with the true byte count.
             chunk = response.read1(CHUNK)
         except TimeoutError:
-            raise FetchError(
-                f"download from {url} stalled: no data for {timeout:g} s after {received} bytes; retry, or raise --timeout"
-            ) from None
+            raise FetchError(f"download from {url} stalled: no data for {timeout:g} s after {received} bytes; retry, or raise --timeout") from None
         except http.client.IncompleteRead:  # a chunked body cut short
             raise FetchError(f"truncated download from {url}: the connection closed after {received} bytes; retry") from None
         except (OSError, http.client.HTTPException) as error:

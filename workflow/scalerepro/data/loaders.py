@@ -93,7 +93,7 @@ class TrainLoader(ABC):
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """Micro-batches ``start, start+1, ...`` of ``epoch`` on the device (the last partial batch dropped)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a loader without workers has nothing to release)
         """Release worker processes, if any."""
 
 

@@ -131,7 +131,6 @@ class SyntheticCausalLM(Source):
         self.cycle = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(seed))
         self.positions = torch.arange(seq_len + 1)
 
-
     def _walk(self, indices: Tensor, length: int) -> Tensor:
         start = stateless_hash(indices + self.index_offset, salt_for(self.seed, self._START)) % len(self.cycle)
         return self.cycle[(start[:, None] + self.positions[:length]) % len(self.cycle)]
@@ -155,7 +154,6 @@ class SyntheticMaskedLM(SyntheticCausalLM):
         super().__init__(num_samples, vocab_size, seq_len, seed, index_offset)
         self.num_masked, self.mask_token_id = num_masked, mask_token_id
         self.cycle = self.cycle[self.cycle != mask_token_id]  # [MASK] never occurs as content
-
 
     def batch(self, indices: Tensor, epoch: int) -> Batch:
         tokens = self._walk(indices, self.seq_len)
@@ -188,7 +186,6 @@ class CifarImages(Source):
         self.num_samples = len(labels)
         self.mean = torch.tensor(CIFAR10_MEAN).mul(255)
         self.std = torch.tensor(CIFAR10_STD).mul(255)
-
 
     def _crop_and_flip(self, images: Tensor, indices: Tensor, epoch: int) -> Tensor:
         batch, height, width, _ = images.shape

@@ -125,7 +125,9 @@ def _stop_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], output: rank_failure.RankOutput, cpus: int | None = None) -> tuple[int, list[dict]]:
+def run_local(
+    ranks: int, program: Sequence[str], environ: Mapping[str, str], output: rank_failure.RankOutput, cpus: int | None = None
+) -> tuple[int, list[dict]]:
     """Start ``ranks`` processes of ``program`` here and wait for them; return the job's code and
     the ranks that failed (``rank_failure``'s form: rank, host, exit code, signal). The job runs
     on the first ``cpus`` cores this process may use (all of them when None), each rank on its
@@ -144,8 +146,14 @@ def run_local(ranks: int, program: Sequence[str], environ: Mapping[str, str], ou
         environments = local_rank_environments(ranks, listener.getsockname()[1], listener.fileno(), environ, job)
         processes = [
             subprocess.Popen(
-                [sys.executable, *program], env=env, pass_fds=(listener.fileno(),) if rank == 0 else (),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
+                [sys.executable, *program],
+                env=env,
+                pass_fds=(listener.fileno(),) if rank == 0 else (),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                bufsize=1,
                 preexec_fn=_stop_with_parent,
             )  # fmt: skip
             for rank, env in enumerate(environments)
@@ -236,9 +244,7 @@ def command(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
     except SchedulerError as error:
         raise LaunchError(str(error)) from None
     if args.nodes > 1:
-        raise LaunchError(
-            f"a run over {args.nodes} nodes needs a cluster scheduler (none here): run the workflow with --profile slurm"
-        )
+        raise LaunchError(f"a run over {args.nodes} nodes needs a cluster scheduler (none here): run the workflow with --profile slurm")
     # Locally a container is Snakemake's business (the rule's container: directive).
     return [sys.executable, *args.program]
 
@@ -247,9 +253,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=COUNT, default=1)
     parser.add_argument("--ranks-per-node", type=COUNT, default=1, help="ranks (GPUs) per node")
-    parser.add_argument("--cpus-per-node", type=COUNT, default=None, help="the job's CPU cores on each node (the srun task's on Slurm; locally the first this many cores); default: all this process may use")
+    parser.add_argument(
+        "--cpus-per-node",
+        type=COUNT,
+        default=None,
+        help="the job's CPU cores on each node (the srun task's on Slurm; locally the first this many cores); default: all this process may use",
+    )
     parser.add_argument("--slurm-gpus", action="store_true", help="ask the step for --gpus-per-node=<ranks per node>")
-    parser.add_argument("--port", type=bounded_int(1024, 65535 - RENDEZVOUS_PORT_SPAN), default=29400, help="rendezvous port base; the job id modulo 1000 is added (Slurm)")
+    parser.add_argument(
+        "--port", type=bounded_int(1024, 65535 - RENDEZVOUS_PORT_SPAN), default=29400, help="rendezvous port base; the job id modulo 1000 is added (Slurm)"
+    )
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="exported to every rank (NCCL_SOCKET_IFNAME=ib0, ...)")
     parser.add_argument("--container", default=None, help="Apptainer image the ranks run in, inside each node's srun task (Slurm)")
     parser.add_argument("--name", default=None, help="the step's name in sacct")

@@ -107,8 +107,9 @@ def rank_from_environment() -> int:
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
 
 
-def command(tool: str, ranks: str, out_dir: str, rank: int, trainer: list[str],
-            ncu_kernel_names: list[str] | None = None, tensor_metrics: tuple[str, ...] = ()) -> list[str]:
+def command(
+    tool: str, ranks: str, out_dir: str, rank: int, trainer: list[str], ncu_kernel_names: list[str] | None = None, tensor_metrics: tuple[str, ...] = ()
+) -> list[str]:
     """The command this rank execs: the trainer, under ``tool`` when ``rank`` is profiled."""
     if ranks != "all" and rank != 0:
         return trainer
@@ -140,7 +141,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tool", required=True, choices=["nsys", "ncu"])
     parser.add_argument("--ranks", default="0", choices=["0", "all"])
     parser.add_argument("--out-dir", required=True)
-    parser.add_argument("--ncu-kernel-names", nargs="*", default=None, help="profile only these kernels (nsys shortName; default: every non-NCCL kernel of the window)")
+    parser.add_argument(
+        "--ncu-kernel-names", nargs="*", default=None, help="profile only these kernels (nsys shortName; default: every non-NCCL kernel of the window)"
+    )
     parser.add_argument("trainer", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
     args = parser.parse_args(argv)
     flags = args.trainer[1:] if args.trainer[:1] == ["--"] else args.trainer

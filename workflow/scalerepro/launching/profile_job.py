@@ -80,7 +80,9 @@ def main(argv: list[str]) -> int:
     tool, fallback_reason = args.tool, args.fallback_reason or None
     if tool in ("nsys", "ncu") and shutil.which(tool) is None:
         if not args.fallback:
-            raise CommandError(f"{tool} is not on PATH on {shlex.quote(socket.gethostname())} and profiling.fallback is false: install Nsight or set profiling.tool: torch")
+            raise CommandError(
+                f"{tool} is not on PATH on {shlex.quote(socket.gethostname())} and profiling.fallback is false: install Nsight or set profiling.tool: torch"
+            )
         # the rule's output names the tool asked for; the files in it say torch.profiler made them
         fallback_reason, tool = f"{tool} is not on PATH on the node that ran the job", "torch"
     window = ["--profile-window-start", str(args.window_start), "--profile-window-steps", str(args.window_steps)]

@@ -162,9 +162,7 @@ def write_failed_record(
     failures = torchrun_failures(output.report()) if failures is None else failures
     tails = output.tails()
     if failures:
-        ended = "; ".join(
-            f"rank {f['rank']} (host {f['host']}) exit {f['exit_code']}" + (f" ({f['signal']})" if f["signal"] else "") for f in failures
-        )
+        ended = "; ".join(f"rank {f['rank']} (host {f['host']}) exit {f['exit_code']}" + (f" ({f['signal']})" if f["signal"] else "") for f in failures)
         message = f"the ranks ended without writing a record: {ended} (launcher exit {launcher_exit_code})"
     else:
         message = f"the ranks ended without writing a record and none is reported failed (launcher exit {launcher_exit_code}): see the job's log"

@@ -85,48 +85,32 @@ def _check_nothing(shape: ModelShape) -> None:
 
 def _check_small_cnn(shape: ModelShape) -> None:
     if shape.image_size < 4:
-        raise ValueError(
-            f"--image-size must be at least 4 for cnn (two 2x2 max-pools), got {shape.image_size}"
-        )
+        raise ValueError(f"--image-size must be at least 4 for cnn (two 2x2 max-pools), got {shape.image_size}")
 
 
 def _check_heads(shape: ModelShape) -> None:
     if shape.hidden_size % shape.num_heads != 0:
-        raise ValueError(
-            f"--hidden-size ({shape.hidden_size}) must be divisible by --num-heads ({shape.num_heads})"
-        )
+        raise ValueError(f"--hidden-size ({shape.hidden_size}) must be divisible by --num-heads ({shape.num_heads})")
 
 
 def _check_vit(shape: ModelShape) -> None:
     if shape.image_size % vision.VIT_PATCH_SIZE != 0:
-        raise ValueError(
-            f"--image-size must be a multiple of the patch size {vision.VIT_PATCH_SIZE} for vit_b_16, "
-            f"got {shape.image_size}"
-        )
+        raise ValueError(f"--image-size must be a multiple of the patch size {vision.VIT_PATCH_SIZE} for vit_b_16, got {shape.image_size}")
     _check_heads(shape)
 
 
 def _check_bert(shape: ModelShape) -> None:
     if shape.seq_len > transformer.BERT_MAX_POSITIONS:
-        raise ValueError(
-            f"--seq-len must be at most {transformer.BERT_MAX_POSITIONS} for bert_base "
-            f"(its learned position table), got {shape.seq_len}"
-        )
+        raise ValueError(f"--seq-len must be at most {transformer.BERT_MAX_POSITIONS} for bert_base (its learned position table), got {shape.seq_len}")
     _check_heads(shape)
 
 
 def _check_llama(shape: ModelShape) -> None:
     _check_heads(shape)
     if shape.num_heads % shape.num_kv_heads != 0:
-        raise ValueError(
-            f"--num-heads ({shape.num_heads}) must be a multiple of --num-kv-heads ({shape.num_kv_heads}); "
-            "pass --num-kv-heads with --num-heads"
-        )
+        raise ValueError(f"--num-heads ({shape.num_heads}) must be a multiple of --num-kv-heads ({shape.num_kv_heads}); pass --num-kv-heads with --num-heads")
     if (shape.hidden_size // shape.num_heads) % 2 != 0:
-        raise ValueError(
-            f"--hidden-size / --num-heads ({shape.hidden_size} / {shape.num_heads}) must be even "
-            "(rotary embeddings rotate pairs of dimensions)"
-        )
+        raise ValueError(f"--hidden-size / --num-heads ({shape.hidden_size} / {shape.num_heads}) must be even (rotary embeddings rotate pairs of dimensions)")
 
 
 def _make_vit(shape: ModelShape) -> nn.Module:
@@ -169,15 +153,11 @@ def _gpt2(num_layers: int, hidden_size: int, num_heads: int) -> _Architecture:
     return _Architecture(
         task="causal_lm",
         family="transformer",
-        standard_shape=ModelShape(
-            seq_len=1024, vocab_size=50257, num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads
-        ),
+        standard_shape=ModelShape(seq_len=1024, vocab_size=50257, num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads),
         takes_dropout=True,
         make=_make_gpt2,
         check=_check_heads,
-        causal_lm_flops=lambda meta_model, shape: transformer.gpt_train_flops_per_sequence(
-            meta_model.config, shape.seq_len
-        ),
+        causal_lm_flops=lambda meta_model, shape: transformer.gpt_train_flops_per_sequence(meta_model.config, shape.seq_len),
         causal_lm_flops_source=transformer.GPT_FLOPS_SOURCE,
     )
 
@@ -210,15 +190,17 @@ def _llama(
         task="causal_lm",
         family="transformer",
         standard_shape=ModelShape(
-            seq_len=8192, vocab_size=128256, num_layers=num_layers, hidden_size=hidden_size,
-            num_heads=num_heads, num_kv_heads=num_kv_heads,
+            seq_len=8192,
+            vocab_size=128256,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
         ),  # fmt: skip
         takes_dropout=False,  # Llama 3 trains without dropout
         make=make,
         check=_check_llama,
-        causal_lm_flops=lambda meta_model, shape: llama.llama_train_flops_per_sequence(
-            meta_model.config, shape.seq_len
-        ),
+        causal_lm_flops=lambda meta_model, shape: llama.llama_train_flops_per_sequence(meta_model.config, shape.seq_len),
         causal_lm_flops_source=llama.LLAMA_FLOPS_SOURCE,
     )
 
@@ -252,9 +234,7 @@ _ARCHITECTURES: dict[str, _Architecture] = {
     "vit_b_16": _Architecture(
         task="image_classification",
         family="transformer",
-        standard_shape=ModelShape(
-            image_size=224, num_classes=1000, num_layers=12, hidden_size=768, num_heads=12
-        ),
+        standard_shape=ModelShape(image_size=224, num_classes=1000, num_layers=12, hidden_size=768, num_heads=12),
         takes_dropout=True,
         make=_make_vit,
         check=_check_vit,
@@ -262,9 +242,7 @@ _ARCHITECTURES: dict[str, _Architecture] = {
     "bert_base": _Architecture(
         task="masked_lm",
         family="transformer",
-        standard_shape=ModelShape(
-            seq_len=128, vocab_size=30522, num_layers=12, hidden_size=768, num_heads=12
-        ),
+        standard_shape=ModelShape(seq_len=128, vocab_size=30522, num_layers=12, hidden_size=768, num_heads=12),
         takes_dropout=True,
         make=_make_bert,
         check=_check_bert,
@@ -277,12 +255,22 @@ _ARCHITECTURES: dict[str, _Architecture] = {
     # Llama 3.2 1B (1.24B; ties its output to the embedding as the release does) and Llama 3 8B
     # (8.03B, untied), shapes from Meta's params.json as torchtitan's llama3 flavors copy them.
     "llama_1b": _llama(
-        num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8,
-        ffn_dim_multiplier=1.5, multiple_of=256, tie_embeddings=True,
+        num_layers=16,
+        hidden_size=2048,
+        num_heads=32,
+        num_kv_heads=8,
+        ffn_dim_multiplier=1.5,
+        multiple_of=256,
+        tie_embeddings=True,
     ),  # fmt: skip
     "llama3_8b": _llama(
-        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
-        ffn_dim_multiplier=1.3, multiple_of=1024, tie_embeddings=False,
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        ffn_dim_multiplier=1.3,
+        multiple_of=1024,
+        tie_embeddings=False,
     ),  # fmt: skip
 }
 
@@ -361,9 +349,7 @@ def resolve(name: str, shape: ModelShape = ModelShape()) -> ModelSpec:
     elif architecture.task == "masked_lm":
         num_masked = transformer.bert_num_masked(resolved.seq_len)
         mask_token_id = transformer.bert_mask_token_id(resolved.vocab_size)
-        train_flops = transformer.bert_train_flops_per_sequence(
-            meta_model.config, resolved.seq_len, num_masked
-        )
+        train_flops = transformer.bert_train_flops_per_sequence(meta_model.config, resolved.seq_len, num_masked)
         flops_source = transformer.BERT_FLOPS_SOURCE
     else:
         train_flops = architecture.causal_lm_flops(meta_model, resolved)

@@ -122,9 +122,7 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     bsz, seqlen, n_kv_heads, head_dim = x.shape
     if n_rep == 1:  # a config constant
         return x
-    return x[:, :, :, None, :].expand(bsz, seqlen, n_kv_heads, n_rep, head_dim).reshape(
-        bsz, seqlen, n_kv_heads * n_rep, head_dim
-    )
+    return x[:, :, :, None, :].expand(bsz, seqlen, n_kv_heads, n_rep, head_dim).reshape(bsz, seqlen, n_kv_heads * n_rep, head_dim)
 
 
 class Attention(nn.Module):

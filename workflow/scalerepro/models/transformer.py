@@ -66,9 +66,7 @@ class TransformerConfig:
     dropout: float = 0.0
 
 
-def bert_config(
-    *, num_layers: int, hidden_size: int, num_heads: int, vocab_size: int, dropout: float
-) -> TransformerConfig:
+def bert_config(*, num_layers: int, hidden_size: int, num_heads: int, vocab_size: int, dropout: float) -> TransformerConfig:
     """BERT (Devlin et al. 2018): post-LN, exact (erf) GELU, LayerNorm eps 1e-12."""
     return TransformerConfig(
         num_layers=num_layers,
@@ -85,9 +83,7 @@ def bert_config(
     )
 
 
-def gpt2_config(
-    *, num_layers: int, hidden_size: int, num_heads: int, vocab_size: int, seq_len: int, dropout: float
-) -> TransformerConfig:
+def gpt2_config(*, num_layers: int, hidden_size: int, num_heads: int, vocab_size: int, seq_len: int, dropout: float) -> TransformerConfig:
     """GPT-2 (Radford et al. 2019): pre-LN, tanh GELU, LayerNorm eps 1e-5, positions = seq_len."""
     return TransformerConfig(
         num_layers=num_layers,
@@ -118,9 +114,7 @@ class SelfAttention(nn.Module):
         # (B, T, 3C) -> 3 x (B, heads, T, C / heads): q, k, v in the layout SDPA expects.
         q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
         # No padding mask: every benchmark sequence is full length.
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=self.causal
-        )
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=self.causal)
         return self.out(y.transpose(1, 2).flatten(-2))
 
 
@@ -211,11 +205,7 @@ class BertForMaskedLM(nn.Module):
         positions = torch.arange(tokens.size(1), device=tokens.device)
         # Every sequence is one segment (type 0): there is no next-sentence task. The table keeps
         # BERT's two rows so that the parameter count and checkpoint layout match BERT's.
-        x = (
-            self.word_embedding(tokens)
-            + self.position_embedding(positions)
-            + self.token_type_embedding.weight[0]
-        )
+        x = self.word_embedding(tokens) + self.position_embedding(positions) + self.token_type_embedding.weight[0]
         x = self.dropout(self.embedding_norm(x))
         for block in self.blocks:
             x = block(x)
@@ -225,10 +215,7 @@ class BertForMaskedLM(nn.Module):
         return self.decoder(self.head_norm(self.head_gelu(self.head_dense(x))))
 
 
-BERT_FLOPS_SOURCE = (
-    "closed form per sequence: T*(6*L*(4d^2+2d*f) + 12*L*d*T) + 6*M*(d^2 + d*V_padded), "
-    "M = masked positions (MLM head only there)"
-)
+BERT_FLOPS_SOURCE = "closed form per sequence: T*(6*L*(4d^2+2d*f) + 12*L*d*T) + 6*M*(d^2 + d*V_padded), M = masked positions (MLM head only there)"
 
 
 def bert_train_flops_per_sequence(config: TransformerConfig, seq_len: int, num_masked: int) -> int:
@@ -240,10 +227,7 @@ def bert_train_flops_per_sequence(config: TransformerConfig, seq_len: int, num_m
     """
     d, V = config.hidden_size, config.vocab_size
     head_train_flops_per_masked_position = 6 * (d * d + d * V)
-    return (
-        seq_len * _encoder_train_flops_per_token(config, seq_len)
-        + num_masked * head_train_flops_per_masked_position
-    )
+    return seq_len * _encoder_train_flops_per_token(config, seq_len) + num_masked * head_train_flops_per_masked_position
 
 
 class GPT(nn.Module):
@@ -276,10 +260,7 @@ class GPT(nn.Module):
         return self.lm_head(self.final_norm(x))
 
 
-GPT_FLOPS_SOURCE = (
-    "closed form per token (nanoGPT/PaLM): 6*N_matmul + 12*L*d*T, "
-    "N_matmul = L*(4d^2+2d*f) + d*V_padded (lm_head); x T per sequence"
-)
+GPT_FLOPS_SOURCE = "closed form per token (nanoGPT/PaLM): 6*N_matmul + 12*L*d*T, N_matmul = L*(4d^2+2d*f) + d*V_padded (lm_head); x T per sequence"
 
 
 def gpt_train_flops_per_sequence(config: TransformerConfig, seq_len: int) -> int:

@@ -36,9 +36,7 @@ def resnet50(num_classes: int) -> nn.Module:
     return torchvision().models.resnet50(num_classes=num_classes)
 
 
-def vit_b_16(
-    *, image_size: int, num_classes: int, num_layers: int, hidden_size: int, num_heads: int, dropout: float
-) -> nn.Module:
+def vit_b_16(*, image_size: int, num_classes: int, num_layers: int, hidden_size: int, num_heads: int, dropout: float) -> nn.Module:
     """ViT-B/16 (Dosovitskiy et al. 2020) at the given shape; MLP width 4 x hidden as in ViT-B.
 
     torchvision's encoder attends through ``nn.MultiheadAttention(need_weights=False)``, which

@@ -1,5 +1,4 @@
-"""A model's transformer blocks: the unit that FSDP shards, TP splits and checkpointing wraps.
-"""
+"""A model's transformer blocks: the unit that FSDP shards, TP splits and checkpointing wraps."""
 
 from __future__ import annotations
 

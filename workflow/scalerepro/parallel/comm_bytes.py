@@ -36,8 +36,16 @@ def pipeline_comm_bytes_per_step(batch: int, seq_len: int, hidden: int, vocab: i
 
 
 def tp_comm_bytes_per_step(
-    num_blocks: int, micro_batch: int, seq_len: int, hidden: int, tp: int, micro_batches: int,
-    norm_bytes: int = 4, matmul_bytes: int = 4, norm_parameters_per_block: int = 0, final_norm_parameters: int = 0,
+    num_blocks: int,
+    micro_batch: int,
+    seq_len: int,
+    hidden: int,
+    tp: int,
+    micro_batches: int,
+    norm_bytes: int = 4,
+    matmul_bytes: int = 4,
+    norm_parameters_per_block: int = 0,
+    final_norm_parameters: int = 0,
 ) -> dict[str, float]:
     """Bytes each rank sends per optimizer step under tensor + sequence parallelism (the plan of
     ``apply_tensor_parallel``, ring collectives over ``tp`` ranks), by collective, analytic.
@@ -71,7 +79,12 @@ def tp_comm_bytes_per_step(
 
 
 def fsdp_comm_bytes_per_step(
-    model: nn.Module, world: int, reshard_after_forward: bool, param_bytes: int, reduce_bytes: int, micro_batches: int,
+    model: nn.Module,
+    world: int,
+    reshard_after_forward: bool,
+    param_bytes: int,
+    reduce_bytes: int,
+    micro_batches: int,
     numel: Callable[[torch.Tensor], int] = torch.numel,
 ) -> dict[str, float]:
     """Bytes each rank sends per optimizer step under FSDP2 (ring collectives), by collective,

@@ -20,11 +20,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool, 
     The root is sharded in place: ``model`` itself becomes the FSDP module."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = (
-        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-        if param_dtype is not None
-        else MixedPrecisionPolicy()
-    )
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype is not None else MixedPrecisionPolicy()
     for _, block in _block_items(transformer_blocks(model)):
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     # The root's parameters are used again at once by the backward (the LM head is the last

@@ -62,10 +62,7 @@ def _first_unusable(config: Any) -> tuple[str, str] | None:
         where, node = stack.pop()
         visited += 1
         if visited > MAX_CONFIG_VALUES:
-            return "top level", (
-                f"the config holds more than {MAX_CONFIG_VALUES:,} values (YAML aliases nested in lists expand "
-                "to that): write the values out"
-            )
+            return "top level", (f"the config holds more than {MAX_CONFIG_VALUES:,} values (YAML aliases nested in lists expand to that): write the values out")
         if isinstance(node, float) and not math.isfinite(node):
             return where or "top level", f"{node} is not a finite number: give a number"
         if isinstance(node, str) and len(node) > MAX_CONFIG_TEXT:
@@ -117,11 +114,7 @@ def _typed_scalars(node: Any, schema: dict[str, Any], definitions: dict[str, Any
         return node
     if isinstance(value, bool) and node.lower() not in ("true", "false"):
         return node  # YAML 1.1's yes/no/on/off: a word, not a boolean
-    fits = any(
-        isinstance(value, _SCALARS[kind]) and not (kind in ("number", "integer") and isinstance(value, bool))
-        for kind in wanted
-        if kind in _SCALARS
-    )
+    fits = any(isinstance(value, _SCALARS[kind]) and not (kind in ("number", "integer") and isinstance(value, bool)) for kind in wanted if kind in _SCALARS)
     return value if fits else node
 
 
@@ -205,7 +198,9 @@ class Plan:
     def submission(self, ranks_per_node: int, nodes: int, signal: bool = False) -> dict[str, Any]:
         """What the cluster's executor needs to start a job of ``nodes`` x ``ranks_per_node``
         ranks; measured jobs get their nodes to themselves unless resources.exclusive is false."""
-        return submission.for_scheduler(self.cluster).submission_resources(self.cluster_settings, ranks_per_node, nodes, self.cluster_gpus, signal, self.study.exclusive())
+        return submission.for_scheduler(self.cluster).submission_resources(
+            self.cluster_settings, ranks_per_node, nodes, self.cluster_gpus, signal, self.study.exclusive()
+        )
 
     def train_resources(self, run: Run) -> dict[str, Any]:
         """A training job's resources, from its GPU count (every key a rule resource)."""
@@ -301,9 +296,7 @@ def record_path(run: Run) -> str:
     return RUN_RECORD.format(run=run.record_of or run.run_id)
 
 
-def load(
-    config: dict[str, Any], *, schema: Path, references: Path, executor: str | None, in_job: bool, local_gpu_names: Sequence[str]
-) -> Plan:
+def load(config: dict[str, Any], *, schema: Path, references: Path, executor: str | None, in_job: bool, local_gpu_names: Sequence[str]) -> Plan:
     """The plan of one invocation. ``executor`` is the one its command line asks for; inside a
     job (Snakemake re-runs the workflow in each), the scheduler whose job this is, so that the
     study resolves exactly as it did on the submitting host."""
@@ -363,7 +356,10 @@ def profiling_plan(plan: Plan, local_exec: bool, which: Callable[[str], str | No
     if not settings["enabled"]:
         return ProfilingPlan((), (), None, settings)
     if settings["gpu_peaks"] not in gpu_peaks.PEAKS:
-        raise ConfigError("profiling.gpu_peaks", f"{settings['gpu_peaks']!r} is not in the GPU peak table (scalerepro.common.gpu_peaks): choose one of {', '.join(gpu_peaks.PEAKS)}")
+        raise ConfigError(
+            "profiling.gpu_peaks",
+            f"{settings['gpu_peaks']!r} is not in the GPU peak table (scalerepro.common.gpu_peaks): choose one of {', '.join(gpu_peaks.PEAKS)}",
+        )
     tools, reason = _profiling_tools(settings, plan.device, local_exec, which)
     return ProfilingPlan(tuple(_profiled_runs(plan, settings)), tuple(tools), reason, settings)
 
@@ -401,6 +397,5 @@ def _profiling_tools(settings: dict[str, Any], device: str, local_exec: bool, wh
         return ["torch"], reason
     raise ConfigError(
         "profiling.tool",
-        f"{wanted} was asked for but {reason}, and profiling.fallback is false: "
-        "install Nsight, set profiling.tool: torch, or set profiling.fallback: true",
+        f"{wanted} was asked for but {reason}, and profiling.fallback is false: install Nsight, set profiling.tool: torch, or set profiling.fallback: true",
     )

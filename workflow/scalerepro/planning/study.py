@@ -261,7 +261,20 @@ class _Builder:
         for model, entry in self.config["models"].items():
             refuse_study_set_flags(entry.get("args", []), f"models.{model}.args")
 
-    def add(self, study: str, model: str, gpus: int, repeats: int, variant: str, per_gpu_batch: int, args: tuple[str, ...], key: str, grad_accum_steps: int = 1, reference: str = "", flags_key: str | None = None) -> None:
+    def add(
+        self,
+        study: str,
+        model: str,
+        gpus: int,
+        repeats: int,
+        variant: str,
+        per_gpu_batch: int,
+        args: tuple[str, ...],
+        key: str,
+        grad_accum_steps: int = 1,
+        reference: str = "",
+        flags_key: str | None = None,
+    ) -> None:
         """Add ``repeats`` runs of one cell; ``key`` names the setting that chose its GPU count,
         ``flags_key`` the one its flags came from (both named by the errors)."""
         ranks_per_node, nodes = nodes_for(gpus, self.study.gpus_per_node, self.study.local, key)
@@ -273,7 +286,9 @@ class _Builder:
         for repeat in range(1, repeats + 1):
             run_id = "_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part)
             if parsed is None:  # repeats differ in seed and run id only: the trainer reads them alike
-                draft = Run(run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, per_gpu_batch, grad_accum_steps, "", 0.0, tuple(args), reference)
+                draft = Run(
+                    run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, per_gpu_batch, grad_accum_steps, "", 0.0, tuple(args), reference
+                )
                 # what the trainer will do with these flags, read by the trainer's own parser
                 parsed = parse_trainer_flags(self.study.trainer_args(draft, "record.json", "checkpoints"), flags_key)
                 shared = (trainer_run_key(parsed), gpus)
@@ -321,7 +336,17 @@ class _Builder:
                     variant = f"bucket{bucket:g}-batch{batch}-{precision}"
                     # "preset": the precision the preset picks on this device (on a CPU, bf16 only where native)
                     flags = ("--bucket-cap-mb", f"{bucket:g}", *(("--precision", precision) if precision != "preset" else ()))
-                    self.add("sensitivity", sens["model"], self._gpus(sens["gpus"]), sens["repeats"], variant, batch, flags, "sensitivity.gpus", flags_key="sensitivity")
+                    self.add(
+                        "sensitivity",
+                        sens["model"],
+                        self._gpus(sens["gpus"]),
+                        sens["repeats"],
+                        variant,
+                        batch,
+                        flags,
+                        "sensitivity.gpus",
+                        flags_key="sensitivity",
+                    )
 
     def ablation(self) -> None:
         abl = self.config["ablation"]
@@ -330,7 +355,17 @@ class _Builder:
         batch = self.per_gpu_batch(abl["model"], "ablation.model")
         variants = {"baseline": [], **{o["name"]: o["flags"] for o in abl["optimisations"]}}
         for variant, flags in variants.items():
-            self.add("ablation", abl["model"], self._gpus(abl["gpus"]), abl["repeats"], variant, batch, (*abl["baseline"], *flags), "ablation.gpus", flags_key=f"ablation.optimisations ({variant})")
+            self.add(
+                "ablation",
+                abl["model"],
+                self._gpus(abl["gpus"]),
+                abl["repeats"],
+                variant,
+                batch,
+                (*abl["baseline"], *flags),
+                "ablation.gpus",
+                flags_key=f"ablation.optimisations ({variant})",
+            )
         # "all" is the study's own preset (trainer_args) as it resolves on the machine it runs on,
         # not the optimisations' flags stacked: on a CPU that emulates bf16 the preset trains fp32,
         # which the bf16 cell alone measures against the baseline (the ablation table names the
@@ -408,14 +443,30 @@ def matrix_rows(study: Study, record_path, rerun_command) -> list[dict[str, Any]
     """The study matrix as rows for matrix.csv (what the aggregation joins records onto)."""
     return [
         {
-            "run_id": run.run_id, "study": run.study, "model": run.model, "gpus": run.gpus, "nodes": run.nodes,
-            "gpus_per_node": study.gpus_per_node, "repeat": run.repeat, "variant": run.variant, "precision": run.precision,
-            "per_gpu_batch": run.per_gpu_batch, "grad_accum_steps": run.grad_accum_steps, "global_batch": run.global_batch,
-            "bucket_cap_mb": run.bucket_cap_mb, "parallel": run.parallel, "data_parallel": run.data_parallel or run.gpus, "reference": run.reference, "runtime_min": study.config["resources"]["runtime_min"],
+            "run_id": run.run_id,
+            "study": run.study,
+            "model": run.model,
+            "gpus": run.gpus,
+            "nodes": run.nodes,
+            "gpus_per_node": study.gpus_per_node,
+            "repeat": run.repeat,
+            "variant": run.variant,
+            "precision": run.precision,
+            "per_gpu_batch": run.per_gpu_batch,
+            "grad_accum_steps": run.grad_accum_steps,
+            "global_batch": run.global_batch,
+            "bucket_cap_mb": run.bucket_cap_mb,
+            "parallel": run.parallel,
+            "data_parallel": run.data_parallel or run.gpus,
+            "reference": run.reference,
+            "runtime_min": study.config["resources"]["runtime_min"],
             # what the record must state beside the batches (scalerepro.analysis.evidence.PLANNED_KNOBS)
-            "device": study.device, "data": "cifar10" if study.uses_cifar(run) else "synthetic", "purpose": "measurement",
+            "device": study.device,
+            "data": "cifar10" if study.uses_cifar(run) else "synthetic",
+            "purpose": "measurement",
             "record_of": run.record_of,  # the run whose record this row reads, where another cell runs it
-            "record": record_path(run), "rerun": rerun_command(run),
+            "record": record_path(run),
+            "rerun": rerun_command(run),
         }  # fmt: skip
         for run in study.runs.values()
     ]

@@ -71,9 +71,7 @@ class SlurmSubmission(Submission):
         listed = subprocess.run(["sinfo", "--noheader", "--format=%R"], capture_output=True, text=True)
         if listed.returncode != 0:
             said = listed.stderr.strip().splitlines()[-1] if listed.stderr.strip() else "no output"
-            raise SchedulerError(
-                f"the Slurm controller does not answer (sinfo: {said}): check `scontrol ping` and that SLURM_CONF points at this cluster"
-            )
+            raise SchedulerError(f"the Slurm controller does not answer (sinfo: {said}): check `scontrol ping` and that SLURM_CONF points at this cluster")
         partitions = sorted(set(listed.stdout.split()))
         if settings["partition"] is not None and settings["partition"] not in partitions:
             raise SchedulerError(

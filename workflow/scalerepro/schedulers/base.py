@@ -80,11 +80,12 @@ class Scheduler:
         return base
 
 
-
 LOCAL = Scheduler()
 
 
-def torchrun_command(python: str, nodes: int, ranks_per_node: int, endpoint: str | None, rdzv_id: str, program: Sequence[str], log_dir: str | None = None) -> list[str]:
+def torchrun_command(
+    python: str, nodes: int, ranks_per_node: int, endpoint: str | None, rdzv_id: str, program: Sequence[str], log_dir: str | None = None
+) -> list[str]:
     """torchrun for one node's ranks: standalone on one node, c10d rendezvous at ``endpoint``
     across nodes; every rank's output to the console, each line prefixed with its local rank
     (``--tee``, which also writes them under ``log_dir``; torchrun picks a directory when None)."""

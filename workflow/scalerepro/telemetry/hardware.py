@@ -23,9 +23,8 @@ from scalerepro.telemetry.nvml import card_limits, nvml_uuid_for_torch_device
 # What the MFU of a run can be counted against (the trainer's --precision, tf32 for fp32 convolutions).
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
-def peak_flops(
-    gpu_name: str | None, precision: str, override_tflops: float | None = None
-) -> tuple[float | None, str]:
+
+def peak_flops(gpu_name: str | None, precision: str, override_tflops: float | None = None) -> tuple[float | None, str]:
     """Dense peak FLOP/s of one GPU at ``precision``, and its source; or (None, the reason).
 
     ``precision`` names the arithmetic the matmuls and convolutions actually run in. Note that
@@ -47,8 +46,7 @@ def peak_flops(
     key = gpu_peaks.peaks_key(gpu_name)
     if key is None:
         return None, (
-            f"no peak-throughput entry for {gpu_name!r} (known: {', '.join(sorted({p.model for p in gpu_peaks.PEAKS.values()}))}); "
-            "pass a user override"
+            f"no peak-throughput entry for {gpu_name!r} (known: {', '.join(sorted({p.model for p in gpu_peaks.PEAKS.values()}))}); pass a user override"
         )
     peak = gpu_peaks.PEAKS[key]
     source = f"{peak.model}, dense {precision}: {peak.source}"
@@ -111,9 +109,7 @@ def software_versions(import_torch: bool = True) -> dict[str, Any]:
     if torch.cuda.is_available():
         # (major, minor, patch) or (major, minor, patch, suffix) -> "2.21.5" / "2.21.5+cuda12.4"
         nccl = torch.cuda.nccl.version()
-        versions["nccl"] = ".".join(str(part) for part in nccl[:3]) + "".join(
-            str(part) for part in nccl[3:]
-        )
+        versions["nccl"] = ".".join(str(part) for part in nccl[:3]) + "".join(str(part) for part in nccl[3:])
     return versions
 
 
@@ -257,4 +253,3 @@ def git_info(start: Path) -> dict[str, Any]:
         "dirty": None if status is None else bool(status.strip()),
         "reason": reason,
     }
-

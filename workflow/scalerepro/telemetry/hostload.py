@@ -65,10 +65,7 @@ class HostLoad:
         window_s = time.monotonic() - self.started
         busy = _busy_seconds() - self.busy_at_start
         job = _job_pids()
-        used = {
-            pid: (name, seconds - self.processes_at_start.get(pid, (name, 0.0))[1])
-            for pid, (name, seconds) in _cpu_seconds().items()
-        }
+        used = {pid: (name, seconds - self.processes_at_start.get(pid, (name, 0.0))[1]) for pid, (name, seconds) in _cpu_seconds().items()}
         job_seconds = sum(seconds for pid, (_, seconds) in used.items() if pid in job)
         others = sorted(((s, pid, n) for pid, (n, s) in used.items() if pid not in job and s > 0), reverse=True)
         cpus = psutil.cpu_count() or 1
@@ -77,7 +74,5 @@ class HostLoad:
             "logical_cpus": cpus,
             "job_cpu_s": job_seconds,
             "other_cpu_fraction": max(busy - job_seconds, 0.0) / (window_s * cpus) if window_s > 0 else None,
-            "top_other_processes": [
-                {"pid": pid, "name": name, "cpu_s": round(seconds, 3)} for seconds, pid, name in others[:TOP_PROCESSES]
-            ],
+            "top_other_processes": [{"pid": pid, "name": name, "cpu_s": round(seconds, 3)} for seconds, pid, name in others[:TOP_PROCESSES]],
         }

@@ -83,6 +83,7 @@ def infiniband_ports(root: Path = _SYSFS_INFINIBAND) -> list[dict[str, Any]]:
     """InfiniBand/RoCE ports from sysfs: device, port, state, rate (e.g. '400 Gb/sec (4X NDR)')."""
     ports = []
     for port in sorted(root.glob("*/ports/*")):
+
         def text(name: str) -> str | None:
             try:
                 return (port / name).read_text().strip()

@@ -37,6 +37,7 @@ figure includes the power the GPU draws doing nothing, which differs between GPU
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import threading
@@ -239,11 +240,7 @@ def trapezoid_energy_j(samples: Sequence[Sample]) -> float | None:
     powered = [(s.segment, s.t_s, s.power_w) for s in samples if s.power_w is not None]
     if len(powered) < 2:
         return None
-    return math.fsum(
-        (p0 + p1) / 2.0 * (t1 - t0)
-        for (g0, t0, p0), (g1, t1, p1) in zip(powered, powered[1:])
-        if g0 == g1
-    )
+    return math.fsum((p0 + p1) / 2.0 * (t1 - t0) for (g0, t0, p0), (g1, t1, p1) in zip(powered, powered[1:]) if g0 == g1)
 
 
 def summarise(
@@ -481,16 +478,12 @@ def idle_power(device_uuid: str | None, seconds: float, interval_s: float = 0.1)
     start = time.monotonic()
     try:
         while (elapsed := time.monotonic() - start) < seconds:
-            try:
+            with contextlib.suppress(nvml.NVMLError):  # a reading refused this time; the others still count
                 readings.append((elapsed, nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0))
-            except nvml.NVMLError:
-                pass  # a reading refused this time; the others still count
             time.sleep(interval_s)
     finally:
-        try:
+        with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
     late = sorted(power for t, power in readings if t >= seconds / 2)
     if not late:
         return {"idle_power_w": None, "samples": 0, "seconds": seconds, "reason": "NVML gave no power reading in the idle window"}
@@ -507,10 +500,8 @@ def card_limits(device_uuid: str | None) -> dict[str, Any]:
     try:
         power_limit_w, sm_clock_max_mhz, refused = _read_card_limits(nvml, handle)
     finally:
-        try:
+        with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
     return {"power_limit_w": power_limit_w, "sm_clock_max_supported_mhz": sm_clock_max_mhz, "reason": "; ".join(refused) or None}
 
 
@@ -631,10 +622,8 @@ class NvmlSampler:
         return why
 
     def _close(self) -> None:
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):  # nothing left to measure; a failed shutdown must not lose the summary
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass  # Nothing left to measure; a failed shutdown must not lose the summary.
 
     def _query(self, read: Callable[[], _T]) -> _T | None:
         """One NVML query, or None if this GPU does not support it or it failed this time."""
@@ -664,12 +653,8 @@ class NvmlSampler:
             gpu_util_pct=self._query(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
             memory_used_bytes=self._query(lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).used)),
             power_w=None if power_mw is None else power_mw / 1000.0,
-            sm_clock_mhz=self._query(
-                lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
-            ),
-            temperature_c=self._query(
-                lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
-            ),
+            sm_clock_mhz=self._query(lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))),
+            temperature_c=self._query(lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
             clock_event_reasons=self._clock_event_reasons(),
         )
 

@@ -71,9 +71,7 @@ def bucket_caps_bytes(bucket_cap_mb: float | None) -> tuple[int, int]:
     return cap, cap
 
 
-def bucket_layout(
-    sizes_bytes: Sequence[int], ready_order: Sequence[int], first_cap_bytes: int, cap_bytes: int
-) -> list[list[int]]:
+def bucket_layout(sizes_bytes: Sequence[int], ready_order: Sequence[int], first_cap_bytes: int, cap_bytes: int) -> list[list[int]]:
     """DDP's rebuilt buckets: parameter indices per bucket, in all-reduce order.
 
     ``sizes_bytes[i]`` is parameter i's gradient size; ``ready_order`` lists the indices in the
@@ -81,9 +79,7 @@ def bucket_layout(
     size reaches its cap (``dist._compute_bucket_assignment_by_size``, the function DDP calls).
     """
     tensors = [torch.empty(sizes_bytes[i], dtype=torch.uint8, device="meta") for i in ready_order]
-    buckets, _ = dist._compute_bucket_assignment_by_size(
-        tensors, [first_cap_bytes, cap_bytes], [False] * len(tensors), list(ready_order)
-    )
+    buckets, _ = dist._compute_bucket_assignment_by_size(tensors, [first_cap_bytes, cap_bytes], [False] * len(tensors), list(ready_order))
     return [list(bucket) for bucket in buckets]
 
 
@@ -219,8 +215,5 @@ def profile(
         "forward_s": forward_s,
         "backward_s": backward_s,
         "optimizer_s": optimizer_s,
-        "buckets": [
-            {"bytes": sum(sizes_bytes[i] for i in bucket), "parameters": len(bucket), "ready_s": ready}
-            for bucket, ready in zip(layout, ready_s)
-        ],
+        "buckets": [{"bytes": sum(sizes_bytes[i] for i in bucket), "parameters": len(bucket), "ready_s": ready} for bucket, ready in zip(layout, ready_s)],
     }

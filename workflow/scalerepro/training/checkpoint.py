@@ -35,6 +35,8 @@ from scalerepro.common.files import atomic_file
 FORMAT_VERSION = 2
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 _REQUIRED = ("step", "model", "optimizer", "scheduler", "scaler", "progress", "rng", "fingerprint")
+
+
 def code_hash() -> str:
     """SHA-256 over the code a rank runs (``source_closure.source_files`` of
     ``scalerepro.training.train``: not the planning, launching or analysis code, which no rank

@@ -130,8 +130,11 @@ def main(argv: list[str]) -> int:
         print(f"{_PROG}: error: {error}", file=sys.stderr)
         return 1
     if not ctx.distributed:
-        print("scalerepro.training.commbench: error: an all-reduce needs at least 2 ranks: launch with torchrun --nproc-per-node N (N >= 2) or srun, "
-              "or pass --process-group-at-one-rank to time a communicator of one", file=sys.stderr)
+        print(
+            "scalerepro.training.commbench: error: an all-reduce needs at least 2 ranks: launch with torchrun --nproc-per-node N (N >= 2) or srun, "
+            "or pass --process-group-at-one-rank to time a communicator of one",
+            file=sys.stderr,
+        )
         return 2
     rows = run(ctx, sorted(args.sizes), args.iterations, args.warmup)
     if ctx.is_main:
@@ -140,8 +143,10 @@ def main(argv: list[str]) -> int:
             {
                 "world_size": ctx.world_size,
                 # what time_us_median and nccl_tests_time_us are (module docstring)
-                "time_definitions": {"time_us_median": "slowest rank's median of single all-reduces",
-                                     "nccl_tests_time_us": "nccl-tests: all iterations' wall time / iterations, mean over ranks"},
+                "time_definitions": {
+                    "time_us_median": "slowest rank's median of single all-reduces",
+                    "nccl_tests_time_us": "nccl-tests: all iterations' wall time / iterations, mean over ranks",
+                },
                 "nodes": ctx.num_nodes,
                 "backend": ctx.backend,
                 "device_type": ctx.device.type,
@@ -154,8 +159,11 @@ def main(argv: list[str]) -> int:
             },
         )
         for row in rows:
-            print(f"{row['size_bytes']:>12} B  {row['time_us_median']:>12.1f} us  algbw {row['algbw_gbps']:8.3f} GB/s  busbw {row['busbw_gbps']:8.3f} GB/s"
-                  f"  (nccl-tests' time {row['nccl_tests_time_us']:.1f} us, busbw {row['nccl_tests_busbw_gbps']:.3f} GB/s)", flush=True)
+            print(
+                f"{row['size_bytes']:>12} B  {row['time_us_median']:>12.1f} us  algbw {row['algbw_gbps']:8.3f} GB/s  busbw {row['busbw_gbps']:8.3f} GB/s"
+                f"  (nccl-tests' time {row['nccl_tests_time_us']:.1f} us, busbw {row['nccl_tests_busbw_gbps']:.3f} GB/s)",
+                flush=True,
+            )
     distributed.finish(ctx, clean=True)
     return 0
 

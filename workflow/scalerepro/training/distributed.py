@@ -113,17 +113,13 @@ def _select_device(requested: str, local_rank: int) -> torch.device:
             raise DistributedSetupError("--device cuda was requested but torch sees no CUDA device")
         count = torch.cuda.device_count()
         if local_rank >= count:
-            raise DistributedSetupError(
-                f"local rank {local_rank} has no GPU: this node shows {count}; launch at most {count} ranks per node"
-            )
+            raise DistributedSetupError(f"local rank {local_rank} has no GPU: this node shows {count}; launch at most {count} ranks per node")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
-def setup(
-    requested_device: str, timeout_s: float, environ: Mapping[str, str] = os.environ, *, group_at_one_rank: bool = False
-) -> DistContext:
+def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = os.environ, *, group_at_one_rank: bool = False) -> DistContext:
     """Form the process group (if there is more than one rank, or ``group_at_one_rank``) and pick
     this rank's device."""
     env = detect_env(environ)

@@ -52,7 +52,11 @@ def evaluate(
         if stop_requested():
             stopped = True
             break
-        if budget_s > 0 and index > 0 and all_reduce_max(ctx, torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)).item() > budget_s:
+        if (
+            budget_s > 0
+            and index > 0
+            and all_reduce_max(ctx, torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)).item() > budget_s
+        ):
             break
         with autocast():
             # --parallel pp: the logits exist on the last stage, whose figures alone are counted

@@ -184,7 +184,9 @@ def results(
     group (all ranks must call it); with ``backend=None`` this rank's figures alone."""
     device = ctx.device
     stats = metrics.window_stats(measured.timer)
-    slowest_window = all_reduce_max(ctx, torch.tensor([stats.seconds, stats.data_wait_s, stats.warmup_data_wait_s], dtype=torch.float64, device=device)).tolist()
+    slowest_window = all_reduce_max(
+        ctx, torch.tensor([stats.seconds, stats.data_wait_s, stats.warmup_data_wait_s], dtype=torch.float64, device=device)
+    ).tolist()
     window_s = slowest_window[0]
     samples = measured.measured_samples
     samples_per_s = metrics.throughput(samples, window_s)

@@ -77,9 +77,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, resol
         return OneCycleLR(optimizer, max_lr=resolved.lr, total_steps=max(total_steps, 2))
     warmup = min(config.lr_warmup_steps, max(total_steps - 1, 0))
     if config.lr_schedule == "cosine":
-        main: LRScheduler = CosineAnnealingLR(
-            optimizer, T_max=max(total_steps - warmup, 1), eta_min=resolved.lr * config.min_lr_ratio
-        )
+        main: LRScheduler = CosineAnnealingLR(optimizer, T_max=max(total_steps - warmup, 1), eta_min=resolved.lr * config.min_lr_ratio)
     else:
         main = ConstantLR(optimizer, factor=1.0, total_iters=0)
     if warmup == 0:

@@ -19,7 +19,7 @@ from scalerepro.common import host_heap
 from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from scalerepro.common.files import utc_now, write_json_atomically
-from scalerepro.config import TrainerConfigError, TrainConfig, given_flags, parse_args, with_device
+from scalerepro.config import TrainConfig, TrainerConfigError, given_flags, parse_args, with_device
 from scalerepro.data import cifar10
 from scalerepro.training import distributed, record
 from scalerepro.training.distributed import DistContext, DistributedSetupError
@@ -94,9 +94,7 @@ def main(argv: list[str]) -> int:
     stop = StopRequest()
     host_heap.steady_heap()  # before anything is built: every step's allocations then cost alike (the module says why)
     try:
-        ctx = distributed.setup(
-            config.parallel.device, config.parallel.dist_timeout_s, group_at_one_rank=config.parallel.process_group_at_one_rank
-        )
+        ctx = distributed.setup(config.parallel.device, config.parallel.dist_timeout_s, group_at_one_rank=config.parallel.process_group_at_one_rank)
         log = functools.partial(print, flush=True) if ctx.is_main else _silent
         if config.parallel.device == "auto":  # the preset's precision depends on the device (bf16 on a CPU only where native)
             config = with_device(config, ctx.device.type, given_flags(argv))

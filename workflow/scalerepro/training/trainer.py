@@ -29,7 +29,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from scalerepro import models
-from scalerepro.config import TrainerConfigError, TrainConfig
+from scalerepro.config import TrainConfig, TrainerConfigError
 from scalerepro.data import builders, sources
 from scalerepro.parallel import activation_checkpointing, mesh, parallelize, pipeline_parallel
 from scalerepro.schedulers import cores
@@ -268,7 +268,10 @@ class Trainer:
         (``self.pipeline``). What the pipeline step does not do is refused here, one line each."""
         p, run = config.parallel, config.run
         refusals = {
-            "--grad-accum-steps": (config.optim.grad_accum_steps != 1, "the pipeline's --microbatches are its gradient accumulation: use --microbatches instead"),
+            "--grad-accum-steps": (
+                config.optim.grad_accum_steps != 1,
+                "the pipeline's --microbatches are its gradient accumulation: use --microbatches instead",
+            ),
             "--clip-grad-norm": (config.optim.clip_grad_norm > 0, "the global norm would need the stages' norms combined, which is not done: leave it 0"),
             "--precision fp16": (config.perf.precision == "fp16", "the schedule's backward does not take GradScaler's scaled loss: use --precision bf16"),
             "--compile": (config.perf.compile != "none", "the stages are run eagerly by the schedule: leave --compile off"),
@@ -499,7 +502,9 @@ class Trainer:
             change = float(all_reduce_max(self.ctx, torch.tensor([change], dtype=torch.float64, device=self.device)).item())
             if change > run.warmup_settle:
                 self.warmup_steps = taken + 1
-                self.warmup_reason = f"{self.warmup_steps} steps: the step time still changed {100 * change:.0f} % > {100 * run.warmup_settle:g} % after {taken}"
+                self.warmup_reason = (
+                    f"{self.warmup_steps} steps: the step time still changed {100 * change:.0f} % > {100 * run.warmup_settle:g} % after {taken}"
+                )
                 return False
             self.warmup_reason = f"{taken} steps: settled within {100 * run.warmup_settle:g} % (at least {run.warmup_steps}, at most {run.warmup_max_steps})"
         elif run.warmup_max_steps > run.warmup_steps:
@@ -516,7 +521,9 @@ class Trainer:
         if wanted <= 0:
             return
         stats = metrics.window_stats(self.measured.timer)  # synchronises the device once
-        window_s, median_s = all_reduce_max(self.ctx, torch.tensor([stats.seconds, stats.step_time_median_s or 0.0], dtype=torch.float64, device=self.device)).tolist()
+        window_s, median_s = all_reduce_max(
+            self.ctx, torch.tensor([stats.seconds, stats.step_time_median_s or 0.0], dtype=torch.float64, device=self.device)
+        ).tolist()
         if window_s >= wanted or median_s <= 0:
             return
         added = max(1, math.ceil((wanted - window_s) / median_s))
@@ -559,9 +566,7 @@ class Trainer:
         all_reduce_max(self.ctx, flags)
         bad_step, agreed = int(flags[0].item()), int(flags[1].item())
         if bad_step >= 0:
-            raise NonFiniteLossError(
-                f"the loss became non-finite at step {bad_step}: lower --lr, add --clip-grad-norm, or use --precision bf16"
-            )
+            raise NonFiniteLossError(f"the loss became non-finite at step {bad_step}: lower --lr, add --clip-grad-norm, or use --precision bf16")
         # Interval loss = sum over ranks and steps of the step loss / (ranks x steps).
         mean_loss = self._global_sum(losses.interval) / (losses.interval_steps * self.ctx.world_size)
         elapsed = time.perf_counter() - losses.interval_started

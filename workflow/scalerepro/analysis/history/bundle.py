@@ -168,9 +168,7 @@ def _study_files(results: Path, study: study_rows.StoredStudy) -> dict[str, Path
     def add(path: Path) -> None:
         # a link (or a linked folder) may point anywhere: a bundle ships only the study's own files
         if not path.resolve().is_relative_to(inside) or path.is_symlink():
-            raise BundleError(
-                f"{path} is a symbolic link (to {path.resolve()}): export packs only the study's own files; replace the link with the file"
-            )
+            raise BundleError(f"{path} is a symbolic link (to {path.resolve()}): export packs only the study's own files; replace the link with the file")
         files[f"results/{path.relative_to(results).as_posix()}"] = path
 
     for folder, patterns in (
@@ -221,15 +219,11 @@ def _crate(stage: Path, sources: Mapping[str, Path], study: study_rows.StoredStu
         sources["Snakefile"], "Snakefile", main=True, lang="snakemake",
         properties={"name": "scalerepro scaling study workflow", "version": row.get("git_commit") or "unknown"},
     )  # fmt: skip
-    parts = [
-        crate.add_file(sources[name], name, properties={"encodingFormat": "text/plain"}) for name in workflow_files
-    ]
+    parts = [crate.add_file(sources[name], name, properties={"encodingFormat": "text/plain"}) for name in workflow_files]
     if parts:
         workflow["hasPart"] = parts
     for profile, name in PROFILES.items():
-        entity = crate.add(
-            ContextEntity(crate, profile, properties={"@type": "CreativeWork", "name": name, "version": "0.5"})
-        )
+        entity = crate.add(ContextEntity(crate, profile, properties={"@type": "CreativeWork", "name": name, "version": "0.5"}))
         crate.root_dataset.append_to("conformsTo", entity)
     results = []
     config = None
@@ -268,9 +262,7 @@ def export_bundle(
     try:
         study_id = json.loads(receipt.read_text())["study_id"]
     except (OSError, ValueError, KeyError):
-        raise BundleError(
-            f"{receipt} is missing or has no study_id: run the workflow (rule store_study) first"
-        ) from None
+        raise BundleError(f"{receipt} is missing or has no study_id: run the workflow (rule store_study) first") from None
     connection = store_file.connect(store_path, read_only=True, lock_timeout_s=lock_timeout_s)
     try:
         study = store.load_study(connection, study_id)
@@ -299,10 +291,9 @@ def export_bundle(
         members = sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file())
         manifest = "".join(f"{_sha256((stage / name).read_bytes())}  {name}\n" for name in members)
         (stage / MANIFEST).write_text(manifest, encoding="utf-8")
-        with atomic_file(out) as stream:
-            with zipfile.ZipFile(stream, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-                for name in [MANIFEST, *members]:
-                    archive.write(stage / name, name)
+        with atomic_file(out) as stream, zipfile.ZipFile(stream, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for name in [MANIFEST, *members]:
+                archive.write(stage / name, name)
     digest = sha256_of(out)
     # atomically, like the bundle: a full disk must not leave a 0-byte checksum beside a whole zip
     write_text_atomically(f"{out}.sha256", f"{digest}  {out.name}\n")
@@ -324,13 +315,7 @@ class Bundle:
 
 def _safe(name: str) -> bool:
     path = PurePosixPath(name)
-    return (
-        bool(name)
-        and "\\" not in name
-        and not path.is_absolute()
-        and ".." not in path.parts
-        and name == path.as_posix()
-    )
+    return bool(name) and "\\" not in name and not path.is_absolute() and ".." not in path.parts and name == path.as_posix()
 
 
 def _members(archive: zipfile.ZipFile) -> Iterator[zipfile.ZipInfo]:
@@ -353,9 +338,7 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
         raise BundleError(f"cannot read the bundle {path}: {error.strerror}") from None
     digest = _sha256(data)
     if expect_sha256 is not None and digest != expect_sha256.lower():
-        raise BundleError(
-            f"{path} has sha256 {digest}, not the expected {expect_sha256}: it is not the published bundle"
-        )
+        raise BundleError(f"{path} has sha256 {digest}, not the expected {expect_sha256}: it is not the published bundle")
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             infos = list(_members(archive))
@@ -372,25 +355,17 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
                 listed[name] = checksum
             present = set(names) - {MANIFEST}
             if present - set(listed):
-                raise BundleError(
-                    f"{path} holds files its manifest does not list (e.g. {sorted(present - set(listed))[0]}): refusing it"
-                )
+                raise BundleError(f"{path} holds files its manifest does not list (e.g. {sorted(present - set(listed))[0]}): refusing it")
             if set(listed) - present:
-                raise BundleError(
-                    f"{path} lacks files its manifest lists (e.g. {sorted(set(listed) - present)[0]}): it is incomplete"
-                )
+                raise BundleError(f"{path} lacks files its manifest lists (e.g. {sorted(set(listed) - present)[0]}): it is incomplete")
             for name in sorted(present):
                 if _streamed_sha256(archive, name, MAX_BUNDLE_MEMBER_BYTES, path) != listed[name]:
-                    raise BundleError(
-                        f"{path}: {name} does not match its checksum in {MANIFEST}: the bundle was altered or damaged"
-                    )
+                    raise BundleError(f"{path}: {name} does not match its checksum in {MANIFEST}: the bundle was altered or damaged")
             rows = json.loads(_read_bounded(archive, STUDY_ROWS, MAX_ROWS_BYTES, path).decode("utf-8"))
     except (RuntimeError, NotImplementedError) as error:  # an encrypted member, an unknown compression method
         raise BundleError(f"{path}: a member cannot be read ({error}): a scalerepro bundle is a plain zip") from None
     except zipfile.BadZipFile as error:
-        raise BundleError(
-            f"{path} is not a complete zip archive (truncated or damaged: {error}): fetch the bundle again"
-        ) from None
+        raise BundleError(f"{path} is not a complete zip archive (truncated or damaged: {error}): fetch the bundle again") from None
     except (KeyError, ValueError) as error:
         raise BundleError(f"{path}: {STUDY_ROWS} is missing or unreadable ({error})") from None
     if rows.get("schema_version") == 2 and isinstance(rows.get("runs"), list):
@@ -444,9 +419,7 @@ def import_bundle(
     def record_and_place(connection: duckdb.DuckDBPyConnection) -> None:
         # Inside the append's transaction: if the files cannot be put in place, nothing is stored.
         nonlocal placed
-        connection.execute(
-            "INSERT INTO imports VALUES (?, ?, ?, ?)", [bundle.sha256, bundle.study.study_id, str(bundle.path), utc_now()]
-        )
+        connection.execute("INSERT INTO imports VALUES (?, ?, ?, ?)", [bundle.sha256, bundle.study.study_id, str(bundle.path), utc_now()])
         if staging is not None and target is not None:
             if target.exists():
                 target.rmdir()  # empty, checked before
@@ -505,12 +478,8 @@ def main(argv: list[str]) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="write the bundle of the study in --results")
     export.add_argument("--out", required=True, type=output_path, help="the bundle to write (.zip)")
-    export.add_argument(
-        "--results", type=Path, default=Path("results"), help="the study's results directory (default: %(default)s)"
-    )
-    export.add_argument(
-        "--workflow", type=Path, default=Path("."), help="the repository the study ran from (default: %(default)s)"
-    )
+    export.add_argument("--results", type=Path, default=Path("results"), help="the study's results directory (default: %(default)s)")
+    export.add_argument("--workflow", type=Path, default=Path("."), help="the repository the study ran from (default: %(default)s)")
     imported = commands.add_parser("import", help="verify a bundle and add its study to a store")
     imported.add_argument("bundle", type=Path)
     imported.add_argument("--expect-sha256", help="the bundle's published sha256 (its .sha256 file)")

@@ -142,9 +142,7 @@ def _short(value: Any) -> str:
 
 def _distinct(values: Any) -> str:
     """A fact's values as one comparable text: distinct, sorted, ", "-joined ("—" when unknown)."""
-    seen = sorted(
-        {part for value in values if value is not None and not pd.isna(value) for part in str(value).split(", ")}
-    )
+    seen = sorted({part for value in values if value is not None and not pd.isna(value) for part in str(value).split(", ")})
     return ", ".join(_short(part) for part in seen) or "—"
 
 
@@ -159,9 +157,7 @@ def _with_commit(runs: pd.DataFrame) -> pd.DataFrame:
 
 def fact_differences(baseline: Mapping[str, str], candidate: Mapping[str, str]) -> list[str]:
     """ "label: baseline → candidate" for every fact whose values are not the same on both sides."""
-    return [
-        f"{label}: {baseline[label]} → {candidate[label]}" for label in baseline if baseline[label] != candidate[label]
-    ]
+    return [f"{label}: {baseline[label]} → {candidate[label]}" for label in baseline if baseline[label] != candidate[label]]
 
 
 def run_facts(runs: pd.DataFrame, study_row: Mapping[str, Any]) -> dict[str, str]:
@@ -202,14 +198,8 @@ def compare(
 ) -> pd.DataFrame:  # fmt: skip
     """One row per cell of either study (``VERSUS_COLUMNS``), matched cells first."""
     sides = {"baseline": baseline, "candidate": candidate}
-    counted = {
-        name: _with_commit(side.runs[side.runs["counts"].eq(True) & side.runs["samples_per_s"].notna()])
-        for name, side in sides.items()
-    }
-    cells = {
-        name: {tuple(key): group for key, group in frame.groupby(list(CELL_KEYS), dropna=False, sort=False)}
-        for name, frame in counted.items()
-    }
+    counted = {name: _with_commit(side.runs[side.runs["counts"].eq(True) & side.runs["samples_per_s"].notna()]) for name, side in sides.items()}
+    cells = {name: {tuple(key): group for key, group in frame.groupby(list(CELL_KEYS), dropna=False, sort=False)} for name, frame in counted.items()}
     empty = {name: frame.iloc[0:0] for name, frame in counted.items()}
     rows = []
     for key in sorted(cells["baseline"].keys() | cells["candidate"].keys(), key=lambda k: tuple(map(str, k))):
@@ -238,13 +228,9 @@ def compare(
     return pd.concat([table[matched], table[~matched]], ignore_index=True)
 
 
-def summary(
-    baseline: Side, candidate: Side, table: pd.DataFrame, threshold: float, confidence: float, resamples: int, seed: int
-) -> dict[str, Any]:
+def summary(baseline: Side, candidate: Side, table: pd.DataFrame, threshold: float, confidence: float, resamples: int, seed: int) -> dict[str, Any]:
     """The comparison's study-wide facts, for --json and the report."""
-    config = {
-        name: json.loads(side.row.get("config_json") or "{}") for name, side in (("b", baseline), ("c", candidate))
-    }
+    config = {name: json.loads(side.row.get("config_json") or "{}") for name, side in (("b", baseline), ("c", candidate))}
     described = {}
     for name, side in (("baseline", baseline), ("candidate", candidate)):
         described[name] = {
@@ -288,9 +274,7 @@ def _is_bundle(selector: str) -> bool:
     if not selector.endswith(".zip"):
         return False
     if not Path(selector).is_file():
-        raise BundleError(
-            f"no bundle at {selector}: give the path of a bundle written by `python -m scalerepro.analysis.history.bundle export`"
-        )
+        raise BundleError(f"no bundle at {selector}: give the path of a bundle written by `python -m scalerepro.analysis.history.bundle export`")
     return True
 
 
@@ -299,18 +283,14 @@ def _side(study: study_rows.StoredStudy, where: str) -> Side:
     return Side(dict(study.row), pd.DataFrame(study.runs, columns=list(store_file.STORED_RUN_COLUMNS))[columns], where)
 
 
-def load_sides(
-    baseline: str, candidate: str, store_path: str | None, lock_timeout_s: float = store_file.DEFAULT_LOCK_TIMEOUT_S
-) -> tuple[Side, Side]:
+def load_sides(baseline: str, candidate: str, store_path: str | None, lock_timeout_s: float = store_file.DEFAULT_LOCK_TIMEOUT_S) -> tuple[Side, Side]:
     """The two studies the selectors name: bundles are read (and verified) directly, the rest
     resolved in the store (the candidate first, so that the baseline's 'latest' is another study)."""
     found: dict[str, Side] = {}
     for name, selector in (("candidate", candidate), ("baseline", baseline)):
         if _is_bundle(selector):
             found[name] = _side(bundle.read_bundle(selector).study, f"bundle {selector}")
-    wanted = [
-        (name, selector) for name, selector in (("candidate", candidate), ("baseline", baseline)) if name not in found
-    ]
+    wanted = [(name, selector) for name, selector in (("candidate", candidate), ("baseline", baseline)) if name not in found]
     if wanted:
         if store_path is None:
             raise StoreError("give --store: only bundles can be compared without a results store")
@@ -324,9 +304,7 @@ def load_sides(
         finally:
             connection.close()
     if found["baseline"].study_id == found["candidate"].study_id:
-        raise StoreError(
-            f"'{baseline}' and '{candidate}' are the same study ({found['baseline'].study_id}): name two studies"
-        )
+        raise StoreError(f"'{baseline}' and '{candidate}' are the same study ({found['baseline'].study_id}): name two studies")
     return found["baseline"], found["candidate"]
 
 
@@ -353,19 +331,14 @@ def render_text(baseline: Side, candidate: Side, table: pd.DataFrame, facts: Map
     if facts["config_differences"]:
         lines.append("config differs (the studies measure different things): " + "; ".join(facts["config_differences"]))
     level = f"{100 * facts['confidence']:g} %"
-    lines.append(
-        f"samples/s, median of the runs that count (n); ratio = candidate / baseline [{level} interval]; threshold {100 * facts['threshold']:g} %"
-    )
+    lines.append(f"samples/s, median of the runs that count (n); ratio = candidate / baseline [{level} interval]; threshold {100 * facts['threshold']:g} %")
     for row in table.to_dict("records"):
         cell = f"{row['study']} {row['model']} {row['variant'] or ''} {row['precision']} batch {row['per_gpu_batch']} x {row['gpus']} GPUs"
         figures = (
             f"{number(row['baseline_median'], ',.1f')} ({row['baseline_repeats']}) -> {number(row['candidate_median'], ',.1f')} "
             f"({row['candidate_repeats']})  {number(row['ratio'], '.3f')} [{number(row['ratio_low'], '.3f')}, {number(row['ratio_high'], '.3f')}]"
         )
-        lines.append(
-            f"  {' '.join(cell.split())}: {figures}  {row['verdict']}"
-            + (f"  ({row['differs']})" if row["differs"] else "")
-        )
+        lines.append(f"  {' '.join(cell.split())}: {figures}  {row['verdict']}" + (f"  ({row['differs']})" if row["differs"] else ""))
     return "\n".join(lines)
 
 
@@ -387,9 +360,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("baseline", metavar="BASELINE")
     parser.add_argument("candidate", metavar="CANDIDATE")
     parser.add_argument("--store", default="results/history.duckdb", help="the results store (default: %(default)s)")
-    parser.add_argument(
-        "--threshold", type=FRACTION, default=DEFAULT_THRESHOLD, help="smallest change a verdict reports (default: %(default)s)"
-    )
+    parser.add_argument("--threshold", type=FRACTION, default=DEFAULT_THRESHOLD, help="smallest change a verdict reports (default: %(default)s)")
     parser.add_argument("--confidence", type=FRACTION, default=DEFAULT_CONFIDENCE, help="interval level (default: %(default)s)")
     parser.add_argument("--resamples", type=RESAMPLES, default=DEFAULT_RESAMPLES, help="bootstrap resamples (default: %(default)s)")
     parser.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default: %(default)s)")

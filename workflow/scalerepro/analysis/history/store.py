@@ -108,7 +108,6 @@ from scalerepro.common.cli import OneLineErrorParser, error_boundary
 from scalerepro.common.files import atomic_file, utc_now
 from scalerepro.common.terminal import printable
 
-
 # --------------------------------------------------------------------------------------------
 # Writing and reading studies
 # --------------------------------------------------------------------------------------------
@@ -188,9 +187,7 @@ def append(
         existing = _fetch(connection, "SELECT * FROM studies WHERE study_id = ?", [study.study_id])
         stored = {r["run_id"]: r for r in _fetch(connection, "SELECT * FROM runs WHERE study_id = ?", [study.study_id])}
         if existing and not replace:
-            differing = sum(stored.get(run["run_id"]) != run for run in study.runs) + len(
-                set(stored) - {r["run_id"] for r in study.runs}
-            )
+            differing = sum(stored.get(run["run_id"]) != run for run in study.runs) + len(set(stored) - {r["run_id"] for r in study.runs})
             if differing or {**existing[0], "appended_at": None} != {**row, "appended_at": None}:
                 raise StoreError(
                     f"study {study.study_id} is already in the store with other contents ({differing} runs differ): "
@@ -207,9 +204,7 @@ def append(
                 added += 1
             else:
                 replaced += 1
-                connection.execute(
-                    "DELETE FROM runs WHERE study_id = ? AND run_id = ?", [study.study_id, run["run_id"]]
-                )
+                connection.execute("DELETE FROM runs WHERE study_id = ? AND run_id = ?", [study.study_id, run["run_id"]])
             new_rows.append(run)
         _insert(connection, "runs", STORED_RUN_COLUMNS, new_rows)
         if not existing:
@@ -276,12 +271,7 @@ def studies(connection: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     if frame.empty:
         return frame
     started = pd.to_datetime(frame["started_at"], utc=True, format="ISO8601")
-    return (
-        frame.assign(_started=started)
-        .sort_values(["_started", "study_id"])
-        .drop(columns="_started")
-        .reset_index(drop=True)
-    )
+    return frame.assign(_started=started).sort_values(["_started", "study_id"]).drop(columns="_started").reset_index(drop=True)
 
 
 def runs_of(connection: duckdb.DuckDBPyConnection, study_ids: Sequence[str]) -> pd.DataFrame:
@@ -291,9 +281,7 @@ def runs_of(connection: duckdb.DuckDBPyConnection, study_ids: Sequence[str]) -> 
         return pd.DataFrame(columns=columns)
     names = ", ".join(f'"{c}"' for c in columns)
     marks = ", ".join("?" for _ in study_ids)
-    return pd.DataFrame(
-        _fetch(connection, f"SELECT {names} FROM runs WHERE study_id IN ({marks})", list(study_ids)), columns=columns
-    )
+    return pd.DataFrame(_fetch(connection, f"SELECT {names} FROM runs WHERE study_id IN ({marks})", list(study_ids)), columns=columns)
 
 
 # --------------------------------------------------------------------------------------------
@@ -331,16 +319,9 @@ def resolve(connection: duckdb.DuckDBPyConnection, selector: str, exclude: str |
     if len(prefixed) == 1:
         return prefixed[0]
     if len(prefixed) > 1:
-        raise StoreError(
-            f"'{selector}' is the start of {len(prefixed)} study ids ({', '.join(prefixed[:4])}): give more of one"
-        )
+        raise StoreError(f"'{selector}' is the start of {len(prefixed)} study ids ({', '.join(prefixed[:4])}): give more of one")
     if re.fullmatch(r"[0-9a-f]{7,40}", selector):
-        at = others[
-            others["git_commit"]
-            .fillna("")
-            .str.split(", ")
-            .map(lambda commits: any(c.startswith(selector) for c in commits))
-        ]
+        at = others[others["git_commit"].fillna("").str.split(", ").map(lambda commits: any(c.startswith(selector) for c in commits))]
         if not at.empty:
             return at["study_id"].iloc[-1]
     on = others[others["cluster"].eq(selector)]  # a cluster name, colons and all
@@ -349,10 +330,7 @@ def resolve(connection: duckdb.DuckDBPyConnection, selector: str, exclude: str |
         on = others[others["cluster"].eq(cluster) & others["partition"].eq(partition)]
     if not on.empty:
         return on["study_id"].iloc[-1]
-    raise StoreError(
-        f"no study in the store matches '{selector}' ({SELECTOR_HELP}); "
-        "`python -m scalerepro.analysis.history.store list` lists them"
-    )
+    raise StoreError(f"no study in the store matches '{selector}' ({SELECTOR_HELP}); `python -m scalerepro.analysis.history.store list` lists them")
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,9 +348,7 @@ def headline_cells(runs: pd.DataFrame) -> pd.DataFrame:
     else:
         return pd.DataFrame(columns=list(CELL_KEYS))
     ends = scaled.groupby("model")["gpus"].agg(["min", "max"])
-    chosen = scaled[
-        scaled.apply(lambda r: r["gpus"] in (ends.loc[r["model"], "min"], ends.loc[r["model"], "max"]), axis=1)
-    ]
+    chosen = scaled[scaled.apply(lambda r: r["gpus"] in (ends.loc[r["model"], "min"], ends.loc[r["model"], "max"]), axis=1)]
     return chosen[list(CELL_KEYS)].drop_duplicates().reset_index(drop=True)
 
 

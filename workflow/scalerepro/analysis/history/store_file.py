@@ -134,10 +134,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # Bundles: which studies came from which bundle (the studies and runs rows stay exactly as
     # exported, so where a study came from is kept beside them).
-    2: (
-        "CREATE TABLE imports (bundle_sha256 VARCHAR PRIMARY KEY, study_id VARCHAR NOT NULL, "
-        "path VARCHAR, imported_at VARCHAR NOT NULL)",
-    ),
+    2: ("CREATE TABLE imports (bundle_sha256 VARCHAR PRIMARY KEY, study_id VARCHAR NOT NULL, path VARCHAR, imported_at VARCHAR NOT NULL)",),
     # One name per quantity from config to store: the per-GPU micro-batch is per_gpu_batch (the
     # config's name), the batch system's job id scheduler_job_id (Slurm is one of its backends).
     3: tuple(f'ALTER TABLE runs RENAME COLUMN "{old}" TO "{new}"' for new, old in RENAMED_RUN_COLUMNS.items()),
@@ -224,8 +221,7 @@ def connect(
             raise StoreError(_damaged(path, error)) from None
         if version > STORE_SCHEMA_VERSION:
             raise StoreError(
-                f"the results store {path} has schema version {version}, newer than this scalerepro "
-                f"understands ({STORE_SCHEMA_VERSION}): upgrade scalerepro"
+                f"the results store {path} has schema version {version}, newer than this scalerepro understands ({STORE_SCHEMA_VERSION}): upgrade scalerepro"
             )
         if version < STORE_SCHEMA_VERSION:
             if read_only:
@@ -262,10 +258,7 @@ def expected_shape() -> tuple[tuple[str, str, str], ...]:
 
 
 def _shape(connection: duckdb.DuckDBPyConnection) -> tuple[tuple[str, str, str], ...]:
-    query = (
-        "SELECT table_name, column_name, data_type FROM information_schema.columns "
-        "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position"
-    )
+    query = "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE table_schema = 'main' ORDER BY table_name, ordinal_position"
     return tuple(connection.execute(query).fetchall())
 
 

@@ -219,9 +219,7 @@ def check_rows(study: StoredStudy) -> None:
 
 # Store column -> where the record states the figure (as the aggregation reads it, ``tables.readers``);
 # each is bounded by ``evidence.FIGURE_BOUNDS``.
-RECORD_FIGURES: dict[str, tuple[str, ...]] = {
-    column: RECORD_FIELDS[column] for column in RUN_TYPES if column in FIGURE_BOUNDS and column in RECORD_FIELDS
-}
+RECORD_FIGURES: dict[str, tuple[str, ...]] = {column: RECORD_FIELDS[column] for column in RUN_TYPES if column in FIGURE_BOUNDS and column in RECORD_FIELDS}
 # Store column -> where the record states it, copied as text: a run is known by its id and its start.
 RECORD_TIMES: dict[str, tuple[str, ...]] = {"started_at": RECORD_FIELDS["started_at"]}
 # What a counted row's cell says the run ran, and where its record states it (the plan's knobs the
@@ -310,4 +308,3 @@ def check_records(study: StoredStudy) -> None:
                 f"study {str(study.row.get('study_id'))[:80]!r}: run {printable(str(run.get('run_id')))[:80]!r}: {problem}: "
                 "a stored row is what its record measured; these rows are refused, nothing stored"
             )
-

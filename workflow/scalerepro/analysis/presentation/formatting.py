@@ -191,17 +191,11 @@ def cell(row: Mapping[str, Any], key: str, fmt: str = "text") -> str:
     return FORMATS[fmt](row.get(key))
 
 
-def shown_columns(
-    table_rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple], optional: Iterable[str] = ()
-) -> list:
+def shown_columns(table_rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple], optional: Iterable[str] = ()) -> list:
     """``columns`` without the ``optional`` ones that no row has a value in (e.g. an all-empty
     ``note``), so a table does not carry a column of dashes that says nothing."""
     optional = set(optional)
-    return [
-        column
-        for column in columns
-        if column[0] not in optional or any(not is_missing(row.get(column[0])) for row in table_rows)
-    ]
+    return [column for column in columns if column[0] not in optional or any(not is_missing(row.get(column[0])) for row in table_rows)]
 
 
 def is_numeric_format(fmt: str) -> bool:

@@ -76,10 +76,7 @@ def describe_inventory(inventory: Mapping[str, Any] | None) -> dict[str, Any] | 
                     "kind": "table",
                     "key": key,
                     "title": title,
-                    "columns": [
-                        (label(column), all(numeric(e.get(column)) for e in item if e.get(column) is not None))
-                        for column in columns
-                    ],
+                    "columns": [(label(column), all(numeric(e.get(column)) for e in item if e.get(column) is not None)) for column in columns],
                     "rows": [[value(column, entry.get(column), exact=False) for column in columns] for entry in item],
                 }
             )

@@ -20,7 +20,7 @@ ACCOUNTED_POINTS = 0.03
 
 
 def part_text(row: Mapping[str, Any], part: str) -> str:
-    """"17.2 % (12.1–21.0 %)": the part's share of the measured step (the median run's) with its 95 % interval."""
+    """ "17.2 % (12.1–21.0 %)": the part's share of the measured step (the median run's) with its 95 % interval."""
     median = finite_number(row.get(part))
     if median is None:
         return MISSING

@@ -290,11 +290,12 @@ def ablation_gain(t: Tables) -> Figure:
                 yerr = [[cell.gain_pct - cell.low_pct], [cell.high_pct - cell.gain_pct]]
                 interval = ax.errorbar(x, cell.gain_pct, yerr=yerr, fmt="none", ecolor="0.15", elinewidth=1.2, capsize=5, zorder=3)
         labels = [
-            "not measured" if pd.isna(cell.gain_pct) else f"{cell.gain_pct:+.1f}%" + ("" if pd.notna(cell.low_pct) else " (n=1)")
-            for cell in cells.itertuples()
+            "not measured" if pd.isna(cell.gain_pct) else f"{cell.gain_pct:+.1f}%" + ("" if pd.notna(cell.low_pct) else " (n=1)") for cell in cells.itertuples()
         ]
         # in the bar, on a white ground: legible where the interval's line crosses it
-        ax.bar_label(container, labels=labels, fontsize="small", label_type="center", bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+        ax.bar_label(
+            container, labels=labels, fontsize="small", label_type="center", bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85}
+        )
     if interval is not None:
         interval.set_label("95 % interval of the gain (bootstrap over repeats)")
     ax.axhline(0, color="0.3", lw=1)
@@ -353,9 +354,7 @@ def _curves(t: Tables, table: str, y: str, scale: float, ylabel: str, title: str
     chosen = _curve_runs(t["runs"], device)[["run_id", "model", "gpus", "curve"]]
     points = t[table].dropna(subset=[y]).merge(chosen, on="run_id")
     if points.empty:
-        raise NotMeasured(
-            f"no strong-scaling run (repeat 1, 1 {device[0]} or the largest count) recorded {y.replace('_', ' ')}"
-        )
+        raise NotMeasured(f"no strong-scaling run (repeat 1, 1 {device[0]} or the largest count) recorded {y.replace('_', ' ')}")
     short = _not_learning(t, points["run_id"].unique(), detail=table == "loss_log")
     if short:
         raise NotMeasured(short)
@@ -441,7 +440,7 @@ def energy_per_sample(t: Tables) -> Figure:
         medians = _fastest_configurations(panel)
         rows = {label: y for y, label in enumerate(medians.index)}
         # every run a dot, the median of its row a marker: gross filled, net of idle hollow, joined by the idle share
-        for column, colour, offset in (("gross", gross_colour, -0.12), ("net", net_colour, 0.12)):
+        for column, offset in (("gross", -0.12), ("net", 0.12)):
             runs = panel.dropna(subset=[column])
             ax.scatter(scale * runs[column], runs["label"].map(rows) + offset, s=14, color="0.45", alpha=0.6, zorder=2,
                        label="any counted run (gross, net of idle)")  # fmt: skip
@@ -622,12 +621,13 @@ def roofline(t: Tables) -> Figure:
     drawn_mask = table["arithmetic_intensity"].gt(0) & table["achieved_flops_per_s"].gt(0) & table["peak_flops_per_s"].notna()
     roof = table[drawn_mask]
     if roof.empty and len(table):  # ncu profiled kernels, none with a FLOP roof: say so, not "no profile"
-        raise NotMeasured(f"none of the {len(table)} kernels Nsight Compute profiled has a FLOP roof to set it under "
-                          "(no floating-point work, or tensor-core work not counted): see the roofline table")
+        raise NotMeasured(
+            f"none of the {len(table)} kernels Nsight Compute profiled has a FLOP roof to set it under "
+            "(no floating-point work, or tensor-core work not counted): see the roofline table"
+        )
     if roof.empty:
         raise NotMeasured(
-            "no Nsight Compute kernel profile (the torch.profiler fallback has no hardware counters; "
-            "ncu runs with profiling.tool auto or ncu on a GPU)"
+            "no Nsight Compute kernel profile (the torch.profiler fallback has no hardware counters; ncu runs with profiling.tool auto or ncu on a GPU)"
         )
     left_out: dict[str, int] = {}
     for row in table[~drawn_mask].to_dict("records"):
@@ -766,7 +766,7 @@ def loss_waterfall(t: Tables) -> Figure:
         bottleneck = str(row.bottleneck).split(":")[0] if isinstance(row.bottleneck, str) else "no named part"
         ax.set_title(f"{row.model}, {row.study}, {_count(row.gpus, device)} (n={row.repeats:g})\n"
                      f"E = {row.efficiency:.0%}; {bottleneck}", fontsize="medium")  # fmt: skip
-    for ax in list(axes.flat)[len(table):]:
+    for ax in list(axes.flat)[len(table) :]:
         ax.set_axis_off()
     fig.suptitle("Why not faster: from the ideal step to the measured one, part by part")
     return fig
@@ -863,9 +863,7 @@ def placeholder(name: str, why: str) -> Figure:
     return fig
 
 
-def draw(
-    tables: Tables, out_dir: str | os.PathLike[str], figures: Mapping[str, Callable[[Tables], Figure]] = FIGURE_DRAWERS
-) -> dict[str, str]:
+def draw(tables: Tables, out_dir: str | os.PathLike[str], figures: Mapping[str, Callable[[Tables], Figure]] = FIGURE_DRAWERS) -> dict[str, str]:
     """Write each of ``figures`` as PNG and SVG into ``out_dir``; returns name -> "drawn" or the note."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

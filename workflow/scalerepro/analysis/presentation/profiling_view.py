@@ -101,14 +101,18 @@ def profiled_run(
         "kernels": shown,
         "kernels_count": len(kernels),
         # one launch of each configuration: their sum and how many
-        "times": {"kernels_s": kernels_total, "kernels": duration_text(kernels_total),
-                  "configurations": sum(int(_number(k.get("calls")) or 0) for k in kernels)},  # fmt: skip
+        "times": {
+            "kernels_s": kernels_total,
+            "kernels": duration_text(kernels_total),
+            "configurations": sum(int(_number(k.get("calls")) or 0) for k in kernels),
+        },  # fmt: skip
         "kernels_from_ncu": from_ncu,
         "breakdown": _shown_breakdown(breakdown, kernels, run),
         "step": step,
         "step_text": duration_text((step or {}).get("median_s")),
-        "roofline": [rows({**r, "short": short_name(str(r.get("kernel") or "")), "time": duration_text(r.get("duration_s"))})
-                     for r in by_time[:ROOFLINE_SHOWN]],
+        "roofline": [
+            rows({**r, "short": short_name(str(r.get("kernel") or "")), "time": duration_text(r.get("duration_s"))}) for r in by_time[:ROOFLINE_SHOWN]
+        ],
         "roofline_count": len(roofline),
         "roofline_unplaced": sorted(unplaced.items(), key=lambda item: -item[1]),
         "peaks_basis": next((r.get("peaks_basis") for r in roofline if r.get("peaks_basis")), None),

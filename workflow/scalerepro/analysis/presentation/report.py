@@ -486,7 +486,9 @@ class ReportContext:
     study: dict[str, Any]  # the title: the study's name and what it was (headline.study_identity)
     generated_at: str  # when this report was rendered, "YYYY-MM-DD HH:MM UTC"
     tables_dir: str  # the folder of the tables it was rendered from, relative to the report (no path of the machine that rendered it)
-    source: dict[str, Any]  # what the report was made from: a planned study, or records no study planned (records: True, their folders, the config its checks came from, the profiles beside them it did not read)
+    source: dict[
+        str, Any
+    ]  # what the report was made from: a planned study, or records no study planned (records: True, their folders, the config its checks came from, the profiles beside them it did not read)
     left_out: list[str]  # the files beside the records not taken as this study's, each with why (summary.json's left_out)
     sections: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...]  # SECTIONS in the report's order (report_sections): contents and templates
     one_gpu: str | None  # "every run used 1 GPU" where every counted run used one GPU or rank (one_gpu_scope); None where the study scaled
@@ -504,7 +506,9 @@ class ReportContext:
     noise_cv_max: float  # targets.noise_cv_max: the CV above which a cell is noisy
     headline: dict[str, Any]  # per model, its best figure at one GPU and at its most, grouped by unit (headline.headline_section)
     # The system
-    inventory: dict[str, Any] | None  # the inventory laid out as lists, tables and text (inventory_view.describe_inventory); None without one, or where it is not of the runs' machines
+    inventory: (
+        dict[str, Any] | None
+    )  # the inventory laid out as lists, tables and text (inventory_view.describe_inventory); None without one, or where it is not of the runs' machines
     inventory_problem: str | None  # why the inventory is not shown as this study's (study_files.inventory_problem); None where it is, or there is none
     hosts: list[dict[str, Any]]  # every host and card the completed runs ran on, as their records say (inventory_view.hosts_of_runs)
     software: Any  # the inventory's "software" entry as recorded; None without an inventory
@@ -527,7 +531,9 @@ class ReportContext:
     profiling: dict[str, Any]  # whether profiling was planned, and each profiled run (profiling_section)
     bottlenecks: list[dict[str, Any]]  # per model, what bounds its one-GPU cell, with the evidence and the lever (bottlenecks.bottleneck_rows)
     # Measured vs published
-    nearest_published: dict[str, Any]  # per measured model its best published and like-for-like figures, and the references beside no run (nearest_published.report_context)
+    nearest_published: dict[
+        str, Any
+    ]  # per measured model its best published and like-for-like figures, and the references beside no run (nearest_published.report_context)
     comparison_groups: dict[str, list[Row]]  # comparison.csv by group, "reproduction" and "context" (comparison_groups)
     verdict_counts: list[tuple[str, int]]  # (verdict, how many references got it), VERDICTS first
     tolerance: float  # targets.reproduce_tolerance: how far from 1 a ratio is still reproduced
@@ -567,11 +573,7 @@ def build_context(
     tables = {name: read_table(Path(tables_dir), name) for name in TABLES}
     # What an empty table's section says: the file is absent, or there but without rows (e.g. a
     # study with no sensitivity runs).
-    empty = {
-        name: f"Not measured: {name}.csv "
-        + ("has no rows" if (Path(tables_dir) / f"{name}.csv").is_file() else "is not there")
-        for name in TABLES
-    }
+    empty = {name: f"Not measured: {name}.csv " + ("has no rows" if (Path(tables_dir) / f"{name}.csv").is_file() else "is not there") for name in TABLES}
     runs, scaling = tables["runs"], tables["scaling"]
     inventory = read_json(inventory_path)
     inventory_problem = study_files.inventory_problem(inventory, runs)
@@ -621,10 +623,7 @@ def build_context(
         inventory_problem=inventory_problem,
         hosts=hosts_of_runs(runs),
         software=(inventory or {}).get("software") if isinstance(inventory, dict) else None,
-        scaling={
-            study: rows(group, ("model", "gpus"))
-            for study, group in (scaling.groupby("study", sort=True) if "study" in scaling.columns else [])
-        },
+        scaling={study: rows(group, ("model", "gpus")) for study, group in (scaling.groupby("study", sort=True) if "study" in scaling.columns else [])},
         scaling_unlabelled=rows(scaling, ("model", "gpus")) if "study" not in scaling.columns else [],
         loss_view=loss_view,
         sensitivity=sensitivity,
@@ -633,7 +632,9 @@ def build_context(
         parallelism_why_empty=parallelism_why,
         mfu_headers=mfu_headers,
         communication=communication,
-        ok_runs=[Row({**row, "withheld": withheld_figures(row.get("withheld"))[0]}) for row in rows(ok, ("study", "model", "gpus", "variant", "repeat", "run_id"))],
+        ok_runs=[
+            Row({**row, "withheld": withheld_figures(row.get("withheld"))[0]}) for row in rows(ok, ("study", "model", "gpus", "variant", "repeat", "run_id"))
+        ],
         withheld_reasons=sorted({reason for value in ok.get("withheld", pd.Series(dtype=object)) for reason in withheld_figures(value)[1]}),
         measured=measured,
         nvml_reasons=nvml_reasons,
@@ -700,9 +701,7 @@ def main(argv: list[str]) -> int:
         prog=_PROG,
         description="Render the scaling study's report as one self-contained HTML file.",
     )
-    parser.add_argument(
-        "--tables", required=True, type=Path, help="directory of the aggregation's CSV tables and summary.json"
-    )
+    parser.add_argument("--tables", required=True, type=Path, help="directory of the aggregation's CSV tables and summary.json")
     parser.add_argument("--plots", required=True, type=Path, help="directory of <figure>.svg / <figure>.png")
     parser.add_argument("--inventory", required=True, type=Path, help="system inventory JSON")
     parser.add_argument("--config", required=True, type=Path, help="the resolved workflow config as JSON")

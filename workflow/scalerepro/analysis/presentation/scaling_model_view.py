@@ -76,8 +76,17 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
         row = type(row)(row)  # the report's row type: a missing column reads as None
         if _number(row.get("gpus")) == 1 and row.get("basis") == "measured":
             # t(1) is the model's input and the efficiencies' denominator: 100 % and +0 % say nothing
-            for key in ("step_time_predicted_s", "step_time_error", "efficiency_measured", "efficiency_predicted", "efficiency_error",
-                        "loss_fixed_cost", "loss_exposed_comm", "loss_compute_inflation", "compute_inflation"):
+            for key in (
+                "step_time_predicted_s",
+                "step_time_error",
+                "efficiency_measured",
+                "efficiency_predicted",
+                "efficiency_error",
+                "loss_fixed_cost",
+                "loss_exposed_comm",
+                "loss_compute_inflation",
+                "compute_inflation",
+            ):
                 row[key] = None
             reference = REFERENCE_NOTE if _number(row.get("step_time_measured_s")) is not None else None  # none without a measured step
             row["note"] = "; ".join(filter(None, [reference, row.get("note")])) or None

@@ -182,7 +182,11 @@ def summarize(
             classes = [capture_classes(top)]
         if peaks is None:
             precision = precision or precision_of_capture(captures)
-            devices = [device_name] if device_name else [re.sub(r"\s*\(compute capability [^)]*\)$", "", g) for m in metadata for g in m.get("gpus") or [] if "(ncu)" not in g]
+            devices = (
+                [device_name]
+                if device_name
+                else [re.sub(r"\s*\(compute capability [^)]*\)$", "", g) for m in metadata for g in m.get("gpus") or [] if "(ncu)" not in g]
+            )
             peaks, peaks_basis = resolve_peaks(devices, configured_peaks, precision)
             if peaks is None:
                 warnings.append(f"roofline: {peaks_basis}")
@@ -255,10 +259,18 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
         b = s.get("breakdown") or {}
         c = s.get("classification") or {}
         runs.append(
-            {**{k: b.get(k) for k in PROFILING_COLUMNS}, "run_id": s["run_id"], "tools": " ".join(s["tools"]),
-             "fallback": s["fallback"], "fallback_reason": s["fallback_reason"], "classification": c.get("class"),
-             "provisional": c.get("provisional"), "evidence": c.get("evidence"), **_capture_facts(s),
-             "warnings": "\n".join(s.get("warnings") or []) or None}  # fmt: skip
+            {
+                **{k: b.get(k) for k in PROFILING_COLUMNS},
+                "run_id": s["run_id"],
+                "tools": " ".join(s["tools"]),
+                "fallback": s["fallback"],
+                "fallback_reason": s["fallback_reason"],
+                "classification": c.get("class"),
+                "provisional": c.get("provisional"),
+                "evidence": c.get("evidence"),
+                **_capture_facts(s),
+                "warnings": "\n".join(s.get("warnings") or []) or None,
+            }  # fmt: skip
         )
         runs[-1]["kernel_basis"] = (s.get("kernel_basis") or {}).get("what")
         runs[-1].update(profile_columns(s.get("step_classes")))

@@ -114,7 +114,7 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
     # ncu prints its own "==PROF==" lines (and the application's output) before the table
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
-        raise ProfileError(f"{path}: no ncu CSV header (a line starting with \"ID\"): was it written by ncu --csv?")
+        raise ProfileError(f'{path}: no ncu CSV header (a line starting with "ID"): was it written by ncu --csv?')
     reader = csv.DictReader(lines[start:])
     missing = [column for column in NCU_COLUMNS if column not in (reader.fieldnames or [])]
     if missing:

@@ -1,5 +1,4 @@
-"""Reading an `nsys export --type sqlite` file: the CUPTI kernel and NVTX tables of each rank.
-"""
+"""Reading an `nsys export --type sqlite` file: the CUPTI kernel and NVTX tables of each rank."""
 
 from __future__ import annotations
 
@@ -57,7 +56,9 @@ def read_nsys_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
         if "TARGET_INFO_SYSTEM_ENV" in tables and {"name", "value"} <= _columns(db, "TARGET_INFO_SYSTEM_ENV"):
             drivers = [v for (v,) in db.execute("SELECT DISTINCT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CudaDriverVersion'")]
             meta["driver"] = ", ".join(drivers) or None
-        meta["cuda_api_calls"] = db.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0] if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables else None
+        meta["cuda_api_calls"] = (
+            db.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0] if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables else None
+        )
         meta["tables"] = tables
     return meta
 
@@ -111,8 +112,7 @@ def read_nsys_sqlite(path: str | os.PathLike[str]) -> list[Timeline]:
             text = "COALESCE(n.text, s.value)" if "textId" in _columns(db, "NVTX_EVENTS") else "n.text"
             join_text = "LEFT JOIN StringIds AS s ON s.id = n.textId" if "textId" in _columns(db, "NVTX_EVENTS") else ""
             ranges = pd.read_sql_query(
-                f"SELECT n.start, n.end, n.globalTid, {text} AS name FROM NVTX_EVENTS AS n {join_text} "
-                "WHERE n.eventType IN (?, ?) AND n.end IS NOT NULL",
+                f"SELECT n.start, n.end, n.globalTid, {text} AS name FROM NVTX_EVENTS AS n {join_text} WHERE n.eventType IN (?, ?) AND n.end IS NOT NULL",
                 db,
                 params=(NVTX_PUSH_POP_RANGE, NVTX_START_END_RANGE),
             )

@@ -170,15 +170,19 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
         elif _hfma2_only(group, tensor_busy_s, seconds):
             # its tensor pipe ran only the half-precision FMAs the SASS counters already hold
             tensor = 0.0
-            tensor_work = (f"none: a CUDA-core kernel (no wgmma instruction; its tensor pipe busy {_busy_text(tensor_busy_s / seconds)} of "
-                           "the time with the half-precision FMAs its SASS counters hold, HFMA2.MMA)")
+            tensor_work = (
+                f"none: a CUDA-core kernel (no wgmma instruction; its tensor pipe busy {_busy_text(tensor_busy_s / seconds)} of "
+                "the time with the half-precision FMAs its SASS counters hold, HFMA2.MMA)"
+            )
         elif tensor_peak is None:
             tensor_work = f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time, but {tensor_reason}"
         elif group["wgmma_instructions"].notna().any() and group["wgmma_instructions"].fillna(0).sum() == 0:
             # Hopper's tensor-pipe counter also counts mma.sync (HMMA): it does not run at the
             # wgmma rate the dense peak is quoted for, so utilisation x that peak would overstate it
-            tensor_work = (f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time with no wgmma instruction "
-                           "(mma.sync or HFMA2.MMA work, which the dense wgmma peak does not bound)")
+            tensor_work = (
+                f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time with no wgmma instruction "
+                "(mma.sync or HFMA2.MMA work, which the dense wgmma peak does not bound)"
+            )
             missing.append("tensor-core FLOPs")
         else:
             # tensor FLOPs = tensor-pipe busy share x duration x dense tensor peak of the precision

@@ -137,8 +137,9 @@ def step_breakdown(profile: Mapping[str, Any], run: Mapping[str, Any] | None) ->
             busy = step * utilisation / 100  # the step's kernel time: S x U
             rows.append(_row(RELAUNCHED, None, busy - out["captured_s"]))
             rows.append(_row(IDLE, None, step - busy))  # S x (1 - U)
-            out["idle_basis"] = (f"the measured run's GPU utilisation (NVML): a kernel ran {utilisation:.1f} % of its window, "
-                                 f"so idle = step x {1 - utilisation / 100:.3f}")
+            out["idle_basis"] = (
+                f"the measured run's GPU utilisation (NVML): a kernel ran {utilisation:.1f} % of its window, so idle = step x {1 - utilisation / 100:.3f}"
+            )
         out["step_basis"] = "the measured run's median step (runs.csv step_time_median_s), without the profiler"
     for row in rows:
         row["share"] = row["time_s"] / step

@@ -1,5 +1,4 @@
-"""Reading torch.profiler's Chrome trace and the operator table the trainer writes beside it.
-"""
+"""Reading torch.profiler's Chrome trace and the operator table the trainer writes beside it."""
 
 from __future__ import annotations
 

@@ -155,15 +155,15 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, TARGETS, VERDICTS
+from scalerepro.analysis.study_files import LeftOut, comm_problem
 from scalerepro.analysis.tables import loss_decomposition, scaling_model
 from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, parallelism_table, scaling_table, sensitivity_table
 from scalerepro.analysis.tables.checking import checks_table, cpu_study, parse_checks
-from scalerepro.analysis.study_files import LeftOut, comm_problem
 from scalerepro.analysis.tables.readers import communication_table, read_comm, read_matrix, read_runs
 from scalerepro.analysis.tables.reproduction import comparison_table, read_references, read_target_gpu
 from scalerepro.common.cli import OneLineErrorParser, bounded_int, error_boundary
-from scalerepro.common.study_layout import study_folder_of
 from scalerepro.common.files import write_text_atomically
+from scalerepro.common.study_layout import study_folder_of
 
 
 def summarise(tables: Mapping[str, pd.DataFrame], left_out: Sequence[str] = ()) -> dict[str, Any]:
@@ -180,12 +180,11 @@ def summarise(tables: Mapping[str, pd.DataFrame], left_out: Sequence[str] = ()) 
         "git_commits": sorted(runs["git_commit"].dropna().unique()),
         "torch_versions": sorted(runs["torch_version"].dropna().unique()),
         "checks": {status: int(checks["status"].eq(status).sum()) for status in CHECK_STATUSES},
-        "comparison": {
-            verdict: int(tables["comparison"]["verdict"].str.startswith(verdict).sum()) for verdict in VERDICTS
-        } if "comparison" in tables else {},
+        "comparison": {verdict: int(tables["comparison"]["verdict"].str.startswith(verdict).sum()) for verdict in VERDICTS} if "comparison" in tables else {},
         "cpu_study": cpu_study(runs),
-        "noisy_cells": int(sum(tables[name]["noisy"].fillna(False).astype(bool).sum()
-                               for name in ("scaling", "sensitivity", "ablation", "parallelism") if name in tables)),
+        "noisy_cells": int(
+            sum(tables[name]["noisy"].fillna(False).astype(bool).sum() for name in ("scaling", "sensitivity", "ablation", "parallelism") if name in tables)
+        ),
         "left_out": list(left_out),
     }
 

@@ -68,10 +68,7 @@ def cell_stats(runs: pd.DataFrame, keys: Sequence[str], noise_cv_max: float = DE
         exposed_comm_fraction=("exposed_comm_fraction", "median"),
         device_name=("device_name", _joined),
     ).reset_index()
-    spread = [
-        (repeats.describe(group["samples_per_s"], key), repeats.describe(group["epoch_time_s"], ("epoch", key)))
-        for key, group in groups
-    ]
+    spread = [(repeats.describe(group["samples_per_s"], key), repeats.describe(group["epoch_time_s"], ("epoch", key))) for key, group in groups]
     cells["samples_per_s_cv"] = [thr["cv"] for thr, _ in spread]
     cells["samples_per_s_ci_low"] = [thr["ci_low"] for thr, _ in spread]
     cells["samples_per_s_ci_high"] = [thr["ci_high"] for thr, _ in spread]
@@ -203,10 +200,9 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
     # stricter than stock, so each gain against it is larger than against stock PyTorch.
     strict = _strict_fp32_baselines(ablation)
     for index, (model, gpus) in enumerate(zip(cells["model"], cells["gpus"])):
-        if (model, gpus) in strict:
-            if cells["variant"].iloc[index] == "baseline" or pd.notna(cells["gain"].iloc[index]):
-                words = STRICT_FP32 if cells["variant"].iloc[index] == "baseline" else "a gain against that stricter baseline"
-                cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], words]))
+        if (model, gpus) in strict and (cells["variant"].iloc[index] == "baseline" or pd.notna(cells["gain"].iloc[index])):
+            words = STRICT_FP32 if cells["variant"].iloc[index] == "baseline" else "a gain against that stricter baseline"
+            cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], words]))
     _say_whose_runs(cells, ablation, ["model", "gpus", "variant"])
     # "all" is the study's preset as it resolved where it ran (on a CPU that emulates bf16 it trains
     # fp32): its row names the levers its records state
@@ -215,7 +211,9 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
             levers = _resolved_levers(ablation[ablation["counts"].fillna(False).astype(bool) & ablation["model"].eq(model)
                                                 & ablation["gpus"].eq(gpus) & ablation["variant"].eq("all")])  # fmt: skip
             if levers:
-                cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], f"the study's preset as it resolved here: {levers}"]))
+                cells.loc[cells.index[index], "note"] = "; ".join(
+                    filter(None, [cells["note"].iloc[index], f"the study's preset as it resolved here: {levers}"])
+                )
     # A bf16 cell on a CPU that emulates bf16 loses against fp32 by the emulation, not by a fault of
     # the lever: its records say so (knobs.precision_reason), and so does its row.
     emulated = _emulated_bf16(ablation)
@@ -303,7 +301,9 @@ def _parallelism_note(cell: Mapping[str, Any]) -> str:
     elif cell["peak_memory_kind"] == "rss":
         notes.append("peak memory is a rank's peak RSS (host memory, no GPU), not device memory")
     elif cell["peak_memory_kind"] == "cuda_reserved":
-        notes.append("peak memory is the CUDA allocator's reserved peak: the run replayed CUDA graphs, whose private pools its allocated count misses (an upper bound)")
+        notes.append(
+            "peak memory is the CUDA allocator's reserved peak: the run replayed CUDA graphs, whose private pools its allocated count misses (an upper bound)"
+        )
     if pd.isna(cell["state_bytes_per_rank_max"]):
         notes.append(
             "not measured: state bytes per rank (the trainer records them for sharded runs; under ddp every rank "

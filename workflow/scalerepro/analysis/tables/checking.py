@@ -167,8 +167,8 @@ def select(table: pd.DataFrame, where: Mapping[str, Any]) -> tuple[pd.DataFrame,
             continue
         if isinstance(wanted, str) and wanted[:1] in "<>":
             op = ">=" if wanted.startswith(">=") else "<=" if wanted.startswith("<=") else wanted[0]
-            rows = rows[getattr(rows[column], _COMPARISONS[op])(float(wanted[len(op):]))]
-            said.append(f"{column} {op} {wanted[len(op):]}")
+            rows = rows[getattr(rows[column], _COMPARISONS[op])(float(wanted[len(op) :]))]
+            said.append(f"{column} {op} {wanted[len(op) :]}")
         elif isinstance(wanted, list):
             rows = rows[rows[column].isin(wanted)]
             said.append(f"{column} in {', '.join(map(str, wanted))}")

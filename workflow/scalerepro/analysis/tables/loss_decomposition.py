@@ -96,8 +96,7 @@ BOTTLENECKS: dict[str, tuple[str, str]] = {
     ),
     "straggler_wait": (
         "straggler-bound: ranks wait for the slowest at every synchronisation",
-        "find the slow rank (host load, throttling, a shared core) in the per-rank step times; keep other work "
-        "off the nodes",
+        "find the slow rank (host load, throttling, a shared core) in the per-rank step times; keep other work off the nodes",
     ),
     "data_stall": (
         "input-bound: steps wait for their batches",

@@ -581,7 +581,7 @@ def walk(pairing: Pairing, cells: Sequence[Cell]) -> list[dict[str, Any]]:
         queue = deque([end])
         while queue:
             here = queue.popleft()
-            for (x, y) in pairs:
+            for x, y in pairs:
                 if y == here and x not in parent:
                     parent[x] = here
                     queue.append(x)

@@ -189,9 +189,7 @@ class ClusterPreset:
     source: str
     topology: Topology = Topology()
 
-    def with_overrides(
-        self, gpus_per_node: int | None = None, nvlink_gbps: float | None = None, nic_gbps: float | None = None
-    ) -> ClusterPreset:
+    def with_overrides(self, gpus_per_node: int | None = None, nvlink_gbps: float | None = None, nic_gbps: float | None = None) -> ClusterPreset:
         """The preset with a user's own node size or line rates (GB/s per GPU each way; the
         link's efficiency and latency stay), saying so in its name."""
         changes = []

@@ -75,9 +75,7 @@ def _log_ending(log: Path, record_named: str) -> str:
     return f"; its log ends: {lines[-1][:300]} ({Path(record_named).parent / log.name})" if lines else ""
 
 
-def read_record(
-    run_id: str, path: str, planned: dict[str, Any] | None = None, named: str | None = None
-) -> tuple[dict[str, Any], list[tuple], list[tuple]]:
+def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None, named: str | None = None) -> tuple[dict[str, Any], list[tuple], list[tuple]]:
     """One record as (its runs.csv fields, its epochs.csv rows, its loss_log.csv rows), read at
     ``path`` and named in its messages ``named`` (the matrix's path, as the study names it: a
     message shows no path of the machine that read it), by default ``path``.
@@ -222,7 +220,9 @@ def read_matrix(path: str | os.PathLike[str], study: str | os.PathLike[str] | No
     files, never from whatever lies beside it."""
     size = Path(path).stat().st_size
     if size > MAX_MATRIX_BYTES:
-        raise TableInputError(f"{path} is {size / 2**20:.0f} MiB, larger than any study matrix ({MAX_MATRIX_BYTES >> 20} MiB): make it again (rule study_matrix)")
+        raise TableInputError(
+            f"{path} is {size / 2**20:.0f} MiB, larger than any study matrix ({MAX_MATRIX_BYTES >> 20} MiB): make it again (rule study_matrix)"
+        )
     try:
         matrix = pd.read_csv(path, dtype={"run_id": str, "variant": str, "record": str, "rerun": str, "reference": str})
     except pd.errors.EmptyDataError:
@@ -370,9 +370,7 @@ def communication_table(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame
         n = document["world_size"]
         algbw = frame["size_bytes"] / (frame["time_us_median"] * 1e3)  # algbw = size / t, in GB/s
         busbw = algbw * 2 * (n - 1) / n  # busbw = algbw * 2 (N - 1) / N
-        consistent = np.allclose(frame["algbw_gbps"], algbw, rtol=1e-6) and np.allclose(
-            frame["busbw_gbps"], busbw, rtol=1e-6
-        )
+        consistent = np.allclose(frame["algbw_gbps"], algbw, rtol=1e-6) and np.allclose(frame["busbw_gbps"], busbw, rtol=1e-6)
         if not consistent:
             raise TableInputError(f"{path}: algbw_gbps/busbw_gbps disagree with size / time and 2 (N - 1) / N for N = {n}: run the all-reduce benchmark again")
         frames.append(frame.assign(gpus=n, nodes=document["nodes"], backend=document["backend"]))

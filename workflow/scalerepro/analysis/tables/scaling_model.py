@@ -182,6 +182,7 @@ import numpy as np
 import pandas as pd
 
 from scalerepro.analysis.evidence import POSITIVE, Bound, EvidenceError, read_json_document
+from scalerepro.analysis.tables import loss_decomposition, prediction_error
 from scalerepro.analysis.tables.network_model import (
     ClusterPreset,
     Link,
@@ -190,7 +191,6 @@ from scalerepro.analysis.tables.network_model import (
     preset,
     preset_for_gpu,
 )
-from scalerepro.analysis.tables import loss_decomposition, prediction_error
 from scalerepro.analysis.tables.readers import read_comm
 from scalerepro.analysis.values import finite_number
 from scalerepro.common import batch_split
@@ -347,9 +347,7 @@ class AllReduceNetwork(Protocol):
     def allreduce_s(self, size_bytes: float) -> float: ...
 
 
-def simulate_step(
-    profile: StepProfile, network: AllReduceNetwork, compute_scale: float = 1.0, micro_batches: int | None = None
-) -> StepPrediction:
+def simulate_step(profile: StepProfile, network: AllReduceNetwork, compute_scale: float = 1.0, micro_batches: int | None = None) -> StepPrediction:
     """t(N) of the module docstring: bucket k's all-reduce starts at max(c r_k, e_(k-1)).
     ``micro_batches``: A_N, micro-batches per step at N GPUs (default: the profile's A_1)."""
     c = compute_scale
@@ -402,9 +400,7 @@ class ShardingNetwork(Protocol):
     def reduce_scatter_s(self, size_bytes: float) -> float: ...
 
 
-def simulate_fsdp_step(
-    profile: FsdpProfile, network: ShardingNetwork, compute_scale: float = 1.0, micro_batches: int | None = None
-) -> StepPrediction:
+def simulate_fsdp_step(profile: FsdpProfile, network: ShardingNetwork, compute_scale: float = 1.0, micro_batches: int | None = None) -> StepPrediction:
     """t(N) of an FSDP step. Each unit of wrapping (FSDP's, one a transformer block) has its
     parameters all-gathered before its forward and (with reshard after forward) again before its
     backward, prefetched one unit ahead; its gradients are reduce-scattered after its backward;
@@ -569,7 +565,7 @@ _PDF = np.exp(-(_GRID**2) / 2) / math.sqrt(2 * math.pi)
 _CDF = 0.5 * (1 + np.vectorize(math.erf)(_GRID / math.sqrt(2)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def expected_max_normal(n: int) -> float:
     """e_N = E[max of N independent standard normal draws] = integral of x N phi(x) Phi(x)^(N-1) dx,
     by the trapezoid rule on a grid of step 5e-4 over +-12 (within 1e-6 of the closed forms
@@ -676,9 +672,7 @@ class Inflation:
     spread: float | None = None  # sigma / t of the rank steps (``straggler_spread``); None: the wait is in k
 
 
-def inflation_for(
-    measured: Sequence[Inflation], study: str, gpus: int, occupancy: int, is_measured_cell: bool, attribute: str = "factor"
-) -> tuple[float, str]:
+def inflation_for(measured: Sequence[Inflation], study: str, gpus: int, occupancy: int, is_measured_cell: bool, attribute: str = "factor") -> tuple[float, str]:
     """k (``attribute`` "factor") or s ("bandwidth_share") for a cell at ``occupancy`` ranks a node,
     and where it comes from (module docstring): the other cells at its occupancy, else its own,
     and beyond the hardware the fullest occupancy measured."""
@@ -695,7 +689,8 @@ def inflation_for(
         at_top = [m for m in fuller if m.occupancy == top]
         cells = sorted({f"{m.study} {m.gpus}" for m in at_top})
         return statistics.median(getattr(m, attribute) for m in at_top), (
-            f"measured at {top} ranks a node ({', '.join(cells)}, {len(at_top)} runs), carried to every node")
+            f"measured at {top} ranks a node ({', '.join(cells)}, {len(at_top)} runs), carried to every node"
+        )
     others = [m for m in measured if m.occupancy == occupancy and (m.study, m.gpus) != (study, gpus)]
     if others:
         cells = sorted({f"{m.study} {m.gpus}" for m in others})
@@ -706,9 +701,7 @@ def inflation_for(
     return 1.0, f"no run at {occupancy} ranks a node measured its {what}: none assumed"
 
 
-def bandwidth_share(
-    profile: StepProfile, network: RingNetwork, exposed_s: float, compute_scale: float, micro_batches: int
-) -> float | None:
+def bandwidth_share(profile: StepProfile, network: RingNetwork, exposed_s: float, compute_scale: float, micro_batches: int) -> float | None:
     """s in (0, 1]: the share of the benchmark's bandwidth B at which the replayed step exposes the
     ``exposed_s`` a run's probe measured (sync - no-sync step), its compute already inflated in
     ``profile``; 1 where the replay exposes as much at B itself, None where B is unresolved.
@@ -914,7 +907,7 @@ def scaling_model_table(
         base = {"study": study, "model": model}
         if not profiles:
             why = "; ".join(sorted({reason for _, reason in found})) or "no completed 1-GPU run of this study and model"
-            for gpus, cell in ([] if derived else cells.iterrows()):
+            for gpus, cell in [] if derived else cells.iterrows():
                 rows.append(_row(**base, gpus=gpus, nodes=cell["nodes"], basis="measured",
                                  step_time_measured_s=cell["step_time_median_s"], efficiency_measured=cell["efficiency"],
                                  per_gpu_batch=batches.get(gpus), note=f"no prediction: {why}"))  # fmt: skip
@@ -1075,9 +1068,7 @@ def scaling_model_table(
                 network=network.source,
                 # one alpha and B for a flat ring; a cluster's two levels are in ``network``
                 alpha_step_us=network.alpha_step_s * 1e6 if isinstance(network, RingNetwork) else None,
-                link_gbps=network.link_bytes_per_s / 1e9
-                if isinstance(network, RingNetwork) and math.isfinite(network.link_bytes_per_s)
-                else None,
+                link_gbps=network.link_bytes_per_s / 1e9 if isinstance(network, RingNetwork) and math.isfinite(network.link_bytes_per_s) else None,
                 allreduce_s=prediction.allreduce_s,
                 exposed_comm_s=prediction.exposed_comm_s,
                 step_time_predicted_s=step_n,
