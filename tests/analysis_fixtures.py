@@ -121,6 +121,7 @@ def make_record(
     sharding: dict[str, Any] | None = None,
     global_batch: int | None = None,
     grad_accum_steps: int = 1,
+    bucket_cap_mb: float = 25.0,
     started_at: datetime.datetime = datetime.datetime(2026, 11, 20, 8, 0, tzinfo=datetime.timezone.utc),
 ) -> dict[str, Any]:
     """A complete run record (every required field) that validates against the schema, whose
@@ -229,7 +230,7 @@ def make_record(
             "compile": "none",
             "loader": "dataloader",
             "optimizer_impl": "foreach",
-            "bucket_cap_mb": 25.0,
+            "bucket_cap_mb": bucket_cap_mb,
             "gradient_as_bucket_view": False,
             "static_graph": False,
             "sync_batchnorm": False,
@@ -369,6 +370,7 @@ class Study:
             figures.setdefault("nodes", _nodes(figures["world_size"]))
             figures.setdefault("global_batch", per_gpu_batch * (data_parallel or figures["world_size"]) * grad_accum_steps)
             figures.setdefault("grad_accum_steps", grad_accum_steps)
+            figures.setdefault("bucket_cap_mb", bucket_cap_mb)
             document = record or make_record(run_id, model=model, precision=precision, per_gpu_batch=per_gpu_batch, **figures)
             path.write_text(json.dumps(document))
         return run_id

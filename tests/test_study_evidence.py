@@ -258,6 +258,7 @@ PLAN = [
     ("a record without its per-GPU batch", _drop(("batch", "per_gpu")), "its record states no per-GPU batch"),
     ("another precision", _set(("precision",), "fp32"), "precision 'fp32', where the plan's is 'bf16'"),
     ("another accumulation", _set(("batch", "grad_accum_steps"), 4), "accumulation steps 4, where the plan's is 1"),
+    ("another bucket cap", _set(("knobs", "bucket_cap_mb"), 1.0), "DDP bucket cap 1, where the plan's is 25"),
     ("another global batch", _global_batch(64), "global batch 64, where the plan's is 16"),
     ("another strategy", lambda r: r["measurements"].update(sharding={"strategy": "fsdp"}), "strategy 'fsdp', where the plan's is 'ddp'"),
     ("another image size", _set(("model", "shape", "image_size"), 64), "its repeats differ in image size (32, 64)"),

@@ -375,6 +375,7 @@ PLANNED_KNOBS: tuple[PlannedKnob, ...] = (
     PlannedKnob("grad_accum_steps", "accumulation steps", (("batch", "grad_accum_steps"),), number=True),
     PlannedKnob("global_batch", "global batch", (("batch", "global"),), number=True),
     PlannedKnob("precision", "precision", (("precision",),)),
+    PlannedKnob("bucket_cap_mb", "DDP bucket cap", (("knobs", "bucket_cap_mb"),), number=True),
     PlannedKnob("parallel", "strategy", read=_strategy),
     PlannedKnob("device", "device", (("parallel", "device_type"),)),
     PlannedKnob("data", "data", (("data", "kind"),)),
