@@ -329,7 +329,7 @@ class Study:
         variant: str = "",
         per_gpu_batch: int = 32,
         precision: str = "bf16",
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float | None = None,
         model: str = "resnet50",
         record: dict[str, Any] | None = None,
         reference: str = "",
@@ -342,6 +342,8 @@ class Study:
         ``reference``: the reference a ``reproduce`` run is for (the matrix's column)."""
         run_id = "_".join(part for part in (study, model, f"g{gpus}", variant or reference, f"r{repeat}") if part)
         path = self.root / "runs" / f"{run_id}.json"
+        if bucket_cap_mb is None:  # the plan of a given record is the cap it ran; 25 MiB (DDP's default) else
+            bucket_cap_mb = ((record or {}).get("knobs") or {}).get("bucket_cap_mb") or 25.0
         self.rows.append(
             {
                 "run_id": run_id,
@@ -520,3 +522,16 @@ def write_many_records(root: Path, count: int) -> Path:
         record["run_id"] = f"strong_resnet50_g{gpus}_r{index}"
         s.add("strong", gpus, index, record=record)
     return s.write_matrix()
+
+
+def predict_published_benchmark():
+    """benchmarks/predict_published.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+    import sys
+
+    path = REPO / "benchmarks" / "predict_published.py"
+    spec = importlib.util.spec_from_file_location("predict_published", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

@@ -18,7 +18,7 @@ from scalerepro.analysis.tables.network_model import HierarchicalNetwork
 from scalerepro.analysis.tables.scaling_model import BatchCurve, Inflation, inflation_for
 from test_scaling_model import PROFILE, REFERENCES
 
-from analysis_fixtures import Study, make_record, validate, write_comm
+from analysis_fixtures import Study, make_record, predict_published_benchmark, validate, write_comm
 
 # ---- the decomposition ------------------------------------------------------------------------
 
@@ -255,16 +255,7 @@ def test_ring_latency_counts_every_hop_of_the_ring():
 
 
 def _benchmark():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "predict_published.py"
-    spec = importlib.util.spec_from_file_location("predict_published", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return predict_published_benchmark()
 
 
 def test_the_mlperf_row_takes_its_compute_from_the_batch_curve_and_names_it_when_missing():

@@ -41,7 +41,7 @@ from scalerepro.models.cnn import SmallCNN
 from scalerepro.training import buckets
 from scalerepro.training.train import main
 
-from analysis_fixtures import Study, make_record, validate, write_comm
+from analysis_fixtures import Study, make_record, predict_published_benchmark, validate, write_comm
 from conftest import clean_env, load_record
 from h100_report import rebuild_kept_study
 
@@ -376,7 +376,7 @@ def test_two_gloo_ranks_real_buckets_and_benchmark_drive_the_prediction(tmp_path
     s = Study(tmp_path / "study")
     for gpus in (1, 2):
         # the plan as the runs were: the trainer's default precision on a CPU (a record that departs from its plan does not count)
-        s.add("weak", gpus, 1, per_gpu_batch=32, model="cnn", precision="fp32", record=load_record(tmp_path / f"g{gpus}.json"))
+        s.add("weak", gpus, 1, per_gpu_batch=32, model="cnn", precision="fp32", bucket_cap_mb=0.1, record=load_record(tmp_path / f"g{gpus}.json"))
     tables = aggregate.aggregate(s.write_matrix(), [tmp_path / "comm.json"], REFERENCES, {}, predict_gpus=[])
     row = tables["scaling_model"].set_index("gpus").loc[2]
     assert not pd.isna(row["step_time_predicted_s"]), row["note"]
@@ -593,14 +593,7 @@ def test_a_strong_row_the_batch_curve_covers_is_no_bound(tmp_path):
 
 
 def _benchmark():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "predict_published.py"
-    spec = importlib.util.spec_from_file_location("predict_published", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return predict_published_benchmark()
 
 
 def test_the_back_test_fits_nothing_on_the_held_back_counts():
