@@ -776,6 +776,15 @@ def test_import_into_an_extract_path_that_is_a_link_leaves_the_store_untouched(e
         assert not list(tmp_path.glob(".*"))  # no staging directory left beside it
 
 
+def _refused_import(bundle_path: Path, history: Path) -> str:
+    """Import ``bundle_path`` into ``history`` as a user would; the import must be refused (exit 2)
+    in one line, which is returned."""
+    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(bundle_path), "--store", str(history))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    return lines[0]
+
+
 def _forged(source: Path, target: Path, change_rows) -> Path:
     """A copy of the bundle whose store rows ``change_rows(rows)`` alters, its manifest made to match
     (what a stranger can write: every checksum agrees)."""
@@ -838,9 +847,8 @@ def test_a_bundle_adds_only_its_own_study(studies, exported, tmp_path):
             run["study_id"] = victim
 
     forged = _forged(exported["bundle"], tmp_path / "forged.zip", into_the_victim)
-    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(forged), "--store", str(history))
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and f"holds runs of another study ({victim})" in lines[0], result.stderr
+    refusal = _refused_import(forged, history)
+    assert f"holds runs of another study ({victim})" in refusal, refusal
     assert history.read_bytes() == before_bytes and _dump(history) == before
 
 
@@ -864,9 +872,8 @@ def test_a_bundle_with_a_value_that_does_not_fit_is_refused_before_the_store_is_
     name, change, expected = case
     forged = _forged(exported["bundle"], tmp_path / f"{name}.zip", change)
     history = tmp_path / "history.duckdb"
-    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(forged), "--store", str(history))
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
+    refusal = _refused_import(forged, history)
+    assert expected in refusal, refusal
     assert not history.exists()
 
 
@@ -918,10 +925,9 @@ def test_a_bundle_row_that_is_not_what_its_record_measured_is_refused(exported, 
     name, change, expected = case
     forged = _forged(exported["bundle"], tmp_path / f"{name}.zip", change)
     history = tmp_path / "history.duckdb"
-    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(forged), "--store", str(history))
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
-    assert lines[0].startswith("scalerepro.analysis.history.bundle: error: ") and "run 'strong_cnn_g1_r1'" in lines[0]
+    refusal = _refused_import(forged, history)
+    assert expected in refusal, refusal
+    assert refusal.startswith("scalerepro.analysis.history.bundle: error: ") and "run 'strong_cnn_g1_r1'" in refusal
     assert not history.exists()
 
 
@@ -962,9 +968,8 @@ def test_a_bundle_of_stored_records_under_another_study_id_is_refused(exported, 
             run["study_id"] = other
 
     forged = _forged(exported["bundle"], tmp_path / "renamed.zip", under_another_id)
-    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(forged), "--store", str(history))
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and f"are already stored as study {stored}: " in lines[0], result.stderr
+    refusal = _refused_import(forged, history)
+    assert f"are already stored as study {stored}: " in refusal, refusal
     assert history.read_bytes() == before_bytes and _dump(history) == before
 
 
