@@ -214,6 +214,11 @@ def all_reduce_max(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def max_over_ranks(ctx: DistContext, value: float) -> float:
+    """The largest ``value`` any rank holds (a collective: every rank calls it at the same point)."""
+    return float(all_reduce_max(ctx, torch.tensor([float(value)], dtype=torch.float64, device=ctx.device)).item())
+
+
 def gather_objects(ctx: DistContext, obj: object) -> list[object]:
     """Every rank's ``obj``, in rank order, on every rank."""
     if not ctx.distributed:

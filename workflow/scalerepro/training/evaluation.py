@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from scalerepro.data import loaders, sources
 from scalerepro.parallel import pipeline_parallel
-from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum
+from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum, max_over_ranks
 
 
 @torch.no_grad()
@@ -52,11 +52,7 @@ def evaluate(
         if stop_requested():
             stopped = True
             break
-        if (
-            budget_s > 0
-            and index > 0
-            and all_reduce_max(ctx, torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)).item() > budget_s
-        ):
+        if budget_s > 0 and index > 0 and max_over_ranks(ctx, time.perf_counter() - started) > budget_s:
             break
         with autocast():
             # --parallel pp: the logits exist on the last stage, whose figures alone are counted

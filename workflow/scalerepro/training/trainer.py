@@ -35,7 +35,7 @@ from scalerepro.parallel import activation_checkpointing, mesh, parallelize, pip
 from scalerepro.schedulers import cores
 from scalerepro.telemetry import metrics, ranges
 from scalerepro.training import allreduce_timing, buckets, checkpointing, distributed, evaluation, measurements, optim, probes
-from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum
+from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum, max_over_ranks
 from scalerepro.training.energy_window import EnergyWindow
 from scalerepro.training.objective import ModelWithLoss, cross_entropy
 from scalerepro.training.progress import Progress, ProgressBar, RunningLoss, progress_bar
@@ -494,12 +494,14 @@ class Trainer:
         that every rank starts its window at one step (the largest change over the ranks decides).
         ``warmup_steps`` and ``warmup_reason`` say what was decided (the record's steps)."""
         run = self.config.run
-        if taken < self.warmup_steps or self.window_started:
-            return self.window_started or taken >= self.warmup_steps
+        if self.window_started:
+            return True
+        if taken < self.warmup_steps:
+            return False
         if run.warmup_max_steps > run.warmup_steps and taken < run.warmup_max_steps:
             times = self.measured.timer.durations_s()[-2:]  # the last two warm-up steps (synchronises the device)
             change = abs(times[1] - times[0]) / max(times[0], 1e-12) if len(times) == 2 else math.inf
-            change = float(all_reduce_max(self.ctx, torch.tensor([change], dtype=torch.float64, device=self.device)).item())
+            change = max_over_ranks(self.ctx, change)
             if change > run.warmup_settle:
                 self.warmup_steps = taken + 1
                 self.warmup_reason = (
@@ -677,7 +679,7 @@ class Trainer:
         if run.probe_budget_s <= 0:
             return probes.ProbeSizes(run.comm_probe_steps, run.bucket_probe_steps, "the step counts asked for (no --probe-budget-s)")
         median = metrics.window_stats(self.measured.timer).step_time_median_s or 0.0
-        step_s = float(all_reduce_max(self.ctx, torch.tensor([median], dtype=torch.float64, device=self.device)).item())
+        step_s = max_over_ranks(self.ctx, median)
         sizes = probes.sized_by_time(run.probe_budget_s, step_s, run.comm_probe_steps, run.bucket_probe_steps, self.ddp is not None)
         self.measured.probe_budget = sizes.record(run.probe_budget_s, step_s)
         return sizes
