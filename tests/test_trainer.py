@@ -654,3 +654,26 @@ def test_the_window_split_takes_the_exposed_wait_from_the_last_rank_and_the_rest
     assert window_split([ranks[0], {**ranks[1], "step": [0.1]}], "host")["reason"] == "the ranks measured different numbers of steps"
     unfinished = {**ranks[1], "allreduce": [0.005, None]}
     assert window_split([ranks[0], unfinished], "host")["reason"] == "a measured step ran no timed all-reduce"
+
+
+def test_warm_up_probes_and_evaluation_are_sized_by_time_with_their_floors(tmp_path):
+    """The CPU study's time outside its windows is bounded by time, each with its reason in the record:
+    the warm-up goes on until two steps agree (at most --warmup-max-steps), the probes take as many
+    steps as fit --probe-budget-s but never fewer than their floors, the evaluation stops past
+    --eval-budget-s after at least one batch."""
+
+    def run(name: str, *extra: str) -> dict:
+        assert main(small_run(tmp_path, "--model", "cnn", "--bucket-probe-steps", "2", *extra, name=name)) == 0
+        return load_record(tmp_path / f"{name}.json")
+
+    never = run("never-settles", "--warmup-max-steps", "4", "--warmup-settle", "0")
+    assert never["steps"]["warmup"] == 4 and never["steps"]["warmup_reason"].startswith("4 steps: the most --warmup-max-steps allows")
+    settled = run("settles", "--warmup-max-steps", "4", "--warmup-settle", "100")
+    assert settled["steps"]["warmup"] == 2 and settled["steps"]["warmup_reason"].startswith("2 steps: settled within 10000 %")
+    assert settled["history"][-1]["eval_samples"] == 128 and settled["measurements"]["probe_budget"] is None
+    bounded = run("bounded", "--eval-budget-s", "1e-9", "--probe-budget-s", "1e-9")
+    assert bounded["history"][-1]["eval_samples"] == 16  # one batch of 16, then past the budget
+    probe = bounded["measurements"]["probe_budget"]
+    assert (probe["comm_probe_steps"], probe["bucket_probe_steps"]) == (0, probes.BUCKET_PROBE_FLOOR) and "over the probes' 1e-09 s" in probe["reason"]
+    roomy = run("roomy", "--probe-budget-s", "60")
+    assert roomy["measurements"]["probe_budget"]["bucket_probe_steps"] == 2
