@@ -128,6 +128,11 @@ def scaling_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX
     return cells.sort_values(["study", "model", "gpus"], kind="stable")[list(SCALING_COLUMNS)].reset_index(drop=True)
 
 
+def _add_note(cells: pd.DataFrame, position: int, words: str) -> None:
+    """Append ``words`` to the note of the cell at ``position`` ("; " between parts)."""
+    cells.loc[cells.index[position], "note"] = "; ".join(filter(None, [cells["note"].iloc[position], words]))
+
+
 def _say_whose_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]) -> None:
     """A cell whose runs another cell runs (one trainer run, run once: the strong and weak cells at
     the largest count at one batch, or an ablation's "all" that is a sensitivity cell) says whose,
@@ -141,7 +146,7 @@ def _say_whose_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]
         read = sorted({owner.rsplit("_r", 1)[0] for owner in runs.loc[at, "record_of"].fillna("") if owner})
         if read:
             said = f"the runs of {', '.join(read)} (one configuration: run once, read by both cells)"
-            cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], said]))
+            _add_note(cells, index, said)
 
 
 def weak_variation(scaled: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
@@ -202,7 +207,7 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
     for index, (model, gpus) in enumerate(zip(cells["model"], cells["gpus"])):
         if (model, gpus) in strict and (cells["variant"].iloc[index] == "baseline" or pd.notna(cells["gain"].iloc[index])):
             words = STRICT_FP32 if cells["variant"].iloc[index] == "baseline" else "a gain against that stricter baseline"
-            cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], words]))
+            _add_note(cells, index, words)
     _say_whose_runs(cells, ablation, ["model", "gpus", "variant"])
     # "all" is the study's preset as it resolved where it ran (on a CPU that emulates bf16 it trains
     # fp32): its row names the levers its records state
@@ -211,16 +216,14 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
             levers = _resolved_levers(ablation[ablation["counts"].fillna(False).astype(bool) & ablation["model"].eq(model)
                                                 & ablation["gpus"].eq(gpus) & ablation["variant"].eq("all")])  # fmt: skip
             if levers:
-                cells.loc[cells.index[index], "note"] = "; ".join(
-                    filter(None, [cells["note"].iloc[index], f"the study's preset as it resolved here: {levers}"])
-                )
+                _add_note(cells, index, f"the study's preset as it resolved here: {levers}")
     # A bf16 cell on a CPU that emulates bf16 loses against fp32 by the emulation, not by a fault of
     # the lever: its records say so (knobs.precision_reason), and so does its row.
     emulated = _emulated_bf16(ablation)
     for index, (model, gpus, variant) in enumerate(zip(cells["model"], cells["gpus"], cells["variant"])):
         reason = emulated.get((model, gpus, variant))
         if reason:
-            cells.loc[cells.index[index], "note"] = "; ".join(filter(None, [cells["note"].iloc[index], f"bf16 emulated on this CPU: {reason}"]))
+            _add_note(cells, index, f"bf16 emulated on this CPU: {reason}")
     return cells[list(ABLATION_COLUMNS)]
 
 
