@@ -64,6 +64,8 @@ try:
     DRIVER_LOCK = (
         driver_lock.hold(Path.cwd(), sys.argv) if workflow.is_main_process else None
     )
+    if DRIVER_LOCK is not None and DRIVER_LOCK.beside_driver:
+        driver_lock.again_ignoring_incomplete(sys.argv)
 except (
     driver_lock.DriverBusy,
     planning.ConfigError,

@@ -9,8 +9,10 @@ The lock is an advisory ``flock`` on ``.snakemake/scalerepro-driver.lock`` in th
 held by the driver process for its lifetime: the kernel drops it when the process ends, however it
 ends, so no stale lock outlives a killed driver (Snakemake's lock files do, hence ``--unlock``). The
 file says who holds it (pid, start, command line). An invocation that runs no job (a dry run, a
-lint, a listing) takes no lock; where one is held it warns that the jobs it shows as incomplete are
-the running driver's. ``flock`` is local to a host: two drivers on two login nodes sharing the
+lint, a listing) takes no lock; where one is held it warns, and the caller has Snakemake leave the
+running driver's outputs in progress alone (``Hold.beside_driver``, ``again_ignoring_incomplete``:
+else a dry run beside the driver stopped with ``IncompleteFilesException`` on a record a training
+job had written while Snakemake still marked it in progress). ``flock`` is local to a host: two drivers on two login nodes sharing the
 folder over NFS are not told apart here (Snakemake's lock still stops the second).
 """
 
@@ -23,7 +25,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 from scalerepro.common.cli import CommandError
 
@@ -54,10 +56,30 @@ def runs_jobs(argv: Sequence[str]) -> bool:
     return True
 
 
-def hold(workdir: Path, argv: Sequence[str]) -> IO[str] | None:
-    """The driver lock of ``workdir``, held while the returned file stays open (keep a reference
-    for the process's lifetime); None for an invocation that runs no job. Raises DriverBusy when
-    another process holds it and this one would run jobs."""
+IGNORE_INCOMPLETE = "--ignore-incomplete"
+WARNED = "SCALEREPRO_WARNED_BESIDE_DRIVER"  # set for the process run again: the warning is said once
+
+
+def again_ignoring_incomplete(argv: Sequence[str]) -> None:
+    """Run this invocation (one that runs no job, beside a running driver) again as itself with
+    Snakemake's --ignore-incomplete: the driver's outputs in progress are not incomplete files to
+    refuse. Snakemake sets its execution settings only after it has read the Snakefile, so the flag
+    cannot be set from here; the process is replaced, once (the flag given, it goes on)."""
+    if IGNORE_INCOMPLETE in argv or "--ii" in argv:
+        return
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "snakemake", *argv[1:], IGNORE_INCOMPLETE], {**os.environ, WARNED: "1"})
+
+
+class Hold(NamedTuple):
+    handle: IO[str] | None  # the lock, held while this file stays open; None for an invocation that runs no job
+    beside_driver: bool  # another driver holds the lock: its outputs in progress are not this invocation's to judge
+
+
+def hold(workdir: Path, argv: Sequence[str]) -> Hold:
+    """The driver lock of ``workdir``, held while the returned handle stays open (keep a reference
+    for the process's lifetime). Raises DriverBusy when another process holds it and this one would
+    run jobs."""
     path = workdir / LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = path.open("a+")
@@ -71,14 +93,15 @@ def hold(workdir: Path, argv: Sequence[str]) -> IO[str] | None:
                    "then run again (--rerun-incomplete would redo the jobs it is running)")  # fmt: skip
         if runs_jobs(argv):
             raise DriverBusy(message) from None
-        print(f"warning: {message}; the jobs this shows as incomplete are that driver's", file=sys.stderr, flush=True)
-        return None
+        if not os.environ.get(WARNED):
+            print(f"warning: {message}; the jobs this shows are as that driver has left them so far", file=sys.stderr, flush=True)
+        return Hold(None, True)
     if not runs_jobs(argv):
         handle.close()  # the lock goes with the file
-        return None
+        return Hold(None, False)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()}, since {started}: {shlex.join(['snakemake', *argv[1:]])}\n")
     handle.flush()
-    return handle
+    return Hold(handle, False)
