@@ -47,17 +47,42 @@ IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "__pyc
 PER_RANK_BATCH, GLOBAL_BATCH, WARMUP = 8, 16, 3
 # The cell as a study: the strong-scaling cells of resnet18_cifar at 1 and 2 ranks, nothing else.
 STUDY = {
-    "study_name": "calibration", "device": "cpu", "data": "synthetic", "gpus_per_node": 2, "repeats": 1,
+    "study_name": "calibration",
+    "device": "cpu",
+    "data": "synthetic",
+    "gpus_per_node": 2,
+    "repeats": 1,
     "warmup_steps": WARMUP,
-    "trainer_args": ["--preset", "optimised", "--compile", "none", "--synthetic-samples", "1024", "--no-eval",
-                     "--comm-probe-steps", "0", "--bucket-probe-steps", "0"],
+    "trainer_args": [
+        "--preset",
+        "optimised",
+        "--compile",
+        "none",
+        "--synthetic-samples",
+        "1024",
+        "--no-eval",
+        "--comm-probe-steps",
+        "0",
+        "--bucket-probe-steps",
+        "0",
+    ],
     "models": {"resnet18_cifar": {"per_gpu_batch": PER_RANK_BATCH, "args": []}},
-    "scaling": {"models": ["resnet18_cifar"], "gpu_counts": [1, 2], "max_gpus": 2, "predict_gpus": [4],
-                "strong": {"enabled": True, "global_batch": {"resnet18_cifar": GLOBAL_BATCH}}, "weak": {"enabled": False}},
-    "sensitivity": {"enabled": False}, "ablation": {"enabled": False}, "parallelism": {"enabled": False},
-    "reproduce": {"enabled": False}, "communication": {"enabled": False}, "profiling": {"enabled": False},
+    "scaling": {
+        "models": ["resnet18_cifar"],
+        "gpu_counts": [1, 2],
+        "max_gpus": 2,
+        "predict_gpus": [4],
+        "strong": {"enabled": True, "global_batch": {"resnet18_cifar": GLOBAL_BATCH}},
+        "weak": {"enabled": False},
+    },
+    "sensitivity": {"enabled": False},
+    "ablation": {"enabled": False},
+    "parallelism": {"enabled": False},
+    "reproduce": {"enabled": False},
+    "communication": {"enabled": False},
+    "profiling": {"enabled": False},
     "resources": {"cpus_per_gpu": 1, "mem_mb_per_gpu": 2000, "runtime_min": 10, "exclusive": True},
-}  # fmt: skip
+}
 
 
 # ---- the bare loop ----------------------------------------------------------------------------
@@ -85,11 +110,11 @@ def bare_rank(rank: int, world: int, port: int, steps_min: int, min_window_s: fl
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     lr = 0.1 * GLOBAL_BATCH / 256  # the trainer's linear scaling of 0.1 per 256 images
-    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": 5e-4}, {"params": rest, "weight_decay": 0.0}],
-                                lr=lr, momentum=0.9, nesterov=True, fused=True)  # fmt: skip
+    optimizer = torch.optim.SGD(
+        [{"params": decay, "weight_decay": 5e-4}, {"params": rest, "weight_decay": 0.0}], lr=lr, momentum=0.9, nesterov=True, fused=True
+    )
     accumulate = GLOBAL_BATCH // (PER_RANK_BATCH * world)
-    batches = [(torch.randn(PER_RANK_BATCH, 3, 32, 32).to(memory_format=torch.channels_last), torch.randint(0, 10, (PER_RANK_BATCH,)))
-               for _ in range(8)]  # fmt: skip
+    batches = [(torch.randn(PER_RANK_BATCH, 3, 32, 32).to(memory_format=torch.channels_last), torch.randint(0, 10, (PER_RANK_BATCH,))) for _ in range(8)]
     times: list[float] = []
     step = 0
     while True:
@@ -143,8 +168,14 @@ def _plan(workdir: Path):
 
     config = yaml.safe_load((workdir / "config/config.yaml").read_text())
     config.update(yaml.safe_load((workdir / "calibration.yaml").read_text()))
-    return plan.load(config, schema=workdir / "workflow/schemas/config.schema.yaml", references=workdir / "config/references.yaml",
-                     executor=None, in_job=False, local_gpu_names=[])  # fmt: skip
+    return plan.load(
+        config,
+        schema=workdir / "workflow/schemas/config.schema.yaml",
+        references=workdir / "config/references.yaml",
+        executor=None,
+        in_job=False,
+        local_gpu_names=[],
+    )
 
 
 def run_trainer(workdir: Path, run, the_plan) -> float:
@@ -156,8 +187,13 @@ def run_trainer(workdir: Path, run, the_plan) -> float:
     env = {**os.environ, "PYTHONPATH": str(workdir / "workflow")}
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "scalerepro.launching.launch", *launch, "--", "-m", "scalerepro.training.train", *args],
-                          cwd=workdir, env=env, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "scalerepro.launching.launch", *launch, "--", "-m", "scalerepro.training.train", *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"the trainer alone failed:\n{done.stderr[-3000:]}")
     return json.loads(record.read_text())["measurements"]["samples_per_s"]
@@ -165,9 +201,13 @@ def run_trainer(workdir: Path, run, the_plan) -> float:
 
 def run_study_job(workdir: Path, run) -> float:
     record = f"results/runs/{run.run_id}/record.json"
-    done = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "calibration.yaml", "--forcerun", record, record],
-                          cwd=workdir, env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "calibration.yaml", "--forcerun", record, record],
+        cwd=workdir,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"the study's job failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
     return json.loads((workdir / record).read_text())["measurements"]["samples_per_s"]
@@ -188,21 +228,26 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="scalerepro-calibration-") as scratch:
         workdir = Path(scratch) / "workflow"
         shutil.copytree(REPO, workdir, ignore=IGNORE)
-        study = {**STUDY, "steps": WARMUP + args.min_steps,
-                 "trainer_args": [*STUDY["trainer_args"], "--min-window-s", str(args.min_window_s)]}  # fmt: skip
+        study = {**STUDY, "steps": WARMUP + args.min_steps, "trainer_args": [*STUDY["trainer_args"], "--min-window-s", str(args.min_window_s)]}
         (workdir / "calibration.yaml").write_text(yaml.safe_dump(study))
         the_plan = _plan(workdir)
         runs = sorted(the_plan.study.runs.values(), key=lambda run: run.gpus)
         figures = {(way, run.gpus): [] for way in ("bare", "trainer", "study") for run in runs}
-        print(f"calibration on {len(os.sched_getaffinity(0))} cores | {time.strftime('%Y-%m-%d %H:%M %Z')} | "
-              f"resnet18_cifar, global batch {GLOBAL_BATCH}, >= {args.min_steps} steps and >= {args.min_window_s:g} s a window", flush=True)  # fmt: skip
+        print(
+            f"calibration on {len(os.sched_getaffinity(0))} cores | {time.strftime('%Y-%m-%d %H:%M %Z')} | "
+            f"resnet18_cifar, global batch {GLOBAL_BATCH}, >= {args.min_steps} steps and >= {args.min_window_s:g} s a window",
+            flush=True,
+        )
         for repeat in range(1, args.repeats + 1):
             for run in runs:
                 figures["bare", run.gpus].append(run_bare(run.gpus, args.min_steps, args.min_window_s, Path(scratch)))
                 figures["trainer", run.gpus].append(run_trainer(workdir, run, the_plan))
                 figures["study", run.gpus].append(run_study_job(workdir, run))
-                print(f"  repeat {repeat}, {run.gpus} rank(s): bare {figures['bare', run.gpus][-1]:.1f}, trainer "
-                      f"{figures['trainer', run.gpus][-1]:.1f}, study {figures['study', run.gpus][-1]:.1f} samples/s", flush=True)  # fmt: skip
+                print(
+                    f"  repeat {repeat}, {run.gpus} rank(s): bare {figures['bare', run.gpus][-1]:.1f}, trainer "
+                    f"{figures['trainer', run.gpus][-1]:.1f}, study {figures['study', run.gpus][-1]:.1f} samples/s",
+                    flush=True,
+                )
     print(f"\n{'way':8s} {'1 rank, samples/s':>30s} {'2 ranks, samples/s':>30s} {'E(2)':>6s}")
     efficiency = {}
     for way in ("bare", "trainer", "study"):
@@ -213,8 +258,10 @@ def main() -> int:
     for gpus in (1, 2):
         trainer_vs_bare = statistics.median(figures["trainer", gpus]) / statistics.median(figures["bare", gpus])
         study_vs_trainer = statistics.median(figures["study", gpus]) / statistics.median(figures["trainer", gpus])
-        verdicts += [(f"trainer / bare, {gpus} rank(s)", trainer_vs_bare, trainer_vs_bare >= 0.97, ">= 0.97"),
-                     (f"study / trainer, {gpus} rank(s)", study_vs_trainer, study_vs_trainer >= 0.95, ">= 0.95")]  # fmt: skip
+        verdicts += [
+            (f"trainer / bare, {gpus} rank(s)", trainer_vs_bare, trainer_vs_bare >= 0.97, ">= 0.97"),
+            (f"study / trainer, {gpus} rank(s)", study_vs_trainer, study_vs_trainer >= 0.95, ">= 0.95"),
+        ]
     gap = efficiency["study"] / efficiency["bare"] - 1
     verdicts.append(("E(2) study / E(2) bare - 1", gap, abs(gap) <= 0.10, "within +-0.10"))
     for what, value, met, goal in verdicts:

@@ -119,39 +119,151 @@ class Series:
 
 
 SERIES = (
-    Series("Lambda RN50 fp16 NGC22.09", "resnet50", ModelShape(), "dgx_h100",
-           tuple(f"lambda-rn50-h100sxm-fp16-{n}" for n in (1, 2, 4, 8)), None, 4, True, "lars", "h100_sxm",
-           note="PyTorch native DDP with AMP: fp32 gradients, 25 MiB buckets; SGD (counted as LARS's traffic)"),
-    Series("Lambda RN50 fp16 NGC24.03", "resnet50", ModelShape(), "dgx_h100",
-           tuple(f"lambda-rn50-h100sxm-fp16-ngc2403-{n}" for n in (1, 2, 4, 8)), None, 4, True, "lars", "h100_sxm"),
-    Series("MLPerf v3.0 RN50 DGX H100", "resnet50", ModelShape(), "dgx_h100",
-           ("mlperf-v3.0-rn50-dgxh100-8", "mlperf-v3.0-rn50-dgxh100-64"), None, 2, True, "lars", "h100_sxm",
-           note="MXNet + Horovod, fp16 gradients; global batch 3200 fixed: 400 -> 50 images per GPU"),
-    Series("DLE BERT-large ph1 DGX A100", "bert_base", BERT_LARGE, "dgx_a100",
-           tuple(f"dle-bert-large-p1-a100-{n}" for n in (8, 16, 32, 64, 128, 256)), 256, 2, False, "lamb", "a100_sxm_80gb",
-           note="fp16 gradients all-reduced once after the accumulated micro-batches (no overlap)"),
-    Series("DLE BERT-large ph2 DGX A100", "bert_base", BERT_LARGE, "dgx_a100",
-           tuple(f"dle-bert-large-p2-a100-{n}" for n in (8, 16, 32, 64, 128, 256)), 32, 2, False, "lamb", "a100_sxm_80gb"),
-    Series("torchtitan Llama3.1-8B FSDP", "llama3_8b", ModelShape(), "dgx_h100",
-           ("torchtitan-llama31-8b-fsdp-8", "torchtitan-llama31-8b-fsdp-128"), None, 4, True, "adamw", "h100_sxm",
-           parallel="fsdp", note="FSDP2: bf16 all-gathers, fp32 reduce-scatters, 32 blocks and the root (embeddings, norm, head)"),
-    Series("MPT-1B FSDP FULL_SHARD", "mpt_1b", ModelShape(), "dgx_h100",
-           tuple(f"mosaicml-mpt-1b-fsdp-h100-{n}" for n in (8, 16, 32, 64)), None, 4, True, "adamw", "h100_sxm",
-           parallel="fsdp", parameters=MPT_1B_PARAMETERS, units=24, root_parameters=MPT_1B_ROOT,
-           note="Composer FSDP1, amp_bf16 (mixed precision DEFAULT: bf16 gathers, fp32 reduce-scatters); micro-batch 14 at 8 GPUs, 20 beyond"),
-    Series("MPT-1B FSDP SHARD_GRAD_OP", "mpt_1b", ModelShape(), "dgx_h100",
-           tuple(f"mosaicml-mpt-1b-fsdp-h100-large-{n}" for n in (128, 256, 512)), None, 4, True, "adamw", "h100_sxm",
-           parallel="fsdp", parameters=MPT_1B_PARAMETERS, units=24, root_parameters=MPT_1B_ROOT, reshard_after_forward=False,
-           note="the README's Large Scale rows: SHARD_GRAD_OP (gathered once a step), micro-batch 12 at every count"),
-    Series("NeMo ViT g/14 DGX H100", "vit_g_14", ModelShape(), "dgx_h100",
-           tuple(f"nemo-vit-g14-dgxh100-{n}" for n in (8, 16, 32, 64, 128)), None, 4, True, "adamw", "h100_sxm",
-           parameters=VIT_G14_PARAMETERS, units=40, root_parameters=VIT_G14_PARAMETERS - 40 * VIT_G14_BLOCK, assumed_samples_per_gpu=64,
-           note="the performance page states no batch: 64 images a GPU assumed (NeMo's curated g/14 configuration); "
-                "Megatron DDP, fp32 gradients assumed, its 40 blocks' buckets ready one after another"),
-    Series("Megatron GPT-3 175B 3D", "gpt3_175b", ModelShape(), "dgx_h100",
-           ("megatron-gpt3-175b-h100-96", "megatron-gpt3-175b-h100-4608"), None, 4, True, "adamw", "h100_sxm", parallel="3d",
-           note="global batch 1152 fixed; data, tensor and pipeline parallel with overlap"),
-)  # fmt: skip
+    Series(
+        "Lambda RN50 fp16 NGC22.09",
+        "resnet50",
+        ModelShape(),
+        "dgx_h100",
+        tuple(f"lambda-rn50-h100sxm-fp16-{n}" for n in (1, 2, 4, 8)),
+        None,
+        4,
+        True,
+        "lars",
+        "h100_sxm",
+        note="PyTorch native DDP with AMP: fp32 gradients, 25 MiB buckets; SGD (counted as LARS's traffic)",
+    ),
+    Series(
+        "Lambda RN50 fp16 NGC24.03",
+        "resnet50",
+        ModelShape(),
+        "dgx_h100",
+        tuple(f"lambda-rn50-h100sxm-fp16-ngc2403-{n}" for n in (1, 2, 4, 8)),
+        None,
+        4,
+        True,
+        "lars",
+        "h100_sxm",
+    ),
+    Series(
+        "MLPerf v3.0 RN50 DGX H100",
+        "resnet50",
+        ModelShape(),
+        "dgx_h100",
+        ("mlperf-v3.0-rn50-dgxh100-8", "mlperf-v3.0-rn50-dgxh100-64"),
+        None,
+        2,
+        True,
+        "lars",
+        "h100_sxm",
+        note="MXNet + Horovod, fp16 gradients; global batch 3200 fixed: 400 -> 50 images per GPU",
+    ),
+    Series(
+        "DLE BERT-large ph1 DGX A100",
+        "bert_base",
+        BERT_LARGE,
+        "dgx_a100",
+        tuple(f"dle-bert-large-p1-a100-{n}" for n in (8, 16, 32, 64, 128, 256)),
+        256,
+        2,
+        False,
+        "lamb",
+        "a100_sxm_80gb",
+        note="fp16 gradients all-reduced once after the accumulated micro-batches (no overlap)",
+    ),
+    Series(
+        "DLE BERT-large ph2 DGX A100",
+        "bert_base",
+        BERT_LARGE,
+        "dgx_a100",
+        tuple(f"dle-bert-large-p2-a100-{n}" for n in (8, 16, 32, 64, 128, 256)),
+        32,
+        2,
+        False,
+        "lamb",
+        "a100_sxm_80gb",
+    ),
+    Series(
+        "torchtitan Llama3.1-8B FSDP",
+        "llama3_8b",
+        ModelShape(),
+        "dgx_h100",
+        ("torchtitan-llama31-8b-fsdp-8", "torchtitan-llama31-8b-fsdp-128"),
+        None,
+        4,
+        True,
+        "adamw",
+        "h100_sxm",
+        parallel="fsdp",
+        note="FSDP2: bf16 all-gathers, fp32 reduce-scatters, 32 blocks and the root (embeddings, norm, head)",
+    ),
+    Series(
+        "MPT-1B FSDP FULL_SHARD",
+        "mpt_1b",
+        ModelShape(),
+        "dgx_h100",
+        tuple(f"mosaicml-mpt-1b-fsdp-h100-{n}" for n in (8, 16, 32, 64)),
+        None,
+        4,
+        True,
+        "adamw",
+        "h100_sxm",
+        parallel="fsdp",
+        parameters=MPT_1B_PARAMETERS,
+        units=24,
+        root_parameters=MPT_1B_ROOT,
+        note="Composer FSDP1, amp_bf16 (mixed precision DEFAULT: bf16 gathers, fp32 reduce-scatters); micro-batch 14 at 8 GPUs, 20 beyond",
+    ),
+    Series(
+        "MPT-1B FSDP SHARD_GRAD_OP",
+        "mpt_1b",
+        ModelShape(),
+        "dgx_h100",
+        tuple(f"mosaicml-mpt-1b-fsdp-h100-large-{n}" for n in (128, 256, 512)),
+        None,
+        4,
+        True,
+        "adamw",
+        "h100_sxm",
+        parallel="fsdp",
+        parameters=MPT_1B_PARAMETERS,
+        units=24,
+        root_parameters=MPT_1B_ROOT,
+        reshard_after_forward=False,
+        note="the README's Large Scale rows: SHARD_GRAD_OP (gathered once a step), micro-batch 12 at every count",
+    ),
+    Series(
+        "NeMo ViT g/14 DGX H100",
+        "vit_g_14",
+        ModelShape(),
+        "dgx_h100",
+        tuple(f"nemo-vit-g14-dgxh100-{n}" for n in (8, 16, 32, 64, 128)),
+        None,
+        4,
+        True,
+        "adamw",
+        "h100_sxm",
+        parameters=VIT_G14_PARAMETERS,
+        units=40,
+        root_parameters=VIT_G14_PARAMETERS - 40 * VIT_G14_BLOCK,
+        assumed_samples_per_gpu=64,
+        note="the performance page states no batch: 64 images a GPU assumed (NeMo's curated g/14 configuration); "
+        "Megatron DDP, fp32 gradients assumed, its 40 blocks' buckets ready one after another",
+    ),
+    Series(
+        "Megatron GPT-3 175B 3D",
+        "gpt3_175b",
+        ModelShape(),
+        "dgx_h100",
+        ("megatron-gpt3-175b-h100-96", "megatron-gpt3-175b-h100-4608"),
+        None,
+        4,
+        True,
+        "adamw",
+        "h100_sxm",
+        parallel="3d",
+        note="global batch 1152 fixed; data, tensor and pipeline parallel with overlap",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -235,9 +347,13 @@ def cpu_profile(model: str, shape: ModelShape, batch: int, steps: int = 2) -> Cp
     measured = readies[1:]
     fractions = tuple(statistics.median(max(r[i] for i in bucket) for r in measured) / backward_s for bucket in layout)
     return CpuProfile(
-        forward_s, backward_s, tuple(sum(params[i].numel() for i in bucket) for bucket in layout), fractions,
-        spec.num_parameters, time.perf_counter() - start,
-    )  # fmt: skip
+        forward_s,
+        backward_s,
+        tuple(sum(params[i].numel() for i in bucket) for bucket in layout),
+        fractions,
+        spec.num_parameters,
+        time.perf_counter() - start,
+    )
 
 
 def transformer_profile(parameters: int, units: int, root_parameters: int) -> CpuProfile:
@@ -246,8 +362,7 @@ def transformer_profile(parameters: int, units: int, root_parameters: int) -> Cp
     are ready at (i + 1) / L of the backward, the embeddings' and head's (the root) at its end;
     forward : backward = 1 : 2 (the backward's matmuls are twice the forward's)."""
     block = (parameters - root_parameters) // units
-    return CpuProfile(1 / 3, 2 / 3, (block,) * units + (root_parameters,), tuple((i + 1) / units for i in range(units)) + (1.0,),
-                      parameters, 0.0)  # fmt: skip
+    return CpuProfile(1 / 3, 2 / 3, (block,) * units + (root_parameters,), tuple((i + 1) / units for i in range(units)) + (1.0,), parameters, 0.0)
 
 
 # ---- the prediction --------------------------------------------------------------------------
@@ -325,9 +440,11 @@ def curve_calibration(found: tuple[Path, dict] | None) -> str | None:
     bare = [row["step_s_median"] for row in document["rows"] if row["batch"] == batch]
     if not bare:
         return f"no calibration: the curve has no point at the trainer's batch {batch}"
-    return (f"calibration at batch {batch}: the curve's bare loop {bare[0] * 1e3:.2f} ms against the trainer's "
-            f"{trainer_s * 1e3:.2f} ms ({record_path.name}): {bare[0] / trainer_s - 1:+.1%}; the model takes the "
-            f"curve's ratios t(m) / t(m0) only")  # fmt: skip
+    return (
+        f"calibration at batch {batch}: the curve's bare loop {bare[0] * 1e3:.2f} ms against the trainer's "
+        f"{trainer_s * 1e3:.2f} ms ({record_path.name}): {bare[0] / trainer_s - 1:+.1%}; the model takes the "
+        f"curve's ratios t(m) / t(m0) only"
+    )
 
 
 def roles(counts: list[int]) -> dict[int, str]:
@@ -382,17 +499,36 @@ def predict_series(
     def row_of(reference: dict, **values) -> dict:
         ideal = ideal_of(reference)
         return {
-            "source": series.label, "model": "bert_large" if series.shape == BERT_LARGE else series.model, "gpus": reference["gpus"],
-            "published": reference["value"], "given": reference is base, "role": role[reference["gpus"]], "ideal": ideal,
-            "ideal_error": ideal / reference["value"] - 1, "efficiency": reference["value"] / ideal, "parallel": series.parallel,
-            "metric": "tok/s/GPU" if reference["metric"] == "tokens_per_s_per_gpu" else "samples/s", **values,
-        }  # fmt: skip
+            "source": series.label,
+            "model": "bert_large" if series.shape == BERT_LARGE else series.model,
+            "gpus": reference["gpus"],
+            "published": reference["value"],
+            "given": reference is base,
+            "role": role[reference["gpus"]],
+            "ideal": ideal,
+            "ideal_error": ideal / reference["value"] - 1,
+            "efficiency": reference["value"] / ideal,
+            "parallel": series.parallel,
+            "metric": "tok/s/GPU" if reference["metric"] == "tokens_per_s_per_gpu" else "samples/s",
+            **values,
+        }
 
     if series.parallel == "3d":
-        why = ("no prediction: the model has no 3D step (pipeline bubble, tensor-parallel communication), and the source's text "
-               "states no layout at these counts")  # fmt: skip
-        return [row_of(r, nodes=-(-r["gpus"] // cluster.gpus_per_node), predicted=None, error=None, input_note=why, regime=None,
-                       exposed_ms=None, step_ms=None, spread=None) for r in refs]  # fmt: skip
+        why = "no prediction: the model has no 3D step (pipeline bubble, tensor-parallel communication), and the source's text states no layout at these counts"
+        return [
+            row_of(
+                r,
+                nodes=-(-r["gpus"] // cluster.gpus_per_node),
+                predicted=None,
+                error=None,
+                input_note=why,
+                regime=None,
+                exposed_ms=None,
+                step_ms=None,
+                spread=None,
+            )
+            for r in refs
+        ]
 
     hbm = gpu_peaks.PEAKS[series.hbm_peaks].hbm_tbps * 1e12
     m0, a0 = micro(base)
@@ -405,11 +541,17 @@ def predict_series(
         # f : b = 1 : 2 (the backward's matmuls are twice the forward's); only their sum matters
         # where the transfers hide behind them, and it is fitted to the published step
         profile = scaling_model.FsdpProfile(
-            step_s=1.0, forward_s=1.0 / 3, backward_s=2.0 / 3,
-            optimizer_s=parameters * OPTIMIZER_BYTES_PER_PARAMETER[series.optimizer] / hbm, micro_batches=a0, units=units,
-            gather_bytes=parameters * series.gather_bytes_per_parameter, reduce_bytes=parameters * series.gradient_bytes_per_parameter,
-            reshard_after_forward=series.reshard_after_forward, root_fraction=root / parameters if terms.collectives else 0.0,
-        )  # fmt: skip
+            step_s=1.0,
+            forward_s=1.0 / 3,
+            backward_s=2.0 / 3,
+            optimizer_s=parameters * OPTIMIZER_BYTES_PER_PARAMETER[series.optimizer] / hbm,
+            micro_batches=a0,
+            units=units,
+            gather_bytes=parameters * series.gather_bytes_per_parameter,
+            reduce_bytes=parameters * series.gradient_bytes_per_parameter,
+            reshard_after_forward=series.reshard_after_forward,
+            root_fraction=root / parameters if terms.collectives else 0.0,
+        )
 
         def simulate(p, gpus, c, a):
             return scaling_model.simulate_fsdp_step(p, network(gpus), c, a)
@@ -423,10 +565,14 @@ def predict_series(
         else:  # one all-reduce of every gradient once the last backward is done
             sizes, ready = (parameters * series.gradient_bytes_per_parameter,), (probe.backward_s / total,)
         profile = scaling_model.StepProfile(
-            step_s=1.0, forward_s=probe.forward_s / total, backward_s=probe.backward_s / total,
+            step_s=1.0,
+            forward_s=probe.forward_s / total,
+            backward_s=probe.backward_s / total,
             optimizer_s=parameters * OPTIMIZER_BYTES_PER_PARAMETER[series.optimizer] / hbm,
-            micro_batches=a0, bucket_bytes=sizes, bucket_ready_s=ready,
-        )  # fmt: skip
+            micro_batches=a0,
+            bucket_bytes=sizes,
+            bucket_ready_s=ready,
+        )
 
         def simulate(p, gpus, c, a):
             return scaling_model.simulate_step(p, network(gpus), c, a)
@@ -438,8 +584,14 @@ def predict_series(
             return 1.0, "", None
         if curve is not None and curve.covers(m) and curve.covers(m0):
             return curve.compute_scale(m, m0, 0.0), f"batch curve {curve.describe()}", curve.knee
-        return m / m0, (f"needs the {series.curve_gpu} batch curve of {series.model} (benchmarks/gpu/batch_curve.py on an "
-                        f"{series.curve_gpu}, GPU issue 38): compute taken as proportional to the batch, {m0} -> {m}"), None  # fmt: skip
+        return (
+            m / m0,
+            (
+                f"needs the {series.curve_gpu} batch curve of {series.model} (benchmarks/gpu/batch_curve.py on an "
+                f"{series.curve_gpu}, GPU issue 38): compute taken as proportional to the batch, {m0} -> {m}"
+            ),
+            None,
+        )
 
     def predicted_step(fitted, reference: dict, spread: float) -> tuple[scaling_model.StepPrediction, float]:
         """The step at a reference's count, and the wait for the slowest rank in it: sigma e_N,
@@ -473,11 +625,19 @@ def predict_series(
         predicted = _figure(series, reference, step)
         _, input_note, knee = scale_for(reference)
         nodes = network(reference["gpus"]).nodes
-        rows.append(row_of(
-            reference, nodes=nodes, predicted=predicted, error=predicted / reference["value"] - 1, input_note=input_note,
-            regime=prediction_error.regime_of(series.parallel, nodes, m, m0, knee), spread=spread,
-            exposed_ms=prediction.exposed_comm_s * 1e3, step_ms=step * 1e3,
-        ))  # fmt: skip
+        rows.append(
+            row_of(
+                reference,
+                nodes=nodes,
+                predicted=predicted,
+                error=predicted / reference["value"] - 1,
+                input_note=input_note,
+                regime=prediction_error.regime_of(series.parallel, nodes, m, m0, knee),
+                spread=spread,
+                exposed_ms=prediction.exposed_comm_s * 1e3,
+                step_ms=step * 1e3,
+            )
+        )
     return rows
 
 
@@ -513,22 +673,28 @@ def main(argv: list[str] | None = None) -> int:
 
     by_terms = {label: run(terms) for label, terms in TERM_STEPS}
     rows = by_terms[TERM_STEPS[-1][0]]
-    print(f"{'source':<29} {'model':<10} {'GPUs':>5} {'nodes':>5} {'role':>9} {'published':>10} {'E pub':>6} {'predicted':>10} "
-          f"{'pred/pub-1':>10} {'ideal':>10} {'ideal/pub-1':>11}  metric, exposed comm")  # fmt: skip
+    print(
+        f"{'source':<29} {'model':<10} {'GPUs':>5} {'nodes':>5} {'role':>9} {'published':>10} {'E pub':>6} {'predicted':>10} "
+        f"{'pred/pub-1':>10} {'ideal':>10} {'ideal/pub-1':>11}  metric, exposed comm"
+    )
     print("-" * 150)
     for row in rows:
         if row["predicted"] is None:
-            print(f"{row['source']:<29} {row['model']:<10} {row['gpus']:>5} {row['nodes']:>5} {row['role']:>9} {row['published']:>10,.0f} "
-                  f"{row['efficiency']:>6.3f} {'-':>10} {'-':>10} {row['ideal']:>10,.0f} "
-                  f"{'' if row['given'] else format(row['ideal_error'], '+.1%'):>11}  {row['metric']}")  # fmt: skip
+            print(
+                f"{row['source']:<29} {row['model']:<10} {row['gpus']:>5} {row['nodes']:>5} {row['role']:>9} {row['published']:>10,.0f} "
+                f"{row['efficiency']:>6.3f} {'-':>10} {'-':>10} {row['ideal']:>10,.0f} "
+                f"{'' if row['given'] else format(row['ideal_error'], '+.1%'):>11}  {row['metric']}"
+            )
             if row["given"]:
                 print(f"{'':<36}^ {row['input_note']}")
             continue
         error = "(given)" if row["given"] else f"{row['error']:+.1%}"
         ideal_error = "" if row["given"] else f"{row['ideal_error']:+.1%}"
-        print(f"{row['source']:<29} {row['model']:<10} {row['gpus']:>5} {row['nodes']:>5} {row['role']:>9} {row['published']:>10,.0f} "
-              f"{row['efficiency']:>6.3f} {row['predicted']:>10,.0f} {error:>10} {row['ideal']:>10,.0f} {ideal_error:>11}  "
-              f"{row['metric']}, {row['exposed_ms']:.2f} of {row['step_ms']:.1f} ms")  # fmt: skip
+        print(
+            f"{row['source']:<29} {row['model']:<10} {row['gpus']:>5} {row['nodes']:>5} {row['role']:>9} {row['published']:>10,.0f} "
+            f"{row['efficiency']:>6.3f} {row['predicted']:>10,.0f} {error:>10} {row['ideal']:>10,.0f} {ideal_error:>11}  "
+            f"{row['metric']}, {row['exposed_ms']:.2f} of {row['step_ms']:.1f} ms"
+        )
         if row["input_note"]:
             print(f"{'':<36}^ {row['input_note']}")
     for s in SERIES:
@@ -558,8 +724,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"{s.label:<29} {counts:<16} " + " ".join(f"{cell:>28}" for cell in cells))
     errors = [abs(r["error"]) for r in modelled]
-    print(f"\nheld-back rows: {len(held)}, {len(modelled)} predicted; |pred/pub - 1|: median {statistics.median(errors):.1%}, "
-          f"largest {max(errors):.1%}; within 10 %: {sum(e <= 0.10 for e in errors)} of {len(errors)}")  # fmt: skip
+    print(
+        f"\nheld-back rows: {len(held)}, {len(modelled)} predicted; |pred/pub - 1|: median {statistics.median(errors):.1%}, "
+        f"largest {max(errors):.1%}; within 10 %: {sum(e <= 0.10 for e in errors)} of {len(errors)}"
+    )
     # where the published efficiency falls, the model must beat ideal scaling: its median |e| at most half of ideal's
     bends = [r for r in held if r["efficiency"] < 0.93]
     print(
@@ -584,16 +752,32 @@ def main(argv: list[str] | None = None) -> int:
         if not probe.seconds:
             continue
         shown = "bert_large" if name == "bert_base" else name
-        print(f"CPU probe {shown}: {probe.parameters / 1e6:.1f} M parameters, forward {probe.forward_s:.2f} s, backward "
-              f"{probe.backward_s:.2f} s, {len(probe.bucket_parameters)} buckets of 25 MiB (fp32) ready at "
-              f"{', '.join(f'{f:.2f}' for f in probe.bucket_ready_fraction)} of the backward ({probe.seconds:.1f} s)")  # fmt: skip
+        print(
+            f"CPU probe {shown}: {probe.parameters / 1e6:.1f} M parameters, forward {probe.forward_s:.2f} s, backward "
+            f"{probe.backward_s:.2f} s, {len(probe.bucket_parameters)} buckets of 25 MiB (fp32) ready at "
+            f"{', '.join(f'{f:.2f}' for f in probe.bucket_ready_fraction)} of the backward ({probe.seconds:.1f} s)"
+        )
     print(f"wall time {time.perf_counter() - start:.1f} s on {torch.get_num_threads()} threads")
     if args.regimes_yaml:
-        protocol = ("of a series' counts c_1 < ... < c_k the model is given c_1; with three or more it fits the straggler spread on "
-                    "c_2 .. c_ceil(k/2) and the counts above are held back; with two, c_2 is held back")  # fmt: skip
-        print(yaml.safe_dump({"prediction_error_by_regime": prediction_error.to_document(table, COMMAND, protocol),
-                              "prediction_error": {"typical": round(statistics.median(errors), 3), "largest": round(max(errors), 3),
-                                                   "rows": len(errors), "command": COMMAND}}, sort_keys=False, width=160))  # fmt: skip
+        protocol = (
+            "of a series' counts c_1 < ... < c_k the model is given c_1; with three or more it fits the straggler spread on "
+            "c_2 .. c_ceil(k/2) and the counts above are held back; with two, c_2 is held back"
+        )
+        print(
+            yaml.safe_dump(
+                {
+                    "prediction_error_by_regime": prediction_error.to_document(table, COMMAND, protocol),
+                    "prediction_error": {
+                        "typical": round(statistics.median(errors), 3),
+                        "largest": round(max(errors), 3),
+                        "rows": len(errors),
+                        "command": COMMAND,
+                    },
+                },
+                sort_keys=False,
+                width=160,
+            )
+        )
     return 0
 
 

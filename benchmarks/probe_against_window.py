@@ -32,10 +32,28 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 # the CPU study's 2-rank strong cell of resnet18_cifar (config/config.yaml cpu_overrides, as planned)
 TRAINER_FLAGS = [
-    "--model", "resnet18_cifar", "--data", "synthetic", "--per-gpu-batch", "8", "--steps", "6", "--warmup-steps", "3",
-    "--device", "cpu", "--preset", "optimised", "--compile", "none", "--synthetic-samples", "1024", "--no-eval",
-    "--progress", "off",
-]  # fmt: skip
+    "--model",
+    "resnet18_cifar",
+    "--data",
+    "synthetic",
+    "--per-gpu-batch",
+    "8",
+    "--steps",
+    "6",
+    "--warmup-steps",
+    "3",
+    "--device",
+    "cpu",
+    "--preset",
+    "optimised",
+    "--compile",
+    "none",
+    "--synthetic-samples",
+    "1024",
+    "--no-eval",
+    "--progress",
+    "off",
+]
 WINDOW_STEPS, PROBE_STEPS = 16, 6
 
 
@@ -92,15 +110,19 @@ def rank_main(seconds: float, default_heap: bool) -> None:
     if ctx.is_main:
         spread = statistics.pstdev(gaps) if len(gaps) > 1 else 0.0
         heap = "glibc defaults" if default_heap else host_heap.SETTING
-        print(f"(window - probe sync) / window over {len(gaps)} blocks: mean {statistics.fmean(gaps):+.1%}, sd {spread:.1%}, "
-              f"robust sd {robust_sd(gaps):.1%}, largest {max(gaps, key=abs):+.1%}; heap: {heap}")  # fmt: skip
+        print(
+            f"(window - probe sync) / window over {len(gaps)} blocks: mean {statistics.fmean(gaps):+.1%}, sd {spread:.1%}, "
+            f"robust sd {robust_sd(gaps):.1%}, largest {max(gaps, key=abs):+.1%}; heap: {heap}"
+        )
         # A probe on both sides of the window: each window (from the second) against the mean of
         # the probe before it and the probe after it, the blocks alternating window, probe.
         straddled = [(windows[k] - (syncs[k - 1] + syncs[k]) / 2) / windows[k] for k in range(1, len(windows))]
         if len(straddled) > 1:
-            print(f"the same against the mean of the probes before and after each window, over {len(straddled)} windows: "
-                  f"mean {statistics.fmean(straddled):+.1%}, sd {statistics.pstdev(straddled):.1%}, robust sd {robust_sd(straddled):.1%}, "
-                  f"largest {max(straddled, key=abs):+.1%}")  # fmt: skip
+            print(
+                f"the same against the mean of the probes before and after each window, over {len(straddled)} windows: "
+                f"mean {statistics.fmean(straddled):+.1%}, sd {statistics.pstdev(straddled):.1%}, robust sd {robust_sd(straddled):.1%}, "
+                f"largest {max(straddled, key=abs):+.1%}"
+            )
     distributed.finish(ctx, True)
 
 
@@ -113,9 +135,21 @@ def main() -> None:
     if args.as_rank:
         rank_main(args.seconds, args.default_heap)
         return
-    command = [sys.executable, "-m", "scalerepro.launching.launch", "--nodes=1", "--ranks-per-node=2", "--cpus-per-node=2",
-               "--name=probe-against-window", "--", str(Path(__file__).resolve()), "--as-rank", "--seconds", str(args.seconds),
-               *(["--default-heap"] if args.default_heap else [])]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "scalerepro.launching.launch",
+        "--nodes=1",
+        "--ranks-per-node=2",
+        "--cpus-per-node=2",
+        "--name=probe-against-window",
+        "--",
+        str(Path(__file__).resolve()),
+        "--as-rank",
+        "--seconds",
+        str(args.seconds),
+        *(["--default-heap"] if args.default_heap else []),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "workflow"), os.environ.get("PYTHONPATH")]))}
     sys.exit(subprocess.run(command, env=env).returncode)
 

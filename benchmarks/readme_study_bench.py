@@ -124,8 +124,16 @@ def breakdown(workdir: Path, wall_s: float, log_text: str) -> dict[str, float]:
     spans = _job_spans(log_text)
     other = sum(seconds for rule, seconds in spans if rule not in ("train",))
     others = sum(1 for rule, _ in spans if rule != "train")
-    return {"wall": wall_s, "windows": windows, "in-trainer": in_trainer, "start-up": startup, "other jobs": other,
-            "scheduling": wall_s - windows - in_trainer - startup - other, "records": records, "other_jobs": others}  # fmt: skip
+    return {
+        "wall": wall_s,
+        "windows": windows,
+        "in-trainer": in_trainer,
+        "start-up": startup,
+        "other jobs": other,
+        "scheduling": wall_s - windows - in_trainer - startup - other,
+        "records": records,
+        "other_jobs": others,
+    }
 
 
 def run_study(scratch: Path, setting: str, repo: Path = REPO, group: Path | None = None) -> dict[str, float]:
@@ -162,11 +170,15 @@ def main() -> int:
             for setting in args.settings:
                 figures = run_study(Path(scratch) / f"r{repeat}", setting, args.repo, group)
                 results[setting].append(figures)
-                shares = "  ".join(f"{k} {figures[k]:6.1f} s ({figures[k] / figures['wall']:4.0%})"
-                                   for k in ("windows", "in-trainer", "start-up", "other jobs", "scheduling"))  # fmt: skip
-                print(f"{setting:<7} wall {figures['wall']:6.1f} s (goal < 240 s: {'met' if figures['wall'] < 240 else 'MISSED'}); "
-                      f"{figures['records']:.0f} records ({figures['precision']}), one-rank step {figures['step'] * 1e3:.0f} ms, "
-                      f"{figures['other_jobs']:.0f} other jobs\n        {shares}", flush=True)  # fmt: skip
+                shares = "  ".join(
+                    f"{k} {figures[k]:6.1f} s ({figures[k] / figures['wall']:4.0%})" for k in ("windows", "in-trainer", "start-up", "other jobs", "scheduling")
+                )
+                print(
+                    f"{setting:<7} wall {figures['wall']:6.1f} s (goal < 240 s: {'met' if figures['wall'] < 240 else 'MISSED'}); "
+                    f"{figures['records']:.0f} records ({figures['precision']}), one-rank step {figures['step'] * 1e3:.0f} ms, "
+                    f"{figures['other_jobs']:.0f} other jobs\n        {shares}",
+                    flush=True,
+                )
     if "native" in results and "slowed" in results:
         walls = {s: statistics.median(r["wall"] for r in results[s]) for s in ("native", "slowed")}
         steps = {s: statistics.median(r["step"] for r in results[s]) for s in ("native", "slowed")}

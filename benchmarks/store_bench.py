@@ -46,9 +46,25 @@ def write_study(root: Path, runs: int, speed: float, start_minute: int) -> None:
         path = root / "results/runs" / run_id / "record.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(record))
-        rows.append({"run_id": run_id, "study": "strong", "model": "cnn", "gpus": gpus, "nodes": 1, "gpus_per_node": 8,
-                     "repeat": repeat + 1, "variant": "", "precision": "fp32", "per_gpu_batch": 16 + cell, "global_batch": 16,
-                     "bucket_cap_mb": 25.0, "runtime_min": 10, "record": f"results/runs/{run_id}/record.json", "rerun": "snakemake ..."})  # fmt: skip
+        rows.append(
+            {
+                "run_id": run_id,
+                "study": "strong",
+                "model": "cnn",
+                "gpus": gpus,
+                "nodes": 1,
+                "gpus_per_node": 8,
+                "repeat": repeat + 1,
+                "variant": "",
+                "precision": "fp32",
+                "per_gpu_batch": 16 + cell,
+                "global_batch": 16,
+                "bucket_cap_mb": 25.0,
+                "runtime_min": 10,
+                "record": f"results/runs/{run_id}/record.json",
+                "rerun": "snakemake ...",
+            }
+        )
     tables = root / "results/tables"
     tables.mkdir(parents=True)
     with open(tables / "matrix.csv", "w", newline="") as stream:

@@ -78,11 +78,31 @@ def run_one(
 ) -> dict:
     batch = batch or workload.batch[device]
     command = [
-        sys.executable, "-m", "scalerepro.training.train", "--model", workload.model, "--per-gpu-batch", str(batch),
-        "--steps", str(steps), "--warmup-steps", str(warmup), "--no-eval", "--comm-probe-steps", "0",
-        "--synthetic-samples", str(max(batch * (steps + 1), 1024)), "--num-workers", str(workers),
-        "--log-interval", str(max(steps // 4, 1)), "--record", str(out), *workload.extra, *flags,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "scalerepro.training.train",
+        "--model",
+        workload.model,
+        "--per-gpu-batch",
+        str(batch),
+        "--steps",
+        str(steps),
+        "--warmup-steps",
+        str(warmup),
+        "--no-eval",
+        "--comm-probe-steps",
+        "0",
+        "--synthetic-samples",
+        str(max(batch * (steps + 1), 1024)),
+        "--num-workers",
+        str(workers),
+        "--log-interval",
+        str(max(steps // 4, 1)),
+        "--record",
+        str(out),
+        *workload.extra,
+        *flags,
+    ]
     started = time.monotonic()
     with open(log, "w") as stream:
         result = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, cwd=REPO)

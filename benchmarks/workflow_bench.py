@@ -102,9 +102,25 @@ def aggregate_10000(scratch: Path) -> float:
         path = runs / run_id / "record.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(record))
-        rows.append({"run_id": run_id, "study": "strong", "model": "cnn", "gpus": 2 ** (i % 4), "nodes": 1, "gpus_per_node": 8,
-                     "repeat": i // 4 + 1, "variant": "", "precision": "fp32", "per_gpu_batch": 16, "global_batch": 16,
-                     "bucket_cap_mb": 25.0, "runtime_min": 10, "record": str(path), "rerun": "snakemake ..."})  # fmt: skip
+        rows.append(
+            {
+                "run_id": run_id,
+                "study": "strong",
+                "model": "cnn",
+                "gpus": 2 ** (i % 4),
+                "nodes": 1,
+                "gpus_per_node": 8,
+                "repeat": i // 4 + 1,
+                "variant": "",
+                "precision": "fp32",
+                "per_gpu_batch": 16,
+                "global_batch": 16,
+                "bucket_cap_mb": 25.0,
+                "runtime_min": 10,
+                "record": str(path),
+                "rerun": "snakemake ...",
+            }
+        )
     matrix = scratch / "matrix.csv"
     with open(matrix, "w", newline="") as stream:
         writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
@@ -135,10 +151,15 @@ def main() -> int:
         scratch = Path(scratch_dir)
         ours, bare, jobs = dry_run_1000(scratch)
         median, bare_median = statistics.median(ours), statistics.median(bare)
-        print(f"snakemake -n, {jobs}-run matrix: {median:6.2f} s median (min {min(ours):.2f}, max {max(ours):.2f}, n={len(ours)})"
-              f"   (goal < 5 s)  {'PASS' if median < 5 else 'FAIL'}", flush=True)  # fmt: skip
-        print(f"  bare Snakefile, {jobs} jobs:  {bare_median:6.2f} s median (min {min(bare):.2f}, max {max(bare):.2f}); "
-              f"ratio {median / bare_median:.2f}", flush=True)  # fmt: skip
+        print(
+            f"snakemake -n, {jobs}-run matrix: {median:6.2f} s median (min {min(ours):.2f}, max {max(ours):.2f}, n={len(ours)})"
+            f"   (goal < 5 s)  {'PASS' if median < 5 else 'FAIL'}",
+            flush=True,
+        )
+        print(
+            f"  bare Snakefile, {jobs} jobs:  {bare_median:6.2f} s median (min {min(bare):.2f}, max {max(bare):.2f}); ratio {median / bare_median:.2f}",
+            flush=True,
+        )
         seconds = aggregate_10000(scratch)
         print(f"aggregate 10,000 records:      {seconds:6.2f} s   (goal < 3 s)  {'PASS' if seconds < 3 else 'FAIL'}", flush=True)
         if not args.skip_study:

@@ -465,11 +465,13 @@ def sharding(strategy: str, mesh: tuple[list[int], list[str]], state_max: int, s
         "state_bytes_per_rank_max": state_max,
         "state_bytes_per_rank_min": state_min,
         "comm_bytes_per_step_analytic": comm,
-        "comm_reason": None if comm is not None else (
+        "comm_reason": None
+        if comm is not None
+        else (
             f"not counted under --parallel {strategy}: the analytic volume is written for fsdp only (TP's activation "
             "all-gathers and reduce-scatters per block are not counted yet)"
         ),
-    }  # fmt: skip
+    }
 
 
 TP_COMM_REASON = sharding("tp", ([2], ["tp"]), 1, 1, None)["comm_reason"]
@@ -493,10 +495,18 @@ def write_parallelism_study(root: Path, device_type: str = "cuda") -> dict[str, 
     for repeat, thr in enumerate((38, 40), 1):
         s.add("parallelism", 2, repeat, variant="fsdp", parallel="fsdp", samples_per_s=thr, sharding=fsdp, **gpt)
     s.add("parallelism", 2, 3, variant="fsdp", parallel="fsdp", samples_per_s=999, **gpt)  # the record ran ddp
-    s.add("parallelism", 2, 1, variant="tp", parallel="tp", data_parallel=1, samples_per_s=30,
-          sharding=sharding("tp", ([2], ["tp"]), 800_000_000, 800_000_000, None), **{**gpt, "per_gpu_batch": 16})  # fmt: skip
-    s.add("parallelism", 4, 1, variant="fsdp-tp", parallel="fsdp+tp", data_parallel=2, status="failed",
-          error=FAILED_MESSAGE, **gpt)  # fmt: skip
+    s.add(
+        "parallelism",
+        2,
+        1,
+        variant="tp",
+        parallel="tp",
+        data_parallel=1,
+        samples_per_s=30,
+        sharding=sharding("tp", ([2], ["tp"]), 800_000_000, 800_000_000, None),
+        **{**gpt, "per_gpu_batch": 16},
+    )
+    s.add("parallelism", 4, 1, variant="fsdp-tp", parallel="fsdp+tp", data_parallel=2, status="failed", error=FAILED_MESSAGE, **gpt)
     references = root / "references.yaml"
     references.write_text(REFERENCES_YAML)
     return {"matrix_path": s.write_matrix(), "comm_paths": [], "references_path": references}

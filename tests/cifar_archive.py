@@ -41,12 +41,14 @@ def official_files(batches: dict[str, Batch]) -> dict[str, bytes]:
     """Member base name -> content, as in cifar-10-batches-py/ of the official archive."""
     files = {META: meta_file(), "readme.html": b"<html>the official archive carries a readme</html>\n"}
     for name, batch in batches.items():
-        files[name] = legacy_pickle({
-            b"batch_label": f"{name} of the test archive".encode(),
-            b"labels": batch.labels,
-            b"data": batch.data,
-            b"filenames": [f"image_{i:06d}.png".encode() for i in range(len(batch.labels))],
-        })  # fmt: skip
+        files[name] = legacy_pickle(
+            {
+                b"batch_label": f"{name} of the test archive".encode(),
+                b"labels": batch.labels,
+                b"data": batch.data,
+                b"filenames": [f"image_{i:06d}.png".encode() for i in range(len(batch.labels))],
+            }
+        )
     return files
 
 

@@ -38,10 +38,28 @@ class RenderedReport:
 def rebuild_from_records(records: tuple[Path, ...], out: Path, *extra: str) -> subprocess.CompletedProcess:
     code = NO_TORCH + "import runpy; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
     return subprocess.run(
-        [sys.executable, "-c", code, "--records", *map(str, records), "--out", str(out), "--config", str(REPO / "config" / "config.yaml"),
-         "--references", str(REPO / "config" / "references.yaml"), "--templates", str(REPO / "report"), *extra],
-        cwd=out.parent, check=False, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--records",
+            *map(str, records),
+            "--out",
+            str(out),
+            "--config",
+            str(REPO / "config" / "config.yaml"),
+            "--references",
+            str(REPO / "config" / "references.yaml"),
+            "--templates",
+            str(REPO / "report"),
+            *extra,
+        ],
+        cwd=out.parent,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -70,8 +88,13 @@ def rebuild_kept_study(kept: Path, root: Path, edit_config: Callable[[dict], Non
         edit_config(config)
         config_path.write_text(json.dumps(config))
     code = NO_TORCH + "import runpy; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
-    done = subprocess.run([sys.executable, "-c", code, "--results", str(results), "--references", str(REPO / "config" / "references.yaml"),
-                           "--templates", str(REPO / "report")], cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--results", str(results), "--references", str(REPO / "config" / "references.yaml"), "--templates", str(REPO / "report")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return RebuiltStudy(results, (results / "report" / "index.html").read_text())
 

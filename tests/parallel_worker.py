@@ -126,10 +126,12 @@ def main() -> None:
             device_mesh = parallelize.build_mesh(args.strategy, world, "cpu", args.tp_size)
             dp_rank, dp_size = data_parallel_rank_and_size(device_mesh)
             parallelize.parallelize(
-                model, args.strategy, device_mesh,
+                model,
+                args.strategy,
+                device_mesh,
                 reshard_after_forward=not args.no_reshard_after_forward,
                 activation_checkpointing=args.activation_checkpointing,
-            )  # fmt: skip
+            )
         else:
             activation_checkpointing.apply_activation_checkpointing(model, args.activation_checkpointing)
         optimizer = make_optimizer(args.optimizer, model.parameters())

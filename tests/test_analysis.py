@@ -269,8 +269,7 @@ def test_a_completed_run_whose_record_ran_another_strategy_does_not_count(parall
 
 
 def test_a_check_can_read_the_parallelism_table(parallelism):
-    entry = {"table": "parallelism", "metric": "tokens_per_s_per_gpu", "where": {"gpus": 2}, "direction": "min",
-             "threshold": 16000, "unit": "tokens/s"}  # fmt: skip
+    entry = {"table": "parallelism", "metric": "tokens_per_s_per_gpu", "where": {"gpus": 2}, "direction": "min", "threshold": 16000, "unit": "tokens/s"}
     result = checking.checks_table(parallelism, {"checks": {"tokens": entry}}).iloc[0]
     assert result["status"] == "fail" and result["measured"] == 15 * TOKENS  # tp's 30 samples/s / 2 GPUs
     assert "worst cell gpt2_small g2 tp" in result["detail"]
@@ -404,21 +403,30 @@ def test_on_a_cpu_every_h100_reference_is_not_comparable_gpu(cpu):
     assert comparison.loc["ref-r50-2", "differs"] == f"GPU (this study ran on CPU (AMD EPYC); the reference on {H100})"
     # the set's target GPU (H100 SXM) is the reproduction table; the A100 reference is context
     assert comparison["group"].to_dict() == {
-        "ref-r50-2": "reproduction", "ref-r50-4-tokens": "reproduction", "ref-gpt2-8": "reproduction", "ref-r50-a100-2": "context",
-    }  # fmt: skip
+        "ref-r50-2": "reproduction",
+        "ref-r50-4-tokens": "reproduction",
+        "ref-gpt2-8": "reproduction",
+        "ref-r50-a100-2": "context",
+    }
 
 
 def test_references_file_errors_are_one_line(tmp_path):
     path = tmp_path / "references.yaml"
     for text, message in (
-        ("references: [{id: x, model: m, gpus: 1, metric: samples_per_s, value: 1, kind: guess, source: s, conditions: {gpu: g}, trainer: null}]",
-         "kind 'guess' is not one of published, expected (seed document), mlperf"),
-        ("references: [{id: x, model: m, gpus: 1, metric: samples_per_s, value: 1, kind: mlperf, source: s, conditions: {gpu: g}, trainer: null}]",
-         "trainer is null, so say why in `unmatched"),
-        ("references: [{id: x, model: m, gpus: 1, metric: samples_per_s, value: 1, kind: mlperf, source: s, conditions: {gpu: g, precision: amp}, trainer: null, unmatched: u}]",
-         "conditions.precision 'amp' is not one of"),
+        (
+            "references: [{id: x, model: m, gpus: 1, metric: samples_per_s, value: 1, kind: guess, source: s, conditions: {gpu: g}, trainer: null}]",
+            "kind 'guess' is not one of published, expected (seed document), mlperf",
+        ),
+        (
+            "references: [{id: x, model: m, gpus: 1, metric: samples_per_s, value: 1, kind: mlperf, source: s, conditions: {gpu: g}, trainer: null}]",
+            "trainer is null, so say why in `unmatched",
+        ),
+        (
+            "references: [{id: x, model: m, gpus: 1, metric: samples_per_s, value: 1, kind: mlperf, source: s, conditions: {gpu: g, precision: amp}, trainer: null, unmatched: u}]",
+            "conditions.precision 'amp' is not one of",
+        ),
         ("references: [{id: x, model: m, gpus: 1}]", "add metric, value, kind, source, conditions, trainer"),
-    ):  # fmt: skip
+    ):
         path.write_text(text)
         with pytest.raises(ValueError, match="references\\[0\\] \\(x\\)") as error:
             reproduction.read_references(path)
@@ -676,8 +684,12 @@ def test_rebuild_regenerates_tables_figures_and_report_from_the_records_alone(tm
     code = NO_TORCH + "import runpy; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
     done = subprocess.run(
         [sys.executable, "-c", code, "--results", str(results), "--references", str(args["references_path"]), "--templates", str(REPO / "report")],
-        cwd=tmp_path, check=False, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     runs = pd.read_csv(results / "tables" / "runs.csv")
     assert runs["status"].eq("ok").all()  # the relative record paths were found from the results' folder
@@ -685,8 +697,9 @@ def test_rebuild_regenerates_tables_figures_and_report_from_the_records_alone(tm
     page = (results / "report" / "index.html").read_text()
     assert 'id="cpu-study"' in page and "not comparable: GPU" in page
     assert "rebuild: 2 runs" in done.stderr and str(results / "report" / "index.html") in done.stderr
-    missing = subprocess.run([sys.executable, "-m", "scalerepro.analysis.rebuild", "--results", str(tmp_path / "nowhere")],
-                             check=False, capture_output=True, text=True, timeout=60)  # fmt: skip
+    missing = subprocess.run(
+        [sys.executable, "-m", "scalerepro.analysis.rebuild", "--results", str(tmp_path / "nowhere")], check=False, capture_output=True, text=True, timeout=60
+    )
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no study matrix" in missing.stderr
 
 
@@ -706,10 +719,15 @@ def test_a_new_check_is_one_config_entry_evaluated_and_listed_in_the_report(gpu,
     from scalerepro.analysis.presentation import report
 
     throughput = {
-        "description": "strong-scaling throughput at the largest count", "table": "scaling",
-        "where": {"study": "strong", "gpus": "max"}, "metric": "samples_per_s_median", "reduce": "worst",
-        "direction": "min", "threshold": 1000, "unit": "samples/s",
-    }  # fmt: skip
+        "description": "strong-scaling throughput at the largest count",
+        "table": "scaling",
+        "where": {"study": "strong", "gpus": "max"},
+        "metric": "samples_per_s_median",
+        "reduce": "worst",
+        "direction": "min",
+        "threshold": 1000,
+        "unit": "samples/s",
+    }
     config = {**TARGETS, "checks": {**TARGETS["checks"], "strong_throughput": throughput}}
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
     jsonschema.validate({"targets": config}, {**schema, "required": []})  # the entry is a valid config entry

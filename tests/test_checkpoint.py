@@ -20,9 +20,23 @@ from conftest import load_record
 pytestmark = pytest.mark.slow
 
 RUN = [
-    "--model", "cnn", "--steps", "12", "--warmup-steps", "2", "--per-gpu-batch", "16", "--num-workers", "0",
-    "--synthetic-samples", "1024", "--eval-samples", "64", "--log-interval", "4",
-]  # fmt: skip
+    "--model",
+    "cnn",
+    "--steps",
+    "12",
+    "--warmup-steps",
+    "2",
+    "--per-gpu-batch",
+    "16",
+    "--num-workers",
+    "0",
+    "--synthetic-samples",
+    "1024",
+    "--eval-samples",
+    "64",
+    "--log-interval",
+    "4",
+]
 
 
 def _run(tmp_path: Path, *extra: str, capsys=None) -> dict:
@@ -37,9 +51,17 @@ def _fingerprint(**changes) -> dict:
 
 def _state(**changes) -> dict:
     state = {
-        "format": checkpoint.FORMAT_VERSION, "step": 4, "final": False, "model": {}, "optimizer": {}, "scheduler": {},
-        "scaler": {}, "progress": {}, "rng": [], "fingerprint": _fingerprint(),
-    }  # fmt: skip
+        "format": checkpoint.FORMAT_VERSION,
+        "step": 4,
+        "final": False,
+        "model": {},
+        "optimizer": {},
+        "scheduler": {},
+        "scaler": {},
+        "progress": {},
+        "rng": [],
+        "fingerprint": _fingerprint(),
+    }
     state.update(changes)
     return state
 

@@ -50,16 +50,20 @@ def _command(raised: BaseException):
     "raised, line",
     [
         (cli.CommandError("the store x is damaged: restore it"), "the store x is damaged: restore it"),
-        (OSError(errno.ENOSPC, "No space left on device", "out.csv"),
-         "cannot use out.csv: the file system is full: free space there or write elsewhere, then run again"),
+        (
+            OSError(errno.ENOSPC, "No space left on device", "out.csv"),
+            "cannot use out.csv: the file system is full: free space there or write elsewhere, then run again",
+        ),
         (OSError(errno.EROFS, "Read-only file system", "/ro/x"), "cannot use /ro/x: the file system is read-only: write elsewhere"),
         (IsADirectoryError(errno.EISDIR, "Is a directory", "tables"), "cannot use tables: it is a directory: name a file"),
         (OSError(errno.EFBIG, "File too large"), "File too large: the file size limit was reached"),
-        (FileNotFoundError(errno.ENOENT, "No usable temporary directory found in ['/tmp']"),
-         "No usable temporary directory found in ['/tmp']: check free space and permissions on that file system"),
+        (
+            FileNotFoundError(errno.ENOENT, "No usable temporary directory found in ['/tmp']"),
+            "No usable temporary directory found in ['/tmp']: check free space and permissions on that file system",
+        ),
     ],
     ids=["command-error", "disk-full", "read-only", "a-directory", "file-size-limit", "no-temporary-directory"],
-)  # fmt: skip
+)
 def test_an_expected_failure_is_one_line_and_exit_2(capsys, raised, line):
     assert _command(raised)([]) == 2
     err = capsys.readouterr().err

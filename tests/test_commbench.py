@@ -36,8 +36,26 @@ def test_bandwidths_are_nccl_tests_definitions(size, time_us, algbw, busbw):
 
 def test_two_gloo_ranks_record_their_time_and_nccl_tests_time(tmp_path):
     out = tmp_path / "comm.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.training.commbench",
-               "--out", str(out), "--device", "cpu", "--sizes", "4096", "262144", "--iterations", "8", "--warmup", "2"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "scalerepro.training.commbench",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--sizes",
+        "4096",
+        "262144",
+        "--iterations",
+        "8",
+        "--warmup",
+        "2",
+    ]
     done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads(out.read_text())

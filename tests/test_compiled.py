@@ -22,10 +22,33 @@ TINY_GPT2 = ["--model", "gpt2_small", "--seq-len", "32", "--vocab-size", "128", 
 
 def _args(tmp_path, name: str, compile_mode: str) -> list[str]:
     return [
-        *TINY_GPT2, "--steps", "6", "--warmup-steps", "2", "--per-gpu-batch", "8", "--loader", "device", "--synthetic-samples", "512",
-        "--no-eval", "--log-interval", "1", "--bucket-cap-mb", "0.02", "--bucket-probe-steps", "3", "--comm-probe-steps", "0",
-        "--compile", compile_mode, "--progress", "off", "--record", str(tmp_path / f"{name}.json"),
-    ]  # fmt: skip
+        *TINY_GPT2,
+        "--steps",
+        "6",
+        "--warmup-steps",
+        "2",
+        "--per-gpu-batch",
+        "8",
+        "--loader",
+        "device",
+        "--synthetic-samples",
+        "512",
+        "--no-eval",
+        "--log-interval",
+        "1",
+        "--bucket-cap-mb",
+        "0.02",
+        "--bucket-probe-steps",
+        "3",
+        "--comm-probe-steps",
+        "0",
+        "--compile",
+        compile_mode,
+        "--progress",
+        "off",
+        "--record",
+        str(tmp_path / f"{name}.json"),
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -144,9 +144,14 @@ def _refusal(tmp_path: Path, case: tuple, *args: str) -> tuple[str, str | None, 
 # through the same calls, below): the schema, a non-finite number, a duplicate name, a long string,
 # the study's own checks, a check's columns, the profiling plan.
 THROUGH_SNAKEMAKE = (
-    "unknown-nested-key", "compare-threshold-nan", "ablation-name-twice", "study-name-5000-characters",
-    "gpu-counts-beyond-one-node", "check-selects-on-an-unknown-column", "profiling-run-unknown",
-)  # fmt: skip
+    "unknown-nested-key",
+    "compare-threshold-nan",
+    "ablation-name-twice",
+    "study-name-5000-characters",
+    "gpu-counts-beyond-one-node",
+    "check-selects-on-an-unknown-column",
+    "profiling-run-unknown",
+)
 
 
 def _refused_in_process(case: tuple) -> str | None:
@@ -156,9 +161,13 @@ def _refused_in_process(case: tuple) -> str | None:
     config = study.merge(yaml.safe_load((REPO / "config/config.yaml").read_text()), _config_with(dotted, value))
     try:
         plan = planning.load(
-            config, schema=REPO / "workflow/schemas/config.schema.yaml", references=REPO / "config/references.yaml",
-            executor=None, in_job=False, local_gpu_names=[],
-        )  # fmt: skip
+            config,
+            schema=REPO / "workflow/schemas/config.schema.yaml",
+            references=REPO / "config/references.yaml",
+            executor=None,
+            in_job=False,
+            local_gpu_names=[],
+        )
         planning.profiling_plan(plan, local_exec=True)
         checking.parse_checks(plan.config["targets"])
     except (planning.ConfigError, study.StudyError, SchedulerError, checking.CheckConfigError) as error:

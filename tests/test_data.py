@@ -36,8 +36,9 @@ def test_shards_are_disjoint_cover_the_epoch_and_reshuffle():
 def test_the_two_loaders_yield_identical_batches(prepared_cifar):
     train = cifar10.load(prepared_cifar)["train"]
     source = CifarImages(torch.from_numpy(train.images), torch.from_numpy(train.labels), augment=True, seed=3)
-    host = HostLoader(source, 32, dp_size=2, dp_rank=1, seed=3, device=CPU, channels_last=False,
-                      num_workers=2, pin_memory=False, persistent_workers=True, prefetch_factor=2)  # fmt: skip
+    host = HostLoader(
+        source, 32, dp_size=2, dp_rank=1, seed=3, device=CPU, channels_last=False, num_workers=2, pin_memory=False, persistent_workers=True, prefetch_factor=2
+    )
     device = DeviceLoader(source, 32, dp_size=2, dp_rank=1, seed=3, device=CPU, channels_last=False)
     for epoch, start in ((0, 0), (1, 5)):
         for (h_inputs, h_targets), (d_inputs, d_targets) in zip(host.epoch(epoch, start), device.epoch(epoch, start), strict=True):

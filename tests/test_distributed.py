@@ -31,10 +31,28 @@ def _final_params(directory: Path) -> dict[str, torch.Tensor]:
 
 def _run(tmp_path: Path, name: str, ranks: int, per_gpu_batch: int, *extra: str) -> dict:
     args = [
-        "--model", "cnn", "--per-gpu-batch", str(per_gpu_batch), "--num-workers", "0", "--synthetic-samples", "512",
-        "--eval-samples", "64", "--warmup-steps", "0", "--comm-probe-steps", "0", "--no-eval",
-        "--checkpoint-dir", str(tmp_path / name), "--keep-final-checkpoint", "--record", str(tmp_path / f"{name}.json"), *extra,
-    ]  # fmt: skip
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        str(per_gpu_batch),
+        "--num-workers",
+        "0",
+        "--synthetic-samples",
+        "512",
+        "--eval-samples",
+        "64",
+        "--warmup-steps",
+        "0",
+        "--comm-probe-steps",
+        "0",
+        "--no-eval",
+        "--checkpoint-dir",
+        str(tmp_path / name),
+        "--keep-final-checkpoint",
+        "--record",
+        str(tmp_path / f"{name}.json"),
+        *extra,
+    ]
     if ranks == 1:
         result = subprocess.run([sys.executable, "-m", "scalerepro.training.train", *args], env=clean_env(), capture_output=True, text=True, timeout=120)
     else:
@@ -64,8 +82,11 @@ def test_cifar_one_and_two_ranks_reach_matching_accuracy(tmp_path, prepared_cifa
     common = ["--model", "cnn", "--data", str(prepared_cifar), "--epochs", "3", "--warmup-steps", "2", "--num-workers", "1"]
     one = subprocess.run(
         [sys.executable, "-m", "scalerepro.training.train", *common, "--per-gpu-batch", "64", "--record", str(tmp_path / "one.json")],
-        env=clean_env(), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert one.returncode == 0, one.stderr
     two = torchrun(2, [*common, "--per-gpu-batch", "32", "--record", str(tmp_path / "two.json")])
     assert two.returncode == 0, two.stderr[-3000:]
@@ -84,10 +105,28 @@ def test_exposed_communication_sees_the_all_reduce(tmp_path):
     # shared 2-core VM at load averages 4-7: fraction 0.16-0.49; with the no-sync steps
     # synchronising anyway (the probe measuring nothing), 0.00-0.07.
     args = [
-        "--model", "resnet18_cifar", "--image-size", "8", "--per-gpu-batch", "2", "--steps", "8", "--warmup-steps", "2",
-        "--loader", "device", "--no-eval", "--synthetic-samples", "64", "--comm-probe-steps", "10", "--bucket-probe-steps", "0",
-        "--record", str(tmp_path / "r.json"),
-    ]  # fmt: skip
+        "--model",
+        "resnet18_cifar",
+        "--image-size",
+        "8",
+        "--per-gpu-batch",
+        "2",
+        "--steps",
+        "8",
+        "--warmup-steps",
+        "2",
+        "--loader",
+        "device",
+        "--no-eval",
+        "--synthetic-samples",
+        "64",
+        "--comm-probe-steps",
+        "10",
+        "--bucket-probe-steps",
+        "0",
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     done = torchrun(2, args)
     assert done.returncode == 0, done.stderr[-3000:]
     comm = load_record(tmp_path / "r.json")["measurements"]["exposed_communication"]
@@ -121,10 +160,32 @@ def test_the_probes_of_a_two_rank_onecycle_run_with_accumulation(tmp_path):
     run's end, failing the finished run), and the bucket probe times every micro-batch of an
     accumulating step and records DDP's rebuilt layout."""
     args = [
-        "--model", "cnn", "--per-gpu-batch", "4", "--grad-accum-steps", "2", "--steps", "3", "--warmup-steps", "1",
-        "--lr-schedule", "onecycle", "--num-workers", "0", "--no-eval", "--synthetic-samples", "64",
-        "--comm-probe-steps", "2", "--bucket-probe-steps", "2", "--bucket-cap-mb", "0.01", "--record", str(tmp_path / "r.json"),
-    ]  # fmt: skip
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        "4",
+        "--grad-accum-steps",
+        "2",
+        "--steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--lr-schedule",
+        "onecycle",
+        "--num-workers",
+        "0",
+        "--no-eval",
+        "--synthetic-samples",
+        "64",
+        "--comm-probe-steps",
+        "2",
+        "--bucket-probe-steps",
+        "2",
+        "--bucket-cap-mb",
+        "0.01",
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     done = torchrun(2, args)
     assert done.returncode == 0, done.stderr[-3000:]
     measurements = load_record(tmp_path / "r.json")["measurements"]
@@ -171,10 +232,27 @@ def _signal_last_rank_at_step_20(args: list[str], signum: int) -> tuple[subproce
 
 def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
     args = [
-        "--model", "cnn", "--per-gpu-batch", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
-        "--steps", "400", "--warmup-steps", "2", "--log-interval", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
-        "--record", str(tmp_path / "r.json"),
-    ]  # fmt: skip
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        "16",
+        "--num-workers",
+        "0",
+        "--synthetic-samples",
+        "1024",
+        "--eval-samples",
+        "64",
+        "--steps",
+        "400",
+        "--warmup-steps",
+        "2",
+        "--log-interval",
+        "5",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     _, output = _signal_last_rank_at_step_20(args, signal.SIGUSR1)  # rank 0 must learn of it
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "preempted", output[-2000:]
@@ -191,8 +269,26 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
 
 
 def test_a_crashed_rank_fails_the_run_with_a_record_and_one_line(tmp_path):
-    args = ["--model", "cnn", "--per-gpu-batch", "16", "--num-workers", "0", "--synthetic-samples", "1024", "--eval-samples", "64",
-            "--steps", "2000", "--warmup-steps", "2", "--log-interval", "5", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    args = [
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        "16",
+        "--num-workers",
+        "0",
+        "--synthetic-samples",
+        "1024",
+        "--eval-samples",
+        "64",
+        "--steps",
+        "2000",
+        "--warmup-steps",
+        "2",
+        "--log-interval",
+        "5",
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     launcher, output = _signal_last_rank_at_step_20(args, signal.SIGKILL)  # rank 1 dies without a word
     assert launcher.returncode != 0
     errors = [line for line in output.splitlines() if line.startswith("scalerepro.training.train: error:")]
@@ -207,8 +303,11 @@ def test_a_peer_that_never_arrives_is_a_one_line_error(tmp_path):
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "scalerepro.training.train", "--model", "cnn", "--dist-timeout-s", "3", "--record", str(tmp_path / "r.json")],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1, result.stderr
     assert "could not form the gloo process group at 127.0.0.1:" in result.stderr
@@ -220,14 +319,36 @@ def test_a_peer_that_never_arrives_is_a_one_line_error(tmp_path):
 def test_srun_style_launch_reads_slurm_variables(tmp_path):
     """Two processes started the way `srun --ntasks 2` starts them: Slurm's variables only."""
     port = free_port()
-    args = ["--model", "cnn", "--per-gpu-batch", "8", "--num-workers", "0", "--synthetic-samples", "256", "--eval-samples", "32",
-            "--steps", "4", "--warmup-steps", "1", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    args = [
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        "8",
+        "--num-workers",
+        "0",
+        "--synthetic-samples",
+        "256",
+        "--eval-samples",
+        "32",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     processes = []
     for rank in range(2):
         env = clean_env(
-            SLURM_JOB_ID="4242", SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_NNODES="1",
-            SLURM_STEP_NODELIST="localhost", SLURM_JOB_NODELIST="localhost", MASTER_PORT=str(port),
-        )  # fmt: skip
+            SLURM_JOB_ID="4242",
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_LOCALID=str(rank),
+            SLURM_NNODES="1",
+            SLURM_STEP_NODELIST="localhost",
+            SLURM_JOB_NODELIST="localhost",
+            MASTER_PORT=str(port),
+        )
         processes.append(subprocess.Popen([sys.executable, "-m", "scalerepro.training.train", *args], env=env, stderr=subprocess.PIPE, text=True))
     for process in processes:
         assert process.wait(timeout=120) == 0, process.stderr.read()
@@ -239,8 +360,14 @@ def test_srun_style_launch_reads_slurm_variables(tmp_path):
 def test_detect_env_from_each_launcher():
     torchrun_env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
     assert detect_env(torchrun_env).launcher == "torchrun" and detect_env(torchrun_env).rank == 3
-    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_NODES": "2",
-             "SLURM_STEP_NODELIST": "gpu[007-008]", "SLURM_JOB_ID": "100"}  # fmt: skip
+    slurm = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NODELIST": "gpu[007-008]",
+        "SLURM_JOB_ID": "100",
+    }
     env = detect_env(slurm)
     assert (env.launcher, env.rank, env.world_size, env.local_rank, env.local_world_size) == ("slurm", 5, 8, 1, 4)
     assert (env.master_addr, env.master_port) == ("gpu007", 15100)
@@ -268,16 +395,48 @@ def test_a_rank_still_compiling_in_warm_up_does_not_trip_the_steady_state_timeou
     in DDP's first all-reduce for longer than --dist-timeout-s: the warm-up timeout covers that
     wait; after the warm-up steps the steady-state timeout applies again."""
     port = str(free_port())
-    common = ["--model", "cnn", "--per-gpu-batch", "8", "--num-workers", "0", "--loader", "device", "--synthetic-samples", "256",
-              "--no-eval", "--steps", "6", "--warmup-steps", "2", "--comm-probe-steps", "0", "--bucket-probe-steps", "0",
-              "--dist-timeout-s", "4", "--progress", "off"]  # fmt: skip
+    common = [
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        "8",
+        "--num-workers",
+        "0",
+        "--loader",
+        "device",
+        "--synthetic-samples",
+        "256",
+        "--no-eval",
+        "--steps",
+        "6",
+        "--warmup-steps",
+        "2",
+        "--comm-probe-steps",
+        "0",
+        "--bucket-probe-steps",
+        "0",
+        "--dist-timeout-s",
+        "4",
+        "--progress",
+        "off",
+    ]
     ranks = []
     for rank, extra in ((0, ["--compile", "none", "--record", str(tmp_path / "r.json")]), (1, ["--compile", "default"])):
-        env = clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                        MASTER_PORT=port, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor{rank}"),
-                        TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")  # fmt: skip
-        ranks.append(subprocess.Popen([sys.executable, "-m", "scalerepro.training.train", *common, *extra], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+        env = clean_env(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor{rank}"),
+            TORCHINDUCTOR_FORCE_DISABLE_CACHES="1",
+        )
+        ranks.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "scalerepro.training.train", *common, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     started = time.monotonic()
     outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
     waited = time.monotonic() - started
@@ -307,11 +466,34 @@ print("after warm-up", gloo.options._timeout.total_seconds(), flush=True)
 
 
 def test_collectives_get_the_warm_up_timeout_then_the_steady_state_one(tmp_path):
-    args = ["--model", "cnn", "--per-gpu-batch", "8", "--num-workers", "0", "--loader", "device", "--synthetic-samples", "128",
-            "--no-eval", "--steps", "4", "--warmup-steps", "2", "--comm-probe-steps", "0", "--bucket-probe-steps", "0",
-            "--dist-timeout-s", "17", "--warmup-dist-timeout-s", "900", "--progress", "off"]  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", _TIMEOUT_PROBE, str(free_port()), *args], env=clean_env(),
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    args = [
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        "8",
+        "--num-workers",
+        "0",
+        "--loader",
+        "device",
+        "--synthetic-samples",
+        "128",
+        "--no-eval",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "2",
+        "--comm-probe-steps",
+        "0",
+        "--bucket-probe-steps",
+        "0",
+        "--dist-timeout-s",
+        "17",
+        "--warmup-dist-timeout-s",
+        "900",
+        "--progress",
+        "off",
+    ]
+    result = subprocess.run([sys.executable, "-c", _TIMEOUT_PROBE, str(free_port()), *args], env=clean_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "after setup 900.0" in result.stdout and "after warm-up 17.0" in result.stdout, result.stdout
 
@@ -345,10 +527,31 @@ def _two_ranks_of(driver_source: str, tmp_path: Path, *args: str, **env: str) ->
 
 
 def test_a_probe_out_of_memory_on_one_rank_leaves_a_complete_run_on_every_rank(tmp_path):
-    done = _two_ranks_of(_OUT_OF_MEMORY_IN_THE_PROBE, tmp_path,
-                         "--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--per-gpu-batch", "8", "--num-workers", "0",
-                         "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "2", "--bucket-probe-steps", "2",
-                         "--dist-timeout-s", "60", "--record", str(tmp_path / "r.json"))  # fmt: skip
+    done = _two_ranks_of(
+        _OUT_OF_MEMORY_IN_THE_PROBE,
+        tmp_path,
+        "--model",
+        "cnn",
+        "--steps",
+        "6",
+        "--warmup-steps",
+        "2",
+        "--per-gpu-batch",
+        "8",
+        "--num-workers",
+        "0",
+        "--synthetic-samples",
+        "256",
+        "--no-eval",
+        "--comm-probe-steps",
+        "2",
+        "--bucket-probe-steps",
+        "2",
+        "--dist-timeout-s",
+        "60",
+        "--record",
+        str(tmp_path / "r.json"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     record = load_record(tmp_path / "r.json")
     m = record["measurements"]
@@ -390,10 +593,32 @@ def test_the_probe_broadcasts_buffers_in_its_sync_steps_only(tmp_path):
     probe's sync step must too, and its no-sync step (compute alone) must not. DDP decides from
     the step before, so with the probe's alternation left alone each sync step skipped the
     broadcast and each no-sync step paid it (probes.buffers_broadcast_like_a_training_step)."""
-    done = _two_ranks_of(_BROADCASTS_IN_THE_PROBE, tmp_path,
-                         "--model", "resnet18_cifar", "--image-size", "8", "--per-gpu-batch", "2", "--steps", "8", "--warmup-steps", "2",
-                         "--loader", "device", "--no-eval", "--synthetic-samples", "64", "--comm-probe-steps", "3",
-                         "--bucket-probe-steps", "0", "--record", str(tmp_path / "r.json"), STEPS_OUT=str(tmp_path / "steps.json"))  # fmt: skip
+    done = _two_ranks_of(
+        _BROADCASTS_IN_THE_PROBE,
+        tmp_path,
+        "--model",
+        "resnet18_cifar",
+        "--image-size",
+        "8",
+        "--per-gpu-batch",
+        "2",
+        "--steps",
+        "8",
+        "--warmup-steps",
+        "2",
+        "--loader",
+        "device",
+        "--no-eval",
+        "--synthetic-samples",
+        "64",
+        "--comm-probe-steps",
+        "3",
+        "--bucket-probe-steps",
+        "0",
+        "--record",
+        str(tmp_path / "r.json"),
+        STEPS_OUT=str(tmp_path / "steps.json"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     steps = json.loads((tmp_path / "steps.json").read_text())
     window, probe = [s for s in steps if not s["probe"]], [s for s in steps if s["probe"]]
@@ -404,9 +629,36 @@ def test_the_probe_broadcasts_buffers_in_its_sync_steps_only(tmp_path):
 
 def test_two_ranks_lengthen_their_window_alike(tmp_path):
     # each rank times its own steps; both must add the same steps or a collective waits forever
-    done = torchrun(2, ["--model", "cnn", "--steps", "6", "--warmup-steps", "2", "--per-gpu-batch", "8", "--num-workers", "0",
-                        "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "0", "--bucket-probe-steps", "0",
-                        "--min-window-s", "2", "--log-interval", "2", "--dist-timeout-s", "60", "--record", str(tmp_path / "r.json")])  # fmt: skip
+    done = torchrun(
+        2,
+        [
+            "--model",
+            "cnn",
+            "--steps",
+            "6",
+            "--warmup-steps",
+            "2",
+            "--per-gpu-batch",
+            "8",
+            "--num-workers",
+            "0",
+            "--synthetic-samples",
+            "256",
+            "--no-eval",
+            "--comm-probe-steps",
+            "0",
+            "--bucket-probe-steps",
+            "0",
+            "--min-window-s",
+            "2",
+            "--log-interval",
+            "2",
+            "--dist-timeout-s",
+            "60",
+            "--record",
+            str(tmp_path / "r.json"),
+        ],
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     record = load_record(tmp_path / "r.json")
     assert record["measurements"]["window_s"] >= 2 and record["steps"]["total"] > 6

@@ -135,12 +135,10 @@ def test_fetch_converts_chw_batches_to_the_prepared_layout_and_a_second_run_is_a
 
 def test_a_kept_download_is_reused_once_verified(server, tmp_path, capsys):
     downloads = tmp_path / "downloads"
-    assert main(["--out", str(tmp_path / "a"), "--url", f"{server.url}/{ARCHIVE_NAME}", "--md5", server.md5,
-                 "--download-dir", str(downloads)]) == 0  # fmt: skip
+    assert main(["--out", str(tmp_path / "a"), "--url", f"{server.url}/{ARCHIVE_NAME}", "--md5", server.md5, "--download-dir", str(downloads)]) == 0
     capsys.readouterr()
     # The URL now fails, so a second success can only come from the kept archive.
-    assert main(["--out", str(tmp_path / "b"), "--url", f"{server.url}/missing.tar.gz", "--md5", server.md5,
-                 "--download-dir", str(downloads)]) == 0  # fmt: skip
+    assert main(["--out", str(tmp_path / "b"), "--url", f"{server.url}/missing.tar.gz", "--md5", server.md5, "--download-dir", str(downloads)]) == 0
     assert "using the verified archive" in capsys.readouterr().out
     assert np.array_equal(cifar10.load(tmp_path / "a")["train"].images, cifar10.load(tmp_path / "b")["train"].images)
 
@@ -244,19 +242,19 @@ class _MakeDirectory:
         (
             lambda files, tmp: files.update(test_batch=legacy_pickle({b"data": np.zeros((2, 3071), np.uint8), b"labels": [0, 1]})),
             "test_batch: b'data' is uint8 (2, 3071), expected uint8 (N, 3072)",
-        ),  # fmt: skip
+        ),
         (
             lambda files, tmp: files.update(test_batch=legacy_pickle({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 10]})),
             "test_batch: labels outside 0..9",
-        ),  # fmt: skip
+        ),
         (
             lambda files, tmp: files.update(test_batch=legacy_pickle({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0]})),
             "b'labels' is not a list of 2 ints",
-        ),  # fmt: skip
+        ),
         (
             lambda files, tmp: files.update(test_batch=pickle.dumps(_MakeDirectory(tmp / "pwned"))),
             "refers to posix.mkdir, which a CIFAR-10 batch never does",
-        ),  # fmt: skip
+        ),
     ],
     ids=["missing-batch", "wrong-classes", "wrong-shape", "label-range", "label-count", "code-in-pickle"],
 )
@@ -328,11 +326,16 @@ def test_a_fetch_killed_half_way_leaves_staging_that_the_next_run_removes(server
     the pid-less ones of earlier versions) but never a live writer's."""
     out = tmp_path / "cifar10"
     writer = subprocess.Popen(
-        [sys.executable, "-c", "import os, sys, tempfile, time; "
-         f"d = tempfile.mkdtemp(prefix='.cifar10.%d.' % os.getpid(), dir={str(tmp_path)!r}); "
-         "open(os.path.join(d, 'train_images.npy'), 'wb').write(b'half'); print(d, flush=True); time.sleep(120)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, tempfile, time; "
+            f"d = tempfile.mkdtemp(prefix='.cifar10.%d.' % os.getpid(), dir={str(tmp_path)!r}); "
+            "open(os.path.join(d, 'train_images.npy'), 'wb').write(b'half'); print(d, flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     dead = Path(writer.stdout.readline().strip())
     writer.kill()
     writer.wait()

@@ -85,7 +85,7 @@ EVIDENCE = [
     ("a NaN throughput", _figure(math.nan), "failed", "samples_per_s is nan, not a finite number"),
     ("a throughput in words", _figure("fast"), "failed", "samples_per_s is 'fast', not a number"),
     ("a record nested 100,000 levels deep", _nested, "missing", "is nested deeper than any run record"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("name", "corrupt", "status", "said"), EVIDENCE, ids=[case[0] for case in EVIDENCE])
@@ -93,8 +93,9 @@ def test_a_record_is_evidence(name: str, corrupt: Callable[[Path], None], status
     """aggregate, as the workflow runs it: the run is a hole, its figure in no table, the rest counted."""
     _study(tmp_path)
     corrupt(tmp_path)
-    done = _run(["-m", "scalerepro.analysis.tables.aggregate", "--matrix", "matrix.csv", "--references", REFERENCES, "--out", "tables",
-                 "--predict-gpus", "4"], tmp_path)  # fmt: skip
+    done = _run(
+        ["-m", "scalerepro.analysis.tables.aggregate", "--matrix", "matrix.csv", "--references", REFERENCES, "--out", "tables", "--predict-gpus", "4"], tmp_path
+    )
     assert done.returncode == 0, (name, done.stderr[-2000:])
     runs = pd.read_csv(tmp_path / "tables" / "runs.csv").set_index("run_id")
     run = runs.loc["strong_resnet50_g1_r1"]
@@ -110,9 +111,15 @@ def _record_with_step(step: float) -> Callable[[Path], list[str]]:
     def make(folder: Path) -> list[str]:
         record = make_record("strong_resnet50_g1_r1", per_gpu_batch=32, samples_per_s=32 / 18e-3)
         record["measurements"]["backward_buckets"] = {
-            "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1, "forward_s": 6e-3,
-            "backward_s": 10e-3, "optimizer_s": 1e-3, "buckets": [{"bytes": 8_000_000, "parameters": 1, "ready_s": 9e-3}],
-        }  # fmt: skip
+            "steps": 5,
+            "reason": None,
+            "gradient_bytes": 8_000_000,
+            "micro_batches_per_step": 1,
+            "forward_s": 6e-3,
+            "backward_s": 10e-3,
+            "optimizer_s": 1e-3,
+            "buckets": [{"bytes": 8_000_000, "parameters": 1, "ready_s": 9e-3}],
+        }
         record["measurements"]["step_time_s"]["median"] = step
         (folder / "r.json").write_text(json.dumps(record))
         return ["-m", "scalerepro.analysis.predict", "--record", "r.json", "--cluster", "dgx_h100", "--references", REFERENCES]
@@ -124,7 +131,7 @@ PREDICT_RECORD = [
     ("a step of 0 s", _record_with_step(0.0), "step_time_s.median is 0.0, where a measured one is above 0"),
     ("a step of -1 s", _record_with_step(-1.0), "step_time_s.median is -1.0, where a measured one is above 0"),
     ("a step of NaN", _record_with_step(math.nan), "step_time_s.median is nan, not a finite number"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("name", "make", "said"), PREDICT_RECORD, ids=[case[0] for case in PREDICT_RECORD])
@@ -138,22 +145,42 @@ def test_predict_takes_a_record_as_evidence(name: str, make: Callable[[Path], li
 
 
 def _report(tables: str) -> list[str]:
-    return ["-m", "scalerepro.analysis.presentation.report", "--tables", tables, "--plots", "plots", "--inventory", "system.json",
-            "--config", "config.json", "--references", str(REPO / "config" / "references.yaml"), "--templates", str(REPO / "report"),
-            "--out", "report/index.html"]  # fmt: skip
+    return [
+        "-m",
+        "scalerepro.analysis.presentation.report",
+        "--tables",
+        tables,
+        "--plots",
+        "plots",
+        "--inventory",
+        "system.json",
+        "--config",
+        "config.json",
+        "--references",
+        str(REPO / "config" / "references.yaml"),
+        "--templates",
+        str(REPO / "report"),
+        "--out",
+        "report/index.html",
+    ]
 
 
 NO_INPUT = [
     # (name, argv in the case's empty folder, what the one line says)
     ("report of a missing tables folder", _report("missing"), "--tables missing: no such folder"),
     ("report of an empty tables folder", _report("empty"), "--tables empty: no runs.csv there, so nothing was aggregated"),
-    ("figures of a missing tables folder", ["-m", "scalerepro.analysis.presentation.plots", "--tables", "missing", "--out", "plots"],
-     "--tables missing: no such folder"),
-    ("figures of an empty tables folder", ["-m", "scalerepro.analysis.presentation.plots", "--tables", "empty", "--out", "plots"],
-     "no runs.csv there"),
-    ("predictions at -1 and 0 GPUs", ["-m", "scalerepro.analysis.tables.aggregate", "--matrix", "matrix.csv", "--references", "r.yaml",
-                                     "--out", "tables", "--predict-gpus", "-1", "0"], "argument --predict-gpus: -1 is outside [1, 1000000]"),
-]  # fmt: skip
+    (
+        "figures of a missing tables folder",
+        ["-m", "scalerepro.analysis.presentation.plots", "--tables", "missing", "--out", "plots"],
+        "--tables missing: no such folder",
+    ),
+    ("figures of an empty tables folder", ["-m", "scalerepro.analysis.presentation.plots", "--tables", "empty", "--out", "plots"], "no runs.csv there"),
+    (
+        "predictions at -1 and 0 GPUs",
+        ["-m", "scalerepro.analysis.tables.aggregate", "--matrix", "matrix.csv", "--references", "r.yaml", "--out", "tables", "--predict-gpus", "-1", "0"],
+        "argument --predict-gpus: -1 is outside [1, 1000000]",
+    ),
+]
 
 
 @pytest.mark.parametrize(("name", "argv", "said"), NO_INPUT, ids=[case[0] for case in NO_INPUT])
@@ -185,8 +212,19 @@ def _aggregate(matrix: str = "matrix.csv", *extra: str) -> list[str]:
 
 
 def _store_append(matrix: str) -> list[str]:
-    return ["-m", "scalerepro.analysis.history.store", "append", "--store", "store.duckdb", "--matrix", matrix,
-            "--config", "config.json", "--inventory", "system.json"]  # fmt: skip
+    return [
+        "-m",
+        "scalerepro.analysis.history.store",
+        "append",
+        "--store",
+        "store.duckdb",
+        "--matrix",
+        matrix,
+        "--config",
+        "config.json",
+        "--inventory",
+        "system.json",
+    ]
 
 
 def _report_with(config: str = "config.json", inventory: str = "system.json") -> list[str]:
@@ -217,7 +255,7 @@ BOUNDARY = [
     ("train: --dist-timeout-s nan", _train("--dist-timeout-s", "nan"), "--dist-timeout-s must be a finite number (got nan)"),
     ("train: --min-window-s nan", _train("--min-window-s", "nan"), "--min-window-s must be a finite number (got nan)"),
     ("train: a file as --checkpoint-dir", _train("--checkpoint-dir", "config.json"), "--checkpoint-dir config.json is a file, not a folder"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.slow  # starts training processes or Snakemake: not in the fast tier
@@ -271,9 +309,8 @@ ALSO = [
     ("a checkpoint on a full disk", _full_disk, 1, "No space left on device (0 bytes free) writing a checkpoint: '"),
     ("nsight without nsys installed", _without_nsys, 2, "nsys is not installed here (not on PATH): install Nsight Systems"),
     ("rebuild of a matrix with a repeated run id", _repeated_run_id, 2, "results/tables/matrix.csv: run_id repeats"),
-    ("a trainer flag the study sets itself", _study_set_flag, 1,
-     "config error at 'trainer_args': --record=/etc/passwd is a flag the study sets for every run"),
-]  # fmt: skip
+    ("a trainer flag the study sets itself", _study_set_flag, 1, "config error at 'trainer_args': --record=/etc/passwd is a flag the study sets for every run"),
+]
 
 
 @pytest.mark.slow  # starts training processes or Snakemake: not in the fast tier
@@ -311,7 +348,7 @@ TWO_DRIVERS = [
     # (name, the second driver's Snakemake flags, its exit status, what it says)
     ("a second driver that would run jobs", ["--cores", "1"], 1, "another snakemake is running this study in"),
     ("a dry run beside the driver", ["-n"], 0, "warning: another snakemake is running this study in"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.slow  # starts training processes or Snakemake: not in the fast tier
@@ -325,8 +362,7 @@ def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: s
     shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
     env = clean_env(PATH=f"{Path(sys.executable).parent}:{clean_env()['PATH']}")
     snakemake = [sys.executable, "-m", "snakemake", "--configfile", "config/ci.yaml", "--config", "data=synthetic"]
-    first = subprocess.Popen([*snakemake, "--cores", "1"], cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)  # fmt: skip
+    first = subprocess.Popen([*snakemake, "--cores", "1"], cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         lock = workdir / ".snakemake" / "scalerepro-driver.lock"
         deadline = time.monotonic() + 120
@@ -349,10 +385,9 @@ def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: s
 
 AFTER_THE_LAST_STEP = [
     # (name, the run's flags, the log line after which SIGTERM is sent, where it stopped)
-    ("in the final evaluation", ["--eval-samples", "60000", "--eval-batch-size", "8"], "evaluating 60000 held-out samples",
-     "during the final evaluation"),
+    ("in the final evaluation", ["--eval-samples", "60000", "--eval-batch-size", "8"], "evaluating 60000 held-out samples", "during the final evaluation"),
     ("in the probes", ["--no-eval", "--bucket-probe-steps", "3000"], "step 6/6", "during the probes"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.slow  # starts training processes or Snakemake: not in the fast tier
@@ -361,8 +396,10 @@ def test_a_stop_is_a_stop_after_the_last_step(name: str, flags: list[str], after
     """SIGTERM once the last step is done: acknowledged within seconds (the defect: the evaluation
     of 60,000 samples ran on for minutes and the run ended ok; on Slurm KillWait then killed it
     mid-evaluation, leaving no record), a preempted record with the window's figures, exit 75."""
-    argv = [sys.executable, *_train("--steps", "6", "--warmup-steps", "2", "--synthetic-samples", "1024", "--num-workers", "0",
-                                    "--checkpoint-dir", "ckpt", *flags)]  # fmt: skip
+    argv = [
+        sys.executable,
+        *_train("--steps", "6", "--warmup-steps", "2", "--synthetic-samples", "1024", "--num-workers", "0", "--checkpoint-dir", "ckpt", *flags),
+    ]
     process = subprocess.Popen(argv, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in process.stdout:
         if after in line:

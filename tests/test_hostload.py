@@ -22,8 +22,29 @@ def test_a_busy_neighbour_shows_in_the_record(tmp_path):
     started = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
     burner = psutil.Process(int(started.stdout))
     try:
-        assert main(["--model", "cnn", "--steps", "40", "--warmup-steps", "2", "--per-gpu-batch", "32", "--num-workers", "0",
-                     "--synthetic-samples", "2048", "--eval-samples", "64", "--record", str(tmp_path / "r.json")]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "--model",
+                    "cnn",
+                    "--steps",
+                    "40",
+                    "--warmup-steps",
+                    "2",
+                    "--per-gpu-batch",
+                    "32",
+                    "--num-workers",
+                    "0",
+                    "--synthetic-samples",
+                    "2048",
+                    "--eval-samples",
+                    "64",
+                    "--record",
+                    str(tmp_path / "r.json"),
+                ]
+            )
+            == 0
+        )
     finally:
         burner.kill()
         burner.wait(timeout=10)

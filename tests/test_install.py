@@ -51,8 +51,11 @@ def test_the_package_installs_without_network(tmp_path):
     site = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-index", "--no-deps", "--target", str(site), str(source)],
-        env=_offline_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=_offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
     modules = {path.relative_to(PACKAGE) for path in PACKAGE.rglob("*.py")}
     installed = {path.relative_to(site / "scalerepro") for path in (site / "scalerepro").rglob("*.py")}
@@ -60,7 +63,11 @@ def test_the_package_installs_without_network(tmp_path):
     # The installed copy imports (the torch-free modules; torch comes from the environment).
     probe = subprocess.run(
         [sys.executable, "-c", "import scalerepro.launching.launch, scalerepro.config; print(scalerepro.__file__)"],
-        env=_offline_env(PYTHONPATH=str(site)), capture_output=True, text=True, timeout=60, cwd=tmp_path,
-    )  # fmt: skip
+        env=_offline_env(PYTHONPATH=str(site)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()).is_relative_to(site)

@@ -70,9 +70,17 @@ def test_inside_a_slurm_job_it_is_one_srun_task_per_node_with_everything_explici
     command = launch.command(args, environ={"SLURM_JOB_ID": "1234"})
     srun, agent = command[: command.index(sys.executable)], command[command.index(sys.executable) :]
     assert srun == [
-        "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--kill-on-bad-exit=1",
-        "--export=ALL", "--label", "--job-name=strong_g8", "--gpus-per-node=4",
-    ]  # fmt: skip
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=32",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        "--label",
+        "--job-name=strong_g8",
+        "--gpus-per-node=4",
+    ]
     assert agent == [
         sys.executable,
         "-m",
@@ -100,9 +108,17 @@ def test_the_node_agent_meets_on_the_first_host_of_the_step():
     environ = {"SLURM_STEP_NODELIST": "localhost,gpu[002-003]", "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0"}
     command = launch.command(args, environ)
     assert command == [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--nnodes=2", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=localhost:29417", "--rdzv-id=1234.0", "--tee=3", *TRAIN,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=4",
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:29417",
+        "--rdzv-id=1234.0",
+        "--tee=3",
+        *TRAIN,
+    ]
 
 
 def test_a_node_name_that_does_not_resolve_without_slurm_is_one_clear_error(monkeypatch):
@@ -125,11 +141,39 @@ def test_env_flags_reach_the_ranks_and_bad_ones_are_refused(capsys):
 def test_two_local_ranks_train_through_the_launcher(tmp_path):
     record = tmp_path / "record.json"
     result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", "--env=SCALEREPRO_TEST_MARK=1", "--",
-         "-m", "scalerepro.training.train", "--model", "cnn", "--data", "synthetic", "--per-gpu-batch", "8", "--steps", "3",
-         "--warmup-steps", "1", "--device", "cpu", "--eval-samples", "16", "--comm-probe-steps", "1", "--record", str(record)],
-        env=clean_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "scalerepro.launching.launch",
+            "--ranks-per-node=2",
+            "--env=SCALEREPRO_TEST_MARK=1",
+            "--",
+            "-m",
+            "scalerepro.training.train",
+            "--model",
+            "cnn",
+            "--data",
+            "synthetic",
+            "--per-gpu-batch",
+            "8",
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--device",
+            "cpu",
+            "--eval-samples",
+            "16",
+            "--comm-probe-steps",
+            "1",
+            "--record",
+            str(record),
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     parallel = load_record(record)["parallel"]
     assert parallel["world_size"] == 2 and parallel["launcher"] == "local" and parallel["nodes"] == 1
@@ -145,11 +189,38 @@ def test_ranks_of_a_snakemake_job_run_one_thread_on_a_core_of_their_own(tmp_path
     record = tmp_path / "record.json"
     env = {**clean_env(), "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
     result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", "--cpus-per-node=2", "--",
-         "-m", "scalerepro.training.train", "--model", "cnn", "--per-gpu-batch", "8", "--steps", "3", "--warmup-steps", "1",
-         "--device", "cpu", "--no-eval", "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--record", str(record)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "scalerepro.launching.launch",
+            "--ranks-per-node=2",
+            "--cpus-per-node=2",
+            "--",
+            "-m",
+            "scalerepro.training.train",
+            "--model",
+            "cnn",
+            "--per-gpu-batch",
+            "8",
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--device",
+            "cpu",
+            "--no-eval",
+            "--comm-probe-steps",
+            "0",
+            "--bucket-probe-steps",
+            "0",
+            "--record",
+            str(record),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     record = load_record(record)
     activity = record["measurements"]["host_activity"]
@@ -165,8 +236,11 @@ def test_the_node_agent_survives_slurms_warning_signal_and_its_ranks_inherit_the
     script.write_text("import signal; print('rank sees SIGUSR1 ignored:', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)")
     result = subprocess.run(
         [sys.executable, "-m", "scalerepro.launching.launch", "--node-agent=slurm", "--nodes=1", "--ranks-per-node=1", "--", str(script)],
-        env=clean_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rank sees SIGUSR1 ignored: True" in result.stdout
 
@@ -196,12 +270,44 @@ def test_ranks_killed_before_writing_a_record_leave_the_launchers_failed_record(
     record = tmp_path / "record.json"
     mark = f"SCALEREPRO_TEST_MARK={uuid.uuid4()}"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", f"--env={mark}", "--",
-         "-m", "scalerepro.training.train", "--model", "cnn", "--per-gpu-batch", "16", "--num-workers", "0", "--synthetic-samples", "1024",
-         "--eval-samples", "64", "--steps", "5000", "--warmup-steps", "2", "--log-interval", "5", "--device", "cpu",
-         "--run-id", "killed", "--record", str(record)],
-        env=clean_env(), stdout=subprocess.PIPE, stderr=open(tmp_path / "launcher.err", "w"), text=True,  # noqa: SIM115 (the launcher writes it until it is killed)
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "scalerepro.launching.launch",
+            "--ranks-per-node=2",
+            f"--env={mark}",
+            "--",
+            "-m",
+            "scalerepro.training.train",
+            "--model",
+            "cnn",
+            "--per-gpu-batch",
+            "16",
+            "--num-workers",
+            "0",
+            "--synthetic-samples",
+            "1024",
+            "--eval-samples",
+            "64",
+            "--steps",
+            "5000",
+            "--warmup-steps",
+            "2",
+            "--log-interval",
+            "5",
+            "--device",
+            "cpu",
+            "--run-id",
+            "killed",
+            "--record",
+            str(record),
+        ],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        # The launcher writes its stderr until it is killed, past any with-block here.
+        stderr=open(tmp_path / "launcher.err", "w"),  # noqa: SIM115
+        text=True,
+    )
     seen = []
     for line in launcher.stdout:
         seen.append(line)
@@ -231,11 +337,40 @@ def test_a_record_the_ranks_wrote_is_never_replaced(tmp_path):
     error): the launcher leaves it as it is."""
     record = tmp_path / "record.json"
     result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", "--", "-m", "scalerepro.training.train", "--model", "cnn",
-         "--num-workers", "0", "--synthetic-samples", "256", "--steps", "3", "--warmup-steps", "1", "--device", "cpu",
-         "--lr", "1e9", "--lr-scaling", "none", "--log-interval", "1", "--record", str(record)],
-        env=clean_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "scalerepro.launching.launch",
+            "--ranks-per-node=2",
+            "--",
+            "-m",
+            "scalerepro.training.train",
+            "--model",
+            "cnn",
+            "--num-workers",
+            "0",
+            "--synthetic-samples",
+            "256",
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--device",
+            "cpu",
+            "--lr",
+            "1e9",
+            "--lr-scaling",
+            "none",
+            "--log-interval",
+            "1",
+            "--record",
+            str(record),
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     document = load_record(record)
     assert document["status"] == "failed" and document["error"]["type"] == "NonFiniteLossError"
@@ -275,11 +410,38 @@ def test_a_local_run_listens_on_loopback_only(tmp_path):
     """torchrun --standalone served its rendezvous store on every interface: a connection to the
     machine's external address was accepted. Every socket the ranks listen on must be loopback."""
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node=2", "--", "-m", "scalerepro.training.train", "--model", "cnn",
-         "--data", "synthetic", "--per-gpu-batch", "8", "--steps", "400", "--warmup-steps", "1", "--device", "cpu",
-         "--log-interval", "5", "--eval-samples", "16", "--comm-probe-steps", "0"],
-        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "scalerepro.launching.launch",
+            "--ranks-per-node=2",
+            "--",
+            "-m",
+            "scalerepro.training.train",
+            "--model",
+            "cnn",
+            "--data",
+            "synthetic",
+            "--per-gpu-batch",
+            "8",
+            "--steps",
+            "400",
+            "--warmup-steps",
+            "1",
+            "--device",
+            "cpu",
+            "--log-interval",
+            "5",
+            "--eval-samples",
+            "16",
+            "--comm-probe-steps",
+            "0",
+        ],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for line in launcher.stdout:
             if line.startswith("[default0]:step 10/"):

@@ -158,8 +158,14 @@ def test_the_per_gpu_micro_batch_has_one_name():
     migration and the record reader's fallback for schema-2 records."""
     old = ("per_rank_batch", "--batch-size", "slurm_job_id", '"per_rank": config')
     allowed = {PACKAGE / "analysis/history/store_file.py"}  # RENAMED_RUN_COLUMNS: version 1's names
-    places = [*PACKAGE.rglob("*.py"), *(REPO / "workflow/rules").glob("*.smk"), *(REPO / "config").glob("*.yaml"),
-              *(REPO / "workflow/schemas").iterdir(), *(REPO / "report").rglob("*.j2"), REPO / "README.md"]  # fmt: skip
+    places = [
+        *PACKAGE.rglob("*.py"),
+        *(REPO / "workflow/rules").glob("*.smk"),
+        *(REPO / "config").glob("*.yaml"),
+        *(REPO / "workflow/schemas").iterdir(),
+        *(REPO / "report").rglob("*.j2"),
+        REPO / "README.md",
+    ]
     found = [f"{path.relative_to(REPO)}: {name}" for path in places if path not in allowed for name in old if name in path.read_text()]
     assert found == []
 

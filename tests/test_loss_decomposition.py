@@ -36,8 +36,18 @@ def _run(run_id: str, study: str, gpus: int, repeat: int, step_s: float, parts: 
     """runs.csv's row of one counted run: a window of 100 steps of ``step_s``; with ``parts``, the
     figures that give them back: the window's split with the probe's overlap cost (``window``),
     or the probe's figures alone (``probe``, a record from before the window was split)."""
-    row = {"run_id": run_id, "study": study, "model": "resnet50", "gpus": gpus, "nodes": 1, "repeat": repeat, "counts": True,
-           "window_s": 100 * step_s, "measured_steps": 100, "data_wait_s": 0.0}  # fmt: skip
+    row = {
+        "run_id": run_id,
+        "study": study,
+        "model": "resnet50",
+        "gpus": gpus,
+        "nodes": 1,
+        "repeat": repeat,
+        "counts": True,
+        "window_s": 100 * step_s,
+        "measured_steps": 100,
+        "data_wait_s": 0.0,
+    }
     if parts is None:
         return row
     ideal = T1 / gpus if study == "strong" else T1
@@ -188,9 +198,16 @@ def test_the_table_predicts_a_cell_with_the_inflation_the_other_cell_measured(tm
     slower (the defect: the model read the probe alone, so the spread of two cells' probes went
     into each other's prediction)."""
     s = Study(tmp_path)
-    buckets = {"steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1,
-               "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
-               "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)]}  # fmt: skip
+    buckets = {
+        "steps": 5,
+        "reason": None,
+        "gradient_bytes": 8_000_000,
+        "micro_batches_per_step": 1,
+        "forward_s": 6e-3,
+        "backward_s": 10e-3,
+        "optimizer_s": 1e-3,
+        "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)],
+    }
     k = {"strong": 1.2, "weak": 1.4}
     overlap, straggler = 1e-3, 0.5e-3
     for study in ("strong", "weak"):
@@ -205,10 +222,15 @@ def test_the_table_predicts_a_cell_with_the_inflation_the_other_cell_measured(tm
             probe["sync_compute_rank_mean_s"] = probe["nosync_rank_mean_s"] + overlap
             compute = k[study] * 18e-3 - straggler  # the typical rank's, without the overlap cost
             two["measurements"]["window_split"] = {
-                "steps": 100, "step_rank_mean_s": 30e-3, "data_wait_rank_mean_s": 0.0, "compute_rank_mean_s": compute + overlap,
-                "exposed_allreduce_wait_s": 30e-3 - compute - overlap - straggler, "straggler_wait_s": straggler, "clock": "host",
+                "steps": 100,
+                "step_rank_mean_s": 30e-3,
+                "data_wait_rank_mean_s": 0.0,
+                "compute_rank_mean_s": compute + overlap,
+                "exposed_allreduce_wait_s": 30e-3 - compute - overlap - straggler,
+                "straggler_wait_s": straggler,
+                "clock": "host",
                 "reason": None,
-            }  # fmt: skip
+            }
         s.add(study, 2, 1, per_gpu_batch=32, record=validate(two))
     matrix = pd.read_csv(s.write_matrix())
     matrix["gpus_per_node"] = 2
@@ -243,8 +265,9 @@ def test_batch_curve_keeps_the_fixed_cost_of_a_small_batch():
 def test_ring_latency_counts_every_hop_of_the_ring():
     """64 GPUs in 8 nodes: an all-reduce is 2 x 63 ring steps, 2 x 7 across the network (the
     defect: one node's NVLink hops counted once, 2 x 7 of them, not 2 x 56)."""
-    net = HierarchicalNetwork(8, 8, intra_bytes_per_s=math.inf, intra_hop_s=1e-6, inter_bytes_per_s=math.inf,
-                              inter_hop_s=10e-6, algorithm="ring", source="built")  # fmt: skip
+    net = HierarchicalNetwork(
+        8, 8, intra_bytes_per_s=math.inf, intra_hop_s=1e-6, inter_bytes_per_s=math.inf, inter_hop_s=10e-6, algorithm="ring", source="built"
+    )
     assert net.allreduce_s(1.0) == pytest.approx(2 * 56 * 1e-6 + 2 * 7 * 10e-6)
     assert net.reduce_scatter_s(1.0) == pytest.approx(56 * 1e-6 + 7 * 10e-6)
     one_node = HierarchicalNetwork(8, 1, math.inf, 1e-6, math.inf, 10e-6, "ring", "built")

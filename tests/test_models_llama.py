@@ -81,11 +81,18 @@ def test_tied_model_counts_its_output_matmul() -> None:
     assert sum(p.numel() for p in model.parameters()) == resolve("llama_1b", TINY).num_parameters
     configs = {
         tie: llama.llama_config(
-            dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, seq_len=16,
-            ffn_dim_multiplier=1.5, multiple_of=256, tie_embeddings=tie,
+            dim=64,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            vocab_size=64,
+            seq_len=16,
+            ffn_dim_multiplier=1.5,
+            multiple_of=256,
+            tie_embeddings=tie,
         )
         for tie in (False, True)
-    }  # fmt: skip
+    }
     with torch.device("meta"):
         counts = {tie: sum(p.numel() for p in llama.Llama(config).parameters()) for tie, config in configs.items()}
     assert counts[True] == counts[False] - 64 * 64
@@ -101,10 +108,16 @@ def test_full_shape_ffn_widths() -> None:
 def test_module_names_are_torchtitans() -> None:
     names = {name for name, _ in tiny_model().named_parameters()}
     expected_layer = {
-        "attention_norm.weight", "attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
-        "attention.wo.weight", "ffn_norm.weight", "feed_forward.w1.weight", "feed_forward.w2.weight",
+        "attention_norm.weight",
+        "attention.wq.weight",
+        "attention.wk.weight",
+        "attention.wv.weight",
+        "attention.wo.weight",
+        "ffn_norm.weight",
+        "feed_forward.w1.weight",
+        "feed_forward.w2.weight",
         "feed_forward.w3.weight",
-    }  # fmt: skip
+    }
     expected = {"tok_embeddings.weight", "norm.weight", "output.weight"}
     expected |= {f"layers.{i}.{suffix}" for i in range(2) for suffix in expected_layer}
     assert names == expected
@@ -254,11 +267,47 @@ def test_trainer_cli_trains_a_tiny_llama(tmp_path) -> None:
     """The real trainer process on a shrunk llama_1b: the flags reach the model (--num-kv-heads
     included), the record validates, MFU's FLOPs are the registry's, and the loss falls."""
     args = [
-        "--model", "llama_1b", "--seq-len", "32", "--vocab-size", "128", "--num-layers", "2", "--hidden-size", "64",
-        "--num-heads", "4", "--num-kv-heads", "2", "--device", "cpu", "--lr", "3e-3", "--steps", "30", "--warmup-steps", "2",
-        "--per-gpu-batch", "16", "--loader", "device", "--synthetic-samples", "2048", "--eval-samples", "64", "--log-interval", "5",
-        "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--progress", "off", "--record", str(tmp_path / "r.json"),
-    ]  # fmt: skip
+        "--model",
+        "llama_1b",
+        "--seq-len",
+        "32",
+        "--vocab-size",
+        "128",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-heads",
+        "4",
+        "--num-kv-heads",
+        "2",
+        "--device",
+        "cpu",
+        "--lr",
+        "3e-3",
+        "--steps",
+        "30",
+        "--warmup-steps",
+        "2",
+        "--per-gpu-batch",
+        "16",
+        "--loader",
+        "device",
+        "--synthetic-samples",
+        "2048",
+        "--eval-samples",
+        "64",
+        "--log-interval",
+        "5",
+        "--comm-probe-steps",
+        "0",
+        "--bucket-probe-steps",
+        "0",
+        "--progress",
+        "off",
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     result = python_train(args, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     record = load_record(tmp_path / "r.json")

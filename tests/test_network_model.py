@@ -123,8 +123,7 @@ def test_a_regimes_error_is_its_own_rows_and_an_uncovered_regime_prints_none():
     columns = prediction_error.error_columns(one, table)
     assert columns["typical_error"] == pytest.approx(0.03) and "2 held-back rows (a 4, a 8)" in columns["error_basis"]
     # fsdp at 9+ nodes is not in this table: no error, never the ddp one's
-    assert prediction_error.error_columns(other, table) == {"regime": other.key, "typical_error": None,
-                                                            "error_basis": prediction_error.NO_BACK_TEST}  # fmt: skip
+    assert prediction_error.error_columns(other, table) == {"regime": other.key, "typical_error": None, "error_basis": prediction_error.NO_BACK_TEST}
     assert prediction_error.error_columns(one, None)["typical_error"] is None
 
 

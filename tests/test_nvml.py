@@ -101,8 +101,7 @@ def test_summarise_gives_each_clock_event_reasons_share_of_the_samples_that_read
         _sample(0.2, 640.0, clock_event_reasons=()),  # read, none active
         _sample(0.3, 650.0, clock_event_reasons=None),  # NVML refused this reading: not in any share
     ]
-    summary = summarise(capped, (None, None), device_name=None, interval_s=0.1, window_s=0.3,
-                        power_limit_w=700.0, sm_clock_max_supported_mhz=1980.0)  # fmt: skip
+    summary = summarise(capped, (None, None), device_name=None, interval_s=0.1, window_s=0.3, power_limit_w=700.0, sm_clock_max_supported_mhz=1980.0)
     # 3 samples read the reasons: sw_power_cap in 2 of them, hw_slowdown in 1
     assert summary["clock_event_reasons"] == {"hw_slowdown": pytest.approx(1 / 3), "sw_power_cap": pytest.approx(2 / 3)}
     assert summary["power_limit_w"] == 700.0 and summary["sm_clock_max_supported_mhz"] == 1980.0
@@ -187,10 +186,24 @@ def test_combine_ranks_sums_energy_and_power_and_takes_max_of_maxima() -> None:
 
 
 def test_combine_ranks_reads_power_capping_over_the_gpus() -> None:
-    a = _gpu(690.0, 690.0, sm_clock_min_mhz=1400.0, temperature_mean_c=60.0, power_limit_w=700.0, sm_clock_max_supported_mhz=1980.0,
-             clock_event_reasons={"sw_power_cap": 0.5, "hw_slowdown": 0.25})  # fmt: skip
-    b = _gpu(699.0, 699.0, sm_clock_min_mhz=1300.0, temperature_mean_c=64.0, power_limit_w=700.0, sm_clock_max_supported_mhz=1980.0,
-             clock_event_reasons={"sw_power_cap": 1.0})  # fmt: skip
+    a = _gpu(
+        690.0,
+        690.0,
+        sm_clock_min_mhz=1400.0,
+        temperature_mean_c=60.0,
+        power_limit_w=700.0,
+        sm_clock_max_supported_mhz=1980.0,
+        clock_event_reasons={"sw_power_cap": 0.5, "hw_slowdown": 0.25},
+    )
+    b = _gpu(
+        699.0,
+        699.0,
+        sm_clock_min_mhz=1300.0,
+        temperature_mean_c=64.0,
+        power_limit_w=700.0,
+        sm_clock_max_supported_mhz=1980.0,
+        clock_event_reasons={"sw_power_cap": 1.0},
+    )
     run = combine_ranks([a, b])
     assert run["sm_clock_min_mhz"] == 1300.0  # min(1400, 1300)
     assert run["temperature_mean_c"] == pytest.approx(62.0)  # (60 + 64) / 2
@@ -346,8 +359,7 @@ def test_summarise_sums_active_segments_and_nets_out_idle_power() -> None:
     # two active segments, 1 s and 2 s long, with a pause between them (t = 1 .. 5 s not sampled)
     samples = [_sample(0.0, 300.0), _sample(1.0, 300.0), _sample(5.0, 400.0, segment=1), _sample(7.0, 400.0, segment=1)]
     counter = [(1_000_000, 1_300_000), (1_900_000, 2_700_000)]  # 300 J, then 800 J; 600 J were spent in the pause
-    summary = summarise(samples, counter, device_name=None, interval_s=1.0, window_s=3.0,
-                        idle={"idle_power_w": 70.0, "reason": None}, paused_s=4.0)  # fmt: skip
+    summary = summarise(samples, counter, device_name=None, interval_s=1.0, window_s=3.0, idle={"idle_power_w": 70.0, "reason": None}, paused_s=4.0)
     assert summary["energy_method"] == ENERGY_COUNTER
     assert summary["energy_j"] == pytest.approx(1100.0)  # 300 + 800: the pause's 600 J are not in it
     assert summary["energy_net_j"] == pytest.approx(1100.0 - 70.0 * 3.0)  # E - P_idle x active seconds
@@ -529,11 +541,13 @@ def _recorded_pynvml(card: _RecordedReply, reasons_by: str) -> types.SimpleNames
     older one: the sampler must fall back), "neither" (a library with no reasons query)."""
     real = card.real
     module = types.SimpleNamespace(
-        NVMLError=real.NVMLError, NVMLError_FunctionNotFound=real.NVMLError_FunctionNotFound,
-        NVML_CLOCK_SM=real.NVML_CLOCK_SM, NVML_TEMPERATURE_GPU=real.NVML_TEMPERATURE_GPU,
+        NVMLError=real.NVMLError,
+        NVMLError_FunctionNotFound=real.NVMLError_FunctionNotFound,
+        NVML_CLOCK_SM=real.NVML_CLOCK_SM,
+        NVML_TEMPERATURE_GPU=real.NVML_TEMPERATURE_GPU,
         **{name: getattr(real, name) for name in dir(real) if name.startswith(("nvmlClocksEventReason", "nvmlClocksThrottleReason"))},
         **{name: getattr(card, name) for name in dir(card) if name.startswith("nvml")},
-    )  # fmt: skip
+    )
     if reasons_by != "neither":
         setattr(module, CURRENT, card.reasons_query(CURRENT, answers=reasons_by == "current"))
         setattr(module, OLDER, card.reasons_query(OLDER, answers=reasons_by == "older"))

@@ -179,12 +179,31 @@ def test_throughput_against_one_gpu_count_is_a_line_and_many_models_a_grid(study
 def test_the_prediction_table_shows_a_few_columns_and_folds_the_rest(study):
     model = section(study.html, "scaling-model")
     headers = table_rows(model)[0]
-    assert headers == ["Study", "Model", "GPUs", "Nodes", "Basis", "Step predicted (ms)", "Efficiency predicted", "Typical error (±)",
-                       "Loss mostly from", "Note"]  # fmt: skip
+    assert headers == [
+        "Study",
+        "Model",
+        "GPUs",
+        "Nodes",
+        "Basis",
+        "Step predicted (ms)",
+        "Efficiency predicted",
+        "Typical error (±)",
+        "Loss mostly from",
+        "Note",
+    ]
     folded = re.search(r"<details.*?</details>", model, re.S).group(0)
     every = {header for row in table_rows(folded) for header in row}
-    for column in ("Step measured (ms)", "Efficiency predicted", "Lost to fixed per-step cost", "Lost to exposed all-reduce", "Cluster",
-                   "Micro-batch per GPU", "Exposed all-reduce (ms)", "α, B from", "k from"):  # fmt: skip
+    for column in (
+        "Step measured (ms)",
+        "Efficiency predicted",
+        "Lost to fixed per-step cost",
+        "Lost to exposed all-reduce",
+        "Cluster",
+        "Micro-batch per GPU",
+        "Exposed all-reduce (ms)",
+        "α, B from",
+        "k from",
+    ):
         assert column in every, column
     rows = {(row[0], row[1], row[2]): row for row in table_rows(model.split("<details")[0])[1:]}
     # the reference row's measured step under its (absent) prediction; a predicted row's own figures

@@ -39,7 +39,7 @@ def run_ranks(world: int, out: Path, *args: str, timeout: float = 180) -> dict:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for r in range(world)
     ]
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
@@ -198,11 +198,39 @@ def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
 
     record_path = tmp_path / "fsdp.json"
     args = [
-        "--model", "gpt2_small", "--seq-len", "16", "--vocab-size", "64", "--num-layers", "2", "--hidden-size", "32",
-        "--num-heads", "4", "--per-gpu-batch", "4", "--synthetic-samples", "64", "--eval-samples", "16", "--steps", "4",
-        "--warmup-steps", "1", "--log-interval", "2", "--num-workers", "0", "--parallel", "fsdp",
-        "--activation-checkpointing", "selective", "--record", str(record_path),
-    ]  # fmt: skip
+        "--model",
+        "gpt2_small",
+        "--seq-len",
+        "16",
+        "--vocab-size",
+        "64",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "32",
+        "--num-heads",
+        "4",
+        "--per-gpu-batch",
+        "4",
+        "--synthetic-samples",
+        "64",
+        "--eval-samples",
+        "16",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--log-interval",
+        "2",
+        "--num-workers",
+        "0",
+        "--parallel",
+        "fsdp",
+        "--activation-checkpointing",
+        "selective",
+        "--record",
+        str(record_path),
+    ]
     result = torchrun(2, args, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     record = load_record(record_path)
@@ -236,8 +264,32 @@ def test_tensor_parallel_takes_the_optimizer_it_needs_by_default_and_refuses_one
 def test_trainer_refuses_what_a_pipeline_step_does_not_do(tmp_path):
     from conftest import python_train
 
-    args = ["--model", "gpt2_small", "--num-layers", "2", "--hidden-size", "32", "--num-heads", "4", "--seq-len", "16", "--vocab-size", "64",
-            "--num-workers", "0", "--parallel", "pp", "--steps", "2", "--warmup-steps", "0", "--grad-accum-steps", "2", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    args = [
+        "--model",
+        "gpt2_small",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "32",
+        "--num-heads",
+        "4",
+        "--seq-len",
+        "16",
+        "--vocab-size",
+        "64",
+        "--num-workers",
+        "0",
+        "--parallel",
+        "pp",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "0",
+        "--grad-accum-steps",
+        "2",
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     result = python_train(args)
     assert result.returncode != 0
     assert "--parallel pp does not support --grad-accum-steps: the pipeline's --microbatches are its gradient accumulation" in result.stderr
@@ -264,10 +316,31 @@ def test_fsdp_comm_volume_formula_on_a_known_model():
 
 
 TRAINER_GPT = [
-    "--model", "gpt2_small", "--seq-len", "16", "--vocab-size", "64", "--num-layers", "2", "--hidden-size", "32",
-    "--num-heads", "4", "--per-gpu-batch", "4", "--synthetic-samples", "256", "--num-workers", "0", "--no-eval",
-    "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--keep-final-checkpoint",
-]  # fmt: skip
+    "--model",
+    "gpt2_small",
+    "--seq-len",
+    "16",
+    "--vocab-size",
+    "64",
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "32",
+    "--num-heads",
+    "4",
+    "--per-gpu-batch",
+    "4",
+    "--synthetic-samples",
+    "256",
+    "--num-workers",
+    "0",
+    "--no-eval",
+    "--comm-probe-steps",
+    "0",
+    "--bucket-probe-steps",
+    "0",
+    "--keep-final-checkpoint",
+]
 
 
 def _trainer_gpt_module():
@@ -299,8 +372,23 @@ def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
     from conftest import torchrun
 
     for strategy in ("ddp", "fsdp"):
-        result = torchrun(2, [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1", "--parallel", strategy,
-                              "--checkpoint-dir", str(tmp_path / strategy), "--record", str(tmp_path / f"{strategy}.json")], timeout=240)  # fmt: skip
+        result = torchrun(
+            2,
+            [
+                *TRAINER_GPT,
+                "--steps",
+                "3",
+                "--warmup-steps",
+                "1",
+                "--parallel",
+                strategy,
+                "--checkpoint-dir",
+                str(tmp_path / strategy),
+                "--record",
+                str(tmp_path / f"{strategy}.json"),
+            ],
+            timeout=240,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     # The memory split: every DDP rank holds the whole state; every FSDP rank half of it (within
     # 5 %: dim-0 padding of shards), parameters, gradients and AdamW's moments each.

@@ -63,8 +63,15 @@ def test_a_local_gpu_machine_profiles_with_its_gpu_named_and_nsight_missing_fall
     assert found.tools == ("nsys", "ncu") and found.fallback_reason is None
     args = profiling.trainer_args(plan, profiling.runs[0], "torch")
     window = plan.config["profiling"]
-    assert args[-7:] == ["--steps", str(window["window_start"] + window["window_steps"]), "--warmup-steps",
-                         str(window["window_start"]), "--no-eval", "--comm-probe-steps", "0"]  # fmt: skip
+    assert args[-7:] == [
+        "--steps",
+        str(window["window_start"] + window["window_steps"]),
+        "--warmup-steps",
+        str(window["window_start"]),
+        "--no-eval",
+        "--comm-probe-steps",
+        "0",
+    ]
     assert f"results/profiles/{profiling.runs[0]}/torch/record.json" in args
     # a profiling job starts afresh: no checkpoint directory (an empty one vanished from the shell command), no resume
     assert "--checkpoint-dir" not in args and "--resume" not in args and "" not in args
@@ -91,14 +98,17 @@ def test_a_bad_key_is_one_line_naming_it_and_the_schema():
 @pytest.mark.parametrize(
     "change, key, message",
     [
-        (lambda c: c["ablation"].update(optimisations=[{"name": "cl", "flags": []}, {"name": "cl", "flags": ["--channels-last"]}]),
-         "ablation.optimisations", "the name 'cl' is given twice"),
+        (
+            lambda c: c["ablation"].update(optimisations=[{"name": "cl", "flags": []}, {"name": "cl", "flags": ["--channels-last"]}]),
+            "ablation.optimisations",
+            "the name 'cl' is given twice",
+        ),
         (lambda c: c.update(study_name="x" * 4097), "study_name", "a string of 4,097 characters (at most 4096)"),
         (lambda c: c["compare"].update(threshold=float("nan")), "compare.threshold", "nan is not a finite number"),
         (lambda c: c.update(extra=[[[0] * 100] * 100] * 11), "top level", "holds more than 100,000 values"),
     ],
     ids=["duplicate-name", "long-string", "nan", "too-many-values"],
-)  # fmt: skip
+)
 def test_what_the_schema_cannot_say_is_refused_first_naming_the_key(change, key, message):
     config = _config()
     change(config)

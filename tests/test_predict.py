@@ -104,8 +104,7 @@ def test_one_node_is_the_flat_ring():
 
 def test_fsdp_step_by_hand():
     # L = 4 units; per unit gathered S / 4 = 200 MB and reduce-scattered 2 S / 4 = 400 MB: P_g = S, P_r = 2 S
-    profile = FsdpProfile(step_s=0.4, forward_s=0.1, backward_s=0.2, optimizer_s=0.08, micro_batches=1, units=4,
-                          gather_bytes=S, reduce_bytes=2 * S)  # fmt: skip
+    profile = FsdpProfile(step_s=0.4, forward_s=0.1, backward_s=0.2, optimizer_s=0.08, micro_batches=1, units=4, gather_bytes=S, reduce_bytes=2 * S)
     # ag = all-gather(S / 4) = 43 us + max(7.75 ms / 4, 9.6875 ms / 4) = 43 us + 2.421875 ms;
     # rs = reduce-scatter(S / 2) = 43 us + 9.6875 ms / 2 = 43 us + 4.84375 ms
     ag, rs = 43e-6 + 31 / 32 * 10e-3 / 4, 43e-6 + 31 / 32 * 10e-3 / 2
@@ -166,10 +165,15 @@ def _one_gpu_record(tmp_path, run_id: str = "weak_resnet50_g1_r1"):
     ``run_id`` the matrix's (the analysis refuses another run's record)."""
     record = make_record(run_id, per_gpu_batch=32, samples_per_s=32 / 18e-3)
     record["measurements"]["backward_buckets"] = {
-        "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1,
-        "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
+        "steps": 5,
+        "reason": None,
+        "gradient_bytes": 8_000_000,
+        "micro_batches_per_step": 1,
+        "forward_s": 6e-3,
+        "backward_s": 10e-3,
+        "optimizer_s": 1e-3,
         "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip((4_000_000, 1_000_000, 3_000_000), (2e-3, 5e-3, 9e-3))],
-    }  # fmt: skip
+    }
     return validate(record)
 
 
@@ -199,8 +203,10 @@ def test_the_table_predicts_beyond_the_study_on_a_cluster_with_its_typical_error
 def test_predict_command_on_a_record(tmp_path, capsys):
     path = tmp_path / "g1.json"
     path.write_text(json.dumps(_one_gpu_record(tmp_path)))
-    assert predict.main(["--record", str(path), "--cluster", "dgx_h100", "--nodes", "1", "2", "--csv", str(tmp_path / "p.csv"),
-                         "--references", str(REFERENCES)]) == 0  # fmt: skip
+    assert (
+        predict.main(["--record", str(path), "--cluster", "dgx_h100", "--nodes", "1", "2", "--csv", str(tmp_path / "p.csv"), "--references", str(REFERENCES)])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "NVIDIA DGX H100" in out and "typical error" in out and "ConnectX-7" in out
     table = pd.read_csv(tmp_path / "p.csv").set_index("gpus")
@@ -212,8 +218,28 @@ def test_predict_command_on_a_record(tmp_path, capsys):
     assert table.loc[16, "samples_per_s"] == pytest.approx(16 * 32 / expected) and table.loc[16, "efficiency"] == pytest.approx(18e-3 / expected)
     assert "50 GB/s x 0.85" in table.loc[16, "assumptions"]
     # strong scaling of G = 64 on a 4-GPU-per-node variant with 100 GB/s NICs: 16 per GPU at 4 GPUs
-    assert predict.main(["--record", str(path), "--global-batch", "64", "--gpus-per-node", "4", "--nic-gbps", "100",
-                         "--gpus", "4", "8", "--csv", str(tmp_path / "s.csv"), "--references", str(REFERENCES)]) == 0  # fmt: skip
+    assert (
+        predict.main(
+            [
+                "--record",
+                str(path),
+                "--global-batch",
+                "64",
+                "--gpus-per-node",
+                "4",
+                "--nic-gbps",
+                "100",
+                "--gpus",
+                "4",
+                "8",
+                "--csv",
+                str(tmp_path / "s.csv"),
+                "--references",
+                str(REFERENCES),
+            ]
+        )
+        == 0
+    )
     strong = pd.read_csv(tmp_path / "s.csv").set_index("gpus")
     assert strong.loc[4, "per_gpu_batch"] == 16 and strong.loc[8, "nodes"] == 2 and "100 GB/s x 0.85" in strong.loc[8, "assumptions"]
     assert strong.loc[8, "efficiency"] == pytest.approx(18e-3 / (8 * strong.loc[8, "step_time_s"]))

@@ -26,8 +26,12 @@ A100 = "NVIDIA A100-SXM4-80GB"
 def _predict(record: Path, *flags: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "scalerepro.analysis.predict", "--record", str(record), "--references", str(REFERENCES), "--gpus", "8", "16", *flags],
-        cwd=cwd, env=clean_env(PYTHONPATH=str(REPO / "workflow")), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=cwd,
+        env=clean_env(PYTHONPATH=str(REPO / "workflow")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _copy(tmp_path: Path, change: Callable[[dict[str, Any]], None], name: str = "record.json") -> Path:
@@ -60,12 +64,20 @@ REFUSED = [
     ("a failed run", _set("status", "failed"), "dgx_h100", "the record's status is 'failed', not 'ok'"),
     ("a CPU run", _on_a_cpu, "dgx_h100", "the step was measured on 'cpu' (parallel.device_type), not a GPU"),
     ("two ranks", _set("parallel", "world_size", 2), "dgx_h100", "the record is of 2 ranks (parallel.world_size 2), not one GPU's step"),
-    ("an A100 step on a DGX H100", _set("hardware", "gpu", "name", A100), "dgx_h100",
-     f"the step was measured on {A100}, and NVIDIA DGX H100 (dgx_h100) has {H100}: the model does not scale compute between GPU models"),
+    (
+        "an A100 step on a DGX H100",
+        _set("hardware", "gpu", "name", A100),
+        "dgx_h100",
+        f"the step was measured on {A100}, and NVIDIA DGX H100 (dgx_h100) has {H100}: the model does not scale compute between GPU models",
+    ),
     ("an H100 step on a DGX A100", lambda record: None, "dgx_a100", f"the step was measured on {H100}, and NVIDIA DGX A100 (dgx_a100) has {A100}"),
-    ("a negative throughput", _set("measurements", "samples_per_s", -5.0), "dgx_h100",
-     "the record is no evidence: the record's figures are no measurement (samples_per_s is -5.0, where a measured one is above 0 samples/s"),
-]  # fmt: skip
+    (
+        "a negative throughput",
+        _set("measurements", "samples_per_s", -5.0),
+        "dgx_h100",
+        "the record is no evidence: the record's figures are no measurement (samples_per_s is -5.0, where a measured one is above 0 samples/s",
+    ),
+]
 
 
 @pytest.mark.parametrize(("name", "change", "cluster", "said"), REFUSED, ids=[case[0] for case in REFUSED])
@@ -99,6 +111,10 @@ def test_predict_names_the_gpu_and_replays_another_gpus_step_only_when_told(tmp_
     # the flag is --record's: with --study it is refused, not ignored
     alone = subprocess.run(
         [sys.executable, "-m", "scalerepro.analysis.predict", "--study", str(tmp_path), "--other-gpu", "--references", str(REFERENCES)],
-        cwd=tmp_path, env=clean_env(PYTHONPATH=str(REPO / "workflow")), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=clean_env(PYTHONPATH=str(REPO / "workflow")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert alone.returncode == 2 and "--other-gpu applies to --record only" in alone.stderr, alone.stderr

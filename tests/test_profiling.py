@@ -219,9 +219,16 @@ def test_roofline_positions_match_the_hand_computed_answers(raw_csv, peaks):
 
 @pytest.mark.parametrize(
     ("key", "precision", "tensor_tflops"),
-    [("h100_sxm", "bf16", 989.4), ("h100_sxm", "fp8", 1978.9), ("h100_sxm", "tf32", 494.7), ("h100_pcie", "bf16", 756.0),
-     ("h100_nvl", "fp16", 835.5), ("h200", "bf16", 989.4), ("a100_sxm_80gb", "bf16", 312.0)],
-)  # fmt: skip
+    [
+        ("h100_sxm", "bf16", 989.4),
+        ("h100_sxm", "fp8", 1978.9),
+        ("h100_sxm", "tf32", 494.7),
+        ("h100_pcie", "bf16", 756.0),
+        ("h100_nvl", "fp16", 835.5),
+        ("h200", "bf16", 989.4),
+        ("a100_sxm_80gb", "bf16", 312.0),
+    ],
+)
 def test_the_tensor_roof_is_the_gpus_and_the_precisions(raw_csv, key, precision, tensor_tflops):
     # the GEMM: counters 0 FLOPs (the tensor cores are invisible to them), tensor pipe 55 % of 2 ms;
     # its name made to state no precision, so that its roof is the run's (a name's own is tested
@@ -250,9 +257,11 @@ def test_tensor_work_that_cannot_be_counted_says_why(raw_csv):
     launches = ncu.read_ncu_csv(raw_csv).launches
     # a GEMM whose name states no precision: its tensor roof is the run's precision's
     launches["kernel"] = launches["kernel"].str.replace("gemm_bf16bf16_bf16f32_f32", "gemm", regex=False)
-    for peaks, why in ((roofline.gpu_peaks("a100_sxm_80gb", "fp8"), "has no fp8 tensor cores"),
-                       (roofline.gpu_peaks("h100_sxm", None), "the run's precision is unknown"),
-                       (roofline.gpu_peaks("h100_sxm", "fp32"), "a fp32 run uses no tensor-core precision")):  # fmt: skip
+    for peaks, why in (
+        (roofline.gpu_peaks("a100_sxm_80gb", "fp8"), "has no fp8 tensor cores"),
+        (roofline.gpu_peaks("h100_sxm", None), "the run's precision is unknown"),
+        (roofline.gpu_peaks("h100_sxm", "fp32"), "a fp32 run uses no tensor-core precision"),
+    ):
         gemm = {row["kernel"][:20]: row for row in roofline.roofline(launches, peaks)}["sm90_xmma_gemm_tn_n_"]
         assert gemm["tensor_flops"] is None and why in gemm["tensor_work"] and gemm["tensor_work"].startswith("not counted")
         # what the counters saw, and said so; not set under the CUDA cores' roof as if that were all its work
@@ -284,7 +293,12 @@ def test_hopper_tensor_work_without_wgmma_is_not_set_against_the_wgmma_peak(peak
 def test_the_peaks_follow_the_gpu_the_capture_names(tmp_path):
     assert gpu_peaks.peaks_key("NVIDIA H100 80GB HBM3 (compute capability 9.0)") == "h100_sxm"
     assert [gpu_peaks.peaks_key(n) for n in ("NVIDIA H100 PCIe", "nvidia h100 nvl", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB")] == [
-        "h100_pcie", "h100_nvl", "h200", "a100_sxm_80gb", "a100_pcie_40gb"]  # fmt: skip
+        "h100_pcie",
+        "h100_nvl",
+        "h200",
+        "a100_sxm_80gb",
+        "a100_pcie_40gb",
+    ]
     peaks, basis = roofline.resolve_peaks(["NVIDIA H100 PCIe"], "h100_sxm", "bf16")
     assert peaks["key"] == "h100_pcie" and peaks["tensor_flops"] == 756e12 and "from the capture's device name" in basis
     assert roofline.resolve_peaks([], "h100_sxm", "bf16")[1].endswith("as configured: the capture names no GPU), bf16")
@@ -297,8 +311,9 @@ def test_the_peaks_follow_the_gpu_the_capture_names(tmp_path):
     _load(FIXTURES / "nsys" / "make_nsys_sqlite.py").build(run / "nsys" / "rank0.sqlite", "2025.3")  # names its GPU
     shutil.copy(FIXTURES / "ncu" / "kernels.csv", run / "ncu" / "kernels.csv")
     (run / "nsys" / "capture.json").write_text(json.dumps({"tool": "nsys", "fallback_reason": None}))
-    (run / "ncu" / "capture.json").write_text(json.dumps({"tool": "ncu", "fallback_reason": None,
-                                                          "command": ["python", "-m", "scalerepro.training.train", "--precision", "fp16"]}))  # fmt: skip
+    (run / "ncu" / "capture.json").write_text(
+        json.dumps({"tool": "ncu", "fallback_reason": None, "command": ["python", "-m", "scalerepro.training.train", "--precision", "fp16"]})
+    )
     summary = captures.summarize(run, "run", classify.DEFAULT_THRESHOLDS, None, "a100_sxm_80gb")
     assert summary["gpu_peaks"]["key"] == "h100_sxm" and summary["gpu_peaks"]["precision"] == "fp16"
     assert summary["peaks_basis"].startswith("NVIDIA H100 SXM5 80GB (gpu_peaks.h100_sxm, from the capture's device name")
@@ -434,13 +449,11 @@ def test_an_ncu_file_in_another_layout_is_one_clear_error(tmp_path):
 
 # ---- the ncu command: raw metrics, base units, never an NCCL kernel --------------------------------
 
-NCCL_KERNELS = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_AllReduce_RING_LL_Sum_float",
-                "ncclDevKernel_Generic"]  # fmt: skip
+NCCL_KERNELS = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_AllReduce_RING_LL_Sum_float", "ncclDevKernel_Generic"]
 
 
 def _ncu_command(names=None):
-    return nsight.command("ncu", "0", "/out", 0, ["python", "-m", "scalerepro.training.train"], names,
-                                nsight.tensor_pipe_metrics(9))  # fmt: skip
+    return nsight.command("ncu", "0", "/out", 0, ["python", "-m", "scalerepro.training.train"], names, nsight.tensor_pipe_metrics(9))
 
 
 def _kernel_regex(command):
@@ -476,10 +489,16 @@ def test_the_ncu_command_asks_for_raw_metrics_in_base_units():
     # one launch of each launch configuration, so that no frequent kernel takes every slot
     assert command[command.index("--filter-mode") + 1] == "per-launch-config" and command[command.index("--launch-count") + 1] == "1"
     metrics = command[command.index("--metrics") + 1].split(",")
-    needed = {"gpu__time_duration.sum", "dram__bytes.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-              "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
-              "sm__warps_active.avg.pct_of_peak_sustained_active", "sm__maximum_warps_per_active_cycle_pct",
-              "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", *ncu.FLOP_COUNTERS}  # fmt: skip
+    needed = {
+        "gpu__time_duration.sum",
+        "dram__bytes.sum",
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+        "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+        "sm__warps_active.avg.pct_of_peak_sustained_active",
+        "sm__maximum_warps_per_active_cycle_pct",
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+        *ncu.FLOP_COUNTERS,
+    }
     assert needed <= set(metrics)
     assert set(metrics) <= set(ncu.NCU_RAW) | set(ncu.FLOP_COUNTERS)  # the reader knows every one it asks for
 
@@ -532,10 +551,12 @@ def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, 
     builder.build(run / "nsys" / "rank0.sqlite", "2025.3")
     _edited(CC100_2025, run / "ncu", '"Duration","ns","406240"', '"Duration","fortnight","406240"').rename(run / "ncu" / "kernels.csv")
     (run / "nsys" / "capture.json").write_text(json.dumps({"tool": "nsys", "fallback_reason": None}))
-    (run / "ncu" / "capture.json").write_text(json.dumps({"tool": "ncu", "fallback_reason": None,
-                                                          "tool_version": "Version 2025.3.1.0 (build 36398880) (public-release)"}))  # fmt: skip
-    code = captures.main(["summarize", "--run-dir", str(run), "--run-id", run.name,
-                         "--gpu-peaks", "h100_sxm", "--thresholds", "{}", "--out", str(tmp_path / "summary.json")])  # fmt: skip
+    (run / "ncu" / "capture.json").write_text(
+        json.dumps({"tool": "ncu", "fallback_reason": None, "tool_version": "Version 2025.3.1.0 (build 36398880) (public-release)"})
+    )
+    code = captures.main(
+        ["summarize", "--run-dir", str(run), "--run-id", run.name, "--gpu-peaks", "h100_sxm", "--thresholds", "{}", "--out", str(tmp_path / "summary.json")]
+    )
     assert code == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert len(summary["warnings"]) == 3 and all("\n" not in w for w in summary["warnings"])
@@ -551,8 +572,7 @@ def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, 
     assert "NVIDIA Nsight Systems 2025.3.2.474" in row["tool_versions"] and "Version 2025.3.1.0" in row["tool_versions"]
     assert row["gpus"] == "NVIDIA H100 80GB HBM3 (compute capability 9.0); compute capability 10.0 (ncu)" and str(row["driver"]) == "12080"
     assert pd.read_csv(tables_dir / "profiling_roofline.csv").loc[0, "missing"].startswith("duration (1 of 1 launches)")
-    page = report.render(tables_dir, tmp_path / "no-plots", tmp_path / "none.json", tmp_path / "none.json",
-                         REPO / "config/references.yaml", REPO / "report")  # fmt: skip
+    page = report.render(tables_dir, tmp_path / "no-plots", tmp_path / "none.json", tmp_path / "none.json", REPO / "config/references.yaml", REPO / "report")
     shown = page[page.index('id="profile-strong-resnet50-g8-r1"') :]
     for warning in summary["warnings"]:
         assert f"<li>{markupsafe.escape(warning)}</li>" in shown
@@ -565,9 +585,33 @@ def test_summarize_warns_one_line_per_problem_and_the_report_shows_it(tmp_path, 
 @pytest.mark.slow
 def test_the_torch_fallback_profiles_two_gloo_ranks_on_the_cpu(tmp_path):
     out = tmp_path / "torch"
-    args = ["--model", "cnn", "--per-gpu-batch", "16", "--synthetic-samples", "512", "--steps", "5", "--warmup-steps", "2",
-            "--num-workers", "1", "--no-eval", "--comm-probe-steps", "0", "--progress", "off",
-            "--profile-mode", "torch", "--profile-window-start", "2", "--profile-window-steps", "3", "--profile-dir", str(out)]  # fmt: skip
+    args = [
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        "16",
+        "--synthetic-samples",
+        "512",
+        "--steps",
+        "5",
+        "--warmup-steps",
+        "2",
+        "--num-workers",
+        "1",
+        "--no-eval",
+        "--comm-probe-steps",
+        "0",
+        "--progress",
+        "off",
+        "--profile-mode",
+        "torch",
+        "--profile-window-start",
+        "2",
+        "--profile-window-steps",
+        "3",
+        "--profile-dir",
+        str(out),
+    ]
     result = torchrun(2, args, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((out / "window.json").read_text())["captured_steps"] == 3
@@ -585,9 +629,29 @@ def test_the_torch_fallback_profiles_two_gloo_ranks_on_the_cpu(tmp_path):
 def test_a_window_past_the_end_of_the_run_is_a_usage_error(tmp_path):
     from conftest import python_train
 
-    result = python_train(["--model", "cnn", "--steps", "4", "--warmup-steps", "1", "--synthetic-samples", "256",
-                           "--no-eval", "--progress", "off", "--profile-mode", "torch", "--profile-window-start", "3",
-                           "--profile-window-steps", "3", "--profile-dir", str(tmp_path)])  # fmt: skip
+    result = python_train(
+        [
+            "--model",
+            "cnn",
+            "--steps",
+            "4",
+            "--warmup-steps",
+            "1",
+            "--synthetic-samples",
+            "256",
+            "--no-eval",
+            "--progress",
+            "off",
+            "--profile-mode",
+            "torch",
+            "--profile-window-start",
+            "3",
+            "--profile-window-steps",
+            "3",
+            "--profile-dir",
+            str(tmp_path),
+        ]
+    )
     assert result.returncode == 2
     assert "the profiling window (steps 3..5) ends after the run's 4 steps" in result.stderr
 
@@ -597,9 +661,33 @@ def test_cuda_api_mode_on_the_cpu_is_a_one_line_usage_error_naming_the_fallback(
     """It used to fail at the window's first step with torch's "Torch not compiled with CUDA"."""
     from conftest import load_record, python_train
 
-    result = python_train(["--model", "cnn", "--device", "cpu", "--num-workers", "0", "--steps", "4", "--warmup-steps", "1", "--synthetic-samples", "256",
-                           "--no-eval", "--progress", "off", "--profile-mode", "cuda_api", "--profile-window-start", "1",
-                           "--profile-window-steps", "2", "--record", str(tmp_path / "r.json")])  # fmt: skip
+    result = python_train(
+        [
+            "--model",
+            "cnn",
+            "--device",
+            "cpu",
+            "--num-workers",
+            "0",
+            "--steps",
+            "4",
+            "--warmup-steps",
+            "1",
+            "--synthetic-samples",
+            "256",
+            "--no-eval",
+            "--progress",
+            "off",
+            "--profile-mode",
+            "cuda_api",
+            "--profile-window-start",
+            "1",
+            "--profile-window-steps",
+            "2",
+            "--record",
+            str(tmp_path / "r.json"),
+        ]
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     assert "--profile-mode cuda_api" in result.stderr and "use --profile-mode torch" in result.stderr

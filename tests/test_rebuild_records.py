@@ -62,9 +62,19 @@ def test_run_from_any_folder_it_finds_its_checkouts_references_and_a_missing_con
     """The defaults (config/references.yaml, report/, config/config.yaml) are the checkout's where
     the command runs outside a workflow folder; a --config that is not there is refused, not ignored."""
     code = "import runpy, sys; sys.argv[0] = 'rebuild'; runpy.run_module('scalerepro.analysis.rebuild', run_name='__main__')"
-    done = subprocess.run([sys.executable, "-c", code, "--records", str(H100_RECORDS[1]), "--out", str(tmp_path / "out")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--records", str(H100_RECORDS[1]), "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and (tmp_path / "out" / "report" / "index.html").is_file(), done.stderr[-2000:]
-    missing = subprocess.run([sys.executable, "-c", code, "--records", str(H100_RECORDS[1]), "--out", str(tmp_path / "o2"),
-                              "--config", str(tmp_path / "nowhere.yaml")], cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    missing = subprocess.run(
+        [sys.executable, "-c", code, "--records", str(H100_RECORDS[1]), "--out", str(tmp_path / "o2"), "--config", str(tmp_path / "nowhere.yaml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "nowhere.yaml: no such file" in missing.stderr, missing.stderr

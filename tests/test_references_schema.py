@@ -37,25 +37,53 @@ BAD_COPIES = [
     ("a published value of 0", "    value: 2789\n", "    value: 0\n", NGC_1GPU, "value 0 is not above 0: published figures are positive numbers"),
     ("a negative published value", "    value: 2789\n", "    value: -2789\n", NGC_1GPU, "value -2789 is not above 0: published figures are positive"),
     ("text where a number belongs", "    value: 2789\n", "    value: about 2789\n", NGC_1GPU, "value 'about 2789' is not a number: published figures"),
-    ("a link without its latency", "    hop_latency_us: 9.6\n    latency_source: &nccl_net_latency", "    latency_source: &nccl_net_latency",
-     "links.inter_node", "add hop_latency_us"),
-    ("an unknown precision", "      precision: fp16\n      per_gpu_samples_per_step: 256\n      seq_len: null\n      memory_format: nhwc\n      data: null\n"
-     "      optimizer: null\n      framework: \"NGC pytorch-21.03, DLE launch.py --mode benchmark_training; the table",
-     "      precision: amp\n      per_gpu_samples_per_step: 256\n      seq_len: null\n      memory_format: nhwc\n      data: null\n"
-     "      optimizer: null\n      framework: \"NGC pytorch-21.03, DLE launch.py --mode benchmark_training; the table",
-     DLE_1GPU, "conditions.precision 'amp' is not one of fp32, tf32, fp16, bf16, fp8, mixed (or null: not stated)"),
-    ("a misspelt condition", "      seq_len: null\n      memory_format: nhwc\n      data: null\n      optimizer: null\n"
-     "      framework: \"NGC pytorch-21.03, DLE launch.py --mode benchmark_training; the table",
-     "      seqlen: null\n      memory_format: nhwc\n      data: null\n      optimizer: null\n"
-     "      framework: \"NGC pytorch-21.03, DLE launch.py --mode benchmark_training; the table",
-     DLE_1GPU, "unknown key 'seqlen' in conditions (the keys: gpu, precision, per_gpu_samples_per_step, seq_len,"),
-    ("an efficiency above 1", "    efficiency: 0.85\n    efficiency_source: \"nccl-tests", "    efficiency: 1.2\n    efficiency_source: \"nccl-tests",
-     "links.intra_node", "efficiency 1.2 is above 1: an efficiency is the share of the line rate an all-reduce reaches, above 0 and at most 1"),
-    ("a power cap without whose figure it is", "      power_cap_w: 500\n      power_cap_basis: source\n", "      power_cap_w: 500\n",
-     TITAN_8, "add power_cap_basis to conditions"),
-    ("a stand-in without what makes it another model", "stands_for: &mpt_stands_for_llama {model: llama_1b, differs:",
-     "stands_for: &mpt_stands_for_llama {model: llama_1b, differs_not:", MPT_8, "unknown key 'differs_not' in stands_for"),
-]  # fmt: skip
+    (
+        "a link without its latency",
+        "    hop_latency_us: 9.6\n    latency_source: &nccl_net_latency",
+        "    latency_source: &nccl_net_latency",
+        "links.inter_node",
+        "add hop_latency_us",
+    ),
+    (
+        "an unknown precision",
+        "      precision: fp16\n      per_gpu_samples_per_step: 256\n      seq_len: null\n      memory_format: nhwc\n      data: null\n"
+        '      optimizer: null\n      framework: "NGC pytorch-21.03, DLE launch.py --mode benchmark_training; the table',
+        "      precision: amp\n      per_gpu_samples_per_step: 256\n      seq_len: null\n      memory_format: nhwc\n      data: null\n"
+        '      optimizer: null\n      framework: "NGC pytorch-21.03, DLE launch.py --mode benchmark_training; the table',
+        DLE_1GPU,
+        "conditions.precision 'amp' is not one of fp32, tf32, fp16, bf16, fp8, mixed (or null: not stated)",
+    ),
+    (
+        "a misspelt condition",
+        "      seq_len: null\n      memory_format: nhwc\n      data: null\n      optimizer: null\n"
+        '      framework: "NGC pytorch-21.03, DLE launch.py --mode benchmark_training; the table',
+        "      seqlen: null\n      memory_format: nhwc\n      data: null\n      optimizer: null\n"
+        '      framework: "NGC pytorch-21.03, DLE launch.py --mode benchmark_training; the table',
+        DLE_1GPU,
+        "unknown key 'seqlen' in conditions (the keys: gpu, precision, per_gpu_samples_per_step, seq_len,",
+    ),
+    (
+        "an efficiency above 1",
+        '    efficiency: 0.85\n    efficiency_source: "nccl-tests',
+        '    efficiency: 1.2\n    efficiency_source: "nccl-tests',
+        "links.intra_node",
+        "efficiency 1.2 is above 1: an efficiency is the share of the line rate an all-reduce reaches, above 0 and at most 1",
+    ),
+    (
+        "a power cap without whose figure it is",
+        "      power_cap_w: 500\n      power_cap_basis: source\n",
+        "      power_cap_w: 500\n",
+        TITAN_8,
+        "add power_cap_basis to conditions",
+    ),
+    (
+        "a stand-in without what makes it another model",
+        "stands_for: &mpt_stands_for_llama {model: llama_1b, differs:",
+        "stands_for: &mpt_stands_for_llama {model: llama_1b, differs_not:",
+        MPT_8,
+        "unknown key 'differs_not' in stands_for",
+    ),
+]
 
 
 def _bad_copy(folder: Path, old: str, new: str) -> Path:
@@ -97,8 +125,17 @@ def test_the_schemas_vocabularies_are_the_analysis_columns():
     assert tuple(definitions["conditions"]["properties"]) == (*CONDITIONS, "framework", "metric_notes", "sku", "power_cap_w", "power_cap_basis")
     # a run's conditions, as the comparison spells them, are values the schema allows a reference
     for channels_last, data in ((True, "synthetic"), (False, "cifar10")):
-        run = {"device_type": "cuda", "device_name": "G", "tokens_per_sample": math.nan, "channels_last": channels_last, "data_kind": data,
-               "precision_recorded": "bf16", "per_gpu_batch_recorded": 32, "grad_accum_recorded": 1, "optimizer_kind": "sgd"}  # fmt: skip
+        run = {
+            "device_type": "cuda",
+            "device_name": "G",
+            "tokens_per_sample": math.nan,
+            "channels_last": channels_last,
+            "data_kind": data,
+            "precision_recorded": "bf16",
+            "per_gpu_batch_recorded": 32,
+            "grad_accum_recorded": 1,
+            "optimizer_kind": "sgd",
+        }
         measured = reproduction.recorded_conditions(run)
         assert measured["memory_format"] in definitions["conditions"]["properties"]["memory_format"]["enum"]
         assert measured["data"] in definitions["conditions"]["properties"]["data"]["enum"]
@@ -120,8 +157,14 @@ def test_a_bad_copy_stops_the_aggregation_and_the_plan_with_one_line_naming_the_
 
 def test_python_m_aggregate_exits_2_with_the_line(tmp_path):
     references = _bad_copy(tmp_path, *BAD_COPIES[0][1:3])
-    done = subprocess.run([sys.executable, "-m", "scalerepro.analysis.tables.aggregate", "--matrix", "matrix.csv", "--references", "references.yaml",
-                           "--out", "tables"], cwd=_empty_matrix(tmp_path).parent, env=clean_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "scalerepro.analysis.tables.aggregate", "--matrix", "matrix.csv", "--references", "references.yaml", "--out", "tables"],
+        cwd=_empty_matrix(tmp_path).parent,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr == (
         f"scalerepro.analysis.tables.aggregate: error: {NGC_1GPU}: value 0 is not above 0: published figures are positive numbers: fix {references.name}\n"
     ), done.stderr[-2000:]
@@ -134,8 +177,13 @@ def test_every_reader_of_the_file_refuses_it_alike(tmp_path, capsys):
     references = _bad_copy(tmp_path, *BAD_COPIES[6][1:3])
     with pytest.raises(ReferencesError) as refused:
         load_references(references)
-    readers = (network_model.read_clusters, network_model.read_links, network_model.read_prediction_error, reproduction.read_target_gpu,
-               reproduction.read_references)  # fmt: skip
+    readers = (
+        network_model.read_clusters,
+        network_model.read_links,
+        network_model.read_prediction_error,
+        reproduction.read_target_gpu,
+        reproduction.read_references,
+    )
     for reader in readers:
         with pytest.raises(ReferencesError) as again:
             reader(references)

@@ -219,36 +219,93 @@ def _comparison() -> pd.DataFrame:
     common = {"metric": "samples_per_s", "model": "resnet50", "gpus": 8}
     return pd.DataFrame(
         [
-            {**common, "reference": "lambda-rn50-h100sxm-fp16-8", "group": "reproduction", "kind": "published", "published": 20728,
-             "measured": 20950, "measured_ci_low": 20900, "measured_ci_high": 21000, "repeats": 2, "measured_cv": 0.0034,
-             "noisy": False, "ratio": 20950 / 20728, "verdict": "reproduced", "differs": "",
-             "measured_cell": "reproduce: reproduce_resnet50_g8_r1, reproduce_resnet50_g8_r2", "measured_device": H100,
-             "measured_conditions": SXM_CONDITIONS + "; optimizer sgd", "published_conditions": SXM_CONDITIONS,
-             "framework": "PyTorch 1.13.0a0+d0d6b1f (NGC pytorch:22.09-py3), native DDP", "metric_notes": "run mean of train.compute_ips",
-             "source": LAMBDA + " (row 8x H100 80GB SXM5)", "note": "scaling efficiency 0.990"},
-            {**common, "reference": "lambda-rn50-h100sxm-tf32-8", "group": "reproduction", "kind": "published", "published": 13856,
-             "measured": 12100, "measured_ci_low": 11300, "measured_ci_high": 12900, "repeats": 2, "measured_cv": 0.0935,
-             "noisy": True, "ratio": 12100 / 13856, "verdict": "below", "differs": "", "measured_device": H100,
-             "measured_conditions": SXM_CONDITIONS.replace("fp16", "tf32").replace("1280", "640"),
-             "published_conditions": SXM_CONDITIONS.replace("fp16", "tf32").replace("1280", "640"),
-             "source": LAMBDA.replace("fp16", "fp32") + " (row 8x H100 80GB SXM5)"},
-            {**common, "reference": "mlperf-v3.0-rn50-dgxh100-8", "group": "reproduction", "kind": "mlperf", "published": 56074,
-             "repeats": 0, "noisy": False, "verdict": "not comparable: data",
-             "differs": "data: real ImageNet decoded by DALI on the GPU, under MXNet with LARS and fused NHWC kernels",
-             "published_conditions": f"gpu {H100}; precision fp16; per gpu batch 400; memory format nhwc; data real; optimizer LARS",
-             "framework": "MXNet (NVIDIA Release 23.04) + Horovod, closed division; real ImageNet through DALI 1.24",
-             "metric_notes": "tracked_stats.throughput, per training epoch (evaluation excluded)",
-             "source": "mlcommons/training_results_v3.0@63e326c400f5 NVIDIA/results/dgxh100_ngc23.04_mxnet/resnet/result_{0..4}.txt"},
-            {**common, "reference": "seed-resnet50-8", "group": "context", "kind": "expected (seed document)", "published": 13600,
-             "repeats": 0, "noisy": False, "verdict": "not comparable: GPU",
-             "differs": f"GPU (this study ran on {H100}; the reference on NVIDIA H100 (form factor not stated))",
-             "published_conditions": "gpu NVIDIA H100 (form factor not stated)", "source": "scalerepro seed repository (README), expected results"},
-            {**common, "reference": "lambda-rn50-a100sxm-fp16-8", "group": "context", "kind": "published", "published": 11439,
-             "repeats": 0, "noisy": False, "verdict": "not comparable: GPU",
-             "differs": f"GPU (this study ran on {H100}; the reference on NVIDIA A100-SXM4-80GB)",
-             "published_conditions": SXM_CONDITIONS.replace(H100, "NVIDIA A100-SXM4-80GB"), "source": LAMBDA + " (row 8x A100 80GB SXM4)"},
+            {
+                **common,
+                "reference": "lambda-rn50-h100sxm-fp16-8",
+                "group": "reproduction",
+                "kind": "published",
+                "published": 20728,
+                "measured": 20950,
+                "measured_ci_low": 20900,
+                "measured_ci_high": 21000,
+                "repeats": 2,
+                "measured_cv": 0.0034,
+                "noisy": False,
+                "ratio": 20950 / 20728,
+                "verdict": "reproduced",
+                "differs": "",
+                "measured_cell": "reproduce: reproduce_resnet50_g8_r1, reproduce_resnet50_g8_r2",
+                "measured_device": H100,
+                "measured_conditions": SXM_CONDITIONS + "; optimizer sgd",
+                "published_conditions": SXM_CONDITIONS,
+                "framework": "PyTorch 1.13.0a0+d0d6b1f (NGC pytorch:22.09-py3), native DDP",
+                "metric_notes": "run mean of train.compute_ips",
+                "source": LAMBDA + " (row 8x H100 80GB SXM5)",
+                "note": "scaling efficiency 0.990",
+            },
+            {
+                **common,
+                "reference": "lambda-rn50-h100sxm-tf32-8",
+                "group": "reproduction",
+                "kind": "published",
+                "published": 13856,
+                "measured": 12100,
+                "measured_ci_low": 11300,
+                "measured_ci_high": 12900,
+                "repeats": 2,
+                "measured_cv": 0.0935,
+                "noisy": True,
+                "ratio": 12100 / 13856,
+                "verdict": "below",
+                "differs": "",
+                "measured_device": H100,
+                "measured_conditions": SXM_CONDITIONS.replace("fp16", "tf32").replace("1280", "640"),
+                "published_conditions": SXM_CONDITIONS.replace("fp16", "tf32").replace("1280", "640"),
+                "source": LAMBDA.replace("fp16", "fp32") + " (row 8x H100 80GB SXM5)",
+            },
+            {
+                **common,
+                "reference": "mlperf-v3.0-rn50-dgxh100-8",
+                "group": "reproduction",
+                "kind": "mlperf",
+                "published": 56074,
+                "repeats": 0,
+                "noisy": False,
+                "verdict": "not comparable: data",
+                "differs": "data: real ImageNet decoded by DALI on the GPU, under MXNet with LARS and fused NHWC kernels",
+                "published_conditions": f"gpu {H100}; precision fp16; per gpu batch 400; memory format nhwc; data real; optimizer LARS",
+                "framework": "MXNet (NVIDIA Release 23.04) + Horovod, closed division; real ImageNet through DALI 1.24",
+                "metric_notes": "tracked_stats.throughput, per training epoch (evaluation excluded)",
+                "source": "mlcommons/training_results_v3.0@63e326c400f5 NVIDIA/results/dgxh100_ngc23.04_mxnet/resnet/result_{0..4}.txt",
+            },
+            {
+                **common,
+                "reference": "seed-resnet50-8",
+                "group": "context",
+                "kind": "expected (seed document)",
+                "published": 13600,
+                "repeats": 0,
+                "noisy": False,
+                "verdict": "not comparable: GPU",
+                "differs": f"GPU (this study ran on {H100}; the reference on NVIDIA H100 (form factor not stated))",
+                "published_conditions": "gpu NVIDIA H100 (form factor not stated)",
+                "source": "scalerepro seed repository (README), expected results",
+            },
+            {
+                **common,
+                "reference": "lambda-rn50-a100sxm-fp16-8",
+                "group": "context",
+                "kind": "published",
+                "published": 11439,
+                "repeats": 0,
+                "noisy": False,
+                "verdict": "not comparable: GPU",
+                "differs": f"GPU (this study ran on {H100}; the reference on NVIDIA A100-SXM4-80GB)",
+                "published_conditions": SXM_CONDITIONS.replace(H100, "NVIDIA A100-SXM4-80GB"),
+                "source": LAMBDA + " (row 8x A100 80GB SXM4)",
+            },
         ]
-    )  # fmt: skip
+    )
 
 
 CHECKS_CSV = """\
@@ -281,12 +338,23 @@ def _sensitivity() -> pd.DataFrame:
             for precision in ("tf32", "bf16"):
                 value = 2900 * 8 * (0.84 if precision == "tf32" else 1) * (0.95 if batch == 128 else 1)
                 value *= 0.93 if bucket == 5 else 1
-                rows.append({
-                    "model": "resnet50", "gpus": 8, "bucket_cap_mb": bucket, "per_gpu_batch": batch,
-                    "precision": precision, "samples_per_s_median": value, "samples_per_s_min": value,
-                    "samples_per_s_max": value, "step_time_median_s": batch * 8 / value,
-                    "exposed_comm_fraction": 0.9 / bucket**0.5, "repeats_ok": 1, "repeats_total": 1, "note": "",
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "model": "resnet50",
+                        "gpus": 8,
+                        "bucket_cap_mb": bucket,
+                        "per_gpu_batch": batch,
+                        "precision": precision,
+                        "samples_per_s_median": value,
+                        "samples_per_s_min": value,
+                        "samples_per_s_max": value,
+                        "step_time_median_s": batch * 8 / value,
+                        "exposed_comm_fraction": 0.9 / bucket**0.5,
+                        "repeats_ok": 1,
+                        "repeats_total": 1,
+                        "note": "",
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -296,10 +364,17 @@ def _communication() -> pd.DataFrame:
         for size in (1024, 65536, 4194304, 268435456):
             seconds = (18 + size / 2.4e5 * (gpus - 1) / gpus) / 1e6
             algbw = size / seconds / 1e9
-            rows.append({
-                "gpus": gpus, "size_bytes": size, "nodes": 1, "backend": "nccl", "time_us_median": seconds * 1e6,
-                "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (gpus - 1) / gpus,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "gpus": gpus,
+                    "size_bytes": size,
+                    "nodes": 1,
+                    "backend": "nccl",
+                    "time_us_median": seconds * 1e6,
+                    "algbw_gbps": algbw,
+                    "busbw_gbps": algbw * 2 * (gpus - 1) / gpus,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -615,16 +690,18 @@ def test_headline_takes_the_best_configuration_by_median():
     """Variant a has one lucky repeat (1000) but median 100; c is faster but failed; d ran with
     a world size other than planned (consistent false): neither counts, which the report reads
     from the aggregation's ``counts`` column rather than deciding again."""
-    runs = pd.DataFrame({
-        "model": ["m"] * 7,
-        "gpus": [1] * 7,
-        "status": ["ok"] * 5 + ["failed", "ok"],
-        "consistent": [True] * 6 + [False],
-        "counts": [True] * 5 + [False, False],
-        "study": ["ablation"] * 7,
-        "variant": ["a", "a", "a", "b", "b", "c", "d"],
-        "samples_per_s": [100.0, 100.0, 1000.0, 300.0, 310.0, 5000.0, 9999.0],
-    })  # fmt: skip
+    runs = pd.DataFrame(
+        {
+            "model": ["m"] * 7,
+            "gpus": [1] * 7,
+            "status": ["ok"] * 5 + ["failed", "ok"],
+            "consistent": [True] * 6 + [False],
+            "counts": [True] * 5 + [False, False],
+            "study": ["ablation"] * 7,
+            "variant": ["a", "a", "a", "b", "b", "c", "d"],
+            "samples_per_s": [100.0, 100.0, 1000.0, 300.0, 310.0, 5000.0, 9999.0],
+        }
+    )
     (row,) = headline.headline(runs, pd.DataFrame())
     assert row["one"]["samples_per_s"] == 305.0 and "b" in row["one"]["config"] and row["one"]["repeats"] == 2
     assert row["at_max"] is None and row["strong"] is None
@@ -1096,10 +1173,14 @@ def test_every_figure_is_in_the_one_list_drawn_and_shown():
     from scalerepro.analysis.presentation import figures, plots
 
     drawers = {
-        name for name, function in vars(plots).items()
-        if inspect.isfunction(function) and function.__module__ == plots.__name__ and not name.startswith("_")
-        and function.__annotations__.get("return") == "Figure" and list(inspect.signature(function).parameters) == ["t"]
-    }  # fmt: skip
+        name
+        for name, function in vars(plots).items()
+        if inspect.isfunction(function)
+        and function.__module__ == plots.__name__
+        and not name.startswith("_")
+        and function.__annotations__.get("return") == "Figure"
+        and list(inspect.signature(function).parameters) == ["t"]
+    }
     assert drawers - set(plots.STORE_FIGURES) == set(figures.FIGURE_NAMES), "a figure function is missing from the list"
     assert tuple(plots.FIGURE_DRAWERS) == figures.FIGURE_NAMES == tuple(report.FIGURE_NAMES)
     shown = re.findall(r'figures(?:\.(\w+)|\["(\w+)"\])', "".join(p.read_text() for p in TEMPLATE_FILES))

@@ -71,11 +71,15 @@ def test_a_misspelt_name_in_a_template_fails_the_render_naming_it(context, tmp_p
     ("template", "old", "new", "named"),
     [
         ("sections/summary.html.j2", '{{ o.models | join(", ") or MISSING }}', '{{ o.modles | join(", ") or MISSING }}', "has no attribute 'modles'"),
-        ("sections/comparison.html.j2", 'length }}" class="source">{{ peak.source | text }}', 'length }}" class="source">{{ peak.sources | text }}',
-         "has no attribute 'sources'"),
+        (
+            "sections/comparison.html.j2",
+            'length }}" class="source">{{ peak.source | text }}',
+            'length }}" class="source">{{ peak.sources | text }}',
+            "has no attribute 'sources'",
+        ),
         ("sections/comparison.html.j2", "{% if r.best is missing %}", "{% if r.bets is missing %}", "has no attribute 'bets'"),
     ],
-)  # fmt: skip
+)
 def test_a_misspelt_key_of_a_section_fails_the_render_naming_it(context, tmp_path, template, old, new, named):
     with pytest.raises(jinja2.UndefinedError, match=re.escape(named)):
         report.render_context(context, templates_with(tmp_path, template, old, new))

@@ -212,8 +212,21 @@ def test_the_power_limit_is_the_inventorys_where_the_study_took_one(h100_report,
     limit = float(facts["power.limit [W]"].removesuffix(" W"))
     runs = counted_runs(h100_report.out)
     inventory = tmp_path / "system.json"
-    inventory.write_text(json.dumps({"gpus": [{"index": 0, "name": facts["name"], "memory_bytes": int(runs["gpu_memory_bytes"].iloc[0]),
-                                               "driver": facts["driver_version"], "power_limit_w": limit}]}))  # fmt: skip
+    inventory.write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {
+                        "index": 0,
+                        "name": facts["name"],
+                        "memory_bytes": int(runs["gpu_memory_bytes"].iloc[0]),
+                        "driver": facts["driver_version"],
+                        "power_limit_w": limit,
+                    }
+                ]
+            }
+        )
+    )
     tables = h100_report.out / "tables"
     page = report.render(tables, None, inventory, tables / "config.json", REPO / "config" / "references.yaml", REPO / "report")
     device = text(re.search(r'<p class="lead" id="headline-device">(.*?)</p>', page, re.S).group(1))

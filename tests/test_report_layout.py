@@ -110,9 +110,14 @@ def test_at_1400_px_no_table_runs_past_its_box_and_empty_figures_are_one_line(re
 # The section each figure of a multi-GPU section is shown in: a one-GPU report says that section in
 # one line, without its figures.
 MULTI_GPU_FIGURES = {
-    "throughput_vs_gpus": "scaling", "efficiency_vs_gpus": "scaling", "weak_epoch_time": "scaling", "loss_waterfall": "why-not-faster",
-    "sensitivity_heatmap": "sensitivity", "busbw_vs_size": "communication", "predicted_vs_measured_efficiency": "scaling-model",
-}  # fmt: skip
+    "throughput_vs_gpus": "scaling",
+    "efficiency_vs_gpus": "scaling",
+    "weak_epoch_time": "scaling",
+    "loss_waterfall": "why-not-faster",
+    "sensitivity_heatmap": "sensitivity",
+    "busbw_vs_size": "communication",
+    "predicted_vs_measured_efficiency": "scaling-model",
+}
 
 
 def test_a_figure_drawn_without_data_is_a_line_with_its_reason_not_an_image(h100_report):
@@ -221,8 +226,18 @@ def write_short_cpu_study(root: Path) -> dict:
 
 
 def tables_of(args: dict, root: Path) -> Path:
-    targets = {"checks": {"optimisation_gain": {"description": "optimisation gain", "table": "ablation", "where": {"variant": "all"},
-                                                 "metric": "gain", "direction": "min", "threshold": 0.1}}}  # fmt: skip
+    targets = {
+        "checks": {
+            "optimisation_gain": {
+                "description": "optimisation gain",
+                "table": "ablation",
+                "where": {"variant": "all"},
+                "metric": "gain",
+                "direction": "min",
+                "threshold": 0.1,
+            }
+        }
+    }
     out = root / "tables"
     aggregate.write_tables(aggregate.aggregate(**args, targets=targets), out)
     return out
@@ -287,8 +302,12 @@ def test_ablation_bars_carry_their_intervals(cpu_study):
     assert ablation.loc["all", ["gain_ci_low", "gain_ci_high"]].notna().all()
     figure = plots.ablation_gain(plots.read_tables(tables))
     (ax,) = [ax for ax in figure.axes if ax.get_title()]
-    spans = [tuple(sorted(segment[:, 1])) for container in ax.containers if hasattr(container, "has_yerr") and container.has_yerr
-             for segment in container.lines[2][0].get_segments()]  # fmt: skip
+    spans = [
+        tuple(sorted(segment[:, 1]))
+        for container in ax.containers
+        if hasattr(container, "has_yerr") and container.has_yerr
+        for segment in container.lines[2][0].get_segments()
+    ]
     low, high = 100 * ablation.loc["all", "gain_ci_low"], 100 * ablation.loc["all", "gain_ci_high"]
     assert spans == [pytest.approx((low, high))], (spans, low, high)
     assert any("95 % interval" in text.get_text() for legend in figure.legends for text in legend.get_texts())

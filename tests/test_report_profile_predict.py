@@ -70,8 +70,10 @@ def test_ncu_alone_lists_the_steps_kernels_by_time_and_says_what_their_share_is_
     text = visible(shown)
     assert "No kernel or operator recorded" not in text
     assert "Nsight Compute captured one launch of each of the 231 launch configurations (kernel, grid and block) of the step, 25.2 ms in all" in text
-    assert ("45.3 ms a step, the measured run's median step (runs.csv step_time_median_s), without the profiler "
-            "(the measured run: p10–p90 45.3–46.9 ms over n = 67 measured steps)") in text  # fmt: skip
+    assert (
+        "45.3 ms a step, the measured run's median step (runs.csv step_time_median_s), without the profiler "
+        "(the measured run: p10–p90 45.3–46.9 ms over n = 67 measured steps)"
+    ) in text
     assert "Each share is of the 45.3 ms step" in text
     rows = {row[0]: row for row in table_rows(shown) if row}
     assert rows["convolution"][1:] == ["23", "33", "5.53 ms", "12.2 %"]  # kernels, configurations, one launch each, share of the step
@@ -136,8 +138,9 @@ def _failed_ncu_capture(run: Path) -> None:
     writes it for a non-zero exit, ncu's --log-file with the error line ncu prints for a metric
     it does not know (no table), the job's log."""
     (run / "ncu").mkdir(parents=True)
-    (run / "ncu" / "capture.json").write_text(json.dumps({"tool": "ncu", "requested": "ncu", "fallback_reason": None, "command": [],
-                                                          "tool_version": None, "status": "failed", "exit_code": 1}))  # fmt: skip
+    (run / "ncu" / "capture.json").write_text(
+        json.dumps({"tool": "ncu", "requested": "ncu", "fallback_reason": None, "command": [], "tool_version": None, "status": "failed", "exit_code": 1})
+    )
     (run / "ncu" / "kernels.csv").write_text(
         "==PROF== Connected to process 725 (/usr/bin/python3.12)\n"
         "==ERROR== Failed to find metric sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed\n"
@@ -170,13 +173,49 @@ def test_a_profiling_job_that_fails_writes_its_failure_and_the_report_shows_the_
     failed training run), and the error is the trainer's own line from the job's log."""
     capture = tmp_path / "profiles" / "run" / "torch" / "capture.json"
     job = subprocess.run(
-        [sys.executable, "-m", "scalerepro.launching.profile_job", "--tool", "torch", "--capture", str(capture),
-         "--log", str(capture.parent / "profile.log"), "--window-start", "2", "--window-steps", "1",
-         "--launch", "--nodes=1", "--ranks-per-node=1", "--cpus-per-node=1", f"--port={free_port()}", "--name=profile_run", "--",
-         "--model", "cnn", "--data", "synthetic", "--per-gpu-batch", "4", "--steps", "3", "--warmup-steps", "1", "--device", "cpu",
-         "--precision", "fp8", "--record", str(tmp_path / "record.json")],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "scalerepro.launching.profile_job",
+            "--tool",
+            "torch",
+            "--capture",
+            str(capture),
+            "--log",
+            str(capture.parent / "profile.log"),
+            "--window-start",
+            "2",
+            "--window-steps",
+            "1",
+            "--launch",
+            "--nodes=1",
+            "--ranks-per-node=1",
+            "--cpus-per-node=1",
+            f"--port={free_port()}",
+            "--name=profile_run",
+            "--",
+            "--model",
+            "cnn",
+            "--data",
+            "synthetic",
+            "--per-gpu-batch",
+            "4",
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp8",
+            "--record",
+            str(tmp_path / "record.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert job.returncode == 0, job.stderr[-2000:]
     written = json.loads(capture.read_text())
     assert written["status"] == "failed" and written["exit_code"] == 2 and "capture.json says so" in job.stderr
@@ -199,8 +238,10 @@ def test_a_gpu_study_naming_no_preset_predicts_on_its_gpus_preset_and_says_so(st
     assert predicted.xs(8, level="gpus")["nodes"].eq(1).all() and predicted.xs(64, level="gpus")["nodes"].eq(8).all()
     assert (predicted["cluster_basis"] == "the preset of the study's GPU, NVIDIA H100 80GB HBM3 = H100 SXM5: scaling.predict_cluster is not set").all()
     text = visible(section(study.html, "scaling-model"))
-    assert ("Predictions beyond the study's hardware run on dgx_h100 (the preset of the study's GPU, NVIDIA H100 80GB HBM3 = H100 SXM5: "
-            "scaling.predict_cluster is not set): NVIDIA DGX H100, 8 GPUs/node;") in text  # fmt: skip
+    assert (
+        "Predictions beyond the study's hardware run on dgx_h100 (the preset of the study's GPU, NVIDIA H100 80GB HBM3 = H100 SXM5: "
+        "scaling.predict_cluster is not set): NVIDIA DGX H100, 8 GPUs/node;"
+    ) in text
 
 
 def _model_inputs(study: RebuiltStudy) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
@@ -236,8 +277,10 @@ def test_no_efficiency_at_one_gpu_and_a_loss_from_fixed_cost_says_so(study):
     assert vit["loss_fixed_cost"] == pytest.approx(0.099, abs=1e-3) and vit["loss_exposed_comm"] == pytest.approx(0.024, abs=1e-3)
     shown = section(study.html, "scaling-model")
     text = visible(shown)
-    assert ("Where the fixed per-step cost is most of it, a faster network would not win it back: vit_b_16 at 8 GPUs (9.9 % lost to "
-            "0.7 ms a step of optimizer and loop overhead that every GPU still spends, 2.4 % to the exposed all-reduce)") in text  # fmt: skip
+    assert (
+        "Where the fixed per-step cost is most of it, a faster network would not win it back: vit_b_16 at 8 GPUs (9.9 % lost to "
+        "0.7 ms a step of optimizer and loop overhead that every GPU still spends, 2.4 % to the exposed all-reduce)"
+    ) in text
     rows = table_rows(shown)
     header = rows[0]
     by_cell = {(row[header.index("Study")], row[header.index("Model")], row[header.index("GPUs")]): dict(zip(header, row)) for row in rows[1:]}

@@ -57,11 +57,18 @@ def test_resnet50_stands_beside_mlperfs_best_per_gpu_figure_and_lambdas_like_for
     assert model.startswith("resnet50 NVIDIA H100 80GB HBM3, 1 GPU")
     assert measured == "5,627 samples/s per GPU n=1: its p10 – p90 steps 5,460 – 5,656, of 67"
     # the best published: MLPerf v4.0's 8 x H100 (Eos) per GPU, not the nearest (Lambda's, 2.5x slower)
-    assert best.startswith("7,161 samples/s per GPU per GPU at 8 GPUs: a lower bound on what one of its GPUs does alone (57,288 for the job) "
-                           "mlperf-v4.0-rn50-eos-h100-8 (mlperf)")  # fmt: skip
+    assert best.startswith(
+        "7,161 samples/s per GPU per GPU at 8 GPUs: a lower bound on what one of its GPUs does alone (57,288 for the job) mlperf-v4.0-rn50-eos-h100-8 (mlperf)"
+    )
     assert best_ratio == "0.79×"  # 5,627 / 7,161
-    for differs in ("GPUs: 8 GPUs, ours 1 GPU", "precision: fp16, ours bf16 (the same tensor-core rate)", "batch per GPU: 400, ours 256",
-                    "data: real, ours synthetic", "optimizer: LARS, ours sgd", "framework: MXNet (NVIDIA Release 24.04), ours PyTorch"):  # fmt: skip
+    for differs in (
+        "GPUs: 8 GPUs, ours 1 GPU",
+        "precision: fp16, ours bf16 (the same tensor-core rate)",
+        "batch per GPU: 400, ours 256",
+        "data: real, ours synthetic",
+        "optimizer: LARS, ours sgd",
+        "framework: MXNet (NVIDIA Release 24.04), ours PyTorch",
+    ):
         assert differs in best, differs
     assert "GPU H100-SXM5-80GB (Eos); power cap 700 W (the datasheet maximum; the source states none)" in best
     assert "real ImageNet through DALI 1.36 with hardware JPEG decode" in best and "mlcommons/training_results_v4.0@6fe954378efe" in best
@@ -69,13 +76,18 @@ def test_resnet50_stands_beside_mlperfs_best_per_gpu_figure_and_lambdas_like_for
     # Lambda's two 1-GPU fp16 stacks (2,616 on NGC 22.09), every condition that differs named with both values
     assert like.startswith("2,789 samples/s per GPU lambda-rn50-h100sxm-fp16-ngc2403-1 (published)") and "per GPU at" not in like
     assert like_ratio == "2.02×"
-    for differs in ("precision: fp16, ours bf16 (the same tensor-core rate)", "batch per GPU: 1,280, ours 256",
-                    "memory format: NCHW, ours NHWC (channels_last)", "compile: none (eager), ours reduce-overhead",
-                    "software stack: PyTorch 2.3.0a0+40ec155e58.nv24.03 (NGC 24.03), ours PyTorch 2.11.0+cu130"):  # fmt: skip
+    for differs in (
+        "precision: fp16, ours bf16 (the same tensor-core rate)",
+        "batch per GPU: 1,280, ours 256",
+        "memory format: NCHW, ours NHWC (channels_last)",
+        "compile: none (eager), ours reduce-overhead",
+        "software stack: PyTorch 2.3.0a0+40ec155e58.nv24.03 (NGC 24.03), ours PyTorch 2.11.0+cu130",
+    ):
         assert differs in like, differs
     assert "unknown: optimizer: not stated, ours sgd" in like
-    assert ("its conditions: 1 GPU; precision fp16; batch per GPU 1,280; memory format NCHW; compile none (eager); loader device; "
-            "data synthetic; framework PyTorch") in like  # fmt: skip
+    assert (
+        "its conditions: 1 GPU; precision fp16; batch per GPU 1,280; memory format NCHW; compile none (eager); loader device; data synthetic; framework PyTorch"
+    ) in like
     assert "GPU H100 80GB SXM5; power cap 700 W (the datasheet maximum; the source states none)" in like
 
 
@@ -97,8 +109,7 @@ def test_llama_1bs_class_is_set_beside_mpt_1b_as_another_model_and_never_like_fo
     _, measured, best, best_ratio, like, like_ratio = _cells(h100_report.html, "llama_1b")
     assert measured == "63,081 tokens/s per GPU n=1: its p10 – p90 steps 62,425 – 63,910, of 25"
     # references.yaml declares MPT-1B a stand-in for llama_1b: the highest of its per-GPU figures on the H100
-    assert best.startswith("46,037 tokens/s per GPU per GPU at 16 GPUs: a lower bound on what one of its GPUs does alone "
-                           "mosaicml-mpt-1b-fsdp-h100-16")  # fmt: skip
+    assert best.startswith("46,037 tokens/s per GPU per GPU at 16 GPUs: a lower bound on what one of its GPUs does alone mosaicml-mpt-1b-fsdp-h100-16")
     assert "another model (MPT-1B: ALiBi position bias, no biases, low-precision LayerNorm, llm-foundry's fused kernels)" in best
     assert "GPU: not stated, ours NVIDIA H100 80GB HBM3" in best  # llm-foundry does not say which H100
     assert best_ratio == "1.37×"  # 63,081 / 46,037
@@ -119,10 +130,12 @@ def test_the_resnet50_gap_walk_starts_at_the_like_for_like_figure_and_says_where
     walk = _walk(h100_report.html, "resnet50")
     assert "from lambda-rn50-h100sxm-fp16-ngc2403-1 (2,789) to the measured 5,627 samples/s (whole job): 2.02×" in walk
     # the best published is another figure: what it differs in that no measured step reaches, said once
-    assert ("The walk starts at lambda-rn50-h100sxm-fp16-ngc2403-1, the like-for-like figure; the best published, "
-            "mlperf-v4.0-rn50-eos-h100-8 at 0.79×, differs in GPUs: 8 GPUs, ours 1 GPU; batch per GPU: 400, ours 256; "
-            "data: real, ours synthetic; optimizer: LARS, ours sgd; framework: MXNet (NVIDIA Release 24.04), ours PyTorch: "
-            "conditions no measured lever reaches (a measured step below covers its precision).") in walk  # fmt: skip
+    assert (
+        "The walk starts at lambda-rn50-h100sxm-fp16-ngc2403-1, the like-for-like figure; the best published, "
+        "mlperf-v4.0-rn50-eos-h100-8 at 0.79×, differs in GPUs: 8 GPUs, ours 1 GPU; batch per GPU: 400, ours 256; "
+        "data: real, ours synthetic; optimizer: LARS, ours sgd; framework: MXNet (NVIDIA Release 24.04), ours PyTorch: "
+        "conditions no measured lever reaches (a measured step below covers its precision)."
+    ) in walk
     # the lever records of 2026-11-25, each one lever from the preset (compile default), n=1 each side: the
     # frontier record alone, never pooled with record_g1 (a smoke run with the probes at one rank)
     assert "precision fp16 → bf16 1.02× n=1 / 1: no interval (n=1) 5,467 → 5,579" in walk
@@ -185,8 +198,10 @@ def test_the_references_beside_no_measurement_are_one_folded_compact_table(h100_
     assert len(rows) == len(ids) - len(shown) and set(rows) == set(ids) - shown
     text = _text(context)
     assert "like for like, below the one shown (lambda-rn50-h100sxm-fp16-ngc2403-1, 2.15× against 2.02×)" in text  # Lambda's 2,616 (NGC 22.09)
-    assert ("below the best published shown (mlperf-v4.0-rn50-eos-h100-8); not like for like: GPUs: 8 GPUs, ours 1 GPU; "
-            "framework: MXNet (NVIDIA Release 23.04) + Horovod, ours PyTorch") in text  # fmt: skip
+    assert (
+        "below the best published shown (mlperf-v4.0-rn50-eos-h100-8); not like for like: GPUs: 8 GPUs, ours 1 GPU; "
+        "framework: MXNet (NVIDIA Release 23.04) + Horovod, ours PyTorch"
+    ) in text
     assert "22,059 samples/s (whole job)" in text  # a whole-job figure is never called a per-GPU one
     # no reproduce run here: no table of dozens of "not comparable" rows in front of the reader
     reproduction = section[section.index('<h3 id="reproduction">') : section.index('<h3 id="context">')]

@@ -164,10 +164,25 @@ def test_bucket_layout_follows_ddp():
 
 def test_one_rank_run_records_buckets(tmp_path):
     argv = [
-        "--model", "cnn", "--steps", "8", "--warmup-steps", "2", "--per-gpu-batch", "8", "--num-workers", "0",
-        "--synthetic-samples", "256", "--eval-samples", "32", "--bucket-cap-mb", "0.1",
-        "--record", str(tmp_path / "r.json"),
-    ]  # fmt: skip
+        "--model",
+        "cnn",
+        "--steps",
+        "8",
+        "--warmup-steps",
+        "2",
+        "--per-gpu-batch",
+        "8",
+        "--num-workers",
+        "0",
+        "--synthetic-samples",
+        "256",
+        "--eval-samples",
+        "32",
+        "--bucket-cap-mb",
+        "0.1",
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     assert main(argv) == 0
     record = load_record(tmp_path / "r.json")
     probe = record["measurements"]["backward_buckets"]
@@ -186,10 +201,15 @@ def test_table_puts_prediction_beside_measurement_and_predicts_beyond(tmp_path):
     s = Study(tmp_path)
     one = make_record("strong_resnet50_g1_r1", per_gpu_batch=32, samples_per_s=32 / 18e-3)
     one["measurements"]["backward_buckets"] = {
-        "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1,
-        "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
+        "steps": 5,
+        "reason": None,
+        "gradient_bytes": 8_000_000,
+        "micro_batches_per_step": 1,
+        "forward_s": 6e-3,
+        "backward_s": 10e-3,
+        "optimizer_s": 1e-3,
         "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)],
-    }  # fmt: skip
+    }
     s.add("strong", 1, 1, per_gpu_batch=32, record=validate(one))
     s.add(
         "strong", 2, 1, per_gpu_batch=16, record=_without_probe(make_record("strong_resnet50_g2_r1", per_gpu_batch=16, world_size=2, samples_per_s=32 / 15e-3))
@@ -223,8 +243,8 @@ def _without_probe(record: dict) -> dict:
     then has no compute inflation or bandwidth under load to apply, and replays the one-GPU step
     as it is (the tests of the replay itself; tests/test_loss_decomposition.py tests those two)."""
     record["measurements"]["exposed_communication"].update(
-        fraction=None, sync_step_s=None, nosync_step_s=None, nosync_rank_mean_s=None, straggler_wait_s=None, steps=0,
-        reason="--comm-probe-steps 0")  # fmt: skip
+        fraction=None, sync_step_s=None, nosync_step_s=None, nosync_rank_mean_s=None, straggler_wait_s=None, steps=0, reason="--comm-probe-steps 0"
+    )
     return validate(record)
 
 
@@ -252,13 +272,17 @@ def _strong_study(tmp_path, gpus_per_node: int, global_batch: int, micro_1: int,
     overlap fixture's step, a 2-GPU run and the 2-GPU benchmark of RING (1 GB/s, one node)."""
     s = Study(tmp_path)
     # its throughput's step (a strong cell's efficiency is in throughputs) the median step below
-    one = make_record("strong_resnet50_g1_r1", per_gpu_batch=micro_1, grad_accum_steps=accum_1,
-                      samples_per_s=global_batch / (18e-3 + (accum_1 - 1) * 16e-3))  # fmt: skip
+    one = make_record("strong_resnet50_g1_r1", per_gpu_batch=micro_1, grad_accum_steps=accum_1, samples_per_s=global_batch / (18e-3 + (accum_1 - 1) * 16e-3))
     one["measurements"]["backward_buckets"] = {
-        "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": accum_1,
-        "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
+        "steps": 5,
+        "reason": None,
+        "gradient_bytes": 8_000_000,
+        "micro_batches_per_step": accum_1,
+        "forward_s": 6e-3,
+        "backward_s": 10e-3,
+        "optimizer_s": 1e-3,
         "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip(PROFILE.bucket_bytes, PROFILE.bucket_ready_s)],
-    }  # fmt: skip
+    }
     one["measurements"]["step_time_s"]["median"] = 18e-3 + (accum_1 - 1) * 16e-3  # other 1 ms: t(1) = 1 + A(6 + 10) + 1
     _agreeing(one)
     s.add("strong", 1, 1, per_gpu_batch=micro_1, grad_accum_steps=accum_1, record=validate(one))
@@ -352,9 +376,26 @@ def test_two_gloo_ranks_real_buckets_and_benchmark_drive_the_prediction(tmp_path
     has as many steps at 1 and 2 ranks) and the 2-rank all-reduce benchmark, aggregated."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     common = [
-        "-m", "scalerepro.training.train", "--model", "cnn", "--per-gpu-batch", "32", "--steps", "40", "--warmup-steps", "5",
-        "--loader", "device", "--no-eval", "--bucket-cap-mb", "0.1", "--comm-probe-steps", "0", "--progress", "off",
-    ]  # fmt: skip
+        "-m",
+        "scalerepro.training.train",
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        "32",
+        "--steps",
+        "40",
+        "--warmup-steps",
+        "5",
+        "--loader",
+        "device",
+        "--no-eval",
+        "--bucket-cap-mb",
+        "0.1",
+        "--comm-probe-steps",
+        "0",
+        "--progress",
+        "off",
+    ]
     for gpus in (1, 2):
         samples = str(1024 * gpus)
         _run(
@@ -371,8 +412,22 @@ def test_two_gloo_ranks_real_buckets_and_benchmark_drive_the_prediction(tmp_path
             ]
         )  # the matrix's run id below: the analysis refuses another run's record
     sizes = [str(4**k) for k in range(6, 12)]  # 4 KiB .. 4 MiB: the buckets' sizes and enough range for B
-    _run([*torchrun, "--nproc-per-node=2", "-m", "scalerepro.training.commbench", "--out", str(tmp_path / "comm.json"),
-          "--device", "cpu", "--sizes", *sizes, "--iterations", "30"])  # fmt: skip
+    _run(
+        [
+            *torchrun,
+            "--nproc-per-node=2",
+            "-m",
+            "scalerepro.training.commbench",
+            "--out",
+            str(tmp_path / "comm.json"),
+            "--device",
+            "cpu",
+            "--sizes",
+            *sizes,
+            "--iterations",
+            "30",
+        ]
+    )
     s = Study(tmp_path / "study")
     for gpus in (1, 2):
         # the plan as the runs were: the trainer's default precision on a CPU (a record that departs from its plan does not count)
@@ -443,9 +498,15 @@ def _readme_study_tables(tmp_path) -> dict[str, pd.DataFrame]:
     shutil.copytree(README_STUDY, study)
     config = json.loads((study / "tables" / "config.json").read_text())
     scaling = config.get("scaling") or {}
-    tables, _ = aggregate.aggregate_study(study / "tables" / "matrix.csv", sorted((study / "comm").glob("g*.json")), REFERENCES,
-                                          config.get("targets") or {}, scaling.get("predict_gpus", [8, 16, 64]),
-                                          scaling.get("predict_cluster"), study)  # fmt: skip
+    tables, _ = aggregate.aggregate_study(
+        study / "tables" / "matrix.csv",
+        sorted((study / "comm").glob("g*.json")),
+        REFERENCES,
+        config.get("targets") or {},
+        scaling.get("predict_gpus", [8, 16, 64]),
+        scaling.get("predict_cluster"),
+        study,
+    )
     return tables
 
 
@@ -510,8 +571,9 @@ def test_fsdp_root_unit_is_gathered_first_and_reduce_scattered_last_by_hand():
     # t = other 20 ms + F + G + 80 ms / 32 = 20 + 100 + 200 + 2.5 ms + 4 x 43 us + 12.71484375 ms
     net = HierarchicalNetwork(8, 4, 100e9, 1e-6, 10e9, 5e-6, "auto", "hand")
     s = 8e8
-    profile = FsdpProfile(step_s=0.4, forward_s=0.1, backward_s=0.2, optimizer_s=0.08, micro_batches=1, units=4,
-                          gather_bytes=s, reduce_bytes=2 * s, root_fraction=0.25)  # fmt: skip
+    profile = FsdpProfile(
+        step_s=0.4, forward_s=0.1, backward_s=0.2, optimizer_s=0.08, micro_batches=1, units=4, gather_bytes=s, reduce_bytes=2 * s, root_fraction=0.25
+    )
     ag, rs, ag0, rs0 = (43e-6 + 31 / 32 * t for t in (1.875e-3, 3.75e-3, 2.5e-3, 5e-3))
     prediction = simulate_fsdp_step(profile, net)
     assert prediction.step_s == pytest.approx(0.02 + 0.1 + 0.2 + 0.0025 + 4 * 43e-6 + 31 / 32 * 13.125e-3)
@@ -564,18 +626,26 @@ def test_a_strong_row_the_batch_curve_covers_is_no_bound(tmp_path):
     s = Study(tmp_path)
     one = make_record("strong_resnet50_g1_r1", per_gpu_batch=256, samples_per_s=256 / 18e-3)
     one["measurements"]["backward_buckets"] = {
-        "steps": 5, "reason": None, "gradient_bytes": 8_000_000, "micro_batches_per_step": 1,
-        "forward_s": 6e-3, "backward_s": 10e-3, "optimizer_s": 1e-3,
+        "steps": 5,
+        "reason": None,
+        "gradient_bytes": 8_000_000,
+        "micro_batches_per_step": 1,
+        "forward_s": 6e-3,
+        "backward_s": 10e-3,
+        "optimizer_s": 1e-3,
         "buckets": [{"bytes": b, "parameters": 1, "ready_s": r} for b, r in zip((4_000_000, 1_000_000, 3_000_000), (2e-3, 5e-3, 9e-3))],
-    }  # fmt: skip
+    }
     s.add("strong", 1, 1, per_gpu_batch=256, record=validate(one))
     matrix = pd.read_csv(s.write_matrix())
     matrix["global_batch"] = 256
     matrix.to_csv(tmp_path / "matrix.csv", index=False)
     # t(m) = 4 ms + 0.0625 ms x m: t(256) = 20 ms, t(128) = 12 ms, t(64) = 8 ms (the bare loop's
     # ratios are what the model takes, not its 20 ms against the run's 18)
-    (tmp_path / "batch_curve.json").write_text(json.dumps({"model": "resnet50", "device": "NVIDIA H100 80GB HBM3",
-                                                           "rows": [{"batch": m, "step_s_median": 4e-3 + 0.0625e-3 * m} for m in (64, 128, 256)]}))  # fmt: skip
+    (tmp_path / "batch_curve.json").write_text(
+        json.dumps(
+            {"model": "resnet50", "device": "NVIDIA H100 80GB HBM3", "rows": [{"batch": m, "step_s_median": 4e-3 + 0.0625e-3 * m} for m in (64, 128, 256)]}
+        )
+    )
     table = aggregate.aggregate(tmp_path / "matrix.csv", [], REFERENCES, {}, predict_gpus=[2, 4, 8])["scaling_model"]
     strong = table[table["study"].eq("strong")].set_index("gpus")
     # fixed = other + o = (18 - 16 - 1) + 1 = 2 ms: c(128) = (12 - 2) / (20 - 2) = 0.5556, c(64) = 6 / 18 = 0.3333;

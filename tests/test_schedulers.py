@@ -106,16 +106,21 @@ GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-5f2d1c3a-0b1e-4c61-9d07-2b8f0f7d9a11)
 """
 
 
-@pytest.mark.parametrize("visible, names", [
-    (None, ["H100", "H100"]),
-    ("1", ["H100"]),
-    ("1,0", ["H100", "H100"]),
-    ("", []), ("-1", []), ("NoDevFiles", []),
-    ("0,7,1", ["H100"]),  # CUDA stops at the first entry naming no GPU
-    ("GPU-5f2d", ["H100"]),  # a unique UUID prefix
-    ("GPU-", []),  # a prefix of every GPU names none
-    ("MIG-0a9b7c55-6e4f-5d21-8c3b-1f2e3d4c5b6a", ["H100 MIG 3g.40gb"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "visible, names",
+    [
+        (None, ["H100", "H100"]),
+        ("1", ["H100"]),
+        ("1,0", ["H100", "H100"]),
+        ("", []),
+        ("-1", []),
+        ("NoDevFiles", []),
+        ("0,7,1", ["H100"]),  # CUDA stops at the first entry naming no GPU
+        ("GPU-5f2d", ["H100"]),  # a unique UUID prefix
+        ("GPU-", []),  # a prefix of every GPU names none
+        ("MIG-0a9b7c55-6e4f-5d21-8c3b-1f2e3d4c5b6a", ["H100 MIG 3g.40gb"]),
+    ],
+)
 def test_the_local_gpus_are_those_cuda_visible_devices_leaves(visible, names):
     from scalerepro.schedulers import visible_gpu_names
 

@@ -89,8 +89,11 @@ def _sacct(env: dict[str, str], *job_ids: str) -> list[dict[str, str]]:
     selection = ["--jobs", ",".join(job_ids)] if job_ids else ["--starttime", "now-1hour"]
     listed = subprocess.run(
         ["sacct", "-X", "--noheader", "--parsable2", f"--format={','.join(fields)}", *selection],
-        capture_output=True, text=True, env={**os.environ, **env}, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+    )
     return [dict(zip(fields, line.split("|"))) for line in listed.stdout.splitlines() if line]
 
 
@@ -102,9 +105,15 @@ def slurm_study(tmp_path_factory, slurm_env, cifar_server):  # noqa: F811 - the 
     env = _env(slurm_env)
     started = time.monotonic()
     result = _snakemake(
-        workdir, env, *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY),
-        "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}",
-    )  # fmt: skip
+        workdir,
+        env,
+        *PROFILE_ARGS,
+        "--configfile",
+        "config/ci.yaml",
+        str(STUDY),
+        "--config",
+        f"cifar10={{url: '{url}', md5: '{md5}'}}",
+    )
     print(f"Slurm study: the whole DAG in {time.monotonic() - started:.0f} s")
     logs = "\n".join(f"--- {p}\n{p.read_text()[-1500:]}" for p in sorted((workdir / "results").rglob("*.log")) if p.stat().st_size)
     assert result.returncode == 0, result.stderr[-6000:] + logs[-6000:]
@@ -137,8 +146,12 @@ def test_sacct_shows_one_job_per_rule_job(slurm_study):
     comments = sorted(job["Comment"] for job in jobs)
     runs = sorted(p.parent.name for p in (workdir / "results/runs").glob("*/record.json"))
     expected = {f"rule_train_wildcards_{run}" for run in runs} | {
-        "rule_comm_benchmark_wildcards_8", "rule_system_inventory", "rule_aggregate", "rule_plots", "rule_report",
-    }  # fmt: skip
+        "rule_comm_benchmark_wildcards_8",
+        "rule_system_inventory",
+        "rule_aggregate",
+        "rule_plots",
+        "rule_report",
+    }
     assert len(comments) == len(set(comments)) == len(submitted), comments  # one job per rule job
     assert expected <= set(comments) and all(c.startswith("rule_") for c in comments), comments
     assert all(job["State"] == "COMPLETED" for job in jobs)
@@ -167,19 +180,31 @@ def test_a_preempted_run_checkpoints_is_retried_and_matches_an_uninterrupted_run
     # no arithmetic, so the bit-for-bit comparison stands.
     env = {**_env(slurm_env), "OMP_WAIT_POLICY": "PASSIVE"}
     steps = 600
-    config = _write_config(workdir, "preempt.yaml", {
-        "data": "synthetic", "steps": steps, "repeats": 1,
-        "trainer_args": ["--num-workers", "0", "--eval-samples", "64", "--comm-probe-steps", "2", "--log-interval", "20"],
-        "scaling": {"gpu_counts": [1], "max_gpus": 1, "weak": {"enabled": False}},
-        "sensitivity": {"enabled": False}, "ablation": {"enabled": False}, "communication": {"enabled": False},
-    })  # fmt: skip
+    config = _write_config(
+        workdir,
+        "preempt.yaml",
+        {
+            "data": "synthetic",
+            "steps": steps,
+            "repeats": 1,
+            "trainer_args": ["--num-workers", "0", "--eval-samples", "64", "--comm-probe-steps", "2", "--log-interval", "20"],
+            "scaling": {"gpu_counts": [1], "max_gpus": 1, "weak": {"enabled": False}},
+            "sensitivity": {"enabled": False},
+            "ablation": {"enabled": False},
+            "communication": {"enabled": False},
+        },
+    )
     run = "strong_cnn_g1_r1"
     target = f"results/runs/{run}/record.json"
     log = workdir / f"results/runs/{run}/train.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "snakemake", target, *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY), config],
-        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         # Wait until the run is well into its steps, then send the warning to its job's steps.
         deadline = time.monotonic() + 240
@@ -225,11 +250,19 @@ def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env
     # A bad trainer flag is now refused before anything is submitted (scalerepro.planning.study), and a
     # run that fails inside the trainer leaves a failed record (its job succeeds). What still fails
     # a job: the site's Slurm module not loaded in it, so srun is not on the job's PATH.
-    config = _write_config(workdir, "failing.yaml", {
-        "data": "synthetic", "repeats": 1, "slurm": {"env": {"PATH": "/nonexistent"}},
-        "scaling": {"gpu_counts": [1], "max_gpus": 1, "weak": {"enabled": False}},
-        "sensitivity": {"enabled": False}, "ablation": {"enabled": False}, "communication": {"enabled": False},
-    })  # fmt: skip
+    config = _write_config(
+        workdir,
+        "failing.yaml",
+        {
+            "data": "synthetic",
+            "repeats": 1,
+            "slurm": {"env": {"PATH": "/nonexistent"}},
+            "scaling": {"gpu_counts": [1], "max_gpus": 1, "weak": {"enabled": False}},
+            "sensitivity": {"enabled": False},
+            "ablation": {"enabled": False},
+            "communication": {"enabled": False},
+        },
+    )
     run = "strong_cnn_g1_r1"
     result = _snakemake(
         workdir, env, f"results/runs/{run}/record.json", *PROFILE_ARGS, "--retries", "0", "--configfile", "config/ci.yaml", str(STUDY), config, timeout=300

@@ -100,7 +100,13 @@ def test_kernel_times_below_a_millisecond_read_in_microseconds(study):
     roof = _table(shown[shown.index("Roofline position") - 200 :], "#")
     assert roof[1][4] == "311 µs" and roof[0][4] == "Time"
     assert [profiling_view.duration_text(s) for s in (311.264e-6, 11.68e-6, 999.4e-6, 6.729984e-3, 12.3619e-3, 0.2552)] == [
-        "311 µs", "11.7 µs", "999 µs", "6.73 ms", "12.4 ms", "255 ms"]  # fmt: skip
+        "311 µs",
+        "11.7 µs",
+        "999 µs",
+        "6.73 ms",
+        "12.4 ms",
+        "255 ms",
+    ]
 
 
 def test_the_stem_is_on_the_roofline_under_the_fp32_cuda_core_roof(study):
@@ -151,8 +157,12 @@ def test_the_roofline_says_what_it_draws_numbers_kernels_as_its_table_and_no_lab
     assert key[9].startswith("10  not drawn, tensor-core work not counted: sm80_xmma_wgrad")
     # every roof named, each in a colour of its own
     lines = {line.get_label(): line.get_color() for line in ax.get_lines()}
-    assert set(lines) == {"DRAM bandwidth: AI x 3.35 TB/s", "bf16 dense tensor cores: 989.4 TFLOP/s", "BF16 CUDA cores: 133.8 TFLOP/s",
-                          "FP32 CUDA cores: 66.9 TFLOP/s"}  # fmt: skip
+    assert set(lines) == {
+        "DRAM bandwidth: AI x 3.35 TB/s",
+        "bf16 dense tensor cores: 989.4 TFLOP/s",
+        "BF16 CUDA cores: 133.8 TFLOP/s",
+        "FP32 CUDA cores: 66.9 TFLOP/s",
+    }
     assert len(set(lines.values())) == len(lines)
     assert set(ax.get_legend_handles_labels()[1]) >= set(lines)
     fig.savefig(io.BytesIO(), dpi=150)  # as the workflow writes it
@@ -228,12 +238,22 @@ def test_a_timeline_breakdown_adds_up_to_its_profiled_step(tmp_path):
     breakdown = step.step_breakdown(profile, {"step_time_median_s": 12e-6, "measured_steps": 40})
     ns = 1e-9
     parts = {row["part"]: row["time_s"] for row in breakdown["rows"]}
-    assert parts == pytest.approx({"GEMM": 4_000 * ns, "normalisation and elementwise": 2_000 * ns, step.EXPOSED_COMMUNICATION: 1_500 * ns,
-                                   step.DATA_WAIT: 1_750 * ns, step.IDLE: 1_250 * ns})  # fmt: skip
+    assert parts == pytest.approx(
+        {
+            "GEMM": 4_000 * ns,
+            "normalisation and elementwise": 2_000 * ns,
+            step.EXPOSED_COMMUNICATION: 1_500 * ns,
+            step.DATA_WAIT: 1_750 * ns,
+            step.IDLE: 1_250 * ns,
+        }
+    )
     assert breakdown["step_s"] == pytest.approx(10_500 * ns) and breakdown["sum_s"] == pytest.approx(breakdown["step_s"])
     assert breakdown["measured_step_s"] == 12e-6  # set beside it, not mixed into it
     assert sum(row["share"] for row in breakdown["rows"]) == pytest.approx(1.0)
     # every kernel of the window, with its class and its launches
     assert [(k["name"], k["class"], k["calls"]) for k in summary["top_kernels"]] == [
-        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM", 2), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "communication", 2),
-        ("elementwise_kernel", "normalisation and elementwise", 1), ("vectorized_elementwise_kernel", "normalisation and elementwise", 2)]  # fmt: skip
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM", 2),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "communication", 2),
+        ("elementwise_kernel", "normalisation and elementwise", 1),
+        ("vectorized_elementwise_kernel", "normalisation and elementwise", 2),
+    ]

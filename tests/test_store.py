@@ -41,17 +41,51 @@ from conftest import REPO, clean_env, load_record
 REPEATS = 6
 SLOWDOWN = 2.0  # the CNN's steps in the candidate study take this many times as long
 COMMON = [
-    "--data", "synthetic", "--steps", "30", "--warmup-steps", "6", "--synthetic-samples", "512", "--no-eval",
-    "--loader", "device", "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--progress", "off", "--device", "cpu",
-]  # fmt: skip
+    "--data",
+    "synthetic",
+    "--steps",
+    "30",
+    "--warmup-steps",
+    "6",
+    "--synthetic-samples",
+    "512",
+    "--no-eval",
+    "--loader",
+    "device",
+    "--comm-probe-steps",
+    "0",
+    "--bucket-probe-steps",
+    "0",
+    "--progress",
+    "off",
+    "--device",
+    "cpu",
+]
 # The studies' runs are timed and their ratios asserted: nothing runs beside this file's tests.
 pytestmark = pytest.mark.measures
 
 CELLS = {
     "cnn": (8, ["--model", "cnn", "--per-gpu-batch", "8"]),
-    "gpt2_small": (8, ["--model", "gpt2_small", "--per-gpu-batch", "8", "--num-layers", "2", "--hidden-size", "64",
-                       "--num-heads", "2", "--seq-len", "32", "--vocab-size", "256"]),
-}  # fmt: skip
+    "gpt2_small": (
+        8,
+        [
+            "--model",
+            "gpt2_small",
+            "--per-gpu-batch",
+            "8",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "64",
+            "--num-heads",
+            "2",
+            "--seq-len",
+            "32",
+            "--vocab-size",
+            "256",
+        ],
+    ),
+}
 CONFIG = {
     "study_name": "store-test",
     "device": "cpu",
@@ -85,12 +119,25 @@ def _study_dir(root: Path, config: dict) -> Path:
     for model, (batch, _) in CELLS.items():
         for repeat in range(1, REPEATS + 1):
             run_id = f"strong_{model}_g1_r{repeat}"
-            rows.append({
-                "run_id": run_id, "study": "strong", "model": model, "gpus": 1, "nodes": 1, "gpus_per_node": 1,
-                "repeat": repeat, "variant": "", "precision": "fp32", "per_gpu_batch": batch, "global_batch": batch,
-                "bucket_cap_mb": 25.0, "runtime_min": 10, "record": f"results/runs/{run_id}/record.json",
-                "rerun": f"snakemake --cores all --forcerun results/runs/{run_id}/record.json",
-            })  # fmt: skip
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "study": "strong",
+                    "model": model,
+                    "gpus": 1,
+                    "nodes": 1,
+                    "gpus_per_node": 1,
+                    "repeat": repeat,
+                    "variant": "",
+                    "precision": "fp32",
+                    "per_gpu_batch": batch,
+                    "global_batch": batch,
+                    "bucket_cap_mb": 25.0,
+                    "runtime_min": 10,
+                    "record": f"results/runs/{run_id}/record.json",
+                    "rerun": f"snakemake --cores all --forcerun results/runs/{run_id}/record.json",
+                }
+            )
     with open(results / "tables" / "matrix.csv", "w", newline="") as stream:
         writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -128,11 +175,24 @@ def studies(tmp_path_factory) -> dict[str, Path]:
 
 def append(study_dir: Path, store_path: Path, *extra: str) -> subprocess.CompletedProcess:
     return _python(
-        "-m", "scalerepro.analysis.history.store", "append", "--store", str(store_path),
-        "--matrix", "results/tables/matrix.csv", "--config", "results/tables/config.json",
-        "--inventory", "results/inventory/system.json", "--receipt", "results/tables/store.json",
-        "--history", "results/tables/history.csv", *extra, cwd=study_dir,
-    )  # fmt: skip
+        "-m",
+        "scalerepro.analysis.history.store",
+        "append",
+        "--store",
+        str(store_path),
+        "--matrix",
+        "results/tables/matrix.csv",
+        "--config",
+        "results/tables/config.json",
+        "--inventory",
+        "results/inventory/system.json",
+        "--receipt",
+        "results/tables/store.json",
+        "--history",
+        "results/tables/history.csv",
+        *extra,
+        cwd=study_dir,
+    )
 
 
 def _appended(study_dir: Path, store_path: Path) -> dict:
@@ -198,7 +258,7 @@ def test_two_processes_appending_at_once_both_land(studies, tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for directory in studies.values()
     ]
     outputs = [writer.communicate(timeout=120) for writer in writers]
@@ -211,8 +271,10 @@ def test_two_processes_appending_at_once_both_land(studies, tmp_path):
 def _hold_lock(history: Path, seconds: float) -> subprocess.Popen:
     holder = subprocess.Popen(
         [sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(history)!r}); print('held', flush=True); time.sleep({seconds})"],
-        env=_env(), stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -306,7 +368,7 @@ DAMAGED_STORES = [
     ("version-not-a-number", _sql("UPDATE store_meta SET value = 'three' WHERE key = 'schema_version'"), "its schema_version is 'three', not a number"),
     ("version-newer", _sql("UPDATE store_meta SET value = '99' WHERE key = 'schema_version'"), "schema version 99, newer than this scalerepro understands"),
     ("foreign", _sql("DROP TABLE store_meta"), "is not a scalerepro results store"),
-]  # fmt: skip
+]
 
 
 def _commands(history: Path, exported: dict[str, Path]) -> dict[str, tuple]:
@@ -314,12 +376,24 @@ def _commands(history: Path, exported: dict[str, Path]) -> dict[str, tuple]:
     (its matrix names the records relative to it)."""
     return {
         "store list": (store.main, ["list", "--store", str(history)]),
-        "store append": (store.main, ["append", "--store", str(history), "--matrix", "results/tables/matrix.csv",
-                                      "--config", "results/tables/config.json", "--inventory", "results/inventory/system.json"]),
+        "store append": (
+            store.main,
+            [
+                "append",
+                "--store",
+                str(history),
+                "--matrix",
+                "results/tables/matrix.csv",
+                "--config",
+                "results/tables/config.json",
+                "--inventory",
+                "results/inventory/system.json",
+            ],
+        ),
         "store migrate": (store.main, ["migrate", "--store", str(history)]),
         "compare": (compare.main, ["latest", "latest", "--store", str(history)]),
         "bundle import": (bundle.main, ["import", str(exported["bundle"]), "--store", str(history)]),
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("case", DAMAGED_STORES, ids=[case[0] for case in DAMAGED_STORES])
@@ -385,24 +459,57 @@ def test_full_disk_paths_are_one_line_and_keep_what_was_there(studies, exported,
     shutil.copytree(exported["study"] / "results", results)  # with every output (``exported`` made them)
     writers = {
         "compare --csv": ["-m", "scalerepro.analysis.history.compare", "latest", "latest", "--store", str(exported["store"]), "--csv", str(kept)],
-        "bundle export": ["-m", "scalerepro.analysis.history.bundle", "export", "--results", str(results), "--store", str(exported["store"]),
-                          "--workflow", str(REPO), "--out", str(tmp_path / "b.zip")],
-        "aggregate": ["-m", "scalerepro.analysis.tables.aggregate", "--matrix", str(results / "tables/matrix.csv"),
-                      "--references", str(REPO / "config/references.yaml"), "--out", str(tmp_path / "tables")],
-        "rebuild": ["-m", "scalerepro.analysis.rebuild", "--results", str(results), "--references", str(REPO / "config/references.yaml"),
-                    "--templates", str(REPO / "report")],
-    }  # fmt: skip
+        "bundle export": [
+            "-m",
+            "scalerepro.analysis.history.bundle",
+            "export",
+            "--results",
+            str(results),
+            "--store",
+            str(exported["store"]),
+            "--workflow",
+            str(REPO),
+            "--out",
+            str(tmp_path / "b.zip"),
+        ],
+        "aggregate": [
+            "-m",
+            "scalerepro.analysis.tables.aggregate",
+            "--matrix",
+            str(results / "tables/matrix.csv"),
+            "--references",
+            str(REPO / "config/references.yaml"),
+            "--out",
+            str(tmp_path / "tables"),
+        ],
+        "rebuild": [
+            "-m",
+            "scalerepro.analysis.rebuild",
+            "--results",
+            str(results),
+            "--references",
+            str(REPO / "config/references.yaml"),
+            "--templates",
+            str(REPO / "report"),
+        ],
+    }
     file_size_limit = "the file size limit was reached (ulimit -f, or the file system's): raise it or write elsewhere"
     expected = {
-        "compare --csv": file_size_limit, "aggregate": file_size_limit, "rebuild": file_size_limit,
+        "compare --csv": file_size_limit,
+        "aggregate": file_size_limit,
+        "rebuild": file_size_limit,
         # Python's tempfile finds no directory it can write a byte to
         "bundle export": "No usable temporary directory found in",
-    }  # fmt: skip
+    }
     for name, argv in writers.items():
         result = subprocess.run(
-            [sys.executable, *argv], env=_env(), capture_output=True, text=True, timeout=120,
+            [sys.executable, *argv],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
             preexec_fn=lambda: (resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)),
-        )  # fmt: skip
+        )
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and "Traceback" not in result.stderr, (name, result.stderr[-2000:])
         assert ": error: " in lines[-1] and expected[name] in lines[-1], (name, lines)
@@ -473,9 +580,21 @@ def test_the_slowed_model_and_only_it_is_flagged_slower_with_its_factor_inside_t
     out = tmp_path / "versus.csv"
     facts = tmp_path / "versus.json"
     result = _python(
-        "-m", "scalerepro.analysis.history.compare", baseline, "latest", "--store", str(history), "--confidence", "0.999",
-        "--threshold", "0.2", "--csv", str(out), "--json", str(facts),
-    )  # fmt: skip
+        "-m",
+        "scalerepro.analysis.history.compare",
+        baseline,
+        "latest",
+        "--store",
+        str(history),
+        "--confidence",
+        "0.999",
+        "--threshold",
+        "0.2",
+        "--csv",
+        str(out),
+        "--json",
+        str(facts),
+    )
     assert result.returncode == 0, result.stderr
     table = pd.read_csv(out).set_index("model")
     print("\n" + result.stdout)
@@ -513,9 +632,11 @@ def test_selectors_name_the_study_or_say_in_one_line_why_not(studies, tmp_path):
         chosen = json.loads(facts.read_text())
         assert (chosen["baseline"]["study_id"], chosen["candidate"]["study_id"]) == (baseline["study_id"], candidate["study_id"])
     prefix = candidate["study_id"][:13]
-    for selector, expected in (("nosuchcluster", "no study in the store matches 'nosuchcluster'"),
-                               (f"{cluster}:nosuchpartition", f"no study in the store matches '{cluster}:nosuchpartition'"),
-                               (prefix, f"'{prefix}' is the start of 2 study ids")):  # fmt: skip
+    for selector, expected in (
+        ("nosuchcluster", "no study in the store matches 'nosuchcluster'"),
+        (f"{cluster}:nosuchpartition", f"no study in the store matches '{cluster}:nosuchpartition'"),
+        (prefix, f"'{prefix}' is the start of 2 study ids"),
+    ):
         result = _python("-m", "scalerepro.analysis.history.compare", selector, "latest", "--store", str(history))
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr, result.stderr
     only = tmp_path / "only.duckdb"
@@ -603,12 +724,20 @@ def exported(studies, tmp_path_factory) -> dict[str, Path]:
     for directory in (studies["baseline"], study):
         _appended(directory, history)
     # the outputs a study's workflow writes (tables, figures, report): export refuses a study without them
-    rebuilt = _python("-m", "scalerepro.analysis.rebuild", "--results", "results", "--references", str(REPO / "config/references.yaml"),
-                      "--templates", str(REPO / "report"), cwd=study)  # fmt: skip
+    rebuilt = _python(
+        "-m",
+        "scalerepro.analysis.rebuild",
+        "--results",
+        "results",
+        "--references",
+        str(REPO / "config/references.yaml"),
+        "--templates",
+        str(REPO / "report"),
+        cwd=study,
+    )
     assert rebuilt.returncode == 0, rebuilt.stderr
     out = root / "candidate.zip"
-    result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(history), "--workflow", str(REPO),
-                     cwd=study)  # fmt: skip
+    result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(history), "--workflow", str(REPO), cwd=study)
     assert result.returncode == 0, result.stderr
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
     assert f"sha256 {digest}" in result.stdout and (root / "candidate.zip.sha256").read_text().startswith(digest)
@@ -618,8 +747,7 @@ def exported(studies, tmp_path_factory) -> dict[str, Path]:
 def test_a_bundle_against_latest_is_compared_with_the_newest_other_study(studies, exported, tmp_path):
     """`compare BUNDLE latest` said "same study" when the bundle's study was the newest stored."""
     facts = tmp_path / "facts.json"
-    result = _python("-m", "scalerepro.analysis.history.compare", str(exported["bundle"]), "latest", "--store", str(exported["store"]),
-                     "--json", str(facts))  # fmt: skip
+    result = _python("-m", "scalerepro.analysis.history.compare", str(exported["bundle"]), "latest", "--store", str(exported["store"]), "--json", str(facts))
     assert result.returncode == 0, result.stderr
     chosen = json.loads(facts.read_text())
     baseline_id = json.loads((studies["baseline"] / "results/tables/store.json").read_text())["study_id"]
@@ -633,8 +761,9 @@ def test_export_refuses_a_study_with_an_output_missing(studies, exported, tmp_pa
     shutil.copytree(exported["study"], study)
     (study / "results/tables/cost.csv").unlink()
     out = tmp_path / "out.zip"
-    result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(exported["store"]),
-                     "--workflow", str(REPO), cwd=study)  # fmt: skip
+    result = _python(
+        "-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(exported["store"]), "--workflow", str(REPO), cwd=study
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "lacks 1 of the study's outputs (tables/cost.csv)" in lines[0], result.stderr
     assert not out.exists()
@@ -648,8 +777,9 @@ def test_export_packs_no_file_from_outside_the_study(studies, exported, tmp_path
     secret.write_text("not the study's\n")
     (study / "results/tables/planted.csv").symlink_to(secret)
     out = tmp_path / "out.zip"
-    result = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(exported["store"]),
-                     "--workflow", str(REPO), cwd=study)  # fmt: skip
+    result = _python(
+        "-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(exported["store"]), "--workflow", str(REPO), cwd=study
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "results/tables/planted.csv is a symbolic link" in lines[0], result.stderr
     assert not out.exists() and not Path(f"{out}.sha256").exists()
@@ -659,8 +789,18 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
     other = tmp_path / "other.duckdb"
     unpacked = tmp_path / "unpacked"
     digest = hashlib.sha256(exported["bundle"].read_bytes()).hexdigest()
-    result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(other),
-                     "--expect-sha256", digest, "--extract", str(unpacked))  # fmt: skip
+    result = _python(
+        "-m",
+        "scalerepro.analysis.history.bundle",
+        "import",
+        str(exported["bundle"]),
+        "--store",
+        str(other),
+        "--expect-sha256",
+        digest,
+        "--extract",
+        str(unpacked),
+    )
     assert result.returncode == 0, result.stderr
     study_id = json.loads((exported["study"] / "results/tables/store.json").read_text())["study_id"]
     with duckdb.connect(str(exported["store"]), read_only=True) as a, duckdb.connect(str(other), read_only=True) as b:
@@ -704,8 +844,9 @@ def test_a_bundle_can_be_compared_without_importing_it(studies, exported, tmp_pa
         "--csv",
         str(tmp_path / "a.csv"),
     )
-    from_bundle = _python("-m", "scalerepro.analysis.history.compare", baseline, str(exported["bundle"]), "--store", str(exported["store"]),
-                          "--csv", str(tmp_path / "b.csv"))  # fmt: skip
+    from_bundle = _python(
+        "-m", "scalerepro.analysis.history.compare", baseline, str(exported["bundle"]), "--store", str(exported["store"]), "--csv", str(tmp_path / "b.csv")
+    )
     assert from_store.returncode == from_bundle.returncode == 0, from_bundle.stderr
     assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
 
@@ -724,8 +865,11 @@ def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(st
     record = "results/runs/strong_cnn_g1_r1/record.json"
     cases = {
         "tampered": (
-            _rewritten(exported["bundle"], tmp_path / "tampered.zip",
-                       lambda name, data: data.replace(b'"samples_per_s": ', b'"samples_per_s": 1') if name == record else data),
+            _rewritten(
+                exported["bundle"],
+                tmp_path / "tampered.zip",
+                lambda name, data: data.replace(b'"samples_per_s": ', b'"samples_per_s": 1') if name == record else data,
+            ),
             f"{record} does not match its checksum",
         ),
         "truncated": (tmp_path / "truncated.zip", "is not a complete zip archive"),
@@ -738,7 +882,7 @@ def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(st
             "holds files its manifest does not list",
         ),
         "another bundle": (exported["bundle"], "not the expected"),
-    }  # fmt: skip
+    }
     data = exported["bundle"].read_bytes()
     cases["truncated"][0].write_bytes(data[: len(data) // 2])
     with zipfile.ZipFile(cases["extra file"][0], "a") as archive:
@@ -767,8 +911,7 @@ def test_import_into_an_extract_path_that_is_a_link_leaves_the_store_untouched(e
     for name, target in (("to-a-directory", elsewhere), ("dangling", tmp_path / "nowhere")):
         link = tmp_path / name
         link.symlink_to(target)
-        result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(history),
-                         "--extract", str(link))  # fmt: skip
+        result = _python("-m", "scalerepro.analysis.history.bundle", "import", str(exported["bundle"]), "--store", str(history), "--extract", str(link))
         assert result.returncode == 2 and result.stderr.strip().splitlines() == [
             f"scalerepro.analysis.history.bundle: error: {link} is a symbolic link: give a new directory (not a link) to --extract"
         ], result.stderr
@@ -862,7 +1005,7 @@ MALFORMED = [
     ("start-not-a-time", lambda rows: rows["study"].update(started_at="yesterday"), "study: started_at is 'yesterday' is not an ISO 8601 time"),
     ("no-study-id", lambda rows: rows["study"].update(study_id=None), "study: study_id is missing"),
     ("huge-text", lambda rows: rows["study"].update(study_name="x" * (2**20 + 1)), "study: study_name is 1048577 characters"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("case", MALFORMED, ids=[case[0] for case in MALFORMED])
@@ -907,15 +1050,18 @@ def test_a_bundle_whose_figures_are_not_its_records_is_refused_by_compare_and_im
 # agreeing): (id, what it does to the bundle's store rows, what the one line of refusal says). The first
 # run is strong_cnn_g1_r1, ok and counted, on 1 GPU.
 UNTRUE = [
-    ("throughput-negative", lambda rows: rows["runs"][0].update(samples_per_s=-5.0),
-     "run 'strong_cnn_g1_r1': samples_per_s is -5.0, where a measured one is above 0 samples/s"),
+    (
+        "throughput-negative",
+        lambda rows: rows["runs"][0].update(samples_per_s=-5.0),
+        "run 'strong_cnn_g1_r1': samples_per_s is -5.0, where a measured one is above 0 samples/s",
+    ),
     ("throughput-zero", lambda rows: rows["runs"][0].update(samples_per_s=0.0), "samples_per_s is 0.0, where a measured one is above 0 samples/s"),
     ("failed-but-counted", lambda rows: rows["runs"][0].update(status="failed"), "it counts but its status is 'failed'"),
     ("status-not-its-records", lambda rows: rows["runs"][0].update(status="missing", counts=False), "its status is 'missing' but its record's is 'ok'"),
     ("counted-at-8-gpus", lambda rows: rows["runs"][0].update(gpus=8), "it counts as gpus 8 but its record ran 1"),
     ("step-time-halved", lambda rows: rows["runs"][0].update(step_time_median_s=rows["runs"][0]["step_time_median_s"] / 2), "its step_time_median_s is"),
     ("record-sha256-rewritten", lambda rows: rows["runs"][0].update(record_sha256="0" * 64), "its record_sha256 is not the sha256 of the record it carries"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("case", UNTRUE, ids=[case[0] for case in UNTRUE])
@@ -994,8 +1140,22 @@ def test_the_report_shows_history_and_the_baseline_comparison(studies, tmp_path)
     for name in ("history.csv", "store.json"):
         shutil.copy(studies["candidate"] / "results/tables" / name, tables / name)
     versus, facts = tables / "versus_baseline.csv", tables / "versus_baseline.json"
-    compared = _python("-m", "scalerepro.analysis.history.compare", "latest", "latest", "--store", str(history), "--csv", str(versus), "--json", str(facts),
-                       "--confidence", "0.999", "--threshold", "0.2")  # fmt: skip
+    compared = _python(
+        "-m",
+        "scalerepro.analysis.history.compare",
+        "latest",
+        "latest",
+        "--store",
+        str(history),
+        "--csv",
+        str(versus),
+        "--json",
+        str(facts),
+        "--confidence",
+        "0.999",
+        "--threshold",
+        "0.2",
+    )
     assert compared.returncode == 0, compared.stderr
     plots = tmp_path / "plots"
     drawn = _python(
@@ -1010,8 +1170,17 @@ def test_the_report_shows_history_and_the_baseline_comparison(studies, tmp_path)
         "versus_baseline",
     )
     assert drawn.returncode == 0 and "history: drawn" in drawn.stderr and "versus_baseline: drawn" in drawn.stderr, drawn.stderr
-    html = report.render(tables, plots, None, tables / "config.json", None, REPO / "report", history_path=tables / "history.csv",
-                         versus_table_path=versus, versus_facts_path=facts)  # fmt: skip
+    html = report.render(
+        tables,
+        plots,
+        None,
+        tables / "config.json",
+        None,
+        REPO / "report",
+        history_path=tables / "history.csv",
+        versus_table_path=versus,
+        versus_facts_path=facts,
+    )
     section = html.split('<section id="history">')[1].split("</section>")[0]
     assert "first study" not in section and "No baseline set" not in section
     assert 'alt="Headline cells across studies"' in section and 'alt="Candidate vs baseline, per cell"' in section

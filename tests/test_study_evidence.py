@@ -48,9 +48,20 @@ def _aggregate(study: Path) -> subprocess.CompletedProcess:
     """The aggregate rule's command on a study folder, as the workflow runs it (the tables alone: a
     second, not a rebuild's report)."""
     config = json.loads((study / "tables" / "config.json").read_text())
-    return _run("scalerepro.analysis.tables.aggregate", "--matrix", str(study / "tables" / "matrix.csv"), "--references", REFERENCES,
-                "--out", str(study / "tables"), "--targets", json.dumps(config.get("targets") or {}),
-                "--comm", *map(str, sorted((study / "comm").glob("g*.json"))), cwd=study.parent)  # fmt: skip
+    return _run(
+        "scalerepro.analysis.tables.aggregate",
+        "--matrix",
+        str(study / "tables" / "matrix.csv"),
+        "--references",
+        REFERENCES,
+        "--out",
+        str(study / "tables"),
+        "--targets",
+        json.dumps(config.get("targets") or {}),
+        "--comm",
+        *map(str, sorted((study / "comm").glob("g*.json"))),
+        cwd=study.parent,
+    )
 
 
 def _copy(kept: Path, root: Path, name: str = "study") -> Path:
@@ -133,8 +144,19 @@ def test_store_append_reads_the_studys_own_records_beside_another_studys(tmp_pat
     assert _rebuild(study).returncode == 0
     store = tmp_path / "store.duckdb"
     shutil.copy(study / "inventory" / "system.json", tmp_path / "system.json")
-    done = _run("scalerepro.analysis.history.store", "append", "--store", str(store), "--matrix", "kept/tables/matrix.csv",
-                "--config", "kept/tables/config.json", "--inventory", "system.json", cwd=tmp_path)  # fmt: skip
+    done = _run(
+        "scalerepro.analysis.history.store",
+        "append",
+        "--store",
+        str(store),
+        "--matrix",
+        "kept/tables/matrix.csv",
+        "--config",
+        "kept/tables/config.json",
+        "--inventory",
+        "system.json",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     with duckdb.connect(str(store), read_only=True) as connection:
         stored = connection.execute("SELECT run_id, record_sha256 FROM runs WHERE run_id = 'strong_resnet18_cifar_g1_r1'").fetchall()
@@ -173,19 +195,29 @@ CPU_RUN = "strong_resnet18_cifar_g2_r1"
 GPU_RUN = "strong_resnet50_g1_r1"
 DISAGREEING = [
     # (cause, kept study, run, change, status, what the error says)
-    ("throughput ten times samples over window", CPU_STUDY, CPU_RUN, _scaled(("measurements", "samples_per_s"), 10), "failed",
-     "samples_per_s is"),
-    ("an epoch time shorter than its steps", CPU_STUDY, CPU_RUN, _scaled(("measurements", "epoch_time_s"), 0.5), "failed",
-     "where steps.per_epoch x step_time_s.median gives"),
+    ("throughput ten times samples over window", CPU_STUDY, CPU_RUN, _scaled(("measurements", "samples_per_s"), 10), "failed", "samples_per_s is"),
+    (
+        "an epoch time shorter than its steps",
+        CPU_STUDY,
+        CPU_RUN,
+        _scaled(("measurements", "epoch_time_s"), 0.5),
+        "failed",
+        "where steps.per_epoch x step_time_s.median gives",
+    ),
     ("p10 above the median", CPU_STUDY, CPU_RUN, _set(("measurements", "step_time_s", "p10"), 99.0), "failed", "step_time_s.p10 99 is above its median"),
-    ("energy per sample not energy over samples", H100_STUDY, GPU_RUN, _scaled(("measurements", "energy_per_sample_j"), 3), "failed",
-     "energy_per_sample_j is"),
+    ("energy per sample not energy over samples", H100_STUDY, GPU_RUN, _scaled(("measurements", "energy_per_sample_j"), 3), "failed", "energy_per_sample_j is"),
     ("an MFU on a CPU run", CPU_STUDY, CPU_RUN, _set(("measurements", "mfu"), 0.999), "failed", "mfu is stated without peak_flops_per_device"),
-    ("a 500 GiB peak on an 80 GiB card", H100_STUDY, GPU_RUN, _set(("measurements", "memory", "reserved_bytes_max"), 500 * 2**30), "failed",
-     "500.0 GiB is more than the card holds (79.2 GiB)"),
+    (
+        "a 500 GiB peak on an 80 GiB card",
+        H100_STUDY,
+        GPU_RUN,
+        _set(("measurements", "memory", "reserved_bytes_max"), 500 * 2**30),
+        "failed",
+        "500.0 GiB is more than the card holds (79.2 GiB)",
+    ),
     ("ended before it started", CPU_STUDY, CPU_RUN, _ended_before_started, "failed", "is before started_at"),
     ("a schema newer than the code", CPU_STUDY, CPU_RUN, _set(("schema_version",), 99), "missing", "newer than this scalerepro reads"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("cause", "kept", "run_id", "change", "status", "said"), DISAGREEING, ids=[case[0] for case in DISAGREEING])
@@ -263,9 +295,12 @@ PLAN = [
     ("another strategy", lambda r: r["measurements"].update(sharding={"strategy": "fsdp"}), "strategy 'fsdp', where the plan's is 'ddp'"),
     ("another image size", _set(("model", "shape", "image_size"), 64), "its repeats differ in image size (32, 64)"),
     ("another data", _set(("data", "kind"), "cifar10"), "its repeats differ in data (cifar10, synthetic)"),
-    ("an A100's record", lambda r: (r["parallel"].update(device_type="cuda"), r["hardware"].update(gpu={"name": "NVIDIA A100-SXM4-80GB"})),
-     "differ in device (Intel(R) Xeon(R) Processor, NVIDIA A100-SXM4-80GB)"),
-]  # fmt: skip
+    (
+        "an A100's record",
+        lambda r: (r["parallel"].update(device_type="cuda"), r["hardware"].update(gpu={"name": "NVIDIA A100-SXM4-80GB"})),
+        "differ in device (Intel(R) Xeon(R) Processor, NVIDIA A100-SXM4-80GB)",
+    ),
+]
 
 
 @pytest.mark.parametrize(("cause", "change", "said"), PLAN, ids=[case[0] for case in PLAN])
@@ -346,8 +381,20 @@ def _records_folder(root: Path, *names: str) -> Path:
 
 
 def _rebuild_records(folder: Path) -> subprocess.CompletedProcess:
-    return _run("scalerepro.analysis.rebuild", "--records", str(folder), "--out", str(folder.parent / "out"), "--references", REFERENCES,
-                "--templates", str(REPO / "report"), "--config", str(REPO / "config" / "config.yaml"), cwd=folder.parent)  # fmt: skip
+    return _run(
+        "scalerepro.analysis.rebuild",
+        "--records",
+        str(folder),
+        "--out",
+        str(folder.parent / "out"),
+        "--references",
+        REFERENCES,
+        "--templates",
+        str(REPO / "report"),
+        "--config",
+        str(REPO / "config" / "config.yaml"),
+        cwd=folder.parent,
+    )
 
 
 def _variant_copy(folder: Path, source: str, name: str, change: Callable[[dict], None]) -> None:
@@ -363,7 +410,7 @@ GROUPING = [
     ("ResNet-50 at 224 and at 64 px", "resnet50-optimised-frontier.json", _set(("model", "shape", "image_size"), 64), "image 64"),
     ("GPT-2 at sequence 1024 and 128", "gpt2_small-optimised-frontier.json", _set(("model", "shape", "seq_len"), 128), "sequence 128"),
     ("DDP beside FSDP", "gpt2_small-optimised-frontier.json", lambda r: r["measurements"].update(sharding={"strategy": "fsdp"}), None),
-]  # fmt: skip
+]
 
 
 @REBUILDS

@@ -43,20 +43,52 @@ LEARNING_RUNS = {
 
 def small_run(tmp_path: Path, *extra: str, steps: int = 12, name: str = "run") -> list[str]:
     return [
-        "--steps", str(steps), "--warmup-steps", "2", "--per-gpu-batch", "16", "--num-workers", "0",
-        "--synthetic-samples", "1024", "--eval-samples", "128", "--log-interval", "4",
-        "--record", str(tmp_path / f"{name}.json"), "--run-id", name, *extra,
-    ]  # fmt: skip
+        "--steps",
+        str(steps),
+        "--warmup-steps",
+        "2",
+        "--per-gpu-batch",
+        "16",
+        "--num-workers",
+        "0",
+        "--synthetic-samples",
+        "1024",
+        "--eval-samples",
+        "128",
+        "--log-interval",
+        "4",
+        "--record",
+        str(tmp_path / f"{name}.json"),
+        "--run-id",
+        name,
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("model", list(LEARNING_RUNS))
 def test_loss_falls_on_synthetic_data(model, tmp_path):
     flags, steps, batch = LEARNING_RUNS[model]
     argv = [
-        *flags, "--steps", str(steps), "--warmup-steps", "2", "--per-gpu-batch", str(batch), "--loader", "device",
-        "--synthetic-samples", "8192", "--eval-samples", "256", "--log-interval", str(steps // 4),
-        "--lr-warmup-steps", str(steps // 10), "--record", str(tmp_path / "r.json"),
-    ]  # fmt: skip
+        *flags,
+        "--steps",
+        str(steps),
+        "--warmup-steps",
+        "2",
+        "--per-gpu-batch",
+        str(batch),
+        "--loader",
+        "device",
+        "--synthetic-samples",
+        "8192",
+        "--eval-samples",
+        "256",
+        "--log-interval",
+        str(steps // 4),
+        "--lr-warmup-steps",
+        str(steps // 10),
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     assert main(argv) == 0
     record = load_record(tmp_path / "r.json")
     losses = [entry["loss"] for entry in record["loss_log"]]
@@ -120,8 +152,25 @@ def test_data_stall_counts_the_measured_steps_only(tmp_path):
     # it cannot exceed 1; counting the warm-up waits too gave 1.7-1.8 (issue 14: 0.449 where the
     # in-window figure was 0.050). A process of its own with one DataLoader worker, as the workflow
     # runs it.
-    argv = ["--model", "cnn", "--per-gpu-batch", "2", "--steps", "4", "--warmup-steps", "2", "--num-workers", "1",
-            "--synthetic-samples", "1024", "--no-eval", "--comm-probe-steps", "0", "--record", str(tmp_path / "r.json")]  # fmt: skip
+    argv = [
+        "--model",
+        "cnn",
+        "--per-gpu-batch",
+        "2",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "2",
+        "--num-workers",
+        "1",
+        "--synthetic-samples",
+        "1024",
+        "--no-eval",
+        "--comm-probe-steps",
+        "0",
+        "--record",
+        str(tmp_path / "r.json"),
+    ]
     done = subprocess.run([sys.executable, "-c", LATE_FIRST_BATCH, *argv], env=clean_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     m = load_record(tmp_path / "r.json")["measurements"]
@@ -145,8 +194,22 @@ def test_precisions_run(precision, tmp_path):
 
 @pytest.mark.parametrize("schedule", ["onecycle", "constant"])
 def test_schedules_and_clipping(schedule, tmp_path):
-    argv = small_run(tmp_path, "--model", "gpt2_small", "--seq-len", "16", "--vocab-size", "64", *SMALL_TRANSFORMER,
-                     "--lr-schedule", schedule, "--clip-grad-norm", "1.0", "--optimizer-impl", "fused")  # fmt: skip
+    argv = small_run(
+        tmp_path,
+        "--model",
+        "gpt2_small",
+        "--seq-len",
+        "16",
+        "--vocab-size",
+        "64",
+        *SMALL_TRANSFORMER,
+        "--lr-schedule",
+        schedule,
+        "--clip-grad-norm",
+        "1.0",
+        "--optimizer-impl",
+        "fused",
+    )
     assert main(argv) == 0
     assert load_record(tmp_path / "run.json")["optimizer"]["kind"] == "adamw"
 
@@ -265,10 +328,30 @@ def test_missing_dataset_from_the_command_line(tmp_path):
 def test_help_documents_every_flag_with_its_default():
     result = python_train(["--help"], timeout=60)
     assert result.returncode == 0
-    for flag in ("--model", "--data", "--per-gpu-batch", "--steps", "--epochs", "--warmup-steps", "--precision", "--record",
-                 "--checkpoint-dir", "--resume", "--seed", "--channels-last", "--compile", "--bucket-cap-mb",
-                 "--gradient-as-bucket-view", "--static-graph", "--optimizer-impl", "--loader", "--num-workers",
-                 "--pin-memory", "--persistent-workers", "--prefetch-factor"):  # fmt: skip
+    for flag in (
+        "--model",
+        "--data",
+        "--per-gpu-batch",
+        "--steps",
+        "--epochs",
+        "--warmup-steps",
+        "--precision",
+        "--record",
+        "--checkpoint-dir",
+        "--resume",
+        "--seed",
+        "--channels-last",
+        "--compile",
+        "--bucket-cap-mb",
+        "--gradient-as-bucket-view",
+        "--static-graph",
+        "--optimizer-impl",
+        "--loader",
+        "--num-workers",
+        "--pin-memory",
+        "--persistent-workers",
+        "--prefetch-factor",
+    ):
         assert flag in result.stdout
     assert result.stdout.count("(default:") >= 50
 
@@ -292,8 +375,24 @@ def test_log_points_are_outside_the_timed_steps(tmp_path):
         lines.append(line)
         time.sleep(delay_s)
 
-    config = parse_args(small_run(tmp_path, "--model", "cnn", "--steps", "8", "--log-interval", "2", "--no-eval",
-                                  "--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--progress", "off"))  # fmt: skip
+    config = parse_args(
+        small_run(
+            tmp_path,
+            "--model",
+            "cnn",
+            "--steps",
+            "8",
+            "--log-interval",
+            "2",
+            "--no-eval",
+            "--comm-probe-steps",
+            "0",
+            "--bucket-probe-steps",
+            "0",
+            "--progress",
+            "off",
+        )
+    )
     stop = StopRequest()
     try:
         trainer = Trainer(config, distributed.setup("cpu", 60, environ={}), stop, log=slow_log)
@@ -373,18 +472,38 @@ def test_the_optimised_preset_trains_fp32_on_a_cpu_that_would_emulate_bf16_and_t
     has_bf16_flags = bool(cpu_features.cpu_flags(Path("/proc/cpuinfo").read_text()) & {"avx512_bf16", "amx_bf16"})
     why = "ONEDNN_MAX_CPU_ISA=AVX512_CORE keeps oneDNN below AVX512_CORE_BF16" if has_bf16_flags else "this CPU has no native bf16"
     assert why in record["knobs"]["precision_reason"] and cpu_features.native_bf16()[1] in record["knobs"]["precision_reason"]
-    assert main(small_run(tmp_path, "--model", "cnn", "--preset", "optimised", "--compile", "none", "--device", device,
-                          "--precision", "bf16", steps=6, name="bf16")) == 0  # fmt: skip
+    assert (
+        main(
+            small_run(tmp_path, "--model", "cnn", "--preset", "optimised", "--compile", "none", "--device", device, "--precision", "bf16", steps=6, name="bf16")
+        )
+        == 0
+    )
     lever = load_record(tmp_path / "bf16.json")
     assert lever["precision"] == "bf16" and lever["knobs"]["preset_overrides"] == {"compile": "none", "precision": "bf16"}
     assert lever["knobs"]["precision_reason"].startswith("bf16 (given explicitly)") and "slower than fp32" in lever["knobs"]["precision_reason"]
     # the analysis reads the reason, and the ablation's bf16 row says why it loses against fp32
-    matrix = pd.DataFrame([
-        {"run_id": name, "study": "ablation", "model": "cnn", "gpus": 1, "nodes": 1, "gpus_per_node": 1, "repeat": 1, "variant": variant,
-         "precision": precision, "per_gpu_batch": 16, "global_batch": 16, "bucket_cap_mb": 25.0, "runtime_min": 10,
-         "record": str(tmp_path / f"{name}.json"), "rerun": ""}
-        for name, variant, precision in (("run", "baseline", "fp32"), ("bf16", "bf16", "bf16"))
-    ])  # fmt: skip
+    matrix = pd.DataFrame(
+        [
+            {
+                "run_id": name,
+                "study": "ablation",
+                "model": "cnn",
+                "gpus": 1,
+                "nodes": 1,
+                "gpus_per_node": 1,
+                "repeat": 1,
+                "variant": variant,
+                "precision": precision,
+                "per_gpu_batch": 16,
+                "global_batch": 16,
+                "bucket_cap_mb": 25.0,
+                "runtime_min": 10,
+                "record": str(tmp_path / f"{name}.json"),
+                "rerun": "",
+            }
+            for name, variant, precision in (("run", "baseline", "fp32"), ("bf16", "bf16", "bf16"))
+        ]
+    )
     matrix.to_csv(tmp_path / "matrix.csv", index=False)
     runs, _, _ = readers.read_runs(readers.read_matrix(tmp_path / "matrix.csv"))
     notes = cell_tables.ablation_table(runs).set_index("variant")["note"]
@@ -414,13 +533,15 @@ def test_native_bf16_reads_the_cpu_flags_and_the_onednn_cap():
 
 def _run_state(trainer: Trainer) -> dict:
     """Everything a step changes, copied: model, optimizer, LR scheduler, loss scaler, RNG."""
-    return copy.deepcopy({
-        "model": trainer.module.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
-        "scheduler": trainer.scheduler.state_dict(),
-        "scaler": trainer.scaler.state_dict(),
-        "rng": checkpoint.rng_state(),
-    })  # fmt: skip
+    return copy.deepcopy(
+        {
+            "model": trainer.module.state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.scheduler.state_dict(),
+            "scaler": trainer.scaler.state_dict(),
+            "rng": checkpoint.rng_state(),
+        }
+    )
 
 
 def _differences(a: object, b: object, path: str = "") -> list[str]:
@@ -446,12 +567,40 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
     states equal, tensor by tensor, those training left, though the probe's steps changed them
     (AdamW's moments, the weights, dropout's RNG draws). OneCycleLR raises on a step past the
     run's end: the probe leaves the scheduler alone."""
-    config = parse_args([
-        "--model", "gpt2_small", "--seq-len", "32", "--vocab-size", "128", *SMALL_TRANSFORMER, "--dropout", "0.1",
-        "--lr-schedule", "onecycle", "--steps", "4", "--warmup-steps", "1", "--per-gpu-batch", "8", "--num-workers", "0",
-        "--synthetic-samples", "256", "--no-eval", "--comm-probe-steps", "0", "--bucket-probe-steps", "3",
-        "--bucket-cap-mb", "0.02", "--progress", "off",
-    ])  # fmt: skip
+    config = parse_args(
+        [
+            "--model",
+            "gpt2_small",
+            "--seq-len",
+            "32",
+            "--vocab-size",
+            "128",
+            *SMALL_TRANSFORMER,
+            "--dropout",
+            "0.1",
+            "--lr-schedule",
+            "onecycle",
+            "--steps",
+            "4",
+            "--warmup-steps",
+            "1",
+            "--per-gpu-batch",
+            "8",
+            "--num-workers",
+            "0",
+            "--synthetic-samples",
+            "256",
+            "--no-eval",
+            "--comm-probe-steps",
+            "0",
+            "--bucket-probe-steps",
+            "3",
+            "--bucket-cap-mb",
+            "0.02",
+            "--progress",
+            "off",
+        ]
+    )
     stop = StopRequest()
     try:
         trainer = Trainer(config, distributed.setup("cpu", 60, environ={}), stop, log=lambda line: None)
@@ -514,8 +663,9 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_peak_memory_is_the_measured_windows_not_what_runs_after_it(tmp_path):
-    done = subprocess.run([sys.executable, "-c", _PROBE_THAT_GROWS, *small_run(tmp_path, "--model", "cnn")],
-                          env=clean_env(), capture_output=True, text=True, timeout=240)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE_THAT_GROWS, *small_run(tmp_path, "--model", "cnn")], env=clean_env(), capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     after_probe = next(json.loads(line)["rss_after_probe"] for line in done.stdout.splitlines() if line.startswith("{"))
     recorded = load_record(tmp_path / "run.json")["measurements"]["memory"]["rss_bytes_max"]

@@ -166,8 +166,10 @@ def test_profiling_disabled_puts_no_profiling_rule_in_the_dag(tmp_path):
 def test_profiling_with_nsys_missing_falls_back_or_fails_with_one_line(tmp_path):
     refused = snakemake(REPO, "-n", "--configfile", str(_config_with(tmp_path, tool="nsys", fallback=False)), timeout=120)
     assert refused.returncode != 0
-    assert ("config error at 'profiling.tool': nsys was asked for but nsys is not on PATH, and profiling.fallback is false: install Nsight, "
-            "set profiling.tool: torch, or set profiling.fallback: true") in refused.stdout + refused.stderr  # fmt: skip
+    assert (
+        "config error at 'profiling.tool': nsys was asked for but nsys is not on PATH, and profiling.fallback is false: install Nsight, "
+        "set profiling.tool: torch, or set profiling.fallback: true"
+    ) in refused.stdout + refused.stderr
     fallback = snakemake(REPO, "-n", "--configfile", str(_config_with(tmp_path, tool="nsys", fallback=True)), timeout=120)
     assert fallback.returncode == 0 and "results/profiles/strong_cnn_g2_r1/torch/capture.json" in fallback.stdout
 
@@ -291,8 +293,19 @@ def test_nothing_left_to_do_and_reruns_are_exact(study, tmp_path):
     for planning_module in ("planning/study.py", "planning/plan.py", "planning/submission.py", "data/fetch.py"):
         assert edited(study / "workflow/scalerepro" / planning_module) == {}, planning_module
     after_trainer_edit = edited(study / "workflow/scalerepro/training/trainer.py")
-    assert after_trainer_edit == {"code_fingerprint": 2, "train": CI_RUNS, "aggregate": 1, "plots": 1, "report": 1, "all": 1,
-                                  "profile": 2, "profile_summary": 2, "profile_table": 1, "store_study": 1, "store_plots": 1}  # fmt: skip
+    assert after_trainer_edit == {
+        "code_fingerprint": 2,
+        "train": CI_RUNS,
+        "aggregate": 1,
+        "plots": 1,
+        "report": 1,
+        "all": 1,
+        "profile": 2,
+        "profile_summary": 2,
+        "profile_table": 1,
+        "store_study": 1,
+        "store_plots": 1,
+    }
     # the launcher starts every job's ranks, the comm benchmark's too
     assert edited(study / "workflow/scalerepro/launching/launch.py") == {**after_trainer_edit, "code_fingerprint": 3, "comm_benchmark": 1}
     assert edited(study / "workflow/scalerepro/analysis/profiles/captures.py") == {"profile_summary": 2, "profile_table": 1, "plots": 1, "report": 1, "all": 1}
@@ -422,8 +435,12 @@ def test_the_gpu_study_trains_every_cell_optimised_and_the_baseline_only_in_the_
 
     baseline = _resolved(runs["ablation_resnet50_g8_baseline_r1"])
     assert (baseline.perf.preset, baseline.perf.precision, baseline.perf.compile, baseline.data.loader, baseline.optim.optimizer_impl) == (
-        "baseline", "fp32", "none", "dataloader", "foreach",
-    )  # fmt: skip
+        "baseline",
+        "fp32",
+        "none",
+        "dataloader",
+        "foreach",
+    )
     assert not baseline.perf.channels_last and not baseline.perf.cudnn_benchmark
     # Every lever of the ablation together is the optimised preset.
     # ("all" is the preset: the strong cell at 8 GPUs runs it, and the ablation's row reads its record)
@@ -480,8 +497,17 @@ def test_the_study_is_stored_and_a_rerun_compares_with_it(study, tmp_path):
     config["compare"] = {"baseline": "latest", "threshold": 0.03}
     (tmp_path / "compare.yaml").write_text(yaml.safe_dump(config))
     url, md5 = json.loads((study / "study_args").read_text())
-    result = snakemake(study, "--cores", "2", "--configfile", str(tmp_path / "compare.yaml"), "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}",
-                       "--forcerun", f"results/runs/{first}/record.json")  # fmt: skip
+    result = snakemake(
+        study,
+        "--cores",
+        "2",
+        "--configfile",
+        str(tmp_path / "compare.yaml"),
+        "--config",
+        f"cifar10={{url: '{url}', md5: '{md5}'}}",
+        "--forcerun",
+        f"results/runs/{first}/record.json",
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     new = json.loads((study / "results/tables/store.json").read_text())
     assert new["new_study"] and new["studies_in_store"] == 2 and new["study_id"] != receipt["study_id"]
@@ -524,8 +550,14 @@ def test_a_killed_driver_leaves_no_rank_running(study, tmp_path):
     url, md5 = json.loads((study / "study_args").read_text())
     args = ["--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", "steps=100000"]
     target = "results/runs/strong_cnn_g1_r1/record.json"
-    driver = subprocess.Popen([*SNAKEMAKE, target, "--cores", "2", "--forcerun", target, *args], cwd=workdir, env=_env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    driver = subprocess.Popen(
+        [*SNAKEMAKE, target, "--cores", "2", "--forcerun", target, *args],
+        cwd=workdir,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not any("scalerepro.training.train" in p and "launch" not in p for p in _job_processes(workdir)):
@@ -572,8 +604,7 @@ def test_snakemake_report_zip_holds_the_figures_tables_and_report(study, tmp_pat
 
     url, md5 = json.loads((study / "study_args").read_text())
     archive = tmp_path / "report.zip"
-    result = snakemake(study, "--report", str(archive), "--configfile", "config/ci.yaml",
-                       "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", timeout=300)  # fmt: skip
+    result = snakemake(study, "--report", str(archive), "--configfile", "config/ci.yaml", "--config", f"cifar10={{url: '{url}', md5: '{md5}'}}", timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     names = zipfile.ZipFile(archive).namelist()
     for expected in [*(f"{n}.svg" for n in FIGURE_NAMES), *(f"{n}.png" for n in FIGURE_NAMES), "checks.csv", "scaling.csv", "index.html"]:

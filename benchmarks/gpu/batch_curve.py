@@ -91,13 +91,22 @@ def main() -> int:
                 step()
                 times.append(time.perf_counter() - begin_s)
         median = statistics.median(times)
-        row = {"batch": batch, "steps": len(times), "step_s_median": median, "step_s_p10": quantile(times, 0.1),
-               "step_s_p90": quantile(times, 0.9), "samples_per_s": batch / median,
-               "elapsed_s": time.perf_counter() - started}  # fmt: skip
+        row = {
+            "batch": batch,
+            "steps": len(times),
+            "step_s_median": median,
+            "step_s_p10": quantile(times, 0.1),
+            "step_s_p90": quantile(times, 0.9),
+            "samples_per_s": batch / median,
+            "elapsed_s": time.perf_counter() - started,
+        }
         rows.append(row)
-        print(f"CURVE {args.model} batch {batch:>4}: step {median * 1e3:8.2f} ms (p10-p90 {row['step_s_p10'] * 1e3:.2f}-"
-              f"{row['step_s_p90'] * 1e3:.2f}, n={len(times)}) = {batch / median:,.0f} img/s, "
-              f"{median / batch * 1e3:.3f} ms/image [{time.perf_counter() - started:.0f} s]", flush=True)  # fmt: skip
+        print(
+            f"CURVE {args.model} batch {batch:>4}: step {median * 1e3:8.2f} ms (p10-p90 {row['step_s_p10'] * 1e3:.2f}-"
+            f"{row['step_s_p90'] * 1e3:.2f}, n={len(times)}) = {batch / median:,.0f} img/s, "
+            f"{median / batch * 1e3:.3f} ms/image [{time.perf_counter() - started:.0f} s]",
+            flush=True,
+        )
     # the fixed cost a step pays whatever its batch: the intercept of a least-squares line through
     # (batch, step time); its slope is the time an image adds
     xs, ys = [r["batch"] for r in rows], [r["step_s_median"] for r in rows]
@@ -105,9 +114,15 @@ def main() -> int:
     if fit:
         print(f"CURVE fit: step = {fit.intercept * 1e3:.2f} ms + {fit.slope * 1e3:.4f} ms x batch")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    result = {"model": args.model, "device": name, "torch": torch.__version__, "compile": args.compile,
-              "shapes": "dynamic" if args.dynamic else "static", "rows": rows,
-              "fit": {"intercept_s": fit.intercept, "slope_s_per_sample": fit.slope} if fit else None}  # fmt: skip
+    result = {
+        "model": args.model,
+        "device": name,
+        "torch": torch.__version__,
+        "compile": args.compile,
+        "shapes": "dynamic" if args.dynamic else "static",
+        "rows": rows,
+        "fit": {"intercept_s": fit.intercept, "slope_s_per_sample": fit.slope} if fit else None,
+    }
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -34,7 +34,9 @@ for path in sys.argv[1:]:
             verdict = "no goal" if goal is None else ("MEETS" if value >= goal else f"MISSES, {value / goal:.0%} of") + f" goal {goal:,}"
             ratio = f", {run['samples_per_s'] / baseline['samples_per_s']:.2f}x the baseline" if config != "baseline" and baseline.get("ok") else ""
             spread = f"p10-p90 {1e3 * run['step_p10_s']:.1f}-{1e3 * run['step_p90_s']:.1f}, n={run['measured_steps']}" if "step_p10_s" in run else ""
-            print(f"BENCH {model:15s} {config:9s} [{flags}] batch {run['batch']:4d}: {value:12,.0f} {unit} ({verdict}) "
-                  f"MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} step {1e3 * run['step_median_s']:.1f} ms ({spread}) "
-                  f"peak {run['peak_memory_bytes'] / 2**30:.1f} GiB ({run['memory_kind']}){ratio} [{document['device']}]")  # fmt: skip
+            print(
+                f"BENCH {model:15s} {config:9s} [{flags}] batch {run['batch']:4d}: {value:12,.0f} {unit} ({verdict}) "
+                f"MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} step {1e3 * run['step_median_s']:.1f} ms ({spread}) "
+                f"peak {run['peak_memory_bytes'] / 2**30:.1f} GiB ({run['memory_kind']}){ratio} [{document['device']}]"
+            )
 raise SystemExit(1 if failed else 0)

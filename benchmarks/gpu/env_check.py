@@ -20,8 +20,7 @@ H100_SXM_NAME = "NVIDIA H100 80GB HBM3"  # what torch and NVML call the SXM part
 bad: list[str] = []
 cuda = torch.cuda.is_available()
 name = torch.cuda.get_device_name(0) if cuda else H100_SXM_NAME
-print(f"torch {torch.__version__} cuda {torch.version.cuda} cudnn {torch.backends.cudnn.version()} "
-      f"nccl {torch.cuda.nccl.version() if cuda else None}")  # fmt: skip
+print(f"torch {torch.__version__} cuda {torch.version.cuda} cudnn {torch.backends.cudnn.version()} nccl {torch.cuda.nccl.version() if cuda else None}")
 bf16, source = hardware.peak_flops(name, "bf16")
 where = "" if cuda else " (no CUDA here: the H100 SXM name from issue 11)"
 print(f"device {name!r}{where} -> peak table {gpu_peaks.gpu_model(name)!r}: bf16 {bf16} ({source[:60]}...) fp32 {hardware.peak_flops(name, 'fp32')[0]}")
@@ -57,8 +56,25 @@ torch.cuda.synchronize()
 summary = sampler.stop()
 tflops = products * 2 * side**3 / (start.elapsed_time(end) / 1e3) / 1e12  # 2 n^3 FLOPs per product
 print(f"dense bf16 matmul {side}^3: {tflops:.0f} TFLOP/s ({tflops * 1e12 / bf16:.0%} of the table's {bf16 / 1e12:.1f})")
-print("NVML:", {k: summary[k] for k in ("available", "reason", "energy_j", "energy_method", "power_mean_w", "power_max_w",
-                                         "gpu_util_mean_pct", "sm_clock_mean_mhz", "temperature_max_c", "samples", "window_s")})  # fmt: skip
+print(
+    "NVML:",
+    {
+        k: summary[k]
+        for k in (
+            "available",
+            "reason",
+            "energy_j",
+            "energy_method",
+            "power_mean_w",
+            "power_max_w",
+            "gpu_util_mean_pct",
+            "sm_clock_mean_mhz",
+            "temperature_max_c",
+            "samples",
+            "window_s",
+        )
+    },
+)
 if not summary["energy_j"] or summary["energy_method"] != "total_energy_counter":
     bad.append("NVML total-energy counter")
 for batch, seq, causal, what in ((32, 1024, True, "gpt2_small"), (256, 128, False, "bert_base"), (128, 197, False, "vit_b_16")):

@@ -22,7 +22,7 @@ rng = np.random.default_rng(0)
 splits = {
     split: cifar10.Split(rng.integers(0, 256, (count, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, count).astype(np.int64))
     for split, count in (("train", n), ("test", max(n // 8, 512)))
-}  # fmt: skip
+}
 with contextlib.suppress(cifar10.DatasetError):  # written by an earlier stage
     cifar10.write(path, splits, source="random bytes (scalerepro GPU smoke test)")
 train = splits["train"]

@@ -19,8 +19,16 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOTS = ("snakemake", "jsonschema", "duckdb")  # duckdb: the store rule (results/history.duckdb)
-DEVICE_PYTHON = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux", "platform_system": "Linux",
-                 "platform_machine": "x86_64", "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}  # fmt: skip
+DEVICE_PYTHON = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
 PLATFORMS = [f"--platform=manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + ["--platform=manylinux2014_x86_64"]
 
 

@@ -38,14 +38,22 @@ CONV_NETS = frozenset({"cnn", "resnet18_cifar", "resnet50"})
 # Fields (dest names) each preset sets; those in CONV_NET_ONLY are set True for CONV_NETS only.
 PRESETS: dict[str, dict[str, Any]] = {
     "baseline": {
-        "precision": "fp32", "channels_last": False, "cudnn_benchmark": False, "compile": "none",
-        "loader": "dataloader", "optimizer_impl": "foreach",
+        "precision": "fp32",
+        "channels_last": False,
+        "cudnn_benchmark": False,
+        "compile": "none",
+        "loader": "dataloader",
+        "optimizer_impl": "foreach",
     },
     "optimised": {
-        "precision": "bf16", "channels_last": True, "cudnn_benchmark": True, "compile": "default",
-        "loader": "device", "optimizer_impl": "fused",
+        "precision": "bf16",
+        "channels_last": True,
+        "cudnn_benchmark": True,
+        "compile": "default",
+        "loader": "device",
+        "optimizer_impl": "fused",
     },
-}  # fmt: skip
+}
 CONV_NET_ONLY = ("channels_last", "cudnn_benchmark")
 DEFAULT_PRESET = "baseline"
 # The optimised preset compiles the convolutional networks with CUDA graphs (mode
@@ -121,8 +129,7 @@ def with_device(config: TrainConfig, device_type: str, given: set[str]) -> Train
     after = preset_values(perf.preset, model, config.optim.grad_accum_steps, config.parallel.parallel, device_type)
     precision = perf.precision if "precision" in given else after["precision"]
     # the resolved device is recorded, so that the record's preset_overrides compare with that device's preset
-    return dataclasses.replace(config, perf=dataclasses.replace(perf, precision=precision),
-                               parallel=dataclasses.replace(config.parallel, device=device_type))  # fmt: skip
+    return dataclasses.replace(config, perf=dataclasses.replace(perf, precision=precision), parallel=dataclasses.replace(config.parallel, device=device_type))
 
 
 class TrainerConfigError(CommandError, ValueError):

@@ -176,23 +176,39 @@ def _m(*path: str) -> tuple[str, ...]:
 
 RELATIONS: tuple[Relation, ...] = (
     Relation(_m("samples_per_s"), "measured_samples / window_s", lambda r: _quotient(dig(r, _m("measured_samples")), dig(r, _m("window_s")))),
-    Relation(_m("measured_samples"), "measured_steps x batch.global",
-             lambda r: _product(dig(r, _m("measured_steps")), dig(r, ("batch", "global")))),
-    Relation(_m("tokens_per_s"), "samples_per_s x model.tokens_per_sample",
-             lambda r: _product(dig(r, _m("samples_per_s")), dig(r, ("model", "tokens_per_sample"))) or None),
-    Relation(_m("epoch_time_s"), "steps.per_epoch x step_time_s.median",
-             lambda r: _product(dig(r, ("steps", "per_epoch")), dig(r, _m("step_time_s", "median")))),
+    Relation(_m("measured_samples"), "measured_steps x batch.global", lambda r: _product(dig(r, _m("measured_steps")), dig(r, ("batch", "global")))),
+    Relation(
+        _m("tokens_per_s"),
+        "samples_per_s x model.tokens_per_sample",
+        lambda r: _product(dig(r, _m("samples_per_s")), dig(r, ("model", "tokens_per_sample"))) or None,
+    ),
+    Relation(
+        _m("epoch_time_s"), "steps.per_epoch x step_time_s.median", lambda r: _product(dig(r, ("steps", "per_epoch")), dig(r, _m("step_time_s", "median")))
+    ),
     Relation(_m("data_stall_fraction"), "data_wait_s / window_s", lambda r: _quotient(dig(r, _m("data_wait_s")), dig(r, _m("window_s")))),
-    Relation(_m("achieved_flops"), "model.train_flops_per_sample x samples_per_s",
-             lambda r: _product(dig(r, ("model", "train_flops_per_sample")), dig(r, _m("samples_per_s")))),
-    Relation(_m("mfu"), "model.train_flops_per_sample x samples_per_s / (parallel.world_size x peak_flops_per_device)",
-             lambda r: _quotient(_product(dig(r, ("model", "train_flops_per_sample")), dig(r, _m("samples_per_s"))),
-                                 dig(r, ("parallel", "world_size")), dig(r, _m("peak_flops_per_device")))),
-    Relation(_m("energy_per_sample_j"), "nvml.energy_j / measured_samples",
-             lambda r: _quotient(dig(r, _m("nvml", "energy_j")), dig(r, _m("measured_samples")))),
-    Relation(_m("energy_per_sample_net_j"), "nvml.energy_net_j / measured_samples",
-             lambda r: _quotient(dig(r, _m("nvml", "energy_net_j")), dig(r, _m("measured_samples")))),
-)  # fmt: skip
+    Relation(
+        _m("achieved_flops"),
+        "model.train_flops_per_sample x samples_per_s",
+        lambda r: _product(dig(r, ("model", "train_flops_per_sample")), dig(r, _m("samples_per_s"))),
+    ),
+    Relation(
+        _m("mfu"),
+        "model.train_flops_per_sample x samples_per_s / (parallel.world_size x peak_flops_per_device)",
+        lambda r: _quotient(
+            _product(dig(r, ("model", "train_flops_per_sample")), dig(r, _m("samples_per_s"))),
+            dig(r, ("parallel", "world_size")),
+            dig(r, _m("peak_flops_per_device")),
+        ),
+    ),
+    Relation(
+        _m("energy_per_sample_j"), "nvml.energy_j / measured_samples", lambda r: _quotient(dig(r, _m("nvml", "energy_j")), dig(r, _m("measured_samples")))
+    ),
+    Relation(
+        _m("energy_per_sample_net_j"),
+        "nvml.energy_net_j / measured_samples",
+        lambda r: _quotient(dig(r, _m("nvml", "energy_net_j")), dig(r, _m("measured_samples"))),
+    ),
+)
 
 
 @dataclass(frozen=True)

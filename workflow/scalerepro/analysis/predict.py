@@ -54,9 +54,23 @@ from scalerepro.common.references import load_optional_references
 
 DEFAULT_REFERENCES = Path("config/references.yaml")
 PREDICT_COLUMNS = (
-    "study", "model", "gpus", "nodes", "per_gpu_batch", "grad_accum_steps", "step_time_s", "samples_per_s",
-    "efficiency", "exposed_comm_s", "algorithm", "assumptions", "regime", "typical_error", "error_basis", "bound",
-)  # fmt: skip
+    "study",
+    "model",
+    "gpus",
+    "nodes",
+    "per_gpu_batch",
+    "grad_accum_steps",
+    "step_time_s",
+    "samples_per_s",
+    "efficiency",
+    "exposed_comm_s",
+    "algorithm",
+    "assumptions",
+    "regime",
+    "typical_error",
+    "error_basis",
+    "bound",
+)
 
 
 _PROG = "scalerepro.analysis.predict"
@@ -172,8 +186,13 @@ def from_study(tables: Path) -> list[OneGpuInput]:
     return inputs
 
 
-def predict(one: OneGpuInput, cluster: network_model.ClusterPreset, gpu_counts: Sequence[int],
-            algorithm: network_model.Algorithm = "auto", errors: prediction_error.ErrorTable | None = None) -> pd.DataFrame:  # fmt: skip
+def predict(
+    one: OneGpuInput,
+    cluster: network_model.ClusterPreset,
+    gpu_counts: Sequence[int],
+    algorithm: network_model.Algorithm = "auto",
+    errors: prediction_error.ErrorTable | None = None,
+) -> pd.DataFrame:
     """One row per GPU count (PREDICT_COLUMNS); a count the model cannot take has a row that says
     why. ``errors``: the back-tested error by regime each row carries its own regime's of."""
     profile = one.profile
@@ -196,25 +215,36 @@ def predict(one: OneGpuInput, cluster: network_model.ClusterPreset, gpu_counts: 
         algorithms = sorted({network.algorithm_for(size) for size in profile.bucket_bytes}) if gpus > 1 else ["none"]
         # no batch curve here: a smaller micro-batch's compute is taken as proportional to it
         regime = prediction_error.regime_of("ddp", network.nodes, micro, one.micro_batch, None)
-        rows.append({
-            **row, "nodes": network.nodes, "per_gpu_batch": micro, "grad_accum_steps": accum,
-            "step_time_s": prediction.step_s, "samples_per_s": gpus * micro * accum / prediction.step_s,
-            "efficiency": scaling_model.predicted_efficiency(one.study, profile.step_s, prediction.step_s, gpus),
-            "exposed_comm_s": prediction.exposed_comm_s, "algorithm": "+".join(algorithms),
-            "assumptions": network.source if gpus > 1 else "one GPU: no all-reduce",
-            **(prediction_error.error_columns(regime, errors) if gpus > 1 else {}),
-            "bound": scaling_model.PROPORTIONAL_BOUND if micro != one.micro_batch else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                **row,
+                "nodes": network.nodes,
+                "per_gpu_batch": micro,
+                "grad_accum_steps": accum,
+                "step_time_s": prediction.step_s,
+                "samples_per_s": gpus * micro * accum / prediction.step_s,
+                "efficiency": scaling_model.predicted_efficiency(one.study, profile.step_s, prediction.step_s, gpus),
+                "exposed_comm_s": prediction.exposed_comm_s,
+                "algorithm": "+".join(algorithms),
+                "assumptions": network.source if gpus > 1 else "one GPU: no all-reduce",
+                **(prediction_error.error_columns(regime, errors) if gpus > 1 else {}),
+                "bound": scaling_model.PROPORTIONAL_BOUND if micro != one.micro_batch else None,
+            }
+        )
     return pd.DataFrame(rows, columns=PREDICT_COLUMNS)
 
 
 def render(table: pd.DataFrame, cluster: network_model.ClusterPreset, errors: prediction_error.ErrorTable | None) -> str:
     lines = [f"cluster: {cluster.describe()}", f"  source: {cluster.source}"]
     if errors is not None:
-        lines.append(f"typical error (±, the column): the median |predicted / published - 1| back-tested in each row's regime by "
-                     f"{errors.command}; \"{prediction_error.NO_BACK_TEST}\" where none covered it")  # fmt: skip
-    header = (f"{'study':<7}{'model':<16}{'GPUs':>6}{'nodes':>6}{'batch':>7}{'accum':>6}{'step ms':>10}{'samples/s':>12}{'eff':>7}"
-              f"{'exposed ms':>11}{'±':>8}  algorithm")  # fmt: skip
+        lines.append(
+            f"typical error (±, the column): the median |predicted / published - 1| back-tested in each row's regime by "
+            f'{errors.command}; "{prediction_error.NO_BACK_TEST}" where none covered it'
+        )
+    header = (
+        f"{'study':<7}{'model':<16}{'GPUs':>6}{'nodes':>6}{'batch':>7}{'accum':>6}{'step ms':>10}{'samples/s':>12}{'eff':>7}"
+        f"{'exposed ms':>11}{'±':>8}  algorithm"
+    )
     lines += [header, "-" * len(header)]
     for row in table.itertuples():
         if pd.isna(row.step_time_s):
@@ -222,15 +252,19 @@ def render(table: pd.DataFrame, cluster: network_model.ClusterPreset, errors: pr
             continue
         typical = "" if pd.isna(row.regime) else "none" if pd.isna(row.typical_error) else f"{row.typical_error:.1%}"
         bound = "  (upper bound)" if isinstance(row.bound, str) else ""
-        lines.append(f"{row.study:<7}{row.model:<16}{row.gpus:>6}{row.nodes:>6}{row.per_gpu_batch:>7}{row.grad_accum_steps:>6}"
-                     f"{row.step_time_s * 1e3:>10.2f}{row.samples_per_s:>12,.1f}{row.efficiency:>7.1%}{row.exposed_comm_s * 1e3:>11.3f}"
-                     f"{typical:>8}  {row.algorithm}{bound}")  # fmt: skip
+        lines.append(
+            f"{row.study:<7}{row.model:<16}{row.gpus:>6}{row.nodes:>6}{row.per_gpu_batch:>7}{row.grad_accum_steps:>6}"
+            f"{row.step_time_s * 1e3:>10.2f}{row.samples_per_s:>12,.1f}{row.efficiency:>7.1%}{row.exposed_comm_s * 1e3:>11.3f}"
+            f"{typical:>8}  {row.algorithm}{bound}"
+        )
     uncovered = sorted({row.regime for row in table.itertuples() if isinstance(row.regime, str) and pd.isna(row.typical_error)})
     if uncovered:
         lines.append(f"{prediction_error.NO_BACK_TEST} (no ± printed): {'; '.join(uncovered)}")
-    lines.append("assumptions per row: the network above (B = line rate x efficiency, alpha per hop, NCCL's tuner); compute time "
-                 "proportional to the micro-batch (a strong row whose micro-batch shrinks is an upper bound on the efficiency); "
-                 "optimizer and data wait as measured at one GPU; no contention, stragglers or loader effects at N ranks")  # fmt: skip
+    lines.append(
+        "assumptions per row: the network above (B = line rate x efficiency, alpha per hop, NCCL's tuner); compute time "
+        "proportional to the micro-batch (a strong row whose micro-batch shrinks is an upper bound on the efficiency); "
+        "optimizer and data wait as measured at one GPU; no contention, stragglers or loader effects at N ranks"
+    )
     return "\n".join(lines)
 
 
@@ -255,9 +289,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--algorithm", choices=network_model.ALGORITHMS, default="auto", help="inter-node all-reduce (default: NCCL-like auto)")
     parser.add_argument("--global-batch", type=bounded_int(1, 1 << 40), help="strong scaling of a --record: the global batch G (default: weak scaling)")
     parser.add_argument(
-        "--other-gpu", action="store_true",
+        "--other-gpu",
+        action="store_true",
         help="with --record: replay a step measured on another GPU than the preset's as if its compute were unchanged",
-    )  # fmt: skip
+    )
     parser.add_argument("--csv", type=output_path, help="also write the table here")
     args = parser.parse_args(argv)
     if args.other_gpu and args.record is None:

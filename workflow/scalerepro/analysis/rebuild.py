@@ -164,22 +164,35 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, dict[str,
         command = get("command_line")
         run_id = name.removesuffix(".json").replace("/", "_")
         files[run_id] = path
-        rows.append({
-            "run_id": run_id, "study": RECORDS_STUDY, "model": get("model", "name"), "gpus": gpus,
-            "nodes": get("parallel", "nodes") or 1, "gpus_per_node": get("parallel", "gpus_per_node") or gpus,
-            "variant": variant_of(document), "precision": get("precision"),
-            "per_gpu_batch": get("batch", "per_gpu") or get("batch", "per_rank"),  # schema 2 named it per_rank
-            "grad_accum_steps": get("batch", "grad_accum_steps") or 1, "global_batch": get("batch", "global"),
-            "bucket_cap_mb": get("knobs", "bucket_cap_mb"), "parallel": get("parallel", "strategy") or _strategy_of(document),
-            "data_parallel": None, "reference": "", "runtime_min": None,
-            "device": get("parallel", "device_type") or "", "data": get("data", "kind") or "", "purpose": record_purpose(document)[0],
-            "record_of": "",
-            "record": study_layout.RUN_RECORD.format(run=run_id),
-            "rerun": shlex.join(str(word) for word in command) if isinstance(command, list) else "",
-            **{f"knob_{knob}": str(get("knobs", knob)) for knob in CONFIG_KNOBS},
-            **{column: str(get(*where)) for column, where in SHAPE.items()},
-            "device_name": str(get("hardware", "gpu", "name") or get("hardware", "cpu_model")),
-        })  # fmt: skip
+        rows.append(
+            {
+                "run_id": run_id,
+                "study": RECORDS_STUDY,
+                "model": get("model", "name"),
+                "gpus": gpus,
+                "nodes": get("parallel", "nodes") or 1,
+                "gpus_per_node": get("parallel", "gpus_per_node") or gpus,
+                "variant": variant_of(document),
+                "precision": get("precision"),
+                "per_gpu_batch": get("batch", "per_gpu") or get("batch", "per_rank"),  # schema 2 named it per_rank
+                "grad_accum_steps": get("batch", "grad_accum_steps") or 1,
+                "global_batch": get("batch", "global"),
+                "bucket_cap_mb": get("knobs", "bucket_cap_mb"),
+                "parallel": get("parallel", "strategy") or _strategy_of(document),
+                "data_parallel": None,
+                "reference": "",
+                "runtime_min": None,
+                "device": get("parallel", "device_type") or "",
+                "data": get("data", "kind") or "",
+                "purpose": record_purpose(document)[0],
+                "record_of": "",
+                "record": study_layout.RUN_RECORD.format(run=run_id),
+                "rerun": shlex.join(str(word) for word in command) if isinstance(command, list) else "",
+                **{f"knob_{knob}": str(get("knobs", knob)) for knob in CONFIG_KNOBS},
+                **{column: str(get(*where)) for column, where in SHAPE.items()},
+                "device_name": str(get("hardware", "gpu", "name") or get("hardware", "cpu_model")),
+            }
+        )
     if not rows:
         raise CommandError(
             f"{', '.join(map(str, records_dirs))}: no run record among the JSON files there (a run record is what python -m scalerepro.training.train --record writes)"
@@ -223,9 +236,13 @@ def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, t
         config = {key: loaded[key] for key in ("targets", "scaling") if isinstance(loaded, dict) and key in loaded}
         config["targets_from"] = study_config.name  # the config the checks were taken from: no study ran with it
     names = ", ".join(d.resolve().name for d in records_dirs)
-    config.update(study_name=f"run records of {names}", records_dirs=[d.resolve().name for d in records_dirs],
-                  profiles_not_read=[f"{d.resolve().name}/{path.relative_to(d)}" for d in records_dirs for pattern in PROFILES_BESIDE
-                                     for path in sorted(d.glob(pattern))])  # fmt: skip
+    config.update(
+        study_name=f"run records of {names}",
+        records_dirs=[d.resolve().name for d in records_dirs],
+        profiles_not_read=[
+            f"{d.resolve().name}/{path.relative_to(d)}" for d in records_dirs for pattern in PROFILES_BESIDE for path in sorted(d.glob(pattern))
+        ],
+    )
     (out / "tables").mkdir(parents=True, exist_ok=True)
     for run_id, path in files.items():
         write_text_atomically(out / "runs" / run_id / "record.json", path.read_text(encoding="utf-8"))
@@ -239,8 +256,11 @@ def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, t
     if inventories:  # the system the records ran on: the report describes one, the first whose machine the records name
         (out / "inventory").mkdir(exist_ok=True)
         write_text_atomically(out / "inventory" / "system.json", inventories[0].read_text())
-        skipped += [f"{path.parent.name}/{path.name} (a second inventory: the report describes {inventories[0].parent.name}/{inventories[0].name}, and "
-                    "lists every host and card the records name)" for path in inventories[1:]]  # fmt: skip
+        skipped += [
+            f"{path.parent.name}/{path.name} (a second inventory: the report describes {inventories[0].parent.name}/{inventories[0].name}, and "
+            "lists every host and card the records name)"
+            for path in inventories[1:]
+        ]
     done = rebuild(out, references, templates)
     done["skipped"] = skipped
     return done
@@ -286,8 +306,11 @@ def _foreign_profiling_rows(tables_dir: Path, runs: pd.DataFrame) -> list[str]:
     rows = pd.read_csv(profiling, dtype={"run_id": str})
     if "run_id" not in rows.columns:
         return []
-    problems = {str(run_id): why for run_id, tools in zip(rows["run_id"], rows.get("tools", [None] * len(rows)))
-                if (why := study_files.profile_problem(run_id, tools, runs))}  # fmt: skip
+    problems = {
+        str(run_id): why
+        for run_id, tools in zip(rows["run_id"], rows.get("tools", [None] * len(rows)))
+        if (why := study_files.profile_problem(run_id, tools, runs))
+    }
     if not problems:
         return []
     for name in study_layout.PROFILING_TABLE_NAMES:

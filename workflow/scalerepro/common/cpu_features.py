@@ -22,10 +22,25 @@ from pathlib import Path
 # oneDNN's CPU ISA names (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA before oneDNN 2.0), lowest first;
 # two names on one rank are aliases. bf16 dot products need AVX512_CORE_BF16 or above.
 ONEDNN_ISA_RANK = {
-    "SSE41": 0, "AVX": 1, "AVX2": 2, "AVX2_VNNI": 3, "AVX2_VNNI_2": 4, "AVX512_CORE": 5, "AVX512_CORE_VNNI": 6,
-    "AVX512_CORE_BF16": 7, "AVX10_1_512": 8, "AVX512_CORE_FP16": 8, "AVX10_1_512_AMX": 9, "AVX512_CORE_AMX": 9,
-    "AVX10_1_512_AMX_FP16": 10, "AVX512_CORE_AMX_FP16": 10, "AVX10_2_512": 11, "AVX10_2_512_AMX_2": 12, "ALL": 99, "DEFAULT": 99,
-}  # fmt: skip
+    "SSE41": 0,
+    "AVX": 1,
+    "AVX2": 2,
+    "AVX2_VNNI": 3,
+    "AVX2_VNNI_2": 4,
+    "AVX512_CORE": 5,
+    "AVX512_CORE_VNNI": 6,
+    "AVX512_CORE_BF16": 7,
+    "AVX10_1_512": 8,
+    "AVX512_CORE_FP16": 8,
+    "AVX10_1_512_AMX": 9,
+    "AVX512_CORE_AMX": 9,
+    "AVX10_1_512_AMX_FP16": 10,
+    "AVX512_CORE_AMX_FP16": 10,
+    "AVX10_2_512": 11,
+    "AVX10_2_512_AMX_2": 12,
+    "ALL": 99,
+    "DEFAULT": 99,
+}
 BF16_ISA = "AVX512_CORE_BF16"
 # /proc/cpuinfo flags of native bf16 arithmetic: x86 (AVX512_BF16, AMX), Arm (FEAT_BF16)
 BF16_FLAGS_X86 = ("avx512_bf16", "amx_bf16")

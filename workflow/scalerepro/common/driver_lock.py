@@ -32,12 +32,39 @@ from scalerepro.common.cli import CommandError
 LOCK_FILE = Path(".snakemake") / "scalerepro-driver.lock"
 # Snakemake options with which it runs no job
 NOT_RUNNING_JOBS = {
-    "--dry-run", "--dryrun", "--lint", "--list", "--list-rules", "--list-target-rules", "--summary",
-    "--detailed-summary", "--dag", "--rulegraph", "--filegraph", "--d3dag", "--unlock", "--cleanup-metadata",
-    "--cleanup-shadow", "--list-changes", "--lc", "--list-code-changes", "--list-input-changes", "--list-params-changes",
-    "--list-version-changes", "--list-untracked", "--delete-all-output", "--delete-temp-output", "--containerize",
-    "--export-cwl", "--archive", "--print-compilation", "--version", "--help", "--report", "--generate-unit-tests",
-}  # fmt: skip
+    "--dry-run",
+    "--dryrun",
+    "--lint",
+    "--list",
+    "--list-rules",
+    "--list-target-rules",
+    "--summary",
+    "--detailed-summary",
+    "--dag",
+    "--rulegraph",
+    "--filegraph",
+    "--d3dag",
+    "--unlock",
+    "--cleanup-metadata",
+    "--cleanup-shadow",
+    "--list-changes",
+    "--lc",
+    "--list-code-changes",
+    "--list-input-changes",
+    "--list-params-changes",
+    "--list-version-changes",
+    "--list-untracked",
+    "--delete-all-output",
+    "--delete-temp-output",
+    "--containerize",
+    "--export-cwl",
+    "--archive",
+    "--print-compilation",
+    "--version",
+    "--help",
+    "--report",
+    "--generate-unit-tests",
+}
 SHORT_NOT_RUNNING = set("nlSDvh")  # -n (dry run), -l (list), -S / -D (summaries), -v, -h
 
 
@@ -89,8 +116,10 @@ def hold(workdir: Path, argv: Sequence[str]) -> Hold:
         handle.seek(0)
         holder = handle.read().strip() or "a process that has not said who it is"
         handle.close()
-        message = (f"another snakemake is running this study in {workdir} ({holder}): wait for it to finish, or stop it, "
-                   "then run again (--rerun-incomplete would redo the jobs it is running)")  # fmt: skip
+        message = (
+            f"another snakemake is running this study in {workdir} ({holder}): wait for it to finish, or stop it, "
+            "then run again (--rerun-incomplete would redo the jobs it is running)"
+        )
         if runs_jobs(argv):
             raise DriverBusy(message) from None
         if not os.environ.get(WARNED):

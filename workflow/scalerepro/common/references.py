@@ -26,8 +26,15 @@ from scalerepro.common.cli import CommandError
 REFERENCES_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "references.schema.yaml"
 
 # How the one line names a JSON Schema type.
-_TYPE_WORDS = {"number": "a number", "integer": "a whole number", "string": "text", "object": "a mapping", "array": "a list", "null": "null",
-               "boolean": "true or false"}  # fmt: skip
+_TYPE_WORDS = {
+    "number": "a number",
+    "integer": "a whole number",
+    "string": "text",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+    "boolean": "true or false",
+}
 _BOUNDS = {"minimum": "is below", "exclusiveMinimum": "is not above", "maximum": "is above", "exclusiveMaximum": "is not below"}
 _SHOWN_CHARACTERS = 80  # of a value quoted in the message
 

@@ -331,12 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--url", default=OFFICIAL_URL, help="where to download the archive (default: %(default)s)")
     source.add_argument("--archive", metavar="FILE", help="a pre-staged archive to use instead of downloading")
-    parser.add_argument("--md5", type=_md5_flag, default=OFFICIAL_MD5, metavar="HEX",
-                        help="expected MD5 of the archive; '' skips the check (default: the published one)")  # fmt: skip
-    parser.add_argument("--download-dir", metavar="DIR",
-                        help="where the verified download is kept (default: the parent of --out; unused with --archive)")  # fmt: skip
-    parser.add_argument("--timeout", type=_seconds, default=60.0, metavar="S",
-                        help="seconds to wait for the connection and for each read (default: %(default)g)")  # fmt: skip
+    parser.add_argument(
+        "--md5", type=_md5_flag, default=OFFICIAL_MD5, metavar="HEX", help="expected MD5 of the archive; '' skips the check (default: the published one)"
+    )
+    parser.add_argument("--download-dir", metavar="DIR", help="where the verified download is kept (default: the parent of --out; unused with --archive)")
+    parser.add_argument(
+        "--timeout", type=_seconds, default=60.0, metavar="S", help="seconds to wait for the connection and for each read (default: %(default)g)"
+    )
     return parser
 
 
@@ -360,8 +361,7 @@ def _already_prepared(out: Path) -> int:
         splits = cifar10.load(out, mmap=True)  # validates shapes without reading the images
     except cifar10.DatasetError:
         raise FetchError(f"'{out}' exists but is not a prepared CIFAR-10 directory: remove it and run again") from None
-    print(f"{_PROG}: '{out}' already holds {len(splits['train'].labels)} train and {len(splits['test'].labels)} "
-          "test images: nothing to do")  # fmt: skip
+    print(f"{_PROG}: '{out}' already holds {len(splits['train'].labels)} train and {len(splits['test'].labels)} test images: nothing to do")
     return 0
 
 

@@ -71,18 +71,31 @@ def local_rank_environments(ranks: int, port: int, store_fd: int, environ: Mappi
     the rank's own cores of the job's ``job`` cores (scalerepro.schedulers.cores) with as many threads."""
     common = {
         **environ,
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks),
-        "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0", "NODE_RANK": "0", LAUNCHER_ENV: "local",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(ranks),
+        "LOCAL_WORLD_SIZE": str(ranks),
+        "GROUP_RANK": "0",
+        "NODE_RANK": "0",
+        LAUNCHER_ENV: "local",
         "GLOO_SOCKET_IFNAME": environ.get("GLOO_SOCKET_IFNAME", "lo"),
         "NCCL_SOCKET_IFNAME": environ.get("NCCL_SOCKET_IFNAME", "lo"),
-    }  # fmt: skip
+    }
     environments = []
     for rank in range(ranks):
         own = cores.rank_cores(job, rank, ranks)
         # the rank's share, never an inherited job-wide count (Snakemake exports its threads)
         threads = dict.fromkeys(cores.THREAD_VARIABLES, str(len(own)))
-        environments.append({**common, **threads, cores.CORES_ENV: ",".join(map(str, own)), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                             **({STORE_FD_ENV: str(store_fd)} if rank == 0 else {})})  # fmt: skip
+        environments.append(
+            {
+                **common,
+                **threads,
+                cores.CORES_ENV: ",".join(map(str, own)),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                **({STORE_FD_ENV: str(store_fd)} if rank == 0 else {}),
+            }
+        )
     return environments
 
 
@@ -155,7 +168,7 @@ def run_local(
                 errors="replace",
                 bufsize=1,
                 preexec_fn=_stop_with_parent,
-            )  # fmt: skip
+            )
             for rank, env in enumerate(environments)
         ]
     pumps = [
@@ -228,9 +241,15 @@ def _wait_for(processes: Sequence[subprocess.Popen], driven_by: tuple[int, int |
 
 def launch_request(args: argparse.Namespace) -> LaunchRequest:
     return LaunchRequest(
-        nodes=args.nodes, ranks_per_node=args.ranks_per_node, cpus_per_node=args.cpus_per_node, port=args.port,
-        name=args.name, gpus=args.slurm_gpus, container=args.container, program=tuple(args.program),
-    )  # fmt: skip
+        nodes=args.nodes,
+        ranks_per_node=args.ranks_per_node,
+        cpus_per_node=args.cpus_per_node,
+        port=args.port,
+        name=args.name,
+        gpus=args.slurm_gpus,
+        container=args.container,
+        program=tuple(args.program),
+    )
 
 
 def command(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:

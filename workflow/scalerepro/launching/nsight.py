@@ -63,8 +63,11 @@ def tensor_pipe_metrics(compute_major: int | None) -> tuple[str, ...]:
     metrics = TENSOR_PIPE_METRICS.get(compute_major) if compute_major is not None else None
     if metrics is None:
         gpu = f"compute capability {compute_major}.x" if compute_major is not None else "this GPU (NVML could not tell its compute capability)"
-        print(f"scalerepro.launching.nsight: warning: no tensor-pipe metric known for {gpu}: "
-              "tensor-core kernels get no FLOP estimate (add one to TENSOR_PIPE_METRICS)", file=sys.stderr)  # fmt: skip
+        print(
+            f"scalerepro.launching.nsight: warning: no tensor-pipe metric known for {gpu}: "
+            "tensor-core kernels get no FLOP estimate (add one to TENSOR_PIPE_METRICS)",
+            file=sys.stderr,
+        )
         return ()
     return metrics
 
@@ -97,9 +100,14 @@ def ncu_kernel_regex(names: list[str] | None = None) -> str:
 def top_kernel_names(nsys_sqlite: str | os.PathLike[str], count: int) -> list[str]:
     """The ``count`` non-NCCL kernels (nsys shortName) with the most total time in an nsys export."""
     with contextlib.closing(sqlite3.connect(f"file:{nsys_sqlite}?mode=ro", uri=True)) as db:
-        return [row[0] for row in db.execute(
-            "SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN StringIds AS s ON s.id = k.shortName "
-            "WHERE s.value NOT LIKE 'nccl%' GROUP BY s.value ORDER BY SUM(k.end - k.start) DESC LIMIT ?", (count,))]  # fmt: skip
+        return [
+            row[0]
+            for row in db.execute(
+                "SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN StringIds AS s ON s.id = k.shortName "
+                "WHERE s.value NOT LIKE 'nccl%' GROUP BY s.value ORDER BY SUM(k.end - k.start) DESC LIMIT ?",
+                (count,),
+            )
+        ]
 
 
 def rank_from_environment() -> int:
@@ -116,19 +124,49 @@ def command(
     if tool == "nsys":
         # CUDA, NVTX (the trainer's ranges and NCCL's own) and OS-runtime calls, only between the
         # trainer's cudaProfilerStart and cudaProfilerStop (the profiling window).
-        return ["nsys", "profile", "--trace=cuda,nvtx,osrt", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
-                "--force-overwrite=true", "--output", os.path.join(out_dir, f"rank{rank}"), *trainer]  # fmt: skip
+        return [
+            "nsys",
+            "profile",
+            "--trace=cuda,nvtx,osrt",
+            "--capture-range=cudaProfilerApi",
+            "--capture-range-end=stop",
+            "--force-overwrite=true",
+            "--output",
+            os.path.join(out_dir, f"rank{rank}"),
+            *trainer,
+        ]
     if tool == "ncu":
         # One launch of each launch configuration (kernel, grid, block) of the chosen kernels in the
         # profiling window: with a plain --launch-count N the first N matching launches are
         # profiled, and one frequent kernel can take every slot. The clocks are left as the run
         # has them (ncu's default locks them at base clock, and the roofline's peaks are at boost).
-        return ["ncu", "--profile-from-start", "off", "--clock-control", NCU_CLOCK_CONTROL,
-                "--filter-mode", "per-launch-config", "--launch-count", "1",
-                "--kernel-name-base", "function", "--kernel-name", "regex:" + ncu_kernel_regex(ncu_kernel_names),
-                "--metrics", ",".join((*NCU_METRICS, *tensor_metrics)), "--print-metric-name", "name",
-                "--print-units", "base", "--csv", "--page", "details", "--log-file",
-                os.path.join(out_dir, "kernels.csv"), *trainer]  # fmt: skip
+        return [
+            "ncu",
+            "--profile-from-start",
+            "off",
+            "--clock-control",
+            NCU_CLOCK_CONTROL,
+            "--filter-mode",
+            "per-launch-config",
+            "--launch-count",
+            "1",
+            "--kernel-name-base",
+            "function",
+            "--kernel-name",
+            "regex:" + ncu_kernel_regex(ncu_kernel_names),
+            "--metrics",
+            ",".join((*NCU_METRICS, *tensor_metrics)),
+            "--print-metric-name",
+            "name",
+            "--print-units",
+            "base",
+            "--csv",
+            "--page",
+            "details",
+            "--log-file",
+            os.path.join(out_dir, "kernels.csv"),
+            *trainer,
+        ]
     raise ValueError(f"unknown profiling tool {tool!r}")
 
 
@@ -153,8 +191,9 @@ def main(argv: list[str]) -> int:
     cmd = command(args.tool, args.ranks, args.out_dir, rank, trainer, args.ncu_kernel_names, tensor)
     if shutil.which(cmd[0]) is None:  # else execvp's ENOENT reads as a missing file or a full disk
         suite = "Nsight Systems (nsys)" if args.tool == "nsys" else "Nsight Compute (ncu)"
-        raise CommandError(f"{cmd[0]} is not installed here (not on PATH): install {suite} or use the container, "
-                           "or set profiling.tool: torch (or profiling.fallback: true)")  # fmt: skip
+        raise CommandError(
+            f"{cmd[0]} is not installed here (not on PATH): install {suite} or use the container, or set profiling.tool: torch (or profiling.fallback: true)"
+        )
     sys.stdout.flush()
     os.execvp(cmd[0], cmd)
     raise AssertionError("execvp returned")

@@ -100,10 +100,18 @@ def main(argv: list[str]) -> int:
     # the tool's own version line ("NVIDIA (R) Nsight Compute Command Line Profiler ... Version 2025.3.1.0"):
     # the ncu CSV does not carry it
     version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip().splitlines() if tool != "torch" else []
-    capture = {"tool": tool, "requested": args.tool, "fallback_reason": fallback_reason, "command": run,
-               "tool_version": version[-1] if version else None, "clock_control": NCU_CLOCK_CONTROL if tool == "ncu" else None,
-               "window_start": args.window_start, "window_steps": args.window_steps,
-               "status": "ok" if code == 0 else "failed", "exit_code": code}  # fmt: skip
+    capture = {
+        "tool": tool,
+        "requested": args.tool,
+        "fallback_reason": fallback_reason,
+        "command": run,
+        "tool_version": version[-1] if version else None,
+        "clock_control": NCU_CLOCK_CONTROL if tool == "ncu" else None,
+        "window_start": args.window_start,
+        "window_steps": args.window_steps,
+        "status": "ok" if code == 0 else "failed",
+        "exit_code": code,
+    }
     write_json_atomically(args.capture, capture)
     if code != 0:
         # as a failed training run: the workflow goes on, and the report shows this capture as

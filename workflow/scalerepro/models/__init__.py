@@ -163,9 +163,15 @@ def _gpt2(num_layers: int, hidden_size: int, num_heads: int) -> _Architecture:
 
 
 def _llama(
-    *, num_layers: int, hidden_size: int, num_heads: int, num_kv_heads: int,
-    ffn_dim_multiplier: float, multiple_of: int, tie_embeddings: bool,
-) -> _Architecture:  # fmt: skip
+    *,
+    num_layers: int,
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    ffn_dim_multiplier: float,
+    multiple_of: int,
+    tie_embeddings: bool,
+) -> _Architecture:
     """A Llama 3 shape. Default sequence length 8192: Llama 3's pre-training context and the
     sequence length of torchtitan's Llama 3 8B reference throughput figures. The SwiGLU width
     follows the full shape's (multiplier, multiple_of) rule at any --hidden-size, as torchtitan
@@ -196,7 +202,7 @@ def _llama(
             hidden_size=hidden_size,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
-        ),  # fmt: skip
+        ),
         takes_dropout=False,  # Llama 3 trains without dropout
         make=make,
         check=_check_llama,
@@ -262,7 +268,7 @@ _ARCHITECTURES: dict[str, _Architecture] = {
         ffn_dim_multiplier=1.5,
         multiple_of=256,
         tie_embeddings=True,
-    ),  # fmt: skip
+    ),
     "llama3_8b": _llama(
         num_layers=32,
         hidden_size=4096,
@@ -271,7 +277,7 @@ _ARCHITECTURES: dict[str, _Architecture] = {
         ffn_dim_multiplier=1.3,
         multiple_of=1024,
         tie_embeddings=False,
-    ),  # fmt: skip
+    ),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_ARCHITECTURES)

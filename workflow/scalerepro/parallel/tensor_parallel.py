@@ -86,23 +86,28 @@ def _block_tp_plan(block: nn.Module) -> dict[str, object]:
         return {
             "attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
             "feed_forward": to_replicated,
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w3": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        }  # fmt: skip
+        }
     return {  # GPT after prepare_for_tensor_parallel
         "attention_norm": SequenceParallel(),
         "attention": to_replicated,
-        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
         "attention.out": RowwiseParallel(output_layouts=Shard(1)),
         "mlp_norm": SequenceParallel(),
         "mlp": to_replicated,
         "mlp.fc": ColwiseParallel(),
         "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
-    }  # fmt: skip
+    }
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
@@ -129,9 +134,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     # (Llama's blocks take the rotary table as a second, unsharded input.)
     extra = (None,) if hasattr(blocks[0][1], "feed_forward") else ()
     parallelize_module(
-        container, tp_mesh,
+        container,
+        tp_mesh,
         {first_name: PrepareModuleInput(input_layouts=(Replicate(), *extra), desired_input_layouts=(Shard(1), *extra), use_local_output=True)},
-    )  # fmt: skip
+    )
     final_norm_name = "final_norm" if hasattr(model, "final_norm") else "norm"
     parallelize_module(model, tp_mesh, {final_norm_name: SequenceParallel(use_local_output=False)})
     head_name = "lm_head" if hasattr(model, "lm_head") else "output"

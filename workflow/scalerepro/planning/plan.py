@@ -253,13 +253,15 @@ class Plan:
         ranks: started here, or (inside a cluster job) by the scheduler on every node."""
         cluster = self.cluster_settings
         return [
-            f"--nodes={nodes}", f"--ranks-per-node={ranks_per_node}",
+            f"--nodes={nodes}",
+            f"--ranks-per-node={ranks_per_node}",
             f"--cpus-per-node={ranks_per_node * self.config['resources']['cpus_per_gpu']}",
-            f"--port={cluster['rendezvous_port']}", f"--name={name}",
+            f"--port={cluster['rendezvous_port']}",
+            f"--name={name}",
             *(["--slurm-gpus"] if self.cluster_gpus else []),
             *(f"--env={key}={value}" for key, value in cluster["env"].items()),
             *([f"--container={self.container}"] if self.container and not self.local_runs else []),
-        ]  # fmt: skip
+        ]
 
     def ranks_container(self) -> str | None:
         """The image Snakemake runs a rank-starting rule in: on a cluster the launcher runs the
@@ -312,9 +314,12 @@ def load(config: dict[str, Any], *, schema: Path, references: Path, executor: st
     except ReferencesError as error:
         raise ReferencesConfigError(str(error)) from None
     built = study.build(
-        config, on_cluster=on_cluster, local_gpus=len(local_gpu_names),
-        local_gpu_name=local_gpu_names[0] if local_gpu_names else None, references=published,
-    )  # fmt: skip
+        config,
+        on_cluster=on_cluster,
+        local_gpus=len(local_gpu_names),
+        local_gpu_name=local_gpu_names[0] if local_gpu_names else None,
+        references=published,
+    )
     return Plan(config, built, scheduler, scheduler if on_cluster else schedulers.backend("slurm"), tuple(local_gpu_names))
 
 
@@ -337,9 +342,14 @@ class ProfilingPlan:
         record = f"results/profiles/{run_id}/{tool}/record.json"
         return [
             *plan.study.trainer_args(plan.study.runs[run_id], record, None),
-            "--steps", str(window_end), "--warmup-steps", str(self.settings["window_start"]),
-            "--no-eval", "--comm-probe-steps", "0",
-        ]  # fmt: skip
+            "--steps",
+            str(window_end),
+            "--warmup-steps",
+            str(self.settings["window_start"]),
+            "--no-eval",
+            "--comm-probe-steps",
+            "0",
+        ]
 
     def tables(self) -> list[str]:
         """The profiling tables, as inputs of the plots and the report (none when disabled)."""

@@ -111,11 +111,26 @@ class Study:
     def _base_flags(self, run: Run) -> list[str]:
         data = DATA_DIR if self.config["data"] == "cifar10" else "synthetic"
         return [
-            "--model", run.model, "--data", data, "--per-gpu-batch", str(run.per_gpu_batch),
-            "--grad-accum-steps", str(run.grad_accum_steps), "--steps", str(self.config["steps"]),
-            "--warmup-steps", str(self.config["warmup_steps"]), "--seed", str(run.repeat), "--device", self.device,
-            "--run-id", run.run_id, *self.config["trainer_args"],
-        ]  # fmt: skip
+            "--model",
+            run.model,
+            "--data",
+            data,
+            "--per-gpu-batch",
+            str(run.per_gpu_batch),
+            "--grad-accum-steps",
+            str(run.grad_accum_steps),
+            "--steps",
+            str(self.config["steps"]),
+            "--warmup-steps",
+            str(self.config["warmup_steps"]),
+            "--seed",
+            str(run.repeat),
+            "--device",
+            self.device,
+            "--run-id",
+            run.run_id,
+            *self.config["trainer_args"],
+        ]
 
     def uses_cifar(self, run: Run) -> bool:
         return self.config["data"] == "cifar10" and _last(list(run.args), "--data") != "synthetic"
@@ -295,11 +310,24 @@ class _Builder:
             # one trainer run, one job: a cell whose run an earlier cell runs already reads that run's record
             owner = self.owners.setdefault((*shared, repeat), run_id)
             self.runs[run_id] = Run(
-                run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, parsed.run.per_gpu_batch,
-                parsed.optim.grad_accum_steps, parsed.perf.precision, float(parsed.parallel.bucket_cap_mb), tuple(args), reference,
-                parsed.parallel.parallel, data_parallel_size(parsed.parallel, gpus, ranks_per_node, flags_key),
+                run_id,
+                study,
+                model,
+                gpus,
+                nodes,
+                ranks_per_node,
+                repeat,
+                variant,
+                parsed.run.per_gpu_batch,
+                parsed.optim.grad_accum_steps,
+                parsed.perf.precision,
+                float(parsed.parallel.bucket_cap_mb),
+                tuple(args),
+                reference,
+                parsed.parallel.parallel,
+                data_parallel_size(parsed.parallel, gpus, ranks_per_node, flags_key),
                 "" if owner == run_id else owner,
-            )  # fmt: skip
+            )
 
     def per_gpu_batch(self, model: str, key: str) -> int:
         """The model's per-GPU batch (models.<model>); a model without an entry is an error at ``key``."""
@@ -420,9 +448,17 @@ class _Builder:
             scheduled.add(identity)
             key = f"references: {reference['id']}"
             self.add(
-                "reproduce", trainer["model"], reference["gpus"], settings.get("repeats", 1), _variant(reference["id"]),
-                trainer["per_gpu_batch"], tuple(trainer.get("flags", ())), key, reference=reference["id"], flags_key=key,
-            )  # fmt: skip
+                "reproduce",
+                trainer["model"],
+                reference["gpus"],
+                settings.get("repeats", 1),
+                _variant(reference["id"]),
+                trainer["per_gpu_batch"],
+                tuple(trainer.get("flags", ())),
+                key,
+                reference=reference["id"],
+                flags_key=key,
+            )
 
 
 def data_parallel_size(parallel: trainer_config.ParallelConfig, gpus: int, ranks_per_node: int, key: str) -> int:
@@ -467,6 +503,6 @@ def matrix_rows(study: Study, record_path, rerun_command) -> list[dict[str, Any]
             "record_of": run.record_of,  # the run whose record this row reads, where another cell runs it
             "record": record_path(run),
             "rerun": rerun_command(run),
-        }  # fmt: skip
+        }
         for run in study.runs.values()
     ]

@@ -137,18 +137,30 @@ class Slurm(Scheduler):
         if shutil.which("srun", path=environ.get("PATH")) is None:
             raise SchedulerError("inside a Slurm job but srun is not on PATH: load the site's Slurm module in the profile's precommand")
         step = [
-            "srun", f"--nodes={request.nodes}", f"--ntasks={request.nodes}", "--ntasks-per-node=1",
+            "srun",
+            f"--nodes={request.nodes}",
+            f"--ntasks={request.nodes}",
+            "--ntasks-per-node=1",
             f"--cpus-per-task={request.cpus_per_node}" if request.cpus_per_node else None,
-            "--kill-on-bad-exit=1", "--export=ALL", "--label",
+            "--kill-on-bad-exit=1",
+            "--export=ALL",
+            "--label",
             f"--job-name={request.name}" if request.name else None,
             f"--gpus-per-node={request.ranks_per_node}" if request.gpus else None,
-        ]  # fmt: skip
+        ]
         container = ["apptainer", "exec", *(["--nv"] if request.gpus else []), request.container] if request.container else []
         agent = [
-            "python" if request.container else python, "-m", "scalerepro.launching.launch", f"--node-agent={self.name}", f"--nodes={request.nodes}",
-            f"--ranks-per-node={request.ranks_per_node}", *([f"--cpus-per-node={request.cpus_per_node}"] if request.cpus_per_node else []),
-            f"--port={request.port}", "--", *request.program,
-        ]  # fmt: skip
+            "python" if request.container else python,
+            "-m",
+            "scalerepro.launching.launch",
+            f"--node-agent={self.name}",
+            f"--nodes={request.nodes}",
+            f"--ranks-per-node={request.ranks_per_node}",
+            *([f"--cpus-per-node={request.cpus_per_node}"] if request.cpus_per_node else []),
+            f"--port={request.port}",
+            "--",
+            *request.program,
+        ]
         return [part for part in step if part] + container + agent
 
     def node_command(self, request: LaunchRequest, python: str, environ: Mapping[str, str]) -> list[str]:

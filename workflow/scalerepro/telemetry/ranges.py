@@ -155,7 +155,6 @@ class ProfileWindow:
             writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-        window = {"start_step": self.start, "steps": self.steps, "captured_steps": self.captured_steps,
-                  "device": self.device.type, "torch": torch.__version__}  # fmt: skip
+        window = {"start_step": self.start, "steps": self.steps, "captured_steps": self.captured_steps, "device": self.device.type, "torch": torch.__version__}
         (self.out_dir / "window.json").write_text(json.dumps(window, indent=2) + "\n")
         self._profiler = None

@@ -95,9 +95,15 @@ def install(
 def not_measured(reason: str) -> dict[str, Any]:
     """The record's ``window_split`` where the window's steps were not split, and why."""
     return {
-        "steps": 0, "step_rank_mean_s": None, "data_wait_rank_mean_s": None, "compute_rank_mean_s": None,
-        "exposed_allreduce_wait_s": None, "straggler_wait_s": None, "clock": None, "reason": reason,
-    }  # fmt: skip
+        "steps": 0,
+        "step_rank_mean_s": None,
+        "data_wait_rank_mean_s": None,
+        "compute_rank_mean_s": None,
+        "exposed_allreduce_wait_s": None,
+        "straggler_wait_s": None,
+        "clock": None,
+        "reason": reason,
+    }
 
 
 def window_split(ranks: Sequence[dict[str, list[float | None]]], clock: str) -> dict[str, Any]:

@@ -111,17 +111,21 @@ def main(argv: list[str]) -> int:
     parser = OneLineErrorParser(prog=_PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=output_path, help="JSON file to write (rank 0)")
     parser.add_argument(
-        "--sizes", type=bounded_int(4, 1 << 34), nargs="+", default=DEFAULT_SIZES,
+        "--sizes",
+        type=bounded_int(4, 1 << 34),
+        nargs="+",
+        default=DEFAULT_SIZES,
         help="message sizes in bytes, 4 B to 16 GiB (default 1 KiB..256 MiB, x4)",
-    )  # fmt: skip
+    )
     parser.add_argument("--iterations", type=bounded_int(1, 100_000), default=20, help="timed all-reduces per size")
     parser.add_argument("--warmup", type=bounded_int(0, 100_000), default=5, help="untimed all-reduces per size")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--dist-timeout-s", type=bounded_float(1, 7 * 24 * 3600), default=300.0)
     parser.add_argument(
-        "--process-group-at-one-rank", action="store_true",
+        "--process-group-at-one-rank",
+        action="store_true",
         help="run at one rank too, on a communicator of one (times the local all-reduce; busbw is 0 by its definition)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     started_at = utc_now()
     try:

@@ -132,9 +132,13 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
             return DistContext(env, device, None, (node_name(environ),), own_cores)
         # One rank meets nobody: an in-process store is its whole rendezvous (no port, no peer).
         dist.init_process_group(
-            backend=backend, store=dist.HashStore(), rank=0, world_size=1,
-            timeout=timeout, device_id=device if device.type == "cuda" else None,
-        )  # fmt: skip
+            backend=backend,
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
         return DistContext(env, device, backend, (node_name(environ),), own_cores)
 
     address = f"{env.master_addr}:{env.master_port}"

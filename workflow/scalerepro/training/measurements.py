@@ -118,17 +118,29 @@ def sharding_figures(ctx: DistContext, config: TrainConfig, spec: models.ModelSp
         final_norm = getattr(module, "final_norm", None) or getattr(module, "norm", None)
         count = lambda modules: sum(q.numel() for m in modules for q in m.parameters())  # noqa: E731
         tensor = comm_bytes.tp_comm_bytes_per_step(
-            len(block_stack), config.run.per_gpu_batch, spec.seq_len, spec.shape.hidden_size, tp_size,
-            config.optim.grad_accum_steps, norm_bytes=4, matmul_bytes=param_bytes,
-            norm_parameters_per_block=count(norms), final_norm_parameters=count([final_norm] if final_norm is not None else []),
-        )  # fmt: skip
+            len(block_stack),
+            config.run.per_gpu_batch,
+            spec.seq_len,
+            spec.shape.hidden_size,
+            tp_size,
+            config.optim.grad_accum_steps,
+            norm_bytes=4,
+            matmul_bytes=param_bytes,
+            norm_parameters_per_block=count(norms),
+            final_norm_parameters=count([final_norm] if final_norm is not None else []),
+        )
         figures["comm_bytes_per_step_analytic"] = {f"tp_{k}": v for k, v in tensor.items()}
         if p.parallel == "fsdp+tp":
             # FSDP over "dp" gathers and reduces each TP rank's shard of every parameter
             data = comm_bytes.fsdp_comm_bytes_per_step(
-                module, device_mesh["dp"].size(), p.reshard_after_forward, param_bytes, 4,
-                config.optim.grad_accum_steps, numel=tensor_parallel.tp_local_numel,
-            )  # fmt: skip
+                module,
+                device_mesh["dp"].size(),
+                p.reshard_after_forward,
+                param_bytes,
+                4,
+                config.optim.grad_accum_steps,
+                numel=tensor_parallel.tp_local_numel,
+            )
             figures["comm_bytes_per_step_analytic"].update({f"dp_{k}": v for k, v in data.items()})
     return figures
 

@@ -76,9 +76,16 @@ def stop_agreed(run: ProbedRun) -> bool:
 def exposed_not_measured(reason: str, fraction: float | None = None) -> dict[str, Any]:
     """The record's ``exposed_communication`` where the probe did not time anything."""
     return {
-        "fraction": fraction, "sync_step_s": None, "nosync_step_s": None, "nosync_rank_mean_s": None,
-        "straggler_wait_s": None, "sync_compute_rank_mean_s": None, "overlap_cost_se_s": None, "steps": 0, "reason": reason,
-    }  # fmt: skip
+        "fraction": fraction,
+        "sync_step_s": None,
+        "nosync_step_s": None,
+        "nosync_rank_mean_s": None,
+        "straggler_wait_s": None,
+        "sync_compute_rank_mean_s": None,
+        "overlap_cost_se_s": None,
+        "steps": 0,
+        "reason": reason,
+    }
 
 
 @contextlib.contextmanager
@@ -179,8 +186,10 @@ def sized_by_time(budget_s: float, step_s: float, comm_wanted: int, bucket_wante
     while bucket < bucket_wanted and cost(comm, bucket + 1) <= budget_s:
         bucket += 1
     over = cost(comm, bucket) > budget_s
-    reason = (f"{comm} timed steps of each kind and {bucket} bucket steps: {cost(comm, bucket):.2f} s at {step_s * 1e3:.0f} ms a step, "
-              f"{'over' if over else 'within'} the probes' {budget_s:g} s{' (their floors)' if over else ''}")  # fmt: skip
+    reason = (
+        f"{comm} timed steps of each kind and {bucket} bucket steps: {cost(comm, bucket):.2f} s at {step_s * 1e3:.0f} ms a step, "
+        f"{'over' if over else 'within'} the probes' {budget_s:g} s{' (their floors)' if over else ''}"
+    )
     return ProbeSizes(comm, bucket, reason)
 
 
@@ -247,8 +256,9 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
     nosync_means = nosync_steps.mean(axis=0)
     overlap_se = (
         float(math.sqrt(np.var(per_step_compute, ddof=1) / len(per_step_compute) + np.var(nosync_means, ddof=1) / len(nosync_means)))
-        if timed and len(nosync_means) >= 2 else None
-    )  # fmt: skip
+        if timed and len(nosync_means) >= 2
+        else None
+    )
     t_sync = float(np.median(sync_steps.max(axis=0)))
     t_nosync = float(np.median(nosync_steps, axis=1).max())
     return {

@@ -200,9 +200,13 @@ class Trainer:
             )
         ranges.enable_ranges(prof.profile_mode, self.device)
         self.profile_window = ranges.ProfileWindow(
-            prof.profile_mode, prof.profile_window_start, prof.profile_window_steps,
-            Path(prof.profile_dir) if prof.profile_dir else None, self.device, ctx.is_main,
-        )  # fmt: skip
+            prof.profile_mode,
+            prof.profile_window_start,
+            prof.profile_window_steps,
+            Path(prof.profile_dir) if prof.profile_dir else None,
+            self.device,
+            ctx.is_main,
+        )
         if prof.profile_mode != "none" and self.profile_window.end > self.total_steps:
             raise TrainerConfigError(
                 f"the profiling window (steps {prof.profile_window_start}..{self.profile_window.end - 1}) ends after the "
@@ -214,8 +218,9 @@ class Trainer:
         self.resumed_from: str | None = None
         self.checkpoints = (
             checkpointing.open_store(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints, sharded=self.mesh is not None)
-            if run.checkpoint_dir else None
-        )  # fmt: skip
+            if run.checkpoint_dir
+            else None
+        )
         if run.resume and self.checkpoints is not None:
             self._resume()
         self.start_step = self.progress.step  # this process's first step (warm-up counts from here)
@@ -253,11 +258,13 @@ class Trainer:
                 raise TrainerConfigError(f"--parallel {p.parallel} needs at least 2 ranks (launch with scalerepro.launching.launch or torchrun)")
             device_mesh = parallelize.build_mesh(p.parallel, ctx.world_size, self.device.type, self.tp_size)
             parallelize.parallelize(
-                self.module, p.parallel, device_mesh,
+                self.module,
+                p.parallel,
+                device_mesh,
                 reshard_after_forward=p.reshard_after_forward,
                 param_dtype=torch.bfloat16 if config.perf.precision == "bf16" else None,
                 activation_checkpointing=p.activation_checkpointing,
-            )  # fmt: skip
+            )
             return device_mesh
         except mesh.ParallelError as error:
             raise TrainerConfigError(str(error)) from None
@@ -287,9 +294,13 @@ class Trainer:
         device_mesh = parallelize.build_mesh("pp", ctx.world_size, self.device.type)
         label_smoothing = config.optim.label_smoothing
         self.pipeline = pipeline_parallel.build_pipeline(
-            self.module, device_mesh, p.pp_schedule, p.microbatches,
-            lambda logits, targets: cross_entropy(logits, targets, label_smoothing), self.device,
-        )  # fmt: skip
+            self.module,
+            device_mesh,
+            p.pp_schedule,
+            p.microbatches,
+            lambda logits, targets: cross_entropy(logits, targets, label_smoothing),
+            self.device,
+        )
         self.module = self.pipeline.stage_module
         return device_mesh
 
@@ -548,8 +559,10 @@ class Trainer:
         like any other, and its rerun measures again. It writes no new checkpoint: one at the last
         step leaves no steps for a warm-up and a measured window, so a resume would pass over it;
         the rerun resumes from the newest earlier one (--checkpoint-interval), else starts afresh."""
-        self.log(f"stopped by {stop_signal} during {during}, after the last step: no checkpoint there (it would leave no steps "
-                 "to measure); the rerun resumes from the newest earlier one, else starts afresh")  # fmt: skip
+        self.log(
+            f"stopped by {stop_signal} during {during}, after the last step: no checkpoint there (it would leave no steps "
+            "to measure); the rerun resumes from the newest earlier one, else starts afresh"
+        )
         return Outcome("preempted", stop_signal, self._checkpoint_path)
 
     def _stop_signal_between_log_points(self) -> str | None:
@@ -602,9 +615,18 @@ class Trainer:
             self.log(f"evaluating {self.eval_source.num_samples} held-out samples at batch {batch_size} per rank (not timed)")
             with self._outside_energy_window():
                 result = evaluation.evaluate(
-                    self.module, self.pipeline, self.eval_source, batch_size, self.dp_size, self.dp_rank, self.ctx,
-                    self._channels_last, self._autocast, stop_requested=self._stop_received, budget_s=self.config.run.eval_budget_s,
-                )  # fmt: skip
+                    self.module,
+                    self.pipeline,
+                    self.eval_source,
+                    batch_size,
+                    self.dp_size,
+                    self.dp_rank,
+                    self.ctx,
+                    self._channels_last,
+                    self._autocast,
+                    stop_requested=self._stop_received,
+                    budget_s=self.config.run.eval_budget_s,
+                )
             if result is None:  # stopped: the caller honours the signal (at the next log point, or now after the last step)
                 self.log(f"evaluation stopped by {self.stop.signal_name or 'a stop signal on another rank'}")
             else:
@@ -689,11 +711,17 @@ class Trainer:
         its state, its batches, its parallel form."""
         p = self.config.parallel
         return probes.ProbedRun(
-            step=self._train_step, state=self.state, batches=self._cached_step_batches, ctx=self.ctx, ddp=self.ddp,
-            sharded_by=p.parallel if self.mesh is not None else None, bucket_cap_mb=p.bucket_cap_mb,
-            grad_accum_steps=self.config.optim.grad_accum_steps, stop_requested=self._stop_received,
+            step=self._train_step,
+            state=self.state,
+            batches=self._cached_step_batches,
+            ctx=self.ctx,
+            ddp=self.ddp,
+            sharded_by=p.parallel if self.mesh is not None else None,
+            bucket_cap_mb=p.bucket_cap_mb,
+            grad_accum_steps=self.config.optim.grad_accum_steps,
+            stop_requested=self._stop_received,
             allreduce_timing=self.allreduce_timing,
-        )  # fmt: skip
+        )
 
     def results(self, local_only: bool = False) -> dict[str, Any]:
         """Every figure of the run, reduced over ranks (a collective: all ranks must call it);

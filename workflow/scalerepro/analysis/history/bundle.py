@@ -216,9 +216,12 @@ def _crate(stage: Path, sources: Mapping[str, Path], study: study_rows.StoredStu
     crate.license = "Apache-2.0"
     crate.metadata.extra_contexts.append(WFRUN_CONTEXT)
     workflow = crate.add_workflow(
-        sources["Snakefile"], "Snakefile", main=True, lang="snakemake",
+        sources["Snakefile"],
+        "Snakefile",
+        main=True,
+        lang="snakemake",
         properties={"name": "scalerepro scaling study workflow", "version": row.get("git_commit") or "unknown"},
-    )  # fmt: skip
+    )
     parts = [crate.add_file(sources[name], name, properties={"encodingFormat": "text/plain"}) for name in workflow_files]
     if parts:
         workflow["hasPart"] = parts
@@ -253,9 +256,12 @@ def _crate(stage: Path, sources: Mapping[str, Path], study: study_rows.StoredStu
 
 
 def export_bundle(
-    results: str | Path, store_path: str | Path, out: str | Path, workflow_dir: str | Path = ".",
+    results: str | Path,
+    store_path: str | Path,
+    out: str | Path,
+    workflow_dir: str | Path = ".",
     lock_timeout_s: float = store_file.DEFAULT_LOCK_TIMEOUT_S,
-) -> str:  # fmt: skip
+) -> str:
     """Write the bundle of the study in ``results``; returns the archive's sha256."""
     results, out, workflow_dir = Path(results), Path(out), Path(workflow_dir)
     receipt = results / "tables" / "store.json"
@@ -371,8 +377,7 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
     if rows.get("schema_version") == 2 and isinstance(rows.get("runs"), list):
         # version 2's rows: the same columns under their old names (store_file.MIGRATIONS[3])
         renamed = {old: new for new, old in store_file.RENAMED_RUN_COLUMNS.items()}
-        rows = {**rows, "schema_version": 3,
-                "runs": [{renamed.get(k, k): v for k, v in run.items()} if isinstance(run, dict) else run for run in rows["runs"]]}  # fmt: skip
+        rows = {**rows, "schema_version": 3, "runs": [{renamed.get(k, k): v for k, v in run.items()} if isinstance(run, dict) else run for run in rows["runs"]]}
     if rows.get("schema_version") == 3:
         rows = {**rows, "schema_version": 4}  # store_file.MIGRATIONS[4] changed the imports table only: the same rows
     if rows.get("schema_version") == 4 and isinstance(rows.get("runs"), list):
@@ -401,9 +406,12 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
 
 
 def import_bundle(
-    path: str | Path, store_path: str | Path, expect_sha256: str | None = None, extract: str | Path | None = None,
+    path: str | Path,
+    store_path: str | Path,
+    expect_sha256: str | None = None,
+    extract: str | Path | None = None,
     lock_timeout_s: float = store_file.DEFAULT_LOCK_TIMEOUT_S,
-) -> tuple[Bundle, store.AppendResult]:  # fmt: skip
+) -> tuple[Bundle, store.AppendResult]:
     """Verify the bundle, then add its study to the store and unpack it into ``extract``: all of
     it or, on any refusal or failure, none of it (no row stored, no file left)."""
     bundle = read_bundle(path, expect_sha256)

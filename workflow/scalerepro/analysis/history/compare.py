@@ -104,9 +104,12 @@ class Side:
 
 
 def bootstrap_ratio(
-    baseline: Sequence[float], candidate: Sequence[float], rng: np.random.Generator,
-    resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
-) -> tuple[float, float, float]:  # fmt: skip
+    baseline: Sequence[float],
+    candidate: Sequence[float],
+    rng: np.random.Generator,
+    resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> tuple[float, float, float]:
     """(R, low, high): the ratio of medians and its percentile-bootstrap interval (module docstring)."""
     b, c = np.asarray(baseline, dtype=float), np.asarray(candidate, dtype=float)
     ratio = float(np.median(c) / np.median(b))
@@ -193,9 +196,13 @@ def config_differences(baseline: Mapping[str, Any], candidate: Mapping[str, Any]
 
 
 def compare(
-    baseline: Side, candidate: Side, threshold: float = DEFAULT_THRESHOLD, confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-) -> pd.DataFrame:  # fmt: skip
+    baseline: Side,
+    candidate: Side,
+    threshold: float = DEFAULT_THRESHOLD,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> pd.DataFrame:
     """One row per cell of either study (``VERSUS_COLUMNS``), matched cells first."""
     sides = {"baseline": baseline, "candidate": candidate}
     counted = {name: _with_commit(side.runs[side.runs["counts"].eq(True) & side.runs["samples_per_s"].notna()]) for name, side in sides.items()}
@@ -207,10 +214,17 @@ def compare(
         b, c = (in_cell[name]["samples_per_s"].to_numpy(dtype=float) for name in sides)
         row: dict[str, Any] = dict(zip(CELL_KEYS, key))
         row.update(
-            baseline_repeats=b.size, baseline_median=float(np.median(b)) if b.size else None,
-            candidate_repeats=c.size, candidate_median=float(np.median(c)) if c.size else None,
-            ratio=None, ratio_low=None, ratio_high=None, confidence=confidence, threshold=threshold, differs="",
-        )  # fmt: skip
+            baseline_repeats=b.size,
+            baseline_median=float(np.median(b)) if b.size else None,
+            candidate_repeats=c.size,
+            candidate_median=float(np.median(c)) if c.size else None,
+            ratio=None,
+            ratio_low=None,
+            ratio_high=None,
+            confidence=confidence,
+            threshold=threshold,
+            differs="",
+        )
         if not c.size or not b.size:
             row["verdict"] = "only in baseline" if b.size else "only in candidate"
         else:

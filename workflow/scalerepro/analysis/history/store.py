@@ -425,8 +425,10 @@ def _append_command(args: argparse.Namespace) -> int:
     if past is not None:
         _write_csv(args.history, past)
     if result.repeat_of is not None:
-        print(f"store: every record of study {study.study_id} is already stored as study {result.repeat_of}: this study is a repeat of it, "
-              "nothing stored again", file=sys.stderr)  # fmt: skip
+        print(
+            f"store: every record of study {study.study_id} is already stored as study {result.repeat_of}: this study is a repeat of it, nothing stored again",
+            file=sys.stderr,
+        )
     for other, shared in result.shares.items():
         print(f"store: study {result.study_id} shares {shared} of its records with stored study {other}", file=sys.stderr)
     state = "new study" if result.new_study else "already stored"
@@ -475,9 +477,12 @@ def main(argv: list[str]) -> int:
         sub = commands.add_parser(name, help=help, description=help)
         sub.add_argument("--store", required=True, type=Path, help="the DuckDB file (config store.path)")
         sub.add_argument(
-            "--lock-timeout", type=LOCK_TIMEOUT_S, default=DEFAULT_LOCK_TIMEOUT_S, metavar="S",
+            "--lock-timeout",
+            type=LOCK_TIMEOUT_S,
+            default=DEFAULT_LOCK_TIMEOUT_S,
+            metavar="S",
             help="how long to wait for another process's lock on the store (default: %(default)s)",
-        )  # fmt: skip
+        )
         return sub
 
     add = command("append", "append a finished study (idempotent) and write its receipt and history")

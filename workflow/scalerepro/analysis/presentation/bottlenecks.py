@@ -142,11 +142,16 @@ def stem_on_cuda_cores(roofline: pd.DataFrame, images: bool) -> dict[str, str] |
         figures += f", {rate / 1e12:.1f} TFLOP/s = {100 * fraction:.0f} % of the {longest['roof']} roof"
     name = short_name(str(longest["kernel"]), 40)
     if images:  # an image model's first convolution reads the 3-channel image, too few channels for cuDNN's tensor-core kernels
-        return {"what": "the 3-channel stem on the CUDA cores",
-                "evidence": f"the longest convolution, {name} ({figures}), did no tensor-core work: the stem's 3 input channels",
-                "lever": "pad the stem's input to 4 or 8 channels (zero channels) so that cuDNN takes a tensor-core kernel"}  # fmt: skip
-    return {"what": "the longest convolution on the CUDA cores", "evidence": f"{name} ({figures}) did no tensor-core work",
-            "lever": "give it channels in multiples of 8 so that cuDNN takes a tensor-core kernel"}  # fmt: skip
+        return {
+            "what": "the 3-channel stem on the CUDA cores",
+            "evidence": f"the longest convolution, {name} ({figures}), did no tensor-core work: the stem's 3 input channels",
+            "lever": "pad the stem's input to 4 or 8 channels (zero channels) so that cuDNN takes a tensor-core kernel",
+        }
+    return {
+        "what": "the longest convolution on the CUDA cores",
+        "evidence": f"{name} ({figures}) did no tensor-core work",
+        "lever": "give it channels in multiples of 8 so that cuDNN takes a tensor-core kernel",
+    }
 
 
 def bottleneck_rows(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any, tables_dir: Path) -> list[dict[str, Any]]:
@@ -171,8 +176,15 @@ def bottleneck_rows(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any, t
             if verdict in CLASS_LEVERS:
                 findings.append({"what": verdict, "evidence": str(profile.get("evidence") or ""), "lever": CLASS_LEVERS[verdict]})
         findings = [finding for finding in findings if finding]
-        out.append({"model": item["model"], "config": cell.get("config"), "findings": findings, "profiled": (profile or {}).get("run_id"),
-                    "known": None if findings else _known(cell, cell_runs, profile)})  # fmt: skip
+        out.append(
+            {
+                "model": item["model"],
+                "config": cell.get("config"),
+                "findings": findings,
+                "profiled": (profile or {}).get("run_id"),
+                "known": None if findings else _known(cell, cell_runs, profile),
+            }
+        )
     return out
 
 

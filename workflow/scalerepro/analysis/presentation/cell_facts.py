@@ -79,8 +79,9 @@ def clocks(cell: pd.DataFrame, inventory: Any = None) -> dict[str, Any] | None:
     top, top_basis = max(_numbers(cell, "sm_clock_max_supported_mhz"), default=None), "the record"
     if top is None and finite_number(listed.get("max_sm_clock_mhz")) is not None:
         top, top_basis = finite_number(listed.get("max_sm_clock_mhz")), "the inventory"
-    per_gpu_limit = [limit / max(1, finite_number(gpus) or 1) for limit, gpus in zip(cell.get("power_limit_w", []), cell.get("gpus", []))
-                     if finite_number(limit) is not None]  # fmt: skip
+    per_gpu_limit = [
+        limit / max(1, finite_number(gpus) or 1) for limit, gpus in zip(cell.get("power_limit_w", []), cell.get("gpus", [])) if finite_number(limit) is not None
+    ]
     limit, limit_basis = (max(per_gpu_limit), "the record") if per_gpu_limit else (finite_number(listed.get("power_limit_w")), "the inventory")
     gpus = max(_numbers(cell, "gpus"), default=1) or 1
     power = pd.Series(_numbers(cell, "power_mean_w")).median() / gpus if _numbers(cell, "power_mean_w") else None

@@ -217,9 +217,17 @@ def breakable(value: Any) -> markupsafe.Markup:
 def label(key: str) -> str:
     """A snake_case key as a heading: units and precisions spelled out, the rest as written."""
     spelled = {
-        "tflops": "TFLOP/s", "tbps": "TB/s", "gbps": "GB/s", "w": "W", "mhz": "MHz", "pct": "%",
-        "gpus": "GPUs", "cpus": "CPUs", "id": "ID", "ids": "IDs",
-    }  # fmt: skip
+        "tflops": "TFLOP/s",
+        "tbps": "TB/s",
+        "gbps": "GB/s",
+        "w": "W",
+        "mhz": "MHz",
+        "pct": "%",
+        "gpus": "GPUs",
+        "cpus": "CPUs",
+        "id": "ID",
+        "ids": "IDs",
+    }
     upper = {"bf16", "fp16", "fp32", "tf32", "fp8", "hbm", "gpu", "cpu", "pci", "uuid", "cuda", "nccl", "numa"}
     return " ".join(spelled.get(word, word.upper() if word in upper else word) for word in str(key).split("_"))
 
@@ -227,7 +235,13 @@ def label(key: str) -> str:
 # The formats by the names the templates call them (``{{ value | rate }}``, ``cell(row, key, fmt)``,
 # ``value is missing``): make_environment registers these.
 TEMPLATE_FILTERS = {
-    "text": fmt_text, "int": fmt_int, "num": fmt_number, "rate": fmt_rate, "pct": fmt_percent, "ratio": fmt_ratio,
-    "token": css_token, "breakable": breakable,
-}  # fmt: skip
+    "text": fmt_text,
+    "int": fmt_int,
+    "num": fmt_number,
+    "rate": fmt_rate,
+    "pct": fmt_percent,
+    "ratio": fmt_ratio,
+    "token": css_token,
+    "breakable": breakable,
+}
 TEMPLATE_GLOBALS = {"cell": cell, "shown_columns": shown_columns, "is_numeric_format": is_numeric_format, "is_missing": is_missing, "MISSING": MISSING}

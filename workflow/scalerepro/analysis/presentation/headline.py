@@ -168,10 +168,13 @@ def _peaks(frame: pd.DataFrame) -> pd.Series:
         return pd.Series([None] * len(frame), index=frame.index, dtype=object)
     column = lambda name: frame[name] if name in frame.columns else pd.Series(None, index=frame.index)  # noqa: E731
     return pd.Series(
-        [mfu_peak(peak, source) if finite_number(mfu) is not None else None
-         for mfu, peak, source in zip(frame["mfu"], column("peak_flops_per_device"), column("peak_flops_source"))],
-        index=frame.index, dtype=object,
-    )  # fmt: skip
+        [
+            mfu_peak(peak, source) if finite_number(mfu) is not None else None
+            for mfu, peak, source in zip(frame["mfu"], column("peak_flops_per_device"), column("peak_flops_source"))
+        ],
+        index=frame.index,
+        dtype=object,
+    )
 
 
 def mfu_header(peaks: Sequence[Peak | None]) -> tuple[str, list[str | None]]:
@@ -220,15 +223,24 @@ def device_facts(device_name: Any, device_type: Any, memory_bytes: Any, inventor
     else:
         form = gpu_peaks.PEAKS[key].model
     gpus = inventory.get("gpus") if isinstance(inventory, Mapping) else None
-    limits = sorted({finite_number(gpu.get("power_limit_w")) for gpu in gpus or () if isinstance(gpu, Mapping)
-                     and gpu.get("name") == name and finite_number(gpu.get("power_limit_w")) is not None})  # fmt: skip
+    limits = sorted(
+        {
+            finite_number(gpu.get("power_limit_w"))
+            for gpu in gpus or ()
+            if isinstance(gpu, Mapping) and gpu.get("name") == name and finite_number(gpu.get("power_limit_w")) is not None
+        }
+    )
     if memory_bytes is None:
         memory_bytes = next((gpu.get("memory_bytes") for gpu in gpus or () if isinstance(gpu, Mapping) and gpu.get("name") == name), None)
     power = f"power limit {' / '.join(f'{w:,.0f}' for w in limits)} W" if limits else "power limit not recorded"
     memory = gib(memory_bytes)
     parts = [form, *([f"{memory} memory"] if memory else []), power]
-    return {"name": name or "an unnamed GPU", "text": f"{name or 'an unnamed GPU'} ({', '.join(parts)})", "cpu": False,
-            "memory_bytes": finite_number(memory_bytes)}  # fmt: skip
+    return {
+        "name": name or "an unnamed GPU",
+        "text": f"{name or 'an unnamed GPU'} ({', '.join(parts)})",
+        "cpu": False,
+        "memory_bytes": finite_number(memory_bytes),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,7 +268,7 @@ def _fastest(cells: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
         "device": device,
         "memory": gib(memory),
         "memory_share": memory / capacity if memory is not None and capacity else None,
-    }  # fmt: skip
+    }
 
 
 def _cells(ok: pd.DataFrame, inventory: Any = None) -> pd.DataFrame:
@@ -269,8 +281,9 @@ def _cells(ok: pd.DataFrame, inventory: Any = None) -> pd.DataFrame:
     figures = {"samples_per_s": "median", "tokens_per_s": "median", "mfu": "median", "peak_memory_bytes": "max"}
     cells = grouped.agg(**{name: (name, how) for name, how in figures.items() if name in ok.columns})
     spread = grouped["samples_per_s"].agg(repeats="count", min="min", max="max")
-    facts = [c for c in ("peak_memory_kind", "peak_flops_per_device", "peak_flops_source", "tokens_per_sample",
-                         "gpu_memory_bytes", "device_type") if c in ok.columns]  # fmt: skip
+    facts = [
+        c for c in ("peak_memory_kind", "peak_flops_per_device", "peak_flops_source", "tokens_per_sample", "gpu_memory_bytes", "device_type") if c in ok.columns
+    ]
     first = grouped[facts].first() if facts else None
     table = pd.concat([frame for frame in (cells, spread, first) if frame is not None], axis=1)
     language = lambda cell: (finite_number(_first(cell, "tokens_per_sample")) or 0) > 0  # noqa: E731
@@ -306,12 +319,14 @@ def headline(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -
         ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
         for model, cells in _cells(ok, inventory).groupby("model", sort=True):
             max_gpus = _value(cells["gpus"].max())
-            out.append({
-                "model": model,
-                "one": _fastest(cells[cells["gpus"] == 1], inventory),
-                "max_gpus": max_gpus,
-                "at_max": _fastest(cells[cells["gpus"] == max_gpus], inventory) if max_gpus != 1 else None,
-            })  # fmt: skip
+            out.append(
+                {
+                    "model": model,
+                    "one": _fastest(cells[cells["gpus"] == 1], inventory),
+                    "max_gpus": max_gpus,
+                    "at_max": _fastest(cells[cells["gpus"] == max_gpus], inventory) if max_gpus != 1 else None,
+                }
+            )
     strong_rows = _strong_rows(scaling)
     for item in out:
         item["strong"] = strong_rows.pop(item["model"], None)

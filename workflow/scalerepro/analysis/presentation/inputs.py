@@ -189,5 +189,7 @@ def require_aggregation(tables: Path, runs: bool = True) -> None:
     if not tables.is_dir():
         raise CommandError(f"--tables {tables}: no such folder: give the aggregation's output (results/tables)")
     if runs and not (tables / "runs.csv").is_file():
-        raise CommandError(f"--tables {tables}: no runs.csv there, so nothing was aggregated: run the aggregate rule "
-                           "(python -m scalerepro.analysis.tables.aggregate ... --out this folder) first")  # fmt: skip
+        raise CommandError(
+            f"--tables {tables}: no runs.csv there, so nothing was aggregated: run the aggregate rule "
+            "(python -m scalerepro.analysis.tables.aggregate ... --out this folder) first"
+        )

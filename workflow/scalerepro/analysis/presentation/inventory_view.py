@@ -91,9 +91,13 @@ def describe_inventory(inventory: Mapping[str, Any] | None) -> dict[str, Any] | 
 
 # runs.csv columns -> the heading of the hosts-and-cards table's column
 HOST_COLUMNS = {
-    "hostname": "Host", "cpu_model": "CPU", "usable_cpus": "Usable CPUs", "device_name": "GPU", "gpu_uuid": "Card (UUID)",
+    "hostname": "Host",
+    "cpu_model": "CPU",
+    "usable_cpus": "Usable CPUs",
+    "device_name": "GPU",
+    "gpu_uuid": "Card (UUID)",
     "gpu_driver": "Driver",
-}  # fmt: skip
+}
 
 
 def hosts_of_runs(runs: pd.DataFrame) -> list[dict[str, Any]]:
@@ -115,9 +119,11 @@ def hosts_of_runs(runs: pd.DataFrame) -> list[dict[str, Any]]:
     found = []
     for key, group in done.groupby(list(HOST_COLUMNS), dropna=False, sort=True):
         stamps = pd.to_datetime(group.get("started_at"), utc=True, errors="coerce", format="ISO8601").dropna()
-        found.append({
-            **{column: fmt_text(value) for column, value in zip(HOST_COLUMNS, key)},
-            "runs": len(group),
-            "started": f"{stamps.min():%Y-%m-%d %H:%M} – {stamps.max():%Y-%m-%d %H:%M} UTC" if len(stamps) else MISSING,
-        })  # fmt: skip
+        found.append(
+            {
+                **{column: fmt_text(value) for column, value in zip(HOST_COLUMNS, key)},
+                "runs": len(group),
+                "started": f"{stamps.min():%Y-%m-%d %H:%M} – {stamps.max():%Y-%m-%d %H:%M} UTC" if len(stamps) else MISSING,
+            }
+        )
     return found

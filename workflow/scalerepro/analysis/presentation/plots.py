@@ -159,8 +159,10 @@ def throughput_vs_gpus(t: Tables) -> Figure:
         raise NotMeasured("no completed strong- or weak-scaling run (scaling.csv has no throughput)")
     device = _device(t)
     if cells["gpus"].nunique() < 2:  # one point a model: a line against the count would draw nothing
-        raise NotMeasured(f"every scaling run used {_count(cells['gpus'].iloc[0], device)}: throughput against the {device[0]} count needs "
-                          "two counts or more; each model's throughput is in the headline and the per-run table")  # fmt: skip
+        raise NotMeasured(
+            f"every scaling run used {_count(cells['gpus'].iloc[0], device)}: throughput against the {device[0]} count needs "
+            "two counts or more; each model's throughput is in the headline and the per-run table"
+        )
     comparison = t["comparison"]
     # the references on the GPU the study ran on (a reference on another GPU is context only)
     published = comparison[comparison["metric"].eq("samples_per_s") & comparison["group"].eq("reproduction")]
@@ -385,8 +387,11 @@ def accuracy_curves(t: Tables) -> Figure:
 # What a training sample is, by runs.csv's tokens_per_sample: a language model's sequence is
 # read per token (a sequence of 2,048 tokens is not comparable with one of 128), every other
 # model's sample is an image.
-ENERGY_UNITS = (("image", "Image models: GPU energy per training image"), ("token", "Language models: GPU energy per training token"),
-                ("sample", "Models whose record gives no tokens per sample: energy per training sample"))  # fmt: skip
+ENERGY_UNITS = (
+    ("image", "Image models: GPU energy per training image"),
+    ("token", "Language models: GPU energy per training token"),
+    ("sample", "Models whose record gives no tokens per sample: energy per training sample"),
+)
 SPREAD_FOR_LOG = 10  # a panel's values spread over more than this factor: a log axis, so that the smallest stay readable
 
 
@@ -416,8 +421,11 @@ def _fastest_configurations(energy: pd.DataFrame) -> pd.DataFrame:
     headline tells them, headline.FIGURE_COLUMNS). A median over every configuration would mix an
     fp32 baseline with a bf16 one, a figure no configuration measured."""
     keys = ["model", "gpus", *(column for column in FIGURE_COLUMNS if column in energy.columns)]
-    cells = energy.groupby(keys, dropna=False).agg(label=("label", "first"), speed=("samples_per_s", "median"), gross=("gross", "median"),
-                                                   net=("net", "median")).reset_index()  # fmt: skip
+    cells = (
+        energy.groupby(keys, dropna=False)
+        .agg(label=("label", "first"), speed=("samples_per_s", "median"), gross=("gross", "median"), net=("net", "median"))
+        .reset_index()
+    )
     fastest = cells.loc[cells.assign(speed=cells["speed"].fillna(-np.inf)).groupby(["model", "gpus"])["speed"].idxmax()]
     return fastest.set_index("label").sort_index()
 
@@ -430,8 +438,14 @@ def energy_per_sample(t: Tables) -> Figure:
     energy = _energy_rows(t)
     panels = [(unit, title, energy[energy["unit"].eq(unit)]) for unit, title in ENERGY_UNITS if energy["unit"].eq(unit).any()]
     sizes = [panel["label"].nunique() for _, _, panel in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7.5, 1.0 + sum(0.55 * n + 1.1 for n in sizes)), squeeze=False, layout="constrained",
-                             gridspec_kw={"height_ratios": [0.55 * n + 1.1 for n in sizes]})  # fmt: skip
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(7.5, 1.0 + sum(0.55 * n + 1.1 for n in sizes)),
+        squeeze=False,
+        layout="constrained",
+        gridspec_kw={"height_ratios": [0.55 * n + 1.1 for n in sizes]},
+    )
     gross_colour, net_colour = sns.color_palette(n_colors=2)
     for ax, (unit, title, panel) in zip(axes[:, 0], panels):
         values = panel[["gross", "net"]].to_numpy(dtype=float)
@@ -442,21 +456,33 @@ def energy_per_sample(t: Tables) -> Figure:
         # every run a dot, the median of its row a marker: gross filled, net of idle hollow, joined by the idle share
         for column, offset in (("gross", -0.12), ("net", 0.12)):
             runs = panel.dropna(subset=[column])
-            ax.scatter(scale * runs[column], runs["label"].map(rows) + offset, s=14, color="0.45", alpha=0.6, zorder=2,
-                       label="any counted run (gross, net of idle)")  # fmt: skip
+            ax.scatter(
+                scale * runs[column], runs["label"].map(rows) + offset, s=14, color="0.45", alpha=0.6, zorder=2, label="any counted run (gross, net of idle)"
+            )
         for label, median in medians.iterrows():
             y = rows[label]
             if np.isfinite(median["net"]):
                 ax.plot(scale * np.array([median["net"], median["gross"]]), [y + 0.12, y - 0.12], color="0.6", lw=1, zorder=1)
-                ax.scatter(scale * median["net"], y + 0.12, s=70, facecolors="white", edgecolors=net_colour, linewidths=2, zorder=3,
-                           label="fastest configuration: net of idle")  # fmt: skip
+                ax.scatter(
+                    scale * median["net"],
+                    y + 0.12,
+                    s=70,
+                    facecolors="white",
+                    edgecolors=net_colour,
+                    linewidths=2,
+                    zorder=3,
+                    label="fastest configuration: net of idle",
+                )
             ax.scatter(scale * median["gross"], y - 0.12, s=70, color=gross_colour, zorder=3, label="fastest configuration: gross")
         ax.set_yticks(range(len(rows)), list(rows))
         ax.set_ylim(len(rows) - 0.5, -0.5)  # the first model on top
         # each row's medians as numbers at its right, clear of the dots whatever their spread
         numbers = ax.secondary_yaxis("right")
-        numbers.set_yticks(range(len(rows)), [f"{scale * m.gross:,.3g} {prefix}" + (f"\nnet {scale * m.net:,.3g}" if np.isfinite(m.net) else "")
-                                              for m in medians.itertuples()], fontsize="small")  # fmt: skip
+        numbers.set_yticks(
+            range(len(rows)),
+            [f"{scale * m.gross:,.3g} {prefix}" + (f"\nnet {scale * m.net:,.3g}" if np.isfinite(m.net) else "") for m in medians.itertuples()],
+            fontsize="small",
+        )
         numbers.tick_params(length=0)
         spread = values.max() / values.min()
         if spread > SPREAD_FOR_LOG:
@@ -499,10 +525,18 @@ def busbw_vs_size(t: Tables) -> Figure:
 # the colour of each part of a step (profiles.step): one per class, the launches not captured one
 # by one and the GPU's waiting in greys, so that a bar reads the same in every run
 STEP_COLOURS = {
-    "convolution": "tab:blue", "GEMM": "tab:purple", "attention": "tab:pink", "normalisation and elementwise": "tab:orange",
-    "optimizer": "tab:olive", "communication": "tab:red", "copies": "tab:brown", "other": "tab:cyan",
-    step_parts.RELAUNCHED: "0.55", step_parts.DATA_WAIT: "gold", step_parts.IDLE: "0.85",
-}  # fmt: skip
+    "convolution": "tab:blue",
+    "GEMM": "tab:purple",
+    "attention": "tab:pink",
+    "normalisation and elementwise": "tab:orange",
+    "optimizer": "tab:olive",
+    "communication": "tab:red",
+    "copies": "tab:brown",
+    "other": "tab:cyan",
+    step_parts.RELAUNCHED: "0.55",
+    step_parts.DATA_WAIT: "gold",
+    step_parts.IDLE: "0.85",
+}
 
 
 def profile_breakdown(t: Tables) -> Figure:
@@ -532,17 +566,28 @@ def profile_breakdown(t: Tables) -> Figure:
                 continue
             key = part["step_class"] or part["part"]
             colour = STEP_COLOURS.get(key, STEP_COLOURS[step_parts.RELAUNCHED] if key.startswith(step_parts.RELAUNCHED) else "0.7")
-            seen[key] = ax.bar(x, share, width=0.55, bottom=bottom, color=colour, edgecolor="white", linewidth=0.6,
-                               hatch="//" if key.startswith(step_parts.RELAUNCHED) else None)  # fmt: skip
+            seen[key] = ax.bar(
+                x,
+                share,
+                width=0.55,
+                bottom=bottom,
+                color=colour,
+                edgecolor="white",
+                linewidth=0.6,
+                hatch="//" if key.startswith(step_parts.RELAUNCHED) else None,
+            )
             if share >= 5:
                 ax.text(x, bottom + share / 2, f"{share:.0f} %", ha="center", va="center", fontsize="x-small")
             bottom += share
         verdict = row.get("classification")
         if isinstance(verdict, str) and verdict:  # a timeline's classification, above its bar
             ax.text(x, 101, verdict, ha="center", va="bottom", fontsize="x-small")
-    step = [f"{r['run_id']}\n{b['step_s'] * 1e3:.3g} ms step (the measured run's); classes:\none launch of each configuration, {b['captured_s'] * 1e3:.3g} ms"
-            if b["coverage"] == step_parts.ONE_PER_CONFIGURATION else f"{r['run_id']}\n{b['step_s'] * 1e3:.3g} ms step (the profiled window's)"
-            for r, b in bars]  # fmt: skip
+    step = [
+        f"{r['run_id']}\n{b['step_s'] * 1e3:.3g} ms step (the measured run's); classes:\none launch of each configuration, {b['captured_s'] * 1e3:.3g} ms"
+        if b["coverage"] == step_parts.ONE_PER_CONFIGURATION
+        else f"{r['run_id']}\n{b['step_s'] * 1e3:.3g} ms step (the profiled window's)"
+        for r, b in bars
+    ]
     ax.set_xticks(range(len(bars)), step, fontsize="x-small")
     ax.set_xlim(-0.7, len(bars) - 0.3)
     ax.set_ylim(0, 108)
@@ -588,10 +633,19 @@ def _place_labels(
             distance = 7 + 9 * (ring - 1)
             for angle in angles:
                 offset = (1.3 * distance * np.cos(angle), distance * np.sin(angle))  # wider than high, as the labels are
-                label = ax.annotate(text, (x, y), xytext=offset, textcoords="offset points", fontsize="x-small",
-                                    fontweight="bold", ha="center", va="center", color=colour(text),
-                                    bbox={"boxstyle": "round,pad=0.12", "fc": "white", "ec": colour(text), "lw": 0.5, "alpha": 0.9},
-                                    arrowprops={"arrowstyle": "-", "color": colour(text), "lw": 0.5} if ring > 1 else None)  # fmt: skip
+                label = ax.annotate(
+                    text,
+                    (x, y),
+                    xytext=offset,
+                    textcoords="offset points",
+                    fontsize="x-small",
+                    fontweight="bold",
+                    ha="center",
+                    va="center",
+                    color=colour(text),
+                    bbox={"boxstyle": "round,pad=0.12", "fc": "white", "ec": colour(text), "lw": 0.5, "alpha": 0.9},
+                    arrowprops={"arrowstyle": "-", "color": colour(text), "lw": 0.5} if ring > 1 else None,
+                )
                 label.set_in_layout(False)  # a label must not move the axes it was placed in
                 # the text alone (an annotation's own extent adds its leader line) with room for its frame
                 box = Text.get_window_extent(label, renderer).padded(3)
@@ -644,13 +698,22 @@ def roofline(t: Tables) -> Figure:
     ax.plot(slope, slope * bandwidth, color="0.2", lw=1.3, label=f"DRAM bandwidth: AI x {bandwidth / 1e12:g} TB/s")
     for entry in roofs.itertuples():
         ridge = entry.peak_flops_per_s / bandwidth  # where the compute roof meets the bandwidth roof
-        ax.plot([ridge, hi], [entry.peak_flops_per_s] * 2, color=colours[entry.roof], lw=1.6,
-                label=f"{entry.roof}: {entry.peak_flops_per_s / 1e12:,.1f} TFLOP/s")  # fmt: skip
+        ax.plot(
+            [ridge, hi], [entry.peak_flops_per_s] * 2, color=colours[entry.roof], lw=1.6, label=f"{entry.roof}: {entry.peak_flops_per_s / 1e12:,.1f} TFLOP/s"
+        )
     runs = list(dict.fromkeys(roof["run_id"]))
     for marker, run_id in zip(itertools.cycle(MARKERS), runs):
         mine = roof[roof["run_id"].eq(run_id)]
-        ax.scatter(mine["arithmetic_intensity"], mine["achieved_flops_per_s"], s=36, marker=marker, c=[colours[r] for r in mine["roof"]],
-                   edgecolors="white", linewidths=0.5, label=f"{run_id + ': ' if len(runs) > 1 else ''}kernels (colour: their roof)")  # fmt: skip
+        ax.scatter(
+            mine["arithmetic_intensity"],
+            mine["achieved_flops_per_s"],
+            s=36,
+            marker=marker,
+            c=[colours[r] for r in mine["roof"]],
+            edgecolors="white",
+            linewidths=0.5,
+            label=f"{run_id + ': ' if len(runs) > 1 else ''}kernels (colour: their roof)",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -672,11 +735,18 @@ def roofline(t: Tables) -> Figure:
     if key:
         fig.legend(blank, key, loc="outside lower center", ncol=2, fontsize="x-small", frameon=False, handlelength=0, handletextpad=0)
     reasons = "; ".join(f"{count} {why}" for why, count in sorted(left_out.items(), key=lambda item: -item[1]))
-    ax.set_title(f"Roofline of the kernels (Nsight Compute): {len(roof)} of {len(table)} kernels drawn, the longest numbered as in the table\n"
-                 + (f"left out, with no FLOP roof to set them under: {reasons}" if reasons else "none left out"), fontsize="small")  # fmt: skip
+    ax.set_title(
+        f"Roofline of the kernels (Nsight Compute): {len(roof)} of {len(table)} kernels drawn, the longest numbered as in the table\n"
+        + (f"left out, with no FLOP roof to set them under: {reasons}" if reasons else "none left out"),
+        fontsize="small",
+    )
     colour_of = {f"{prefix[r.run_id]}{r.rank_in_run:g}": colours[r.roof] for r in numbered.itertuples()}
-    _place_labels(ax, [(r.arithmetic_intensity, r.achieved_flops_per_s, f"{prefix[r.run_id]}{r.rank_in_run:g}") for r in numbered.itertuples()],
-                  lambda text: colour_of.get(text, "black"), list(zip(roof["arithmetic_intensity"], roof["achieved_flops_per_s"])))  # fmt: skip
+    _place_labels(
+        ax,
+        [(r.arithmetic_intensity, r.achieved_flops_per_s, f"{prefix[r.run_id]}{r.rank_in_run:g}") for r in numbered.itertuples()],
+        lambda text: colour_of.get(text, "black"),
+        list(zip(roof["arithmetic_intensity"], roof["achieved_flops_per_s"])),
+    )
     return fig
 
 
@@ -707,8 +777,15 @@ def predicted_vs_measured_efficiency(t: Tables) -> Figure:
             ax.axvspan(low * 1.2, beyond.max() * 1.2, color="0.9", zorder=0)
             clusters = sorted(set(rows["cluster"].dropna().astype(str)) - {""}) if "cluster" in rows.columns else []
             links = f"on the {', '.join(clusters)} preset" if clusters else "links from references.yaml"
-            ax.text(np.sqrt(low * beyond.max()) * 1.1, 5, f"prediction only:\nbeyond the hardware measured,\n{links}",
-                    ha="center", va="bottom", fontsize="small", color="0.3")  # fmt: skip
+            ax.text(
+                np.sqrt(low * beyond.max()) * 1.1,
+                5,
+                f"prediction only:\nbeyond the hardware measured,\n{links}",
+                ha="center",
+                va="bottom",
+                fontsize="small",
+                color="0.3",
+            )
         ax.axhline(100, color="0.4", lw=1)
         _gpu_axis(ax, rows["gpus"], _device(t))
         top = 100 * np.nanmax(rows[["efficiency_measured", "efficiency_predicted"]].to_numpy(dtype=float))
@@ -721,9 +798,12 @@ def predicted_vs_measured_efficiency(t: Tables) -> Figure:
 
 
 WATERFALL_STEPS = (
-    ("compute_inflation", "compute\ninflation"), ("exposed_comm", "exposed\ncomm"), ("straggler_wait", "straggler\nwait"),
-    ("data_stall", "data\nstall"), ("unexplained", "unex-\nplained"),
-)  # fmt: skip
+    ("compute_inflation", "compute\ninflation"),
+    ("exposed_comm", "exposed\ncomm"),
+    ("straggler_wait", "straggler\nwait"),
+    ("data_stall", "data\nstall"),
+    ("unexplained", "unex-\nplained"),
+)
 
 
 def loss_waterfall(t: Tables) -> Figure:
@@ -764,8 +844,7 @@ def loss_waterfall(t: Tables) -> Figure:
         ax.set_ylim(0, 120)
         ax.set_ylabel("% of the measured step")
         bottleneck = str(row.bottleneck).split(":")[0] if isinstance(row.bottleneck, str) else "no named part"
-        ax.set_title(f"{row.model}, {row.study}, {_count(row.gpus, device)} (n={row.repeats:g})\n"
-                     f"E = {row.efficiency:.0%}; {bottleneck}", fontsize="medium")  # fmt: skip
+        ax.set_title(f"{row.model}, {row.study}, {_count(row.gpus, device)} (n={row.repeats:g})\nE = {row.efficiency:.0%}; {bottleneck}", fontsize="medium")
     for ax in list(axes.flat)[len(table) :]:
         ax.set_axis_off()
     fig.suptitle("Why not faster: from the ideal step to the measured one, part by part")
@@ -797,9 +876,7 @@ def history(t: Tables) -> Figure:
     order = table.drop_duplicates("study_id").sort_values("_started")["study_id"].tolist()
     table["_x"] = table["study_id"].map({study: index for index, study in enumerate(order)})
     labels = table.drop_duplicates("study_id").set_index("study_id")
-    ticks = [
-        f"{labels.loc[s, '_started']:%Y-%m-%d %H:%M:%S}\n{str(labels.loc[s, 'git_commit'])[:7]}" for s in order
-    ]  # fmt: skip
+    ticks = [f"{labels.loc[s, '_started']:%Y-%m-%d %H:%M:%S}\n{str(labels.loc[s, 'git_commit'])[:7]}" for s in order]
     cells = list(table.groupby(list(columns.CELL_KEYS), sort=True, dropna=False))
     fig, axes = _panels(len(cells), width=max(4.0, 0.9 * len(order) + 2.5), height=4.4)
     styles = dict(zip(sorted(table["_where"].unique()), zip(itertools.cycle(MARKERS), sns.color_palette(n_colors=8))))
@@ -834,12 +911,18 @@ def versus_baseline(t: Tables) -> Figure:
     for y, row in table.iterrows():
         colour = colours.get(row["verdict"], "0.35")
         if pd.notna(row["ratio_low"]):
-            ax.errorbar(row["ratio"], y, xerr=[[row["ratio"] - row["ratio_low"]], [row["ratio_high"] - row["ratio"]]],
-                        fmt="o", color=colour, capsize=3)  # fmt: skip
+            ax.errorbar(row["ratio"], y, xerr=[[row["ratio"] - row["ratio_low"]], [row["ratio_high"] - row["ratio"]]], fmt="o", color=colour, capsize=3)
         else:
             ax.plot(row["ratio"], y, "x", color=colour)  # too few repeats: no interval
-        ax.annotate(f"{row['verdict']} (n {row['baseline_repeats']:g} vs {row['candidate_repeats']:g})", (row["ratio"], y),
-                    xytext=(0, 7), textcoords="offset points", ha="center", fontsize="x-small", color=colour)  # fmt: skip
+        ax.annotate(
+            f"{row['verdict']} (n {row['baseline_repeats']:g} vs {row['candidate_repeats']:g})",
+            (row["ratio"], y),
+            xytext=(0, 7),
+            textcoords="offset points",
+            ha="center",
+            fontsize="x-small",
+            color=colour,
+        )
     ax.set_yticks(table.index, [_cell_label(row) for row in table.itertuples()], fontsize="x-small")
     ax.set_ylim(len(table) - 0.5, -0.8)  # first cell on top, room for its label
     level = 100 * float(table["confidence"].iloc[0])

@@ -57,8 +57,12 @@ def measured_step(measured: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
             steps = (json.loads(record.read_text()).get("measurements") or {}).get("measured_steps")
     except (OSError, ValueError):
         steps = None
-    return {"median_s": _number(run.get("step_time_median_s")), "p10_s": _number(run.get("step_time_p10_s")),
-            "p90_s": _number(run.get("step_time_p90_s")), "n": steps}  # fmt: skip
+    return {
+        "median_s": _number(run.get("step_time_median_s")),
+        "p10_s": _number(run.get("step_time_p10_s")),
+        "p90_s": _number(run.get("step_time_p90_s")),
+        "n": steps,
+    }
 
 
 def profiled_run(
@@ -83,9 +87,17 @@ def profiled_run(
     # a kernel's part of the step: ncu's one launch of each configuration against the measured step
     # (at least that: the step may launch it again); a timeline's kernel time against its window
     of_step = _number(run.get("window_s")) if not from_ncu else (step or {}).get("median_s")
-    shown = [rows({**k, "short": short_name(str(k.get("name") or "")), "time": duration_text(k.get("total_s")),
-                   "step_share": _number(k.get("total_s")) / of_step if of_step and _number(k.get("total_s")) is not None else None})
-             for k in kernels[:KERNELS_SHOWN]]  # fmt: skip
+    shown = [
+        rows(
+            {
+                **k,
+                "short": short_name(str(k.get("name") or "")),
+                "time": duration_text(k.get("total_s")),
+                "step_share": _number(k.get("total_s")) / of_step if of_step and _number(k.get("total_s")) is not None else None,
+            }
+        )
+        for k in kernels[:KERNELS_SHOWN]
+    ]
     by_time = sorted(roofline, key=lambda r: (-(_number(r.get("duration_s")) or 0.0), str(r.get("kernel"))))
     unplaced: dict[str, int] = {}
     for row in roofline:
@@ -105,7 +117,7 @@ def profiled_run(
             "kernels_s": kernels_total,
             "kernels": duration_text(kernels_total),
             "configurations": sum(int(_number(k.get("calls")) or 0) for k in kernels),
-        },  # fmt: skip
+        },
         "kernels_from_ncu": from_ncu,
         "breakdown": _shown_breakdown(breakdown, kernels, run),
         "step": step,
@@ -137,10 +149,23 @@ def _shown_breakdown(breakdown: Mapping[str, Any] | None, kernels: Sequence[Mapp
         counts = per_class.get(row["step_class"]) if row["step_class"] and breakdown["coverage"] != WINDOW_ONLY else None
         # the bar's colour of the part (report/style.css .part-*): its class, or what the rest of the step is
         colour = row["step_class"] or ("idle" if row["part"] == IDLE else "wait" if row["part"] == DATA_WAIT else "again")
-        shown.append({**row, "time": duration_text(row["time_s"]), "kernels": counts["kernels"] if counts else None,
-                      "launches": counts["launches"] / steps if counts else None, "colour": colour})  # fmt: skip
+        shown.append(
+            {
+                **row,
+                "time": duration_text(row["time_s"]),
+                "kernels": counts["kernels"] if counts else None,
+                "launches": counts["launches"] / steps if counts else None,
+                "colour": colour,
+            }
+        )
     if breakdown.get("window_s"):  # a timeline's step, window / steps, said with its numbers
         breakdown = {**breakdown, "step_basis": f"the profiled window's step: {duration_text(breakdown['window_s'])} over {breakdown['steps']:g} steps"}
-    return {**breakdown, "rows": shown, "step": duration_text(breakdown["step_s"]), "sum": duration_text(breakdown["sum_s"]),
-            "captured": duration_text(breakdown["captured_s"]), "measured_step": duration_text(breakdown.get("measured_step_s")),
-            "bar": [row for row in shown if row["share"] > 0]}  # fmt: skip
+    return {
+        **breakdown,
+        "rows": shown,
+        "step": duration_text(breakdown["step_s"]),
+        "sum": duration_text(breakdown["sum_s"]),
+        "captured": duration_text(breakdown["captured_s"]),
+        "measured_step": duration_text(breakdown.get("measured_step_s")),
+        "bar": [row for row in shown if row["share"] > 0],
+    }

@@ -65,19 +65,36 @@ TABLES = tuple(name for name in AGGREGATE_TABLES if name not in ("epochs", "loss
 SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("summary", "Summary", ()),
     ("system", "The system", ()),
-    ("results", "Results", (
-        ("scaling", "Scaling"), ("why-not-faster", "Why not faster"), ("sensitivity", "Sensitivity"), ("ablation", "Ablation"),
-        ("parallelism", "Parallelism strategies"), ("communication", "Communication"), ("convergence", "Loss and accuracy"), ("energy", "Power and energy"),
-        ("per-run", "Per-run measurements"), ("scaling-model", "Scaling model"), ("profiling", "Profiling"),
-    )),
+    (
+        "results",
+        "Results",
+        (
+            ("scaling", "Scaling"),
+            ("why-not-faster", "Why not faster"),
+            ("sensitivity", "Sensitivity"),
+            ("ablation", "Ablation"),
+            ("parallelism", "Parallelism strategies"),
+            ("communication", "Communication"),
+            ("convergence", "Loss and accuracy"),
+            ("energy", "Power and energy"),
+            ("per-run", "Per-run measurements"),
+            ("scaling-model", "Scaling model"),
+            ("profiling", "Profiling"),
+        ),
+    ),
     ("comparison", "Measured vs published", ()),
     ("failures", "Failed or missing runs", ()),
     ("cost", "Cost of the study", ()),
     ("reproducibility", "Reproducibility", ()),
-    ("history", "Versus baseline and history", (
-        ("versus-baseline", "Versus baseline"), ("history-cells", "Headline cells across studies"),
-    )),
-)  # fmt: skip
+    (
+        "history",
+        "Versus baseline and history",
+        (
+            ("versus-baseline", "Versus baseline"),
+            ("history-cells", "Headline cells across studies"),
+        ),
+    ),
+)
 
 # A report whose every counted run used one GPU leads with what that GPU measured: the headline,
 # then the published figures it stands beside; the sections about scaling, which it cannot fill,
@@ -228,13 +245,15 @@ def gpu_peaks() -> list[dict[str, Any]]:
     for entry in PEAKS.values():
         figures = [(f"{precision} (TFLOP/s)", entry.tflops(precision)) for precision in ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")]
         figures.append(("HBM (TB/s)", entry.hbm_tbps))
-        out.append({
-            "key": entry.key,
-            "name": entry.name,
-            "source": entry.source,
-            "device_names": ", ".join(entry.device_names),
-            "figures": [(name, value) for name, value in figures if value is not None],
-        })  # fmt: skip
+        out.append(
+            {
+                "key": entry.key,
+                "name": entry.name,
+                "source": entry.source,
+                "device_names": ", ".join(entry.device_names),
+                "figures": [(name, value) for name, value in figures if value is not None],
+            }
+        )
     return out
 
 
@@ -257,8 +276,12 @@ def verdict_counts(comparison: pd.DataFrame) -> list[tuple[str, int]]:
 def noisy_cells(tables: Mapping[str, pd.DataFrame]) -> list[dict[str, Any]]:
     """The cells flagged noisy (throughput CV above targets.noise_cv_max), table by table."""
     found = []
-    for name, keys in (("scaling", ("study", "model", "gpus")), ("sensitivity", ("model", "gpus", "precision", "per_gpu_batch", "bucket_cap_mb")),
-                       ("ablation", ("model", "gpus", "variant")), ("parallelism", ("model", "gpus", "parallel"))):  # fmt: skip
+    for name, keys in (
+        ("scaling", ("study", "model", "gpus")),
+        ("sensitivity", ("model", "gpus", "precision", "per_gpu_batch", "bucket_cap_mb")),
+        ("ablation", ("model", "gpus", "variant")),
+        ("parallelism", ("model", "gpus", "parallel")),
+    ):
         frame = tables.get(name, pd.DataFrame())
         if "noisy" not in frame.columns:
             continue
@@ -283,15 +306,19 @@ def profiling_section(tables_dir: Path, report_dir: Path | None) -> dict[str, An
         files = of_run("profiling_files", row["run_id"])
         for f in files:
             f["href"] = os.path.relpath(f["path"], report_dir) if report_dir is not None else f["path"]
-        runs.append(profiled_run(row, of_run("profiling_kernels", row["run_id"]), of_run("profiling_roofline", row["run_id"]),
-                                 files, of_run("runs", row["run_id"])))  # fmt: skip
+        runs.append(
+            profiled_run(row, of_run("profiling_kernels", row["run_id"]), of_run("profiling_roofline", row["run_id"]), files, of_run("runs", row["run_id"]))
+        )
     return {"planned": (Path(tables_dir) / "profiling.csv").is_file(), "runs": runs}
 
 
 def history_section(
-    history_path: Path | None, versus_table_path: Path | None, versus_facts_path: Path | None,
-    plots_dir: Path | None, config: Mapping[str, Any] | None,
-) -> dict[str, Any]:  # fmt: skip
+    history_path: Path | None,
+    versus_table_path: Path | None,
+    versus_facts_path: Path | None,
+    plots_dir: Path | None,
+    config: Mapping[str, Any] | None,
+) -> dict[str, Any]:
     """The results store's view of the study (``scalerepro.analysis.history.store``, ``scalerepro.analysis.history.compare``):
     each headline cell across the stored studies, and the comparison with the baseline when
     ``compare.baseline`` is set. An absent input is said to be absent, never drawn as empty."""
@@ -375,9 +402,15 @@ def one_gpu_scope(runs: pd.DataFrame) -> str | None:
 
 
 def single_lines(
-    scope: str | None, empty: Mapping[str, str], loss_view: Sequence[Row], sensitivity: Sequence[Row],
-    parallelism: Sequence[Row], parallelism_why: str, communication: Sequence[Row], scaling_model: Mapping[str, Any],
-) -> dict[str, str]:  # fmt: skip
+    scope: str | None,
+    empty: Mapping[str, str],
+    loss_view: Sequence[Row],
+    sensitivity: Sequence[Row],
+    parallelism: Sequence[Row],
+    parallelism_why: str,
+    communication: Sequence[Row],
+    scaling_model: Mapping[str, Any],
+) -> dict[str, str]:
     """Anchor -> the one line a one-GPU report says instead of a multi-GPU section it cannot fill
     (its formulas and empty tables would explain what was not measured); empty where the study
     scaled, and a section that has rows at one GPU keeps them."""
@@ -713,8 +746,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     require_aggregation(args.tables)
     versus = args.versus_baseline or (None, None)
-    html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates, args.out.parent,
-                  args.history, *versus)  # fmt: skip
+    html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates, args.out.parent, args.history, *versus)
     write_text_atomically(args.out, html)
     print(f"report: {args.out} ({len(html.encode('utf-8')) / 1024:.0f} KiB)", file=sys.stderr)
     return 0

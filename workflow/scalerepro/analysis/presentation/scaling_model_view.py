@@ -102,16 +102,18 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
             # the cluster's network and the model's typical error there are said once, above the table
             row["network"] = None
             # and the regime's error is in its own column, its back-test listed once above the table
-            row["note"] = "; ".join(part for part in str(row.get("note") or "").split("; ")
-                                    if "typical error" not in part and not part.startswith("on ")) or None  # fmt: skip
+            row["note"] = (
+                "; ".join(part for part in str(row.get("note") or "").split("; ") if "typical error" not in part and not part.startswith("on ")) or None
+            )
         row["note"] = "; ".join(filter(None, map(_shown_note_part, str(row.get("note") or "").split("; ")))) or None
         shown.append(row)
     regimes: dict[str, dict[str, Any]] = {}
     for row in model_rows:
         if row.get("basis") != "predicted" or not row.get("regime") or _number(row.get("efficiency_predicted")) is None:
             continue
-        regime = regimes.setdefault(row["regime"], {"key": row["regime"], "typical_error": _number(row.get("typical_error")),
-                                                    "basis": row.get("error_basis"), "rows": 0})  # fmt: skip
+        regime = regimes.setdefault(
+            row["regime"], {"key": row["regime"], "typical_error": _number(row.get("typical_error")), "basis": row.get("error_basis"), "rows": 0}
+        )
         regime["rows"] += 1
     curves = {row.get("batch_curve") for row in shown if row.get("batch_curve")}
     batch_curve = None
@@ -129,11 +131,19 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
     studies = set(runs["study"].dropna()) if "study" in runs.columns else set()
     why_empty = empty
     if not model_rows and not studies & set(SCALING_STUDIES):
-        why_empty = (f"No prediction: no strong or weak scaling run here ({', '.join(sorted(studies)) or 'none'}) to replay; "
-                     "scalerepro.analysis.predict --record predicts a record.")  # fmt: skip
+        why_empty = (
+            f"No prediction: no strong or weak scaling run here ({', '.join(sorted(studies)) or 'none'}) to replay; "
+            "scalerepro.analysis.predict --record predicts a record."
+        )
     fixed_mostly = [row for row in shown if row.get("loss_source") == "fixed per-step cost"]
     # what a count counts: gloo ranks where every run with a record ran on a CPU
     devices = set(runs["device_type"].dropna()) if "device_type" in runs.columns else set()
-    return {"rows": shown, "clusters": list(clusters.values()), "why_empty": why_empty, "fixed_mostly": fixed_mostly, "batch_curve": batch_curve,
-            "regimes": sorted(regimes.values(), key=lambda regime: (regime["typical_error"] is None, regime["key"])),
-            "unit": ("rank", "ranks") if devices == {"cpu"} else ("GPU", "GPUs")}  # fmt: skip
+    return {
+        "rows": shown,
+        "clusters": list(clusters.values()),
+        "why_empty": why_empty,
+        "fixed_mostly": fixed_mostly,
+        "batch_curve": batch_curve,
+        "regimes": sorted(regimes.values(), key=lambda regime: (regime["typical_error"] is None, regime["key"])),
+        "unit": ("rank", "ranks") if devices == {"cpu"} else ("GPU", "GPUs"),
+    }

@@ -98,15 +98,24 @@ def _mean_breakdown(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The run's figures: the mean over its profiled ranks (numbers), the first rank's labels."""
     frame = pd.DataFrame(parts)
     numeric = frame.select_dtypes("number").mean().to_dict()
-    return {**{k: v for k, v in parts[0].items() if k not in numeric}, **numeric, "ranks": len(parts),
-            "provisional": any(p["provisional"] for p in parts)}  # fmt: skip
+    return {**{k: v for k, v in parts[0].items() if k not in numeric}, **numeric, "ranks": len(parts), "provisional": any(p["provisional"] for p in parts)}
 
 
 def _files(run_dir: Path) -> list[dict[str, Any]]:
-    kinds = {".sqlite": "Nsight Systems SQLite export", ".nsys-rep": "Nsight Systems report", ".ncu-rep": "Nsight Compute report",
-             ".json": "JSON", ".csv": "CSV table", ".log": "log"}  # fmt: skip
-    descriptions = {"trace.json": "Chrome/Perfetto trace (torch.profiler)", "operators.csv": "operator table (torch.profiler)",
-                    "kernels.csv": "Nsight Compute metrics (CSV)", "capture.json": "what the profiling job ran"}  # fmt: skip
+    kinds = {
+        ".sqlite": "Nsight Systems SQLite export",
+        ".nsys-rep": "Nsight Systems report",
+        ".ncu-rep": "Nsight Compute report",
+        ".json": "JSON",
+        ".csv": "CSV table",
+        ".log": "log",
+    }
+    descriptions = {
+        "trace.json": "Chrome/Perfetto trace (torch.profiler)",
+        "operators.csv": "operator table (torch.profiler)",
+        "kernels.csv": "Nsight Compute metrics (CSV)",
+        "capture.json": "what the profiling job ran",
+    }
     return [
         {"path": str(p), "description": descriptions.get(p.name, kinds.get(p.suffix, p.suffix)), "bytes": p.stat().st_size}
         for p in sorted(run_dir.rglob("*"))
@@ -134,8 +143,9 @@ def summarize(
     captures = {p.parent.name: json.loads(p.read_text()) for p in sorted(run_dir.glob("*/capture.json"))}
     # a tool's folder with the job's log but no capture.json: a job that died before writing it
     for log in sorted(run_dir.glob("*/profile.log")):
-        captures.setdefault(log.parent.name, {"tool": log.parent.name, "status": "failed", "exit_code": None,
-                                              "reason": "the profiling job left no capture.json"})  # fmt: skip
+        captures.setdefault(
+            log.parent.name, {"tool": log.parent.name, "status": "failed", "exit_code": None, "reason": "the profiling job left no capture.json"}
+        )
     if not captures:
         raise ProfileError(f"{run_dir}: no <tool>/capture.json: the profiling job did not run")
     failed = {tool: failure(run_dir / tool, capture) for tool, capture in captures.items() if capture.get("status") == "failed"}
@@ -174,8 +184,14 @@ def summarize(
         except ProfileError as error:  # ncu ran, but wrote no table (e.g. no access to the counters)
             failed["ncu"] = failure(run_dir / "ncu", {"exit_code": (captures.get("ncu") or {}).get("exit_code")}, str(error))
     if reading is not None:
-        metadata.append({"file": "ncu/kernels.csv", "layout": reading.layout, "tool_version": (captures.get("ncu") or {}).get("tool_version"),
-                         "gpus": [f"compute capability {cc} (ncu)" for cc in reading.compute_capabilities]})  # fmt: skip
+        metadata.append(
+            {
+                "file": "ncu/kernels.csv",
+                "layout": reading.layout,
+                "tool_version": (captures.get("ncu") or {}).get("tool_version"),
+                "gpus": [f"compute capability {cc} (ncu)" for cc in reading.compute_capabilities],
+            }
+        )
         warnings += reading.problems
         if not top:  # no timeline (ncu alone): the kernels by time are ncu's, and say what they are of
             top, kernel_basis = ncu_kernel_times(reading.launches)
@@ -235,8 +251,10 @@ def roofline_warnings(roof: Sequence[Mapping[str, Any]], named: int = 3) -> list
     for row in roof:
         if row["missing"]:
             lacking.setdefault(row["missing"], []).append(short_name(row["kernel"], 60))
-    return [f"roofline: {len(names)} of {len(roof)} kernels have no {what}: {', '.join(names[:named])}{', …' if len(names) > named else ''}"
-            for what, names in lacking.items()]  # fmt: skip
+    return [
+        f"roofline: {len(names)} of {len(roof)} kernels have no {what}: {', '.join(names[:named])}{', …' if len(names) > named else ''}"
+        for what, names in lacking.items()
+    ]
 
 
 def _capture_facts(summary: Mapping[str, Any]) -> dict[str, str | None]:
@@ -247,8 +265,7 @@ def _capture_facts(summary: Mapping[str, Any]) -> dict[str, str | None]:
     def joined(values: Iterable[Any]) -> str | None:
         return "; ".join(dict.fromkeys(str(v) for v in values if v)) or None
 
-    return {"tool_versions": joined(versions), "gpus": joined(g for m in meta for g in m.get("gpus") or []),
-            "driver": joined(m.get("driver") for m in meta)}  # fmt: skip
+    return {"tool_versions": joined(versions), "gpus": joined(g for m in meta for g in m.get("gpus") or []), "driver": joined(m.get("driver") for m in meta)}
 
 
 def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
@@ -270,7 +287,7 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
                 "evidence": c.get("evidence"),
                 **_capture_facts(s),
                 "warnings": "\n".join(s.get("warnings") or []) or None,
-            }  # fmt: skip
+            }
         )
         runs[-1]["kernel_basis"] = (s.get("kernel_basis") or {}).get("what")
         runs[-1].update(profile_columns(s.get("step_classes")))
@@ -278,8 +295,10 @@ def tables(summaries: Iterable[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
         kernels += [{"run_id": s["run_id"], "rank_in_run": i + 1, **k} for i, k in enumerate(s["top_kernels"])]
         peak_bw = (s.get("gpu_peaks") or {}).get("dram_bytes_per_s")
         # numbered by time as the kernels are (both longest first, ties by name): the report's tables and figure share the numbers
-        roof += [{"run_id": s["run_id"], "rank_in_run": i + 1, **k, "peak_dram_bytes_per_s": peak_bw, "peaks_basis": s.get("peaks_basis")}
-                 for i, k in enumerate(s["roofline"])]  # fmt: skip
+        roof += [
+            {"run_id": s["run_id"], "rank_in_run": i + 1, **k, "peak_dram_bytes_per_s": peak_bw, "peaks_basis": s.get("peaks_basis")}
+            for i, k in enumerate(s["roofline"])
+        ]
         files += [{"run_id": s["run_id"], **f} for f in s["files"]]
     return {
         "profiling": pd.DataFrame(runs, columns=PROFILING_COLUMNS),
@@ -340,8 +359,7 @@ def main(argv: list[str]) -> int:
     many.add_argument("--out", required=True, type=Path, help="directory of the CSV tables")
     args = parser.parse_args(argv)
     if args.command == "summarize":
-        summary = summarize(args.run_dir, args.run_id, {**DEFAULT_THRESHOLDS, **args.thresholds}, None,
-                            args.gpu_peaks, args.precision, args.device_name)  # fmt: skip
+        summary = summarize(args.run_dir, args.run_id, {**DEFAULT_THRESHOLDS, **args.thresholds}, None, args.gpu_peaks, args.precision, args.device_name)
         write_text_atomically(args.out, json.dumps(summary, indent=2, default=str) + "\n")
         for warning in summary["warnings"]:
             print(f"profile: {args.run_id}: warning: {warning}", file=sys.stderr)

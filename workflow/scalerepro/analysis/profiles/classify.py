@@ -43,5 +43,4 @@ def classify(figures: Mapping[str, Any], thresholds: Mapping[str, float]) -> dic
     provisional = bool(figures.get("provisional"))
     if provisional:  # the fractions are of a window that is not the trainer's steps
         evidence.insert(0, f"provisional: window is the {figures.get('window') or WHOLE_CAPTURE}")
-    return {"class": verdict, "provisional": provisional, "evidence": "; ".join(evidence), "scores": scores,
-            "thresholds": dict(thresholds)}  # fmt: skip
+    return {"class": verdict, "provisional": provisional, "evidence": "; ".join(evidence), "scores": scores, "thresholds": dict(thresholds)}

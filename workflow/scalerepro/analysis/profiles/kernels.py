@@ -147,18 +147,27 @@ def ncu_kernel_times(launches: pd.DataFrame) -> tuple[list[dict[str, Any]], dict
     grouped = timed.groupby("kernel", sort=False)["duration"].agg(calls="count", total_s="sum").reset_index()
     grouped = grouped.sort_values(["total_s", "kernel"], ascending=[False, True], kind="stable")
     rows = [
-        {"name": row.kernel, "kind": kernel_kind(row.kernel), "class": kernel_class(row.kernel), "calls": int(row.calls),
-         "total_s": float(row.total_s), "mean_us": float(row.total_s) / row.calls * 1e6, "share": float(row.total_s) / total if total else None}
+        {
+            "name": row.kernel,
+            "kind": kernel_kind(row.kernel),
+            "class": kernel_class(row.kernel),
+            "calls": int(row.calls),
+            "total_s": float(row.total_s),
+            "mean_us": float(row.total_s) / row.calls * 1e6,
+            "share": float(row.total_s) / total if total else None,
+        }
         for row in grouped.itertuples()
-    ]  # fmt: skip
+    ]
     basis = {
         "source": "ncu",
         "launch_configurations": int(len(timed)),
         "kernels": int(grouped.shape[0]),
         "untimed_launches": int(len(launches) - len(timed)),
         "total_s": total,
-        "what": (f"Nsight Compute: one launch of each of {len(timed)} launch configurations ({grouped.shape[0]} kernels), "
-                 f"{total * 1e3:.3g} ms in all; a share is of that sum, not of the step (a configuration the step "
-                 "launches several times counts once)"),
-    }  # fmt: skip
+        "what": (
+            f"Nsight Compute: one launch of each of {len(timed)} launch configurations ({grouped.shape[0]} kernels), "
+            f"{total * 1e3:.3g} ms in all; a share is of that sum, not of the step (a configuration the step "
+            "launches several times counts once)"
+        ),
+    }
     return rows, basis

@@ -55,8 +55,18 @@ NCU_DISPLAY = {
     ("Achieved Occupancy", "percent"): "achieved_occupancy_pct",
     ("Theoretical Occupancy", "percent"): "theoretical_occupancy_pct",
 }
-NCU_FIELDS = ("duration", "dram_bytes", "dram_bytes_per_s", "sm_throughput_pct", "memory_throughput_pct",
-              "dram_throughput_pct", "tensor_pipe_pct", "wgmma_instructions", "achieved_occupancy_pct", "theoretical_occupancy_pct")  # fmt: skip
+NCU_FIELDS = (
+    "duration",
+    "dram_bytes",
+    "dram_bytes_per_s",
+    "sm_throughput_pct",
+    "memory_throughput_pct",
+    "dram_throughput_pct",
+    "tensor_pipe_pct",
+    "wgmma_instructions",
+    "achieved_occupancy_pct",
+    "theoretical_occupancy_pct",
+)
 # FLOPs per SASS thread instruction: an FMA is two.
 FLOP_COUNTERS = {
     f"sm__sass_thread_inst_executed_op_{precision}{op}_pred_on.sum": weight
@@ -72,13 +82,17 @@ _SI = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}  # ncu's byte prefixes 
 # unit: seconds, bytes, bytes/s, percent, count). Older versions spell time "nsecond", newer
 # "ns"; without --print-units base ncu scales each value to its own prefix (usecond, Mbyte...).
 NCU_UNITS = {
-    **{unit: ("time", scale) for scale, units in ((1e-9, ("ns", "nsecond")), (1e-6, ("us", "usecond")),
-                                                  (1e-3, ("ms", "msecond")), (1.0, ("s", "second"))) for unit in units},
+    **{
+        unit: ("time", scale)
+        for scale, units in ((1e-9, ("ns", "nsecond")), (1e-6, ("us", "usecond")), (1e-3, ("ms", "msecond")), (1.0, ("s", "second")))
+        for unit in units
+    },
     **{f"{p}{b}": ("bytes", scale) for p, scale in _SI.items() for b in ("byte", "B")},
     **{f"{p}{b}{per}": ("bytes/s", scale) for p, scale in _SI.items() for b in ("byte", "B") for per in ("/second", "/s")},
     "%": ("percent", 1.0),
-    "": ("count", 1.0), "inst": ("count", 1.0),
-}  # fmt: skip
+    "": ("count", 1.0),
+    "inst": ("count", 1.0),
+}
 NCU_UNITS_KNOWN = "ns/nsecond, us/usecond, ms/msecond, s/second, [K|M|G|T]byte (or B), the same per second (/second or /s), %, inst"
 NCU_COLUMNS = ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")
 # a number as ncu prints it (en_US): digits grouped by commas, a decimal point, an exponent
@@ -168,7 +182,9 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
     problems = [f"{path.name}: {metric}: {why}, in {len(ids)} of {len(frame)} launches: not read" for (metric, why), ids in unread.items()]
     untimed = frame[frame["duration"].isna()]
     if len(untimed):
-        problems.append(f"{path.name}: {len(untimed)} of {len(frame)} launches have no duration (gpu__time_duration.sum or Duration): "
-                        f"{', '.join(sorted(set(untimed['kernel'].str.slice(0, 60))))}")  # fmt: skip
+        problems.append(
+            f"{path.name}: {len(untimed)} of {len(frame)} launches have no duration (gpu__time_duration.sum or Duration): "
+            f"{', '.join(sorted(set(untimed['kernel'].str.slice(0, 60))))}"
+        )
     layout = {frozenset({"raw"}): "raw metric names", frozenset({"display"}): "section display names"}.get(frozenset(names_seen), "raw and display names")
     return NcuReading(launches=frame, layout=layout, problems=problems, compute_capabilities=sorted(capabilities - {""}))

@@ -51,8 +51,9 @@ def read_nsys_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
         if "TARGET_INFO_GPU" in tables and "name" in _columns(db, "TARGET_INFO_GPU"):
             columns = _columns(db, "TARGET_INFO_GPU")
             cc = "computeMajor || '.' || computeMinor" if {"computeMajor", "computeMinor"} <= columns else "NULL"
-            meta["gpus"] = [f"{name} (compute capability {c})" if c else name
-                            for name, c in db.execute(f"SELECT DISTINCT name, {cc} FROM TARGET_INFO_GPU ORDER BY name")]  # fmt: skip
+            meta["gpus"] = [
+                f"{name} (compute capability {c})" if c else name for name, c in db.execute(f"SELECT DISTINCT name, {cc} FROM TARGET_INFO_GPU ORDER BY name")
+            ]
         if "TARGET_INFO_SYSTEM_ENV" in tables and {"name", "value"} <= _columns(db, "TARGET_INFO_SYSTEM_ENV"):
             drivers = [v for (v,) in db.execute("SELECT DISTINCT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CudaDriverVersion'")]
             meta["driver"] = ", ".join(drivers) or None
@@ -67,10 +68,13 @@ def _no_kernel(path: Path, meta: Mapping[str, Any], what: str) -> ProfileError:
     """The one-line error for an export without kernels, saying what the capture itself shows."""
     traced, calls = meta.get("traced"), meta.get("cuda_api_calls")
     if (traced and "Cuda" in traced) or calls:
-        evidence = "; ".join(x for x in (f"capture metadata traces {', '.join(traced)}" if traced else "",
-                                         f"{calls} CUDA API calls recorded" if calls else "") if x)  # fmt: skip
-        return ProfileError(f"{path}: {what}, though CUDA was traced ({evidence}): no kernel ran between cudaProfilerStart "
-                            "and cudaProfilerStop; check that the trainer reached its profiling window (profile.log)")  # fmt: skip
+        evidence = "; ".join(
+            x for x in (f"capture metadata traces {', '.join(traced)}" if traced else "", f"{calls} CUDA API calls recorded" if calls else "") if x
+        )
+        return ProfileError(
+            f"{path}: {what}, though CUDA was traced ({evidence}): no kernel ran between cudaProfilerStart "
+            "and cudaProfilerStop; check that the trainer reached its profiling window (profile.log)"
+        )
     if traced is not None:
         return ProfileError(f"{path}: {what}, and the capture traced {', '.join(traced) or 'nothing'} but not CUDA: profile with nsys --trace=cuda")
     return ProfileError(f"{path}: {what}, and the export records neither CUDA API calls nor what was traced: was --trace=cuda on?")
@@ -99,9 +103,11 @@ def read_nsys_sqlite(path: str | os.PathLike[str]) -> list[Timeline]:
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
             launch = "COALESCE(r.start, k.start)"
             # one launch per kernel: correlation ids are unique within a process (bits 24+ of the ids)
-            join = ("LEFT JOIN (SELECT correlationId, globalTid >> 24 AS process, MIN(start) AS start "
-                    "FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1, 2) AS r "
-                    "ON r.correlationId = k.correlationId AND r.process = (k.globalPid >> 24)")  # fmt: skip
+            join = (
+                "LEFT JOIN (SELECT correlationId, globalTid >> 24 AS process, MIN(start) AS start "
+                "FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1, 2) AS r "
+                "ON r.correlationId = k.correlationId AND r.process = (k.globalPid >> 24)"
+            )
         kernels = pd.read_sql_query(
             f"SELECT k.start, k.end, {launch} AS launch, k.deviceId, k.globalPid, s.value AS name "
             f"FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN StringIds AS s ON s.id = k.shortName {join}",

@@ -36,10 +36,15 @@ EVERY_LAUNCH = "every launch in the window"  # a timeline
 WINDOW_ONLY = "the window's parts"  # a timeline summarised before the class split (a kept summary.json): compute, exposed communication, data wait, idle
 # profiling.csv's column of each class's seconds (analysis.columns.PROFILING_COLUMNS lists them)
 CLASS_COLUMNS = {
-    "convolution": "class_convolution_s", "GEMM": "class_gemm_s", "attention": "class_attention_s",
-    "normalisation and elementwise": "class_norm_elementwise_s", "optimizer": "class_optimizer_s",
-    "communication": "class_communication_s", "copies": "class_copies_s", "other": "class_other_s",
-}  # fmt: skip
+    "convolution": "class_convolution_s",
+    "GEMM": "class_gemm_s",
+    "attention": "class_attention_s",
+    "normalisation and elementwise": "class_norm_elementwise_s",
+    "optimizer": "class_optimizer_s",
+    "communication": "class_communication_s",
+    "copies": "class_copies_s",
+    "other": "class_other_s",
+}
 # The order in which time that several kernels cover at once is given to a class: the compute
 # classes as listed, communication last (communication hidden behind compute is not the step's).
 ATTRIBUTION_ORDER = (*(c for c in STEP_CLASSES if c != "communication"), "communication")
@@ -73,8 +78,12 @@ def capture_classes(kernels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     seconds = dict.fromkeys(STEP_CLASSES, 0.0)
     for row in kernels:
         seconds[kernel_class(row["name"], row.get("kind"))] += float(row["total_s"])
-    return {"coverage": ONE_PER_CONFIGURATION, "seconds": seconds, "launches": int(sum(int(row["calls"]) for row in kernels)),
-            "kernel_time_s": float(sum(seconds.values()))}  # fmt: skip
+    return {
+        "coverage": ONE_PER_CONFIGURATION,
+        "seconds": seconds,
+        "launches": int(sum(int(row["calls"]) for row in kernels)),
+        "kernel_time_s": float(sum(seconds.values())),
+    }
 
 
 def mean_classes(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -82,16 +91,24 @@ def mean_classes(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     if not parts:
         return None
     n = len(parts)
-    return {"coverage": parts[0]["coverage"], "seconds": {c: sum(p["seconds"][c] for p in parts) / n for c in STEP_CLASSES},
-            "launches": round(sum(p["launches"] for p in parts) / n), "kernel_time_s": sum(p["kernel_time_s"] for p in parts) / n}  # fmt: skip
+    return {
+        "coverage": parts[0]["coverage"],
+        "seconds": {c: sum(p["seconds"][c] for p in parts) / n for c in STEP_CLASSES},
+        "launches": round(sum(p["launches"] for p in parts) / n),
+        "kernel_time_s": sum(p["kernel_time_s"] for p in parts) / n,
+    }
 
 
 def profile_columns(classes: Mapping[str, Any] | None) -> dict[str, Any]:
     """profiling.csv's columns of a class split (empty where the capture has none)."""
     if not classes:
         return {"kernel_coverage": None, "kernel_launches": None, "kernel_time_s": None, **dict.fromkeys(CLASS_COLUMNS.values())}
-    return {"kernel_coverage": classes["coverage"], "kernel_launches": classes["launches"], "kernel_time_s": classes["kernel_time_s"],
-            **{column: classes["seconds"][c] for c, column in CLASS_COLUMNS.items()}}  # fmt: skip
+    return {
+        "kernel_coverage": classes["coverage"],
+        "kernel_launches": classes["launches"],
+        "kernel_time_s": classes["kernel_time_s"],
+        **{column: classes["seconds"][c] for c, column in CLASS_COLUMNS.items()},
+    }
 
 
 def step_breakdown(profile: Mapping[str, Any], run: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -107,8 +124,13 @@ def step_breakdown(profile: Mapping[str, Any], run: Mapping[str, Any] | None) ->
         return None
     seconds = {c: finite_number(profile.get(column)) or 0.0 for c, column in CLASS_COLUMNS.items()}
     measured = finite_number((run or {}).get("step_time_median_s"))
-    out: dict[str, Any] = {"coverage": coverage, "measured_step_s": measured, "measured_steps": finite_number((run or {}).get("measured_steps")),
-                           "captured_s": sum(seconds.values()), "launches": finite_number(profile.get("kernel_launches"))}  # fmt: skip
+    out: dict[str, Any] = {
+        "coverage": coverage,
+        "measured_step_s": measured,
+        "measured_steps": finite_number((run or {}).get("measured_steps")),
+        "captured_s": sum(seconds.values()),
+        "launches": finite_number(profile.get("kernel_launches")),
+    }
     if coverage in (EVERY_LAUNCH, WINDOW_ONLY):
         steps, window = finite_number(profile.get("steps")), finite_number(profile.get("window_s"))
         if not steps or not window:
@@ -117,13 +139,19 @@ def step_breakdown(profile: Mapping[str, Any], run: Mapping[str, Any] | None) ->
         if coverage == EVERY_LAUNCH:
             kernels = [(EXPOSED_COMMUNICATION if c == "communication" else c, c, seconds[c]) for c in STEP_CLASSES]
         else:  # the window's compute and exposed communication (intervals.breakdown)
-            kernels = [("compute kernels (not split by class)", "other", finite_number(profile.get("compute_s")) or 0.0),
-                       (EXPOSED_COMMUNICATION, "communication", finite_number(profile.get("exposed_comm_s")) or 0.0)]  # fmt: skip
+            kernels = [
+                ("compute kernels (not split by class)", "other", finite_number(profile.get("compute_s")) or 0.0),
+                (EXPOSED_COMMUNICATION, "communication", finite_number(profile.get("exposed_comm_s")) or 0.0),
+            ]
         rows = [_row(part, step_class, total / steps) for part, step_class, total in kernels if total]
         rows.append(_row(DATA_WAIT, None, (finite_number(profile.get("data_wait_s")) or 0.0) / steps))
         rows.append(_row(IDLE, None, (finite_number(profile.get("idle_s")) or 0.0) / steps))
-        out.update(step_basis="the profiled window's step: window / steps", window_s=window, steps=steps,
-                   idle_basis="the profile's own: the window's time with no kernel running and no data wait")  # fmt: skip
+        out.update(
+            step_basis="the profiled window's step: window / steps",
+            window_s=window,
+            steps=steps,
+            idle_basis="the profile's own: the window's time with no kernel running and no data wait",
+        )
     else:
         if measured is None:
             return {**out, "rows": None, "why": "the profiled run has no measured step (runs.csv step_time_median_s) to split"}

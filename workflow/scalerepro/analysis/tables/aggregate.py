@@ -288,13 +288,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=Path, help="directory for the CSV tables and summary.json")
     parser.add_argument("--targets", default={}, type=_targets, metavar="JSON", help="the config's targets mapping")
     parser.add_argument(
-        "--predict-gpus", nargs="*", type=bounded_int(1, 1_000_000), default=list(scaling_model.DEFAULT_PREDICT_GPUS), metavar="N",
+        "--predict-gpus",
+        nargs="*",
+        type=bounded_int(1, 1_000_000),
+        default=list(scaling_model.DEFAULT_PREDICT_GPUS),
+        metavar="N",
         help="GPU counts the scaling model predicts beyond the study's hardware (links from --references)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--predict-cluster", metavar="PRESET",
+        "--predict-cluster",
+        metavar="PRESET",
         help="predict those counts on this cluster preset (clusters in --references, e.g. dgx_h100) with the model's typical error",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     tables, left_out = aggregate_study(args.matrix, args.comm, args.references, args.targets, args.predict_gpus, args.predict_cluster)

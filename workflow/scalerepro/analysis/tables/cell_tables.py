@@ -120,10 +120,9 @@ def scaling_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX
     cells = cells.merge(weak_variation(scaled, cells), on=["study", "model"], how="left")
     cells["note"] = np.select(
         [cells["repeats_ok"].eq(0), thr1.isna(), cells["noisy"]],
-        [NO_REPEAT, "no completed 1-GPU run of this study and model: speedup and efficiency undefined",
-         _noise_note(cells)],
+        [NO_REPEAT, "no completed 1-GPU run of this study and model: speedup and efficiency undefined", _noise_note(cells)],
         "",
-    )  # fmt: skip
+    )
     _say_whose_runs(cells, scaled, ["study", "model", "gpus"])
     return cells.sort_values(["study", "model", "gpus"], kind="stable")[list(SCALING_COLUMNS)].reset_index(drop=True)
 
@@ -161,8 +160,7 @@ def weak_variation(scaled: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
             continue
         times = group["epoch_time_s"]
         at = scaled["study"].eq("weak") & scaled["model"].eq(model)
-        per_count = [(_cell_values(scaled, "epoch_time_s", at & scaled["gpus"].eq(g)), ("weak", model, g, "epoch_time_s"))
-                     for g in sorted(group["gpus"])]  # fmt: skip
+        per_count = [(_cell_values(scaled, "epoch_time_s", at & scaled["gpus"].eq(g)), ("weak", model, g, "epoch_time_s")) for g in sorted(group["gpus"])]
         low, high = repeats.ratio_interval(per_count, lambda *m: (np.max(m, axis=0) - np.min(m, axis=0)) / np.min(m, axis=0))
         rows.append(("weak", model, (times.max() - times.min()) / times.min(), low, high))
     return pd.DataFrame(rows, columns=["study", "model", *WEAK_VARIATION])
@@ -213,8 +211,11 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
     # fp32): its row names the levers its records state
     for index, (model, gpus, variant) in enumerate(zip(cells["model"], cells["gpus"], cells["variant"])):
         if variant == "all":
-            levers = _resolved_levers(ablation[ablation["counts"].fillna(False).astype(bool) & ablation["model"].eq(model)
-                                                & ablation["gpus"].eq(gpus) & ablation["variant"].eq("all")])  # fmt: skip
+            levers = _resolved_levers(
+                ablation[
+                    ablation["counts"].fillna(False).astype(bool) & ablation["model"].eq(model) & ablation["gpus"].eq(gpus) & ablation["variant"].eq("all")
+                ]
+            )
             if levers:
                 _add_note(cells, index, f"the study's preset as it resolved here: {levers}")
     # A bf16 cell on a CPU that emulates bf16 loses against fp32 by the emulation, not by a fault of
@@ -227,8 +228,14 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
     return cells[list(ABLATION_COLUMNS)]
 
 
-LEVER_WORDS = {"precision_recorded": "precision", "channels_last": "channels_last", "compile_mode": "compile", "loader": "loader",
-               "optimizer_impl": "optimizer", "cudnn_benchmark": "cuDNN benchmark"}  # fmt: skip
+LEVER_WORDS = {
+    "precision_recorded": "precision",
+    "channels_last": "channels_last",
+    "compile_mode": "compile",
+    "loader": "loader",
+    "optimizer_impl": "optimizer",
+    "cudnn_benchmark": "cuDNN benchmark",
+}
 
 
 def _resolved_levers(runs: pd.DataFrame) -> str:
@@ -281,8 +288,10 @@ def parallelism_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV
     for column in figures:
         cells[column] = figures[column].to_numpy()
     counted = study[study["counts"]].groupby(keys, sort=False, dropna=False)
-    text = {c: counted[c].agg(_joined) for c in ("peak_memory_kind", "mesh", "reshard_after_forward", "peak_flops_source",
-                                                 "comm_reason", "comm_by_collective", "activations_reason")}  # fmt: skip
+    text = {
+        c: counted[c].agg(_joined)
+        for c in ("peak_memory_kind", "mesh", "reshard_after_forward", "peak_flops_source", "comm_reason", "comm_by_collective", "activations_reason")
+    }
     for column, values in text.items():
         cells[column] = [values.get(tuple(key), "") for key in cells[keys].itertuples(index=False)]
     cells["note"] = [_parallelism_note(cell) for cell in cells.to_dict("records")]
@@ -309,15 +318,16 @@ def _parallelism_note(cell: Mapping[str, Any]) -> str:
         )
     if pd.isna(cell["state_bytes_per_rank_max"]):
         notes.append(
-            "not measured: state bytes per rank (the trainer records them for sharded runs; under ddp every rank "
-            "holds the whole model and optimizer state)" if not sharded else
-            "not measured: state bytes per rank (the records have no sharding entry)"
-        )  # fmt: skip
+            "not measured: state bytes per rank (the trainer records them for sharded runs; under ddp every rank holds the whole model and optimizer state)"
+            if not sharded
+            else "not measured: state bytes per rank (the records have no sharding entry)"
+        )
     if pd.isna(cell["comm_bytes_per_step"]):
         why = cell["comm_reason"] or (
-            "not counted under ddp: the trainer counts it for the sharded strategies (fsdp, tp, fsdp+tp, pp)" if not sharded
+            "not counted under ddp: the trainer counts it for the sharded strategies (fsdp, tp, fsdp+tp, pp)"
+            if not sharded
             else "the records have no analytic volume"
-        )  # fmt: skip
+        )
         notes.append(f"not measured: communication per step ({why})")
     if pd.isna(cell["activations_bytes_per_rank"]) and not pd.isna(cell["params_bytes_per_rank"]):
         notes.append(f"not measured: activation memory ({cell['activations_reason'] or 'the records give none'})")

@@ -32,35 +32,71 @@ from scalerepro.common.cli import CommandError
 # The tables a check may select from, and the numeric columns it may reduce (its metric).
 CHECK_TABLES: dict[str, tuple[str, ...]] = {
     "scaling": (
-        "samples_per_s_median", "samples_per_s_cv", "samples_per_s_per_gpu", "step_time_median_s", "epoch_time_s",
-        "epoch_time_cv", "speedup", "efficiency", "weak_variation",
+        "samples_per_s_median",
+        "samples_per_s_cv",
+        "samples_per_s_per_gpu",
+        "step_time_median_s",
+        "epoch_time_s",
+        "epoch_time_cv",
+        "speedup",
+        "efficiency",
+        "weak_variation",
     ),
     "sensitivity": ("samples_per_s_median", "samples_per_s_cv", "step_time_median_s", "exposed_comm_fraction"),
     "ablation": ("samples_per_s_median", "samples_per_s_cv", "gain"),
     "parallelism": (
-        "samples_per_s_median", "samples_per_s_cv", "tokens_per_s_median", "tokens_per_s_per_gpu", "mfu",
-        "peak_memory_bytes", "state_bytes_per_rank_max", "comm_bytes_per_step",
+        "samples_per_s_median",
+        "samples_per_s_cv",
+        "tokens_per_s_median",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "peak_memory_bytes",
+        "state_bytes_per_rank_max",
+        "comm_bytes_per_step",
     ),
     "runs": (
-        "samples_per_s", "tokens_per_s", "step_time_median_s", "epoch_time_s", "mfu", "exposed_comm_fraction",
-        "data_stall_fraction", "gpu_util_mean_pct", "power_mean_w", "energy_per_sample_j", "energy_per_sample_net_j",
-        "peak_memory_bytes", "final_train_loss", "final_eval_loss", "final_eval_accuracy",
+        "samples_per_s",
+        "tokens_per_s",
+        "step_time_median_s",
+        "epoch_time_s",
+        "mfu",
+        "exposed_comm_fraction",
+        "data_stall_fraction",
+        "gpu_util_mean_pct",
+        "power_mean_w",
+        "energy_per_sample_j",
+        "energy_per_sample_net_j",
+        "peak_memory_bytes",
+        "final_train_loss",
+        "final_eval_loss",
+        "final_eval_accuracy",
     ),
     "communication": ("time_us_median", "algbw_gbps", "busbw_gbps"),
     "comparison": ("ratio", "measured"),
-}  # fmt: skip
+}
 # Every column of each table, which a check's ``where`` may select on.
 CHECK_TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "scaling": SCALING_COLUMNS, "sensitivity": SENSITIVITY_COLUMNS, "ablation": ABLATION_COLUMNS,
-    "parallelism": PARALLELISM_COLUMNS, "runs": RUN_COLUMNS, "communication": COMM_COLUMNS, "comparison": COMPARISON_COLUMNS,
-}  # fmt: skip
+    "scaling": SCALING_COLUMNS,
+    "sensitivity": SENSITIVITY_COLUMNS,
+    "ablation": ABLATION_COLUMNS,
+    "parallelism": PARALLELISM_COLUMNS,
+    "runs": RUN_COLUMNS,
+    "communication": COMM_COLUMNS,
+    "comparison": COMPARISON_COLUMNS,
+}
 assert set(CHECK_TABLE_COLUMNS) == set(CHECK_TABLES)
 # What names a selected row in a check's detail, by table.
-CHECK_LABELS = {"scaling": "model", "sensitivity": "model", "ablation": "model", "parallelism": "cell", "runs": "run_id",
-                "communication": "size_bytes", "comparison": "reference"}  # fmt: skip
+CHECK_LABELS = {
+    "scaling": "model",
+    "sensitivity": "model",
+    "ablation": "model",
+    "parallelism": "cell",
+    "runs": "run_id",
+    "communication": "size_bytes",
+    "comparison": "reference",
+}
 # Why a row has no value, by table (shown when a check measured nothing).
-CHECK_REASONS = {"scaling": "note", "sensitivity": "note", "ablation": "note", "parallelism": "note", "runs": "nvml_reason",
-                 "comparison": "verdict"}  # fmt: skip
+CHECK_REASONS = {"scaling": "note", "sensitivity": "note", "ablation": "note", "parallelism": "note", "runs": "nvml_reason", "comparison": "verdict"}
 REDUCTIONS = ("worst", "best", "mean", "median")
 REDUCED = {"worst": "the worst", "best": "the best", "mean": "the mean", "median": "the median"}
 DIRECTIONS = ("min", "max")  # min: the measured value must reach the threshold; max: stay under it
@@ -92,8 +128,7 @@ class Check:
         return {"min": ">", "max": "<"}[self.direction] + ("" if self.strict else "=")
 
     def passes(self, value: float) -> bool:
-        return {">": value > self.threshold, ">=": value >= self.threshold,
-                "<": value < self.threshold, "<=": value <= self.threshold}[self.operator]  # fmt: skip
+        return {">": value > self.threshold, ">=": value >= self.threshold, "<": value < self.threshold, "<=": value <= self.threshold}[self.operator]
 
     def text(self, value: float, digits: int = 1) -> str:
         """A value of this check's metric as the report shows it (``digits`` decimals; a unit of
@@ -132,22 +167,32 @@ def parse_checks(targets: Mapping[str, Any]) -> list[Check]:
         if table not in CHECK_TABLES:
             raise CheckConfigError(f"config error at '{where}.table': {table!r} is not one of {list(CHECK_TABLES)}")
         if metric not in CHECK_TABLES[table]:
-            raise CheckConfigError(f"config error at '{where}.metric': {metric!r} is not a metric of {table}.csv "
-                             f"(one of {', '.join(CHECK_TABLES[table])})")  # fmt: skip
+            raise CheckConfigError(f"config error at '{where}.metric': {metric!r} is not a metric of {table}.csv (one of {', '.join(CHECK_TABLES[table])})")
         for key, allowed in (("direction", DIRECTIONS), ("reduce", REDUCTIONS)):
             if key in entry and entry[key] not in allowed:
                 raise CheckConfigError(f"config error at '{where}.{key}': {entry[key]!r} is not one of {list(allowed)}")
         selector = entry.get("where") or {}
         unknown_columns = [str(column) for column in selector if column not in CHECK_TABLE_COLUMNS[table]]
         if unknown_columns:
-            raise CheckConfigError(f"config error at '{where}.where': {table}.csv has no column {unknown_columns[0]!r} "
-                                   f"(it has {', '.join(CHECK_TABLE_COLUMNS[table])})")  # fmt: skip
+            raise CheckConfigError(
+                f"config error at '{where}.where': {table}.csv has no column {unknown_columns[0]!r} (it has {', '.join(CHECK_TABLE_COLUMNS[table])})"
+            )
         if isinstance(entry["threshold"], bool) or not isinstance(entry["threshold"], (int, float)):
             raise CheckConfigError(f"config error at '{where}.threshold': {entry['threshold']!r} is not a number")
-        parsed.append(Check(name=name, description=entry.get("description", f"{table} {metric}"), table=table,
-                            metric=metric, threshold=float(entry["threshold"]), direction=entry["direction"],
-                            where=dict(entry.get("where") or {}), reduce=entry.get("reduce", "worst"),
-                            strict=bool(entry.get("strict", False)), unit=entry.get("unit", "fraction")))  # fmt: skip
+        parsed.append(
+            Check(
+                name=name,
+                description=entry.get("description", f"{table} {metric}"),
+                table=table,
+                metric=metric,
+                threshold=float(entry["threshold"]),
+                direction=entry["direction"],
+                where=dict(entry.get("where") or {}),
+                reduce=entry.get("reduce", "worst"),
+                strict=bool(entry.get("strict", False)),
+                unit=entry.get("unit", "fraction"),
+            )
+        )
     return parsed
 
 
@@ -184,9 +229,12 @@ def select(table: pd.DataFrame, where: Mapping[str, Any]) -> tuple[pd.DataFrame,
 
 
 def _verdict(
-    check: Check, target: str, detail: str, measured: float | None = None,
+    check: Check,
+    target: str,
+    detail: str,
+    measured: float | None = None,
     interval: tuple[float, float] = (float("nan"), float("nan")),
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """One checks.csv row; without ``measured`` the check is "not measured" and ``detail`` says
     why. With an interval that has the threshold strictly inside it the check is "inconclusive":
     the repeats cannot say on which side the true value lies."""
@@ -226,8 +274,11 @@ def evaluate(check: Check, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]
             for text, labels in chosen.dropna(subset=[reason]).groupby(reason, sort=False)[label]:
                 who = ", ".join(map(str, labels)) if len(labels) <= 3 else f"{len(labels)} rows"
                 reasons.append(f"{who}: {text}")
-        why = f"no {check.table}.csv row where {where or 'any'}" if chosen.empty else \
-            f"no {check.metric} in the {len(chosen)} {check.table}.csv rows where {where or 'any'}"  # fmt: skip
+        why = (
+            f"no {check.table}.csv row where {where or 'any'}"
+            if chosen.empty
+            else f"no {check.metric} in the {len(chosen)} {check.table}.csv rows where {where or 'any'}"
+        )
         return _verdict(check, target, why + (f": {'; '.join(reasons)}" if reasons else ""))
     worst_first = done.sort_values(check.metric, ascending=check.direction == "min", kind="stable")
     per_label = worst_first.drop_duplicates(subset=[label])  # a derived column may repeat on a model's rows

@@ -104,10 +104,23 @@ BOTTLENECKS: dict[str, tuple[str, str]] = {
     ),
 }
 LOSS_DECOMPOSITION_COLUMNS = (
-    "study", "model", "gpus", "nodes", "repeats", "step_s", "ideal_step_s", "loss", "efficiency",
+    "study",
+    "model",
+    "gpus",
+    "nodes",
+    "repeats",
+    "step_s",
+    "ideal_step_s",
+    "loss",
+    "efficiency",
     *(f"{part}{suffix}" for part in PARTS for suffix in ("", "_ci_low", "_ci_high", "_s")),
-    "parts_sum", "sum_error", "overlap_cost_se", "bottleneck", "lever", "note",
-)  # fmt: skip
+    "parts_sum",
+    "sum_error",
+    "overlap_cost_se",
+    "bottleneck",
+    "lever",
+    "note",
+)
 
 
 def mean_step_s(run: pd.Series) -> float | None:
@@ -226,8 +239,7 @@ def loss_decomposition_table(runs: pd.DataFrame, scaling: pd.DataFrame) -> pd.Da
                 intervals[part] = repeats.interval(seconds / resampled["step"])
         for part in PARTS:
             low, high = intervals.get(part, (math.nan, math.nan))
-            row.update({part: float(parts[part]) / median_run["step"], f"{part}_ci_low": low, f"{part}_ci_high": high,
-                        f"{part}_s": float(parts[part])})  # fmt: skip
+            row.update({part: float(parts[part]) / median_run["step"], f"{part}_ci_low": low, f"{part}_ci_high": high, f"{part}_s": float(parts[part])})
         row["parts_sum"] = sum(row[part] for part in NAMED_PARTS)
         # the probe's precision where the parts hold its overlap cost: its standard error, a share of
         # the step, by which compute inflation and exposed comm may move between each other

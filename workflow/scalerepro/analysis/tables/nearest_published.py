@@ -100,8 +100,12 @@ VALUE_WORDS = {"nchw": "NCHW", "nhwc": "NHWC (channels_last)", "none": "none (ea
 # What reproduction.read_references leaves out and this comparison reads: the GPU part, its power
 # cap and whose figure that is, and the trainer's model an entry stands in for (with what differs).
 EXTRA_COLUMNS = ("sku", "power_cap_w", "power_cap_basis", "stands_for", "stands_for_differs")
-POWER_BASIS = {"source": "the source's", "datasheet": "the datasheet maximum; the source states none",
-               "record": "NVML, the record", "inventory": "NVML, the host inventory"}  # fmt: skip
+POWER_BASIS = {
+    "source": "the source's",
+    "datasheet": "the datasheet maximum; the source states none",
+    "record": "NVML, the record",
+    "inventory": "NVML, the host inventory",
+}
 # A GPU model's chip in a device name: H100, A100, GH200, L40S (the tokens of "NVIDIA H100 80GB HBM3").
 _CHIP = re.compile(r"^(?:GH|GB|[ABHLTV])\d{1,3}S?$")
 
@@ -391,8 +395,17 @@ def conditions_table(ref: Mapping[str, Any] | None, cell: Cell) -> list[dict[str
     published, ours = reference_conditions(ref), cell.compared()
     rows = []
     if (stand_in := _stand_in(ref, cell)) is not None:
-        rows.append({"condition": "model", "label": "model", "measured": cell.model, "published": str(ref.get("model")),
-                     "state": "differs", "cost": 1.0, "says": stand_in})  # fmt: skip
+        rows.append(
+            {
+                "condition": "model",
+                "label": "model",
+                "measured": cell.model,
+                "published": str(ref.get("model")),
+                "state": "differs",
+                "cost": 1.0,
+                "says": stand_in,
+            }
+        )
     for key, label, _ in CONDITION_TABLE:
         state = state_of(key, published, ours)
         if state is None:
@@ -445,17 +458,28 @@ def _figure(ref: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
         if ref["metric"] == "samples_per_s":
             per_gpu_note += f" ({float(ref['value']):,.0f} for the job)"
     return {
-        "reference": ref["id"], "kind": ref.get("kind"), "published": per_gpu_published(ref), "published_value": float(ref["value"]),
-        "published_gpus": gpus, "metric": ref["metric"], "per_gpu_note": per_gpu_note, "ratio": figure_ratio(ref, cell),
-        "source": ref.get("source"), "framework": _plain(ref.get("framework")), "metric_notes": _plain(ref.get("metric_notes")),
+        "reference": ref["id"],
+        "kind": ref.get("kind"),
+        "published": per_gpu_published(ref),
+        "published_value": float(ref["value"]),
+        "published_gpus": gpus,
+        "metric": ref["metric"],
+        "per_gpu_note": per_gpu_note,
+        "ratio": figure_ratio(ref, cell),
+        "source": ref.get("source"),
+        "framework": _plain(ref.get("framework")),
+        "metric_notes": _plain(ref.get("metric_notes")),
         "stand_in": _stand_in(ref, cell),
         # its reproduction conditions, as the source states them
-        "stated": [c["published"] if c["condition"] == "gpus" else f"{c['label']} {c['published']}" for c in conditions
-                   if c["condition"] != "model" and c["state"] != "not stated"],
+        "stated": [
+            c["published"] if c["condition"] == "gpus" else f"{c['label']} {c['published']}"
+            for c in conditions
+            if c["condition"] != "model" and c["state"] != "not stated"
+        ],
         "differs": [c["says"] for c in conditions if c["state"] == "differs"],
         "unknown": [c["says"] for c in conditions if c["state"] in ("not stated", "not recorded")],
         "conditions": conditions,
-    }  # fmt: skip
+    }
 
 
 @dataclass
@@ -518,17 +542,22 @@ def _reached(best: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> set
     return {s["lever"] for s in steps if s.get("status") == "measured" and words(s["lever"], published.get(s["lever"])) in (s["from"], s["to"])}
 
 
-def stops_short(best: dict[str, Any] | None, like: dict[str, Any] | None, steps: Sequence[Mapping[str, Any]],
-                best_ref: Mapping[str, Any] | None) -> dict[str, Any] | None:  # fmt: skip
+def stops_short(
+    best: dict[str, Any] | None, like: dict[str, Any] | None, steps: Sequence[Mapping[str, Any]], best_ref: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
     """Where the walk from the like-for-like figure stops short of the best published one: the
     conditions the best differs in from the measured cell that no measured step reaches."""
     if best is None or like is None or best["reference"] == like["reference"] or best_ref is None:
         return None
     reached = _reached(best_ref, steps)
     differ = [c for c in best["conditions"] if c["state"] == "differs"]
-    return {"reference": best["reference"], "ratio": best["ratio"], "like": like["reference"],
-            "unreached": [c["says"] for c in differ if c["condition"] not in reached],
-            "reached": [c["label"] for c in differ if c["condition"] in reached]}  # fmt: skip
+    return {
+        "reference": best["reference"],
+        "ratio": best["ratio"],
+        "like": like["reference"],
+        "unreached": [c["says"] for c in differ if c["condition"] not in reached],
+        "reached": [c["label"] for c in differ if c["condition"] in reached],
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -605,8 +634,7 @@ def walk(pairing: Pairing, cells: Sequence[Cell]) -> list[dict[str, Any]]:
 def _unused(cell: Cell, target: Cell, metric: str) -> dict[str, Any]:
     """A cell of the model that no step uses: more than one lever from every other cell."""
     spread = cell.describe("per_gpu" if metric == "tokens_per_s_per_gpu" else "samples_per_s")
-    apart = [f"{LABELS[k]} {words(k, v)}" for k, v in cell.conditions.items()
-             if str(v) != str(target.conditions.get(k))]  # fmt: skip
+    apart = [f"{LABELS[k]} {words(k, v)}" for k, v in cell.conditions.items() if str(v) != str(target.conditions.get(k))]
     return {"runs": cell.run_ids(), "median": spread["median"], "n": spread["n"], "apart": "; ".join(apart), "levers": len(apart)}
 
 
@@ -630,15 +658,24 @@ def _measured(lever: str, start: Any, end: Any, a: Cell, b: Cell, metric: str) -
     da, db = a.describe(metric), b.describe(metric)
     commits = sorted(a.commits() | b.commits())
     return {
-        "lever": lever, "label": LABELS[lever], "from": words(lever, start), "to": words(lever, end), "status": "measured",
-        "ratio": db["median"] / da["median"], "ratio_ci_low": low, "ratio_ci_high": high,
-        "from_median": da["median"], "from_n": da["n"], "from_runs": a.run_ids(),
-        "to_median": db["median"], "to_n": db["n"], "to_runs": b.run_ids(),
-        "held": "; ".join(f"{LABELS[k]} {words(k, v)}" for k, v in a.conditions.items()
-                          if k != lever and k in WALK_LEVERS and v is not None),
+        "lever": lever,
+        "label": LABELS[lever],
+        "from": words(lever, start),
+        "to": words(lever, end),
+        "status": "measured",
+        "ratio": db["median"] / da["median"],
+        "ratio_ci_low": low,
+        "ratio_ci_high": high,
+        "from_median": da["median"],
+        "from_n": da["n"],
+        "from_runs": a.run_ids(),
+        "to_median": db["median"],
+        "to_n": db["n"],
+        "to_runs": b.run_ids(),
+        "held": "; ".join(f"{LABELS[k]} {words(k, v)}" for k, v in a.conditions.items() if k != lever and k in WALK_LEVERS and v is not None),
         "sessions": f"runs of {len(commits)} commits ({', '.join(commits)})" if len(commits) > 1 else "",
         "cells": (a, b),
-    }  # fmt: skip
+    }
 
 
 def _rest(pairing: Pairing, steps: Sequence[Mapping[str, Any]], published: Mapping[str, Any]) -> dict[str, Any]:
@@ -663,8 +700,15 @@ def _rest(pairing: Pairing, steps: Sequence[Mapping[str, Any]], published: Mappi
         unexplained.append(f"whatever differs in what the runs' records do not state ({', '.join(unstated['not recorded'])})")
     if len(measured) > 1 or (measured and unexplained):
         unexplained.append("how the levers interact (each step was measured with the other levers as its pair had them)")
-    return {"lever": "", "label": "unexplained rest", "status": "rest", "ratio": total / product if total == total else float("nan"),
-            "explained": product, "total": total, "what": unexplained}  # fmt: skip
+    return {
+        "lever": "",
+        "label": "unexplained rest",
+        "status": "rest",
+        "ratio": total / product if total == total else float("nan"),
+        "explained": product,
+        "total": total,
+        "what": unexplained,
+    }
 
 
 def pairing_ratio(pairing: Pairing) -> float:
@@ -708,18 +752,30 @@ def published_table(runs: pd.DataFrame, references: pd.DataFrame, inventory: Any
         tokens = metric == "tokens_per_s_per_gpu" if metric else bool(cell.conditions.get("seq_len"))
         spread = cell.describe("tokens_per_s_per_gpu" if tokens else "samples_per_gpu")
         steps = walk(Pairing(cell, like_ref), cells) if like_ref is not None else []
-        rows.append({
-            "model": model, "device": device, "gpus": cell.gpus, "study": cell.study, "anchor": _anchor(model, device, devices),
-            "metric": "tokens_per_s_per_gpu" if tokens else "samples_per_s", "measured": spread["median"], "repeats": spread["n"],
-            "spread": cell.spread(tokens), "measured_runs": cell.run_ids(),
-            "best": best, "like": like, "like_none": None if like is not None or best is None else _why_no_like(cell, failed),
-            "why_none": _why_none(references, model, device) if best is None else "",
-            "walk": steps, "stops_short": stops_short(best, like, steps, best_ref),
-            # the walk's figures are in the like-for-like reference's metric, at the cell's GPU count
-            "walk_published": None if like_ref is None else float(like_ref["value"]),
-            "walk_measured": None if like_ref is None else cell.describe("samples_per_s" if like_ref["metric"] == "samples_per_s" else "per_gpu")["median"],
-            "walk_metric": None if like_ref is None else like_ref["metric"],
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": model,
+                "device": device,
+                "gpus": cell.gpus,
+                "study": cell.study,
+                "anchor": _anchor(model, device, devices),
+                "metric": "tokens_per_s_per_gpu" if tokens else "samples_per_s",
+                "measured": spread["median"],
+                "repeats": spread["n"],
+                "spread": cell.spread(tokens),
+                "measured_runs": cell.run_ids(),
+                "best": best,
+                "like": like,
+                "like_none": None if like is not None or best is None else _why_no_like(cell, failed),
+                "why_none": _why_none(references, model, device) if best is None else "",
+                "walk": steps,
+                "stops_short": stops_short(best, like, steps, best_ref),
+                # the walk's figures are in the like-for-like reference's metric, at the cell's GPU count
+                "walk_published": None if like_ref is None else float(like_ref["value"]),
+                "walk_measured": None if like_ref is None else cell.describe("samples_per_s" if like_ref["metric"] == "samples_per_s" else "per_gpu")["median"],
+                "walk_metric": None if like_ref is None else like_ref["metric"],
+            }
+        )
     return rows
 
 
@@ -733,8 +789,9 @@ def reproduction_shown(comparison: pd.DataFrame) -> bool:
     return bool(cells.ne("").any() or comparison["verdict"].astype(str).eq("not measured").any())
 
 
-def unshown_references(references: pd.DataFrame, rows: Sequence[Mapping[str, Any]], runs: pd.DataFrame,
-                       shown: set[str] = frozenset(), inventory: Any = None) -> list[dict[str, Any]]:  # fmt: skip
+def unshown_references(
+    references: pd.DataFrame, rows: Sequence[Mapping[str, Any]], runs: pd.DataFrame, shown: set[str] = frozenset(), inventory: Any = None
+) -> list[dict[str, Any]]:
     """The references beside no measurement here (neither a row's best nor its like-for-like figure,
     not in ``shown``), each with why: like for like but below the one shown, below the best published
     and not like for like (and why), a model not measured on this GPU model, another GPU, or an
@@ -765,8 +822,18 @@ def unshown_references(references: pd.DataFrame, rows: Sequence[Mapping[str, Any
                 why = f"below the best published shown ({row['best']['reference']}); not like for like: {'; '.join(failures)}"
             else:
                 why = f"not of {row['model']}'s class on this GPU model; not like for like: {'; '.join(failures)}"
-        out.append({"id": ref["id"], "model": ref.get("model"), "gpu": ref.get("gpu"), "gpus": _plain(ref.get("gpus")),
-                    "metric": ref.get("metric"), "value": float(ref["value"]), "kind": ref.get("kind"), "why": why})  # fmt: skip
+        out.append(
+            {
+                "id": ref["id"],
+                "model": ref.get("model"),
+                "gpu": ref.get("gpu"),
+                "gpus": _plain(ref.get("gpus")),
+                "metric": ref.get("metric"),
+                "value": float(ref["value"]),
+                "kind": ref.get("kind"),
+                "why": why,
+            }
+        )
     order = ("like for like", "below the best", "no ", "another GPU", "expected")
     group = {r["id"]: next((i for i, w in enumerate(order) if r["why"].startswith(w)), len(order)) for r in out}
     return sorted(out, key=lambda r: (group[r["id"]], str(r["gpu"]), str(r["model"]), r["gpus"] or 0))
@@ -778,8 +845,7 @@ def references_document(references_path: str | os.PathLike[str] | None) -> dict[
     return load_optional_references(references_path)
 
 
-def report_context(runs: pd.DataFrame, references_path: str | os.PathLike[str] | None, comparison: pd.DataFrame,
-                   inventory: Any = None) -> dict[str, Any]:  # fmt: skip
+def report_context(runs: pd.DataFrame, references_path: str | os.PathLike[str] | None, comparison: pd.DataFrame, inventory: Any = None) -> dict[str, Any]:
     """What the report's "Measured vs published" section shows of this module: a row per measured
     model (its best published and like-for-like figures, the gap walk), whether the reproduction
     table is shown, and the references beside no measurement here. No references file: no

@@ -198,12 +198,10 @@ class ClusterPreset:
             preset = replace(preset, gpus_per_node=gpus_per_node)
             changes.append(f"{gpus_per_node} GPUs per node")
         if nvlink_gbps is not None:
-            preset = replace(preset, intra=replace(preset.intra, bandwidth_bytes_per_s=nvlink_gbps * 1e9,
-                                                   source=f"given: {nvlink_gbps:g} GB/s"))  # fmt: skip
+            preset = replace(preset, intra=replace(preset.intra, bandwidth_bytes_per_s=nvlink_gbps * 1e9, source=f"given: {nvlink_gbps:g} GB/s"))
             changes.append(f"NVLink {nvlink_gbps:g} GB/s")
         if nic_gbps is not None:
-            preset = replace(preset, inter=replace(preset.inter, bandwidth_bytes_per_s=nic_gbps * 1e9,
-                                                   source=f"given: {nic_gbps:g} GB/s"))  # fmt: skip
+            preset = replace(preset, inter=replace(preset.inter, bandwidth_bytes_per_s=nic_gbps * 1e9, source=f"given: {nic_gbps:g} GB/s"))
             changes.append(f"NIC {nic_gbps:g} GB/s")
         return replace(preset, name=f"{self.name} with {', '.join(changes)}") if changes else preset
 
@@ -239,11 +237,12 @@ class ClusterPreset:
 
         def link(name: str, link: Link) -> str:
             rate = link.bandwidth_bytes_per_s / 1e9
-            return (f"{name} {link.name}: {rate:g} GB/s x {link.efficiency:g} = {rate * link.efficiency:.4g} GB/s per GPU, "
-                    f"alpha {link.hop_latency_s * 1e6:g} us/hop")  # fmt: skip
+            return (
+                f"{name} {link.name}: {rate:g} GB/s x {link.efficiency:g} = {rate * link.efficiency:.4g} GB/s per GPU, "
+                f"alpha {link.hop_latency_s * 1e6:g} us/hop"
+            )
 
-        return (f"{self.name}, {self.gpus_per_node} GPUs/node; {link('intra', self.intra)}; {link('inter', self.inter)}; "
-                f"{self.topology.describe()}")  # fmt: skip
+        return f"{self.name}, {self.gpus_per_node} GPUs/node; {link('intra', self.intra)}; {link('inter', self.inter)}; {self.topology.describe()}"
 
 
 @dataclass(frozen=True)

@@ -122,11 +122,18 @@ def to_document(errors: Iterable[RegimeError], command: str, protocol: str) -> d
         "command": command,
         "protocol": protocol,
         "regimes": [
-            {"strategy": e.regime.strategy, "nodes": e.regime.nodes, "batch": e.regime.batch, "compute": e.regime.compute,
-             "median": round(e.median, 3), "largest": round(e.largest, 3), "rows": list(e.rows)}
+            {
+                "strategy": e.regime.strategy,
+                "nodes": e.regime.nodes,
+                "batch": e.regime.batch,
+                "compute": e.regime.compute,
+                "median": round(e.median, 3),
+                "largest": round(e.largest, 3),
+                "rows": list(e.rows),
+            }
             for e in errors
         ],
-    }  # fmt: skip
+    }
 
 
 def error_table_of(references: Mapping[str, Any]) -> ErrorTable | None:
@@ -151,6 +158,8 @@ def error_columns(regime: Regime, table: ErrorTable | None) -> dict[str, Any]:
     return {
         "regime": regime.key,
         "typical_error": found.median,
-        "error_basis": (f"back-test of {table.command}: median ±{found.median:.1%}, largest ±{found.largest:.1%} over "
-                        f"{len(found.rows)} held-back row{'' if len(found.rows) == 1 else 's'} ({rows})"),
-    }  # fmt: skip
+        "error_basis": (
+            f"back-test of {table.command}: median ±{found.median:.1%}, largest ±{found.largest:.1%} over "
+            f"{len(found.rows)} held-back row{'' if len(found.rows) == 1 else 's'} ({rows})"
+        ),
+    }

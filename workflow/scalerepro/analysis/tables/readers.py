@@ -254,10 +254,16 @@ def read_matrix(path: str | os.PathLike[str], study: str | os.PathLike[str] | No
 # The conditions a record states beside its plan that change its figures: the repeats of a cell
 # agree on each, or the cell mixes configurations and none of its runs counts.
 CELL_CONDITIONS = {
-    "device_name": "device", "data_kind": "data", "image_size": "image size", "seq_len": "sequence length",
-    "compile_mode": "compile mode", "channels_last": "memory format (channels_last)", "loader": "loader",
-    "optimizer_impl": "optimizer implementation", "cudnn_benchmark": "cuDNN benchmark",
-}  # fmt: skip
+    "device_name": "device",
+    "data_kind": "data",
+    "image_size": "image size",
+    "seq_len": "sequence length",
+    "compile_mode": "compile mode",
+    "channels_last": "memory format (channels_last)",
+    "loader": "loader",
+    "optimizer_impl": "optimizer implementation",
+    "cudnn_benchmark": "cuDNN benchmark",
+}
 # What makes a matrix row one repeat of a cell: every planned column but these.
 NOT_CELL_COLUMNS = ("run_id", "repeat", "record", "record_file", "rerun", "runtime_min", "record_of")
 
@@ -307,10 +313,12 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     rows = matrix.drop(columns=[c for c in NOT_CELL_COLUMNS if c not in ("run_id", "record_of")], errors="ignore").to_dict("records")
     # a row that reads another cell's run (record_of) must find that run's id in the record
     planned = [
-        {**{k: v for k, v in row.items() if k not in ("run_id", "record_of")},
-         **({"run_id": row.get("record_of") or row["run_id"]} if row.get("study") != RECORDS_STUDY else {})}
+        {
+            **{k: v for k, v in row.items() if k not in ("run_id", "record_of")},
+            **({"run_id": row.get("record_of") or row["run_id"]} if row.get("study") != RECORDS_STUDY else {}),
+        }
         for row in rows
-    ]  # fmt: skip
+    ]
     files = matrix["record_file"] if "record_file" in matrix.columns else matrix["record"]
     parsed = list(map(read_record, matrix["run_id"], files, planned, matrix["record"].fillna("")))
     fields = pd.DataFrame.from_records([p[0] for p in parsed], columns=RECORD_COLUMNS)
@@ -318,15 +326,24 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     ended = pd.to_datetime(runs["ended_at"], format="ISO8601", utc=True)
     started = pd.to_datetime(runs["started_at"], format="ISO8601", utc=True)
     runs["duration_s"] = (ended - started).dt.total_seconds()
-    for column in ("world_size_recorded", "nodes_recorded", "peak_memory_bytes", "per_gpu_batch_recorded",
-                   "grad_accum_recorded", "tokens_per_sample", "image_size", "seq_len"):  # fmt: skip
+    for column in (
+        "world_size_recorded",
+        "nodes_recorded",
+        "peak_memory_bytes",
+        "per_gpu_batch_recorded",
+        "grad_accum_recorded",
+        "tokens_per_sample",
+        "image_size",
+        "seq_len",
+    ):
         runs[column] = runs[column].astype("Int64")
     runs["channels_last"] = runs["channels_last"].astype("boolean")
     for column in ("state_bytes_per_rank_max", "state_bytes_per_rank_min", *MEMORY_SPLIT):
         runs[column] = runs[column].astype("Int64")
     mixed = _mixed_cells(runs)
-    runs["consistency"] = [("; ".join(filter(None, [own, cell]))) or None if isinstance(own, str) or cell else None
-                           for own, cell in zip(runs["consistency"], mixed)]  # fmt: skip
+    runs["consistency"] = [
+        ("; ".join(filter(None, [own, cell]))) or None if isinstance(own, str) or cell else None for own, cell in zip(runs["consistency"], mixed)
+    ]
     # consistent: a completed run whose record states every knob of its plan, each as planned, in a
     # cell whose repeats agree; a run that did not complete is not judged (True: failed, not
     # inconsistent); empty where there is no record

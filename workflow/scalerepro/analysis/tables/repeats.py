@@ -74,8 +74,7 @@ def describe(values: Sequence[float] | np.ndarray, key: Any) -> dict[str, float]
     # CV = sample standard deviation / mean
     cv = float(np.std(x, ddof=1) / mean) if n >= 2 and mean != 0 else float("nan")
     low, high = interval(bootstrap_medians(x, key))
-    return {"n": n, "median": float(np.median(x)), "min": float(x.min()), "max": float(x.max()), "cv": cv,
-            "ci_low": low, "ci_high": high}  # fmt: skip
+    return {"n": n, "median": float(np.median(x)), "min": float(x.min()), "max": float(x.max()), "cv": cv, "ci_low": low, "ci_high": high}
 
 
 def ratio_interval(

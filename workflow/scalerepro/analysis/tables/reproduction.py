@@ -164,15 +164,25 @@ def comparison_table(
         spread = repeats.describe(values.to_numpy(dtype=float), ("reference", ref["id"]))
         measured = recorded_conditions(done.iloc[0].to_dict()) if len(done) else {}
         row = {
-            "reference": ref["id"], "group": group, "kind": ref["kind"], "model": ref["model"], "gpus": ref["gpus"],
-            "metric": ref["metric"], "published": ref["value"], "measured": spread["median"],
-            "measured_ci_low": spread["ci_low"], "measured_ci_high": spread["ci_high"], "repeats": spread["n"],
-            "measured_cv": spread["cv"], "noisy": bool(spread["cv"] > noise_cv_max),
+            "reference": ref["id"],
+            "group": group,
+            "kind": ref["kind"],
+            "model": ref["model"],
+            "gpus": ref["gpus"],
+            "metric": ref["metric"],
+            "published": ref["value"],
+            "measured": spread["median"],
+            "measured_ci_low": spread["ci_low"],
+            "measured_ci_high": spread["ci_high"],
+            "repeats": spread["n"],
+            "measured_cv": spread["cv"],
+            "noisy": bool(spread["cv"] > noise_cv_max),
             "measured_cell": f"reproduce: {', '.join(done['run_id'])}{shared}" if len(done) else "",
-            "measured_device": measured.get("gpu", ""), "measured_conditions": describe_conditions(measured),
+            "measured_device": measured.get("gpu", ""),
+            "measured_conditions": describe_conditions(measured),
             "published_conditions": describe_conditions(ref),
             **{key: ref[key] for key in (*CONDITIONS, "framework", "metric_notes", "source", "note")},
-        }  # fmt: skip
+        }
         row["ratio"] = spread["median"] / ref["value"] if len(done) else float("nan")
         differs = None
         if len(done) and not _same_device(measured["gpu"], ref["gpu"]):
@@ -200,5 +210,4 @@ def comparison_table(
         rows.append(row)
     table = pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
     order = {"reproduction": 0, "context": 1}
-    return table.sort_values(["group", "model", "gpus"], key=lambda c: c.map(order) if c.name == "group" else c,
-                             kind="stable", ignore_index=True)  # fmt: skip
+    return table.sort_values(["group", "model", "gpus"], key=lambda c: c.map(order) if c.name == "group" else c, kind="stable", ignore_index=True)

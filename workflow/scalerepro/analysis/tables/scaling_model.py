@@ -198,13 +198,46 @@ from scalerepro.common.gpu_peaks import peaks_key
 from scalerepro.common.references import load_optional_references
 
 SCALING_MODEL_COLUMNS = (
-    "study", "model", "gpus", "nodes", "basis", "network", "alpha_step_us", "link_gbps", "global_batch",
-    "per_gpu_batch", "grad_accum_steps", "compute_scale", "buckets", "gradient_bytes", "allreduce_s",
-    "exposed_comm_s", "step_time_measured_s", "step_time_predicted_s", "step_time_error", "efficiency_measured",
-    "efficiency_predicted", "efficiency_error", "cluster", "typical_error", "profile_run", "note",
-    "cluster_basis", "fixed_step_s", "loss_fixed_cost", "loss_exposed_comm", "compute_inflation", "inflation_basis",
-    "loss_compute_inflation", "batch_curve", "loss_straggler", "straggler_basis", "regime", "error_basis", "bound",
-)  # fmt: skip
+    "study",
+    "model",
+    "gpus",
+    "nodes",
+    "basis",
+    "network",
+    "alpha_step_us",
+    "link_gbps",
+    "global_batch",
+    "per_gpu_batch",
+    "grad_accum_steps",
+    "compute_scale",
+    "buckets",
+    "gradient_bytes",
+    "allreduce_s",
+    "exposed_comm_s",
+    "step_time_measured_s",
+    "step_time_predicted_s",
+    "step_time_error",
+    "efficiency_measured",
+    "efficiency_predicted",
+    "efficiency_error",
+    "cluster",
+    "typical_error",
+    "profile_run",
+    "note",
+    "cluster_basis",
+    "fixed_step_s",
+    "loss_fixed_cost",
+    "loss_exposed_comm",
+    "compute_inflation",
+    "inflation_basis",
+    "loss_compute_inflation",
+    "batch_curve",
+    "loss_straggler",
+    "straggler_basis",
+    "regime",
+    "error_basis",
+    "bound",
+)
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
 BATCH_CURVE_FILE = "batch_curve.json"  # benchmarks/gpu/batch_curve.py's output: a study's, or its GPU session's
 PROPORTIONAL_BOUND = "upper bound: compute taken as proportional to the micro-batch (no batch curve covers it)"
@@ -284,8 +317,9 @@ def config_network(links: Mapping[str, Link], gpus: int, gpus_per_node: int) -> 
     link = links[key]
     # B = line rate x efficiency: an all-reduce's bus bandwidth stays below the line rate
     bandwidth = link.bandwidth_bytes_per_s * link.efficiency
-    source = (f"{link.name}: {link.bandwidth_bytes_per_s / 1e9:g} GB/s line rate x {link.efficiency:g} "
-              f"(references.yaml links.{key}; the study measured no such link)")  # fmt: skip
+    source = (
+        f"{link.name}: {link.bandwidth_bytes_per_s / 1e9:g} GB/s line rate x {link.efficiency:g} (references.yaml links.{key}; the study measured no such link)"
+    )
     return RingNetwork(gpus, link.hop_latency_s, bandwidth, source)
 
 
@@ -508,8 +542,7 @@ class BatchCurve:
         return max(self.step_s(batch) - fixed_s, 0.0) / (self.step_s(reference_batch) - fixed_s)
 
     def describe(self) -> str:
-        return (f"t(m) = {self.intercept_s * 1e3:.3g} ms + {self.slope_s * 1e3:.3g} ms x m through "
-                f"m = {', '.join(map(str, self.batches))} ({self.source})")  # fmt: skip
+        return f"t(m) = {self.intercept_s * 1e3:.3g} ms + {self.slope_s * 1e3:.3g} ms x m through m = {', '.join(map(str, self.batches))} ({self.source})"
 
     def covers(self, batch: float) -> bool:
         """Whether ``batch`` lies within the batches the curve was measured at (a line is not
@@ -908,9 +941,18 @@ def scaling_model_table(
         if not profiles:
             why = "; ".join(sorted({reason for _, reason in found})) or "no completed 1-GPU run of this study and model"
             for gpus, cell in [] if derived else cells.iterrows():
-                rows.append(_row(**base, gpus=gpus, nodes=cell["nodes"], basis="measured",
-                                 step_time_measured_s=cell["step_time_median_s"], efficiency_measured=cell["efficiency"],
-                                 per_gpu_batch=batches.get(gpus), note=f"no prediction: {why}"))  # fmt: skip
+                rows.append(
+                    _row(
+                        **base,
+                        gpus=gpus,
+                        nodes=cell["nodes"],
+                        basis="measured",
+                        step_time_measured_s=cell["step_time_median_s"],
+                        efficiency_measured=cell["efficiency"],
+                        per_gpu_batch=batches.get(gpus),
+                        note=f"no prediction: {why}",
+                    )
+                )
             continue
         profile = within_step(median_profile(profiles))
         profile_run = ", ".join(one["run_id"][[p is not None for p, _ in found]])
@@ -961,13 +1003,13 @@ def scaling_model_table(
             # the run measured exposed, on the benchmark at this count
             share = None
             if step.exposed_s is not None and int(run["gpus"]) in fits:
-                share = bandwidth_share(inflated(profile, step.nosync_s / uninflated), fits[int(run["gpus"])][0],
-                                        step.exposed_s, compute_scale_at(key[0]), key[1])  # fmt: skip
+                share = bandwidth_share(
+                    inflated(profile, step.nosync_s / uninflated), fits[int(run["gpus"])][0], step.exposed_s, compute_scale_at(key[0]), key[1]
+                )
             # k: the typical rank's compute where the window splits out the wait for the slowest
             # (that wait then grows with N, the spread sigma / t), else the probe's step that holds it
             spread = straggler_spread(step.straggler_s, int(run["gpus"]), step.compute_s) if step.straggler_s is not None else None
-            measured_inflation.append(Inflation(str(run["study"]), int(run["gpus"]), occupancy, step.compute_s / step_1, share,
-                                                step.measured_in, spread))  # fmt: skip
+            measured_inflation.append(Inflation(str(run["study"]), int(run["gpus"]), occupancy, step.compute_s / step_1, share, step.measured_in, spread))
         # the strong study's global batch G, the same at every N (the 1-GPU cell's, for matrices
         # from before it was: there G was the 1-GPU per-GPU batch)
         global_batch = int(first.loc[1, "global_batch"]) if study == "strong" else None
@@ -981,16 +1023,31 @@ def scaling_model_table(
             cluster_basis = "scaling.predict_cluster" if named is not None else own_why
             on_cluster = cluster is not None
             if beyond_node and named is None and own is None and len(gpu_runs) and gpus_per_node == 1:
-                rows.append(_row(**base, gpus=gpus, basis=basis, note=f"no prediction beyond the one-GPU node the study ran on: "
-                                 f"{own_why}; name a preset as scaling.predict_cluster (clusters in config/references.yaml)"))  # fmt: skip
+                rows.append(
+                    _row(
+                        **base,
+                        gpus=gpus,
+                        basis=basis,
+                        note=f"no prediction beyond the one-GPU node the study ran on: "
+                        f"{own_why}; name a preset as scaling.predict_cluster (clusters in config/references.yaml)",
+                    )
+                )
                 continue
             node_size = cluster.gpus_per_node if on_cluster else gpus_per_node
             nodes = cell["nodes"] if cell is not None else -(-gpus // node_size)
-            row = _row(**base, gpus=gpus, nodes=nodes, basis=basis, buckets=len(profile.bucket_bytes),
-                       gradient_bytes=sum(profile.bucket_bytes), profile_run=profile_run,
-                       global_batch=global_batch if study == "strong" else None,
-                       step_time_measured_s=None if cell is None else cell["step_time_median_s"],
-                       efficiency_measured=None if cell is None else cell["efficiency"], note="")  # fmt: skip
+            row = _row(
+                **base,
+                gpus=gpus,
+                nodes=nodes,
+                basis=basis,
+                buckets=len(profile.bucket_bytes),
+                gradient_bytes=sum(profile.bucket_bytes),
+                profile_run=profile_run,
+                global_batch=global_batch if study == "strong" else None,
+                step_time_measured_s=None if cell is None else cell["step_time_median_s"],
+                efficiency_measured=None if cell is None else cell["efficiency"],
+                note="",
+            )
             # m_N and A_N: the matrix's where measured; beyond it G / N (strong) or m_1, A_1 (weak)
             if basis == "measured":
                 split: tuple[int, int] | str = (int(batches[gpus]), int(accumulation.get(gpus, 1)))
@@ -1020,11 +1077,20 @@ def scaling_model_table(
                 curve_text, row["bound"] = f"proportional: {why}", PROPORTIONAL_BOUND
             else:  # the one-GPU run's own micro-batch: no curve is needed
                 curve_text = curve.describe() if curve is not None else f"none needed at the one-GPU micro-batch ({curve_why})"
-            row.update(per_gpu_batch=micro, grad_accum_steps=accum, compute_scale=compute_scale,
-                       compute_inflation=k + straggler_s / step_1, inflation_basis=k_basis, batch_curve=curve_text,
-                       straggler_basis=(f"{spread_basis}; sigma / t = {spread:.3g}, W({gpus}) = sigma x e_{gpus} = {expected_max_normal(gpus):.3f} "
-                                        "sigma (a normal fitted to the mean wait: the record keeps no per-step times)")
-                       if spread else spread_basis)  # fmt: skip
+            row.update(
+                per_gpu_batch=micro,
+                grad_accum_steps=accum,
+                compute_scale=compute_scale,
+                compute_inflation=k + straggler_s / step_1,
+                inflation_basis=k_basis,
+                batch_curve=curve_text,
+                straggler_basis=(
+                    f"{spread_basis}; sigma / t = {spread:.3g}, W({gpus}) = sigma x e_{gpus} = {expected_max_normal(gpus):.3f} "
+                    "sigma (a normal fitted to the mean wait: the record keeps no per-step times)"
+                )
+                if spread
+                else spread_basis,
+            )
             network: AllReduceNetwork
             own_link = False  # a link the study's all-reduce benchmark measured (not references.yaml's)
             try:
@@ -1047,8 +1113,12 @@ def scaling_model_table(
                 # the all-reduce under load: the benchmark measured it alone, the step runs it
                 # beside the backward (on a CPU, on the same cores)
                 share, share_basis = inflation_for(measured_inflation, study, gpus, occupancy, basis == "measured", "bandwidth_share")
-                network = RingNetwork(gpus, network.alpha_step_s, share * network.link_bytes_per_s,
-                                      f"{network.source}; B under load {share:.3g} x the benchmark's ({share_basis})")  # fmt: skip
+                network = RingNetwork(
+                    gpus,
+                    network.alpha_step_s,
+                    share * network.link_bytes_per_s,
+                    f"{network.source}; B under load {share:.3g} x the benchmark's ({share_basis})",
+                )
             prediction = simulate_step(inflated(profile, factor), network, compute_scale, accum)
             step_n = prediction.step_s + straggler_s  # the last bucket waits for the slowest rank's backward
             # What the loss of efficiency is lost to: ideal is t(1) / N (strong) or t(1) (weak);
@@ -1082,8 +1152,9 @@ def scaling_model_table(
             if basis == "predicted":
                 row["note"] = f"prediction only: beyond the {measured_max:g} GPU{'' if measured_max == 1 else 's'} the study ran on"
                 if derived:
-                    row["note"] += (f"; weak scaling at the one-GPU run's per-GPU batch ({micro_1}) held at every count, from the "
-                                    f"{source_study} study's one-GPU step")  # fmt: skip
+                    row["note"] += (
+                        f"; weak scaling at the one-GPU run's per-GPU batch ({micro_1}) held at every count, from the {source_study} study's one-GPU step"
+                    )
                 if row["bound"]:
                     row["note"] += f"; {PROPORTIONAL_BOUND}: the efficiency is at most this"
             if on_cluster:
@@ -1095,10 +1166,13 @@ def scaling_model_table(
                 row["cluster_basis"] = cluster_basis
                 row["note"] += f"; on {cluster.name}; " + (
                     f"the model's typical error in its regime ({regime.key}) is ±{row['typical_error']:.1%}: {row['error_basis']}"
-                    if row["typical_error"] is not None else f"no typical error: {prediction_error.NO_BACK_TEST} ({regime.key})")  # fmt: skip
+                    if row["typical_error"] is not None
+                    else f"no typical error: {prediction_error.NO_BACK_TEST} ({regime.key})"
+                )
             elif basis == "predicted":
-                row["error_basis"] = (f"{prediction_error.NO_BACK_TEST}: the back-test ran on NCCL clusters' published series; "
-                                      "this row replays the study's own links")  # fmt: skip
+                row["error_basis"] = (
+                    f"{prediction_error.NO_BACK_TEST}: the back-test ran on NCCL clusters' published series; this row replays the study's own links"
+                )
             rows.append(row)
     table = pd.DataFrame(rows, columns=SCALING_MODEL_COLUMNS)
     return table.sort_values(["study", "model", "gpus"], kind="stable", ignore_index=True)
