@@ -53,6 +53,22 @@ def torchrun(nproc: int, args: list[str], timeout: float = 300, **popen) -> subp
     return subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=timeout, **popen)
 
 
+def signal_last_rank_at_step_20(args: list[str], signum: int) -> tuple[subprocess.Popen, str]:
+    """Start two ranks under torchrun, wait until step 20 is logged, send ``signum`` to the last
+    rank only; return the launcher (finished) and everything it printed."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.training.train", *args]
+    launcher = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in launcher.stdout:
+        if line.startswith("step 20/"):
+            break
+    workers = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "scalerepro.training.train"], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    os.kill(int(workers[-1]), signum)
+    output = launcher.stdout.read()
+    launcher.wait(timeout=120)
+    return launcher, output
+
+
 def python_train(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "scalerepro.training.train", *args], env=env or clean_env(), capture_output=True, text=True, timeout=timeout)
 

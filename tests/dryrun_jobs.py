@@ -95,9 +95,9 @@ if __name__ == "__main__":
                 env = gpu_machine_env(Path(scratch) / case, gpus, env)
             _write(case, planned_jobs(REPO, env, *args))
     if "--slurm" in sys.argv:  # needs the test cluster (tests/slurm/cluster.sh start)
-        from test_slurm import PROFILE_ARGS, STUDY, _cluster_env, _env
+        from slurm_cluster import PROFILE_ARGS, STUDY, cluster_env, snakemake_env
 
-        env = _env(_cluster_env())
+        env = snakemake_env(cluster_env())
         _write(
             "slurm",
             planned_jobs(REPO, env, *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY), "tests/fixtures/dryrun/slurm_weak.yaml", *SINCE_SNAPSHOT),

@@ -17,7 +17,7 @@ from scalerepro.planning import study
 from scalerepro.schedulers.base import SchedulerError
 
 from conftest import REPO
-from test_workflow import snakemake
+from workflow_runs import snakemake
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
 # Two Snakemake dry runs at a time, one core each (tests/conftest.py: all_cores).

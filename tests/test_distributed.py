@@ -4,7 +4,6 @@ stop every rank after the same step, a missing peer is a clear error, srun-style
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from scalerepro.schedulers.base import SchedulerError
 from scalerepro.schedulers.slurm import first_host
 from scalerepro.training.distributed import DistributedSetupError, detect_env
 
-from conftest import clean_env, free_port, load_record, torchrun
+from conftest import clean_env, free_port, load_record, signal_last_rank_at_step_20, torchrun
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
 pytestmark = pytest.mark.slow
@@ -214,22 +213,6 @@ def test_one_rank_with_a_process_group_runs_ddp_and_trains_as_one_rank_without(t
         torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
 
 
-def _signal_last_rank_at_step_20(args: list[str], signum: int) -> tuple[subprocess.Popen, str]:
-    """Start two ranks under torchrun, wait until step 20 is logged, send ``signum`` to the last
-    rank only; return the launcher (finished) and everything it printed."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "scalerepro.training.train", *args]
-    launcher = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in launcher.stdout:
-        if line.startswith("step 20/"):
-            break
-    workers = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "scalerepro.training.train"], capture_output=True, text=True).stdout.split()
-    assert len(workers) == 2, workers
-    os.kill(int(workers[-1]), signum)
-    output = launcher.stdout.read()
-    launcher.wait(timeout=120)
-    return launcher, output
-
-
 def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
     args = [
         "--model",
@@ -253,7 +236,7 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
         "--record",
         str(tmp_path / "r.json"),
     ]
-    _, output = _signal_last_rank_at_step_20(args, signal.SIGUSR1)  # rank 0 must learn of it
+    _, output = signal_last_rank_at_step_20(args, signal.SIGUSR1)  # rank 0 must learn of it
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "preempted", output[-2000:]
     assert record["stop_signal"] == "SIGUSR1" and "stopped by SIGUSR1" in output  # rank 0 records rank 1's signal
@@ -289,7 +272,7 @@ def test_a_crashed_rank_fails_the_run_with_a_record_and_one_line(tmp_path):
         "--record",
         str(tmp_path / "r.json"),
     ]
-    launcher, output = _signal_last_rank_at_step_20(args, signal.SIGKILL)  # rank 1 dies without a word
+    launcher, output = signal_last_rank_at_step_20(args, signal.SIGKILL)  # rank 1 dies without a word
     assert launcher.returncode != 0
     errors = [line for line in output.splitlines() if line.startswith("scalerepro.training.train: error:")]
     assert len(errors) == 1 and "rank 0 at step" in errors[0] and "lost contact with another rank" in errors[0], output[-3000:]

@@ -32,6 +32,7 @@ import pytest
 
 from analysis_fixtures import Study, make_record
 from conftest import REPO, clean_env
+from workflow_runs import COPY_IGNORE
 
 REFERENCES = str(REPO / "config" / "references.yaml")
 
@@ -356,7 +357,6 @@ TWO_DRIVERS = [
 def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: str, tmp_path: Path) -> None:
     """A real driver runs the CI study (synthetic data) in a copy of the checkout; a second one
     started there is told plainly that the first is running, never to --rerun-incomplete."""
-    from test_workflow import COPY_IGNORE
 
     workdir = tmp_path / "study"
     shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)

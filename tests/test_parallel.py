@@ -19,7 +19,7 @@ import torch
 
 from scalerepro.parallel import activation_checkpointing, comm_bytes, mesh, pipeline_parallel, tensor_parallel
 
-from conftest import clean_env, free_port
+from conftest import clean_env, free_port, signal_last_rank_at_step_20
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
 pytestmark = pytest.mark.slow
@@ -407,7 +407,6 @@ def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
 def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does(tmp_path):
     """SIGUSR1 at a log point: every rank writes its shards (DCP), the run is resumed with
     --resume, and the final weights equal those of a run never stopped, bit for bit."""
-    from test_distributed import _signal_last_rank_at_step_20
 
     from conftest import load_record, torchrun
 
@@ -415,7 +414,7 @@ def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does
     straight = torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
     assert straight.returncode == 0, straight.stderr[-3000:]
     args = [*common, "--checkpoint-dir", str(tmp_path / "stopped"), "--record", str(tmp_path / "r.json")]
-    _, output = _signal_last_rank_at_step_20(args, signal.SIGUSR1)
+    _, output = signal_last_rank_at_step_20(args, signal.SIGUSR1)
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "preempted", output[-2000:]
     stopped = record["steps"]["completed"]
@@ -501,7 +500,6 @@ def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
     and ends at the weights of the 2-rank run never stopped (tolerance as above: only the order
     of the sums differs; AdamW's moments, the data position and the schedule must all have come
     back for the 40 steps after it to land there)."""
-    from test_distributed import _signal_last_rank_at_step_20
 
     from conftest import load_record, torchrun
 
@@ -509,7 +507,7 @@ def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
     straight = torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
     assert straight.returncode == 0, straight.stderr[-3000:]
     stopped_args = ["--checkpoint-dir", str(tmp_path / "stopped"), "--record", str(tmp_path / "r.json")]
-    _, output = _signal_last_rank_at_step_20([*common, *stopped_args], signal.SIGUSR1)
+    _, output = signal_last_rank_at_step_20([*common, *stopped_args], signal.SIGUSR1)
     record = load_record(tmp_path / "r.json")
     assert record["status"] == "preempted", output[-2000:]
     stopped = record["steps"]["completed"]

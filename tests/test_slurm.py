@@ -21,22 +21,12 @@ import pytest
 import yaml
 
 from conftest import ALL_CORES, REPO, clean_env, load_record
-from test_workflow import COPY_IGNORE, cifar_server  # noqa: F401 - a fixture, used by name
+from slurm_cluster import CLUSTER_SH, PROFILE_ARGS, STUDY, cluster_env, snakemake_env
+from workflow_runs import COPY_IGNORE, cifar_server  # noqa: F401 - a fixture, used by name
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
 # Its runs are compared bit for bit with runs made here: both see every core (one thread per core).
 pytestmark = [pytest.mark.slow, pytest.mark.all_cores]
-
-CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
-STUDY = REPO / "tests" / "slurm" / "study.yaml"
-# The profile as committed, with status checks fast enough for jobs that last seconds.
-PROFILE_ARGS = ["--profile", "slurm", "--slurm-init-seconds-before-status-checks", "2", "--latency-wait", "5"]
-
-
-def _cluster_env() -> dict[str, str]:
-    exports = subprocess.run([str(CLUSTER_SH), "env"], capture_output=True, text=True, check=True).stdout
-    name, _, value = exports.strip().removeprefix("export ").partition("=")
-    return {name: value}
 
 
 def _cluster_answers(env: dict[str, str]) -> bool:
@@ -49,7 +39,7 @@ def _cluster_answers(env: dict[str, str]) -> bool:
 @pytest.fixture(scope="module")
 def slurm_env():
     """The environment that reaches the test cluster, started here if it is not running."""
-    env = _cluster_env()
+    env = cluster_env()
     started = False
     if not _cluster_answers(env):
         reason = None
@@ -67,10 +57,6 @@ def slurm_env():
     yield env
     if started:
         subprocess.run([str(CLUSTER_SH), "stop"], check=False, timeout=120)
-
-
-def _env(slurm_env: dict[str, str]) -> dict[str, str]:
-    return clean_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **slurm_env)
 
 
 def _snakemake(workdir: Path, env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -102,7 +88,7 @@ def slurm_study(tmp_path_factory, slurm_env, cifar_server):  # noqa: F811 - the 
     """The CI study submitted to the test cluster, once."""
     workdir = _copy(tmp_path_factory, "slurm-study")
     url, md5 = cifar_server
-    env = _env(slurm_env)
+    env = snakemake_env(slurm_env)
     started = time.monotonic()
     result = _snakemake(
         workdir,
@@ -178,7 +164,7 @@ def test_a_preempted_run_checkpoints_is_retried_and_matches_an_uninterrupted_run
     # The job and the reference run are one-rank trainers on every core: with OpenMP's spinning
     # waits, a busy neighbour (the other xdist worker) made them 5x slower. Passive waits change
     # no arithmetic, so the bit-for-bit comparison stands.
-    env = {**_env(slurm_env), "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {**snakemake_env(slurm_env), "OMP_WAIT_POLICY": "PASSIVE"}
     steps = 600
     config = _write_config(
         workdir,
@@ -246,7 +232,7 @@ def test_a_preempted_run_checkpoints_is_retried_and_matches_an_uninterrupted_run
 
 def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env):
     workdir = _copy(tmp_path_factory, "slurm-fail")
-    env = _env(slurm_env)
+    env = snakemake_env(slurm_env)
     # A bad trainer flag is now refused before anything is submitted (scalerepro.planning.study), and a
     # run that fails inside the trainer leaves a failed record (its job succeeds). What still fails
     # a job: the site's Slurm module not loaded in it, so srun is not on the job's PATH.
@@ -282,7 +268,7 @@ def test_the_slurm_dry_run_plans_the_jobs_of_the_snapshot(slurm_env):
     from dryrun_jobs import SINCE_SNAPSHOT, planned_jobs, snapshot
 
     layers = (str(STUDY), "tests/fixtures/dryrun/slurm_weak.yaml", *SINCE_SNAPSHOT)
-    planned = planned_jobs(REPO, _env(slurm_env), *PROFILE_ARGS, "--configfile", "config/ci.yaml", *layers)
+    planned = planned_jobs(REPO, snakemake_env(slurm_env), *PROFILE_ARGS, "--configfile", "config/ci.yaml", *layers)
     expected = snapshot("slurm")
     assert [job.get("output") for job in planned] == [job.get("output") for job in expected]
     for job, before in zip(planned, expected):
@@ -291,7 +277,7 @@ def test_the_slurm_dry_run_plans_the_jobs_of_the_snapshot(slurm_env):
 
 def test_an_unknown_partition_is_one_clear_error(tmp_path_factory, slurm_env):
     workdir = _copy(tmp_path_factory, "slurm-partition")
-    env = _env(slurm_env)
+    env = snakemake_env(slurm_env)
     config = _write_config(workdir, "partition.yaml", {"slurm": {"partition": "nosuch"}})
     result = _snakemake(workdir, env, *PROFILE_ARGS, "-n", "--configfile", "config/ci.yaml", str(STUDY), config, timeout=120)
     assert result.returncode != 0

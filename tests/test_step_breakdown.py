@@ -29,7 +29,7 @@ from h100_report import RebuiltStudy, rebuild_kept_study, section, section_eleme
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
 PROFILED = "strong_resnet18_cifar_g1_r1"
 RECORD = STUDY / "runs" / PROFILED / "record.json"  # the measured run the profile repeated
-CAPTURED_S = 6.729984e-3  # one launch of each of the 137 launch configurations (tests/test_h100_study_round3.py)
+CAPTURED_S = 6.729984e-3  # one launch of each of the 137 launch configurations (tests/test_kept_h100_partial_study.py)
 STEM = "void convolve_common_engine_float_NHWC"
 
 

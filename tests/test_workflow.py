@@ -5,14 +5,12 @@ tables are checked against the records, reruns are checked with dry runs, bad co
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from unittest import mock
@@ -23,57 +21,15 @@ import yaml
 
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
 
-from cifar_archive import Batch, official_files, write_archive
-from conftest import REPO, clean_env, learnable_cifar_split, load_record
+from conftest import REPO, load_record
+from workflow_runs import COPY_IGNORE, SNAKEMAKE, cifar_server, snakemake, workflow_env  # noqa: F401 - cifar_server: a fixture, used by name
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
 pytestmark = pytest.mark.slow
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-COPY_IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "__pycache__", "*.egg-info", ".pytest_cache", ".whl", ".gl")
-
-
-def _env() -> dict[str, str]:
-    # The rules call `python`: make it this interpreter (the environment with every extra).
-    return clean_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-
-
-def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([*SNAKEMAKE, *args], cwd=workdir, env=_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def _archive_batches(seed: int) -> dict[str, Batch]:
-    """The five training batches and the test batch, learnable (class patterns), in CHW rows."""
-
-    def rows(split):
-        return Batch(split.images.transpose(0, 3, 1, 2).reshape(len(split.labels), 3072).copy(), split.labels.tolist())
-
-    batches = {f"data_batch_{i}": rows(learnable_cifar_split(100, seed + i)) for i in range(1, 6)}
-    batches["test_batch"] = rows(learnable_cifar_split(200, seed + 10))
-    return batches
-
 
 @pytest.fixture(scope="module")
-def cifar_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("www")
-    md5 = write_archive(root / "cifar-10-python.tar.gz", official_files(_archive_batches(seed=0)))
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def log_message(self, format, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/cifar-10-python.tar.gz", md5
-    httpd.shutdown()
-    httpd.server_close()
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory, cifar_server):
+def study(tmp_path_factory, cifar_server):  # noqa: F811 - the imported fixture
     """The CI study run once in a copy of the repository; yields the copy."""
     workdir = tmp_path_factory.mktemp("study") / "scalerepro"
     shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
@@ -320,7 +276,7 @@ def test_nothing_left_to_do_and_reruns_are_exact(study, tmp_path):
 def test_the_workflow_is_lint_clean_and_formatted():
     lint = snakemake(REPO, "--lint", "--configfile", "config/ci.yaml", timeout=120)
     assert lint.returncode == 0 and "Congratulations" in lint.stdout + lint.stderr, lint.stdout[-3000:]
-    env = _env()
+    env = workflow_env()
     fmt = subprocess.run(
         [str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow/rules"], cwd=REPO, env=env, capture_output=True, text=True
     )
@@ -386,7 +342,7 @@ def _machine_with_gpus(tmp_path: Path, gpus: int) -> dict[str, str]:
     fake = bin_dir / "nvidia-smi"
     fake.write_text(f'#!/bin/sh\n[ "$1" = -L ] || exit 9\ncat <<"LIST"\n{listing}\nLIST\n')
     fake.chmod(0o755)
-    env = _env()
+    env = workflow_env()
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     return env
 
@@ -455,7 +411,7 @@ def test_the_cpu_study_runs_the_optimised_preset_with_compilation_off_and_bf16_o
     held below AVX512_CORE_BF16 stands for a CPU without avx512_bf16), and the matrix says which."""
     from scalerepro.common import cpu_features
 
-    env = {**_env(), "ONEDNN_MAX_CPU_ISA": onednn_cap or ""}  # None: no cap, also where the suite runs under one
+    env = {**workflow_env(), "ONEDNN_MAX_CPU_ISA": onednn_cap or ""}  # None: no cap, also where the suite runs under one
     runs = _planned_trainer_flags(env)  # this machine: no nvidia-smi, so the CPU overrides
     native = cpu_features.native_bf16(environ=env)[0]
     with mock.patch.dict(os.environ, {"ONEDNN_MAX_CPU_ISA": onednn_cap or ""}):  # the planner's view, here
@@ -553,7 +509,7 @@ def test_a_killed_driver_leaves_no_rank_running(study, tmp_path):
     driver = subprocess.Popen(
         [*SNAKEMAKE, target, "--cores", "2", "--forcerun", target, *args],
         cwd=workdir,
-        env=_env(),
+        env=workflow_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

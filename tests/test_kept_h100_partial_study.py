@@ -1,4 +1,4 @@
-"""The one-H100 study of 2026-11-27 (issue 38, round 3) as it came back from the GPU, kept as it is in
+"""A one-H100 study stopped part-way, as it came back from the GPU, kept as it is in
 benchmarks/gpu/h100-2026-11-27/study-results: nine of its sixteen cells (the six frontier cells,
 three of the ablation's), the Nsight Compute capture of ResNet-18's CUDA-graph step, one ablation
 cell interrupted by the call's budget (its log, no record), six cells never started. Rebuilt with
@@ -19,20 +19,20 @@ import pytest
 from conftest import REPO
 from h100_report import RebuiltStudy, rebuild_kept_study, section, section_element, table_rows, visible
 
-ROUND3 = REPO / "benchmarks" / "gpu" / "h100-2026-11-27"
-STUDY = ROUND3 / "study-results"
+KEPT = REPO / "benchmarks" / "gpu" / "h100-2026-11-27"
+STUDY = KEPT / "study-results"
 PROFILED = "strong_resnet18_cifar_g1_r1"
 FRONTIER = ("resnet50", "resnet18_cifar", "gpt2_small", "bert_base", "vit_b_16", "llama_1b")
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> RebuiltStudy:
-    return rebuild_kept_study(STUDY, tmp_path_factory.mktemp("h100-round3"))
+    return rebuild_kept_study(STUDY, tmp_path_factory.mktemp("h100-partial"))
 
 
 def test_the_frontier_records_are_the_studys_cells_and_every_one_ran_on_the_h100():
     for model in FRONTIER:
-        kept = json.loads((ROUND3 / f"{model}-optimised-frontier.json").read_text())
+        kept = json.loads((KEPT / f"{model}-optimised-frontier.json").read_text())
         cell = json.loads((STUDY / "runs" / f"strong_{model}_g1_r1" / "record.json").read_text())
         assert kept == cell, model
         assert kept["status"] == "ok" and kept["hardware"]["gpu"]["name"] == "NVIDIA H100 80GB HBM3", model
