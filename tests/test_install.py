@@ -71,3 +71,17 @@ def test_the_package_installs_without_network(tmp_path):
     )
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()).is_relative_to(site)
+
+
+# The checks .ci/run makes with the tools of the test extra, cheapest first, so that a lint, format
+# or type error fails CI in seconds rather than after the 17-minute suite.
+CI_TOOL_STEPS = ("ruff check", "ruff format --check", "mypy", "pytest")
+
+
+def test_ci_lints_formats_and_checks_types_before_the_tests():
+    lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if not line.lstrip().startswith("#")]
+    steps = [step.strip() for line in lines for step in line.split("&&")]
+    tools = tuple(step.removeprefix(".venv/bin/") for step in steps if step.startswith(".venv/bin/") and not step.startswith(".venv/bin/pip"))
+    assert tools == CI_TOOL_STEPS
+    test_extra = {Requirement(text).name for text in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]}
+    assert {tool.split()[0] for tool in tools} <= test_extra, "every tool .ci/run calls is installed by the test extra"

@@ -142,8 +142,9 @@ def from_record(path: Path, global_batch: int | None) -> OneGpuInput:
     return OneGpuInput(study, model, profile, int(batch), global_batch, dig(document, ("hardware", "gpu", "name")))
 
 
-def same_gpu(device: str, cluster: network_model.ClusterPreset) -> bool:
-    """Whether ``device`` is the preset's GPU model (by the peak table's key; by name where the table knows neither)."""
+def same_gpu(device: str | None, cluster: network_model.ClusterPreset) -> bool:
+    """Whether ``device`` is the preset's GPU model (by the peak table's key; by name where the table knows neither;
+    an unnamed device is not)."""
     key = peaks_key(device)
     return key == peaks_key(cluster.gpu) if key is not None else device == cluster.gpu
 
@@ -199,8 +200,12 @@ def predict(
     rows = []
     for gpus in gpu_counts:
         row = {"study": one.study, "model": one.model, "gpus": gpus}
+        split: tuple[int, int] | str  # (micro-batch, micro-batches per step), or why there is none
         if one.study == "strong":
-            split = scaling_model.strong_split(one.global_batch, gpus, one.micro_batch)
+            if one.global_batch is None:
+                split = "the strong study's global batch is not known"
+            else:
+                split = scaling_model.strong_split(one.global_batch, gpus, one.micro_batch)
         else:
             split = (one.micro_batch, profile.micro_batches)
         try:

@@ -42,7 +42,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 import yaml
@@ -219,7 +219,24 @@ def _strategy_of(document: dict[str, Any]) -> str:
     return str(sharding.get("strategy") or "ddp") if isinstance(sharding, dict) else "ddp"
 
 
-def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, templates: Path, study_config: Path | None) -> dict[str, object]:
+class Rebuilt(TypedDict):
+    """What a rebuild wrote: the summary of the tables, each figure's state, the count of
+    profiled runs, the report's path, and why any input was left out."""
+
+    summary: dict[str, Any]
+    figures: dict[str, str]
+    profiled_runs: int
+    report: Path
+    left_out: list[str]
+
+
+class RebuiltRecords(Rebuilt):
+    """A rebuild of run records no study planned, with the files it did not read as records."""
+
+    skipped: list[str]
+
+
+def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, templates: Path, study_config: Path | None) -> RebuiltRecords:
     """The report of folders of run records no study planned, written under ``out`` as a study
     folder of its own (each record copied to ``runs/<run>/record.json``, so that ``out`` reads
     again as any study does); the targets (checks) and the scaling model's predictions are those
@@ -261,12 +278,10 @@ def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, t
             "lists every host and card the records name)"
             for path in inventories[1:]
         ]
-    done = rebuild(out, references, templates)
-    done["skipped"] = skipped
-    return done
+    return RebuiltRecords(**rebuild(out, references, templates), skipped=skipped)
 
 
-def rebuild(results: Path, references: Path, templates: Path) -> dict[str, object]:
+def rebuild(results: Path, references: Path, templates: Path) -> Rebuilt:
     """Tables, figures and report from the files under ``results`` (module docstring). Every
     record path of its matrix resolves inside ``results`` (readers.read_matrix), whatever the
     folder is called and wherever it lies; one that does not is refused."""
@@ -356,9 +371,10 @@ def main(argv: list[str]) -> int:
     if args.records is not None:
         if args.results is not None or args.out is None:
             parser.error("--records needs --out (the folder to write) and no --results")
-        done = rebuild_records(args.records, args.out, args.references, args.templates, args.config)
-        if done["skipped"]:
-            print(f"rebuild: left out {len(done['skipped'])} JSON files: {'; '.join(done['skipped'])}", file=sys.stderr)
+        records = rebuild_records(args.records, args.out, args.references, args.templates, args.config)
+        if records["skipped"]:
+            print(f"rebuild: left out {len(records['skipped'])} JSON files: {'; '.join(records['skipped'])}", file=sys.stderr)
+        done: Rebuilt = records
     else:
         if args.out is not None:
             parser.error("--out goes with --records; a study's results folder is rebuilt in place (--results)")

@@ -68,7 +68,9 @@ def inventory_problem(inventory: Any, runs: pd.DataFrame) -> str | None:
         return f"it lists {', '.join(sorted(inventory_gpus))}, where the runs ran on {', '.join(sorted(run_gpus))}"
     if run_gpus and not inventory_gpus:
         return f"it lists no GPU, where the runs ran on {', '.join(sorted(run_gpus))}"
-    scheduler = inventory.get("scheduler") if isinstance(inventory.get("scheduler"), Mapping) else {}
+    scheduler = inventory.get("scheduler")
+    if not isinstance(scheduler, Mapping):
+        scheduler = {}
     in_job = scheduler.get("name") not in (None, "local") or scheduler.get("job_id") not in (None, "")
     host, hosts = inventory.get("hostname"), _hosts(done)
     if not in_job and host and hosts and str(host) not in hosts:

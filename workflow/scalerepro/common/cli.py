@@ -56,7 +56,7 @@ _OS_FIXES = {
 
 def describe_os_error(error: OSError) -> str:
     """One line for an OSError: the file, what happened and what to do."""
-    fix = _OS_FIXES.get(error.errno)
+    fix = None if error.errno is None else _OS_FIXES.get(error.errno)
     if error.filename is None:  # e.g. "No usable temporary directory found in [...]" on a full disk
         general = "check free space and permissions on that file system"
         return f"{error.strerror or error}: {general if error.errno in (errno.ENOENT, None) or fix is None else fix}"
@@ -69,10 +69,16 @@ def _debug_requested(argv: Sequence[str]) -> bool:
     return DEBUG_FLAG in options
 
 
-def error_boundary(prog: str) -> Callable[[Callable[[list[str]], int]], Callable[[Sequence[str] | None], int]]:
+class Command(typing.Protocol):
+    """A command's entry point: ``main()`` reads ``sys.argv``, ``main(argv)`` the given arguments."""
+
+    def __call__(self, argv: Sequence[str] | None = None) -> int: ...
+
+
+def error_boundary(prog: str) -> Callable[[Callable[[list[str]], int]], Command]:
     """Wrap a command's ``main(argv) -> exit code``: expected failures become one line and exit 2."""
 
-    def wrap(main: Callable[[list[str]], int]) -> Callable[[Sequence[str] | None], int]:
+    def wrap(main: Callable[[list[str]], int]) -> Command:
         @functools.wraps(main)
         def run(argv: Sequence[str] | None = None) -> int:
             arguments = list(sys.argv[1:] if argv is None else argv)

@@ -280,8 +280,8 @@ def verify(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
         if lacking:
             raise StoreError(_damaged(path, f"it lacks {'; '.join(lacking)}"))
         for table, described in tables.items():
-            columns = [column for column, _ in described]
-            every_value = ", ".join(f'max(length(CAST("{column}" AS VARCHAR)))' for column in columns)
+            names = [column for column, _ in described]
+            every_value = ", ".join(f'max(length(CAST("{column}" AS VARCHAR)))' for column in names)
             connection.execute(f'SELECT count(*), {every_value} FROM "{table}"').fetchall()
     except duckdb.Error as error:
         raise StoreError(_damaged(path, error)) from None

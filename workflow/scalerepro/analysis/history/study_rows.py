@@ -169,7 +169,7 @@ def read_study(
 # --------------------------------------------------------------------------------------------
 
 # Python types a column takes (bool is an int to Python: refused where a number is meant).
-_ACCEPTS = {"VARCHAR": (str,), "INTEGER": (int,), "BIGINT": (int,), "DOUBLE": (int, float), "BOOLEAN": (bool,)}
+_ACCEPTS: dict[str, tuple[type[Any], ...]] = {"VARCHAR": (str,), "INTEGER": (int,), "BIGINT": (int,), "DOUBLE": (int, float), "BOOLEAN": (bool,)}
 _INTEGER_RANGE = {"INTEGER": 2**31, "BIGINT": 2**63}
 _TIMESTAMPS = ("started_at", "ended_at", "appended_at")
 MAX_TEXT = 1 << 20  # a field's characters (a record or a config as JSON is the longest, far below)

@@ -75,7 +75,7 @@ def power_bound(clocks: Mapping[str, Any] | None) -> dict[str, str] | None:
         return None
     power, limit = _number(clocks.get("power_per_gpu_w")), _number(clocks.get("power_limit_w"))
     mean, top = _number(clocks.get("sm_mean_mhz")), _number(clocks.get("sm_top_mhz"))
-    if None in (power, limit, mean, top) or not limit or not top:
+    if power is None or mean is None or not limit or not top:
         return None
     if power < POWER_BOUND_SHARE * limit or mean >= CLOCK_HELD_SHARE * top:
         return None

@@ -9,11 +9,13 @@ module only words them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from scalerepro.analysis.presentation.formatting import MISSING, fmt_percent
 from scalerepro.analysis.tables.loss_decomposition import PARTS
 from scalerepro.analysis.values import finite_number
+
+RowT = TypeVar("RowT", bound=dict[str, Any])  # a table row; loss_rows returns its rows in the type it was given
 
 # how far the named parts may miss the measured loss and still be said to account for it
 ACCOUNTED_POINTS = 0.03
@@ -29,11 +31,11 @@ def part_text(row: Mapping[str, Any], part: str) -> str:
     return f"{fmt_percent(median)}{spread}"
 
 
-def loss_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def loss_rows(rows: Sequence[RowT]) -> list[RowT]:
     """The table's rows: every part as text with its interval, and whether the parts add up."""
     shown = []
-    for row in rows:
-        row = type(row)(row)  # the report's row type: a missing column reads as None
+    for original in rows:
+        row = type(original)(original)  # the report's row type: a missing column reads as None
         for part in PARTS:
             row[f"{part}_text"] = part_text(row, part)
         error = finite_number(row.get("sum_error"))

@@ -12,7 +12,7 @@ tables do not hold.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,12 @@ def duration_text(seconds: Any) -> str | None:
         return f"{micro:,.0f} µs" if abs(micro) >= 100 else f"{micro:.1f} µs"
     milli = number * 1e3
     return f"{milli:.2f} ms" if abs(milli) < 10 else f"{milli:.1f} ms" if abs(milli) < 100 else f"{milli:,.0f} ms"
+
+
+def _share(part: Any, whole: Any) -> float | None:
+    """``part`` / ``whole``, or None where either is not a number or the whole is 0."""
+    number = _number(part)
+    return number / whole if whole and number is not None else None
 
 
 def measured_step(measured: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -75,7 +81,7 @@ def profiled_run(
     """One profiled run as the template shows it. ``run``: its profiling.csv row; ``kernels``,
     ``roofline``, ``files``: its rows of the other profiling tables; ``measured``: its runs.csv
     row (the measured run the profile repeated), if any."""
-    rows = type(run)  # the report's row type: a missing column reads as None
+    rows: Callable[[dict[str, Any]], Mapping[str, Any]] = type(run)  # the report's row type: a missing column reads as None
     # "<tool>: <error>" per failed capture (captures.tables)
     failures = [dict(zip(("tool", "error"), line.split(": ", 1))) for line in str(run.get("capture_errors") or "").split("\n") if ": " in line]
     failed = tuple(f"{f['tool']} capture failed: " for f in failures)
@@ -93,7 +99,7 @@ def profiled_run(
                 **k,
                 "short": short_name(str(k.get("name") or "")),
                 "time": duration_text(k.get("total_s")),
-                "step_share": _number(k.get("total_s")) / of_step if of_step and _number(k.get("total_s")) is not None else None,
+                "step_share": _share(k.get("total_s"), of_step),
             }
         )
         for k in kernels[:KERNELS_SHOWN]
@@ -131,7 +137,7 @@ def profiled_run(
     }
 
 
-def _shown_breakdown(breakdown: Mapping[str, Any] | None, kernels: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> dict[str, Any] | None:
+def _shown_breakdown(breakdown: Mapping[str, Any] | None, kernels: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The step's breakdown (``profiles.step.step_breakdown``) with each class's kernels and launches
     (from the kernels table, which holds every kernel of the capture), times as text, and the parts
     a stacked bar can draw (a negative part, more captured than the step's kernel time, cannot be)."""

@@ -39,7 +39,7 @@ def classify(figures: Mapping[str, Any], thresholds: Mapping[str, float]) -> dic
     if figures.get("median_call_us") is not None:
         evidence.append(f"median kernel/op {figures['median_call_us']:.1f} µs")
     over = {name: score for name, score in scores.items() if score >= 1}
-    verdict = max(over, key=over.get) if over else "compute-bound"
+    verdict = max(over, key=over.__getitem__) if over else "compute-bound"
     provisional = bool(figures.get("provisional"))
     if provisional:  # the fractions are of a window that is not the trainer's steps
         evidence.insert(0, f"provisional: window is the {figures.get('window') or WHOLE_CAPTURE}")

@@ -150,6 +150,7 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
             unread.setdefault((name, f"unit {unit!r} not understood (known: {NCU_UNITS_KNOWN})"), set()).add(row["ID"])
             continue
         quantity, scale = NCU_UNITS[unit]
+        field_name: str | None
         if name in NCU_RAW:
             field_name, expected = NCU_RAW[name]
         elif name in FLOP_COUNTERS:
@@ -178,7 +179,8 @@ def read_ncu_csv(path: str | os.PathLike[str]) -> NcuReading:
     # The display-name layout has DRAM bandwidth but no byte count: bytes = bandwidth x duration.
     derived = frame["dram_bytes"].isna() & frame["dram_bytes_per_s"].notna() & frame["duration"].notna()
     frame.loc[derived, "dram_bytes"] = frame.loc[derived, "dram_bytes_per_s"] * frame.loc[derived, "duration"]
-    frame["dram_bytes_source"] = np.where(derived, "DRAM bytes/s x duration", np.where(frame["dram_bytes"].notna(), "dram__bytes.sum", None))
+    # numpy's stubs take no None, which np.where places in an object array as it is
+    frame["dram_bytes_source"] = np.where(derived, "DRAM bytes/s x duration", np.where(frame["dram_bytes"].notna(), "dram__bytes.sum", None))  # type: ignore[call-overload]
     problems = [f"{path.name}: {metric}: {why}, in {len(ids)} of {len(frame)} launches: not read" for (metric, why), ids in unread.items()]
     untimed = frame[frame["duration"].isna()]
     if len(untimed):

@@ -41,10 +41,10 @@ def gpu_peaks(key: str, precision: str | None = None) -> dict[str, Any]:
         tensor, why = None, "the run's precision is unknown (pass --precision): no tensor-core roof to count against"
     elif precision not in TENSOR_PRECISIONS:
         tensor, why = None, f"a {precision} run uses no tensor-core precision"
-    elif entry.tflops(precision) is None:
+    elif (tensor_tflops := entry.tflops(precision)) is None:
         tensor, why = None, f"{entry.name} has no {precision} tensor cores"
     else:
-        tensor, why = entry.tflops(precision) * TFLOPS, None
+        tensor, why = tensor_tflops * TFLOPS, None
     return {
         "key": key,
         "name": entry.name,
@@ -163,7 +163,7 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
             shown = f"{share:.0%}" if share >= 0.005 else "under 0.5 %"
             busy = f"; its tensor pipe was busy {shown} of the time with other instructions (HFMA2.MMA)" if share else ""
             tensor, tensor_work = 0.0, f"none: {kind} kernels do no matrix work{busy}"
-        elif not has_tensor:
+        elif tensor_busy_s is None or seconds is None:  # no tensor-pipe metric, or no timed launch to count it over
             tensor_work = "not counted: the capture has no tensor-pipe metric for this kernel"
         elif tensor_busy_s == 0:
             tensor, tensor_work = 0.0, "none: the tensor pipe was idle"
@@ -211,13 +211,13 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
             peak, peak_name = None, "none: no floating-point work (integer, copy or data movement)"
         else:
             by_precision = {p: float(group[f"flops_{p}"].fillna(0).sum()) if f"flops_{p}" in group else 0.0 for p in CUDA_CORE_PRECISIONS}
-            dominant = max(by_precision, key=by_precision.get) if any(by_precision.values()) else "fp32"
+            dominant = max(by_precision, key=by_precision.__getitem__) if any(by_precision.values()) else "fp32"
             peak, peak_name = _cuda_core_roof(peaks, dominant, name_precision(kernel) or peaks.get("precision"))
         dram_bytes = group["dram_bytes"].sum() if len(group) and group["dram_bytes"].notna().all() else None
         if len(group) and dram_bytes is None:
             missing.append("DRAM bytes")
-        placed = peak is not None and flops is not None and bool(seconds)
-        achieved = flops / seconds if placed else None
+        achieved = flops / seconds if peak is not None and flops is not None and seconds else None
+        placed = achieved is not None
         bandwidth = dram_bytes / seconds if seconds and dram_bytes is not None else None
         intensity = flops / dram_bytes if placed and dram_bytes else None
         ridge = peak / peaks["dram_bytes_per_s"] if peak is not None else None  # FLOP/byte where the two roofs meet

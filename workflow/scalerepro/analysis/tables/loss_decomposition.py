@@ -72,7 +72,7 @@ This module is on the analysis side: it never imports torch.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import pandas as pd
@@ -146,6 +146,10 @@ def _figures(run: pd.Series, names: tuple[str, ...]) -> dict[str, float | None]:
     return {name: finite_number(run.get(name)) for name in names}
 
 
+def _all_measured(figures: dict[str, float | None]) -> TypeGuard[dict[str, float]]:
+    return all(value is not None for value in figures.values())
+
+
 def run_quantities(run: pd.Series) -> dict[str, Any] | str:
     """The seconds one run measured that its parts come from (module docstring), with where they
     were measured (``measured_in``), or why it has none."""
@@ -153,7 +157,7 @@ def run_quantities(run: pd.Series) -> dict[str, Any] | str:
     if step is None:
         return "no measured window"
     window, probe = _figures(run, WINDOW_FIELDS), _figures(run, PROBE_FIELDS)
-    if all(value is not None for value in window.values()):
+    if _all_measured(window):
         nosync, sync_compute = probe["nosync_rank_mean_s"], finite_number(run.get("sync_compute_rank_mean_s"))
         overlap = max(sync_compute - nosync, 0.0) if nosync is not None and sync_compute is not None else None
         se = finite_number(run.get("overlap_cost_se_s"))
@@ -167,8 +171,8 @@ def run_quantities(run: pd.Series) -> dict[str, Any] | str:
             "overlap_se": se if overlap is not None and se is not None else math.nan,
             "measured_in": "window" if overlap is not None else "window, no overlap cost",
         }
-    missing = [key for key, value in probe.items() if value is None]
-    if missing:
+    if not _all_measured(probe):
+        missing = [key for key, value in probe.items() if value is None]
         return f"its window is not split ({probe_reason(run)}) and it has no {', '.join(missing)} (--comm-probe-steps 0, or a record from before every rank was timed)"
     straggler = max(probe["straggler_wait_s"], 0.0)
     return {

@@ -441,11 +441,11 @@ def preset_for_gpu(presets: Mapping[str, ClusterPreset], device_names: Iterable[
     and why when the study ran on several GPU models, on none (a CPU), or on one no preset has."""
     names = sorted({str(name) for name in device_names if name and str(name).strip()})
     keys = {peaks_key(name) for name in names}
-    if not names or keys == {None}:
-        return None, f"the study ran on no GPU the GPU peak table knows ({', '.join(names) or 'no device named'})"
     if len(keys) > 1:
         return None, f"the study ran on several GPU models ({', '.join(names)}): no one cluster preset is its shape"
-    (key,) = keys
+    key = next(iter(keys), None)
+    if key is None:
+        return None, f"the study ran on no GPU the GPU peak table knows ({', '.join(names) or 'no device named'})"
     matching = sorted(k for k, entry in presets.items() if peaks_key(entry.gpu) == key)
     if not matching:
         return None, f"no cluster preset in config/references.yaml has the study's GPU ({', '.join(names)})"

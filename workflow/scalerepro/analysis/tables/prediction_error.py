@@ -152,7 +152,7 @@ def error_columns(regime: Regime, table: ErrorTable | None) -> dict[str, Any]:
     """A prediction's ``regime``, ``typical_error`` (its regime's median |e|, None where no
     back-test covered it) and ``error_basis`` (the rows behind it, or ``NO_BACK_TEST``)."""
     found = table.for_regime(regime) if table is not None else None
-    if found is None:
+    if table is None or found is None:
         return {"regime": regime.key, "typical_error": None, "error_basis": NO_BACK_TEST}
     rows = ", ".join(found.rows)
     return {

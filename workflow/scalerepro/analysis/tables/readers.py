@@ -204,7 +204,7 @@ def _memory_split(split: Any) -> dict[str, Any]:
     ranks = split.get("per_rank") if isinstance(split, dict) else None
     if not isinstance(ranks, list) or not ranks:
         return dict.fromkeys(MEMORY_SPLIT)
-    values = {column: [r.get(kind) for r in ranks if isinstance(r, dict) and r.get(kind) is not None] for column, kind in MEMORY_SPLIT.items()}
+    values = {column: [r[kind] for r in ranks if isinstance(r, dict) and r.get(kind) is not None] for column, kind in MEMORY_SPLIT.items()}
     return {column: max(found) if found else None for column, found in values.items()}
 
 

@@ -72,9 +72,11 @@ def _same_device(a: Any, b: Any) -> bool:
 
 def recorded_conditions(run: Mapping[str, Any]) -> dict[str, Any]:
     """A run's conditions in the references' terms, from its record (runs.csv columns)."""
-    tokens = run.get("tokens_per_sample")
+    # runs.csv cells: None or NaN where the record lacks the field (pd.isna)
+    tokens: Any = run.get("tokens_per_sample")
     image = pd.isna(tokens) or tokens == 0
-    micro_batch, accum = run.get("per_gpu_batch_recorded"), run.get("grad_accum_recorded")
+    micro_batch: Any = run.get("per_gpu_batch_recorded")
+    accum: Any = run.get("grad_accum_recorded")
     channels_last = run.get("channels_last")
     data = run.get("data_kind")
     return {
