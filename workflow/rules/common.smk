@@ -13,12 +13,13 @@ from snakemake.exceptions import WorkflowError
 
 REPO = Path(workflow.basedir)
 PACKAGE = REPO / "workflow" / "scalerepro"
-# The plan, from this checkout's package (it imports no torch).
+# The plan, from this checkout's package (it imports no torch, and no pandas: the `workflow`
+# extra alone parses the rules).
 sys.path.insert(0, str(PACKAGE.parent))
 from scalerepro import schedulers
 from scalerepro.analysis.columns import AGGREGATE_TABLES
-from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES
-from scalerepro.analysis.tables import checking
+from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES as PLOT_NAMES
+from scalerepro.analysis.tables import check_definitions
 from scalerepro.common import driver_lock
 from scalerepro.common.source_closure import run_jobs_from_this_checkout, source_files
 from scalerepro.planning import plan as planning
@@ -58,7 +59,7 @@ try:
         PLAN.check_scheduler()
     PROFILING_PLAN = planning.profiling_plan(PLAN, local_exec=workflow.local_exec)
     # the checks select on the aggregation's columns: refused now, not after the tables are made
-    checking.parse_checks(PLAN.config["targets"])
+    check_definitions.parse_checks(PLAN.config["targets"])
     # one driver per study folder, refused before the DAG meets the other's jobs in progress;
     # held (the open file) for this process's lifetime
     DRIVER_LOCK = (
@@ -71,7 +72,7 @@ except (
     planning.ConfigError,
     study.StudyError,
     SchedulerError,
-    checking.CheckConfigError,
+    check_definitions.CheckConfigError,
 ) as error:
     raise WorkflowError(str(error)) from None
 
