@@ -1,6 +1,8 @@
 # scalerepro: a distributed deep-learning scaling study, from config to report.
-# Rules live in workflow/rules/*.smk, helpers in workflow/rules/common.smk.
+# Rules live in workflow/rules/*.smk; what they share is in workflow/rules/common.smk, included
+# first (the rule files need nothing of each other).
 import time
+from pathlib import Path
 
 from snakemake.utils import min_version
 
@@ -36,7 +38,7 @@ rule all:
         rules.study_config.output,
         rules.system_inventory.output,
         [record_path(run) for run in RUNS.values()],
-        expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS),
+        COMM_JSONS,
         rules.aggregate.output,
         rules.plots.output,
         PROFILING_PLAN.tables(),

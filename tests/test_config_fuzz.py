@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalerepro.analysis.tables import checking
+from scalerepro.analysis.tables import check_definitions
 from scalerepro.planning import plan as planning
 from scalerepro.planning import study
 from scalerepro.schedulers.base import SchedulerError
@@ -169,8 +169,8 @@ def _refused_in_process(case: tuple) -> str | None:
             local_gpu_names=[],
         )
         planning.profiling_plan(plan, local_exec=True)
-        checking.parse_checks(plan.config["targets"])
-    except (planning.ConfigError, study.StudyError, SchedulerError, checking.CheckConfigError) as error:
+        check_definitions.parse_checks(plan.config["targets"])
+    except (planning.ConfigError, study.StudyError, SchedulerError, check_definitions.CheckConfigError) as error:
         return str(error)
     return None
 

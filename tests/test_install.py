@@ -85,3 +85,29 @@ def test_ci_lints_formats_and_checks_types_before_the_tests():
     assert tools == CI_TOOL_STEPS
     test_extra = {Requirement(text).name for text in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]}
     assert {tool.split()[0] for tool in tools} <= test_extra, "every tool .ci/run calls is installed by the test extra"
+
+
+def test_the_workflow_extra_alone_parses_the_snakefile(tmp_path):
+    """A fresh environment with only `.[workflow]` installed (what a cluster's login node needs to
+    drive a study) plans the default study: `snakemake -n` in a copy of the repository. The
+    package index must be reachable."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    install = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(REPO / "envs/cpu-constraints.txt"), f"{REPO}[workflow]"],
+        env=clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    workdir = tmp_path / "repo"
+    shutil.copytree(
+        REPO, workdir, ignore=shutil.ignore_patterns(".git", ".venv", "results", ".snakemake", "__pycache__", "*.egg-info", "build", ".pytest_cache")
+    )
+    # only the fresh environment: no PYTHONPATH into this checkout or the test environment's
+    env = {key: value for key, value in clean_env().items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+    dry_run = subprocess.run([str(venv / "bin" / "snakemake"), "-n"], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+    assert dry_run.returncode == 0, dry_run.stdout[-3000:] + dry_run.stderr[-3000:]
+    assert "rule report:" in dry_run.stdout or "localrule report:" in dry_run.stdout, dry_run.stdout[-3000:]

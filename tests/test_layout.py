@@ -179,3 +179,16 @@ def test_each_module_of_the_rank_is_one_job_under_800_lines():
         assert len(text.splitlines()) < 800, f"{path.name}: {len(text.splitlines())} lines"
         docstring = ast.get_docstring(ast.parse(text))
         assert docstring and docstring.splitlines()[0].strip(), f"{path.name}: no docstring saying its job"
+
+
+def test_the_package_code_the_workflow_parses_with_needs_only_the_workflow_extra():
+    """What workflow/rules/common.smk imports of the package, it imports with the analysis side's
+    and the rank's libraries unimportable: the `workflow` extra alone parses the Snakefile, whatever
+    a Snakemake plugin happens to install beside it (the fresh install is tests/test_install.py's)."""
+    common = (REPO / "workflow/rules/common.smk").read_text()
+    imports = [line for line in common.splitlines() if line.startswith(("from scalerepro", "import scalerepro"))]
+    assert imports, "common.smk imports nothing of the package: this test no longer reads what it parses with"
+    blocked = ("pandas", "numpy", "matplotlib", "seaborn", "duckdb", "rocrate", "torch")
+    code = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in blocked) + "\n".join(imports)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO / "workflow")
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1166,11 +1166,11 @@ def test_section_numbers_come_from_the_one_list():
 
 
 def test_every_figure_is_in_the_one_list_drawn_and_shown():
-    """plots.py's figure functions, the one list (figures.FIGURE_NAMES), the figures the workflow
+    """plots.py's figure functions, the one list (figure_names.FIGURE_NAMES), the figures the workflow
     declares and those the templates show are the same set."""
     import inspect
 
-    from scalerepro.analysis.presentation import figures, plots
+    from scalerepro.analysis.presentation import figure_names, plots
 
     drawers = {
         name
@@ -1181,9 +1181,9 @@ def test_every_figure_is_in_the_one_list_drawn_and_shown():
         and function.__annotations__.get("return") == "Figure"
         and list(inspect.signature(function).parameters) == ["t"]
     }
-    assert drawers - set(plots.STORE_FIGURES) == set(figures.FIGURE_NAMES), "a figure function is missing from the list"
-    assert tuple(plots.FIGURE_DRAWERS) == figures.FIGURE_NAMES == tuple(report.FIGURE_NAMES)
+    assert drawers - set(plots.STORE_FIGURES) == set(figure_names.FIGURE_NAMES), "a figure function is missing from the list"
+    assert tuple(plots.FIGURE_DRAWERS) == figure_names.FIGURE_NAMES == tuple(report.FIGURE_NAMES)
     shown = re.findall(r'figures(?:\.(\w+)|\["(\w+)"\])', "".join(p.read_text() for p in TEMPLATE_FILES))
-    assert sorted({a or b for a, b in shown}) == sorted(figures.FIGURE_NAMES), "a listed figure is not shown, or one shown is not listed"
+    assert sorted({a or b for a, b in shown}) == sorted(figure_names.FIGURE_NAMES), "a listed figure is not shown, or one shown is not listed"
     rules = (REPO / "workflow/rules/common.smk").read_text()
-    assert "from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES" in rules  # the workflow reads the same list
+    assert "from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES" in rules  # the workflow reads the same list

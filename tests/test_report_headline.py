@@ -24,7 +24,7 @@ import yaml
 
 from scalerepro.analysis import rebuild
 from scalerepro.analysis.presentation import inputs, report
-from scalerepro.analysis.tables import checking
+from scalerepro.analysis.tables import check_definitions, checking
 from scalerepro.common import gpu_peaks
 
 from h100_report import H100_RECORDS, visible
@@ -185,7 +185,7 @@ def test_a_figure_within_rounding_of_its_threshold_shows_the_digits_that_decide(
     utilisation = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["targets"]["checks"]["gpu_utilisation"]
     worst = runs.loc[runs["counts"], "gpu_util_mean_pct"].min()
     for threshold in (worst - 0.001, worst + 0.001):  # either side, 0.001 points away
-        (check,) = checking.parse_checks({"checks": {"gpu_utilisation": {**utilisation, "threshold": threshold}}})
+        (check,) = check_definitions.parse_checks({"checks": {"gpu_utilisation": {**utilisation, "threshold": threshold}}})
         assert check.text(worst) == check.text(threshold)  # one decimal cannot tell them apart
         row = checking.evaluate(check, {"runs": runs})
         assert row["value"] != check.text(threshold), row

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
 
 from conftest import REPO, load_record
 from workflow_runs import COPY_IGNORE, SNAKEMAKE, cifar_server, snakemake, workflow_env  # noqa: F401 - cifar_server: a fixture, used by name
@@ -556,7 +556,7 @@ def test_snakemake_report_zip_holds_the_figures_tables_and_report(study, tmp_pat
     """`snakemake --report` on the finished CI study (no job runs): the rules' report() outputs."""
     import zipfile
 
-    from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+    from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
 
     url, md5 = json.loads((study / "study_args").read_text())
     archive = tmp_path / "report.zip"

@@ -8,7 +8,7 @@ localrules:
 
 rule study_matrix:
     output:
-        "results/tables/matrix.csv",
+        MATRIX_CSV,
     log:
         "results/logs/study_matrix.log",
     conda:
@@ -21,7 +21,7 @@ rule study_matrix:
 
 rule study_config:
     output:
-        "results/tables/config.json",
+        STUDY_CONFIG_JSON,
     log:
         "results/logs/study_config.log",
     conda:
@@ -39,18 +39,18 @@ rule study_config:
 
 rule aggregate:
     input:
-        matrix="results/tables/matrix.csv",
+        matrix=MATRIX_CSV,
         records=[record_path(run) for run in RUNS.values()],
-        comm=expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS),
-        references="config/references.yaml",
+        comm=COMM_JSONS,
+        references=REFERENCES_YAML,
         code=program_sources("aggregate"),
     output:
         tables=report(
-            expand("results/tables/{table}.csv", table=AGGREGATE_TABLES),
+            AGGREGATE_CSVS,
             caption="../../report/captions/tables.rst",
             category="Tables",
         ),
-        summary="results/tables/summary.json",
+        summary=SUMMARY_JSON,
     log:
         "results/logs/aggregate.log",
     conda:
@@ -59,6 +59,7 @@ rule aggregate:
         **CLUSTER_RESOURCES,
     params:
         comm=lambda wc, input: " ".join(input.comm),
+        out=folder_of("output.summary"),
         targets=targets_args(),
         predict=" ".join(str(n) for n in CONFIG["scaling"].get("predict_gpus", [])),
         cluster=(
@@ -68,7 +69,7 @@ rule aggregate:
         ),
     shell:
         "python -m scalerepro.analysis.tables.aggregate --matrix {input.matrix} --comm {params.comm}"
-        " --references {input.references} --out results/tables {params.targets}"
+        " --references {input.references} --out {params.out} {params.targets}"
         " --predict-gpus {params.predict}{params.cluster} > {log} 2>&1"
 
 
@@ -78,8 +79,8 @@ rule plots:
         profiling=PROFILING_PLAN.tables(),
         code=program_sources("plots"),
     output:
-        report(
-            expand("results/plots/{name}.{ext}", name=PLOT_NAMES, ext=["png", "svg"]),
+        plots=report(
+            PLOT_FILES,
             caption="../../report/captions/figures.rst",
             category="Figures",
         ),
@@ -89,5 +90,8 @@ rule plots:
         ENV_ANALYSIS
     resources:
         **CLUSTER_RESOURCES,
+    params:
+        tables=folder_of("input.tables"),
+        out=folder_of("output.plots"),
     shell:
-        "python -m scalerepro.analysis.presentation.plots --tables results/tables --out results/plots > {log} 2>&1"
+        "python -m scalerepro.analysis.presentation.plots --tables {params.tables} --out {params.out} > {log} 2>&1"

@@ -1,5 +1,19 @@
-# Helpers shared by the rules: the invocation's plan (scalerepro.planning.plan: config validated, study
-# matrix, scheduler, resources) and the small input/param functions the rules call.
+# What the rule files share, each defined here once. A rule file needs this file included before
+# it and nothing of another rule file, so the rule files may be included in any order.
+#
+#   the plan       PLAN, PROFILING_PLAN, CONFIG, STUDY, DEVICE, RUNS, GPU_COUNTS, GPUS_PER_NODE,
+#                  COMM_GPU_COUNTS, BASELINE, planning (the module: its PROFILING_TABLES)
+#   software       ENV_TRAIN, ENV_ANALYSIS, CONTAINER, RANKS_CONTAINER, container_inputs
+#   resources      CLUSTER_RESOURCES, RUN_RESOURCES, SLURM_GPUS, comm_resources, run_threads,
+#                  run_priority
+#   files          the files rules of more than one rule file name (DATA_DIR, RUN_RECORD,
+#                  record_path, MATRIX_CSV, ... below), program_sources, program_fingerprint,
+#                  data_input
+#   flags          run_launch_args, run_trainer_args, comm_launch_args, matrix_rows, targets_args,
+#                  folder_of (a program's folder argument, from a declared input or output)
+#
+# Parsing this file also changes the process it runs in; every such change is in the section
+# "What parsing changes" below, and nowhere else in the rule files.
 
 import json
 import os
@@ -13,12 +27,14 @@ from snakemake.exceptions import WorkflowError
 
 REPO = Path(workflow.basedir)
 PACKAGE = REPO / "workflow" / "scalerepro"
-# The plan, from this checkout's package (it imports no torch).
+# The plan, from this checkout's package (it imports no torch, and no pandas: the `workflow`
+# extra alone parses the rules). The one change to this process made before that section: the
+# package must be importable before the plan can be made.
 sys.path.insert(0, str(PACKAGE.parent))
 from scalerepro import schedulers
 from scalerepro.analysis.columns import AGGREGATE_TABLES
-from scalerepro.analysis.presentation.figures import FIGURE_NAMES as PLOT_NAMES
-from scalerepro.analysis.tables import checking
+from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
+from scalerepro.analysis.tables import check_definitions
 from scalerepro.common import driver_lock
 from scalerepro.common.source_closure import run_jobs_from_this_checkout, source_files
 from scalerepro.planning import plan as planning
@@ -26,11 +42,7 @@ from scalerepro.planning import study
 from scalerepro.planning.plan import RUN_RECORD, record_path
 from scalerepro.schedulers.base import SchedulerError
 
-# every job's program too, a new process, imports this checkout's package
-run_jobs_from_this_checkout(os.environ, PACKAGE.parent)
-
-ENV_TRAIN = "../../envs/train.yaml"
-ENV_ANALYSIS = "../../envs/analysis.yaml"
+# ---- The plan ---------------------------------------------------------------------------------
 
 
 def _profile_executor(name):
@@ -58,20 +70,12 @@ try:
         PLAN.check_scheduler()
     PROFILING_PLAN = planning.profiling_plan(PLAN, local_exec=workflow.local_exec)
     # the checks select on the aggregation's columns: refused now, not after the tables are made
-    checking.parse_checks(PLAN.config["targets"])
-    # one driver per study folder, refused before the DAG meets the other's jobs in progress;
-    # held (the open file) for this process's lifetime
-    DRIVER_LOCK = (
-        driver_lock.hold(Path.cwd(), sys.argv) if workflow.is_main_process else None
-    )
-    if DRIVER_LOCK is not None and DRIVER_LOCK.beside_driver:
-        driver_lock.again_ignoring_incomplete(sys.argv)
+    check_definitions.parse_checks(PLAN.config["targets"])
 except (
-    driver_lock.DriverBusy,
     planning.ConfigError,
     study.StudyError,
     SchedulerError,
-    checking.CheckConfigError,
+    check_definitions.CheckConfigError,
 ) as error:
     raise WorkflowError(str(error)) from None
 
@@ -82,10 +86,27 @@ RUNS, GPU_COUNTS, GPUS_PER_NODE = (
     STUDY.gpus_per_node,
 )
 COMM_GPU_COUNTS = STUDY.comm_gpu_counts
-DATA_DIR = study.DATA_DIR
-CONTAINER, RANKS_CONTAINER = PLAN.container, PLAN.ranks_container()
-SLURM_GPUS = PLAN.cluster_gpus
-CLUSTER_RESOURCES = PLAN.queue_resources()
+# the stored study this one is compared with (config `compare.baseline`), or None
+BASELINE = CONFIG["compare"]["baseline"]
+
+
+# ---- What parsing changes ---------------------------------------------------------------------
+# Beyond the names it defines (and the sys.path entry above), parsing the workflow changes the
+# process and the study folder in these ways only.
+
+# Every job's program, a new process, imports this checkout's package too (PYTHONPATH).
+run_jobs_from_this_checkout(os.environ, PACKAGE.parent)
+# One driver per study folder, refused before the DAG meets the other's jobs in progress; held
+# (the open file) for this process's lifetime. An invocation that runs no job beside a running
+# driver starts again as itself with --ignore-incomplete (the process is replaced).
+try:
+    DRIVER_LOCK = (
+        driver_lock.hold(Path.cwd(), sys.argv) if workflow.is_main_process else None
+    )
+except driver_lock.DriverBusy as error:
+    raise WorkflowError(str(error)) from None
+if DRIVER_LOCK is not None and DRIVER_LOCK.beside_driver:
+    driver_lock.again_ignoring_incomplete(sys.argv)
 if PLAN.local_runs and "gpus" not in workflow.global_resources:
     # The local scheduler then never runs more GPU ranks at once than there are GPUs.
     workflow.register_resource("gpus", len(PLAN.local_gpu_names))
@@ -97,6 +118,44 @@ if (
     # One measured job at a time: two on one machine share its cores, memory bandwidth and
     # GPUs, and each measures the other (resources.exclusive: false packs them).
     workflow.register_resource("measured", 1)
+
+
+# ---- Software ---------------------------------------------------------------------------------
+
+ENV_TRAIN = "../../envs/train.yaml"
+ENV_ANALYSIS = "../../envs/analysis.yaml"
+CONTAINER, RANKS_CONTAINER = PLAN.container, PLAN.ranks_container()
+
+
+def container_inputs():
+    """The image a job runs in, as an input, so that it is built first (containers enabled)."""
+    return [CONTAINER] if CONTAINER else []
+
+
+# ---- Files that rules of more than one rule file name -----------------------------------------
+
+DATA_DIR = study.DATA_DIR
+MATRIX_CSV = "results/tables/matrix.csv"
+STUDY_CONFIG_JSON = "results/tables/config.json"
+INVENTORY_JSON = "results/inventory/system.json"
+REFERENCES_YAML = "config/references.yaml"
+COMM_JSONS = expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS)
+# the aggregation's tables (results/tables/<name>.csv) and its summary
+AGGREGATE_CSVS = expand("results/tables/{table}.csv", table=AGGREGATE_TABLES)
+SUMMARY_JSON = "results/tables/summary.json"
+PLOT_FILES = expand("results/plots/{name}.{ext}", name=FIGURE_NAMES, ext=["png", "svg"])
+# the results store's: this study's place among the stored ones, and its comparison with
+# BASELINE (none without one)
+HISTORY_CSV = "results/tables/history.csv"
+STORE_PLOTS = ["history", *(["versus_baseline"] if BASELINE is not None else [])]
+STORE_PLOT_FILES = expand(
+    "results/plots/{name}.{ext}", name=STORE_PLOTS, ext=["png", "svg"]
+)
+VERSUS_BASELINE = (
+    ["results/tables/versus_baseline.csv", "results/tables/versus_baseline.json"]
+    if BASELINE is not None
+    else []
+)
 
 # The programs the rules run, each by its entry modules: a rule depends on the files those import
 # (scalerepro.common.source_closure), so an edit reruns exactly the rules that run the edited
@@ -147,14 +206,36 @@ def data_input(wildcards):
     return [DATA_DIR] if STUDY.uses_cifar(RUNS[wildcards.run]) else []
 
 
-def container_inputs():
-    """The image a job runs in, as an input, so that it is built first (containers enabled)."""
-    return [CONTAINER] if CONTAINER else []
+# ---- Resources --------------------------------------------------------------------------------
+
+SLURM_GPUS = PLAN.cluster_gpus
+CLUSTER_RESOURCES = PLAN.queue_resources()
 
 
 def run_resources(key):
     """One resource (``key``) of a training or profiling job, from its run's GPU count."""
     return lambda wildcards: PLAN.train_resources(RUNS[wildcards.run])[key]
+
+
+# What a job that runs one run of the matrix (its training, or a profile of it) asks of the
+# scheduler, beside CLUSTER_RESOURCES.
+RUN_RESOURCES = {
+    key: run_resources(key)
+    for key in (
+        "nodes",
+        "tasks",
+        "gpus",
+        "gpus_per_node",
+        "cpus_per_task",
+        "mem_mb",
+        "runtime",
+        "mpi",
+        "tasks_per_gpu",
+        "gres",
+        "slurm_extra",
+        "measured",
+    )
+}
 
 
 def run_threads(wildcards):
@@ -171,6 +252,9 @@ def comm_resources(key):
     return lambda wildcards: PLAN.comm_resources(int(wildcards.gpus))[key]
 
 
+# ---- Flags ------------------------------------------------------------------------------------
+
+
 def run_launch_args(prefix=""):
     """scalerepro.launching.launch's flags for the job of ``wildcards.run`` (named ``prefix`` then the run id)."""
     return lambda wc: PLAN.launch_args(
@@ -178,11 +262,13 @@ def run_launch_args(prefix=""):
     )
 
 
-def run_trainer_args(wildcards):
-    """Every trainer flag of one training job (scalerepro.planning.study.Study.trainer_args)."""
-    run = RUNS[wildcards.run]
+def run_trainer_args(wildcards, output):
+    """Every trainer flag of one training job (scalerepro.planning.study.Study.trainer_args): its
+    record is the job's output, its checkpoints go in a folder beside it."""
     return STUDY.trainer_args(
-        run, record_path(run), f"results/runs/{wildcards.run}/checkpoints"
+        RUNS[wildcards.run],
+        output.record,
+        str(Path(output.record).parent / "checkpoints"),
     )
 
 
@@ -199,3 +285,16 @@ def matrix_rows():
 def targets_args():
     """--targets of scalerepro.analysis.tables.aggregate: the config's targets (checks included) as JSON."""
     return f"--targets {shlex.quote(json.dumps(CONFIG['targets']))}"
+
+
+def folder_of(name):
+    """A params function: the folder that holds the rule's input or output ``name`` (e.g.
+    "output.summary"; a list of files: its first's), for the programs that take a folder
+    rather than its files."""
+    side, key = name.split(".")
+
+    def folder(wildcards, input, output):
+        files = getattr({"input": input, "output": output}[side], key)
+        return str(Path(files if isinstance(files, str) else files[0]).parent)
+
+    return folder

@@ -1,19 +1,8 @@
 # The results store (config `store`): each study appends itself to one DuckDB file when its
 # aggregation is done, and its headline cells across the stored studies go into the report. With
-# `compare.baseline` set, the study is also compared cell by cell with that stored study.
-# The store is the team's file, so both steps run on the host that runs Snakemake (localrules).
-
-STORE = CONFIG["store"]["path"]
-BASELINE = CONFIG["compare"]["baseline"]
-VERSUS_BASELINE = (
-    ["results/tables/versus_baseline.csv", "results/tables/versus_baseline.json"]
-    if BASELINE is not None
-    else []
-)
-VERSUS_BASELINE_ARGS = (
-    " ".join(["--versus-baseline", *VERSUS_BASELINE]) if BASELINE else ""
-)
-STORE_PLOTS = ["history", *(["versus_baseline"] if BASELINE is not None else [])]
+# `compare.baseline` (BASELINE) set, the study is also compared cell by cell with that stored
+# study. The store is the team's file, so both steps run on the host that runs Snakemake
+# (localrules).
 
 
 localrules:
@@ -22,20 +11,20 @@ localrules:
 
 rule store_study:
     input:
-        matrix="results/tables/matrix.csv",
+        matrix=MATRIX_CSV,
         runs="results/tables/runs.csv",
-        config="results/tables/config.json",
-        inventory="results/inventory/system.json",
+        config=STUDY_CONFIG_JSON,
+        inventory=INVENTORY_JSON,
         code=program_sources("store"),
     output:
         receipt="results/tables/store.json",
-        history="results/tables/history.csv",
+        history=HISTORY_CSV,
     log:
         "results/logs/store_study.log",
     conda:
         ENV_ANALYSIS
     params:
-        store=STORE,
+        store=CONFIG["store"]["path"],
     shell:
         "python -m scalerepro.analysis.history.store append --store {params.store:q} --matrix {input.matrix}"
         " --config {input.config} --inventory {input.inventory}"
@@ -59,7 +48,7 @@ if BASELINE is not None:
         conda:
             ENV_ANALYSIS
         params:
-            store=STORE,
+            store=CONFIG["store"]["path"],
             baseline=BASELINE,
             threshold=CONFIG["compare"]["threshold"],
         shell:
@@ -73,7 +62,7 @@ rule store_plots:
         versus=VERSUS_BASELINE,
         code=program_sources("plots"),
     output:
-        expand("results/plots/{name}.{ext}", name=STORE_PLOTS, ext=["png", "svg"]),
+        plots=STORE_PLOT_FILES,
     log:
         "results/logs/store_plots.log",
     conda:
@@ -81,7 +70,9 @@ rule store_plots:
     resources:
         **CLUSTER_RESOURCES,
     params:
+        tables=folder_of("input.history"),
+        out=folder_of("output.plots"),
         names=" ".join(STORE_PLOTS),
     shell:
-        "python -m scalerepro.analysis.presentation.plots --tables results/tables --out results/plots --only {params.names}"
+        "python -m scalerepro.analysis.presentation.plots --tables {params.tables} --out {params.out} --only {params.names}"
         " > {log} 2>&1"

@@ -1,6 +1,11 @@
 # CIFAR-10: download (or a pre-staged archive), verify, extract safely, convert to the prepared
 # layout the trainer reads. Synthetic data needs none of this. On a cluster it runs on the
-# submitting host: login nodes reach the internet, compute nodes often do not.
+# submitting host: login nodes reach the internet, compute nodes often do not. The verified
+# archive is kept beside the prepared folder (the fetch's default: its --out's parent), so that
+# preparing again does not download again; it is no output, since Snakemake removes a rule's
+# outputs before it runs the rule again.
+
+import shlex
 
 
 localrules:
@@ -22,5 +27,4 @@ rule fetch_cifar10:
         ),
         md5=CONFIG["cifar10"]["md5"] or "",
     shell:
-        "python -m scalerepro.data.fetch --out {output} {params.source} --md5 {params.md5:q}"
-        " --download-dir results/downloads > {log} 2>&1"
+        "python -m scalerepro.data.fetch --out {output} {params.source} --md5 {params.md5:q} > {log} 2>&1"

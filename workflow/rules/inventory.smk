@@ -7,7 +7,7 @@ rule system_inventory:
         code=program_fingerprint("inventory"),
         image=container_inputs(),
     output:
-        "results/inventory/system.json",
+        INVENTORY_JSON,
     log:
         "results/logs/system_inventory.log",
     conda:

@@ -4,6 +4,7 @@
 # capture.json), then one summary per run (summary.json: breakdown, top kernels, roofline,
 # bottleneck), then the study's profiling tables. With profiling disabled none of it is planned.
 
+import json
 
 # The profiled runs, their tools and tables (scalerepro.planning.plan.profiling_plan)
 PROFILING = CONFIG["profiling"]
@@ -18,8 +19,8 @@ wildcard_constraints:
 
 
 # After the run's measured job, whose record it needs no figure of: a measured run never waits
-# behind a profile, and the profile compiles from the Inductor cache the run filled (on an H100,
-# 2026-11-26, a profile that went first compiled ResNet-50 cold under ncu for 3.5 minutes).
+# behind a profile, and the profile compiles from the Inductor cache the run filled (a profile
+# that goes first compiles its model cold, under the profiler: minutes for ResNet-50 under ncu).
 # ancient(): an order, not a freshness test: rerunning the run does not redo its profile.
 rule profile:
     input:
@@ -39,18 +40,7 @@ rule profile:
     threads: run_threads
     resources:
         **CLUSTER_RESOURCES,
-        nodes=run_resources("nodes"),
-        tasks=run_resources("tasks"),
-        gpus=run_resources("gpus"),
-        gpus_per_node=run_resources("gpus_per_node"),
-        cpus_per_task=run_resources("cpus_per_task"),
-        mem_mb=run_resources("mem_mb"),
-        runtime=run_resources("runtime"),
-        mpi=run_resources("mpi"),
-        tasks_per_gpu=run_resources("tasks_per_gpu"),
-        gres=run_resources("gres"),
-        slurm_extra=run_resources("slurm_extra"),
-        measured=run_resources("measured"),
+        **RUN_RESOURCES,
     params:
         fallback="" if PROFILING["fallback"] else "--no-fallback",
         fallback_reason=PROFILING_FALLBACK_REASON or "",
@@ -76,7 +66,7 @@ rule profile_summary:
         ),
         code=program_sources("profile_summary"),
     output:
-        "results/profiles/{run}/summary.json",
+        summary="results/profiles/{run}/summary.json",
     log:
         "results/profiles/{run}/summary.log",
     conda:
@@ -90,11 +80,13 @@ rule profile_summary:
         # not on the command line), and the GPU where this machine names it
         precision=lambda wc: RUNS[wc.run].precision,
         device=PLAN.device_name_flags(),
+        # the run's folder: the captures' tools' folders are in it, and the summary
+        run_dir=folder_of("output.summary"),
     shell:
-        "python -m scalerepro.analysis.profiles.captures summarize --run-dir results/profiles/{wildcards.run}"
+        "python -m scalerepro.analysis.profiles.captures summarize --run-dir {params.run_dir}"
         " --run-id {wildcards.run} --gpu-peaks {params.gpu_peaks:q}"
         " --precision {params.precision:q} {params.device:q}"
-        " --thresholds {params.thresholds:q} --out {output} > {log} 2>&1"
+        " --thresholds {params.thresholds:q} --out {output.summary} > {log} 2>&1"
 
 
 rule profile_table:
@@ -102,13 +94,15 @@ rule profile_table:
         summaries=expand("results/profiles/{run}/summary.json", run=PROFILED_RUNS),
         code=program_sources("profile_summary"),
     output:
-        PROFILING_TABLES,
+        tables=PROFILING_TABLES,
     log:
         "results/logs/profile_table.log",
     conda:
         ENV_ANALYSIS
     resources:
         **CLUSTER_RESOURCES,
+    params:
+        out=folder_of("output.tables"),
     shell:
         "python -m scalerepro.analysis.profiles.captures table --summaries {input.summaries}"
-        " --out results/tables > {log} 2>&1"
+        " --out {params.out} > {log} 2>&1"

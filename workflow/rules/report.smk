@@ -3,20 +3,22 @@
 
 rule report:
     input:
-        tables=rules.aggregate.output.tables,
-        summary=rules.aggregate.output.summary,
-        plots=rules.plots.output,
+        tables=AGGREGATE_CSVS,
+        summary=SUMMARY_JSON,
+        plots=PLOT_FILES,
         profiling=PROFILING_PLAN.tables(),
-        inventory="results/inventory/system.json",
-        config="results/tables/config.json",
-        references="config/references.yaml",
-        history=rules.store_study.output.history,
-        store_plots=rules.store_plots.output,
+        inventory=INVENTORY_JSON,
+        config=STUDY_CONFIG_JSON,
+        references=REFERENCES_YAML,
+        history=HISTORY_CSV,
+        store_plots=STORE_PLOT_FILES,
         versus=VERSUS_BASELINE,
         code=program_sources("report"),
+        # what the report program reads of report/: its stylesheet and the templates beside it
+        style="report/style.css",
         templates=sorted(
             str(p.relative_to(REPO))
-            for p in (REPO / "report").rglob("*")
+            for p in (REPO / "report" / "templates").rglob("*")
             if p.is_file()
         ),
     output:
@@ -32,9 +34,14 @@ rule report:
     resources:
         **CLUSTER_RESOURCES,
     params:
-        versus=VERSUS_BASELINE_ARGS,
+        tables=folder_of("input.summary"),
+        plots=folder_of("input.plots"),
+        templates=folder_of("input.style"),
+        versus=lambda wc, input: (
+            " ".join(["--versus-baseline", *input.versus]) if input.versus else ""
+        ),
     shell:
-        "python -m scalerepro.analysis.presentation.report --tables results/tables --plots results/plots"
+        "python -m scalerepro.analysis.presentation.report --tables {params.tables} --plots {params.plots}"
         " --inventory {input.inventory} --config {input.config} --references {input.references}"
         " --history {input.history} {params.versus}"
-        " --templates report --out {output} > {log} 2>&1"
+        " --templates {params.templates} --out {output} > {log} 2>&1"

@@ -35,18 +35,7 @@ rule train:
     threads: run_threads
     resources:
         **CLUSTER_RESOURCES,
-        nodes=run_resources("nodes"),
-        tasks=run_resources("tasks"),
-        gpus=run_resources("gpus"),
-        gpus_per_node=run_resources("gpus_per_node"),
-        cpus_per_task=run_resources("cpus_per_task"),
-        mem_mb=run_resources("mem_mb"),
-        runtime=run_resources("runtime"),
-        mpi=run_resources("mpi"),
-        tasks_per_gpu=run_resources("tasks_per_gpu"),
-        gres=run_resources("gres"),
-        slurm_extra=run_resources("slurm_extra"),
-        measured=run_resources("measured"),
+        **RUN_RESOURCES,
     params:
         launch=run_launch_args(),
         args=run_trainer_args,

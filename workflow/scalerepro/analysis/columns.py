@@ -5,7 +5,7 @@ with their vocabularies (run statuses, verdicts, check statuses) and defaults: t
 (``tables``, ``profiles``, ``history``) and readers (``presentation``, ``rebuild``) import these
 lists instead of writing their own. Not here: a table that one module writes and reads keeps its
 columns beside its code (``tables.scaling_model``'s scaling_model.csv, ``predict``'s predictions,
-the store's own files in ``history``, the columns a check may read in ``tables.checking``), and a
+the store's own files in ``history``, the columns a check may read in ``tables.check_definitions``), and a
 module that reads a few columns of a table (the report, the plots, the store) names each where
 it reads it, as a string.
 

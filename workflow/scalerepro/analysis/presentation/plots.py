@@ -30,7 +30,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from scalerepro.analysis import columns
-from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
 from scalerepro.analysis.presentation.headline import FIGURE_COLUMNS
 from scalerepro.analysis.presentation.inputs import placeholder_metadata, require_aggregation
 from scalerepro.analysis.profiles import step as step_parts

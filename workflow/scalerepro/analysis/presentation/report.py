@@ -39,7 +39,7 @@ import pandas as pd
 from scalerepro.analysis import study_files
 from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, VERDICTS
 from scalerepro.analysis.presentation.bottlenecks import bottleneck_rows
-from scalerepro.analysis.presentation.figures import FIGURE_NAMES
+from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
 from scalerepro.analysis.presentation.formatting import MISSING, TEMPLATE_FILTERS, TEMPLATE_GLOBALS, fmt_int, fmt_text, is_missing, label, truthy
 from scalerepro.analysis.presentation.headline import headline_section, mfu_columns, study_identity
 from scalerepro.analysis.presentation.inputs import Figure, Row, load_figure, read_json, read_table, readable_inventory, require_aggregation, rows

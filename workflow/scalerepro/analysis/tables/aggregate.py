@@ -158,7 +158,8 @@ from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAUL
 from scalerepro.analysis.study_files import LeftOut, comm_problem
 from scalerepro.analysis.tables import loss_decomposition, scaling_model
 from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, parallelism_table, scaling_table, sensitivity_table
-from scalerepro.analysis.tables.checking import checks_table, cpu_study, parse_checks
+from scalerepro.analysis.tables.check_definitions import parse_checks
+from scalerepro.analysis.tables.checking import checks_table, cpu_study
 from scalerepro.analysis.tables.readers import communication_table, read_comm, read_matrix, read_runs
 from scalerepro.analysis.tables.reproduction import comparison_table, read_references, read_target_gpu
 from scalerepro.common.cli import OneLineErrorParser, bounded_int, error_boundary
