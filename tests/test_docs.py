@@ -54,6 +54,7 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console", ""}
 # Where a program's name begins a command line: the interpreters the docs write, then the program.
+ENVIRONMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 PROGRAM_START = re.compile(r"^(?:python3?|\.venv/bin/python|torchrun|snakemake|bash|\.venv/bin/snakemake)$")
 
 
@@ -69,8 +70,14 @@ def fenced_commands(text: str) -> list[str]:
 
 def inline_commands(text: str) -> list[str]:
     """Inline code that is a command: it begins with a program this repository runs."""
-    text = FENCE.sub("", text)
-    return [span for span in INLINE.findall(text) if span.split() and PROGRAM_START.match(span.split()[0]) and len(span.split()) > 1]
+    out = []
+    for span in INLINE.findall(FENCE.sub("", text)):
+        words = span.split()
+        while words and ENVIRONMENT.match(words[0]):
+            words = words[1:]
+        if len(words) > 1 and PROGRAM_START.match(words[0]):
+            out.append(span)
+    return out
 
 
 def simple_commands(line: str) -> list[list[str]]:
@@ -93,7 +100,7 @@ def simple_commands(line: str) -> list[list[str]]:
     commands.append(current)
     out = []
     for command in commands:
-        while command and re.match(r"^[A-Z_][A-Z0-9_]*=", command[0]):
+        while command and ENVIRONMENT.match(command[0]):
             command = command[1:]
         if command:
             out.append(command)
@@ -337,6 +344,33 @@ def test_every_python_command_of_the_docs_runs_with_its_flags():
         listed = help_text(program)
         wrong += [f"{doc}: {' '.join(program)} has no {flag}" for flag in flags_of(args) if not lists(listed, flag)]
     assert wrong == []
+
+
+def handled_words(script: str) -> set[str]:
+    """The words a shell script dispatches on: its `case` labels (`start)`, `a | b)`) and the
+    words of its usage line."""
+    labels = re.findall(r"^\s*([\w-]+(?:\s*\|\s*[\w-]+)*)\)", script, re.M)
+    words = {word.strip() for label in labels for word in label.split("|")}
+    for usage in re.findall(r"usage: ([^\n]*)", script):
+        words |= set(re.findall(r"[\w-]+", usage))
+    return words
+
+
+def test_every_script_of_the_docs_takes_the_stages_they_give_it():
+    """A repository shell script the docs run (`bash benchmarks/gpu/smoke.sh cells`,
+    `tests/slurm/cluster.sh start`) exists, and each word given it is one the script handles."""
+    wrong, seen = [], 0
+    for doc, command in documented_commands():
+        words = command[1:] if command[0] == "bash" else command
+        if not words or not words[0].endswith(".sh"):
+            continue
+        if not (REPO / words[0]).is_file():
+            wrong.append(f"{doc}: {words[0]} does not exist")
+            continue
+        seen += 1
+        handled = handled_words((REPO / words[0]).read_text(encoding="utf-8"))
+        wrong += [f"{doc}: {words[0]} handles no {word!r}" for word in words[1:] if re.fullmatch(r"[a-z]+", word) and word not in handled]
+    assert seen and wrong == []
 
 
 @pytest.mark.slow
