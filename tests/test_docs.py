@@ -226,7 +226,6 @@ FOREIGN_FLAGS = {
     "--ntasks": "srun",
     "--ntasks-per-node": "srun",
     "--format": "sacct",
-    "--nproc-per-node": "torchrun",
 }
 
 
@@ -390,9 +389,10 @@ def test_every_snakemake_flag_of_the_docs_is_snakemakes():
 def test_every_flag_named_alone_is_a_flag_of_its_doc_s_programs():
     """A flag a doc names in its prose or tables (`--bucket-cap-mb`) is in the `--help` of one of
     the programs that doc is about, or is a flag of another tool, named with it."""
-    wrong = []
+    wrong, foreign = [], set()
     for path in checked_files():
         doc = str(path.relative_to(REPO))
+        foreign |= set(lone_flags(doc_text(path))) & set(FOREIGN_FLAGS)
         programs = [p for p in PROGRAMS_OF_DOC[doc] if p != ("snakemake",)]
         programs += [program for of, program, _ in program_commands() if of == doc and program != ("snakemake",) and program not in programs]
         for flag in lone_flags(doc_text(path)):
@@ -403,6 +403,7 @@ def test_every_flag_named_alone_is_a_flag_of_its_doc_s_programs():
             if not any(lists(help_text(program), flag) for program in programs):
                 wrong.append(f"{doc}: {flag} is no flag of {', '.join(' '.join(p) for p in PROGRAMS_OF_DOC[doc]) or 'any program it names'}")
     assert wrong == []
+    assert sorted(set(FOREIGN_FLAGS) - foreign) == [], "flags of other tools that no doc names any more"
 
 
 @functools.cache
