@@ -1,7 +1,7 @@
 """Installing scalerepro on a machine with no network (a cluster's login or GPU node).
 
 ``pip install -e .`` builds in an isolated environment and fetches the build backend
-(setuptools) from the index first, which fails offline. README, "Install without network":
+(setuptools) from the index first, which fails offline. docs/install.md, "Install without network":
 ``--no-build-isolation`` builds with the setuptools already installed, ``--no-index`` keeps pip
 off the network. This test runs exactly that on a copy of the sources.
 """

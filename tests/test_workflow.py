@@ -500,7 +500,7 @@ def test_a_killed_driver_leaves_no_rank_running(study, tmp_path):
     """SIGKILL of Snakemake during a training job: its launcher and ranks ran on for a minute and
     then wrote an `ok` record after a rerun had said there was nothing to do. Now the launcher
     sees its driver gone within a second and stops its ranks (and a rank dies with its
-    launcher, whatever kills it); the two commands of README, "When a run is interrupted", recover."""
+    launcher, whatever kills it); the two commands of docs/study.md, "When a run is interrupted", recover."""
     workdir = tmp_path / "killed"
     shutil.copytree(study, workdir, symlinks=True)
     url, md5 = json.loads((study / "study_args").read_text())
