@@ -20,22 +20,20 @@ import pytest
 import torch.distributed as dist
 
 from scalerepro.analysis.tables import aggregate, prediction_error
+from scalerepro.analysis.tables.model_inputs import read_profile, within_step
 from scalerepro.analysis.tables.network_model import HierarchicalNetwork, read_links
-from scalerepro.analysis.tables.scaling_model import (
-    PROPORTIONAL_BOUND,
-    FsdpProfile,
+from scalerepro.analysis.tables.published_steps import FsdpProfile, simulate_fsdp_step
+from scalerepro.analysis.tables.scaling_model import PROPORTIONAL_BOUND
+from scalerepro.analysis.tables.step_model import (
     RingNetwork,
     StepProfile,
     config_network,
     expected_max_normal,
     fit_comm_file,
     fit_ring,
-    read_profile,
-    simulate_fsdp_step,
     simulate_step,
     straggler_spread,
     straggler_wait_s,
-    within_step,
 )
 from scalerepro.models.cnn import SmallCNN
 from scalerepro.training import buckets

@@ -1,4 +1,6 @@
 """Run records to tidy tables: ``readers`` (matrix, records, comm benchmark), ``cell_tables``
 (scaling, sensitivity, ablation, parallelism, cost), ``reproduction`` (published references),
-``checking`` (checks as data), ``repeats`` (statistics over repeats), ``scaling_model`` (the
-alpha-beta model) and ``aggregate`` (the rule's entry point)."""
+``checking`` (checks as data), ``repeats`` (statistics over repeats), ``step_model`` (the
+alpha-beta model: network fit and step replay), ``model_inputs`` (what it reads from the records),
+``scaling_model`` (its table), ``published_steps`` (FSDP and published steps, for the back-test)
+and ``aggregate`` (the rule's entry point)."""
