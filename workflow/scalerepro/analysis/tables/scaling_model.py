@@ -26,7 +26,8 @@ t_ring over the buckets), exposed_comm_s (max(c b, e_last) - c b), step_time_err
 measured - 1), efficiency_error (predicted - measured), typical_error (the median |error| the
 back-test measured in the row's regime), fixed_step_s (other + o), compute_inflation (k + W(N) /
 t_1(m_N, A_N)), the loss_* shares of t(N), the *_basis columns (where each figure comes from), and
-bound (why the predicted efficiency is an upper bound, where it is one). Never imports torch.
+bound (why the predicted efficiency is an upper bound, where it is one), derived_from (the study
+whose one-GPU step a weak row of a one-GPU study comes from). Never imports torch.
 """
 
 from __future__ import annotations
@@ -108,9 +109,21 @@ SCALING_MODEL_COLUMNS = (
     "regime",
     "error_basis",
     "bound",
+    "derived_from",
 )
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
 PROPORTIONAL_BOUND = "upper bound: compute taken as proportional to the micro-batch (no batch curve covers it)"
+BOUND_NOTE = f"{PROPORTIONAL_BOUND}: the efficiency is at most this"
+
+
+def beyond_note(measured_max: float) -> str:
+    """The note of a row predicted beyond the study's hardware."""
+    return f"prediction only: beyond the {measured_max:g} GPU{'' if measured_max == 1 else 's'} the study ran on"
+
+
+def derived_note(micro_batch_1: int, source_study: str) -> str:
+    """The note of a weak row derived from a study of one GPU (its ``derived_from``)."""
+    return f"weak scaling at the one-GPU run's per-GPU batch ({micro_batch_1}) held at every count, from the {source_study} study's one-GPU step"
 
 
 def _row(**values: Any) -> dict[str, Any]:
@@ -431,13 +444,12 @@ def _compare_and_note(row: dict[str, Any], target: _Target, fit: _ModelFit, meas
     if row["efficiency_measured"] is not None and not pd.isna(row["efficiency_measured"]):
         row["efficiency_error"] = row["efficiency_predicted"] - row["efficiency_measured"]  # predicted - measured
     if target.basis == "predicted":
-        row["note"] = f"prediction only: beyond the {measured_max:g} GPU{'' if measured_max == 1 else 's'} the study ran on"
+        row["note"] = beyond_note(measured_max)
         if target.derived:
-            row["note"] += (
-                f"; weak scaling at the one-GPU run's per-GPU batch ({fit.micro_1}) held at every count, from the {source_study} study's one-GPU step"
-            )
+            row["note"] += f"; {derived_note(fit.micro_1, source_study)}"
+            row["derived_from"] = source_study
         if row["bound"]:
-            row["note"] += f"; {PROPORTIONAL_BOUND}: the efficiency is at most this"
+            row["note"] += f"; {BOUND_NOTE}"
     cluster = target.cluster
     if cluster is not None:
         # the back-tested error of the row's own regime, or none: an error measured on another
