@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalerepro.analysis.presentation import formatting, headline, report
+from scalerepro.analysis.presentation import formatting, headline, report, report_facts
 from scalerepro.analysis.tables.loss_decomposition import loss_decomposition_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -705,7 +705,7 @@ def test_headline_takes_the_best_configuration_by_median():
     (row,) = headline.headline(runs, pd.DataFrame())
     assert row["one"]["samples_per_s"] == 305.0 and "b" in row["one"]["config"] and row["one"]["repeats"] == 2
     assert row["at_max"] is None and row["strong"] is None
-    assert [r["run_id"] for r in report.inconsistent(runs.assign(run_id=list("abcdefg")))] == ["g"]
+    assert [r["run_id"] for r in report_facts.inconsistent(runs.assign(run_id=list("abcdefg")))] == ["g"]
 
 
 def test_failed_preempted_and_missing_runs_are_listed_with_their_rerun_command(study):
@@ -1166,17 +1166,18 @@ def test_section_numbers_come_from_the_one_list():
 
 
 def test_every_figure_is_in_the_one_list_drawn_and_shown():
-    """plots.py's figure functions, the one list (figures.FIGURE_NAMES), the figures the workflow
+    """The figure functions (plots.py, profile_plots.py, model_plots.py), the one list (figures.FIGURE_NAMES), the figures the workflow
     declares and those the templates show are the same set."""
     import inspect
 
-    from scalerepro.analysis.presentation import figures, plots
+    from scalerepro.analysis.presentation import figures, model_plots, plots, profile_plots
 
     drawers = {
         name
-        for name, function in vars(plots).items()
+        for module in (plots, profile_plots, model_plots)
+        for name, function in vars(module).items()
         if inspect.isfunction(function)
-        and function.__module__ == plots.__name__
+        and function.__module__ == module.__name__
         and not name.startswith("_")
         and function.__annotations__.get("return") == "Figure"
         and list(inspect.signature(function).parameters) == ["t"]
