@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from scalerepro.analysis import columns
+from scalerepro.analysis.presentation import model_plots, profile_plots
 from scalerepro.analysis.presentation.figures import FIGURE_NAMES
 from scalerepro.analysis.presentation.headline import FIGURE_COLUMNS
 from scalerepro.analysis.presentation.inputs import placeholder_metadata, require_aggregation
@@ -421,9 +422,10 @@ def busbw_vs_size(t: Tables) -> Figure:
     return fig
 
 
-# name -> drawing function, for every name of the one list (a name without a function here
-# fails this import with that name)
-FIGURE_DRAWERS: dict[str, Callable[[Tables], Figure]] = {name: globals()[name] for name in FIGURE_NAMES}
+# name -> drawing function, for every name of the one list (a name without a function here or in
+# the modules of the profiles' and the model's figures fails this import with that name)
+_DRAWERS = {**vars(profile_plots), **vars(model_plots), **globals()}
+FIGURE_DRAWERS: dict[str, Callable[[Tables], Figure]] = {name: _DRAWERS[name] for name in FIGURE_NAMES}
 PLOT_NAMES = tuple(FIGURE_DRAWERS)  # the workflow declares these as outputs
 
 
