@@ -19,7 +19,7 @@ config/references.yaml and config/references.md, read here by id):
   ready one after another through the backward; for FSDP, its units of wrapping (one a block) and
   the root unit (the parameters no block holds); scaled to the published step: the one factor on
   the compute that makes the model give t0 back at the given count
-  (``scaling_model.fit_compute_to_step``);
+  (``published_steps.fit_compute_to_step``);
 - the optimizer's time: its memory traffic (bytes per parameter, below) at the GPU's HBM peak
   (``scalerepro.common.gpu_peaks``), an elementwise update being memory-bound;
 - the cluster's published link rates and fabric (``clusters`` and ``links`` of
@@ -37,7 +37,7 @@ regime's median and largest |e| is what ``--regimes-yaml`` prints for references
 
 The terms, each added in turn (the table "series x terms"): the model without them (DDP or FSDP
 on the two-level network, NCCL's collectives as ring and tree hops alone); + the straggler wait,
-sigma e_N (``scaling_model.straggler_wait_s``; a published series has no per-rank times, so its
+sigma e_N (``step_model.straggler_wait_s``; a published series has no per-rank times, so its
 spread sigma / t is fitted on c_2 .. c_j as above, 0 where nothing is fitted); + the collectives of
 sharded strategies at scale (FSDP's root unit apart from its blocks, and NCCL's tuner: base latency,
 the ring's plateau, the tree's bandwidth factors, ``network_model``); + the fabric's tiers (leaves
@@ -45,7 +45,7 @@ and spine, ``network_model.Topology``).
 
 Where a series changes the per-GPU batch between counts (MLPerf's ResNet-50 holds its global batch:
 400 images a GPU at 8 GPUs, 50 at 64), the compute at the new batch comes from a measured step-time
-curve over the batch on the series' GPU and model (``scaling_model.BatchCurve``; ``--batch-curve``,
+curve over the batch on the series' GPU and model (``step_model.BatchCurve``; ``--batch-curve``,
 by default the newest ``benchmarks/gpu/h100-*/batch_curve.json`` that ``benchmarks/gpu/batch_curve.py``
 wrote on an H100), within the batches it was measured at. Without one, the compute is taken as
 proportional to the batch and the row says that the curve is missing.
@@ -70,7 +70,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from scalerepro.analysis.tables import network_model, prediction_error, scaling_model  # noqa: E402
+from scalerepro.analysis.tables import network_model, prediction_error, published_steps, step_model  # noqa: E402
 from scalerepro.common import gpu_peaks  # noqa: E402
 from scalerepro.models import ModelShape, build, resolve  # noqa: E402
 from scalerepro.training import buckets  # noqa: E402
@@ -414,14 +414,14 @@ def kept_batch_curve(path: Path | None, model: str, gpu: str) -> tuple[Path, dic
     return None
 
 
-def read_batch_curve(found: tuple[Path, dict] | None) -> scaling_model.BatchCurve | None:
+def read_batch_curve(found: tuple[Path, dict] | None) -> step_model.BatchCurve | None:
     """The curve of a kept ``batch_curve.json`` (``kept_batch_curve``'s answer); None where there is none."""
     if found is None:
         return None
     candidate, document = found
     rows = document["rows"]
     where = f"{candidate.relative_to(REPO) if candidate.is_relative_to(REPO) else candidate}, {document['device']}"
-    return scaling_model.BatchCurve.fit([r["batch"] for r in rows], [r["step_s_median"] for r in rows], where)
+    return step_model.BatchCurve.fit([r["batch"] for r in rows], [r["step_s_median"] for r in rows], where)
 
 
 def curve_calibration(found: tuple[Path, dict] | None) -> str | None:
@@ -475,7 +475,7 @@ def predict_series(
     references: dict[str, dict],
     presets,
     probe: CpuProfile | None,
-    curve: scaling_model.BatchCurve | None = None,
+    curve: step_model.BatchCurve | None = None,
     terms: Terms = ALL_TERMS,
 ) -> list[dict]:
     """One row per published count of the series (its figure, the model's prediction, ideal
@@ -540,7 +540,7 @@ def predict_series(
         parameters, units, root = fsdp_units(series)
         # f : b = 1 : 2 (the backward's matmuls are twice the forward's); only their sum matters
         # where the transfers hide behind them, and it is fitted to the published step
-        profile = scaling_model.FsdpProfile(
+        profile = published_steps.FsdpProfile(
             step_s=1.0,
             forward_s=1.0 / 3,
             backward_s=2.0 / 3,
@@ -554,7 +554,7 @@ def predict_series(
         )
 
         def simulate(p, gpus, c, a):
-            return scaling_model.simulate_fsdp_step(p, network(gpus), c, a)
+            return published_steps.simulate_fsdp_step(p, network(gpus), c, a)
     else:
         assert probe is not None
         parameters = probe.parameters if series.parameters is None else series.parameters
@@ -564,7 +564,7 @@ def predict_series(
             ready = tuple(f * probe.backward_s / total for f in probe.bucket_ready_fraction)
         else:  # one all-reduce of every gradient once the last backward is done
             sizes, ready = (parameters * series.gradient_bytes_per_parameter,), (probe.backward_s / total,)
-        profile = scaling_model.StepProfile(
+        profile = step_model.StepProfile(
             step_s=1.0,
             forward_s=probe.forward_s / total,
             backward_s=probe.backward_s / total,
@@ -575,7 +575,7 @@ def predict_series(
         )
 
         def simulate(p, gpus, c, a):
-            return scaling_model.simulate_step(p, network(gpus), c, a)
+            return step_model.simulate_step(p, network(gpus), c, a)
 
     def scale_for(reference: dict) -> tuple[float, str, float | None]:
         """c at a reference's micro-batch, what it came from, and the knee of the curve it came from."""
@@ -593,18 +593,18 @@ def predict_series(
             None,
         )
 
-    def predicted_step(fitted, reference: dict, spread: float) -> tuple[scaling_model.StepPrediction, float]:
+    def predicted_step(fitted, reference: dict, spread: float) -> tuple[step_model.StepPrediction, float]:
         """The step at a reference's count, and the wait for the slowest rank in it: sigma e_N,
         sigma = spread x the rank's compute between synchronisations, A c (f + b)."""
         m, a = micro(reference)
         scale = scale_for(reference)[0]
         prediction = simulate(fitted, reference["gpus"], scale, a)
-        wait = scaling_model.straggler_wait_s(spread, reference["gpus"], a * scale * (fitted.forward_s + fitted.backward_s))
+        wait = step_model.straggler_wait_s(spread, reference["gpus"], a * scale * (fitted.forward_s + fitted.backward_s))
         return prediction, prediction.step_s + wait
 
     def fitted_for(spread: float):
         """The profile whose compute gives the published step back at the given count (its own wait included)."""
-        return scaling_model.fit_compute_to_step(profile, _step_s(series, base), lambda p: predicted_step(p, base, spread)[1])
+        return published_steps.fit_compute_to_step(profile, _step_s(series, base), lambda p: predicted_step(p, base, spread)[1])
 
     fit_rows = [r for r in refs if role[r["gpus"]] == "fit"]
     spread = 0.0

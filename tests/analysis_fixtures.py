@@ -26,7 +26,10 @@ from typing import Any
 
 import jsonschema
 
+from scalerepro.analysis.tables.step_model import StepProfile
+
 REPO = Path(__file__).resolve().parents[1]
+REFERENCES = REPO / "config" / "references.yaml"
 SCHEMA = json.loads((REPO / "workflow/schemas/run_record.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
 
@@ -545,3 +548,16 @@ def predict_published_benchmark():
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+# The scaling model's overlap fixture: three buckets ready at 2, 5 and 9 ms of a 10 ms backward;
+# forward 6 ms, optimizer 1 ms, the measured step 18 ms (other = 18 - (6 + 10 + 1) = 1 ms).
+PROFILE = StepProfile(
+    step_s=18e-3,
+    forward_s=6e-3,
+    backward_s=10e-3,
+    optimizer_s=1e-3,
+    micro_batches=1,
+    bucket_bytes=(4_000_000, 1_000_000, 3_000_000),
+    bucket_ready_s=(2e-3, 5e-3, 9e-3),
+)

@@ -15,10 +15,9 @@ from scalerepro.analysis.presentation.loss_view import loss_rows
 from scalerepro.analysis.tables import aggregate
 from scalerepro.analysis.tables.loss_decomposition import FROM_PROBE, NAMED_PARTS, PARTS, loss_decomposition_table
 from scalerepro.analysis.tables.network_model import HierarchicalNetwork
-from scalerepro.analysis.tables.scaling_model import BatchCurve, Inflation, inflation_for
-from test_scaling_model import PROFILE, REFERENCES
+from scalerepro.analysis.tables.step_model import BatchCurve, Inflation, inflation_for
 
-from analysis_fixtures import Study, make_record, predict_published_benchmark, validate, write_comm
+from analysis_fixtures import PROFILE, REFERENCES, Study, make_record, predict_published_benchmark, validate, write_comm
 
 # ---- the decomposition ------------------------------------------------------------------------
 

@@ -21,10 +21,10 @@ import seaborn
 from matplotlib import pyplot
 
 from scalerepro.analysis.presentation import inputs, plots, report
-from test_report import CHROMIUM, Chromium
 
 from conftest import REPO
 from h100_report import RebuiltStudy, rebuild_kept_study, section, table_rows, visible
+from report_study import CHROMIUM, Chromium
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
 CPU_STUDY = REPO / "tests" / "fixtures" / "studies" / "cpu-readme-a0f872f"

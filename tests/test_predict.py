@@ -16,14 +16,8 @@ from scalerepro.analysis import predict
 from scalerepro.analysis.tables import aggregate, prediction_error
 from scalerepro.analysis.tables.network_model import HierarchicalNetwork, read_clusters, read_prediction_error
 from scalerepro.analysis.tables.prediction_error import error_table_of
-from scalerepro.analysis.tables.scaling_model import (
-    FsdpProfile,
-    RingNetwork,
-    StepProfile,
-    fit_compute_to_step,
-    simulate_fsdp_step,
-    simulate_step,
-)
+from scalerepro.analysis.tables.published_steps import FsdpProfile, fit_compute_to_step, simulate_fsdp_step
+from scalerepro.analysis.tables.step_model import RingNetwork, StepProfile, simulate_step
 from scalerepro.common.references import load_references
 
 from analysis_fixtures import REPO, Study, make_record, validate

@@ -18,7 +18,7 @@ import yaml
 
 from scalerepro.analysis import predict
 from scalerepro.analysis.columns import CONDITIONS, MATRIX_COLUMNS, REFERENCE_KINDS, REFERENCE_METRICS, REFERENCE_PRECISIONS
-from scalerepro.analysis.tables import aggregate, nearest_published, network_model, reproduction
+from scalerepro.analysis.tables import aggregate, network_model, published_comparison, reproduction
 from scalerepro.common.references import REFERENCES_SCHEMA, ReferencesError, load_references
 from scalerepro.planning import plan as planning
 
@@ -121,7 +121,7 @@ def test_the_schemas_vocabularies_are_the_analysis_columns():
     assert tuple(definitions["reference"]["properties"]["kind"]["enum"]) == REFERENCE_KINDS
     assert tuple(definitions["reference"]["properties"]["metric"]["enum"]) == REFERENCE_METRICS
     assert tuple(definitions["conditions"]["properties"]["precision"]["enum"]) == (*REFERENCE_PRECISIONS, None)
-    # the conditions compared, then the free text, then the GPU part and its power cap (read by nearest_published)
+    # the conditions compared, then the free text, then the GPU part and its power cap (read by published_conditions)
     assert tuple(definitions["conditions"]["properties"]) == (*CONDITIONS, "framework", "metric_notes", "sku", "power_cap_w", "power_cap_basis")
     # a run's conditions, as the comparison spells them, are values the schema allows a reference
     for channels_last, data in ((True, "synthetic"), (False, "cifar10")):
@@ -189,6 +189,6 @@ def test_every_reader_of_the_file_refuses_it_alike(tmp_path, capsys):
             reader(references)
         assert str(again.value) == str(refused.value), reader.__name__
     with pytest.raises(ReferencesError, match="links.intra_node: efficiency 1.2 is above 1"):
-        nearest_published.references_document(references)  # the report's links
+        published_comparison.references_document(references)  # the report's links
     assert predict.main(["--list", "--references", str(references)]) == 2
     assert capsys.readouterr().err == f"scalerepro.analysis.predict: error: {refused.value}\n"

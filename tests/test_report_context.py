@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from scalerepro.analysis.presentation import report
-from test_report import REFERENCES, TEMPLATES, section, write_study
+
+from report_study import REFERENCES, TEMPLATES, section, write_study
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalerepro.analysis.presentation import inputs, plots, report
+from scalerepro.analysis.presentation import formatting, inputs, plots, report
 from scalerepro.analysis.tables import aggregate
 from scalerepro.telemetry import inventory
-from test_report import CHROMIUM, Chromium
 
 from analysis_fixtures import REPO, Study, write_gpu_study
 from h100_report import RebuiltStudy, rebuild_kept_study
+from report_study import CHROMIUM, Chromium
 
 REFERENCES = REPO / "config" / "references.yaml"
 TEMPLATES = REPO / "report"
@@ -192,7 +192,7 @@ def test_the_cost_sentence_says_the_figures_of_its_table(h100_report):
     assert f"used {gpu_hours} GPU-hours ({node_hours} node-hours) over {runs} runs" in sentence, (sentence, total)
     assert float(gpu_hours) == pytest.approx(pd.read_csv(h100_report.out / "tables" / "cost.csv")["gpu_hours_used"].iloc[-1], rel=0.02)
     # runs rebuilt from their records have no time limit: the request is unknown, not 0
-    assert gpu_requested == node_requested == report.MISSING and "not known" in sentence
+    assert gpu_requested == node_requested == formatting.MISSING and "not known" in sentence
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from scalerepro.analysis.presentation import plots, report
+from scalerepro.analysis.presentation import plots, profile_plots, report
 from scalerepro.analysis.profiles import captures, classify, ncu, roofline
 from scalerepro.analysis.profiles.kernels import MATRIX_KINDS
 from scalerepro.analysis.tables import scaling_model
@@ -130,7 +130,7 @@ def test_no_no_ncu_profile_placeholder_above_an_ncu_table(study):
     # whose tensor pipe ran only HFMA2.MMA under the FP32 one (tests/test_step_breakdown.py)
     assert len(without_roof) == 46
     with pytest.raises(plots.NotMeasured, match=r"none of the 46 kernels Nsight Compute profiled has a FLOP roof"):
-        plots.roofline({**tables, "profiling_roofline": without_roof})
+        profile_plots.roofline({**tables, "profiling_roofline": without_roof})
 
 
 def _failed_ncu_capture(run: Path) -> None:

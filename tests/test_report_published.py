@@ -14,7 +14,7 @@ import re
 import pandas as pd
 import yaml
 
-from scalerepro.analysis.tables import nearest_published
+from scalerepro.analysis.tables import published_comparison, published_conditions
 
 from conftest import REPO
 
@@ -159,7 +159,7 @@ def test_a_loader_or_optimizer_lever_record_is_its_own_cell_not_a_repeat(h100_re
     # with (nor one lever "apart" from) a device-loader run that differs in that knob
     runs = pd.read_csv(h100_report.out / "tables" / "runs.csv")
     assert runs.set_index("run_id").loc["h100-2026-11-25_resnet18_cifar-optimised-dataloader", "loader"] == "dataloader"
-    cells = {c.run_ids(): c for c in nearest_published.measured_cells(runs)}
+    cells = {c.run_ids(): c for c in published_conditions.measured_cells(runs)}
     assert "h100-2026-11-25_resnet18_cifar-optimised-dataloader" in cells
     assert "h100-2026-11-25_resnet18_cifar-optimised-frontier" in cells
     assert cells["h100-2026-11-25_resnet50-baseline-baseline"].conditions["optimizer_impl"] == "foreach"
@@ -167,23 +167,23 @@ def test_a_loader_or_optimizer_lever_record_is_its_own_cell_not_a_repeat(h100_re
 
 def test_like_for_like_allows_the_same_precision_class_and_any_batch_but_not_other_data_precision_or_gpu_count(h100_report):
     runs = pd.read_csv(h100_report.out / "tables" / "runs.csv")
-    references = nearest_published.read_references(REFERENCES)
+    references = published_conditions.read_references(REFERENCES)
     # the fp16 lever record (batch 256, channels_last, compile default): Lambda's fp16 NGC 24.03 row is like for like
     run = runs[runs["run_id"].eq("h100-2026-11-25_resnet50-optimised-fp16")]
-    [row] = nearest_published.published_table(run, references)
+    [row] = published_comparison.published_table(run, references)
     assert row["like"]["reference"] == "lambda-rn50-h100sxm-fp16-ngc2403-1" and row["best"]["reference"] == "mlperf-v4.0-rn50-eos-h100-8"
     assert "batch per GPU: 1,280, ours 256" in row["like"]["differs"] and not any(d.startswith("precision") for d in row["like"]["differs"])
     # real data: no Lambda figure is like for like (their data is synthetic), and the row says so for each
-    [row] = nearest_published.published_table(run.assign(data_kind="imagenet"), references)
+    [row] = published_comparison.published_table(run.assign(data_kind="imagenet"), references)
     assert row["like"] is None and row["best"]["reference"] == "mlperf-v4.0-rn50-eos-h100-8"
     why = {failed["reference"]: failed["why"] for failed in row["like_none"]["failed"]}
     assert why["lambda-rn50-h100sxm-fp16-ngc2403-1"] == ["data: synthetic, ours real"]
     assert "framework: MXNet (NVIDIA Release 24.04), ours PyTorch" in why["mlperf-v4.0-rn50-eos-h100-8"]
     # TF32 is another precision class: Lambda's TF32 ("FP32") figure, never its fp16 one
-    [row] = nearest_published.published_table(run.assign(precision_recorded="tf32"), references)
+    [row] = published_comparison.published_table(run.assign(precision_recorded="tf32"), references)
     assert row["like"]["reference"] == "lambda-rn50-h100sxm-tf32-1"
     # two GPUs: the figure at the same count, never a one-GPU figure beside a two-GPU job
-    [row] = nearest_published.published_table(run.assign(gpus=2, samples_per_s=2 * run["samples_per_s"]), references)
+    [row] = published_comparison.published_table(run.assign(gpus=2, samples_per_s=2 * run["samples_per_s"]), references)
     assert row["like"]["reference"] == "lambda-rn50-h100sxm-fp16-ngc2403-2" and row["like"]["published"] == 5520 / 2
 
 

@@ -20,32 +20,28 @@ import pytest
 import torch.distributed as dist
 
 from scalerepro.analysis.tables import aggregate, prediction_error
+from scalerepro.analysis.tables.model_inputs import read_profile, within_step
 from scalerepro.analysis.tables.network_model import HierarchicalNetwork, read_links
-from scalerepro.analysis.tables.scaling_model import (
-    PROPORTIONAL_BOUND,
-    FsdpProfile,
+from scalerepro.analysis.tables.published_steps import FsdpProfile, simulate_fsdp_step
+from scalerepro.analysis.tables.scaling_model import PROPORTIONAL_BOUND
+from scalerepro.analysis.tables.step_model import (
     RingNetwork,
     StepProfile,
     config_network,
     expected_max_normal,
     fit_comm_file,
     fit_ring,
-    read_profile,
-    simulate_fsdp_step,
     simulate_step,
     straggler_spread,
     straggler_wait_s,
-    within_step,
 )
 from scalerepro.models.cnn import SmallCNN
 from scalerepro.training import buckets
 from scalerepro.training.train import main
 
-from analysis_fixtures import Study, make_record, predict_published_benchmark, validate, write_comm
+from analysis_fixtures import PROFILE, REFERENCES, Study, make_record, predict_published_benchmark, validate, write_comm
 from conftest import clean_env, load_record
 from h100_report import rebuild_kept_study
-
-REFERENCES = Path(__file__).resolve().parents[1] / "config" / "references.yaml"
 
 # ---- the ring all-reduce and its fit ----------------------------------------------------------
 
@@ -90,18 +86,8 @@ def test_config_links_pick_nvlink_in_a_node_and_infiniband_across_nodes():
 
 # ---- the overlap simulation ----------------------------------------------------------------------
 
-# Three buckets ready at 2, 5 and 9 ms of a 10 ms backward; forward 6 ms, optimizer 1 ms, the
-# measured step 18 ms (other = 18 - (6 + 10 + 1) = 1 ms). A 2-GPU ring with alpha 0 and B such
-# that a bucket of S bytes takes S / B: sizes of 4, 1 and 3 ms.
-PROFILE = StepProfile(
-    step_s=18e-3,
-    forward_s=6e-3,
-    backward_s=10e-3,
-    optimizer_s=1e-3,
-    micro_batches=1,
-    bucket_bytes=(4_000_000, 1_000_000, 3_000_000),
-    bucket_ready_s=(2e-3, 5e-3, 9e-3),
-)
+# A 2-GPU ring with alpha 0 and B such that a bucket of S bytes takes S / B: PROFILE's buckets take
+# 4, 1 and 3 ms.
 RING = RingNetwork(2, 0.0, 1e9, "hand")  # 2(N-1)/N = 1: t = S / B
 
 

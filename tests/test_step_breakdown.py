@@ -19,7 +19,7 @@ import json
 import pandas as pd
 import pytest
 
-from scalerepro.analysis.presentation import bottlenecks, plots, profiling_view
+from scalerepro.analysis.presentation import bottlenecks, plots, profile_plots, profiling_view
 from scalerepro.analysis.profiles import captures, classify, roofline, step
 from scalerepro.common import gpu_peaks
 
@@ -85,7 +85,7 @@ def test_the_kept_resnet18_profile_adds_up_to_the_step_its_record_measured(study
     assert breakdown["step_s"] == pytest.approx(step_s) and breakdown["sum_s"] == pytest.approx(step_s, rel=1e-12)
     assert breakdown["captured_s"] == pytest.approx(CAPTURED_S)
     # the stacked bar draws the same parts, as shares of the step
-    fig = plots.profile_breakdown(plots.read_tables(study.results / "tables"))
+    fig = profile_plots.profile_breakdown(plots.read_tables(study.results / "tables"))
     heights = [patch.get_height() for patch in fig.axes[0].patches]
     assert sum(heights) == pytest.approx(100) and len(heights) == len(rows)
 
@@ -123,7 +123,7 @@ def test_the_stem_is_on_the_roofline_under_the_fp32_cuda_core_roof(study):
     wmma = roof[roof["kernel"].str.contains("cutlass_80_wmma")]
     assert len(wmma) == 3 and wmma["roof"].str.startswith("none: tensor-core work not counted").all()
     # drawn, and numbered 1 as in the tables
-    fig = plots.roofline(plots.read_tables(study.results / "tables"))
+    fig = profile_plots.roofline(plots.read_tables(study.results / "tables"))
     labels = {text.get_text(): text.xy for text in fig.axes[0].texts}
     assert labels["1"] == pytest.approx((stem["arithmetic_intensity"], stem["achieved_flops_per_s"]))
 
@@ -140,7 +140,7 @@ def test_the_h100_non_tensor_half_precision_rates_are_in_the_peak_table_with_the
 
 def test_the_roofline_says_what_it_draws_numbers_kernels_as_its_table_and_no_label_covers_another(study):
     tables = plots.read_tables(study.results / "tables")
-    fig = plots.roofline(tables)
+    fig = profile_plots.roofline(tables)
     ax = fig.axes[0]
     assert "90 of 128 kernels drawn" in ax.get_title()
     assert "left out, with no FLOP roof to set them under: 34 no floating-point work; 4 tensor-core work not counted" in ax.get_title()

@@ -284,7 +284,7 @@ def test_the_workflow_is_lint_clean_and_formatted():
 
 
 def test_the_study_report_in_headless_chromium(study, tmp_path):
-    from test_report import CHROMIUM, Chromium
+    from report_study import CHROMIUM, Chromium
 
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is not installed (Debian: apt-get install chromium)")

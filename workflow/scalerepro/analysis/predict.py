@@ -12,7 +12,7 @@ repeats by their element-wise median, as the aggregation does). The cluster: a p
 ``clusters`` in config/references.yaml (``--list`` shows them) with its GPUs per node and link
 rates, each overridable.
 
-Model (``scalerepro.analysis.tables.scaling_model``, ``network_model``): the one-GPU step
+Model (``scalerepro.analysis.tables.step_model``, ``network_model``): the one-GPU step
 replayed with each bucket's all-reduce on the cluster's hierarchical network (NCCL's flat ring
 through all N GPUs over NVLink and one NIC per GPU, or its tree across nodes, whichever NCCL's
 tuner would take per bucket), t(N) = other + A_N c f + (A_N - 1) c b + max(c b, e_last) + o. Weak scaling (the
@@ -46,7 +46,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalerepro.analysis.evidence import dig, read_json_document
-from scalerepro.analysis.tables import network_model, prediction_error, readers, scaling_model
+from scalerepro.analysis.tables import model_inputs, network_model, prediction_error, readers, scaling_model, step_model
 from scalerepro.common.cli import COUNT, CommandError, OneLineErrorParser, bounded_float, bounded_int, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.gpu_peaks import peaks_key
@@ -87,7 +87,7 @@ class OneGpuInput:
 
     study: str  # strong | weak
     model: str
-    profile: scaling_model.StepProfile
+    profile: step_model.StepProfile
     micro_batch: int  # m_1
     global_batch: int | None  # G (strong)
     device: str | None = None  # the GPU a record's step was measured on (hardware.gpu.name)
@@ -126,7 +126,7 @@ def one_gpu_record(path: Path) -> dict:
 
 def from_record(path: Path, global_batch: int | None) -> OneGpuInput:
     document = one_gpu_record(path)
-    profile, why = scaling_model.read_profile(path)
+    profile, why = model_inputs.read_profile(path)
     if profile is None:
         raise PredictError(f"{path}: {why}; give the record of a one-GPU run made with the scaling model's bucket probe")
     # the record as the aggregation reads it: its figures inside their bounds and agreeing with each other
@@ -137,7 +137,7 @@ def from_record(path: Path, global_batch: int | None) -> OneGpuInput:
     if batch is None:
         raise PredictError(f"{path}: the record has no batch.per_gpu; give a run record of schema 3 or later")
     model = (document.get("model") or {}).get("name", "model")
-    profile = scaling_model.within_step(profile)
+    profile = model_inputs.within_step(profile)
     study = "strong" if global_batch is not None else "weak"
     return OneGpuInput(study, model, profile, int(batch), global_batch, dig(document, ("hardware", "gpu", "name")))
 
@@ -175,12 +175,12 @@ def from_study(tables: Path) -> list[OneGpuInput]:
     one = runs[runs["study"].isin(["strong", "weak"]) & runs["gpus"].eq(1) & runs["counts"].astype(bool)]
     inputs = []
     for (study, model), group in one.groupby(["study", "model"], sort=True):
-        found = [scaling_model.read_profile(path) for path in group["record"]]
+        found = [model_inputs.read_profile(path) for path in group["record"]]
         profiles = [profile for profile, _ in found if profile is not None]
         if not profiles:
             continue
         global_batch = int(group["global_batch"].iloc[0]) if study == "strong" and "global_batch" in group else None
-        profile = scaling_model.within_step(scaling_model.median_profile(profiles))
+        profile = model_inputs.within_step(model_inputs.median_profile(profiles))
         inputs.append(OneGpuInput(study, model, profile, int(group["per_gpu_batch"].iloc[0]), global_batch))
     if not inputs:
         raise PredictError(f"{runs_path}: no counted one-GPU strong or weak run with a bucket record; run the study's 1-GPU cells first")
@@ -216,7 +216,7 @@ def predict(
             rows.append({**row, "assumptions": f"no prediction: {error}"})
             continue
         micro, accum = split
-        prediction = scaling_model.simulate_step(profile, network, micro / one.micro_batch, accum)
+        prediction = step_model.simulate_step(profile, network, micro / one.micro_batch, accum)
         algorithms = sorted({network.algorithm_for(size) for size in profile.bucket_bytes}) if gpus > 1 else ["none"]
         # no batch curve here: a smaller micro-batch's compute is taken as proportional to it
         regime = prediction_error.regime_of("ddp", network.nodes, micro, one.micro_batch, None)
@@ -228,7 +228,7 @@ def predict(
                 "grad_accum_steps": accum,
                 "step_time_s": prediction.step_s,
                 "samples_per_s": gpus * micro * accum / prediction.step_s,
-                "efficiency": scaling_model.predicted_efficiency(one.study, profile.step_s, prediction.step_s, gpus),
+                "efficiency": step_model.predicted_efficiency(one.study, profile.step_s, prediction.step_s, gpus),
                 "exposed_comm_s": prediction.exposed_comm_s,
                 "algorithm": "+".join(algorithms),
                 "assumptions": network.source if gpus > 1 else "one GPU: no all-reduce",

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from scalerepro.analysis.presentation import cell_facts
-from scalerepro.analysis.values import finite_number
+from scalerepro.analysis.values import finite_number, plain
 from scalerepro.common import gpu_peaks
 
 # The columns that tell one configuration from another; repeats of a configuration share them.
@@ -43,20 +43,13 @@ _MIG_SOURCE = re.compile(r"^MIG (\S+): (\d+/\d+)")
 # --------------------------------------------------------------------------------------------
 
 
-def _value(value: Any) -> Any:
-    """numpy/pandas scalars as Python ones; NaN, NA and empty text as None."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    try:
-        if pd.isna(value):
-            return None
-    except (TypeError, ValueError):
-        return value
-    return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
+def _plain_cell(value: Any) -> Any:
+    """A cell as a Python value, ±inf kept: a headline shows what the table holds."""
+    return plain(value, keep_infinite=True)
 
 
 def _flag(value: Any) -> bool:
-    value = _value(value)
+    value = _plain_cell(value)
     return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes")) or value == 1
 
 
@@ -65,7 +58,7 @@ def _first(frame: pd.DataFrame, column: str) -> Any:
     if column not in frame.columns:
         return None
     present = frame[column].dropna()
-    return _value(present.iloc[0]) if not present.empty else None
+    return _plain_cell(present.iloc[0]) if not present.empty else None
 
 
 def gib(size: Any) -> str | None:
@@ -87,7 +80,7 @@ def counting_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 def precision_words(precision: Any) -> str | None:
     """A precision as the reader needs it: fp32 and tf32 say whether TF32 was on."""
-    precision = _value(precision)
+    precision = _plain_cell(precision)
     return None if precision is None else PRECISION_WORDS.get(str(precision), str(precision))
 
 
@@ -103,15 +96,16 @@ def throughput_unit(tokens_per_s: Any, tokens_per_sample: Any) -> str:
 def describe_config(row: Mapping[str, Any], worker: str = "GPU") -> str:
     """Study · variant · precision · batch per ``worker`` (GPU, or rank on a CPU) · bucket · data,
     as far as the row says."""
-    parts = [str(row[key]) for key in ("study", "variant") if _value(row.get(key)) is not None]
-    if _value(row.get("precision")) is not None:
-        parts.append(precision_words(row["precision"]))
-    if finite_number(row.get("per_gpu_batch")) is not None:
-        parts.append(f"batch {round(finite_number(row['per_gpu_batch'])):,}/{worker}")
+    parts = [str(row[key]) for key in ("study", "variant") if _plain_cell(row.get(key)) is not None]
+    if _plain_cell(row.get("precision")) is not None:
+        parts.append(str(precision_words(row["precision"])))
+    batch = finite_number(row.get("per_gpu_batch"))
+    if batch is not None:
+        parts.append(f"batch {round(batch):,}/{worker}")
     # DDP's gradient buckets only exist where gradients are all-reduced: one GPU has none
     if finite_number(row.get("bucket_cap_mb")) is not None and (finite_number(row.get("gpus")) or 2) > 1:
         parts.append(f"bucket {finite_number(row['bucket_cap_mb']):g} MB")
-    data = _value(row.get("data_kind"))
+    data = _plain_cell(row.get("data_kind"))
     if data is not None:
         parts.append("synthetic data" if data == "synthetic" else f"{data} (real data)")
     return " · ".join(parts) or "—"
@@ -137,7 +131,7 @@ class Peak(NamedTuple):
 def mfu_peak(peak_flops: Any, source: Any) -> Peak | None:
     """The peak a record's MFU is against, from its ``peak_flops_per_device`` and
     ``peak_flops_source``; None when the record gives neither."""
-    flops, source = finite_number(peak_flops), _value(source)
+    flops, source = finite_number(peak_flops), _plain_cell(source)
     rate = f"{tflops_text(flops)} TFLOP/s" if flops is not None else "the peak"
     if source is None:
         return None if flops is None else Peak(f"{rate} per GPU", "source not recorded")
@@ -212,8 +206,8 @@ def mfu_columns(ok: pd.DataFrame, parallelism: pd.DataFrame) -> tuple[pd.DataFra
 def device_facts(device_name: Any, device_type: Any, memory_bytes: Any, inventory: Any) -> dict[str, Any]:
     """The device a figure ran on, as the reader needs it: the part with its form factor (from the
     GPU peak table), its memory, and its power limit where the study's inventory (NVML) has it."""
-    name = _value(device_name)
-    if _value(device_type) == "cpu":
+    name = _plain_cell(device_name)
+    if _plain_cell(device_type) == "cpu":
         return {"name": name or "a CPU", "text": f"{name or 'a CPU'} (CPU: no GPU, no MFU)", "cpu": True}
     key = gpu_peaks.peaks_key(name)
     if key is None:
@@ -224,11 +218,7 @@ def device_facts(device_name: Any, device_type: Any, memory_bytes: Any, inventor
         form = gpu_peaks.PEAKS[key].model
     gpus = inventory.get("gpus") if isinstance(inventory, Mapping) else None
     limits = sorted(
-        {
-            finite_number(gpu.get("power_limit_w"))
-            for gpu in gpus or ()
-            if isinstance(gpu, Mapping) and gpu.get("name") == name and finite_number(gpu.get("power_limit_w")) is not None
-        }
+        {limit for gpu in gpus or () if isinstance(gpu, Mapping) and gpu.get("name") == name and (limit := finite_number(gpu.get("power_limit_w"))) is not None}
     )
     if memory_bytes is None:
         memory_bytes = next((gpu.get("memory_bytes") for gpu in gpus or () if isinstance(gpu, Mapping) and gpu.get("name") == name), None)
@@ -252,7 +242,7 @@ def _fastest(cells: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
     """The configuration with the highest median throughput among ``cells`` (one row each)."""
     if cells.empty:
         return None
-    top = {key: _value(value) if not isinstance(value, (dict, list)) else value for key, value in cells.loc[cells["samples_per_s"].idxmax()].items()}
+    top = {key: _plain_cell(value) if not isinstance(value, (dict, list)) else value for key, value in cells.loc[cells["samples_per_s"].idxmax()].items()}
     device = device_facts(top.get("device_name"), top.get("device_type"), top.get("gpu_memory_bytes"), inventory)
     memory, capacity = finite_number(top.get("peak_memory_bytes")), device.get("memory_bytes")
     unit = throughput_unit(top.get("tokens_per_s"), top.get("tokens_per_sample"))
@@ -304,7 +294,7 @@ def _strong_rows(scaling: pd.DataFrame) -> dict[Any, dict[str, Any]]:
     for model, group in strong.groupby("model", sort=True):
         measured = group[group["efficiency"].notna()]
         if measured["gpus"].nunique() >= 2:
-            found[model] = {key: _value(value) for key, value in measured.loc[measured["gpus"].idxmax()].items()}
+            found[model] = {key: _plain_cell(value) for key, value in measured.loc[measured["gpus"].idxmax()].items()}
     return found
 
 
@@ -318,7 +308,7 @@ def headline(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -
     if {"model", "gpus", "samples_per_s"} <= set(ok.columns):
         ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
         for model, cells in _cells(ok, inventory).groupby("model", sort=True):
-            max_gpus = _value(cells["gpus"].max())
+            max_gpus = _plain_cell(cells["gpus"].max())
             out.append(
                 {
                     "model": model,

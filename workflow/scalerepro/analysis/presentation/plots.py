@@ -2,7 +2,7 @@
 
     python -m scalerepro.analysis.presentation.plots --tables results/tables --out results/plots
 
-Every figure of ``figures.FIGURE_NAMES`` (the one list) is written as ``<name>.png`` and ``<name>.svg``. A figure whose
+Every figure of ``figure_names.FIGURE_NAMES`` (the one list) is written as ``<name>.png`` and ``<name>.svg``. A figure whose
 table has no data (sensitivity disabled, a CPU run without NVML energy, ...) is still written,
 as a centred "not measured: <why>" note that its metadata repeats (``inputs.placeholder_metadata``),
 so the report shows that one line rather than a missing or an empty image.
@@ -23,130 +23,30 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.axis import Axis
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.text import Text
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+from matplotlib.ticker import FuncFormatter
 
 from scalerepro.analysis import columns
+from scalerepro.analysis.presentation import model_plots, profile_plots
 from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
 from scalerepro.analysis.presentation.headline import FIGURE_COLUMNS
 from scalerepro.analysis.presentation.inputs import placeholder_metadata, require_aggregation
-from scalerepro.analysis.profiles import step as step_parts
-from scalerepro.analysis.tables import loss_decomposition, scaling_model
+from scalerepro.analysis.presentation.plot_basics import (
+    MARKERS,
+    NotMeasured,
+    Tables,
+    bytes_label,
+    count_label,
+    device_of,
+    gpu_axis,
+    legend_below,
+    make_panels,
+    panel_grid,
+    plain_log_axis,
+    read_tables,
+    threshold_of,
+)
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
-
-Tables = Mapping[str, pd.DataFrame]
-# The tables the figures read, with the columns an absent or empty one gets.
-COLUMNS = {
-    "runs": columns.RUN_COLUMNS,
-    "epochs": columns.EPOCH_COLUMNS,
-    "loss_log": columns.LOSS_COLUMNS,
-    "scaling": columns.SCALING_COLUMNS,
-    "sensitivity": columns.SENSITIVITY_COLUMNS,
-    "ablation": columns.ABLATION_COLUMNS,
-    "communication": columns.COMM_COLUMNS,
-    "comparison": columns.COMPARISON_COLUMNS,
-    "checks": columns.CHECK_COLUMNS,
-    "profiling": columns.PROFILING_COLUMNS,
-    "profiling_roofline": columns.ROOFLINE_COLUMNS,
-    "scaling_model": scaling_model.SCALING_MODEL_COLUMNS,
-    "loss_decomposition": loss_decomposition.LOSS_DECOMPOSITION_COLUMNS,
-    "history": columns.HISTORY_COLUMNS,
-    "versus_baseline": columns.VERSUS_COLUMNS,
-}
-MARKERS = ("D", "s", "^", "v", "P", "X", "*", "h")
-
-
-class NotMeasured(Exception):
-    """A figure has no data; the message says why."""
-
-
-def read_tables(tables_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
-    """The tables the figures use; a missing or empty CSV reads as an empty frame with its columns."""
-    tables = {}
-    for name, names in COLUMNS.items():
-        path = Path(tables_dir) / f"{name}.csv"
-        empty = not path.is_file() or path.stat().st_size == 0
-        frame = pd.DataFrame(columns=names) if empty else pd.read_csv(path, dtype={"variant": str})
-        # a table written before a column was added reads it as empty, not as an error
-        tables[name] = frame.reindex(columns=[*frame.columns, *(c for c in names if c not in frame.columns)])
-    return tables
-
-
-def _threshold(t: Tables, key: str) -> float | None:
-    """The number a target line is drawn at, when the target ``key`` was given."""
-    values = t["checks"].loc[t["checks"]["check"].eq(key), "threshold"].dropna()
-    return float(values.iloc[0]) if len(values) else None
-
-
-def _device(t: Tables) -> tuple[str, str]:
-    """What the study's count counts, (one, many): ranks where every run with a record ran on a
-    CPU (its "GPUs" are gloo ranks on one host's cores), else GPUs."""
-    devices = set(t["runs"]["device_type"].dropna())
-    return ("rank", "ranks") if devices == {"cpu"} else ("GPU", "GPUs")
-
-
-def _count(n: float, device: tuple[str, str]) -> str:
-    """2 -> "2 GPUs", 1 -> "1 rank"."""
-    return f"{n:g} {device[0] if n == 1 else device[1]}"
-
-
-def _gpu_axis(ax: plt.Axes, gpus: Sequence[float], device: tuple[str, str]) -> None:
-    """A log2 GPU-count axis (ranks on a CPU), ticked at the counts measured."""
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(sorted(set(gpus))))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel(device[1])
-
-
-def _plain_log_axis(axis: Axis) -> None:
-    """A log axis labelled 1-2-5 in plain numbers (2,000, not 2 x 10^3)."""
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.6g}"))
-    axis.set_minor_formatter(NullFormatter())
-
-
-def _bytes(value: float, _position: object = None) -> str:
-    """1024 -> "1 KiB"."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    power = min(int(np.log2(max(value, 1)) // 10), len(units) - 1)
-    return f"{value / 1024**power:g} {units[power]}"
-
-
-def _panels(count: int, width: float = 5.2, height: float = 4.2) -> tuple[Figure, np.ndarray]:
-    """``count`` panels side by side, the figure at least 7.5 in wide so that titles fit."""
-    fig, axes = plt.subplots(1, count, figsize=(max(width * count, 7.5), height), squeeze=False, layout="constrained")
-    return fig, axes[0]
-
-
-def _panel_grid(count: int, columns: int, width: float, height: float) -> tuple[Figure, list[plt.Axes]]:
-    """``count`` panels in rows of at most ``columns``, so that many models make a grid that keeps
-    its text legible where the report fits it to the page, not a strip; the spare cells are hidden."""
-    across = max(1, min(count, columns))
-    down = -(-count // across)
-    fig, axes = plt.subplots(down, across, figsize=(max(width * across, 7.5), height * down), squeeze=False, layout="constrained")
-    for ax in axes.flat[count:]:
-        ax.set_axis_off()
-    return fig, list(axes.flat[:count])
-
-
-def _legend_below(fig: Figure, axes: Sequence[plt.Axes], order: Callable[[str], object] = str) -> None:
-    """One legend for all panels, below them; each label once, sorted by ``order``."""
-    entries = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
-    labels = sorted(entries, key=order)
-    # in columns, so that a legend of a dozen entries does not push the panels into a strip
-    columns = max(1, min(len(labels), int(fig.get_figwidth() // 3.6)))  # about 3.6 in a column of these labels
-    while True:
-        legend = fig.legend([entries[label] for label in labels], labels, loc="outside lower center", frameon=False, ncol=columns, fontsize="small")
-        # long labels (a published source's name) in fewer columns, so that none is cut at the figure's edges
-        if columns == 1 or legend.get_window_extent().width <= fig.bbox.width:
-            return
-        legend.remove()
-        columns -= 1
-
 
 # --------------------------------------------------------------------------------------------
 # The figures: each returns a Figure or raises NotMeasured
@@ -157,10 +57,10 @@ def throughput_vs_gpus(t: Tables) -> Figure:
     cells = t["scaling"].dropna(subset=["samples_per_s_median"])
     if cells.empty:
         raise NotMeasured("no completed strong- or weak-scaling run (scaling.csv has no throughput)")
-    device = _device(t)
+    device = device_of(t)
     if cells["gpus"].nunique() < 2:  # one point a model: a line against the count would draw nothing
         raise NotMeasured(
-            f"every scaling run used {_count(cells['gpus'].iloc[0], device)}: throughput against the {device[0]} count needs "
+            f"every scaling run used {count_label(cells['gpus'].iloc[0], device)}: throughput against the {device[0]} count needs "
             "two counts or more; each model's throughput is in the headline and the per-run table"
         )
     comparison = t["comparison"]
@@ -169,7 +69,7 @@ def throughput_vs_gpus(t: Tables) -> Figure:
     markers = dict(zip(sorted(published["source"].unique()), itertools.cycle(MARKERS)))
     colours = dict(zip(("strong", "weak"), sns.color_palette(n_colors=2)))
     models = sorted(cells["model"].unique())
-    fig, axes = _panel_grid(len(models), columns=2, width=5.2, height=4.2)
+    fig, axes = panel_grid(len(models), columns=2, width=5.2, height=4.2)
     for ax, model in zip(axes, models):
         for study, group in cells[cells["model"].eq(model)].sort_values("gpus").groupby("study"):
             median, colour = group["samples_per_s_median"], colours[study]
@@ -178,17 +78,17 @@ def throughput_vs_gpus(t: Tables) -> Figure:
             ax.errorbar(group["gpus"], median, yerr=spread, marker="o", capsize=4, color=colour, label=label)
             one = group.loc[group["gpus"].eq(1), "samples_per_s_median"]
             if len(one):  # ideal: thr(N) = N thr(1)
-                label = f"{study} scaling: ideal linear from {_count(1, device)}"
+                label = f"{study} scaling: ideal linear from {count_label(1, device)}"
                 ax.plot(group["gpus"], one.iloc[0] * group["gpus"], ls="--", color=colour, alpha=0.6, label=label)
         for source, refs in published[published["model"].eq(model)].groupby("source"):
             label = f"published: {textwrap.shorten(source, 70, placeholder=' ...')}"
             ax.scatter(refs["gpus"], refs["published"], marker=markers[source], s=60, color="0.25", label=label)
-        _gpu_axis(ax, [*cells["gpus"], *published.loc[published["model"].eq(model), "gpus"]], device)
+        gpu_axis(ax, [*cells["gpus"], *published.loc[published["model"].eq(model), "gpus"]], device)
         ax.set_yscale("log")
-        _plain_log_axis(ax.yaxis)
+        plain_log_axis(ax.yaxis)
         ax.set_ylabel(f"throughput (samples/s, all {device[1]})")
         ax.set_title(model)
-    _legend_below(fig, axes, order=lambda label: (label.startswith("published"), "ideal" in label, label))
+    legend_below(fig, axes, order=lambda label: (label.startswith("published"), "ideal" in label, label))
     fig.suptitle(f"Training throughput vs {device[1]}")
     return fig
 
@@ -199,15 +99,15 @@ def efficiency_vs_gpus(t: Tables) -> Figure:
         raise NotMeasured("no scaling efficiency: it needs completed 1-GPU and N-GPU runs of a study and model")
     if cells["gpus"].max() <= 1:  # thr(1) / (1 x thr(1)) = 100 % by definition: nothing measured
         raise NotMeasured("every run used 1 GPU: efficiency at 1 GPU is 100 % by definition, so there is nothing to plot")
-    fig, (ax,) = _panels(1, width=7.5, height=4.8)
+    fig, (ax,) = make_panels(1, width=7.5, height=4.8)
     data = cells.assign(efficiency_pct=100 * cells["efficiency"])
     style = {"hue": "model", "style": "study", "markers": True, "markersize": 8, "errorbar": None}
     sns.lineplot(data, x="gpus", y="efficiency_pct", ax=ax, **style)
     ax.axhline(100, color="0.4", lw=1, label="ideal (100%)")
-    target = _threshold(t, "strong_efficiency")
+    target = threshold_of(t, "strong_efficiency")
     if target is not None:
         ax.axhline(100 * target, color="tab:red", ls="--", lw=1.2, label=f"target, strong ({target:.0%})")
-    _gpu_axis(ax, cells["gpus"], _device(t))
+    gpu_axis(ax, cells["gpus"], device_of(t))
     ax.set_ylim(0, max(110, 100 * cells["efficiency"].max() + 10))
     ax.set_ylabel("scaling efficiency (%)")
     ax.set_title("Scaling efficiency: strong thr(N)/(N thr(1)), weak T(1)/T(N)")
@@ -219,14 +119,14 @@ def weak_epoch_time(t: Tables) -> Figure:
     cells = t["scaling"][t["scaling"]["study"].eq("weak")].dropna(subset=["epoch_time_s"])
     if cells.empty:
         raise NotMeasured("no completed weak-scaling run (the weak study is disabled or did not finish)")
-    fig, (ax,) = _panels(1, width=7.0, height=4.6)
+    fig, (ax,) = make_panels(1, width=7.0, height=4.6)
     palette = dict(zip(sorted(cells["model"].unique()), sns.color_palette()))
     style = {"hue": "model", "palette": palette, "marker": "o", "markersize": 8, "errorbar": None}
     sns.lineplot(cells, x="gpus", y="epoch_time_s", ax=ax, **style)
     for model, one in cells[cells["gpus"].eq(1)].groupby("model"):  # ideal: T(N) = T(1)
         ax.axhline(one["epoch_time_s"].iloc[0], color=palette[model], ls="--", lw=1, label=f"{model}: ideal (constant)")
-    device = _device(t)
-    _gpu_axis(ax, cells["gpus"], device)
+    device = device_of(t)
+    gpu_axis(ax, cells["gpus"], device)
     ax.set_ylim(0, 1.15 * cells["epoch_time_s"].max())
     ax.set_ylabel("time per epoch (s, median)")
     ax.set_title(f"Weak scaling: time per epoch (per-{device[0]} batch and data fixed)")
@@ -240,8 +140,8 @@ def sensitivity_heatmap(t: Tables) -> Figure:
     cells = t["sensitivity"].dropna(subset=["samples_per_s_median"])
     if cells.empty:
         raise NotMeasured("no sensitivity run completed")
-    panels, device = list(cells.groupby(["model", "gpus", "precision"])), _device(t)
-    fig, axes = _panels(len(panels), width=5.5, height=4.4)
+    panels, device = list(cells.groupby(["model", "gpus", "precision"])), device_of(t)
+    fig, axes = make_panels(len(panels), width=5.5, height=4.4)
     # One scale from 0 to the best cell, shared by the panels: a colour step is a share of the
     # throughput, so cells a few per cent apart (within their repeats' noise) read as alike, not
     # as the two ends of the colour map that a min-to-max scale would paint them.
@@ -257,7 +157,7 @@ def sensitivity_heatmap(t: Tables) -> Figure:
         ax.invert_yaxis()
         ax.set_xlabel("DDP bucket size (MB)")
         ax.set_ylabel(f"batch per {device[0]} (samples)")
-        ax.set_title(f"{model}, {_count(gpus, device)}, {precision}")
+        ax.set_title(f"{model}, {count_label(gpus, device)}, {precision}")
     fig.suptitle(f"Sensitivity: throughput by DDP bucket size and batch per {device[0]}")
     return fig
 
@@ -279,7 +179,7 @@ def ablation_gain(t: Tables) -> Figure:
         gain_pct=lambda f: 100 * f["gain"], low_pct=lambda f: 100 * f["gain_ci_low"], high_pct=lambda f: 100 * f["gain_ci_high"]
     )
     variants, models = list(dict.fromkeys(bars["variant"])), list(dict.fromkeys(bars["model"]))
-    fig, (ax,) = _panels(1, width=max(6.0, 1.3 * len(variants) + 2), height=4.6)
+    fig, (ax,) = make_panels(1, width=max(6.0, 1.3 * len(variants) + 2), height=4.6)
     drawn = bars.assign(drawn=bars["gain_pct"].fillna(0))  # a variant without a gain: no bar, a label
     sns.barplot(drawn, x="variant", y="drawn", hue="model", order=variants, hue_order=models, ax=ax)
     interval = None
@@ -301,16 +201,16 @@ def ablation_gain(t: Tables) -> Figure:
     if interval is not None:
         interval.set_label("95 % interval of the gain (bootstrap over repeats)")
     ax.axhline(0, color="0.3", lw=1)
-    target = _threshold(t, "optimisation_gain")  # the check's name in checks.csv
+    target = threshold_of(t, "optimisation_gain")  # the check's name in checks.csv
     if target is not None:
         ax.axhline(100 * target, color="tab:red", ls="--", lw=1.2, label=f"target ({target:+.0%})")
     ax.set_xlabel('variant ("all": every optimisation together)')
     ax.set_ylabel("throughput gain over baseline (%)")
-    ax.set_title(f"Ablation at {_count(bars['gpus'].iloc[0], _device(t))}: gain over the baseline")
+    ax.set_title(f"Ablation at {count_label(bars['gpus'].iloc[0], device_of(t))}: gain over the baseline")
     ax.tick_params(axis="x", labelrotation=20)
     if ax.get_legend() is not None:  # seaborn's, inside the axes, where the intervals reach
         ax.get_legend().remove()
-    _legend_below(fig, [ax])
+    legend_below(fig, [ax])
     return fig
 
 
@@ -319,7 +219,7 @@ def _curve_runs(runs: pd.DataFrame, device: tuple[str, str]) -> pd.DataFrame:
     strong = runs[runs["study"].eq("strong") & runs["repeat"].eq(1) & runs["status"].ne("missing")]
     chosen = strong[strong["gpus"].eq(1) | strong["gpus"].eq(strong.groupby("model")["gpus"].transform("max"))]
     # astype(str): with no such run the empty Series would keep gpus' integer dtype, which "+" refuses
-    label = chosen["gpus"].map(lambda n: _count(n, device)).astype(str)
+    label = chosen["gpus"].map(lambda n: count_label(n, device)).astype(str)
     return chosen.assign(curve=label.where(chosen["status"].eq("ok"), label + " (" + chosen["status"] + ")"))
 
 
@@ -352,7 +252,7 @@ def _not_learning(t: Tables, run_ids: Sequence[str], detail: bool) -> str | None
 
 
 def _curves(t: Tables, table: str, y: str, scale: float, ylabel: str, title: str) -> Figure:
-    device = _device(t)
+    device = device_of(t)
     chosen = _curve_runs(t["runs"], device)[["run_id", "model", "gpus", "curve"]]
     points = t[table].dropna(subset=[y]).merge(chosen, on="run_id")
     if points.empty:
@@ -361,7 +261,7 @@ def _curves(t: Tables, table: str, y: str, scale: float, ylabel: str, title: str
     if short:
         raise NotMeasured(short)
     models = sorted(points["model"].unique())
-    fig, axes = _panels(len(models))
+    fig, axes = make_panels(len(models))
     for ax, model in zip(axes, models):
         group = points[points["model"].eq(model)].sort_values(["gpus", "step"])
         data = group.assign(value=scale * group[y])
@@ -375,12 +275,12 @@ def _curves(t: Tables, table: str, y: str, scale: float, ylabel: str, title: str
 
 
 def loss_curves(t: Tables) -> Figure:
-    title = f"Training loss, strong scaling: 1 vs N {_device(t)[1]} (repeat 1)"
+    title = f"Training loss, strong scaling: 1 vs N {device_of(t)[1]} (repeat 1)"
     return _curves(t, "loss_log", "loss", 1.0, "training loss", title)
 
 
 def accuracy_curves(t: Tables) -> Figure:
-    title = f"Evaluation accuracy, strong scaling: 1 vs N {_device(t)[1]} (repeat 1)"
+    title = f"Evaluation accuracy, strong scaling: 1 vs N {device_of(t)[1]} (repeat 1)"
     return _curves(t, "epochs", "eval_accuracy", 100.0, "evaluation accuracy (%)", title)
 
 
@@ -409,9 +309,9 @@ def _energy_rows(t: Tables) -> pd.DataFrame:
     tokens = pd.to_numeric(measured["tokens_per_sample"], errors="coerce")
     unit = np.select([tokens > 0, tokens == 0], ["token", "image"], "sample")
     per = tokens.where(tokens > 0, 1.0).fillna(1.0)
-    device = _device(t)
+    device = device_of(t)
     several = measured["gpus"].nunique() > 1
-    label = measured["model"].astype(str) + (" · " + measured["gpus"].map(lambda n: _count(n, device)) if several else "")
+    label = measured["model"].astype(str) + (" · " + measured["gpus"].map(lambda n: count_label(n, device)) if several else "")
     return measured.assign(unit=unit, label=label, gross=measured["energy_per_sample_j"] / per, net=measured["energy_per_sample_net_j"] / per)
 
 
@@ -487,7 +387,7 @@ def energy_per_sample(t: Tables) -> Figure:
         spread = values.max() / values.min()
         if spread > SPREAD_FOR_LOG:
             ax.set_xscale("log")
-            _plain_log_axis(ax.xaxis)
+            plain_log_axis(ax.xaxis)
             ax.set_xlim(scale * values.min() / 1.6, scale * values.max() * 1.6)
             where = "log scale"
         else:
@@ -495,7 +395,7 @@ def energy_per_sample(t: Tables) -> Figure:
             where = "from 0"
         ax.set_xlabel(f"{prefix} per training {unit} ({where})")
         ax.set_title(title, fontsize="medium")
-    _legend_below(fig, list(axes[:, 0]), order=lambda label: (label.startswith("any counted run"), "net" in label))
+    legend_below(fig, list(axes[:, 0]), order=lambda label: (label.startswith("any counted run"), "net" in label))
     fig.suptitle("GPU energy per training image and per token")
     return fig
 
@@ -508,13 +408,13 @@ def busbw_vs_size(t: Tables) -> Figure:
     if comm.empty:  # one rank: busbw = algbw x 2(N-1)/N = 0, nothing crossed a link
         raise NotMeasured("only a 1-GPU all-reduce was measured: with one rank no byte crosses a link, its bus bandwidth is 0 by definition")
     where = comm["nodes"].map("{:g} node(s), ".format) + comm["backend"]
-    device = _device(t)
-    comm = comm.assign(series=comm["gpus"].map(lambda n: _count(n, device) + ", ") + where)
-    fig, (ax,) = _panels(1, width=7.5, height=4.8)
+    device = device_of(t)
+    comm = comm.assign(series=comm["gpus"].map(lambda n: count_label(n, device) + ", ") + where)
+    fig, (ax,) = make_panels(1, width=7.5, height=4.8)
     sns.lineplot(comm, x="size_bytes", y="busbw_gbps", hue="series", marker="o", errorbar=None, ax=ax)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(_bytes))
+    ax.xaxis.set_major_formatter(FuncFormatter(bytes_label))
     ax.set_xlabel("message size (float32 all-reduce)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title("All-reduce bus bandwidth vs message size (busbw = size/t x 2(N-1)/N)")
@@ -522,338 +422,10 @@ def busbw_vs_size(t: Tables) -> Figure:
     return fig
 
 
-# the colour of each part of a step (profiles.step): one per class, the launches not captured one
-# by one and the GPU's waiting in greys, so that a bar reads the same in every run
-STEP_COLOURS = {
-    "convolution": "tab:blue",
-    "GEMM": "tab:purple",
-    "attention": "tab:pink",
-    "normalisation and elementwise": "tab:orange",
-    "optimizer": "tab:olive",
-    "communication": "tab:red",
-    "copies": "tab:brown",
-    "other": "tab:cyan",
-    step_parts.RELAUNCHED: "0.55",
-    step_parts.DATA_WAIT: "gold",
-    step_parts.IDLE: "0.85",
-}
-
-
-def profile_breakdown(t: Tables) -> Figure:
-    """Each profiled run's step, part by part (profiles.step.step_breakdown): the kernel classes,
-    the launches not captured one by one or the data wait, and the idle time, as shares of the step;
-    the parts add up to the step."""
-    if t["profiling"].empty:
-        raise NotMeasured("no run was profiled: there is no profiling table (the profiling section says why)")
-    measured = {str(row["run_id"]): row for row in t["runs"].to_dict("records")} if "run_id" in t["runs"] else {}
-    bars = []
-    for row in t["profiling"].to_dict("records"):
-        breakdown = step_parts.step_breakdown(row, measured.get(str(row["run_id"])))
-        if breakdown and breakdown.get("rows"):
-            bars.append((row, breakdown))
-    if not bars:
-        raise NotMeasured("no profiled run has a breakdown of its step (no kernels captured, or no measured step to split)")
-    fig, (ax,) = _panels(1, width=max(8.0, 1.6 * len(bars) + 5.0), height=5.6)
-    seen: dict[str, Any] = {}
-    dropped = []
-    for x, (row, breakdown) in enumerate(bars):
-        bottom = 0.0
-        for part in breakdown["rows"]:
-            share = 100 * part["share"]
-            if share <= 0:  # more captured than the step's kernel time: a part a stack cannot show
-                if share < 0:
-                    dropped.append(f"{row['run_id']}: {part['part']} {share:.1f} %")
-                continue
-            key = part["step_class"] or part["part"]
-            colour = STEP_COLOURS.get(key, STEP_COLOURS[step_parts.RELAUNCHED] if key.startswith(step_parts.RELAUNCHED) else "0.7")
-            seen[key] = ax.bar(
-                x,
-                share,
-                width=0.55,
-                bottom=bottom,
-                color=colour,
-                edgecolor="white",
-                linewidth=0.6,
-                hatch="//" if key.startswith(step_parts.RELAUNCHED) else None,
-            )
-            if share >= 5:
-                ax.text(x, bottom + share / 2, f"{share:.0f} %", ha="center", va="center", fontsize="x-small")
-            bottom += share
-        verdict = row.get("classification")
-        if isinstance(verdict, str) and verdict:  # a timeline's classification, above its bar
-            ax.text(x, 101, verdict, ha="center", va="bottom", fontsize="x-small")
-    step = [
-        f"{r['run_id']}\n{b['step_s'] * 1e3:.3g} ms step (the measured run's); classes:\none launch of each configuration, {b['captured_s'] * 1e3:.3g} ms"
-        if b["coverage"] == step_parts.ONE_PER_CONFIGURATION
-        else f"{r['run_id']}\n{b['step_s'] * 1e3:.3g} ms step (the profiled window's)"
-        for r, b in bars
-    ]
-    ax.set_xticks(range(len(bars)), step, fontsize="x-small")
-    ax.set_xlim(-0.7, len(bars) - 0.3)
-    ax.set_ylim(0, 108)
-    ax.set_ylabel("share of the step (%)")
-    note = f"\nnot drawn (negative): {'; '.join(dropped)}" if dropped else ""
-    fig.suptitle(f"Where each profiled step's time goes (shares of the step; the parts add up to it){note}", fontsize="medium")
-    labels = [key for key in STEP_COLOURS if key in seen] + [key for key in seen if key not in STEP_COLOURS]
-    fig.legend([seen[key] for key in labels], [textwrap.fill(key, 34) for key in labels], loc="outside right center", frameon=False, fontsize="small")
-    return fig
-
-
-ROOFLINE_NUMBERED = 15  # the kernels numbered in the roofline figure: the longest, as many as the report's roofline table lists
-
-
-def _roof_reason(row: Mapping[str, Any]) -> str:
-    """Why a roofline row is not drawn, short: its roof's "none: <why> (...)", or what it lacks."""
-    roof = str(row.get("roof") if isinstance(row.get("roof"), str) else row.get("peak") or "")
-    if roof.startswith("none: "):
-        return roof.removeprefix("none: ").split(" (")[0].split(", a rate")[0]
-    return "no DRAM bytes or duration measured" if pd.isna(row.get("arithmetic_intensity")) else "no FLOP rate"
-
-
-def _place_labels(
-    ax: plt.Axes, points: Sequence[tuple[float, float, str]], colour: Callable[[str], Any], obstacles: Sequence[tuple[float, float]]
-) -> list[Any]:
-    """Each point's number beside it, where it covers no label placed before it and no marker
-    (``obstacles``: every point drawn), in display space, greedily: twelve directions, further out
-    ring by ring, a leader line from the second ring on; where no place is free, the place that
-    covers the fewest (a label before a marker). The axes' limits must be final."""
-    fig = ax.figure
-    fig.canvas.draw()  # the layout, then kept as it is: drawn again at the file's dpi it would move the points under their labels
-    fig.set_layout_engine("none")
-    renderer = fig.canvas.get_renderer()
-    marker = 4.0 * fig.dpi / 72  # half a marker's width (s=36: 6 pt), in pixels
-    taken = [ax.transData.transform(xy) for xy in obstacles]
-    frame = ax.get_window_extent(renderer).padded(-4)  # a label inside the axes, clear of their frame
-    boxes: list[Any] = []
-    placed: list[Any] = []
-    angles = np.deg2rad([30, 150, -30, -150, 90, -90, 0, 180, 60, 120, -60, -120])
-    for x, y, text in points:
-        best = None
-        for ring in range(1, 13):
-            distance = 7 + 9 * (ring - 1)
-            for angle in angles:
-                offset = (1.3 * distance * np.cos(angle), distance * np.sin(angle))  # wider than high, as the labels are
-                label = ax.annotate(
-                    text,
-                    (x, y),
-                    xytext=offset,
-                    textcoords="offset points",
-                    fontsize="x-small",
-                    fontweight="bold",
-                    ha="center",
-                    va="center",
-                    color=colour(text),
-                    bbox={"boxstyle": "round,pad=0.12", "fc": "white", "ec": colour(text), "lw": 0.5, "alpha": 0.9},
-                    arrowprops={"arrowstyle": "-", "color": colour(text), "lw": 0.5} if ring > 1 else None,
-                )
-                label.set_in_layout(False)  # a label must not move the axes it was placed in
-                # the text alone (an annotation's own extent adds its leader line) with room for its frame
-                box = Text.get_window_extent(label, renderer).padded(3)
-                markers = sum(box.x0 - marker < px < box.x1 + marker and box.y0 - marker < py < box.y1 + marker for px, py in taken)
-                cost = 100 * sum(box.overlaps(other) for other in boxes) + markers + (1000 if not frame.contains(*box.p0) or not frame.contains(*box.p1) else 0)
-                if best is None or cost < best[0]:
-                    if best is not None:
-                        best[1].remove()
-                    best = (cost, label, box)
-                else:
-                    label.remove()
-                if cost == 0:
-                    break
-            if best[0] == 0:
-                break
-        boxes.append(best[2])
-        placed.append(best[1])
-    return placed
-
-
-def roofline(t: Tables) -> Figure:
-    """Every kernel that has a FLOP roof, achieved FLOP/s against arithmetic intensity, in the colour
-    of the roof it is set under (profiles.roofline: the tensor cores of its precision, or the CUDA
-    cores of its precision); the roofs min(peak, AI x DRAM bandwidth), each named; the longest
-    numbered as the report's roofline table numbers them (rank_in_run); how many are left out, and why."""
-    table = t["profiling_roofline"]
-    drawn_mask = table["arithmetic_intensity"].gt(0) & table["achieved_flops_per_s"].gt(0) & table["peak_flops_per_s"].notna()
-    roof = table[drawn_mask]
-    if roof.empty and len(table):  # ncu profiled kernels, none with a FLOP roof: say so, not "no profile"
-        raise NotMeasured(
-            f"none of the {len(table)} kernels Nsight Compute profiled has a FLOP roof to set it under "
-            "(no floating-point work, or tensor-core work not counted): see the roofline table"
-        )
-    if roof.empty:
-        raise NotMeasured(
-            "no Nsight Compute kernel profile (the torch.profiler fallback has no hardware counters; ncu runs with profiling.tool auto or ncu on a GPU)"
-        )
-    left_out: dict[str, int] = {}
-    for row in table[~drawn_mask].to_dict("records"):
-        left_out[_roof_reason(row)] = left_out.get(_roof_reason(row), 0) + 1
-    fig, (ax,) = _panels(1, width=9.0, height=6.2)
-    roofs = roof.drop_duplicates("roof").sort_values("peak_flops_per_s", ascending=False)
-    colours = dict(zip(roofs["roof"], ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:olive"]))
-    bandwidth = float(roof["peak_dram_bytes_per_s"].dropna().max())
-    lo = min(roof["arithmetic_intensity"].min(), (roofs["peak_flops_per_s"] / bandwidth).min()) / 4
-    hi = max(roof["arithmetic_intensity"].max(), (roofs["peak_flops_per_s"] / bandwidth).max()) * 4
-    x = np.logspace(np.log10(lo), np.log10(hi), 200)
-    top = float(roofs["peak_flops_per_s"].max())
-    slope = x[x * bandwidth <= top]
-    ax.plot(slope, slope * bandwidth, color="0.2", lw=1.3, label=f"DRAM bandwidth: AI x {bandwidth / 1e12:g} TB/s")
-    for entry in roofs.itertuples():
-        ridge = entry.peak_flops_per_s / bandwidth  # where the compute roof meets the bandwidth roof
-        ax.plot(
-            [ridge, hi], [entry.peak_flops_per_s] * 2, color=colours[entry.roof], lw=1.6, label=f"{entry.roof}: {entry.peak_flops_per_s / 1e12:,.1f} TFLOP/s"
-        )
-    runs = list(dict.fromkeys(roof["run_id"]))
-    for marker, run_id in zip(itertools.cycle(MARKERS), runs):
-        mine = roof[roof["run_id"].eq(run_id)]
-        ax.scatter(
-            mine["arithmetic_intensity"],
-            mine["achieved_flops_per_s"],
-            s=36,
-            marker=marker,
-            c=[colours[r] for r in mine["roof"]],
-            edgecolors="white",
-            linewidths=0.5,
-            label=f"{run_id + ': ' if len(runs) > 1 else ''}kernels (colour: their roof)",
-        )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(roof["achieved_flops_per_s"].min() / 4, top * 2.5)
-    ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte)")
-    ax.set_ylabel("achieved FLOP/s")
-    ax.legend(fontsize="x-small", loc="lower right")
-    # numbers as the roofline table gives them (rank_in_run: the kernels by time), a run's letter before them where there are several
-    prefix = {run_id: (chr(ord("A") + i) if len(runs) > 1 else "") for i, run_id in enumerate(runs)}
-    numbered = roof[roof["rank_in_run"].le(ROOFLINE_NUMBERED)] if "rank_in_run" in roof else roof.iloc[0:0]
-    numbered = numbered.sort_values(["run_id", "rank_in_run"])
-    # the key: each number the table gives, the ones not drawn with why, so that the two never disagree
-    listed = table[table["run_id"].isin(runs) & table["rank_in_run"].le(ROOFLINE_NUMBERED)] if "rank_in_run" in table else table.iloc[0:0]
-    key = []
-    for index, r in listed.sort_values(["run_id", "rank_in_run"]).iterrows():
-        name = str(r["kernel"]).removeprefix("void ")
-        key.append(f"{prefix[r['run_id']]}{r['rank_in_run']:g}  " + _shortened(name if index in roof.index else f"not drawn, {_roof_reason(r)}: {name}", 58))
-    blank = [Line2D([], [], linestyle="none")] * len(key)
-    if key:
-        fig.legend(blank, key, loc="outside lower center", ncol=2, fontsize="x-small", frameon=False, handlelength=0, handletextpad=0)
-    reasons = "; ".join(f"{count} {why}" for why, count in sorted(left_out.items(), key=lambda item: -item[1]))
-    ax.set_title(
-        f"Roofline of the kernels (Nsight Compute): {len(roof)} of {len(table)} kernels drawn, the longest numbered as in the table\n"
-        + (f"left out, with no FLOP roof to set them under: {reasons}" if reasons else "none left out"),
-        fontsize="small",
-    )
-    colour_of = {f"{prefix[r.run_id]}{r.rank_in_run:g}": colours[r.roof] for r in numbered.itertuples()}
-    _place_labels(
-        ax,
-        [(r.arithmetic_intensity, r.achieved_flops_per_s, f"{prefix[r.run_id]}{r.rank_in_run:g}") for r in numbered.itertuples()],
-        lambda text: colour_of.get(text, "black"),
-        list(zip(roof["arithmetic_intensity"], roof["achieved_flops_per_s"])),
-    )
-    return fig
-
-
-def _shortened(name: str, length: int) -> str:
-    return name if len(name) <= length else name[: length - 1] + "…"
-
-
-def predicted_vs_measured_efficiency(t: Tables) -> Figure:
-    table = t["scaling_model"]
-    predicted = table.dropna(subset=["efficiency_predicted"])
-    if predicted.empty:
-        notes = "; ".join(sorted(set(table["note"].dropna()))) if len(table) else "scaling_model.csv has no rows"
-        raise NotMeasured(f"no scaling-model prediction ({notes})")
-    studies = sorted(predicted["study"].unique())
-    fig, axes = _panels(len(studies), width=6.0, height=4.6)
-    colours = dict(zip(sorted(table["model"].unique()), sns.color_palette()))
-    for ax, study in zip(axes, studies):
-        rows = table[table["study"].eq(study)].sort_values("gpus")
-        for model, group in rows.groupby("model"):
-            colour, line = colours[model], group.dropna(subset=["efficiency_predicted"])
-            # one line through every predicted count: E = t(1) / (N t(N)) strong, t(1) / t(N) weak
-            ax.plot(line["gpus"], 100 * line["efficiency_predicted"], color=colour, ls="--", marker=".", label=f"{model}: predicted (alpha-beta model)")
-            measured = group.dropna(subset=["efficiency_measured"])
-            ax.scatter(measured["gpus"], 100 * measured["efficiency_measured"], color=colour, s=60, zorder=3, label=f"{model}: measured")
-        beyond = rows.loc[rows["basis"].eq("predicted"), "gpus"]
-        if len(beyond):  # the counts beyond the study's hardware: prediction alone
-            low = rows.loc[rows["basis"].eq("measured"), "gpus"].max()
-            ax.axvspan(low * 1.2, beyond.max() * 1.2, color="0.9", zorder=0)
-            clusters = sorted(set(rows["cluster"].dropna().astype(str)) - {""}) if "cluster" in rows.columns else []
-            links = f"on the {', '.join(clusters)} preset" if clusters else "links from references.yaml"
-            ax.text(
-                np.sqrt(low * beyond.max()) * 1.1,
-                5,
-                f"prediction only:\nbeyond the hardware measured,\n{links}",
-                ha="center",
-                va="bottom",
-                fontsize="small",
-                color="0.3",
-            )
-        ax.axhline(100, color="0.4", lw=1)
-        _gpu_axis(ax, rows["gpus"], _device(t))
-        top = 100 * np.nanmax(rows[["efficiency_measured", "efficiency_predicted"]].to_numpy(dtype=float))
-        ax.set_ylim(0, max(110, top + 10))
-        ax.set_ylabel("scaling efficiency (%)")
-        ax.set_title(f"{study} scaling")
-    _legend_below(fig, axes)
-    fig.suptitle("Scaling efficiency: measured vs the alpha-beta model's prediction")
-    return fig
-
-
-WATERFALL_STEPS = (
-    ("compute_inflation", "compute\ninflation"),
-    ("exposed_comm", "exposed\ncomm"),
-    ("straggler_wait", "straggler\nwait"),
-    ("data_stall", "data\nstall"),
-    ("unexplained", "unex-\nplained"),
-)
-
-
-def loss_waterfall(t: Tables) -> Figure:
-    """Per multi-rank cell, from the ideal step to the measured one in % of the measured step: each
-    measured part of the loss (loss_decomposition.csv) stacked on the last, with the 95 % interval
-    over repeats (the median run's parts); the largest named part is the bottleneck."""
-    table = t["loss_decomposition"].dropna(subset=["compute_inflation"])
-    if table.empty:
-        notes = "; ".join(sorted(set(t["loss_decomposition"]["note"].dropna()))) or "no multi-rank strong or weak cell completed"
-        raise NotMeasured(f"no loss split into parts ({notes})")
-    table = table.sort_values(["study", "model", "gpus"])
-    columns = min(len(table), 3)
-    rows_n = -(-len(table) // columns)
-    fig, axes = plt.subplots(rows_n, columns, figsize=(5.4 * columns, 4.4 * rows_n), squeeze=False, layout="constrained")
-    device = _device(t)
-    colours = dict(zip([key for key, _ in WATERFALL_STEPS], sns.color_palette("deep")[1:6]))
-    for ax, row in zip(axes.flat, table.itertuples()):
-        ideal = 100 * row.ideal_step_s / row.step_s  # the ideal step in % of the measured one
-        labels, level = ["ideal"], ideal
-        ax.bar(0, ideal, color="0.75")
-        ax.text(0, ideal, f"{ideal:.0f}", ha="center", va="bottom", fontsize="small")
-        for x, (key, label) in enumerate(WATERFALL_STEPS, start=1):
-            height = 100 * getattr(row, key)  # the unexplained rest too: what takes the steps to 100 %
-            bottom = level if height >= 0 else level + height
-            ax.bar(x, abs(height), bottom=bottom, color=colours[key], hatch="//" if key == "unexplained" else None, edgecolor="white")
-            low, high = getattr(row, f"{key}_ci_low"), getattr(row, f"{key}_ci_high")
-            top = max(level, level + height)
-            if np.isfinite(low) and np.isfinite(high):  # the part's interval over repeats, at its top
-                below, above = 100 * max(getattr(row, key) - low, 0), 100 * max(high - getattr(row, key), 0)
-                ax.errorbar(x, level + height, yerr=[[below], [above]], color="0.2", capsize=3, lw=1)
-                top = max(top, level + height + above)
-            ax.text(x, top + 1, f"{height:+.0f}", ha="center", va="bottom", fontsize="small")
-            level += height
-            labels.append(label)
-        ax.bar(len(labels), 100, color="0.35")
-        labels.append("measured")
-        ax.set_xticks(range(len(labels)), labels, fontsize="x-small")
-        ax.set_ylim(0, 120)
-        ax.set_ylabel("% of the measured step")
-        bottleneck = str(row.bottleneck).split(":")[0] if isinstance(row.bottleneck, str) else "no named part"
-        ax.set_title(f"{row.model}, {row.study}, {_count(row.gpus, device)} (n={row.repeats:g})\nE = {row.efficiency:.0%}; {bottleneck}", fontsize="medium")
-    for ax in list(axes.flat)[len(table) :]:
-        ax.set_axis_off()
-    fig.suptitle("Why not faster: from the ideal step to the measured one, part by part")
-    return fig
-
-
-# name -> drawing function, for every name of the one list (a name without a function here
-# fails this import with that name)
-FIGURE_DRAWERS: dict[str, Callable[[Tables], Figure]] = {name: globals()[name] for name in FIGURE_NAMES}
+# name -> drawing function, for every name of the one list (a name without a function here or in
+# the modules of the profiles' and the model's figures fails this import with that name)
+_DRAWERS = {**vars(profile_plots), **vars(model_plots), **globals()}
+FIGURE_DRAWERS: dict[str, Callable[[Tables], Figure]] = {name: _DRAWERS[name] for name in FIGURE_NAMES}
 PLOT_NAMES = tuple(FIGURE_DRAWERS)  # the workflow declares these as outputs
 
 
@@ -878,7 +450,7 @@ def history(t: Tables) -> Figure:
     labels = table.drop_duplicates("study_id").set_index("study_id")
     ticks = [f"{labels.loc[s, '_started']:%Y-%m-%d %H:%M:%S}\n{str(labels.loc[s, 'git_commit'])[:7]}" for s in order]
     cells = list(table.groupby(list(columns.CELL_KEYS), sort=True, dropna=False))
-    fig, axes = _panels(len(cells), width=max(4.0, 0.9 * len(order) + 2.5), height=4.4)
+    fig, axes = make_panels(len(cells), width=max(4.0, 0.9 * len(order) + 2.5), height=4.4)
     styles = dict(zip(sorted(table["_where"].unique()), zip(itertools.cycle(MARKERS), sns.color_palette(n_colors=8))))
     for ax, (_, cell) in zip(axes, cells):
         for where, group in cell.groupby("_where"):
@@ -892,7 +464,7 @@ def history(t: Tables) -> Figure:
         ax.set_ylim(bottom=0)
         ax.set_ylabel("samples/s (median; bar: min-max)")
         ax.set_title(_cell_label(cell.iloc[0]), fontsize="small")
-    _legend_below(fig, axes)
+    legend_below(fig, axes)
     fig.suptitle("Headline cells across the stored studies (x: study start, commit)")
     return fig
 
@@ -903,7 +475,7 @@ def versus_baseline(t: Tables) -> Figure:
     table = t["versus_baseline"].dropna(subset=["ratio"]).reset_index(drop=True)
     if table.empty:
         raise NotMeasured("no cell was measured in both studies (or the compare rule did not run)")
-    fig, (ax,) = _panels(1, width=9.0, height=max(3.2, 0.55 * len(table) + 2.0))
+    fig, (ax,) = make_panels(1, width=9.0, height=max(3.2, 0.55 * len(table) + 2.0))
     colours = {"faster": "tab:green", "slower": "tab:red"}
     threshold = float(table["threshold"].iloc[0])
     ax.axvspan(1 - threshold, 1 + threshold, color="0.9", label=f"within ±{threshold:.0%}: no change reported")
@@ -928,7 +500,7 @@ def versus_baseline(t: Tables) -> Figure:
     level = 100 * float(table["confidence"].iloc[0])
     ax.set_xlabel(f"candidate / baseline, median samples/s\n(bar: {level:g} % bootstrap interval)")
     ax.set_title("Versus baseline (> 1: faster)")
-    _legend_below(fig, [ax])
+    legend_below(fig, [ax])
     return fig
 
 
@@ -986,4 +558,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -10,25 +10,17 @@ only selects and words them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
 from scalerepro.analysis.presentation.formatting import fmt_milliseconds, fmt_percent
-from scalerepro.analysis.tables.scaling_model import PROPORTIONAL_BOUND
+from scalerepro.analysis.tables.scaling_model import BOUND_NOTE, beyond_note, derived_note
+from scalerepro.analysis.values import finite_number, plain
 
 SCALING_STUDIES = ("strong", "weak")
 REFERENCE_NOTE = "the reference: every efficiency and speed-up is against this measured one-GPU step"
-
-
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number == number else None
 
 
 LOSS_PARTS = (
@@ -43,7 +35,7 @@ def loss_source(row: Mapping[str, Any]) -> str | None:
     """What most of a predicted row's lost efficiency is lost to, in a few words: the largest
     part when it is at least twice the next, else the two largest; None for a row with no
     prediction or nothing lost (a table from before compute inflation counts it as 0)."""
-    parts = {name: _number(row.get(key)) for key, name in LOSS_PARTS}
+    parts = {name: finite_number(row.get(key)) for key, name in LOSS_PARTS}
     if parts["fixed per-step cost"] is None or parts["exposed all-reduce"] is None:
         return None
     ranked = sorted(((value or 0.0, name) for name, value in parts.items()), reverse=True)
@@ -55,26 +47,27 @@ def loss_source(row: Mapping[str, Any]) -> str | None:
     return f"{first_name} and {second_name}"
 
 
-def _shown_note_part(part: str) -> str | None:
-    """A part of a row's note as the table shows it, in the width of its column: what the row's
-    other cells already say is left out (scaling_model.csv keeps the whole note)."""
-    if part == "prediction only: beyond the 1 GPU the study ran on":
-        return None  # every row of a one-GPU study: the Basis column and the section's first line say it
-    if part.startswith(PROPORTIONAL_BOUND):  # "an upper bound" is under the efficiency: the note says why
-        return "compute taken as proportional to the micro-batch: no batch curve covers it"
-    weak = re.fullmatch(r"weak scaling at the one-GPU run's per-GPU batch \((\d+)\) held at every count, from the (\w+) study's one-GPU step", part)
-    if weak:
-        return f"weak: per-GPU batch {weak[1]} held, from the {weak[2]} study's one-GPU step"
-    return part
+def _shown_note_parts(row: Mapping[str, Any]) -> dict[str, str | None]:
+    """The parts of a row's note the table shows otherwise, in the width of its column, built from
+    the row's fields as the table built them: what its other cells already say is left out
+    (scaling_model.csv keeps the whole note)."""
+    shown: dict[str, str | None] = {
+        beyond_note(1): None,  # every row of a one-GPU study: the Basis column and the section's first line say it
+        BOUND_NOTE: "compute taken as proportional to the micro-batch: no batch curve covers it",  # "an upper bound" is under the efficiency
+    }
+    source, batch = plain(row.get("derived_from")), plain(row.get("per_gpu_batch"), whole_as_int=True)
+    if source is not None and batch is not None:
+        shown[derived_note(batch, source)] = f"weak: per-GPU batch {batch} held, from the {source} study's one-GPU step"
+    return shown
 
 
-def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.DataFrame, empty: str) -> dict[str, Any]:
+def scaling_model_section(model_rows: Sequence[dict[str, Any]], runs: pd.DataFrame, empty: str) -> dict[str, Any]:
     """``model_rows``: scaling_model.csv's rows as the report reads them; ``runs``: runs.csv;
     ``empty``: what to say when there are none and the reason is not that no scaling study ran."""
     shown = []
     for row in model_rows:
         row = type(row)(row)  # the report's row type: a missing column reads as None
-        if _number(row.get("gpus")) == 1 and row.get("basis") == "measured":
+        if finite_number(row.get("gpus")) == 1 and row.get("basis") == "measured":
             # t(1) is the model's input and the efficiencies' denominator: 100 % and +0 % say nothing
             for key in (
                 "step_time_predicted_s",
@@ -88,12 +81,12 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
                 "compute_inflation",
             ):
                 row[key] = None
-            reference = REFERENCE_NOTE if _number(row.get("step_time_measured_s")) is not None else None  # none without a measured step
+            reference = REFERENCE_NOTE if finite_number(row.get("step_time_measured_s")) is not None else None  # none without a measured step
             row["note"] = "; ".join(filter(None, [reference, row.get("note")])) or None
         row["loss_source"] = loss_source(row)  # None for the reference row: it predicts nothing, so loses nothing
         # the table's first columns show the prediction with the measurement beneath it, so that a
         # measured cell reads in the width of one column (every column is in the fold below it)
-        step, efficiency = _number(row.get("step_time_measured_s")), _number(row.get("efficiency_measured"))
+        step, efficiency = finite_number(row.get("step_time_measured_s")), finite_number(row.get("efficiency_measured"))
         row["step_measured_note"] = f"measured {fmt_milliseconds(step)} ms" if step is not None else None
         row["efficiency_measured_note"] = f"measured {fmt_percent(efficiency)}" if efficiency is not None else None
         if row.get("bound") and efficiency is None:
@@ -105,14 +98,15 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
             row["note"] = (
                 "; ".join(part for part in str(row.get("note") or "").split("; ") if "typical error" not in part and not part.startswith("on ")) or None
             )
-        row["note"] = "; ".join(filter(None, map(_shown_note_part, str(row.get("note") or "").split("; ")))) or None
+        shown_parts = _shown_note_parts(row)
+        row["note"] = "; ".join(filter(None, (shown_parts.get(part, part) for part in str(row.get("note") or "").split("; ")))) or None
         shown.append(row)
     regimes: dict[str, dict[str, Any]] = {}
     for row in model_rows:
-        if row.get("basis") != "predicted" or not row.get("regime") or _number(row.get("efficiency_predicted")) is None:
+        if row.get("basis") != "predicted" or not row.get("regime") or finite_number(row.get("efficiency_predicted")) is None:
             continue
         regime = regimes.setdefault(
-            row["regime"], {"key": row["regime"], "typical_error": _number(row.get("typical_error")), "basis": row.get("error_basis"), "rows": 0}
+            row["regime"], {"key": row["regime"], "typical_error": finite_number(row.get("typical_error")), "basis": row.get("error_basis"), "rows": 0}
         )
         regime["rows"] += 1
     curves = {row.get("batch_curve") for row in shown if row.get("batch_curve")}
@@ -121,7 +115,7 @@ def scaling_model_section(model_rows: Sequence[Mapping[str, Any]], runs: pd.Data
         (batch_curve,) = curves
         for row in shown:
             row["batch_curve"] = None
-    if all(_number(row.get("grad_accum_steps")) in (None, 1) for row in shown):
+    if all(finite_number(row.get("grad_accum_steps")) in (None, 1) for row in shown):
         for row in shown:  # one micro-batch a step everywhere: a column of 1s says nothing
             row["grad_accum_steps"] = None
     clusters: dict[str, dict[str, Any]] = {}

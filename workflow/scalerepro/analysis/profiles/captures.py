@@ -123,6 +123,24 @@ def _files(run_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
+def _read_captures(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each tool's capture.json, by tool; a tool's folder with the job's log but no capture.json
+    is a job that died before writing it."""
+    captures = {p.parent.name: json.loads(p.read_text()) for p in sorted(run_dir.glob("*/capture.json"))}
+    for log in sorted(run_dir.glob("*/profile.log")):
+        captures.setdefault(
+            log.parent.name, {"tool": log.parent.name, "status": "failed", "exit_code": None, "reason": "the profiling job left no capture.json"}
+        )
+    if not captures:
+        raise ProfileError(f"{run_dir}: no <tool>/capture.json: the profiling job did not run")
+    return captures
+
+
+def _timeline_gpus(metadata: list[dict[str, Any]]) -> list[str]:
+    """The GPU names the timelines' exports hold (ncu's compute capabilities left out)."""
+    return [re.sub(r"\s*\(compute capability [^)]*\)$", "", g) for m in metadata for g in m.get("gpus") or [] if "(ncu)" not in g]
+
+
 def summarize(
     run_dir: str | os.PathLike[str],
     run_id: str,
@@ -140,14 +158,7 @@ def summarize(
     precision (``precision``, else the --precision on a capture's command line); see
     resolve_peaks."""
     run_dir = Path(run_dir)
-    captures = {p.parent.name: json.loads(p.read_text()) for p in sorted(run_dir.glob("*/capture.json"))}
-    # a tool's folder with the job's log but no capture.json: a job that died before writing it
-    for log in sorted(run_dir.glob("*/profile.log")):
-        captures.setdefault(
-            log.parent.name, {"tool": log.parent.name, "status": "failed", "exit_code": None, "reason": "the profiling job left no capture.json"}
-        )
-    if not captures:
-        raise ProfileError(f"{run_dir}: no <tool>/capture.json: the profiling job did not run")
+    captures = _read_captures(run_dir)
     failed = {tool: failure(run_dir / tool, capture) for tool, capture in captures.items() if capture.get("status") == "failed"}
     parts: list[dict[str, Any]] = []
     top: list[dict[str, Any]] = []
@@ -198,11 +209,7 @@ def summarize(
             classes = [capture_classes(top)]
         if peaks is None:
             precision = precision or precision_of_capture(captures)
-            devices = (
-                [device_name]
-                if device_name
-                else [re.sub(r"\s*\(compute capability [^)]*\)$", "", g) for m in metadata for g in m.get("gpus") or [] if "(ncu)" not in g]
-            )
+            devices = [device_name] if device_name else _timeline_gpus(metadata)
             peaks, peaks_basis = resolve_peaks(devices, configured_peaks, precision)
             if peaks is None:
                 warnings.append(f"roofline: {peaks_basis}")
@@ -375,4 +382,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -41,10 +41,10 @@ def gpu_peaks(key: str, precision: str | None = None) -> dict[str, Any]:
         tensor, why = None, "the run's precision is unknown (pass --precision): no tensor-core roof to count against"
     elif precision not in TENSOR_PRECISIONS:
         tensor, why = None, f"a {precision} run uses no tensor-core precision"
-    elif (tensor_tflops := entry.tflops(precision)) is None:
+    elif (dense := entry.tflops(precision)) is None:
         tensor, why = None, f"{entry.name} has no {precision} tensor cores"
     else:
-        tensor, why = tensor_tflops * TFLOPS, None
+        tensor, why = dense * TFLOPS, None
     return {
         "key": key,
         "name": entry.name,
@@ -121,6 +121,74 @@ def _cuda_core_roof(peaks: Mapping[str, Any], precision: str, half: str | None) 
     return None, f"none: FLOPs mostly {what}, a rate the GPU peak table does not hold for {peaks.get('name')}"
 
 
+def _tensor_work(
+    kind: str,
+    matrix: bool,
+    group: pd.DataFrame,
+    seconds: float | None,
+    precision: Any,
+    tensor_peak: float | None,
+    tensor_reason: str | None,
+    missing: list[str],
+) -> tuple[float | None, str]:
+    """A kernel's tensor-core FLOPs (None: not counted) and what they are (``roofline``'s docstring);
+    appends to ``missing`` what the capture lacks for them."""
+    has_tensor = len(group) > 0 and group["tensor_pipe_pct"].notna().any()
+    tensor_busy_s = float((group["tensor_pipe_pct"].fillna(0) / 100 * group["duration"]).sum()) if has_tensor else None
+    if not matrix:
+        # Hopper's tensor-pipe counter also counts the half-precision FMAs an elementwise
+        # kernel issues to that pipe (HFMA2.MMA); the SASS counters hold them as FP work
+        share = tensor_busy_s / seconds if tensor_busy_s and seconds else 0.0
+        shown = f"{share:.0%}" if share >= 0.005 else "under 0.5 %"
+        busy = f"; its tensor pipe was busy {shown} of the time with other instructions (HFMA2.MMA)" if share else ""
+        return 0.0, f"none: {kind} kernels do no matrix work{busy}"
+    if tensor_busy_s is None:
+        return None, "not counted: the capture has no tensor-pipe metric for this kernel"
+    if tensor_busy_s == 0:
+        return 0.0, "none: the tensor pipe was idle"
+    assert seconds, "a tensor pipe busy for some time was timed"
+    busy_share = tensor_busy_s / seconds
+    if _hfma2_only(group, tensor_busy_s, seconds):
+        # its tensor pipe ran only the half-precision FMAs the SASS counters already hold
+        return 0.0, (
+            f"none: a CUDA-core kernel (no wgmma instruction; its tensor pipe busy {_busy_text(busy_share)} of "
+            "the time with the half-precision FMAs its SASS counters hold, HFMA2.MMA)"
+        )
+    if tensor_peak is None:
+        return None, f"not counted: tensor pipe busy {busy_share:.0%} of the time, but {tensor_reason}"
+    if group["wgmma_instructions"].notna().any() and group["wgmma_instructions"].fillna(0).sum() == 0:
+        # Hopper's tensor-pipe counter also counts mma.sync (HMMA): it does not run at the
+        # wgmma rate the dense peak is quoted for, so utilisation x that peak would overstate it
+        missing.append("tensor-core FLOPs")
+        return None, (
+            f"not counted: tensor pipe busy {busy_share:.0%} of the time with no wgmma instruction "
+            "(mma.sync or HFMA2.MMA work, which the dense wgmma peak does not bound)"
+        )
+    # tensor FLOPs = tensor-pipe busy share x duration x dense tensor peak of the precision
+    return tensor_busy_s * tensor_peak, f"estimate: tensor-pipe utilisation x {precision} tensor peak"
+
+
+def _kernel_roof(
+    kernel: str, group: pd.DataFrame, peaks: Mapping[str, Any], precision: Any, tensor: float | None, cuda_core: float | None, tensor_peak: float | None
+) -> tuple[float | None, str]:
+    """The roof a kernel is set under, and its name, or None and why (``roofline``'s docstring)."""
+    # the roof of the pipe and precision the kernel's work ran on (docstring)
+    peak: float | None
+    if tensor is not None and tensor > 0:
+        peak, peak_name = tensor_peak, f"{peaks.get('name')} {precision} dense tensor cores"
+    elif tensor is None:
+        peak, peak_name = None, "none: tensor-core work not counted (see Tensor-core work)"
+    elif cuda_core is None:
+        peak, peak_name = None, "none: no SASS FP counters in the capture"
+    elif cuda_core == 0:
+        peak, peak_name = None, "none: no floating-point work (integer, copy or data movement)"
+    else:
+        by_precision = {p: float(group[f"flops_{p}"].fillna(0).sum()) if f"flops_{p}" in group else 0.0 for p in CUDA_CORE_PRECISIONS}
+        dominant = max(by_precision, key=lambda p: by_precision[p]) if any(by_precision.values()) else "fp32"
+        peak, peak_name = _cuda_core_roof(peaks, dominant, name_precision(kernel) or peaks.get("precision"))
+    return peak, peak_name
+
+
 def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per kernel name, over its launches that have a duration: achieved FLOP/s and DRAM B/s,
     their fractions of the peaks, arithmetic intensity, the attainable FLOP/s at that intensity
@@ -152,42 +220,8 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
             missing.append(f"duration ({len(every) - len(group)} of {len(every)} launches)")
         seconds = group["duration"].sum() if len(group) else None
         has_counters = len(group) > 0 and group["flops"].notna().all()
-        has_tensor = len(group) > 0 and group["tensor_pipe_pct"].notna().any()
         cuda_core = float(group["flops"].sum()) if has_counters else None
-        tensor_busy_s = float((group["tensor_pipe_pct"].fillna(0) / 100 * group["duration"]).sum()) if has_tensor else None
-        tensor: float | None = None
-        if not matrix:
-            # Hopper's tensor-pipe counter also counts the half-precision FMAs an elementwise
-            # kernel issues to that pipe (HFMA2.MMA); the SASS counters hold them as FP work
-            share = tensor_busy_s / seconds if tensor_busy_s and seconds else 0.0
-            shown = f"{share:.0%}" if share >= 0.005 else "under 0.5 %"
-            busy = f"; its tensor pipe was busy {shown} of the time with other instructions (HFMA2.MMA)" if share else ""
-            tensor, tensor_work = 0.0, f"none: {kind} kernels do no matrix work{busy}"
-        elif tensor_busy_s is None or seconds is None:  # no tensor-pipe metric, or no timed launch to count it over
-            tensor_work = "not counted: the capture has no tensor-pipe metric for this kernel"
-        elif tensor_busy_s == 0:
-            tensor, tensor_work = 0.0, "none: the tensor pipe was idle"
-        elif _hfma2_only(group, tensor_busy_s, seconds):
-            # its tensor pipe ran only the half-precision FMAs the SASS counters already hold
-            tensor = 0.0
-            tensor_work = (
-                f"none: a CUDA-core kernel (no wgmma instruction; its tensor pipe busy {_busy_text(tensor_busy_s / seconds)} of "
-                "the time with the half-precision FMAs its SASS counters hold, HFMA2.MMA)"
-            )
-        elif tensor_peak is None:
-            tensor_work = f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time, but {tensor_reason}"
-        elif group["wgmma_instructions"].notna().any() and group["wgmma_instructions"].fillna(0).sum() == 0:
-            # Hopper's tensor-pipe counter also counts mma.sync (HMMA): it does not run at the
-            # wgmma rate the dense peak is quoted for, so utilisation x that peak would overstate it
-            tensor_work = (
-                f"not counted: tensor pipe busy {tensor_busy_s / seconds:.0%} of the time with no wgmma instruction "
-                "(mma.sync or HFMA2.MMA work, which the dense wgmma peak does not bound)"
-            )
-            missing.append("tensor-core FLOPs")
-        else:
-            # tensor FLOPs = tensor-pipe busy share x duration x dense tensor peak of the precision
-            tensor = tensor_busy_s * tensor_peak
-            tensor_work = f"estimate: tensor-pipe utilisation x {precision} tensor peak"
+        tensor, tensor_work = _tensor_work(kind, matrix, group, seconds, precision, tensor_peak, tensor_reason, missing)
         if cuda_core is None and tensor is None:
             flops, source = None, "not measured: no FP counters, and tensor-core work " + tensor_work
             if len(group):
@@ -199,27 +233,14 @@ def roofline(launches: pd.DataFrame, peaks: Mapping[str, Any]) -> list[dict[str,
             # roofline figure groups its points by this
             parts.append(f"tensor cores: {tensor_work.split(':')[0]}")
             source = "; ".join(parts)
-        # the roof of the pipe and precision the kernel's work ran on (docstring)
-        peak: float | None
-        if tensor is not None and tensor > 0:
-            peak, peak_name = tensor_peak, f"{peaks.get('name')} {precision} dense tensor cores"
-        elif tensor is None:
-            peak, peak_name = None, "none: tensor-core work not counted (see Tensor-core work)"
-        elif cuda_core is None:
-            peak, peak_name = None, "none: no SASS FP counters in the capture"
-        elif cuda_core == 0:
-            peak, peak_name = None, "none: no floating-point work (integer, copy or data movement)"
-        else:
-            by_precision = {p: float(group[f"flops_{p}"].fillna(0).sum()) if f"flops_{p}" in group else 0.0 for p in CUDA_CORE_PRECISIONS}
-            dominant = max(by_precision, key=by_precision.__getitem__) if any(by_precision.values()) else "fp32"
-            peak, peak_name = _cuda_core_roof(peaks, dominant, name_precision(kernel) or peaks.get("precision"))
+        peak, peak_name = _kernel_roof(kernel, group, peaks, precision, tensor, cuda_core, tensor_peak)
         dram_bytes = group["dram_bytes"].sum() if len(group) and group["dram_bytes"].notna().all() else None
         if len(group) and dram_bytes is None:
             missing.append("DRAM bytes")
-        achieved = flops / seconds if peak is not None and flops is not None and seconds else None
-        placed = achieved is not None
+        placed = peak is not None and flops is not None and bool(seconds)
+        achieved = flops / seconds if placed and flops is not None and seconds else None
         bandwidth = dram_bytes / seconds if seconds and dram_bytes is not None else None
-        intensity = flops / dram_bytes if placed and dram_bytes else None
+        intensity = flops / dram_bytes if placed and flops is not None and dram_bytes else None
         ridge = peak / peaks["dram_bytes_per_s"] if peak is not None else None  # FLOP/byte where the two roofs meet
         attainable = min(peak, intensity * peaks["dram_bytes_per_s"]) if intensity is not None and peak is not None else None
         sources = sorted(set(group["dram_bytes_source"].dropna())) if "dram_bytes_source" in group else []

@@ -48,7 +48,7 @@ transfer is counted as the one-node ring's reduce-scatter and all-gather:
                              + max(2(g-1)/g * S / B_i, 2 (S/g) / B_e)
 
 On one node (n = 1, N = g) there is no NIC term and no inter-node hop: every collective is the
-flat ring of ``scaling_model.RingNetwork``, all-reduce 2(g-1) alpha_i + 2(g-1)/g * S / B_i.
+flat ring of ``step_model.RingNetwork``, all-reduce 2(g-1) alpha_i + 2(g-1)/g * S / B_i.
 
 "auto" takes, per message size, the faster of ring and tree, as NCCL's tuner does from its own
 cost model: the tree's log2 n hops win for small messages across many nodes, the ring's

@@ -1,0 +1,392 @@
+"""Each model measured on a GPU beside two published figures: the best one published for that model's
+class on that GPU model, and the best like-for-like one (or none, and why); both ratios, every
+condition that differs from each named with both values, and the gap walk from the like-for-like
+figure to the measured one.
+
+    measured       per model and device, one row: the best cell, the configuration (the matrix's
+                   cell, split further by every recorded condition of CONDITION_TABLE and PAIR_ONLY)
+                   with the highest median per-GPU throughput over its counted repeats, with n and its
+                   spread (cell_facts.spread: n >= 3 min - max, n = 2 the two runs, n = 1 the run's
+                   own p10 - p90 steps), per GPU
+    figures        references (config/references.yaml) that are measurements (MEASURED_KINDS), each
+                   as a per-GPU figure: a whole-job figure (samples_per_s) / its GPU count. At more
+                   than one GPU that includes each step's all-reduce: a lower bound on what one of its
+                   GPUs does alone
+    model class    the model itself and a model the references file declares as standing in for it
+                   (`stands_for`: the nearest shape, another model)
+    best published the figure of the model's class on the same GPU model (H100, whatever the part,
+                   framework or GPU count) that makes the measured figure look worst: the lowest
+                   ratio ours / theirs
+    like for like  a figure of the same model (never a stand-in), on the same GPU part (the name
+                   NVML reports) at the same GPU count, in the same framework (PyTorch, as the
+                   reference states it), on the same kind of data (synthetic or real, as stated), at
+                   the same precision class (fp16 and bf16 are one: the same tensor-core rate, another
+                   format), at the same sequence length, and with the same optimizer where the
+                   reference states one. What may differ, each named on the row: the batch per GPU,
+                   memory format, compile, loader, PyTorch release, power cap, fp16 against bf16, and
+                   what the reference leaves unstated. The best like-for-like figure is the highest of
+                   them (the lowest ratio); none where no reference passes, with why for each that
+                   fails
+    ratio          measured median per GPU / published per GPU, in the reference's metric (images or
+                   sequences per second, or tokens per second)
+
+The gap walk from the like-for-like figure to the measured one is ``gap_walk``'s; the conditions
+and the measured cells are ``published_conditions``'. The analysis side: pandas only, no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence, Set
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scalerepro.analysis.columns import REFERENCE_COLUMNS
+from scalerepro.analysis.tables.gap_walk import Pairing, stops_short, walk
+from scalerepro.analysis.tables.published_conditions import (
+    CONDITION_TABLE,
+    EXTRA_COLUMNS,
+    LABELS,
+    MEASURED_KINDS,
+    Cell,
+    best_cell,
+    gpu_model,
+    measured_cells,
+    measured_words,
+    plain_value,
+    published_words,
+    read_references,
+    reference_conditions,
+    same_rate,
+    state_of,
+    words,
+)
+from scalerepro.analysis.tables.reproduction import _same_device
+from scalerepro.common.references import load_optional_references
+
+# --------------------------------------------------------------------------------------------
+# The best published figure and the like-for-like one
+# --------------------------------------------------------------------------------------------
+
+
+def per_gpu_published(ref: Mapping[str, Any]) -> float:
+    """A reference's figure per GPU: a whole-job figure / its GPU count."""
+    value = float(ref["value"])
+    return value / int(plain_value(ref["gpus"])) if ref["metric"] == "samples_per_s" else value
+
+
+def figure_ratio(ref: Mapping[str, Any], cell: Cell) -> float:
+    """Measured median per GPU / published per GPU, in the reference's metric."""
+    metric = "samples_per_gpu" if ref["metric"] == "samples_per_s" else "tokens_per_s_per_gpu"
+    return cell.describe(metric)["median"] / per_gpu_published(ref)
+
+
+def class_figures(references: pd.DataFrame, cell: Cell) -> list[Mapping[str, Any]]:
+    """The measurements of the cell's model class (the model, or one standing in for it) on its GPU
+    model, at any GPU count."""
+    refs = references.to_dict("records") if not references.empty else []
+    chip = gpu_model(cell.device)
+    return [
+        ref
+        for ref in refs
+        if cell.model in (ref.get("model"), plain_value(ref.get("stands_for")))
+        and ref.get("kind") in MEASURED_KINDS
+        and chip is not None
+        and gpu_model(ref.get("gpu")) == chip
+    ]
+
+
+def _stand_in(ref: Mapping[str, Any], cell: Cell) -> str | None:
+    """What makes a stand-in another model ("another model (MPT-1B: ...)"); None for the model itself."""
+    if ref.get("model") == cell.model:
+        return None
+    return f"another model ({plain_value(ref.get('stands_for_differs')) or ref.get('model')})"
+
+
+def conditions_table(ref: Mapping[str, Any] | None, cell: Cell) -> list[dict[str, Any]]:
+    """Every condition of a reference beside a cell's: label, measured and published values, state,
+    cost, and the words the row says of it. A stand-in's model comes first, as a condition that differs."""
+    if ref is None:
+        return []
+    published, ours = reference_conditions(ref), cell.compared()
+    rows = []
+    if (stand_in := _stand_in(ref, cell)) is not None:
+        rows.append(
+            {
+                "condition": "model",
+                "label": "model",
+                "measured": cell.model,
+                "published": str(ref.get("model")),
+                "state": "differs",
+                "cost": 1.0,
+                "says": stand_in,
+            }
+        )
+    for key, label, _ in CONDITION_TABLE:
+        state = state_of(key, published, ours)
+        if state is None:
+            continue
+        theirs, mine = published_words(key, published), measured_words(key, cell)
+        if state[0] == "differs":
+            says = f"{label}: {theirs}, ours {mine}" + (" (the same tensor-core rate)" if state[1] == 0.5 else "")
+        elif state[0] == "not stated":
+            says = f"{label}: not stated, ours {mine}"
+        elif state[0] == "not recorded":
+            says = f"{label}: {theirs}, ours not recorded"
+        else:
+            says = f"{label} {mine}"
+        rows.append({"condition": key, "label": label, "measured": mine, "published": theirs, "state": state[0], "cost": state[1], "says": says})
+    return rows
+
+
+def like_for_like_failures(ref: Mapping[str, Any], cell: Cell) -> list[str]:
+    """Why a reference is not like for like with a cell (the module docstring's rule), in words;
+    empty where it is."""
+    published, ours = reference_conditions(ref), cell.compared()
+    failures = []
+    if (stand_in := _stand_in(ref, cell)) is not None:
+        failures.append(stand_in)
+    if not _same_device(ref.get("gpu"), cell.device):
+        failures.append(f"GPU: {published.get('sku') or ref.get('gpu')}, ours {cell.device}")
+    if published.get("gpus") != cell.gpus:
+        failures.append(f"GPUs: {words('gpus', published.get('gpus'))}, ours {words('gpus', cell.gpus)}")
+    for key in ("framework", "data", "precision", "seq_len", "optimizer"):
+        state = state_of(key, published, ours)
+        if state is None or state[0] == "same":
+            continue
+        if key == "precision" and state[0] == "differs" and same_rate(published.get(key), ours.get(key)):
+            continue  # the same precision class
+        if key == "optimizer" and state[0] in ("not stated", "not recorded"):
+            continue  # named as unknown on the row, not a failure
+        mine = words(key, ours.get(key)) if state[0] != "not recorded" else "not recorded"
+        failures.append(f"{LABELS[key]}: {words(key, published.get(key))}, ours {mine}")
+    return failures
+
+
+def _figure(ref: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
+    """One published figure as the row shows it: per GPU (and what that is at more than one GPU), its
+    ratio, its conditions and those that differ from the cell's, its source."""
+    conditions = conditions_table(ref, cell)
+    gpus = int(plain_value(ref["gpus"]))
+    per_gpu_note = None
+    if gpus > 1:
+        per_gpu_note = f"per GPU at {gpus} GPUs: a lower bound on what one of its GPUs does alone"
+        if ref["metric"] == "samples_per_s":
+            per_gpu_note += f" ({float(ref['value']):,.0f} for the job)"
+    return {
+        "reference": ref["id"],
+        "kind": ref.get("kind"),
+        "published": per_gpu_published(ref),
+        "published_value": float(ref["value"]),
+        "published_gpus": gpus,
+        "metric": ref["metric"],
+        "per_gpu_note": per_gpu_note,
+        "ratio": figure_ratio(ref, cell),
+        "source": ref.get("source"),
+        "framework": plain_value(ref.get("framework")),
+        "metric_notes": plain_value(ref.get("metric_notes")),
+        "stand_in": _stand_in(ref, cell),
+        # its reproduction conditions, as the source states them
+        "stated": [
+            c["published"] if c["condition"] == "gpus" else f"{c['label']} {c['published']}"
+            for c in conditions
+            if c["condition"] != "model" and c["state"] != "not stated"
+        ],
+        "differs": [c["says"] for c in conditions if c["state"] == "differs"],
+        "unknown": [c["says"] for c in conditions if c["state"] in ("not stated", "not recorded")],
+        "conditions": conditions,
+    }
+
+
+def choose(references: pd.DataFrame, cell: Cell) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, list[tuple[str, list[str]]]]:
+    """(best published, best like for like, why each other figure of the model's class is not like
+    for like) for a cell (the module docstring's rules); the lowest ratio wins, the model itself before a
+    stand-in, then the fewest conditions that differ, then the id."""
+    figures = class_figures(references, cell)
+
+    def order(ref: Mapping[str, Any]) -> tuple:
+        differ = sum(c["cost"] for c in conditions_table(ref, cell) if c["state"] == "differs")
+        return (figure_ratio(ref, cell), ref.get("model") != cell.model, differ, str(ref["id"]))
+
+    failures = {ref["id"]: like_for_like_failures(ref, cell) for ref in figures}
+    alike = [ref for ref in figures if not failures[ref["id"]]]
+    best = min(figures, key=order) if figures else None
+    like = min(alike, key=order) if alike else None
+    return best, like, [(ref["id"], failures[ref["id"]]) for ref in sorted(figures, key=order) if failures[ref["id"]]]
+
+
+def _why_no_like(cell: Cell, failed: Sequence[tuple[str, Sequence[str]]]) -> dict[str, Any]:
+    """Why a row has no like-for-like figure: ``text``, and each figure of the model itself with the
+    conditions that fail the rule (``failed``)."""
+    own = [{"reference": ref, "why": list(why)} for ref, why in failed if not why[0].startswith("another model")]
+    text = f"no figure of {cell.model} itself on the {gpu_model(cell.device)}" if not own else "no figure of the model passes the rule"
+    stand_ins = sorted({re.sub(r"-\d+$", "-*", ref) for ref, why in failed if why[0].startswith("another model")})
+    if stand_ins:
+        text += f"; {', '.join(stand_ins)}: another model, never like for like"
+    return {"text": text, "failed": own}
+
+
+def _why_none(references: pd.DataFrame, model: str, device: str) -> str:
+    """Why a model has no published figure beside it, naming the GPUs it was published on and the
+    expectations that are no measurement."""
+    text = f"No published figure for {model} on {device}"
+    if references.empty:
+        return text + ": no references."
+    same_model = references[references["model"].eq(model)]
+    measured = same_model["kind"].isin(MEASURED_KINDS)
+    chip = gpu_model(device)
+    elsewhere = sorted({str(g) for g in same_model.loc[measured, "gpu"].dropna() if gpu_model(g) != chip})
+    expected = sorted({f"{kind} on {gpu}" for kind, gpu in same_model.loc[~measured, ["kind", "gpu"]].itertuples(index=False)})
+    if elsewhere:
+        text += f"; published on {'; '.join(elsewhere)}"
+    if expected:
+        text += f"; an expectation, not a measurement: {'; '.join(expected)}"
+    return text + "."
+
+
+# The tables
+# --------------------------------------------------------------------------------------------
+
+
+def _anchor(model: str, device: str, devices: int) -> str:
+    """The row's id: published-<model>, with the device where the report has several."""
+    token = lambda text: re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")  # noqa: E731
+    return f"published-{token(model)}" + (f"-{token(device)}" if devices > 1 else "")
+
+
+def published_table(runs: pd.DataFrame, references: pd.DataFrame, inventory: Any = None) -> list[dict[str, Any]]:
+    """One row per measured model and device: the best cell (median per GPU, n, spread, runs), the
+    best published figure of its class (``best``), the best like-for-like one (``like``, else
+    ``like_none`` says why), each with its ratio, conditions and those that differ (``_figure``), the
+    gap walk from the like-for-like figure (``walk``) and where it stops short of the best
+    (``stops_short``); ``why_none`` where there is no figure at all."""
+    cells = measured_cells(runs, inventory)
+    pairs = list(dict.fromkeys((c.model, c.device) for c in cells))
+    devices = len({device for _, device in pairs})
+    rows = []
+    for model, device in pairs:
+        cell = best_cell([c for c in cells if (c.model, c.device) == (model, device)])
+        best_ref, like_ref, failed = choose(references, cell)
+        best = None if best_ref is None else _figure(best_ref, cell)
+        like = None if like_ref is None else _figure(like_ref, cell)
+        # the metric of the figure shown; without one, the one the model is published in elsewhere, else
+        # a language model's tokens per GPU
+        elsewhere = references.loc[references["model"].eq(model), "metric"] if not references.empty else pd.Series(dtype=object)
+        metric = (best_ref or like_ref or {}).get("metric") or (elsewhere.iloc[0] if len(elsewhere) else None)
+        tokens = metric == "tokens_per_s_per_gpu" if metric else bool(cell.conditions.get("seq_len"))
+        spread = cell.describe("tokens_per_s_per_gpu" if tokens else "samples_per_gpu")
+        steps = walk(Pairing(cell, like_ref), cells) if like_ref is not None else []
+        rows.append(
+            {
+                "model": model,
+                "device": device,
+                "gpus": cell.gpus,
+                "study": cell.study,
+                "anchor": _anchor(model, device, devices),
+                "metric": "tokens_per_s_per_gpu" if tokens else "samples_per_s",
+                "measured": spread["median"],
+                "repeats": spread["n"],
+                "spread": cell.spread(tokens),
+                "measured_runs": cell.run_ids(),
+                "best": best,
+                "like": like,
+                "like_none": None if like is not None or best is None else _why_no_like(cell, failed),
+                "why_none": _why_none(references, model, device) if best is None else "",
+                "walk": steps,
+                "stops_short": stops_short(best, like, steps, best_ref),
+                # the walk's figures are in the like-for-like reference's metric, at the cell's GPU count
+                "walk_published": None if like_ref is None else float(like_ref["value"]),
+                "walk_measured": None if like_ref is None else cell.describe("samples_per_s" if like_ref["metric"] == "samples_per_s" else "per_gpu")["median"],
+                "walk_metric": None if like_ref is None else like_ref["metric"],
+            }
+        )
+    return rows
+
+
+def reproduction_shown(comparison: pd.DataFrame) -> bool:
+    """Whether the reproduce study planned a run for any reference: then its table is shown as it
+    is; else every reference of it would read "not comparable: no run scheduled", and they go to the
+    one folded table instead."""
+    if comparison.empty or "verdict" not in comparison.columns:
+        return False
+    cells = comparison.get("measured_cell", pd.Series("", index=comparison.index)).astype("string").fillna("")
+    return bool(cells.ne("").any() or comparison["verdict"].astype(str).eq("not measured").any())
+
+
+def unshown_references(
+    references: pd.DataFrame, rows: Sequence[Mapping[str, Any]], runs: pd.DataFrame, shown: Set[str] = frozenset(), inventory: Any = None
+) -> list[dict[str, Any]]:
+    """The references beside no measurement here (neither a row's best nor its like-for-like figure,
+    not in ``shown``), each with why: like for like but below the one shown, below the best published
+    and not like for like (and why), a model not measured on this GPU model, another GPU, or an
+    expectation."""
+    cells = measured_cells(runs, inventory)
+    chips = sorted({c for c in (gpu_model(cell.device) for cell in cells) if c})
+    shown_ids = {figure["reference"] for row in rows for figure in (row["best"], row["like"]) if figure}
+    best_of = {(row["model"], gpu_model(row["device"])): row for row in rows}
+    out = []
+    for ref in references.to_dict("records") if not references.empty else []:
+        if ref["id"] in shown_ids or ref["id"] in shown:
+            continue
+        chip = gpu_model(ref.get("gpu"))
+        models = [m for m in (ref.get("model"), plain_value(ref.get("stands_for"))) if m]
+        row = next((best_of[(m, chip)] for m in models if (m, chip) in best_of), None)
+        if ref.get("kind") not in MEASURED_KINDS:
+            why = f"{ref.get('kind')}: not a measurement"
+        elif chip not in chips:
+            why = "another GPU" if cells else "no run completed here"
+        elif row is None:
+            why = f"no {ref.get('model')} measured on this GPU model"
+        else:
+            cell = best_cell([c for c in cells if (c.model, c.device) == (row["model"], row["device"])])
+            failures = like_for_like_failures(ref, cell)
+            if not failures and row["like"]:
+                why = f"like for like, below the one shown ({row['like']['reference']}, {figure_ratio(ref, cell):.2f}× against {row['like']['ratio']:.2f}×)"
+            elif row["best"]:
+                why = f"below the best published shown ({row['best']['reference']}); not like for like: {'; '.join(failures)}"
+            else:
+                why = f"not of {row['model']}'s class on this GPU model; not like for like: {'; '.join(failures)}"
+        out.append(
+            {
+                "id": ref["id"],
+                "model": ref.get("model"),
+                "gpu": ref.get("gpu"),
+                "gpus": plain_value(ref.get("gpus")),
+                "metric": ref.get("metric"),
+                "value": float(ref["value"]),
+                "kind": ref.get("kind"),
+                "why": why,
+            }
+        )
+    order = ("like for like", "below the best", "no ", "another GPU", "expected")
+    group = {r["id"]: next((i for i, w in enumerate(order) if r["why"].startswith(w)), len(order)) for r in out}
+    return sorted(out, key=lambda r: (group[r["id"]], str(r["gpu"]), str(r["model"]), r["gpus"] or 0))
+
+
+def references_document(references_path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """The references file for what else the report shows of it (the links), checked against its
+    schema as everywhere; empty without one."""
+    return load_optional_references(references_path)
+
+
+def report_context(runs: pd.DataFrame, references_path: str | os.PathLike[str] | None, comparison: pd.DataFrame, inventory: Any = None) -> dict[str, Any]:
+    """What the report's "Measured vs published" section shows of this module: a row per measured
+    model (its best published and like-for-like figures, the gap walk), whether the reproduction
+    table is shown, and the references beside no measurement here. No references file: no
+    reference."""
+    if references_path is not None and Path(references_path).is_file():
+        references = read_references(references_path)
+    else:
+        references = pd.DataFrame(columns=[*REFERENCE_COLUMNS, *EXTRA_COLUMNS])
+    rows = published_table(runs, references, inventory)
+    shown_in_reproduction: set[str] = set()
+    if reproduction_shown(comparison) and "group" in comparison.columns:
+        shown_in_reproduction = set(comparison.loc[comparison["group"].eq("reproduction"), "reference"].astype(str))
+    return {
+        "rows": rows,
+        "reproduction_shown": reproduction_shown(comparison),
+        "unshown": unshown_references(references, rows, runs, shown_in_reproduction, inventory),
+    }
