@@ -34,7 +34,7 @@ OVERLAP, PROBE_SLOWER = 0.003, 0.006
 def _run(run_id: str, study: str, gpus: int, repeat: int, step_s: float, parts: dict[str, float] | None, jitter: float = 0.0, source: str = "window") -> dict:
     """runs.csv's row of one counted run: a window of 100 steps of ``step_s``; with ``parts``, the
     figures that give them back: the window's split with the probe's overlap cost (``window``),
-    or the probe's figures alone (``probe``, a record from before the window was split)."""
+    or the probe's figures alone (``probe``, a record whose trainer did not split the window)."""
     row = {
         "run_id": run_id,
         "study": study,
@@ -94,7 +94,7 @@ def _cell(study: str = "strong", parts: dict[str, float] | None = BUILT, repeats
 def test_each_built_part_comes_back_and_they_add_up_to_the_loss(study, source):
     runs, scaling = _cell(study, source=source)
     row = loss_decomposition_table(runs, scaling).iloc[0]
-    probe_note = f"{FROM_PROBE} (a record from before the window's steps were split)"
+    probe_note = f"{FROM_PROBE} (a record whose trainer did not split the window's steps)"
     assert (row["note"] == probe_note) if source == "probe" else pd.isna(row["note"]), row["note"]
     step = (T1 / 2 if study == "strong" else T1) + sum(BUILT.values())
     for part, seconds in BUILT.items():
@@ -191,7 +191,7 @@ def test_the_table_predicts_a_cell_with_the_inflation_the_other_cell_measured(tm
     factor k; each cell is predicted with the other's (the defect: its prediction ignored
     inflation, so the step came out at the one-rank step plus the exposed all-reduce).
 
-    ``probe``: a record from before the window was split, k its no-sync probe's step. ``window``:
+    ``probe``: a record whose trainer did not split the window, k its no-sync probe's step. ``window``:
     k is the window's step without its waits (the typical rank's compute less the probe's overlap
     cost, plus the wait for the slowest), not the probe's no-sync step, which ran at a moment 30 %
     slower (the defect: the model read the probe alone, so the spread of two cells' probes went

@@ -421,7 +421,7 @@ def _flag_value(command: list[str], flag: str) -> str | None:
 def record_purpose(document: Mapping[str, Any]) -> tuple[str, str]:
     """What the run was for, and how that is known: a measurement of its configuration, or a smoke
     run (a check of a code path, whose figures are by-products). The record states it (``purpose``,
-    from schema 4); a record from before says it only through its command line, read by one rule:
+    from schema 4); an older record says it only through its command line, read by one rule:
     a smoke run asked for a process group or a profile at one rank (``--process-group-at-one-rank``,
     ``--profile-mode``), or ran the communication or bucket probes at one rank outside a study (no
     ``--run-id``: every study names its runs)."""
@@ -435,7 +435,7 @@ def record_purpose(document: Mapping[str, Any]) -> tuple[str, str]:
     one_rank = (dig(document, ("parallel", "world_size")) or 1) == 1
     if one_rank and any(probes) and _flag_value(command, "--run-id") is None:
         return "smoke", "from its command line (the probes at one rank, outside a study)"
-    return "measurement", "from its command line (a record from before the purpose field)"
+    return "measurement", "from its command line (a record older than the purpose field)"
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ instructions (``avx512_bf16``, AMD Zen 4 on, Intel Cooper Lake and Sapphire Rapi
 to fp32 and back around every operation. On the development VM (AMD EPYC, avx512_bf16), ResNet-18
 at CIFAR shapes trained at 117.7 samples/s in bf16 and 85.6 in fp32; with oneDNN held below
 AVX512_CORE_BF16 (``ONEDNN_MAX_CPU_ISA=AVX512_CORE``) at 39.7 and 92.4 (one run each, 7 measured
-steps, 2026-11-27): emulated bf16 was 2.3x slower than fp32. An Intel Xeon without avx512_bf16 ran the
-README study's bf16 cells 35 % slower than fp32 (issue 34).
+steps): emulated bf16 was 2.3x slower than fp32. An Intel Xeon without avx512_bf16 ran the README
+study's bf16 cells 35 % slower than fp32 (both in benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ for every 4 KiB touched, depends on what the process allocated and freed before.
 development VM (2-core AMD EPYC, ResNet-18 at CIFAR shapes, 8 samples a rank, 2 ranks on gloo) one
 run's window took about 4,600 page faults a step and another's none, 10 % of the step apart; the
 communication probe after the window, whose saved copy of the run's state moved the threshold,
-took 8,000 a step and timed the step 7 % slower than the window it stood for (2026-11-27,
-``benchmarks/README.md``). With both thresholds fixed, every step of both took none.
+took 8,000 a step and timed the step 7 % slower than the window it stood for
+(``benchmarks/README.md``). With both thresholds fixed, every step of both took none.
 
 ``steady_heap`` fixes them, once per process, before the model is built: the mmap threshold at
 glibc's largest (32 MiB on 64-bit: larger blocks still come from mmap, as they must) and trimming

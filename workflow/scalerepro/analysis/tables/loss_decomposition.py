@@ -37,8 +37,8 @@ step on pre-built batches, with and without the all-reduce, in alternating short
 
 The window's parts and the probe are measured at different moments only in the overlap cost,
 which moves time between compute inflation and exposed comm and leaves their sum as the window
-measured it. A record from before the window was split (no window_split) gives its parts from the
-probe alone, as they were then: compute inflation = nosync_rank_mean_s - ideal, straggler wait =
+measured it. A kept record with no window_split (its trainer did not split the window) gives its
+parts from the probe alone: compute inflation = nosync_rank_mean_s - ideal, straggler wait =
 straggler_wait_s, exposed comm = max(sync_step_s - nosync_rank_mean_s - straggler wait, 0), data
 stall = data_wait_s / measured_steps; there the rest holds the probe's moment against the
 window's (benchmarks/probe_against_window.py: +0.7 % of a step, sd 1.3-2.8 % a run on the
@@ -51,7 +51,7 @@ own step, so the cell's parts and its rest add up to its loss 1 - ideal / t_N. T
 scaling.csv's 1 - E(N) (``aggregate``) for a strong cell, E = thr(N) / (N thr(1)) being t_1 / t_N
 in mean steps; a weak cell's E = T(1) / T(N) is in epoch times, from each window's median step,
 so its sum_error also holds the windows' slow steps (mean against median: 0.0-0.7 points in the
-README studies of 2026-11-27, benchmarks/README.md). (Medians of each part taken apart do not
+README studies, benchmarks/README.md). (Medians of each part taken apart do not
 add up: over three repeats whose step moved by 6 %, they left 1-2 points of a README study's loss
 unexplained where every run's own rest was under 0.1 ms.) Each part's 95 % interval comes from
 the same derivation on bootstrap resamples of the repeats, each resample drawing whole runs and
@@ -139,7 +139,7 @@ def probe_reason(run: pd.Series) -> str:
     """Why a run's parts come from its probe: the record's reason its window is not split (CUDA
     graphs), else its age."""
     reason = run.get("window_split_reason")
-    return reason if isinstance(reason, str) and reason else "a record from before the window's steps were split"
+    return reason if isinstance(reason, str) and reason else "a record whose trainer did not split the window's steps"
 
 
 def _figures(run: pd.Series, names: tuple[str, ...]) -> dict[str, float | None]:
@@ -173,7 +173,7 @@ def run_quantities(run: pd.Series) -> dict[str, Any] | str:
         }
     if not _all_measured(probe):
         missing = [key for key, value in probe.items() if value is None]
-        return f"its window is not split ({probe_reason(run)}) and it has no {', '.join(missing)} (--comm-probe-steps 0, or a record from before every rank was timed)"
+        return f"its window is not split ({probe_reason(run)}) and it has no {', '.join(missing)} (--comm-probe-steps 0, or a record whose trainer did not time every rank)"
     straggler = max(probe["straggler_wait_s"], 0.0)
     return {
         "step": step,
