@@ -512,3 +512,11 @@ def test_every_snakemake_command_of_the_docs_plans(tmp_path):
             failed.append(f"{doc}: snakemake {' '.join(args)} -n exits {done.returncode}: {done.stderr[-800:]}")
     assert len(seen) >= 3
     assert failed == []
+
+
+def test_ci_runs_exactly_the_readmes_second_command():
+    """CI's entry point is the README's second command, word for word: a step added to one and not
+    the other (a linter, a type checker) would let the README promise what CI does not check."""
+    second = fenced_commands((REPO / "README.md").read_text())[1]
+    ci_lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert ci_lines == [second]
