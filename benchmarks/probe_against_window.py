@@ -71,7 +71,7 @@ def rank_main(seconds: float, default_heap: bool) -> None:
         host_heap.steady_heap()
     import torch
 
-    from scalerepro.config import parse_args
+    from scalerepro.trainer_flags import parse_args
     from scalerepro.training import distributed, probes
     from scalerepro.training.trainer import StopRequest, Trainer
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scalerepro.config import parse_args
+from scalerepro.trainer_flags import parse_args
 from scalerepro.training import distributed
 from scalerepro.training.objective import ModelWithLoss, cross_entropy
 from scalerepro.training.trainer import StopRequest, Trainer

@@ -449,7 +449,7 @@ def test_a_rank_still_compiling_in_warm_up_does_not_trip_the_steady_state_timeou
 _TIMEOUT_PROBE = """
 import datetime, socket, sys
 import torch, torch.distributed as dist
-from scalerepro.config import parse_args
+from scalerepro.trainer_flags import parse_args
 from scalerepro.training.distributed import DistContext, DistEnv
 from scalerepro.training.trainer import StopRequest, Trainer
 

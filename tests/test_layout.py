@@ -20,7 +20,7 @@ MODULES = sorted(".".join(path.relative_to(REPO / "workflow").with_suffix("").pa
 # The sides, lowest first: a module may import its own side and the sides below it, never one
 # above (README, "Layout"). The analysis side stands apart: it imports only `common`, and no side
 # imports it (the two sides of a run meet in the record, never in code).
-LAYERS = ("common", "config", "schedulers", "telemetry", "models", "data", "parallel", "training", "launching", "planning")
+LAYERS = ("common", "trainer_flags", "schedulers", "telemetry", "models", "data", "parallel", "training", "launching", "planning")
 APART = {"analysis": {"common", "analysis"}}
 # What needs no torch: the workflow's planning and launching, the analysis, and what they import.
 TORCH_FREE = (
@@ -29,7 +29,7 @@ TORCH_FREE = (
     "scalerepro.analysis",
     "scalerepro.common",
     "scalerepro.schedulers",
-    "scalerepro.config",
+    "scalerepro.trainer_flags",
     "scalerepro.data.fetch",
 )
 

@@ -19,8 +19,8 @@ from scalerepro.analysis import evidence
 from scalerepro.analysis.tables import cell_tables, readers
 from scalerepro.common import cpu_features
 from scalerepro.common.exits import EXIT_PREEMPTED
-from scalerepro.config import parse_args
-from scalerepro.training import buckets, checkpoint, distributed, probes
+from scalerepro.trainer_flags import parse_args
+from scalerepro.training import buckets, checkpoint_store, distributed, probes
 from scalerepro.training.train import main
 from scalerepro.training.trainer import StopRequest, Trainer
 
@@ -266,7 +266,7 @@ def test_resume_passes_over_a_truncated_checkpoint_and_another_runs_naming_each(
     directory = tmp_path / "ckpt"
     common = small_run(tmp_path, "--model", "cnn", "--checkpoint-dir", str(directory), "--keep-final-checkpoint")
     assert main(common) == 0
-    final = checkpoint.list_checkpoints(directory)[0]
+    final = checkpoint_store.list_checkpoints(directory)[0]
     final.write_bytes(final.read_bytes()[:1000])  # a crash mid-copy
     assert main([*common, "--resume"]) == 0
     skipped = load_record(tmp_path / "run.json")["steps"]["checkpoints_skipped"]
@@ -440,7 +440,7 @@ def test_the_optimised_preset_compiles_the_conv_nets_with_cuda_graphs_where_a_st
     the host's launches bound; not the transformers; not under gradient accumulation (a replay
     would reuse the memory of the gradients being accumulated) nor FSDP/TP/PP; an explicit
     --compile wins, and the record's preset_overrides compare with the rule that applied."""
-    from scalerepro.config import preset_overrides
+    from scalerepro.trainer_flags import preset_overrides
 
     compile_mode = lambda *flags: parse_args(["--preset", "optimised", *flags]).perf.compile  # noqa: E731
     for model in ("cnn", "resnet18_cifar", "resnet50"):
@@ -539,7 +539,7 @@ def _run_state(trainer: Trainer) -> dict:
             "optimizer": trainer.optimizer.state_dict(),
             "scheduler": trainer.scheduler.state_dict(),
             "scaler": trainer.scaler.state_dict(),
-            "rng": checkpoint.rng_state(),
+            "rng": checkpoint_store.rng_state(),
         }
     )
 

@@ -16,7 +16,7 @@ Pure Python (no Snakemake, no torch), so the matrix can be unit-tested on its ow
   whose GPU model and count this machine or cluster has, so the report can set it beside the
   publication.
 
-Every run's trainer flags are parsed by the trainer's own parser (``scalerepro.config``), so a
+Every run's trainer flags are parsed by the trainer's own parser (``scalerepro.trainer_flags``), so a
 flag the trainer would refuse is a config error before anything runs, and what the matrix says
 of a run (precision, bucket size, accumulation) is what the trainer will do, never a restated
 default.
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scalerepro import config as trainer_config
+from scalerepro import trainer_flags
 from scalerepro.common import batch_split
 from scalerepro.common.cli import CommandError
 from scalerepro.parallel import mesh
@@ -146,12 +146,12 @@ def _last(args: list[str], name: str, default: str | None = None) -> str | None:
     return values[-1] if values else default
 
 
-def parse_trainer_flags(argv: list[str], key: str) -> trainer_config.TrainConfig:
+def parse_trainer_flags(argv: list[str], key: str) -> trainer_flags.TrainConfig:
     """The trainer's own reading of ``argv``; a flag it refuses is a config error at ``key``."""
     refused = io.StringIO()
     try:
         with contextlib.redirect_stderr(refused):
-            return trainer_config.parse_args(argv)
+            return trainer_flags.parse_args(argv)
     except SystemExit:
         reason = refused.getvalue().strip().splitlines()[-1] if refused.getvalue().strip() else "refused"
         raise StudyError(key, f"the trainer refuses these flags: {reason.removeprefix('scalerepro.training.train: error: ')}") from None
@@ -259,7 +259,7 @@ def refuse_study_set_flags(flags: Sequence[str], key: str) -> None:
             raise StudyError(key, f"{flag} is a flag the study sets for every run ({STUDY_SET_FLAGS[name]}): remove it")
 
 
-def trainer_run_key(parsed: trainer_config.TrainConfig) -> str:
+def trainer_run_key(parsed: trainer_flags.TrainConfig) -> str:
     """What makes two planned runs one trainer run: every setting the trainer reads but what names
     and places a run (its id, record, checkpoints) and its seed (each repeat has its own)."""
     settings = dataclasses.asdict(parsed)
@@ -461,7 +461,7 @@ class _Builder:
             )
 
 
-def data_parallel_size(parallel: trainer_config.ParallelConfig, gpus: int, ranks_per_node: int, key: str) -> int:
+def data_parallel_size(parallel: trainer_flags.ParallelConfig, gpus: int, ranks_per_node: int, key: str) -> int:
     """How many replicas read different data under the trainer's ``parallel`` settings on
     ``gpus`` ranks (scalerepro.parallel.mesh, as the trainer computes it)."""
     tp_size = mesh.default_tp_size(parallel.parallel, gpus, ranks_per_node, parallel.tp_size)

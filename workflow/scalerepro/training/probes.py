@@ -24,10 +24,10 @@ from torch.utils._pytree import tree_map
 
 from scalerepro.data import sources
 from scalerepro.telemetry import metrics
-from scalerepro.training import buckets, checkpoint
+from scalerepro.training import buckets, checkpoint_store
 from scalerepro.training.allreduce_timing import AllReduceTiming
-from scalerepro.training.checkpointing import RunState
 from scalerepro.training.distributed import DistContext, all_reduce_max, gather_objects
+from scalerepro.training.run_state import RunState
 
 
 class StepFunction(Protocol):
@@ -102,7 +102,7 @@ def preserved_state(state: RunState) -> Iterator[None]:
         "optimizer": tree_map(to_host, state.optimizer.state_dict()),
         "scheduler": copy.deepcopy(state.scheduler.state_dict()),
         "scaler": copy.deepcopy(state.scaler.state_dict()),
-        "rng": checkpoint.rng_state(),
+        "rng": checkpoint_store.rng_state(),
     }
     try:
         yield
@@ -111,7 +111,7 @@ def preserved_state(state: RunState) -> Iterator[None]:
         state.optimizer.load_state_dict(saved["optimizer"])
         state.scheduler.load_state_dict(saved["scheduler"])
         state.scaler.load_state_dict(saved["scaler"])
-        checkpoint.set_rng_state(saved["rng"])
+        checkpoint_store.set_rng_state(saved["rng"])
 
 
 def buffers_broadcast_like_a_training_step(ddp: DistributedDataParallel, sync: bool) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 from scalerepro import schedulers
 from scalerepro.common import host_heap
 from scalerepro.common.files import utc_now
-from scalerepro.config import precision_reason, preset_overrides
 from scalerepro.telemetry import hardware
+from scalerepro.trainer_flags import precision_reason, preset_overrides
 
 # 2: the scheduler's job facts under "scheduler" (was "slurm"); 3: batch.per_gpu (was batch.per_rank);
 # 4: "purpose" (measurement or smoke); in measurements.nvml the SM clock's minimum and the card's maximum,
@@ -146,7 +146,7 @@ def build(
             "warmup_reason": trainer.warmup_reason,
             "per_epoch": trainer.steps_per_epoch,
             "resumed_from": trainer.resumed_from,
-            # newer checkpoints passed over on resume, each with why (scalerepro.training.checkpoint)
+            # newer checkpoints passed over on resume, each with why (scalerepro.training.checkpoint_store)
             "checkpoints_skipped": trainer.checkpoints.skipped if trainer.checkpoints is not None else [],
         }
         record["epochs"] = {

@@ -19,8 +19,8 @@ from scalerepro.common import host_heap
 from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from scalerepro.common.files import utc_now, write_json_atomically
-from scalerepro.config import TrainConfig, TrainerConfigError, given_flags, parse_args, with_device
 from scalerepro.data import cifar10
+from scalerepro.trainer_flags import TrainConfig, TrainerConfigError, given_flags, parse_args, with_device
 from scalerepro.training import distributed, record
 from scalerepro.training.distributed import DistContext, DistributedSetupError
 from scalerepro.training.trainer import NonFiniteLossError, StopRequest, Trainer

@@ -7,7 +7,7 @@ too), ``_log_point``, ``_finish_epoch``, the checkpoints, ``results``.
 
 Like torchtitan's trainer, the loop hands its other jobs to modules of their own, each given
 what it needs and never the trainer: ``progress`` (the run's position, the running loss, the
-bar), ``evaluation``, ``checkpointing`` (the run's state in and out of checkpoints),
+bar), ``evaluation``, ``run_state`` (the run's state in and out of checkpoints),
 ``energy_window``, ``probes`` (handed the step function) and ``measurements`` (what the rank
 measured, reduced into the record's figures).
 """
@@ -28,13 +28,13 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from scalerepro import models
-from scalerepro.config import TrainConfig, TrainerConfigError
 from scalerepro.data import builders, sources
-from scalerepro.parallel import activation_checkpointing, mesh, parallelize, pipeline_parallel
+from scalerepro.models import registry
+from scalerepro.parallel import activation_recompute, mesh, parallelize, pipeline_parallel
 from scalerepro.schedulers import cores
 from scalerepro.telemetry import metrics, ranges
-from scalerepro.training import allreduce_timing, buckets, checkpointing, distributed, evaluation, measurements, optim, probes
+from scalerepro.trainer_flags import TrainConfig, TrainerConfigError
+from scalerepro.training import allreduce_timing, buckets, distributed, evaluation, measurements, optim, probes, run_state
 from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum, max_over_ranks
 from scalerepro.training.energy_window import EnergyWindow
 from scalerepro.training.objective import ModelWithLoss, cross_entropy
@@ -152,7 +152,7 @@ class Trainer:
             raise TrainerConfigError(f"{flag} ({max(run.warmup_steps, run.warmup_max_steps)}) must be smaller than the run's {self.total_steps} steps")
 
         with torch.device("cpu"):
-            module = models.build(self.spec)
+            module = registry.build(self.spec)
         if config.parallel.sync_batchnorm and ctx.distributed:
             module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
         self.module = module.to(self.device, memory_format=torch.channels_last if self._channels_last else torch.preserve_format)
@@ -167,8 +167,8 @@ class Trainer:
         self.autocast_dtype = _precision_setup(perf.precision)
         torch.backends.cudnn.benchmark = perf.cudnn_benchmark
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=perf.precision == "fp16")
-        # what a step changes and a checkpoint holds (scalerepro.training.checkpointing)
-        self.state = checkpointing.RunState(self.module, self.optimizer, self.scheduler, self.scaler)
+        # what a step changes and a checkpoint holds (scalerepro.training.run_state)
+        self.state = run_state.RunState(self.module, self.optimizer, self.scheduler, self.scaler)
 
         # ---- DDP, then compile the wrapped model (Dynamo's DDPOptimizer splits the graph at
         # bucket boundaries so all-reduce still overlaps backward). Both wrap the model with its
@@ -217,7 +217,7 @@ class Trainer:
         self.progress = Progress()
         self.resumed_from: str | None = None
         self.checkpoints = (
-            checkpointing.open_store(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints, sharded=self.mesh is not None)
+            run_state.open_store(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints, sharded=self.mesh is not None)
             if run.checkpoint_dir
             else None
         )
@@ -250,7 +250,7 @@ class Trainer:
         try:
             if p.parallel == "ddp":
                 if p.activation_checkpointing != "none":
-                    activation_checkpointing.apply_activation_checkpointing(self.module, p.activation_checkpointing)
+                    activation_recompute.apply_activation_checkpointing(self.module, p.activation_checkpointing)
                 return None
             if p.parallel == "pp":
                 return self._build_pipeline(config, ctx)
@@ -290,7 +290,7 @@ class Trainer:
             raise TrainerConfigError(f"--per-gpu-batch {run.per_gpu_batch} does not split into --microbatches {p.microbatches}: make it a multiple")
         if not ctx.distributed:
             raise TrainerConfigError("--parallel pp needs at least 2 ranks (launch with scalerepro.launching.launch or torchrun)")
-        activation_checkpointing.apply_activation_checkpointing(self.module, p.activation_checkpointing)
+        activation_recompute.apply_activation_checkpointing(self.module, p.activation_checkpointing)
         device_mesh = parallelize.build_mesh("pp", ctx.world_size, self.device.type)
         label_smoothing = config.optim.label_smoothing
         self.pipeline = pipeline_parallel.build_pipeline(
@@ -304,35 +304,35 @@ class Trainer:
         self.module = self.pipeline.stage_module
         return device_mesh
 
-    def _resolve_model(self) -> models.ModelSpec:
+    def _resolve_model(self) -> registry.ModelSpec:
         """The model spec from the flags; CIFAR-10 data fixes 32x32 images and 10 classes."""
         m = self.config.model
-        shape = models.ModelShape(**{k: v for k, v in dataclasses.asdict(m).items() if k != "model"})
+        shape = registry.ModelShape(**{k: v for k, v in dataclasses.asdict(m).items() if k != "model"})
         try:
             if not builders.is_synthetic(self.config.data):
-                if models.resolve(m.model).task != "image_classification":
+                if registry.resolve(m.model).task != "image_classification":
                     raise TrainerConfigError(f"--data {self.config.data} is CIFAR-10 and needs an image model, not {m.model}")
                 for flag, given, needed in (("--image-size", m.image_size, 32), ("--num-classes", m.num_classes, 10)):
                     if given not in (None, needed):
                         raise TrainerConfigError(f"{flag} {given} does not fit CIFAR-10 ({needed})")
                 shape = dataclasses.replace(shape, image_size=32, num_classes=10)
-            return models.resolve(m.model, shape)
+            return registry.resolve(m.model, shape)
         except TrainerConfigError:
             raise
         except ValueError as error:  # the model zoo's one-line messages name the flag
             raise TrainerConfigError(str(error)) from None
 
     def _fingerprint(self) -> dict[str, Any]:
-        """What a checkpoint must share with this run to continue it exactly (checkpointing.fingerprint);
+        """What a checkpoint must share with this run to continue it exactly (run_state.fingerprint);
         a DTensor-sharded checkpoint (fsdp, tp, fsdp+tp, not pp) continues on another world size."""
         reshardable = self.mesh is not None and self.pipeline is None
-        return checkpointing.fingerprint(self.config, self.ctx.world_size, self.total_steps, self.global_batch, reshardable)
+        return run_state.fingerprint(self.config, self.ctx.world_size, self.total_steps, self.global_batch, reshardable)
 
     def _resume(self) -> None:
-        """Continue from the newest usable checkpoint, if any (checkpointing.resume names every
+        """Continue from the newest usable checkpoint, if any (run_state.resume names every
         newer one passed over)."""
         last_resumable = self.total_steps - self.config.run.warmup_steps - 1
-        resumed = checkpointing.resume(self.checkpoints, self.state, self.ctx, last_resumable, self.mesh is not None, self.log)
+        resumed = run_state.resume(self.checkpoints, self.state, self.ctx, last_resumable, self.mesh is not None, self.log)
         if resumed is not None:
             saved_progress, self.resumed_from = resumed
             self.progress = Progress(**saved_progress)
@@ -469,7 +469,7 @@ class Trainer:
             if stop_signal is not None:
                 return self._stopped_after_training(stop_signal, "the final evaluation")
         # A finished run needs no checkpoint to continue: the final one is written only on
-        # request, marked final so that no rerun resumes from it (checkpoint.unusable_reason).
+        # request, marked final so that no rerun resumes from it (checkpoint_store.unusable_reason).
         p.epoch_loss_sum = self._global_sum(losses.epoch)
         self._checkpoint_path = None
         if run.keep_final_checkpoint:
@@ -655,7 +655,7 @@ class Trainer:
     def _save_checkpoint(self, final: bool = False) -> None:
         if self.checkpoints is None:
             return
-        self._checkpoint_path = checkpointing.save(
+        self._checkpoint_path = run_state.save(
             self.checkpoints, self.state, self.ctx, dataclasses.asdict(self.progress), self._fingerprint, self.mesh is not None, final
         )
 
