@@ -20,10 +20,8 @@ from scalerepro.common.files import utc_now
 from scalerepro.telemetry import hardware
 from scalerepro.trainer_flags import precision_reason, preset_overrides
 
-# 2: the scheduler's job facts under "scheduler" (was "slurm"); 3: batch.per_gpu (was batch.per_rank);
-# 4: "purpose" (measurement or smoke); in measurements.nvml the SM clock's minimum and the card's maximum,
-# the mean temperature, the enforced power limit and the clock-event reasons' shares; hardware.gpu's
-# uuid, power limit and maximum SM clock; measurements.data_wait_clock (device events on CUDA)
+# The record's layout: raised whenever a field moves or changes meaning, so that a reader of kept
+# records tells the layouts apart.
 RECORD_SCHEMA_VERSION = 4
 
 
@@ -142,8 +140,8 @@ def build(
             # the LR schedule's steps; fewer than total when --min-window-s lengthened the run
             "scheduled": trainer.scheduled_steps,
             "completed": progress.step,
-            "warmup": trainer.warmup_steps,  # this process's: --warmup-steps, or more where the step time settled later
-            "warmup_reason": trainer.warmup_reason,
+            "warmup": trainer.warmup.steps,  # this process's: --warmup-steps, or more where the step time settled later
+            "warmup_reason": trainer.warmup.reason,
             "per_epoch": trainer.steps_per_epoch,
             "resumed_from": trainer.resumed_from,
             # newer checkpoints passed over on resume, each with why (scalerepro.training.checkpoint_store)
