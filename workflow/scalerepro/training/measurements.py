@@ -18,7 +18,7 @@ from scalerepro.common.reductions import max_or_none
 from scalerepro.models import registry
 from scalerepro.parallel import blocks, comm_bytes, parallelize, pipeline_parallel, tensor_parallel
 from scalerepro.telemetry import hardware, metrics
-from scalerepro.telemetry.nvml import combine_ranks, unavailable_summary
+from scalerepro.telemetry.nvml_summary import combine_ranks, unavailable_summary
 from scalerepro.trainer_flags import TrainConfig
 from scalerepro.training import allreduce_timing, buckets, probes
 from scalerepro.training.distributed import DistContext, all_reduce_max, gather_objects
