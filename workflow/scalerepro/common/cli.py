@@ -56,7 +56,7 @@ _OS_FIXES = {
 
 def describe_os_error(error: OSError) -> str:
     """One line for an OSError: the file, what happened and what to do."""
-    fix = _OS_FIXES.get(error.errno)
+    fix = _OS_FIXES.get(error.errno) if error.errno is not None else None
     if error.filename is None:  # e.g. "No usable temporary directory found in [...]" on a full disk
         general = "check free space and permissions on that file system"
         return f"{error.strerror or error}: {general if error.errno in (errno.ENOENT, None) or fix is None else fix}"
