@@ -91,7 +91,7 @@ def rank_main(seconds: float, default_heap: bool) -> None:
     source = batches()
     for _ in range(4):  # warm-up
         trainer.train_step(source, step_scheduler=False)
-    probed = trainer._probed_run()
+    probed = trainer.probed_run()
     started, gaps, windows, syncs = time.perf_counter(), [], [], []
     while True:
         elapsed = torch.tensor([time.perf_counter() - started])

@@ -321,7 +321,7 @@ class Trainer:
             with self._energy_window() as energy, progress_bar(run.progress, self.ctx.is_main, self.total_steps, self.progress.step, self.log) as bar:
                 outcome = self._train(energy, bar)
             if outcome.status == "ok":
-                probed = self._probed_run()
+                probed = self.probed_run()
                 sizes, self.measured.probe_budget = probes.sized_for_run(self.config.run, self.measured.timer, self.ctx, self.ddp is not None)
                 # a stop in a probe ends it within a few of its steps (probes); the run is then preempted
                 measured_by = {
@@ -568,7 +568,7 @@ class Trainer:
         batch_iter = self.loader.epoch(self.progress.epoch)
         return [[next(batch_iter) for _ in range(micro)] for _ in range(min(steps, self.steps_per_epoch))]
 
-    def _probed_run(self) -> probes.ProbedRun:
+    def probed_run(self) -> probes.ProbedRun:
         """What the probes after training need of this run: its own step function (not a copy),
         its state, its batches, its parallel form."""
         p = self.config.parallel
