@@ -33,7 +33,7 @@ Preset = Literal["baseline", "optimised"]
 Purpose = Literal["measurement", "smoke"]
 
 # The convolutional networks: channels_last and cudnn.benchmark are part of the optimised preset
-# for these only (tests check this set against each model's family in scalerepro.models).
+# for these only (tests check this set against each model's family in scalerepro.models.registry).
 CONV_NETS = frozenset({"cnn", "resnet18_cifar", "resnet50"})
 # Fields (dest names) each preset sets; those in CONV_NET_ONLY are set True for CONV_NETS only.
 PRESETS: dict[str, dict[str, Any]] = {
