@@ -570,6 +570,24 @@ def _differences(a: object, b: object, path: str = "") -> list[str]:
     return [] if a == b else [path]
 
 
+def test_the_trainer_keeps_the_config_it_was_given_and_refuses_one_left_open():
+    """The flags a rank leaves open (--num-workers, --eval-samples) are decided before the
+    Trainer (run_setup.resolve_config), which keeps the config it is given, the one the record
+    holds; a config left open is refused, not rewritten."""
+    config = parse_args(["--model", "cnn", "--steps", "4", "--warmup-steps", "1", "--per-gpu-batch", "8", "--synthetic-samples", "256", "--progress", "off"])
+    assert config.data.num_workers is None and config.data.eval_samples is None
+    stop = StopRequest()
+    try:
+        with pytest.raises(ValueError, match="resolved config"):
+            Trainer(config, distributed.setup("cpu", 60, environ={}), stop, log=lambda line: None)
+        resolved, ctx = _resolved(config)
+        assert resolved.data.num_workers is not None and resolved.data.eval_samples is not None
+        trainer = Trainer(resolved, ctx, stop, log=lambda line: None)
+    finally:
+        stop.restore()
+    assert trainer.config is resolved
+
+
 def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tmp_path, monkeypatch):
     """The bucket probe times the trainer's own step function, handed to it (told each phase's
     end through its marks), not a copy of it, and takes real optimizer steps inside
