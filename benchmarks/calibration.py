@@ -99,13 +99,13 @@ def bare_rank(rank: int, world: int, port: int, steps_min: int, min_window_s: fl
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from scalerepro import models
+    from scalerepro.models import registry
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    model = models.build(models.resolve("resnet18_cifar")).to(memory_format=torch.channels_last)
+    model = registry.build(registry.resolve("resnet18_cifar")).to(memory_format=torch.channels_last)
     wrapped = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]

@@ -72,7 +72,7 @@ import yaml  # noqa: E402
 
 from scalerepro.analysis.tables import network_model, prediction_error, published_steps, step_model  # noqa: E402
 from scalerepro.common import gpu_peaks  # noqa: E402
-from scalerepro.models import ModelShape, build, resolve  # noqa: E402
+from scalerepro.models.registry import ModelShape, build, resolve  # noqa: E402
 from scalerepro.training import buckets  # noqa: E402
 
 REFERENCES = REPO / "config" / "references.yaml"

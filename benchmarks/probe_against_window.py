@@ -71,12 +71,15 @@ def rank_main(seconds: float, default_heap: bool) -> None:
         host_heap.steady_heap()
     import torch
 
-    from scalerepro.config import parse_args
-    from scalerepro.training import distributed, probes
-    from scalerepro.training.trainer import StopRequest, Trainer
+    from scalerepro.trainer_flags import parse_args
+    from scalerepro.training import distributed, probes, run_setup
+    from scalerepro.training.stop_request import StopRequest
+    from scalerepro.training.trainer import Trainer
 
     config = parse_args(TRAINER_FLAGS)
     ctx = distributed.setup(config.parallel.device, config.parallel.dist_timeout_s)
+    config = run_setup.resolve_config(config, ctx)
+    run_setup.set_process_state(config, ctx)
     trainer = Trainer(config, ctx, StopRequest(), log=lambda *args, **kwargs: None)
 
     def batches():
@@ -87,8 +90,8 @@ def rank_main(seconds: float, default_heap: bool) -> None:
 
     source = batches()
     for _ in range(4):  # warm-up
-        trainer._train_step(source, step_scheduler=False)
-    probed = trainer._probed_run()
+        trainer.train_step(source, step_scheduler=False)
+    probed = trainer.probed_run()
     started, gaps, windows, syncs = time.perf_counter(), [], [], []
     while True:
         elapsed = torch.tensor([time.perf_counter() - started])
@@ -97,7 +100,7 @@ def rank_main(seconds: float, default_heap: bool) -> None:
         window = []
         for _ in range(WINDOW_STEPS):
             begin = time.perf_counter()
-            trainer._train_step(source, step_scheduler=False)
+            trainer.train_step(source, step_scheduler=False)
             window.append(time.perf_counter() - begin)
         # the window's step: the slowest rank's mean, as the record's window_s / measured_steps
         window_s = distributed.all_reduce_max(ctx, torch.tensor([statistics.fmean(window)], dtype=torch.float64)).item()

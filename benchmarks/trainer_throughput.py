@@ -7,7 +7,7 @@
 
 Each configuration is a real ``python -m scalerepro.training.train`` process writing a run record; the
 table is read from those records. The two configurations are the trainer's presets
-(``scalerepro.config.PRESETS``), the ones the study uses: ``--preset baseline`` = fp32 (TF32
+(``scalerepro.trainer_flags.PRESETS``), the ones the study uses: ``--preset baseline`` = fp32 (TF32
 off), eager, DataLoader with worker processes, foreach optimizer; ``--preset optimised`` = bf16
 autocast, channels_last and cudnn.benchmark (CNNs), torch.compile, the device-resident loader
 and the fused optimizer. Same model, shapes, batch and steps. ``--flags`` adds trainer flags to

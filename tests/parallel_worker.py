@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 
-from scalerepro import models
-from scalerepro.parallel import activation_checkpointing, mesh, parallelize, pipeline_parallel, tensor_parallel
-from scalerepro.training import sharded_checkpoint
+from scalerepro.models import registry
+from scalerepro.parallel import activation_recompute, mesh, parallelize, pipeline_parallel, tensor_parallel
+from scalerepro.training import sharded_checkpoint_store
 
 SEQ, VOCAB, LAYERS, HIDDEN, HEADS, GLOBAL_BATCH = 16, 64, 4, 32, 4, 8
 
@@ -31,10 +31,10 @@ SEQ, VOCAB, LAYERS, HIDDEN, HEADS, GLOBAL_BATCH = 16, 64, 4, 32, 4, 8
 def tiny_model(name: str = "gpt2_small") -> torch.nn.Module:
     """A tiny GPT, or a tiny Llama (untied llama3_8b shape: GQA with 2 key/value heads)."""
     extra = {"num_kv_heads": 2} if name.startswith("llama") else {}
-    shape = models.ModelShape(seq_len=SEQ, vocab_size=VOCAB, num_layers=LAYERS, hidden_size=HIDDEN, num_heads=HEADS, **extra)
-    spec = models.resolve(name, shape)
+    shape = registry.ModelShape(seq_len=SEQ, vocab_size=VOCAB, num_layers=LAYERS, hidden_size=HIDDEN, num_heads=HEADS, **extra)
+    spec = registry.resolve(name, shape)
     torch.manual_seed(0)
-    return models.build(spec)
+    return registry.build(spec)
 
 
 def data_parallel_rank_and_size(device_mesh: DeviceMesh) -> tuple[int, int]:
@@ -133,10 +133,10 @@ def main() -> None:
                 activation_checkpointing=args.activation_checkpointing,
             )
         else:
-            activation_checkpointing.apply_activation_checkpointing(model, args.activation_checkpointing)
+            activation_recompute.apply_activation_checkpointing(model, args.activation_checkpointing)
         optimizer = make_optimizer(args.optimizer, model.parameters())
         if args.load_dcp:
-            sharded_checkpoint.load(args.load_dcp, model, optimizer)
+            sharded_checkpoint_store.load(args.load_dcp, model, optimizer)
         for inputs, targets in batches:
             # Each data-parallel rank reads its contiguous slice of the global batch.
             per_rank = GLOBAL_BATCH // dp_size
@@ -155,7 +155,7 @@ def main() -> None:
                 optimizer.zero_grad()
         bytes_held = parallelize.local_state_bytes(model, optimizer)
         if args.save_dcp:
-            sharded_checkpoint.save(args.save_dcp, model, optimizer, meta={"step": args.first_step + args.steps})
+            sharded_checkpoint_store.save(args.save_dcp, model, optimizer, meta={"step": args.first_step + args.steps})
         state = full_state_dict(model) if world > 1 else tensor_parallel.fuse_qkv({k: v.detach().clone() for k, v in model.state_dict().items()})
     per_rank_bytes = [bytes_held]
     if world > 1:

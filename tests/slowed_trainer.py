@@ -7,7 +7,7 @@ them, so a test can interleave many short runs of two studies cheaply):
 
     [{"args": ["--model", "cnn", ...], "slowdown": {"cnn": 2.0}}, ...]
 
-Each run is ``scalerepro.training.train.main(args)``, unchanged, with ``Trainer._train_step`` wrapped for
+Each run is ``scalerepro.training.train.main(args)``, unchanged, with ``Trainer.train_step`` wrapped for
 that run only: after every step of a model named in ``slowdown``, the wrapper waits (factor - 1)
 times the time the step took, so that model's steps take ``factor`` times as long and its
 samples/s falls by that factor; other models run as they are. This stands for "a trainer change
@@ -27,7 +27,7 @@ from pathlib import Path
 from scalerepro.training import train
 from scalerepro.training.trainer import Trainer
 
-_original_step = Trainer._train_step
+_original_step = Trainer.train_step
 _slowdown: dict[str, float] = {}
 
 
@@ -44,7 +44,7 @@ def _slowed_step(self, *args, **kwargs):
 
 def main() -> int:
     plan = json.loads(Path(sys.argv[1]).read_text())
-    Trainer._train_step = _slowed_step
+    Trainer.train_step = _slowed_step
     failed = 0
     for run in plan:
         _slowdown.clear()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from scalerepro.common import source_closure
-from scalerepro.training import checkpoint
+from scalerepro.training import checkpoint_store
 from scalerepro.training.train import main
 
 from conftest import load_record
@@ -46,12 +46,12 @@ def _run(tmp_path: Path, *extra: str, capsys=None) -> dict:
 
 
 def _fingerprint(**changes) -> dict:
-    return {"per_gpu_batch": 16, "seed": 0, "code": checkpoint.code_hash(), **changes}
+    return {"per_gpu_batch": 16, "seed": 0, "code": checkpoint_store.code_hash(), **changes}
 
 
 def _state(**changes) -> dict:
     state = {
-        "format": checkpoint.FORMAT_VERSION,
+        "format": checkpoint_store.FORMAT_VERSION,
         "step": 4,
         "final": False,
         "model": {},
@@ -71,7 +71,7 @@ def test_a_finished_run_removes_its_checkpoints_once_recorded_and_a_rerun_measur
     retry continues). A finished run must leave nothing a rerun would resume from."""
     first = _run(tmp_path, "--resume", "--checkpoint-interval", "4")
     assert first["status"] == "ok" and first["checkpoint"] is None
-    assert checkpoint.list_checkpoints(tmp_path / "ckpt") == []
+    assert checkpoint_store.list_checkpoints(tmp_path / "ckpt") == []
     rerun = _run(tmp_path, "--resume")
     assert rerun["status"] == "ok" and rerun["steps"]["resumed_from"] is None
     assert rerun["measurements"]["measured_steps"] == 10 and rerun["measurements"]["samples_per_s"] > 0
@@ -107,7 +107,7 @@ def test_the_code_hash_covers_what_a_rank_imports_and_nothing_else(tmp_path):
     planning and analysis edits leave it (and every checkpoint's resumability) alone; an edit of
     any module the rank imports, however indirectly, changes it."""
     package = tmp_path / "scalerepro"
-    shutil.copytree(Path(checkpoint.__file__).resolve().parents[1], package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(checkpoint_store.__file__).resolve().parents[1], package, ignore=shutil.ignore_patterns("__pycache__"))
     before = source_closure.code_hash([source_closure.RANK_ENTRY], package)
 
     def edited(relative: str) -> str:
@@ -121,7 +121,15 @@ def test_the_code_hash_covers_what_a_rank_imports_and_nothing_else(tmp_path):
 
     for outside in ("planning/study.py", "planning/plan.py", "planning/submission.py", "analysis/tables/aggregate.py", "data/fetch.py", "launching/launch.py"):
         assert edited(outside) == before, f"{outside} runs in no rank"
-    for inside in ("training/trainer.py", "data/sources.py", "parallel/mesh.py", "schedulers/slurm.py", "common/files.py", "config.py", "models/llama.py"):
+    for inside in (
+        "training/trainer.py",
+        "data/sources.py",
+        "parallel/mesh.py",
+        "schedulers/slurm.py",
+        "common/files.py",
+        "trainer_flags.py",
+        "models/llama.py",
+    ):
         assert edited(inside) != before, f"{inside} runs in every rank"
 
 
@@ -138,17 +146,17 @@ def test_the_code_hash_covers_what_a_rank_imports_and_nothing_else(tmp_path):
     ],
 )
 def test_each_unusable_checkpoint_is_named_with_its_reason(state, reason):
-    assert checkpoint.unusable_reason(state, _fingerprint(), last_resumable_step=8).startswith(reason)
-    assert checkpoint.unusable_reason(_state(), _fingerprint(), last_resumable_step=8) is None
+    assert checkpoint_store.unusable_reason(state, _fingerprint(), last_resumable_step=8).startswith(reason)
+    assert checkpoint_store.unusable_reason(_state(), _fingerprint(), last_resumable_step=8) is None
 
 
 def test_resume_passes_over_corrupt_and_foreign_files_to_the_newest_usable_one(tmp_path):
-    store = checkpoint.CheckpointStore(tmp_path, _fingerprint(), keep=2)
+    store = checkpoint_store.CheckpointStore(tmp_path, _fingerprint(), keep=2)
     good = store.save(4, {k: v for k, v in _state().items() if k not in ("format", "step", "final")})
     (tmp_path / "step-00000009.pt").write_bytes(b"PK\x03\x04 truncated by a crash")
     torch.save({"not": "a checkpoint"}, tmp_path / "step-00000008.pt")
     torch.save(["a", "list"], tmp_path / "step-00000007.pt")
-    fresh = checkpoint.CheckpointStore(tmp_path, _fingerprint(), keep=2)
+    fresh = checkpoint_store.CheckpointStore(tmp_path, _fingerprint(), keep=2)
     state = fresh.load_newest(last_resumable_step=100)
     assert state["path"] == str(good)
     assert [(Path(s["path"]).name, s["reason"].split(" (")[0]) for s in fresh.skipped] == [
@@ -163,7 +171,7 @@ def test_cleanup_counts_usable_checkpoints_only(tmp_path):
     fresh (SIGTERM) checkpoint was deleted in its favour."""
     unreadable = tmp_path / "step-99999999.pt"
     unreadable.write_bytes(b"garbage")
-    store = checkpoint.CheckpointStore(tmp_path, _fingerprint(), keep=1)
+    store = checkpoint_store.CheckpointStore(tmp_path, _fingerprint(), keep=1)
     body = {k: v for k, v in _state().items() if k not in ("format", "step", "final")}
     first = store.save(4, body)
     assert first.exists() and unreadable.exists()

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scalerepro.config import parse_args
-from scalerepro.training import distributed
+from scalerepro.trainer_flags import parse_args
+from scalerepro.training import distributed, run_setup
 from scalerepro.training.objective import ModelWithLoss, cross_entropy
-from scalerepro.training.trainer import StopRequest, Trainer
+from scalerepro.training.stop_request import StopRequest
+from scalerepro.training.trainer import Trainer
 
 from conftest import load_record, python_train
 
@@ -69,6 +70,8 @@ def test_what_torch_compile_wraps_returns_the_loss(tmp_path):
     ctx = distributed.setup("cpu", 60, environ={})
     stop = StopRequest()
     try:
+        config = run_setup.resolve_config(config, ctx)
+        run_setup.set_process_state(config, ctx)
         trainer = Trainer(config, ctx, stop, log=lambda *a: None)
     finally:
         stop.restore()

@@ -175,8 +175,8 @@ def test_prepared_layout_errors(tmp_path):
 
 
 def test_make_sources_uses_the_whole_test_split(prepared_cifar):
-    from scalerepro.config import DataConfig
-    from scalerepro.models import ModelShape, resolve
+    from scalerepro.models.registry import ModelShape, resolve
+    from scalerepro.trainer_flags import DataConfig
 
     spec = resolve("cnn", ModelShape(image_size=32, num_classes=10))
     train, test = make_sources(DataConfig(data=str(prepared_cifar)), spec, seed=0)

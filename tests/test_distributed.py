@@ -432,15 +432,18 @@ def test_a_rank_still_compiling_in_warm_up_does_not_trip_the_steady_state_timeou
 _TIMEOUT_PROBE = """
 import datetime, socket, sys
 import torch, torch.distributed as dist
-from scalerepro.config import parse_args
+from scalerepro.trainer_flags import parse_args
+from scalerepro.training import run_setup
 from scalerepro.training.distributed import DistContext, DistEnv
-from scalerepro.training.trainer import StopRequest, Trainer
+from scalerepro.training.stop_request import StopRequest
+from scalerepro.training.trainer import Trainer
 
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1,
                         timeout=datetime.timedelta(seconds=5))
 ctx = DistContext(DistEnv("torchrun", 0, 1, 0, 1, "127.0.0.1", int(sys.argv[1])), torch.device("cpu"), "gloo", (socket.gethostname(),))
 gloo = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
-config = parse_args(sys.argv[2:])
+config = run_setup.resolve_config(parse_args(sys.argv[2:]), ctx)
+run_setup.set_process_state(config, ctx)
 trainer = Trainer(config, ctx, StopRequest(), log=lambda *a: None)
 print("after setup", gloo.options._timeout.total_seconds())
 trainer.fit()
@@ -489,14 +492,14 @@ import os, sys, torch
 from scalerepro.training.train import main
 from scalerepro.training.trainer import Trainer
 
-original = Trainer._train_step
+original = Trainer.probe_step
 
-def train_step(self, micro_batches, **kwargs):
+def probe_step(self, micro_batches, **kwargs):
     if kwargs.get("eager") and os.environ["RANK"] == "0":
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.83 GiB (planted by the test)")
     return original(self, micro_batches, **kwargs)
 
-Trainer._train_step = train_step
+Trainer.probe_step = probe_step
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -551,19 +554,22 @@ from scalerepro.training.train import main
 from scalerepro.training.trainer import Trainer
 
 steps, broadcast = [], DistributedDataParallel._sync_buffers
-original = Trainer._train_step
+train_step, probe_step = Trainer.train_step, Trainer.probe_step
 
 def sync_buffers(self):  # observed, then done as DDP does it
     steps[-1]["broadcasts"] += 1
     return broadcast(self)
 
-def train_step(self, micro_batches, sync_gradients=True, **kwargs):
-    probe = "eager" not in kwargs and kwargs.get("step_scheduler") is False  # the communication probe's steps
-    steps.append({"probe": probe, "sync": sync_gradients, "broadcasts": 0})
-    return original(self, micro_batches, sync_gradients=sync_gradients, **kwargs)
+def watched_train_step(self, micro_batches, **kwargs):
+    steps.append({"probe": False, "sync": True, "broadcasts": 0})
+    return train_step(self, micro_batches, **kwargs)
+
+def watched_probe_step(self, micro_batches, *, sync_gradients, **kwargs):
+    steps.append({"probe": True, "sync": sync_gradients, "broadcasts": 0})  # the communication probe's (--bucket-probe-steps 0)
+    return probe_step(self, micro_batches, sync_gradients=sync_gradients, **kwargs)
 
 DistributedDataParallel._sync_buffers = sync_buffers
-Trainer._train_step = train_step
+Trainer.train_step, Trainer.probe_step = watched_train_step, watched_probe_step
 code = main(sys.argv[1:])
 if os.environ["RANK"] == "0":
     json.dump(steps, open(os.environ["STEPS_OUT"], "w"))

@@ -62,7 +62,7 @@ def test_the_package_installs_without_network(tmp_path):
     assert modules <= installed, f"missing from the installed package: {sorted(map(str, modules - installed))}"
     # The installed copy imports (the torch-free modules; torch comes from the environment).
     probe = subprocess.run(
-        [sys.executable, "-c", "import scalerepro.launching.launch, scalerepro.config; print(scalerepro.__file__)"],
+        [sys.executable, "-c", "import scalerepro.launching.launch, scalerepro.trainer_flags; print(scalerepro.__file__)"],
         env=_offline_env(PYTHONPATH=str(site)),
         capture_output=True,
         text=True,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from scalerepro.models import MODEL_NAMES, ModelShape, ModelSpec, build, resolve
+from scalerepro.models.registry import MODEL_NAMES, ModelShape, ModelSpec, build, resolve
 
 SMALL_IMAGE = ModelShape(image_size=32)
 SMALL_VIT = ModelShape(image_size=32, num_classes=10, num_layers=2, hidden_size=64, num_heads=2)
@@ -211,8 +211,8 @@ def test_bad_shape(name: str, shape: ModelShape, flag: str) -> None:
 
 
 def test_the_presets_conv_nets_are_the_cnn_family() -> None:
-    """scalerepro.config (torch-free) names the conv nets for the optimised preset's
+    """scalerepro.trainer_flags (torch-free) names the conv nets for the optimised preset's
     channels_last and cudnn.benchmark; they must be exactly the models of the cnn family."""
-    from scalerepro.config import CONV_NETS
+    from scalerepro.trainer_flags import CONV_NETS
 
     assert {name for name in MODEL_NAMES if resolve(name).family == "cnn"} == CONV_NETS

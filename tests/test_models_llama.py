@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from scalerepro.models import MODEL_NAMES, ModelShape, build, llama, resolve
+from scalerepro.models import llama
+from scalerepro.models.registry import MODEL_NAMES, ModelShape, build, resolve
 
 from conftest import REPO, load_record, python_train
 

@@ -13,18 +13,13 @@ from typing import Any
 
 import pytest
 
-from scalerepro.telemetry.nvml import (
+from scalerepro.telemetry.nvml import NvmlSampler, card_limits, clock_event_reason_bits, decode_clock_event_reasons, format_nvml_uuid, idle_power
+from scalerepro.telemetry.nvml_summary import (
     ENERGY_COUNTER,
     ENERGY_POWER_INTEGRAL,
     MEASURED_KEYS,
-    NvmlSampler,
     Sample,
-    card_limits,
-    clock_event_reason_bits,
     combine_ranks,
-    decode_clock_event_reasons,
-    format_nvml_uuid,
-    idle_power,
     summarise,
     trapezoid_energy_j,
     unavailable_summary,

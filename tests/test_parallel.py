@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalerepro.parallel import activation_checkpointing, comm_bytes, mesh, pipeline_parallel, tensor_parallel
+from scalerepro.parallel import activation_recompute, comm_bytes, mesh, pipeline_parallel, tensor_parallel
 
 from conftest import clean_env, free_port, signal_last_rank_at_step_20
 
@@ -139,14 +139,14 @@ def test_activation_checkpointing_under_fsdp(tmp_path, reference, initial):
 
 
 def test_activation_checkpointing_wraps_every_or_every_other_block():
-    from scalerepro import models
+    from scalerepro.models import registry
 
-    spec = models.resolve("gpt2_small", models.ModelShape(seq_len=8, vocab_size=64, num_layers=4, hidden_size=16, num_heads=2))
+    spec = registry.resolve("gpt2_small", registry.ModelShape(seq_len=8, vocab_size=64, num_layers=4, hidden_size=16, num_heads=2))
     counts = {}
     for mode in ("none", "selective", "full"):
-        model = models.build(spec)
+        model = registry.build(spec)
         names = set(model.state_dict())
-        counts[mode] = activation_checkpointing.apply_activation_checkpointing(model, mode)
+        counts[mode] = activation_recompute.apply_activation_checkpointing(model, mode)
         assert set(model.state_dict()) == names  # checkpoints keep the model's names
     assert counts == {"none": 0, "selective": 2, "full": 4}
 
@@ -250,7 +250,7 @@ def test_tensor_parallel_takes_the_optimizer_it_needs_by_default_and_refuses_one
     """Under tp alone the foreach and fused kernels cannot mix the replicated plain-tensor
     embeddings with the DTensor blocks: every preset's default there is for-loop (fsdp+tp, all
     DTensors, keeps the preset's), and an explicit foreach or fused is one line and exit 2."""
-    from scalerepro.config import PRESETS, parse_args
+    from scalerepro.trainer_flags import PRESETS, parse_args
 
     assert parse_args(["--preset", preset, "--parallel", "tp"]).optim.optimizer_impl == "for-loop"
     assert parse_args(["--preset", preset, "--parallel", "fsdp+tp"]).optim.optimizer_impl == PRESETS[preset]["optimizer_impl"]
@@ -344,22 +344,22 @@ TRAINER_GPT = [
 
 
 def _trainer_gpt_module():
-    from scalerepro import models
+    from scalerepro.models import registry
 
-    shape = models.ModelShape(seq_len=16, vocab_size=64, num_layers=2, hidden_size=32, num_heads=4)
-    return models.build(models.resolve("gpt2_small", shape))
+    shape = registry.ModelShape(seq_len=16, vocab_size=64, num_layers=2, hidden_size=32, num_heads=4)
+    return registry.build(registry.resolve("gpt2_small", shape))
 
 
 def _final_sharded_weights(directory: Path, world: int = 2, split_qkv: bool = False) -> dict[str, torch.Tensor]:
     """The weights of the newest sharded checkpoint in ``directory``, loaded on one process
     into a plain model (DCP reshards W -> 1); a TP run's under its split q/k/v names."""
-    from scalerepro.training import sharded_checkpoint
+    from scalerepro.training import sharded_checkpoint_store
 
-    newest = sharded_checkpoint.list_checkpoints(directory)[0]
+    newest = sharded_checkpoint_store.list_checkpoints(directory)[0]
     model = _trainer_gpt_module()
     if split_qkv:
         tensor_parallel.prepare_for_tensor_parallel(model)
-    meta = sharded_checkpoint.load(newest, model)
+    meta = sharded_checkpoint_store.load(newest, model)
     assert meta["final"] and len(meta["rng"]) == world  # one RNG state per rank that wrote it
     return tensor_parallel.fuse_qkv({k: v.detach() for k, v in model.state_dict().items()})
 
@@ -460,9 +460,9 @@ def _pipeline_checkpoint_weights(directory: Path) -> dict[str, torch.Tensor]:
     last stage's tied copy (the LM head) are checked equal, bit for bit."""
     import torch.distributed.checkpoint as dcp
 
-    from scalerepro.training import sharded_checkpoint
+    from scalerepro.training import sharded_checkpoint_store
 
-    newest = sharded_checkpoint.list_checkpoints(directory)[0]
+    newest = sharded_checkpoint_store.list_checkpoints(directory)[0]
     state = {k: torch.empty_like(v) for k, v in _trainer_gpt_module().state_dict().items()}
     dcp.load({"model": state}, checkpoint_id=newest)
     torch.testing.assert_close(state["lm_head.weight"], state["token_embedding.weight"], rtol=0, atol=0)

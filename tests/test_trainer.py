@@ -19,10 +19,11 @@ from scalerepro.analysis import evidence
 from scalerepro.analysis.tables import cell_tables, readers
 from scalerepro.common import cpu_features
 from scalerepro.common.exits import EXIT_PREEMPTED
-from scalerepro.config import parse_args
-from scalerepro.training import buckets, checkpoint, distributed, probes
+from scalerepro.trainer_flags import TrainConfig, parse_args
+from scalerepro.training import buckets, checkpoint_store, distributed, probes, run_setup, run_state
+from scalerepro.training.stop_request import StopRequest
 from scalerepro.training.train import main
-from scalerepro.training.trainer import StopRequest, Trainer
+from scalerepro.training.trainer import Trainer
 
 from conftest import clean_env, load_record, python_train
 
@@ -39,6 +40,15 @@ LEARNING_RUNS = {
     "bert_base": (["--model", "bert_base", "--seq-len", "32", "--vocab-size", "64", "--lr", "1e-2", *SMALL_TRANSFORMER], 300, 32),
     "gpt2_small": (["--model", "gpt2_small", "--seq-len", "32", "--vocab-size", "128", "--lr", "3e-3", *SMALL_TRANSFORMER], 40, 16),
 }
+
+
+def _resolved(config: TrainConfig) -> tuple[TrainConfig, distributed.DistContext]:
+    """A one-process CPU context and ``config`` resolved for it, with the process state set: what
+    train.main does before it builds the Trainer."""
+    ctx = distributed.setup("cpu", 60, environ={})
+    config = run_setup.resolve_config(config, ctx)
+    run_setup.set_process_state(config, ctx)
+    return config, ctx
 
 
 def small_run(tmp_path: Path, *extra: str, steps: int = 12, name: str = "run") -> list[str]:
@@ -266,7 +276,7 @@ def test_resume_passes_over_a_truncated_checkpoint_and_another_runs_naming_each(
     directory = tmp_path / "ckpt"
     common = small_run(tmp_path, "--model", "cnn", "--checkpoint-dir", str(directory), "--keep-final-checkpoint")
     assert main(common) == 0
-    final = checkpoint.list_checkpoints(directory)[0]
+    final = checkpoint_store.list_checkpoints(directory)[0]
     final.write_bytes(final.read_bytes()[:1000])  # a crash mid-copy
     assert main([*common, "--resume"]) == 0
     skipped = load_record(tmp_path / "run.json")["steps"]["checkpoints_skipped"]
@@ -395,7 +405,7 @@ def test_log_points_are_outside_the_timed_steps(tmp_path):
     )
     stop = StopRequest()
     try:
-        trainer = Trainer(config, distributed.setup("cpu", 60, environ={}), stop, log=slow_log)
+        trainer = Trainer(*_resolved(config), stop, log=slow_log)
         assert trainer.fit().status == "ok"
     finally:
         stop.restore()
@@ -440,7 +450,7 @@ def test_the_optimised_preset_compiles_the_conv_nets_with_cuda_graphs_where_a_st
     the host's launches bound; not the transformers; not under gradient accumulation (a replay
     would reuse the memory of the gradients being accumulated) nor FSDP/TP/PP; an explicit
     --compile wins, and the record's preset_overrides compare with the rule that applied."""
-    from scalerepro.config import preset_overrides
+    from scalerepro.trainer_flags import preset_overrides
 
     compile_mode = lambda *flags: parse_args(["--preset", "optimised", *flags]).perf.compile  # noqa: E731
     for model in ("cnn", "resnet18_cifar", "resnet50"):
@@ -539,7 +549,7 @@ def _run_state(trainer: Trainer) -> dict:
             "optimizer": trainer.optimizer.state_dict(),
             "scheduler": trainer.scheduler.state_dict(),
             "scaler": trainer.scaler.state_dict(),
-            "rng": checkpoint.rng_state(),
+            "rng": checkpoint_store.rng_state(),
         }
     )
 
@@ -558,6 +568,24 @@ def _differences(a: object, b: object, path: str = "") -> list[str]:
             return [path]
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}/{i}")]
     return [] if a == b else [path]
+
+
+def test_the_trainer_keeps_the_config_it_was_given_and_refuses_one_left_open():
+    """The flags a rank leaves open (--num-workers, --eval-samples) are decided before the
+    Trainer (run_setup.resolve_config), which keeps the config it is given, the one the record
+    holds; a config left open is refused, not rewritten."""
+    config = parse_args(["--model", "cnn", "--steps", "4", "--warmup-steps", "1", "--per-gpu-batch", "8", "--synthetic-samples", "256", "--progress", "off"])
+    assert config.data.num_workers is None and config.data.eval_samples is None
+    stop = StopRequest()
+    try:
+        with pytest.raises(ValueError, match="resolved config"):
+            Trainer(config, distributed.setup("cpu", 60, environ={}), stop, log=lambda line: None)
+        resolved, ctx = _resolved(config)
+        assert resolved.data.num_workers is not None and resolved.data.eval_samples is not None
+        trainer = Trainer(resolved, ctx, stop, log=lambda line: None)
+    finally:
+        stop.restore()
+    assert trainer.config is resolved
 
 
 def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tmp_path, monkeypatch):
@@ -603,11 +631,11 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
     )
     stop = StopRequest()
     try:
-        trainer = Trainer(config, distributed.setup("cpu", 60, environ={}), stop, log=lambda line: None)
+        trainer = Trainer(*_resolved(config), stop, log=lambda line: None)
         before: list[dict] = []  # the run's state as training left it, and after the probe
         after: list[dict] = []
         probe_steps: list[tuple[object, dict]] = []  # (the marks each step got, the state after it)
-        train_step, probe = trainer._train_step, probes.backward_buckets
+        probe_step, probe = trainer.probe_step, probes.backward_buckets
 
         def watched_probe(probed: probes.ProbedRun, steps: int) -> dict:
             before.append(_run_state(trainer))
@@ -616,12 +644,11 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
             return profile
 
         def watched_step(*args, **kwargs):
-            loss = train_step(*args, **kwargs)
-            if before:  # a probe's step, not a training step
-                probe_steps.append((kwargs.get("marks"), _run_state(trainer)))
+            loss = probe_step(*args, **kwargs)
+            probe_steps.append((kwargs.get("marks"), _run_state(trainer)))
             return loss
 
-        trainer._train_step = watched_step
+        trainer.probe_step = watched_step
         monkeypatch.setattr(probes, "backward_buckets", watched_probe)
         assert trainer.fit().status == "ok"
     finally:
@@ -675,12 +702,12 @@ def test_peak_memory_is_the_measured_windows_not_what_runs_after_it(tmp_path):
 def test_fp32_is_ieee_and_tf32_is_tf32_in_matmuls_and_convolutions():
     # through torch's fp32_precision settings: the deprecated allow_tf32 switches leave the
     # convolutions' setting at "none" (seen with torch 2.13)
-    from scalerepro.training.trainer import _precision_setup
+    from scalerepro.training.run_setup import set_precision
 
     before = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
     try:
         for precision, mode in (("tf32", "tf32"), ("fp32", "ieee"), ("bf16", "ieee"), ("tf32", "tf32"), ("fp16", "ieee")):
-            _precision_setup(precision)
+            set_precision(precision)
             assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == (mode, mode), precision
     finally:
         torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
@@ -692,8 +719,8 @@ def test_mid_run_checkpoints_are_outside_the_energy_window(tmp_path, monkeypatch
     events: list[str] = []
     monkeypatch.setattr(NvmlSampler, "pause", lambda self: events.append("pause"))
     monkeypatch.setattr(NvmlSampler, "resume", lambda self: events.append("resume"))
-    save = Trainer._save_checkpoint
-    monkeypatch.setattr(Trainer, "_save_checkpoint", lambda self, final=False: (events.append("save"), save(self, final))[1])
+    save = run_state.save
+    monkeypatch.setattr(run_state, "save", lambda *args: (events.append("save"), save(*args))[1])
     argv = small_run(tmp_path, "--model", "cnn", "--no-eval", "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "4")
     assert main(argv) == 0
     assert events.count("save") == 3  # steps 4, 8, 12

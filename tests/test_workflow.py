@@ -363,13 +363,13 @@ def _planned_trainer_flags(env: dict[str, str], *args: str) -> dict[str, list[st
 
 
 def _resolved(flags: list[str]):
-    from scalerepro.config import parse_args
+    from scalerepro.trainer_flags import parse_args
 
     return parse_args(flags)
 
 
 def test_the_gpu_study_trains_every_cell_optimised_and_the_baseline_only_in_the_ablation(tmp_path):
-    from scalerepro.config import CONV_NETS, preset_values
+    from scalerepro.trainer_flags import CONV_NETS, preset_values
 
     runs = _planned_trainer_flags(_machine_with_gpus(tmp_path, 8))
     assert "strong_resnet50_g8_r1" in runs and "sensitivity_resnet50_g8_bucket25-batch256-tf32_r1" in runs, sorted(runs)[:20]
@@ -378,7 +378,7 @@ def test_the_gpu_study_trains_every_cell_optimised_and_the_baseline_only_in_the_
     for run, config in cells.items():
         conv = config.model.model in CONV_NETS
         assert config.parallel.device == "cuda", run
-        # CUDA graphs for the conv nets where a step is one micro-batch (scalerepro.config.preset_values)
+        # CUDA graphs for the conv nets where a step is one micro-batch (scalerepro.trainer_flags.preset_values)
         graphs = conv and config.optim.grad_accum_steps == 1 and config.parallel.parallel == "ddp"
         assert config.perf.preset == "optimised" and config.perf.compile == ("reduce-overhead" if graphs else "default"), run
         # the tp cells' one documented exception (config parallelism.args.tp): TP leaves the tied embeddings

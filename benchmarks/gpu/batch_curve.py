@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
-from scalerepro import models  # noqa: E402
+from scalerepro.models import registry  # noqa: E402
 from scalerepro.training.objective import ModelWithLoss  # noqa: E402
 
 
@@ -51,8 +51,8 @@ def main() -> int:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.backends.cudnn.benchmark = True
-    spec = models.resolve(args.model)
-    model = ModelWithLoss(models.build(spec), 0.0).to(device, memory_format=torch.channels_last)
+    spec = registry.resolve(args.model)
+    model = ModelWithLoss(registry.build(spec), 0.0).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=cuda or None)
     # static: a recompile for each batch (the batches must stay under dynamo's recompile limit, 8)
     forward = torch.compile(model, mode=args.compile, dynamic=args.dynamic) if args.compile != "none" else model

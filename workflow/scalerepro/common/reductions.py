@@ -5,6 +5,7 @@ None. Standard library only: the rank's results and the NVML summaries both use 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -16,3 +17,23 @@ def max_or_none(values: Sequence[_T | None]) -> _T | None:
     if not values or any(v is None for v in values):
         return None
     return max(values)  # type: ignore[type-var]
+
+
+def sum_or_none(values: Sequence[float | None]) -> float | None:
+    """Sum, or None if any term is missing: a partial total would read as a smaller true total."""
+    if not values or any(v is None for v in values):
+        return None
+    return math.fsum(v for v in values if v is not None)
+
+
+def min_or_none(values: Sequence[float | None]) -> float | None:
+    """Min, or None if any term is missing: the min of a subset is only an upper bound."""
+    if not values or any(v is None for v in values):
+        return None
+    return min(v for v in values if v is not None)
+
+
+def mean_or_none(values: Sequence[float | None]) -> float | None:
+    """Mean, or None if any term is missing: a mean of a subset would read as one of all."""
+    total = sum_or_none(values)
+    return None if total is None else total / len(values)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from scalerepro.config import DataConfig
 from scalerepro.data import cifar10
 from scalerepro.data.loaders import DeviceLoader, HostLoader, TrainLoader, eval_batches, to_device
 from scalerepro.data.sources import Batch, CifarImages, Source, SyntheticCausalLM, SyntheticImages, SyntheticMaskedLM
-from scalerepro.models import ModelSpec
+from scalerepro.models.registry import ModelSpec
+from scalerepro.trainer_flags import DataConfig
 
 __all__ = [
     "Batch",

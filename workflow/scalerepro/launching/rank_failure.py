@@ -126,7 +126,7 @@ def trainer_record(program: Sequence[str]) -> tuple[Path, list[str]] | None:
     """(record path, trainer flags) when ``program`` is ``-m scalerepro.training.train ... --record PATH``."""
     if list(program[:2]) != ["-m", "scalerepro.training.train"]:
         return None
-    from scalerepro.config import build_parser
+    from scalerepro.trainer_flags import build_parser
 
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -151,7 +151,7 @@ def write_failed_record(
     when the trainer's flags do not parse (the trainer said why, and wrote no record either).
     ``failures``: the failed ranks as the launcher saw them end (local runs); None reads them
     from torchrun's failure report in ``output``."""
-    from scalerepro.config import parse_args
+    from scalerepro.trainer_flags import parse_args
     from scalerepro.training import record
 
     try:

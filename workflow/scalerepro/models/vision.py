@@ -12,7 +12,7 @@ from scalerepro.models._torchvision import import_torchvision as torchvision
 
 # torchvision is imported by the first model built here, not with this module: its import pulls in
 # torch._dynamo (about 1 s a process on the development VM), which a run of the small CNN or of a
-# transformer never uses, and every rank of every job of a CPU study paid it (issue 34).
+# transformer never uses, and every rank of every job of a CPU study would pay it.
 
 VIT_PATCH_SIZE = 16
 

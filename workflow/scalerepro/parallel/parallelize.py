@@ -53,7 +53,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from scalerepro.parallel.activation_checkpointing import apply_activation_checkpointing
+from scalerepro.parallel.activation_recompute import apply_activation_checkpointing
 from scalerepro.parallel.fsdp import apply_fsdp
 from scalerepro.parallel.mesh import ParallelError, mesh_shape
 from scalerepro.parallel.tensor_parallel import apply_tensor_parallel

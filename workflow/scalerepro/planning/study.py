@@ -16,10 +16,11 @@ Pure Python (no Snakemake, no torch), so the matrix can be unit-tested on its ow
   whose GPU model and count this machine or cluster has, so the report can set it beside the
   publication.
 
-Every run's trainer flags are parsed by the trainer's own parser (``scalerepro.config``), so a
+Every run's trainer flags are parsed by the trainer's own parser (``scalerepro.trainer_flags``), so a
 flag the trainer would refuse is a config error before anything runs, and what the matrix says
-of a run (precision, bucket size, accumulation) is what the trainer will do, never a restated
-default.
+of a run that its flags leave to the trainer (precision, bucket size, strategy) is what the
+trainer will do, never a restated default. What the study sets itself (the batch and its
+accumulation) it carries: no run's flags may set it again (``STUDY_SET_FLAGS``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scalerepro import config as trainer_config
+from scalerepro import trainer_flags
 from scalerepro.common import batch_split
 from scalerepro.common.cli import CommandError
 from scalerepro.parallel import mesh
@@ -146,12 +147,12 @@ def _last(args: list[str], name: str, default: str | None = None) -> str | None:
     return values[-1] if values else default
 
 
-def parse_trainer_flags(argv: list[str], key: str) -> trainer_config.TrainConfig:
+def parse_trainer_flags(argv: list[str], key: str) -> trainer_flags.TrainConfig:
     """The trainer's own reading of ``argv``; a flag it refuses is a config error at ``key``."""
     refused = io.StringIO()
     try:
         with contextlib.redirect_stderr(refused):
-            return trainer_config.parse_args(argv)
+            return trainer_flags.parse_args(argv)
     except SystemExit:
         reason = refused.getvalue().strip().splitlines()[-1] if refused.getvalue().strip() else "refused"
         raise StudyError(key, f"the trainer refuses these flags: {reason.removeprefix('scalerepro.training.train: error: ')}") from None
@@ -172,7 +173,7 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def build(config: dict[str, Any], *, on_cluster: bool, local_gpus: int, local_gpu_name: str | None = None, references: list[dict[str, Any]] = ()) -> Study:
+def build(config: dict[str, Any], *, on_cluster: bool, local_gpus: int, local_gpu_name: str | None = None, references: Sequence[dict[str, Any]] = ()) -> Study:
     """The study of a validated ``config`` (cpu_overrides already applied where they apply)."""
     device = resolve_device(config, on_cluster=on_cluster, local_gpus=local_gpus)
     local = not on_cluster
@@ -247,6 +248,8 @@ STUDY_SET_FLAGS = {
     "--run-id": "the study matrix names each run",
     "--seed": "each repeat is seeded with its number",
     "--device": "the config key device sets it",
+    "--per-gpu-batch": "each study chooses its runs' micro-batch (models.<model>.per_gpu_batch, sensitivity.per_gpu_batch, a reference's)",
+    "--grad-accum-steps": "strong scaling splits its global batch into micro-batches and accumulation",
 }
 
 
@@ -259,7 +262,7 @@ def refuse_study_set_flags(flags: Sequence[str], key: str) -> None:
             raise StudyError(key, f"{flag} is a flag the study sets for every run ({STUDY_SET_FLAGS[name]}): remove it")
 
 
-def trainer_run_key(parsed: trainer_config.TrainConfig) -> str:
+def trainer_run_key(parsed: trainer_flags.TrainConfig) -> str:
     """What makes two planned runs one trainer run: every setting the trainer reads but what names
     and places a run (its id, record, checkpoints) and its seed (each repeat has its own)."""
     settings = dataclasses.asdict(parsed)
@@ -269,9 +272,10 @@ def trainer_run_key(parsed: trainer_config.TrainConfig) -> str:
 
 class _Builder:
     def __init__(self, study: Study):
-        self.study, self.config, self.runs = study, study.config, {}
+        self.study, self.config = study, study.config
+        self.runs: dict[str, Run] = {}
         # (trainer run, repeat) -> the run that runs it: a later cell of one configuration reads its record
-        self.owners: dict[tuple[str, int], str] = {}
+        self.owners: dict[tuple[str, int, int], str] = {}
         refuse_study_set_flags(self.config["trainer_args"], "trainer_args")
         for model, entry in self.config["models"].items():
             refuse_study_set_flags(entry.get("args", []), f"models.{model}.args")
@@ -296,19 +300,17 @@ class _Builder:
         flags_key = flags_key or f"trainer_args' or 'models.{model}.args"
         if study != "reproduce":
             self.per_gpu_batch(model, key)  # the model has its entry
+        refuse_study_set_flags(args, flags_key)  # so the batch this run asks for is the one the trainer reads
         args = (*self.config["models"].get(model, {}).get("args", []), *args)
-        parsed = shared = None
-        for repeat in range(1, repeats + 1):
-            run_id = "_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part)
-            if parsed is None:  # repeats differ in seed and run id only: the trainer reads them alike
-                draft = Run(
-                    run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, per_gpu_batch, grad_accum_steps, "", 0.0, tuple(args), reference
-                )
-                # what the trainer will do with these flags, read by the trainer's own parser
-                parsed = parse_trainer_flags(self.study.trainer_args(draft, "record.json", "checkpoints"), flags_key)
-                shared = (trainer_run_key(parsed), gpus)
+        run_ids = ["_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part) for repeat in range(1, repeats + 1)]
+        # what the trainer will do with these flags, read by the trainer's own parser; the repeats
+        # differ in seed and run id only, which the trainer reads alike
+        draft = Run(run_ids[0], study, model, gpus, nodes, ranks_per_node, 1, variant, per_gpu_batch, grad_accum_steps, "", 0.0, tuple(args), reference)
+        parsed = parse_trainer_flags(self.study.trainer_args(draft, "record.json", "checkpoints"), flags_key)
+        trainer_run = trainer_run_key(parsed)
+        for repeat, run_id in enumerate(run_ids, start=1):
             # one trainer run, one job: a cell whose run an earlier cell runs already reads that run's record
-            owner = self.owners.setdefault((*shared, repeat), run_id)
+            owner = self.owners.setdefault((trainer_run, gpus, repeat), run_id)
             self.runs[run_id] = Run(
                 run_id,
                 study,
@@ -318,8 +320,8 @@ class _Builder:
                 ranks_per_node,
                 repeat,
                 variant,
-                parsed.run.per_gpu_batch,
-                parsed.optim.grad_accum_steps,
+                per_gpu_batch,
+                grad_accum_steps,
                 parsed.perf.precision,
                 float(parsed.parallel.bucket_cap_mb),
                 tuple(args),
@@ -352,7 +354,7 @@ class _Builder:
                     self.add("weak", model, gpus, self.config["repeats"], "", batch, flags, "scaling.gpu_counts")
 
     def _gpus(self, choice: int | str) -> int:
-        return max(self.study.gpu_counts) if choice == "max" else choice
+        return max(self.study.gpu_counts) if choice == "max" else int(choice)
 
     def sensitivity(self) -> None:
         sens = self.config["sensitivity"]
@@ -427,7 +429,7 @@ class _Builder:
                     per_replica = batch * gpus // replicas
                     self.add("parallelism", model, gpus, par["repeats"], variant, per_replica, flags, "parallelism.gpu_counts", flags_key=key)
 
-    def reproduce(self, references: list[dict[str, Any]], gpu_name: str | None) -> None:
+    def reproduce(self, references: Sequence[dict[str, Any]], gpu_name: str | None) -> None:
         """A run under each reference's conditions, where this machine (or the cluster's
         ``reproduce.gpu``) is the reference's GPU model with enough GPUs; the others are shown
         as not comparable by the report, naming the condition that differs."""
@@ -461,7 +463,7 @@ class _Builder:
             )
 
 
-def data_parallel_size(parallel: trainer_config.ParallelConfig, gpus: int, ranks_per_node: int, key: str) -> int:
+def data_parallel_size(parallel: trainer_flags.ParallelConfig, gpus: int, ranks_per_node: int, key: str) -> int:
     """How many replicas read different data under the trainer's ``parallel`` settings on
     ``gpus`` ranks (scalerepro.parallel.mesh, as the trainer computes it)."""
     tp_size = mesh.default_tp_size(parallel.parallel, gpus, ranks_per_node, parallel.tp_size)

@@ -25,8 +25,7 @@ all-reduce; the analysis takes from it only what the overlapped all-reduce costs
 
 On CUDA the marks are events on the current stream: a launch's on the backward's stream, a
 completion's on the stream a CUDA future's callback runs on, which waits for the collective
-(``torch.futures.Future.then``). That path has not run on two GPUs yet (a device session lends
-one). The hook is not installed under CUDA graphs (a replay runs no Python), and costs one Python
+(``torch.futures.Future.then``). The hook is not installed under CUDA graphs (a replay runs no Python), and costs one Python
 call per bucket.
 """
 

@@ -128,7 +128,7 @@ class _StepMarks:
 
 
 class PhaseRecorder:
-    """Marks of the trainer's step phases (``Trainer._train_step(..., marks=recorder)`` calls
+    """Marks of the trainer's step phases (``Trainer.probe_step(..., marks=recorder)`` calls
     ``micro_batch_started``, ``forward_done``, ``backward_done``, ``optimizer_done``) and, while
     ``watching`` the parameters, the moment each parameter's gradient is accumulated.
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from scalerepro import models
 from scalerepro.common.cuda_graphs import replays_cuda_graphs
 from scalerepro.common.reductions import max_or_none
-from scalerepro.config import TrainConfig
+from scalerepro.models import registry
 from scalerepro.parallel import blocks, comm_bytes, parallelize, pipeline_parallel, tensor_parallel
 from scalerepro.telemetry import hardware, metrics
-from scalerepro.telemetry.nvml import combine_ranks, unavailable_summary
+from scalerepro.telemetry.nvml_summary import combine_ranks, unavailable_summary
+from scalerepro.trainer_flags import TrainConfig
 from scalerepro.training import allreduce_timing, buckets, probes
 from scalerepro.training.distributed import DistContext, all_reduce_max, gather_objects
 from scalerepro.training.energy_window import EnergyWindow
@@ -74,7 +74,7 @@ def _peak_memory(measured: RankMeasurements, device: torch.device) -> dict[str, 
     return measured.window_peak_memory or metrics.peak_memory(device)
 
 
-def sharding_figures(ctx: DistContext, config: TrainConfig, spec: models.ModelSpec, sharded: ShardedModel | None) -> dict[str, Any] | None:
+def sharding_figures(ctx: DistContext, config: TrainConfig, spec: registry.ModelSpec, sharded: ShardedModel | None) -> dict[str, Any] | None:
     """Under --parallel fsdp, tp, fsdp+tp, pp: the mesh, the bytes of parameters and optimizer
     state each rank holds at the end (local shards, or this rank's stage; gradients are freed
     by then), and the analytic bytes sent per step by collective (formulas in
@@ -186,7 +186,7 @@ def window_split(ctx: DistContext, measured: RankMeasurements) -> dict[str, Any]
 def results(
     ctx: DistContext,
     config: TrainConfig,
-    spec: models.ModelSpec,
+    spec: registry.ModelSpec,
     steps_per_epoch: int,
     history: list[dict[str, Any]],
     measured: RankMeasurements,

@@ -15,7 +15,7 @@ from torch.optim.lr_scheduler import (
     SequentialLR,
 )
 
-from scalerepro.config import OptimConfig
+from scalerepro.trainer_flags import OptimConfig
 
 # Defaults by family: SGD at 0.1 per 256 images (Goyal et al. 2017, "Accurate, Large Minibatch
 # SGD"), AdamW at 1e-3 per 256 sequences.

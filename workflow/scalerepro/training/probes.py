@@ -24,23 +24,24 @@ from torch.utils._pytree import tree_map
 
 from scalerepro.data import sources
 from scalerepro.telemetry import metrics
-from scalerepro.training import buckets, checkpoint
+from scalerepro.trainer_flags import RunConfig
+from scalerepro.training import buckets, checkpoint_store
 from scalerepro.training.allreduce_timing import AllReduceTiming
-from scalerepro.training.checkpointing import RunState
-from scalerepro.training.distributed import DistContext, all_reduce_max, gather_objects
+from scalerepro.training.distributed import DistContext, all_reduce_max, gather_objects, max_over_ranks
+from scalerepro.training.run_state import RunState
 
 
 class StepFunction(Protocol):
-    """The trainer's one optimizer step (``Trainer._train_step``): one step over the micro-batches
-    it is given, returning the mean loss on the device."""
+    """The trainer's optimizer step as the probes take it (``Trainer.probe_step``): one step over
+    the micro-batches it is given, returning the mean loss on the device, never stepping the LR
+    scheduler."""
 
     def __call__(
         self,
         micro_batches: Iterator[sources.Batch],
         *,
-        sync_gradients: bool = True,
+        sync_gradients: bool,
         eager: bool = False,
-        step_scheduler: bool = True,
         marks: buckets.PhaseRecorder | None = None,
     ) -> torch.Tensor: ...
 
@@ -102,7 +103,7 @@ def preserved_state(state: RunState) -> Iterator[None]:
         "optimizer": tree_map(to_host, state.optimizer.state_dict()),
         "scheduler": copy.deepcopy(state.scheduler.state_dict()),
         "scaler": copy.deepcopy(state.scaler.state_dict()),
-        "rng": checkpoint.rng_state(),
+        "rng": checkpoint_store.rng_state(),
     }
     try:
         yield
@@ -111,7 +112,7 @@ def preserved_state(state: RunState) -> Iterator[None]:
         state.optimizer.load_state_dict(saved["optimizer"])
         state.scheduler.load_state_dict(saved["scheduler"])
         state.scaler.load_state_dict(saved["scaler"])
-        checkpoint.set_rng_state(saved["rng"])
+        checkpoint_store.set_rng_state(saved["rng"])
 
 
 def buffers_broadcast_like_a_training_step(ddp: DistributedDataParallel, sync: bool) -> None:
@@ -139,8 +140,8 @@ def probe_schedule(steps: int) -> list[tuple[bool, bool]]:
     A timed sync step follows a sync step, as every step of the window does: the all-reduce of
     the step before lined the ranks up. A sync step right after a no-sync step would count the
     ranks' drift during it (the last step's straggler) as its own communication; one right after
-    a barrier timed 1.3-2 % faster than the window's steps on the development VM (2026-11-27,
-    benchmarks/README.md): neither is the step the window measures."""
+    a barrier times faster than the window's steps (benchmarks/README.md): neither is the step the
+    window measures."""
     schedule = [(False, False)]
     for first in range(0, steps, PROBE_RUN):
         run = min(PROBE_RUN, steps - first)
@@ -193,6 +194,18 @@ def sized_by_time(budget_s: float, step_s: float, comm_wanted: int, bucket_wante
     return ProbeSizes(comm, bucket, reason)
 
 
+def sized_for_run(run: RunConfig, timer: metrics.StepTimer, ctx: DistContext, communicates: bool) -> tuple[ProbeSizes, dict[str, Any] | None]:
+    """The probes' step counts: --comm-probe-steps and --bucket-probe-steps, or as many as fit
+    --probe-budget-s at the window's median step (the slowest rank's: every rank agrees), with
+    the record's account of the budget (measurements.probe_budget; None without one). A
+    collective where a budget is set."""
+    if run.probe_budget_s <= 0:
+        return ProbeSizes(run.comm_probe_steps, run.bucket_probe_steps, "the step counts asked for (no --probe-budget-s)"), None
+    step_s = max_over_ranks(ctx, metrics.window_stats(timer).step_time_median_s or 0.0)
+    sizes = sized_by_time(run.probe_budget_s, step_s, run.comm_probe_steps, run.bucket_probe_steps, communicates)
+    return sizes, sizes.record(run.probe_budget_s, step_s)
+
+
 def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
     """Exposed communication and the wait for the slowest rank: the same steps timed with and
     without the gradient all-reduce, on identical, pre-built batches (the loader is out of the
@@ -236,11 +249,11 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
             buffers_broadcast_like_a_training_step(run.ddp, sync)
             batch = iter(groups[done[sync] % len(groups)])
             if not timed:
-                run.step(batch, sync_gradients=sync, step_scheduler=False)
+                run.step(batch, sync_gradients=sync)
                 continue
             timers[sync].start()
             with run.allreduce_timing.marking(timers[sync]) if run.allreduce_timing else contextlib.nullcontext():
-                run.step(batch, sync_gradients=sync, step_scheduler=False)
+                run.step(batch, sync_gradients=sync)
             timers[sync].stop(0, measured=True)
             done[sync] += 1
         mine = {sync: timers[sync].durations_s() for sync in (True, False)}  # rank -> kind -> seconds of its timed steps
@@ -296,7 +309,7 @@ def backward_buckets(run: ProbedRun, steps: int) -> dict[str, Any]:
                     if stop_agreed(run):
                         return buckets.not_measured(STOPPED)
                     batches = iter(groups[step % len(groups)])
-                    run.step(batches, sync_gradients=False, eager=True, step_scheduler=False, marks=recorder)
+                    run.step(batches, sync_gradients=False, eager=True, marks=recorder)
         except torch.OutOfMemoryError as error:
             # The eager model can need more memory than the compiled one the run trained
             # (llama_1b at 8 x 2048 on an H100: fp32 logits the compiled loss never holds).

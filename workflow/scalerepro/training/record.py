@@ -17,13 +17,11 @@ from typing import Any
 from scalerepro import schedulers
 from scalerepro.common import host_heap
 from scalerepro.common.files import utc_now
-from scalerepro.config import precision_reason, preset_overrides
 from scalerepro.telemetry import hardware
+from scalerepro.trainer_flags import precision_reason, preset_overrides
 
-# 2: the scheduler's job facts under "scheduler" (was "slurm"); 3: batch.per_gpu (was batch.per_rank);
-# 4: "purpose" (measurement or smoke); in measurements.nvml the SM clock's minimum and the card's maximum,
-# the mean temperature, the enforced power limit and the clock-event reasons' shares; hardware.gpu's
-# uuid, power limit and maximum SM clock; measurements.data_wait_clock (device events on CUDA)
+# The record's layout: raised whenever a field moves or changes meaning, so that a reader of kept
+# records tells the layouts apart.
 RECORD_SCHEMA_VERSION = 4
 
 
@@ -59,25 +57,7 @@ def build(
         "command_line": [sys.executable, "-m", "scalerepro.training.train", *argv],
         "seed": config.run.seed,
         "precision": config.perf.precision,
-        "knobs": {
-            "preset": config.perf.preset,
-            # the flags given explicitly on top of the preset, with the values they set
-            "preset_overrides": preset_overrides(config),
-            # on a CPU: why this precision (bf16 is native on some CPUs, emulated on others)
-            "precision_reason": precision_reason(config, config.parallel.device),
-            "cudnn_benchmark": config.perf.cudnn_benchmark,
-            "channels_last": config.perf.channels_last,
-            "compile": config.perf.compile,
-            "loader": config.data.loader,
-            "optimizer_impl": config.optim.optimizer_impl,
-            "bucket_cap_mb": config.parallel.bucket_cap_mb,
-            "gradient_as_bucket_view": config.parallel.gradient_as_bucket_view,
-            "static_graph": config.parallel.static_graph,
-            "sync_batchnorm": config.parallel.sync_batchnorm,
-            "grad_accum_steps": config.optim.grad_accum_steps,
-            # the rank's malloc thresholds (scalerepro.common.host_heap); null where no rank set them (the launcher's record)
-            "host_heap": host_heap.SETTING,
-        },
+        "knobs": _knobs(config),
         "config": dataclasses.asdict(config),
         "git": hardware.git_info(Path(__file__).resolve().parent),
         "versions": hardware.software_versions(import_torch),
@@ -96,64 +76,98 @@ def build(
         "loss_log": [],
         "checkpoint": checkpoint_path,
     }
-    if ctx is not None:
-        gpus_per_node = ctx.env.local_world_size if ctx.device.type == "cuda" else 0
-        record["parallel"] = {
-            "launcher": ctx.env.launcher,
-            "backend": ctx.backend,
-            "device_type": ctx.device.type,
-            "world_size": ctx.world_size,
-            "nodes": ctx.num_nodes,
-            "ranks_per_node": ctx.env.local_world_size,
-            "gpus_per_node": gpus_per_node,
-            "gpus": gpus_per_node * ctx.num_nodes,
-            "hostnames": sorted(set(ctx.hostnames)),
-        }
-    else:
-        record["parallel"] = {"hostnames": [socket.gethostname()]}
+    record["parallel"] = _parallel(ctx)
     if trainer is not None:
-        spec, progress = trainer.spec, trainer.progress
-        record["model"] = {
-            "name": spec.name,
-            "task": spec.task,
-            "family": spec.family,
-            "num_parameters": spec.num_parameters,
-            "tokens_per_sample": spec.tokens_per_sample,
-            "train_flops_per_sample": spec.train_flops_per_sample,
-            "flops_source": spec.flops_source,
-            "shape": dataclasses.asdict(spec.shape),
-        }
-        record["optimizer"] = {**dataclasses.asdict(trainer.optim_resolved), "schedule": config.optim.lr_schedule}
-        record["batch"] = {
-            "per_gpu": config.run.per_gpu_batch,
-            "grad_accum_steps": config.optim.grad_accum_steps,
-            # global batch = per-rank micro-batch x data-parallel ranks (all but TP's) x accumulation steps
-            "global": trainer.global_batch,
-        }
-        record["data"] = {
-            "kind": "synthetic" if config.data.data == "synthetic" else "cifar10",
-            "path": None if config.data.data == "synthetic" else str(Path(config.data.data).resolve()),
-            "train_samples": trainer.train_source.num_samples,
-            "eval_samples": trainer.eval_source.num_samples,
-            "loader": config.data.loader,
-        }
-        record["steps"] = {
-            "total": trainer.total_steps,
-            # the LR schedule's steps; fewer than total when --min-window-s lengthened the run
-            "scheduled": trainer.scheduled_steps,
-            "completed": progress.step,
-            "warmup": trainer.warmup_steps,  # this process's: --warmup-steps, or more where the step time settled later
-            "warmup_reason": trainer.warmup_reason,
-            "per_epoch": trainer.steps_per_epoch,
-            "resumed_from": trainer.resumed_from,
-            # newer checkpoints passed over on resume, each with why (scalerepro.training.checkpoint)
-            "checkpoints_skipped": trainer.checkpoints.skipped if trainer.checkpoints is not None else [],
-        }
-        record["epochs"] = {
-            # planned epochs = total steps / steps per epoch (fractional for runs counted in steps)
-            "planned": trainer.total_steps / trainer.steps_per_epoch,
-            "completed": sum(1 for h in progress.history if h["complete"]),
-        }
-        record["history"] = progress.history
-        record["loss_log"] = trainer.loss_log
+        record.update(_trainer_fields(config, trainer))
     return record
+
+
+def _knobs(config: Any) -> dict[str, Any]:
+    """The settings the analysis compares across runs, each under one name."""
+    return {
+        "preset": config.perf.preset,
+        # the flags given explicitly on top of the preset, with the values they set
+        "preset_overrides": preset_overrides(config),
+        # on a CPU: why this precision (bf16 is native on some CPUs, emulated on others)
+        "precision_reason": precision_reason(config, config.parallel.device),
+        "cudnn_benchmark": config.perf.cudnn_benchmark,
+        "channels_last": config.perf.channels_last,
+        "compile": config.perf.compile,
+        "loader": config.data.loader,
+        "optimizer_impl": config.optim.optimizer_impl,
+        "bucket_cap_mb": config.parallel.bucket_cap_mb,
+        "gradient_as_bucket_view": config.parallel.gradient_as_bucket_view,
+        "static_graph": config.parallel.static_graph,
+        "sync_batchnorm": config.parallel.sync_batchnorm,
+        "grad_accum_steps": config.optim.grad_accum_steps,
+        # the rank's malloc thresholds (scalerepro.common.host_heap); null where no rank set them (the launcher's record)
+        "host_heap": host_heap.SETTING,
+    }
+
+
+def _parallel(ctx: Any) -> dict[str, Any]:
+    """Where the run ran: the launcher, the backend and the ranks (a failed start: this host only)."""
+    if ctx is None:
+        return {"hostnames": [socket.gethostname()]}
+    gpus_per_node = ctx.env.local_world_size if ctx.device.type == "cuda" else 0
+    return {
+        "launcher": ctx.env.launcher,
+        "backend": ctx.backend,
+        "device_type": ctx.device.type,
+        "world_size": ctx.world_size,
+        "nodes": ctx.num_nodes,
+        "ranks_per_node": ctx.env.local_world_size,
+        "gpus_per_node": gpus_per_node,
+        "gpus": gpus_per_node * ctx.num_nodes,
+        "hostnames": sorted(set(ctx.hostnames)),
+    }
+
+
+def _trainer_fields(config: Any, trainer: Any) -> dict[str, Any]:
+    """What only a built trainer knows: the model, optimizer, batch, data, steps and history."""
+    spec, progress = trainer.spec, trainer.progress
+    fields: dict[str, Any] = {}
+    fields["model"] = {
+        "name": spec.name,
+        "task": spec.task,
+        "family": spec.family,
+        "num_parameters": spec.num_parameters,
+        "tokens_per_sample": spec.tokens_per_sample,
+        "train_flops_per_sample": spec.train_flops_per_sample,
+        "flops_source": spec.flops_source,
+        "shape": dataclasses.asdict(spec.shape),
+    }
+    fields["optimizer"] = {**dataclasses.asdict(trainer.optim_resolved), "schedule": config.optim.lr_schedule}
+    fields["batch"] = {
+        "per_gpu": config.run.per_gpu_batch,
+        "grad_accum_steps": config.optim.grad_accum_steps,
+        # global batch = per-rank micro-batch x data-parallel ranks (all but TP's) x accumulation steps
+        "global": trainer.global_batch,
+    }
+    fields["data"] = {
+        "kind": "synthetic" if config.data.data == "synthetic" else "cifar10",
+        "path": None if config.data.data == "synthetic" else str(Path(config.data.data).resolve()),
+        "train_samples": trainer.train_source.num_samples,
+        "eval_samples": trainer.eval_source.num_samples,
+        "loader": config.data.loader,
+    }
+    fields["steps"] = {
+        "total": trainer.total_steps,
+        # the LR schedule's steps; fewer than total when --min-window-s lengthened the run
+        "scheduled": trainer.scheduled_steps,
+        "completed": progress.step,
+        "warmup": trainer.warmup.steps,  # this process's: --warmup-steps, or more where the step time settled later
+        "warmup_reason": trainer.warmup.reason,
+        "per_epoch": trainer.steps_per_epoch,
+        "resumed_from": trainer.resumed_from,
+        # newer checkpoints passed over on resume, each with why (scalerepro.training.checkpoint_store)
+        "checkpoints_skipped": trainer.checkpoints.skipped if trainer.checkpoints is not None else [],
+    }
+    fields["epochs"] = {
+        # planned epochs = total steps / steps per epoch (fractional for runs counted in steps)
+        "planned": trainer.total_steps / trainer.steps_per_epoch,
+        "completed": sum(1 for h in progress.history if h["complete"]),
+    }
+    fields["history"] = progress.history
+    fields["loss_log"] = trainer.loss_log
+    return fields

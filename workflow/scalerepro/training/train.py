@@ -19,11 +19,12 @@ from scalerepro.common import host_heap
 from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 from scalerepro.common.files import utc_now, write_json_atomically
-from scalerepro.config import TrainConfig, TrainerConfigError, given_flags, parse_args, with_device
 from scalerepro.data import cifar10
-from scalerepro.training import distributed, record
+from scalerepro.trainer_flags import TrainConfig, TrainerConfigError, given_flags, parse_args, with_device
+from scalerepro.training import distributed, record, run_setup
 from scalerepro.training.distributed import DistContext, DistributedSetupError
-from scalerepro.training.trainer import NonFiniteLossError, StopRequest, Trainer
+from scalerepro.training.stop_request import StopRequest
+from scalerepro.training.trainer import NonFiniteLossError, Trainer
 
 _USAGE_ERRORS = (TrainerConfigError, cifar10.DatasetError)
 _KNOWN_ERRORS = (*_USAGE_ERRORS, DistributedSetupError, NonFiniteLossError)
@@ -65,7 +66,7 @@ def _fail(config: TrainConfig, ctx: DistContext | None, trainer: Trainer | None,
                 measurements = None
         document = record.build(
             status="failed",
-            config=trainer.config if trainer is not None else config,
+            config=config,
             ctx=ctx,
             trainer=trainer,
             measurements=measurements,
@@ -98,6 +99,8 @@ def main(argv: list[str]) -> int:
         log = functools.partial(print, flush=True) if ctx.is_main else _silent
         if config.parallel.device == "auto":  # the preset's precision depends on the device (bf16 on a CPU only where native)
             config = with_device(config, ctx.device.type, given_flags(argv))
+        config = run_setup.resolve_config(config, ctx)
+        run_setup.set_process_state(config, ctx)
         trainer = Trainer(config, ctx, stop, log=log)
         outcome = trainer.fit()
         measurements = trainer.results()
@@ -105,7 +108,7 @@ def main(argv: list[str]) -> int:
         if outcome.status == "ok" and not measurements["measured_steps"]:
             # A run that trained but timed nothing is not a result (the standard of truth).
             error = EmptyWindowError(
-                f"rank 0: the measured window is empty ({trainer.total_steps} steps, {trainer.warmup_steps} warm-up, "
+                f"rank 0: the measured window is empty ({trainer.total_steps} steps, {trainer.warmup.steps} warm-up, "
                 f"started at step {trainer.start_step}): raise --steps or lower --warmup-steps"
             )
             if ctx.is_main:
@@ -114,7 +117,7 @@ def main(argv: list[str]) -> int:
         if ctx.is_main and config.run.record:
             document = record.build(
                 status=status,
-                config=trainer.config,  # as resolved for this rank (e.g. --num-workers)
+                config=config,  # as resolved for this rank (e.g. --num-workers)
                 ctx=ctx,
                 trainer=trainer,
                 measurements=measurements,

@@ -1,13 +1,16 @@
 """The training loop: build everything from a TrainConfig, train for a measured window, hand its figures over.
 
-Reading order: ``Trainer.__init__`` (model, data, optimizer, DDP, precision, resume), ``fit``
-and ``_train`` (the loop), ``_timed_step`` and ``_train_step`` (one optimizer step of
-``grad_accum_steps`` micro-batches: the one step function, which the probes after training run
-too), ``_log_point``, ``_finish_epoch``, the checkpoints, ``results``.
+The Trainer takes its config resolved and the process state set (``run_setup``, called by the
+entry point ``train.main``), and keeps the config as it was given.
+
+Reading order: ``Trainer.__init__`` (model, data, optimizer, DDP, profiling, resume), ``fit``
+and ``_train`` (the loop), ``_timed_step`` and ``train_step`` (one optimizer step of
+``grad_accum_steps`` micro-batches), ``probe_step`` (the same step as the probes after training
+take it), ``_log_point``, ``_finish_epoch``, the checkpoints, ``results``.
 
 Like torchtitan's trainer, the loop hands its other jobs to modules of their own, each given
 what it needs and never the trainer: ``progress`` (the run's position, the running loss, the
-bar), ``evaluation``, ``checkpointing`` (the run's state in and out of checkpoints),
+bar), ``evaluation``, ``run_state`` (the run's state in and out of checkpoints),
 ``energy_window``, ``probes`` (handed the step function) and ``measurements`` (what the rank
 measured, reduced into the record's figures).
 """
@@ -16,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -28,45 +29,36 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from scalerepro import models
-from scalerepro.config import TrainConfig, TrainerConfigError
 from scalerepro.data import builders, sources
-from scalerepro.parallel import activation_checkpointing, mesh, parallelize, pipeline_parallel
-from scalerepro.schedulers import cores
+from scalerepro.models import registry
+from scalerepro.parallel import mesh, parallelize
 from scalerepro.telemetry import metrics, ranges
-from scalerepro.training import allreduce_timing, buckets, checkpointing, distributed, evaluation, measurements, optim, probes
-from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum, max_over_ranks
+from scalerepro.trainer_flags import TrainConfig, TrainerConfigError
+from scalerepro.training import (
+    allreduce_timing,
+    buckets,
+    distributed,
+    evaluation,
+    measured_window,
+    measurements,
+    optim,
+    parallel_form,
+    probes,
+    run_setup,
+    run_state,
+)
+from scalerepro.training.distributed import DistContext, all_reduce_max, all_reduce_sum
 from scalerepro.training.energy_window import EnergyWindow
-from scalerepro.training.objective import ModelWithLoss, cross_entropy
+from scalerepro.training.measured_window import Warmup
+from scalerepro.training.objective import ModelWithLoss
 from scalerepro.training.progress import Progress, ProgressBar, RunningLoss, progress_bar
+from scalerepro.training.stop_request import StopRequest
 
 DEFAULT_STEPS = 100
 
 
 class NonFiniteLossError(RuntimeError):
     pass
-
-
-class StopRequest:
-    """SIGTERM / SIGUSR1 (Slurm's preemption warning, ``--signal=USR1@...``) set a flag; the loop
-    finishes the current step, checkpoints and exits with EXIT_PREEMPTED.
-
-    Installed for the whole life of the process (``scalerepro.training.train.main``): a launcher that
-    stops the ranks after a peer failed sends SIGTERM, and a rank that is still writing its
-    failure record must not be killed by it half-way."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.signal_name = signal.Signals(signum).name
-
-    def restore(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
 
 
 @dataclass
@@ -76,56 +68,41 @@ class Outcome:
     checkpoint_path: str | None = None
 
 
-def _precision_setup(precision: str) -> torch.dtype | None:
-    """Set the fp32 arithmetic of the matmul and cuDNN convolution paths (TF32 for tf32, IEEE fp32
-    for every other precision); return the autocast dtype (or None).
-
-    fp32 turns TF32 off for convolutions too (cuDNN allows it by default), so fp32 means fp32.
-    torch 2.9 and later set this through ``fp32_precision``: the older ``allow_tf32`` switches are
-    deprecated there and do not reach the new settings (after ``cudnn.allow_tf32 = False`` the
-    convolutions' ``fp32_precision`` still reads "none"), so the new API is used where it exists.
-    """
-    tf32 = precision == "tf32"
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        mode = "tf32" if tf32 else "ieee"
-        torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
-    else:  # torch before 2.9 (an older NGC container)
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-
-
 class Trainer:
     _energy: EnergyWindow | None = None  # the measured window's energy sampling (fit), paused outside training steps
-    pipeline: pipeline_parallel.Pipeline | None = None  # --parallel pp: this rank's stage and schedule (_build_pipeline)
 
     def __init__(self, config: TrainConfig, ctx: DistContext, stop: StopRequest, log: Any = print):
-        if config.data.num_workers is None:  # what the rank's cores leave (scalerepro.schedulers.cores); the record says how many
-            workers = cores.loader_workers(len(ctx.cores) or len(os.sched_getaffinity(0)))
-            config = dataclasses.replace(config, data=dataclasses.replace(config.data, num_workers=workers))
+        """``config`` comes resolved (run_setup.resolve_config) and the process state set
+        (run_setup.set_process_state): the trainer keeps ``config`` as it was given."""
+        if not run_setup.is_resolved(config):
+            raise ValueError("the Trainer takes a resolved config: pass it through run_setup.resolve_config first")
         self.config, self.ctx, self.stop, self.log = config, ctx, stop, log
-        run, perf = config.run, config.perf
         self.device = ctx.device
-        torch.manual_seed(run.seed)
-        # Until the warm-up steps are done (fit), collectives may wait for a peer that is still
-        # compiling or autotuning: they get the long warm-up timeout.
-        distributed.set_collective_timeout(ctx, config.parallel.warmup_dist_timeout_s)
+        self.spec = run_setup.resolve_model(config)
+        self._build_data()
+        self._build_model()
+        self._build_optimizer()
+        self._wrap_model()
+        self._set_up_profiling()
+        self._open_checkpoints()
+        self.start_step = self.progress.step  # this process's first step (warm-up counts from here)
+        self.warmup = Warmup(config.run)  # this process's: --warmup-steps, or more until the step time settles
+        # Measurements of this process's segment of the run (scalerepro.training.measurements).
+        self.measured = measurements.RankMeasurements.before_training(self.device, config.run.nvml_interval_s)
+        # DDP's all-reduce with each bucket's launch and completion marked on the step timer's clock
+        # (in a named range when profiling): the window's steps split into compute and waits
+        self.allreduce_timing, self.measured.window_split_reason = allreduce_timing.install(
+            self.ddp, self.measured.timer, self.device, config.perf.compile, config.profile.profile_mode != "none"
+        )
+        self.loss_log: list[dict[str, float]] = []
 
-        # ---- model and data ------------------------------------------------------------
-        self.spec = self._resolve_model()
-        # The ranks of one TP group read the same batch: the data is split over data-parallel
-        # ranks only (all ranks under ddp and fsdp).
-        p = config.parallel
-        self.tp_size = mesh.default_tp_size(p.parallel, ctx.world_size, ctx.env.local_world_size, p.tp_size)
-        try:
-            self.dp_rank, self.dp_size = mesh.data_parallel_coordinates(p.parallel, ctx.rank, ctx.world_size, self.tp_size)
-        except mesh.ParallelError as error:
-            raise TrainerConfigError(str(error)) from None
-        if config.data.eval_samples is None:  # a few batches (scalerepro.data); the record says how many
-            eval_samples = builders.default_eval_samples(run.eval_batch_size or run.per_gpu_batch, self.dp_size)
-            config = self.config = dataclasses.replace(config, data=dataclasses.replace(config.data, eval_samples=eval_samples))
+    # ---- construction helpers -------------------------------------------------------------
+
+    def _build_data(self) -> None:
+        """The data sources, this rank's loader and the run's length in steps."""
+        config, run = self.config, self.config.run
+        place = run_setup.data_parallel_place(config, self.ctx)
+        self.tp_size, self.dp_rank, self.dp_size = place.tp_size, place.dp_rank, place.dp_size
         self.train_source, self.eval_source = builders.make_sources(config.data, self.spec, run.seed)
         self.global_batch = mesh.global_batch(run.per_gpu_batch, config.optim.grad_accum_steps, self.dp_size)
         self.loader = builders.make_train_loader(
@@ -141,7 +118,7 @@ class Trainer:
         self.steps_per_epoch = self.loader.micro_batches_per_epoch // config.optim.grad_accum_steps
         if self.steps_per_epoch < 1:
             raise TrainerConfigError(
-                f"an epoch of {self.train_source.num_samples} samples over {ctx.world_size} ranks gives no full step of "
+                f"an epoch of {self.train_source.num_samples} samples over {self.ctx.world_size} ranks gives no full step of "
                 f"{run.per_gpu_batch} x {config.optim.grad_accum_steps}: lower --per-gpu-batch or raise --synthetic-samples"
             )
         self.total_steps = run.epochs * self.steps_per_epoch if run.epochs else (run.steps or DEFAULT_STEPS)
@@ -151,32 +128,36 @@ class Trainer:
             flag = "--warmup-max-steps" if run.warmup_max_steps > run.warmup_steps else "--warmup-steps"
             raise TrainerConfigError(f"{flag} ({max(run.warmup_steps, run.warmup_max_steps)}) must be smaller than the run's {self.total_steps} steps")
 
+    def _build_model(self) -> None:
+        """The model on the device; a sharded form (--parallel, scalerepro.parallel) replaces the
+        parameters, so it comes before the optimizer is built (DDP wraps the model later)."""
         with torch.device("cpu"):
-            module = models.build(self.spec)
-        if config.parallel.sync_batchnorm and ctx.distributed:
+            module = registry.build(self.spec)
+        if self.config.parallel.sync_batchnorm and self.ctx.distributed:
             module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
         self.module = module.to(self.device, memory_format=torch.channels_last if self._channels_last else torch.preserve_format)
-        # ---- a sharded form (--parallel, scalerepro.parallel) replaces the parameters, so it
-        # comes before the optimizer is built; DDP (the default) wraps the model below ----------
-        self.mesh = self._parallelize(config, ctx)
+        form = parallel_form.apply(self.module, self.config, self.ctx, self.device, self.tp_size)
+        self.module, self.mesh, self.pipeline = form.module, form.mesh, form.pipeline
 
-        # ---- optimizer, schedule, precision ----------------------------------------------
+    def _build_optimizer(self) -> None:
+        """Optimizer, LR schedule, the autocast dtype and the loss scaler."""
+        config, perf = self.config, self.config.perf
         self.optim_resolved = optim.resolve(config.optim, self.spec.family, self.global_batch)
         self.optimizer = optim.build_optimizer(self.module, config.optim, self.optim_resolved)
         self.scheduler = optim.build_scheduler(self.optimizer, config.optim, self.optim_resolved, self.total_steps)
-        self.autocast_dtype = _precision_setup(perf.precision)
-        torch.backends.cudnn.benchmark = perf.cudnn_benchmark
+        self.autocast_dtype = run_setup.autocast_dtype(perf.precision)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=perf.precision == "fp16")
-        # what a step changes and a checkpoint holds (scalerepro.training.checkpointing)
-        self.state = checkpointing.RunState(self.module, self.optimizer, self.scheduler, self.scaler)
+        # what a step changes and a checkpoint holds (scalerepro.training.run_state)
+        self.state = run_state.RunState(self.module, self.optimizer, self.scheduler, self.scaler)
 
-        # ---- DDP, then compile the wrapped model (Dynamo's DDPOptimizer splits the graph at
-        # bucket boundaries so all-reduce still overlaps backward). Both wrap the model with its
-        # loss (scalerepro.training.objective), so the loss is compiled with the model ------------------
+    def _wrap_model(self) -> None:
+        """DDP, then compile the wrapped model (Dynamo's DDPOptimizer splits the graph at bucket
+        boundaries so all-reduce still overlaps backward). Both wrap the model with its loss
+        (scalerepro.training.objective), so the loss is compiled with the model."""
+        p, perf = self.config.parallel, self.config.perf
         self.ddp: DistributedDataParallel | None = None
-        model: torch.nn.Module = ModelWithLoss(self.module, config.optim.label_smoothing)
-        if ctx.distributed and self.mesh is None:
-            p = config.parallel
+        model: torch.nn.Module = ModelWithLoss(self.module, self.config.optim.label_smoothing)
+        if self.ctx.distributed and self.mesh is None:
             self.ddp = DistributedDataParallel(
                 model,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -190,22 +171,22 @@ class Trainer:
         self.eager_model = model
         self.model = torch.compile(model, mode=perf.compile) if perf.compile != "none" else model
 
-        # ---- profiling (--profile-mode): ranges, the all-reduce hook and the window; with the
-        # default "none" none of it is installed --------------------------------------------------
-        prof = config.profile
+    def _set_up_profiling(self) -> None:
+        """--profile-mode's window (run_setup.set_process_state turned its ranges on); with the
+        default "none" nothing is recorded."""
+        prof = self.config.profile
         if prof.profile_mode == "cuda_api" and self.device.type != "cuda":
             raise TrainerConfigError(
                 f"--profile-mode cuda_api drives the CUDA profiler API for Nsight, and this run is on the {self.device.type}: "
                 "use --profile-mode torch (the torch.profiler fallback) there"
             )
-        ranges.enable_ranges(prof.profile_mode, self.device)
         self.profile_window = ranges.ProfileWindow(
             prof.profile_mode,
             prof.profile_window_start,
             prof.profile_window_steps,
             Path(prof.profile_dir) if prof.profile_dir else None,
             self.device,
-            ctx.is_main,
+            self.ctx.is_main,
         )
         if prof.profile_mode != "none" and self.profile_window.end > self.total_steps:
             raise TrainerConfigError(
@@ -213,29 +194,19 @@ class Trainer:
                 f"run's {self.total_steps} steps: raise --steps or lower --profile-window-start/--profile-window-steps"
             )
 
-        # ---- resume ----------------------------------------------------------------------
+    def _open_checkpoints(self) -> None:
+        """The run's checkpoint store (--checkpoint-dir), and the progress to continue from (--resume)."""
+        run = self.config.run
         self.progress = Progress()
         self.resumed_from: str | None = None
+        self._checkpoint_path: str | None = None
         self.checkpoints = (
-            checkpointing.open_store(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints, sharded=self.mesh is not None)
+            run_state.open_store(Path(run.checkpoint_dir), self._fingerprint(), run.keep_checkpoints, sharded=self.mesh is not None)
             if run.checkpoint_dir
             else None
         )
         if run.resume and self.checkpoints is not None:
             self._resume()
-        self.start_step = self.progress.step  # this process's first step (warm-up counts from here)
-        # this process's warm-up: --warmup-steps, or more until the step time settles (_warmed_up)
-        self.warmup_steps, self.warmup_reason, self.window_started = run.warmup_steps, f"{run.warmup_steps} steps (--warmup-steps)", False
-
-        # Measurements of this process's segment of the run (scalerepro.training.measurements).
-        self.measured = measurements.RankMeasurements.before_training(self.device, run.nvml_interval_s)
-        # DDP's all-reduce with each bucket's launch and completion marked on the step timer's clock
-        # (in a named range when profiling): the window's steps split into compute and waits
-        self.allreduce_timing, self.measured.window_split_reason = allreduce_timing.install(
-            self.ddp, self.measured.timer, self.device, perf.compile, prof.profile_mode != "none"
-        )
-        self.loss_log: list[dict[str, float]] = []
-        self._checkpoint_path: str | None = None
 
     # ---- construction helpers -------------------------------------------------------------
 
@@ -243,96 +214,17 @@ class Trainer:
     def _channels_last(self) -> bool:
         return self.config.perf.channels_last and self.spec.task == "image_classification"
 
-    def _parallelize(self, config: TrainConfig, ctx: DistContext) -> Any:
-        """The device mesh of --parallel fsdp, tp, fsdp+tp or pp (None under ddp), with the model
-        sharded on it (pp: cut into stages); activation checkpointing under any strategy."""
-        p = config.parallel
-        try:
-            if p.parallel == "ddp":
-                if p.activation_checkpointing != "none":
-                    activation_checkpointing.apply_activation_checkpointing(self.module, p.activation_checkpointing)
-                return None
-            if p.parallel == "pp":
-                return self._build_pipeline(config, ctx)
-            if not ctx.distributed:
-                raise TrainerConfigError(f"--parallel {p.parallel} needs at least 2 ranks (launch with scalerepro.launching.launch or torchrun)")
-            device_mesh = parallelize.build_mesh(p.parallel, ctx.world_size, self.device.type, self.tp_size)
-            parallelize.parallelize(
-                self.module,
-                p.parallel,
-                device_mesh,
-                reshard_after_forward=p.reshard_after_forward,
-                param_dtype=torch.bfloat16 if config.perf.precision == "bf16" else None,
-                activation_checkpointing=p.activation_checkpointing,
-            )
-            return device_mesh
-        except mesh.ParallelError as error:
-            raise TrainerConfigError(str(error)) from None
-
-    def _build_pipeline(self, config: TrainConfig, ctx: DistContext) -> Any:
-        """--parallel pp: this rank's stage of GPT (``self.module`` becomes the stage, so the
-        optimizer, checkpoints and byte counts see this stage's parameters only) and its schedule
-        (``self.pipeline``). What the pipeline step does not do is refused here, one line each."""
-        p, run = config.parallel, config.run
-        refusals = {
-            "--grad-accum-steps": (
-                config.optim.grad_accum_steps != 1,
-                "the pipeline's --microbatches are its gradient accumulation: use --microbatches instead",
-            ),
-            "--clip-grad-norm": (config.optim.clip_grad_norm > 0, "the global norm would need the stages' norms combined, which is not done: leave it 0"),
-            "--precision fp16": (config.perf.precision == "fp16", "the schedule's backward does not take GradScaler's scaled loss: use --precision bf16"),
-            "--compile": (config.perf.compile != "none", "the stages are run eagerly by the schedule: leave --compile off"),
-        }
-        for flag, (refused, fix) in refusals.items():
-            if refused:
-                raise TrainerConfigError(f"--parallel pp does not support {flag}: {fix}")
-        if run.per_gpu_batch % p.microbatches:
-            raise TrainerConfigError(f"--per-gpu-batch {run.per_gpu_batch} does not split into --microbatches {p.microbatches}: make it a multiple")
-        if not ctx.distributed:
-            raise TrainerConfigError("--parallel pp needs at least 2 ranks (launch with scalerepro.launching.launch or torchrun)")
-        activation_checkpointing.apply_activation_checkpointing(self.module, p.activation_checkpointing)
-        device_mesh = parallelize.build_mesh("pp", ctx.world_size, self.device.type)
-        label_smoothing = config.optim.label_smoothing
-        self.pipeline = pipeline_parallel.build_pipeline(
-            self.module,
-            device_mesh,
-            p.pp_schedule,
-            p.microbatches,
-            lambda logits, targets: cross_entropy(logits, targets, label_smoothing),
-            self.device,
-        )
-        self.module = self.pipeline.stage_module
-        return device_mesh
-
-    def _resolve_model(self) -> models.ModelSpec:
-        """The model spec from the flags; CIFAR-10 data fixes 32x32 images and 10 classes."""
-        m = self.config.model
-        shape = models.ModelShape(**{k: v for k, v in dataclasses.asdict(m).items() if k != "model"})
-        try:
-            if not builders.is_synthetic(self.config.data):
-                if models.resolve(m.model).task != "image_classification":
-                    raise TrainerConfigError(f"--data {self.config.data} is CIFAR-10 and needs an image model, not {m.model}")
-                for flag, given, needed in (("--image-size", m.image_size, 32), ("--num-classes", m.num_classes, 10)):
-                    if given not in (None, needed):
-                        raise TrainerConfigError(f"{flag} {given} does not fit CIFAR-10 ({needed})")
-                shape = dataclasses.replace(shape, image_size=32, num_classes=10)
-            return models.resolve(m.model, shape)
-        except TrainerConfigError:
-            raise
-        except ValueError as error:  # the model zoo's one-line messages name the flag
-            raise TrainerConfigError(str(error)) from None
-
     def _fingerprint(self) -> dict[str, Any]:
-        """What a checkpoint must share with this run to continue it exactly (checkpointing.fingerprint);
+        """What a checkpoint must share with this run to continue it exactly (run_state.fingerprint);
         a DTensor-sharded checkpoint (fsdp, tp, fsdp+tp, not pp) continues on another world size."""
         reshardable = self.mesh is not None and self.pipeline is None
-        return checkpointing.fingerprint(self.config, self.ctx.world_size, self.total_steps, self.global_batch, reshardable)
+        return run_state.fingerprint(self.config, self.ctx.world_size, self.total_steps, self.global_batch, reshardable)
 
     def _resume(self) -> None:
-        """Continue from the newest usable checkpoint, if any (checkpointing.resume names every
+        """Continue from the newest usable checkpoint, if any (run_state.resume names every
         newer one passed over)."""
         last_resumable = self.total_steps - self.config.run.warmup_steps - 1
-        resumed = checkpointing.resume(self.checkpoints, self.state, self.ctx, last_resumable, self.mesh is not None, self.log)
+        resumed = run_state.resume(self.checkpoints, self.state, self.ctx, last_resumable, self.mesh is not None, self.log)
         if resumed is not None:
             saved_progress, self.resumed_from = resumed
             self.progress = Progress(**saved_progress)
@@ -344,37 +236,64 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _train_step(
-        self,
-        micro_batches: Iterator[sources.Batch],
-        *,
-        sync_gradients: bool = True,
-        eager: bool = False,
-        step_scheduler: bool = True,
-        marks: buckets.PhaseRecorder | None = None,
-    ) -> torch.Tensor:
+    def _next_micro_batch(self, micro_batches: Iterator[sources.Batch]) -> sources.Batch:
+        waited = self.measured.timer.data_wait_started()
+        with ranges.annotate("data"):
+            batch = next(micro_batches)
+        self.measured.timer.data_wait_ended(waited)  # the step's own: window_stats sums the measured ones
+        return batch
+
+    def _optimizer_step(self) -> None:
+        with ranges.annotate("optimizer"):
+            if self.config.optim.clip_grad_norm > 0:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.optim.clip_grad_norm)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if self.measured.state_bytes is None:  # once: the sizes are the same every step (host-only arithmetic, no sync)
+                self.measured.state_bytes = parallelize.local_state_bytes(self.module, self.optimizer)
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def train_step(self, micro_batches: Iterator[sources.Batch], step_scheduler: bool = True) -> torch.Tensor:
         """One optimizer step over grad_accum_steps micro-batches; returns the mean loss (on device).
 
         DDP all-reduces gradients during the backward of the last micro-batch only: the others
-        run under ``no_sync`` and accumulate locally. The probes after training run this same
-        step with: ``sync_gradients=False`` (no all-reduce on any micro-batch), ``eager`` (the
-        uncompiled model: see scalerepro.training.buckets), ``step_scheduler=False`` (OneCycleLR refuses
-        steps past the run's end) and ``marks``, told when each phase is done (device-clock
-        marks: no host synchronisation in the step).
-        """
+        run under ``no_sync`` and accumulate locally. ``step_scheduler=False`` past the schedule's
+        end (--min-window-s's extra steps: OneCycleLR refuses steps past it)."""
         accum = self.config.optim.grad_accum_steps
-        model = self.eager_model if eager else self.model
         total = torch.zeros((), device=self.device)
         for micro in range(accum):
-            waited = self.measured.timer.data_wait_started()
-            with ranges.annotate("data"):
-                inputs, targets = next(micro_batches)
-            self.measured.timer.data_wait_ended(waited)  # the step's own: window_stats sums the measured ones
+            inputs, targets = self._next_micro_batch(micro_batches)
             if self.pipeline is not None:  # --parallel pp: the schedule runs forward and backward of all
                 # --microbatches (accumulation is refused under pp: one loader batch per step)
                 with self._autocast(), ranges.annotate("pipeline"):
                     total += self.pipeline.step(*inputs, targets)  # the loss, broadcast from the last stage
                 continue
+            with self.ddp.no_sync() if self.ddp is not None and micro < accum - 1 else contextlib.nullcontext():
+                with self._autocast(), ranges.annotate("forward"):
+                    loss = self.model(inputs, targets) / accum
+                total += loss.detach()
+                with ranges.annotate("backward"):
+                    self.scaler.scale(loss).backward()
+        self._optimizer_step()
+        if step_scheduler:
+            self.scheduler.step()
+        return total
+
+    def probe_step(
+        self, micro_batches: Iterator[sources.Batch], *, sync_gradients: bool, eager: bool = False, marks: buckets.PhaseRecorder | None = None
+    ) -> torch.Tensor:
+        """``train_step`` as the probes after training take it (probes.StepFunction): the same
+        forward, backward and optimizer step, with ``sync_gradients=False`` running no all-reduce
+        on any micro-batch, ``eager`` the uncompiled model (see scalerepro.training.buckets), and
+        ``marks`` told when each phase is done (device-clock marks: no host synchronisation). It
+        leaves the LR scheduler alone (OneCycleLR refuses steps past the run's end); no probe runs
+        under a sharded model, so there is no pipeline here."""
+        accum = self.config.optim.grad_accum_steps
+        model = self.eager_model if eager else self.model
+        total = torch.zeros((), device=self.device)
+        for micro in range(accum):
+            inputs, targets = self._next_micro_batch(micro_batches)
             if marks is not None:
                 marks.micro_batch_started()
             skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
@@ -388,19 +307,9 @@ class Trainer:
                     self.scaler.scale(loss).backward()
                 if marks is not None:
                     marks.backward_done()
-        with ranges.annotate("optimizer"):
-            if self.config.optim.clip_grad_norm > 0:
-                self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.optim.clip_grad_norm)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if self.measured.state_bytes is None:  # once: the sizes are the same every step (host-only arithmetic, no sync)
-                self.measured.state_bytes = parallelize.local_state_bytes(self.module, self.optimizer)
-            self.optimizer.zero_grad(set_to_none=True)
-            if marks is not None:
-                marks.optimizer_done()
-            if step_scheduler:
-                self.scheduler.step()
+        self._optimizer_step()
+        if marks is not None:
+            marks.optimizer_done()
         return total
 
     def fit(self) -> Outcome:
@@ -412,8 +321,8 @@ class Trainer:
             with self._energy_window() as energy, progress_bar(run.progress, self.ctx.is_main, self.total_steps, self.progress.step, self.log) as bar:
                 outcome = self._train(energy, bar)
             if outcome.status == "ok":
-                probed = self._probed_run()
-                sizes = self._probe_sizes()
+                probed = self.probed_run()
+                sizes, self.measured.probe_budget = probes.sized_for_run(self.config.run, self.measured.timer, self.ctx, self.ddp is not None)
                 # a stop in a probe ends it within a few of its steps (probes); the run is then preempted
                 measured_by = {
                     "exposed_comm": lambda: probes.exposed_communication(probed, sizes.comm_steps),
@@ -439,7 +348,7 @@ class Trainer:
             batches = self.loader.epoch(p.epoch, start=p.micro_in_epoch)
             while p.micro_in_epoch < micro_per_epoch and p.step < self.total_steps:
                 # Each process warms up anew, a resumed one too: compilation happens per process.
-                measured = self._warmed_up(p.step - self.start_step)
+                measured = self.warmup.measured(p.step - self.start_step, self.measured.timer, self.ctx)
                 if measured:
                     energy.start()  # at the first measured step; a no-op after
                 self._timed_step(batches, measured, losses)
@@ -469,7 +378,7 @@ class Trainer:
             if stop_signal is not None:
                 return self._stopped_after_training(stop_signal, "the final evaluation")
         # A finished run needs no checkpoint to continue: the final one is written only on
-        # request, marked final so that no rerun resumes from it (checkpoint.unusable_reason).
+        # request, marked final so that no rerun resumes from it (checkpoint_store.unusable_reason).
         p.epoch_loss_sum = self._global_sum(losses.epoch)
         self._checkpoint_path = None
         if run.keep_final_checkpoint:
@@ -485,10 +394,10 @@ class Trainer:
         with ranges.annotate("step"):
             # past the schedule's end (--min-window-s) the LR stays at its last value: a cosine
             # scheduler stepped past T_max climbs again, OneCycleLR refuses
-            loss = self._train_step(batches, step_scheduler=p.step < self.scheduled_steps)
+            loss = self.train_step(batches, step_scheduler=p.step < self.scheduled_steps)
         losses.add(loss, p.step)
         p.step += 1
-        if p.step == self.start_step + max(self.warmup_steps, 1):
+        if p.step == self.start_step + max(self.warmup.steps, 1):
             # Warmed up (the first step a process runs compiles, a resumed one's too): collectives
             # get the steady-state timeout.
             distributed.set_collective_timeout(self.ctx, self.config.parallel.dist_timeout_s)
@@ -498,50 +407,16 @@ class Trainer:
         # any step's time.
         self.measured.timer.stop(p.epoch, measured)
 
-    def _warmed_up(self, taken: int) -> bool:
-        """Whether the next step is measured, ``taken`` steps into this process's run. Past
-        --warmup-steps, with --warmup-max-steps, the warm-up goes on while the last two steps' times
-        differ by more than --warmup-settle (relative), up to --warmup-max-steps: a collective, so
-        that every rank starts its window at one step (the largest change over the ranks decides).
-        ``warmup_steps`` and ``warmup_reason`` say what was decided (the record's steps)."""
-        run = self.config.run
-        if self.window_started:
-            return True
-        if taken < self.warmup_steps:
-            return False
-        if run.warmup_max_steps > run.warmup_steps and taken < run.warmup_max_steps:
-            times = self.measured.timer.durations_s()[-2:]  # the last two warm-up steps (synchronises the device)
-            change = abs(times[1] - times[0]) / max(times[0], 1e-12) if len(times) == 2 else math.inf
-            change = max_over_ranks(self.ctx, change)
-            if change > run.warmup_settle:
-                self.warmup_steps = taken + 1
-                self.warmup_reason = (
-                    f"{self.warmup_steps} steps: the step time still changed {100 * change:.0f} % > {100 * run.warmup_settle:g} % after {taken}"
-                )
-                return False
-            self.warmup_reason = f"{taken} steps: settled within {100 * run.warmup_settle:g} % (at least {run.warmup_steps}, at most {run.warmup_max_steps})"
-        elif run.warmup_max_steps > run.warmup_steps:
-            self.warmup_reason = f"{taken} steps: the most --warmup-max-steps allows (the step time had not settled within {100 * run.warmup_settle:g} %)"
-        self.window_started = True
-        return True
-
     def _extend_to_min_window(self) -> None:
         """At the last step: if the measured steps add up to less than --min-window-s, add the
         steps that the median step time says are missing (at least one; the new last step is
         checked again). A collective: every rank takes the slowest rank's window and median, so
         all agree."""
-        wanted = self.config.run.min_window_s
-        if wanted <= 0:
-            return
-        stats = metrics.window_stats(self.measured.timer)  # synchronises the device once
-        window_s, median_s = all_reduce_max(
-            self.ctx, torch.tensor([stats.seconds, stats.step_time_median_s or 0.0], dtype=torch.float64, device=self.device)
-        ).tolist()
-        if window_s >= wanted or median_s <= 0:
-            return
-        added = max(1, math.ceil((wanted - window_s) / median_s))
-        self.total_steps += added
-        self.log(f"measured {window_s:.2f} s of --min-window-s {wanted:g}: {added} more steps (to {self.total_steps}) at the schedule's last learning rate")
+        added, window_s = measured_window.steps_missing(self.config.run.min_window_s, self.measured.timer, self.ctx)
+        if added:
+            self.total_steps += added
+            wanted = self.config.run.min_window_s
+            self.log(f"measured {window_s:.2f} s of --min-window-s {wanted:g}: {added} more steps (to {self.total_steps}) at the schedule's last learning rate")
 
     def _stop_received(self) -> bool:
         """Whether a stop signal reached this rank (the evaluation and the probes check it; the ranks
@@ -655,7 +530,7 @@ class Trainer:
     def _save_checkpoint(self, final: bool = False) -> None:
         if self.checkpoints is None:
             return
-        self._checkpoint_path = checkpointing.save(
+        self._checkpoint_path = run_state.save(
             self.checkpoints, self.state, self.ctx, dataclasses.asdict(self.progress), self._fingerprint, self.mesh is not None, final
         )
 
@@ -693,25 +568,12 @@ class Trainer:
         batch_iter = self.loader.epoch(self.progress.epoch)
         return [[next(batch_iter) for _ in range(micro)] for _ in range(min(steps, self.steps_per_epoch))]
 
-    def _probe_sizes(self) -> probes.ProbeSizes:
-        """The probes' step counts: --comm-probe-steps and --bucket-probe-steps, or as many as fit
-        --probe-budget-s at the window's median step (the slowest rank's: every rank agrees), with
-        the reason in the record (measurements.probe_budget). A collective where a budget is set."""
-        run = self.config.run
-        if run.probe_budget_s <= 0:
-            return probes.ProbeSizes(run.comm_probe_steps, run.bucket_probe_steps, "the step counts asked for (no --probe-budget-s)")
-        median = metrics.window_stats(self.measured.timer).step_time_median_s or 0.0
-        step_s = max_over_ranks(self.ctx, median)
-        sizes = probes.sized_by_time(run.probe_budget_s, step_s, run.comm_probe_steps, run.bucket_probe_steps, self.ddp is not None)
-        self.measured.probe_budget = sizes.record(run.probe_budget_s, step_s)
-        return sizes
-
-    def _probed_run(self) -> probes.ProbedRun:
+    def probed_run(self) -> probes.ProbedRun:
         """What the probes after training need of this run: its own step function (not a copy),
         its state, its batches, its parallel form."""
         p = self.config.parallel
         return probes.ProbedRun(
-            step=self._train_step,
+            step=self.probe_step,
             state=self.state,
             batches=self._cached_step_batches,
             ctx=self.ctx,

@@ -1,7 +1,7 @@
 """The run's state in and out of its checkpoints: which store, the fingerprint a checkpoint must match, saving, resuming.
 
-The stores and their formats are ``checkpoint`` (one file, rank 0, DDP) and
-``sharded_checkpoint`` (DCP, every rank its shards: fsdp, tp, fsdp+tp, pp); this module is what
+The stores and their formats are ``checkpoint_store`` (one file, rank 0, DDP) and
+``sharded_checkpoint_store`` (DCP, every rank its shards: fsdp, tp, fsdp+tp, pp); this module is what
 the trainer does with them: it hands over the run's state (``RunState``: model, optimizer, LR
 scheduler, loss scaler) and its position, and gets them back on resume.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from scalerepro.config import TrainConfig
-from scalerepro.training import checkpoint
+from scalerepro.trainer_flags import TrainConfig
+from scalerepro.training import checkpoint_store
 from scalerepro.training.distributed import DistContext, barrier, gather_objects
 
 
@@ -51,7 +51,7 @@ def fingerprint(config: TrainConfig, world_size: int, total_steps: int, global_b
         "total_steps": total_steps,
         "optim": dataclasses.asdict(c.optim),
         "precision": c.perf.precision,
-        "code": checkpoint.code_hash(),
+        "code": checkpoint_store.code_hash(),
     }
     if reshardable:
         del found["per_gpu_batch"], found["world_size"]
@@ -59,24 +59,24 @@ def fingerprint(config: TrainConfig, world_size: int, total_steps: int, global_b
     return found
 
 
-def open_store(directory: Path, found: dict[str, Any], keep: int, sharded: bool) -> checkpoint.CheckpointStore:
+def open_store(directory: Path, found: dict[str, Any], keep: int, sharded: bool) -> checkpoint_store.CheckpointStore:
     """The run's checkpoint store in ``directory`` (--checkpoint-dir): sharded state (``sharded``)
-    is checkpointed by every rank with DCP (scalerepro.training.sharded_checkpoint)."""
+    is checkpointed by every rank with DCP (scalerepro.training.sharded_checkpoint_store)."""
     if not sharded:
-        return checkpoint.CheckpointStore(directory, found, keep)
+        return checkpoint_store.CheckpointStore(directory, found, keep)
     # imported here: DCP pulls in torch.distributed.tensor, 0.6 s of every rank's start-up a DDP run never uses
-    from scalerepro.training import sharded_checkpoint
+    from scalerepro.training import sharded_checkpoint_store
 
-    return sharded_checkpoint.ShardedCheckpointStore(directory, found, keep)
+    return sharded_checkpoint_store.ShardedCheckpointStore(directory, found, keep)
 
 
 def resume(
-    store: checkpoint.CheckpointStore, state: RunState, ctx: DistContext, last_resumable_step: int, sharded: bool, log: Callable[[str], Any]
+    store: checkpoint_store.CheckpointStore, state: RunState, ctx: DistContext, last_resumable_step: int, sharded: bool, log: Callable[[str], Any]
 ) -> tuple[dict[str, Any], str] | None:
     """Load the newest usable checkpoint into ``state`` and this rank's RNG; return its progress
     (``Progress``'s fields) and path, or None to start fresh. Every newer checkpoint passed over is
     named, so the log and the record say why a run started fresh or went back
-    (checkpoint.unusable_reason)."""
+    (checkpoint_store.unusable_reason)."""
     saved = store.load_newest(last_resumable_step)
     for skipped in store.skipped:
         log(f"passing over checkpoint {skipped['path']}: {skipped['reason']}")
@@ -84,9 +84,9 @@ def resume(
         log(f"no usable checkpoint in {store.directory}: starting from step 0")
         return None
     if sharded:  # this rank's shards of the model and optimizer
-        from scalerepro.training import sharded_checkpoint  # (see open_store)
+        from scalerepro.training import sharded_checkpoint_store  # (see open_store)
 
-        sharded_checkpoint.load(saved["path"], state.module, state.optimizer)
+        sharded_checkpoint_store.load(saved["path"], state.module, state.optimizer)
     else:
         state.module.load_state_dict(saved["model"])
         state.optimizer.load_state_dict(saved["optimizer"])
@@ -95,13 +95,13 @@ def resume(
     saved_rng = saved["rng"]  # one per rank that wrote the checkpoint
     if len(saved_rng) != ctx.world_size:  # a sharded checkpoint resumed on another world size
         log(f"the checkpoint was written by {len(saved_rng)} ranks, this run has {ctx.world_size}: rank r takes rank r mod {len(saved_rng)}'s RNG state")
-    checkpoint.set_rng_state(saved_rng[ctx.rank % len(saved_rng)])
+    checkpoint_store.set_rng_state(saved_rng[ctx.rank % len(saved_rng)])
     log(f"resumed from {saved['path']} at step {saved['progress']['step']}")
     return saved["progress"], saved["path"]
 
 
 def save(
-    store: checkpoint.CheckpointStore,
+    store: checkpoint_store.CheckpointStore,
     state: RunState,
     ctx: DistContext,
     progress: dict[str, Any],
@@ -114,7 +114,7 @@ def save(
     now, by the ranks that write: the run may have grown since it started, --min-window-s). A
     collective. Returns its path where this rank wrote it (every rank when sharded, rank 0
     else), None on the others."""
-    rng = gather_objects(ctx, checkpoint.rng_state())  # every rank's, in rank order
+    rng = gather_objects(ctx, checkpoint_store.rng_state())  # every rank's, in rank order
     if sharded:  # every rank writes its shards (a collective)
         meta = {
             "scheduler": state.scheduler.state_dict(),

@@ -157,7 +157,7 @@ class CheckpointStore:
         return removed
 
     # What differs between a file of torch.save and a directory of DCP shards
-    # (scalerepro.training.sharded_checkpoint.ShardedCheckpointStore overrides these).
+    # (scalerepro.training.sharded_checkpoint_store.ShardedCheckpointStore overrides these).
 
     def _candidates(self) -> list[Path]:
         return list_checkpoints(self.directory)

@@ -22,7 +22,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from scalerepro.common import cpu_features
 from scalerepro.common.cli import CommandError, OneLineErrorParser
@@ -33,7 +33,7 @@ Preset = Literal["baseline", "optimised"]
 Purpose = Literal["measurement", "smoke"]
 
 # The convolutional networks: channels_last and cudnn.benchmark are part of the optimised preset
-# for these only (tests check this set against each model's family in scalerepro.models).
+# for these only (tests check this set against each model's family in scalerepro.models.registry).
 CONV_NETS = frozenset({"cnn", "resnet18_cifar", "resnet50"})
 # Fields (dest names) each preset sets; those in CONV_NET_ONLY are set True for CONV_NETS only.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -58,10 +58,9 @@ CONV_NET_ONLY = ("channels_last", "cudnn_benchmark")
 DEFAULT_PRESET = "baseline"
 # The optimised preset compiles the convolutional networks with CUDA graphs (mode
 # "reduce-overhead"): their steps are short and many-kernelled, so the host's kernel launches set
-# the pace. On one H100 (2026-11-25) ResNet-18 at CIFAR shapes and batch 512 ran 14.1 ms a step at
-# 50 % GPU utilisation under mode "default" and 6.9 ms (2.07x) with graphs. The transformers stay
-# on "default": their GPUs were 98-100 % busy, and a graph's private memory pool costs memory
-# (llama_1b peaks at 43 GiB). Only where a step is one micro-batch of one DDP (or single-GPU)
+# the pace, and graphs replay them without the host (benchmarks/README.md has the H100 figures).
+# The transformers stay on "default": their GPUs are nearly always busy, and a graph's private
+# memory pool costs memory. Only where a step is one micro-batch of one DDP (or single-GPU)
 # model: under gradient accumulation the next micro-batch's replay would reuse the pool memory of
 # the gradients still being accumulated, and FSDP, tensor and pipeline parallelism run
 # collectives inside the step that a graph must not capture.
@@ -129,7 +128,11 @@ def with_device(config: TrainConfig, device_type: str, given: set[str]) -> Train
     after = preset_values(perf.preset, model, config.optim.grad_accum_steps, config.parallel.parallel, device_type)
     precision = perf.precision if "precision" in given else after["precision"]
     # the resolved device is recorded, so that the record's preset_overrides compare with that device's preset
-    return dataclasses.replace(config, perf=dataclasses.replace(perf, precision=precision), parallel=dataclasses.replace(config.parallel, device=device_type))
+    return dataclasses.replace(
+        config,
+        perf=dataclasses.replace(perf, precision=precision),
+        parallel=dataclasses.replace(config.parallel, device=cast(Literal["cuda", "cpu"], device_type)),
+    )
 
 
 class TrainerConfigError(CommandError, ValueError):

@@ -1,12 +1,12 @@
 """Checkpoints of sharded state (FSDP2, TP): torch.distributed.checkpoint (DCP), every rank
-writing its own shards, beside ``checkpoint.py``'s single-file checkpoints of DDP runs.
+writing its own shards, beside ``checkpoint_store``'s single-file checkpoints of DDP runs.
 
 A checkpoint is a directory ``step-00001234.dcp``: the DCP files of the model and optimizer
 (``get_state_dict``: the optimizer state keyed by parameter names, flattened, so it loads into
 any sharding, and a pipeline stage's into that stage) and ``meta.pt``, written by rank 0, holding the rest of a checkpoint as
-``checkpoint.py`` has it (step, scheduler, scaler, progress, RNG states, the fingerprint with
+``checkpoint_store`` has it (step, scheduler, scaler, progress, RNG states, the fingerprint with
 the trainer's code hash, the format number). Whether it can continue a run is decided by the same
-``checkpoint.unusable_reason`` on ``meta.pt``.
+``checkpoint_store.unusable_reason`` on ``meta.pt``.
 
 Atomic as the single files are: every rank writes into ``.step-00001234.dcp.tmp``, and after
 DCP's final collective (the metadata is written by the coordinator once all shards are) rank 0
@@ -31,11 +31,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from scalerepro.common.files import atomic_file
-from scalerepro.training.checkpoint import FORMAT_VERSION, CheckpointStore
+from scalerepro.training.checkpoint_store import FORMAT_VERSION, CheckpointStore
 
 META_FILE = "meta.pt"
 # Stands in meta.pt for the model and optimizer states, which are in the DCP files beside it
-# (checkpoint.unusable_reason requires the keys to exist).
+# (checkpoint_store.unusable_reason requires the keys to exist).
 IN_DCP_FILES = "sharded: in this directory's DCP files"
 # The optimizer state flattened to one key per parameter and setting ("state.<fqn>.exp_avg",
 # "param_groups.<fqn>.lr"), as torchtitan does: every key belongs to the parameter it describes,
@@ -127,7 +127,7 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 class ShardedCheckpointStore(CheckpointStore):
-    """The sharded checkpoints of one run: ``checkpoint.CheckpointStore``'s policy (newest usable
+    """The sharded checkpoints of one run: ``checkpoint_store.CheckpointStore``'s policy (newest usable
     one, every newer one passed over with its reason, ``keep`` counting usable ones only) for
     DCP directories, read by their ``meta.pt`` (the shards are loaded by ``load``). Every rank
     reads the same files, so every rank picks the same one. ``save`` is a collective; rank 0
