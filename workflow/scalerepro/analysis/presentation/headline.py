@@ -25,7 +25,7 @@ CONFIG_COLUMNS = ("study", "variant", "precision", "per_gpu_batch", "bucket_cap_
 # nodes the GPUs were spread over, the strategy, and the model's shape.
 FIGURE_COLUMNS = (*CONFIG_COLUMNS, "data_kind", "device_name", "nodes", "parallel", "image_size", "seq_len")
 
-# What "fp32" and "tf32" mean in this trainer (scalerepro.config: --precision); an H100's dense
+# What "fp32" and "tf32" mean in this trainer (scalerepro.trainer_flags: --precision); an H100's dense
 # TF32 rate is 7.4x its IEEE fp32 rate, and NGC's and Lambda's published "FP32" figures are TF32.
 PRECISION_WORDS = {
     "fp32": "fp32, TF32 off (IEEE fp32 matmuls and convolutions)",
