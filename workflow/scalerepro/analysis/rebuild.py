@@ -79,7 +79,7 @@ def _is_inventory(document: Any) -> bool:
 # What makes two records of one preset label different configurations, beside the columns of
 # the matrix (model, GPUs, nodes, precision, batches, strategy, device, data, purpose): a
 # preset's content can change between versions (the optimised preset compiles the conv nets
-# with CUDA graphs since 2026-11-26), a model's shape can be set by flags, and one label can
+# with CUDA graphs in later versions), a model's shape can be set by flags, and one label can
 # have run on two GPU models. Each is named in the variant where records of one label differ.
 CONFIG_KNOBS = ("compile", "channels_last", "cudnn_benchmark", "loader", "optimizer_impl", "grad_accum_steps")
 SHAPE = {"image_size": ("model", "shape", "image_size"), "seq_len": ("model", "shape", "seq_len")}

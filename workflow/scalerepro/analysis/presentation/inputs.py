@@ -185,7 +185,7 @@ def load_figure(plots_dir: Path | None, name: str) -> Figure:
 def require_aggregation(tables: Path, runs: bool = True) -> None:
     """Refuse a tables folder the aggregation did not write (``runs``: its runs.csv is needed, as
     every figure and section of a study is; the store's figures alone read other tables): figures
-    and a report from no tables would read as a study that measured nothing, and exit 0 (issue 37)."""
+    and a report from no tables would read as a study that measured nothing, and exit 0."""
     if not tables.is_dir():
         raise CommandError(f"--tables {tables}: no such folder: give the aggregation's output (results/tables)")
     if runs and not (tables / "runs.csv").is_file():
