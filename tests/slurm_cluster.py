@@ -3,12 +3,10 @@ the profile arguments the Slurm tests and the dry-run job listings share."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
-from conftest import REPO, clean_env
+from conftest import REPO
+from workflow_runs import workflow_env
 
 CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
 STUDY = REPO / "tests" / "slurm" / "study.yaml"
@@ -23,4 +21,4 @@ def cluster_env() -> dict[str, str]:
 
 
 def snakemake_env(slurm_env: dict[str, str]) -> dict[str, str]:
-    return clean_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **slurm_env)
+    return workflow_env(**slurm_env)

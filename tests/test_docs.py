@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import functools
 import glob
-import os
 import re
 import shlex
 import shutil
@@ -18,17 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, clean_env
+from conftest import REPO
+from workflow_runs import COPY_IGNORE, SNAKEMAKE, workflow_env
 
 PACKAGE = REPO / "workflow" / "scalerepro"
 PYTHON = [sys.executable]
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-COPY_IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "__pycache__", "*.egg-info", ".pytest_cache", ".whl", ".gl")
-
-
-def _env() -> dict[str, str]:
-    # The rules and the docs call `python`: make it this interpreter (the environment with every extra).
-    return clean_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
 
 
 def doc_text(path: Path) -> str:
@@ -132,7 +125,7 @@ def program_of(command: list[str]) -> tuple[tuple[str, ...], list[str]] | None:
 def help_text(program: tuple[str, ...]) -> str:
     """What `program --help` prints; the test fails where it does not exit 0."""
     argv = [*SNAKEMAKE, "--help"] if program == ("snakemake",) else [*PYTHON, *program, "--help"]
-    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv, cwd=REPO, env=workflow_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(argv)} exits {done.returncode}: {done.stderr[-1500:]}"
     return done.stdout
 
@@ -507,7 +500,7 @@ def test_every_snakemake_command_of_the_docs_plans(tmp_path):
                 break
             if not (workdir / name).exists():
                 (workdir / name).write_text("{}\n")  # a reader's own config file: an empty one stands in
-        done = subprocess.run([*SNAKEMAKE, *args, "-n"], cwd=workdir, env=_env(), capture_output=True, text=True, timeout=600)
+        done = subprocess.run([*SNAKEMAKE, *args, "-n"], cwd=workdir, env=workflow_env(), capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             failed.append(f"{doc}: snakemake {' '.join(args)} -n exits {done.returncode}: {done.stderr[-800:]}")
     assert len(seen) >= 3

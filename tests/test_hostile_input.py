@@ -32,7 +32,7 @@ import pytest
 
 from analysis_fixtures import Study, make_record
 from conftest import REPO, clean_env
-from workflow_runs import COPY_IGNORE
+from workflow_runs import COPY_IGNORE, workflow_env
 
 REFERENCES = str(REPO / "config" / "references.yaml")
 
@@ -360,7 +360,7 @@ def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: s
 
     workdir = tmp_path / "study"
     shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
-    env = clean_env(PATH=f"{Path(sys.executable).parent}:{clean_env()['PATH']}")
+    env = workflow_env()
     snakemake = [sys.executable, "-m", "snakemake", "--configfile", "config/ci.yaml", "--config", "data=synthetic"]
     first = subprocess.Popen([*snakemake, "--cores", "1"], cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -20,9 +20,9 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 COPY_IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "__pycache__", "*.egg-info", ".pytest_cache", ".whl", ".gl")
 
 
-def workflow_env() -> dict[str, str]:
+def workflow_env(**extra: str) -> dict[str, str]:
     # The rules call `python`: make it this interpreter (the environment with every extra).
-    return clean_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return clean_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra)
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
