@@ -182,7 +182,12 @@ def test_the_table_predicts_beyond_the_study_on_a_cluster_with_its_typical_error
     regime = prediction_error.Regime("ddp", "2-8 nodes", "held", "as given")
     assert row["regime"] == regime.key
     assert row["typical_error"] == pytest.approx(error_table_of(load_references(REFERENCES)).for_regime(regime).median)
-    assert "NVIDIA DGX H100" in row["network"] and "typical error in its regime" in row["note"] and "DLE BERT-large" in row["error_basis"]
+    assert (
+        "NVIDIA DGX H100" in row["network"]
+        and "typical error in its regime" in row["cluster_note"]
+        and "on NVIDIA DGX H100" in row["cluster_note"]
+        and "DLE BERT-large" in row["error_basis"]
+    )
     network = read_clusters(REFERENCES)["dgx_h100"].network(64)
     profile = StepProfile(18e-3, 6e-3, 10e-3, 1e-3, 1, (4_000_000, 1_000_000, 3_000_000), (2e-3, 5e-3, 9e-3))
     assert row["step_time_predicted_s"] == pytest.approx(simulate_step(profile, network).step_s)

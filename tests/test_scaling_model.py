@@ -598,6 +598,8 @@ def test_the_kept_one_h100_study_predicts_weak_scaling_at_its_batch_on_dgx_h100_
         expected = prediction_error.Regime("ddp", "one node" if gpus == 8 else "2-8 nodes", "held", "as given")
         assert row["regime"] == expected.key
         assert row["typical_error"] == pytest.approx(0.014 if gpus == 8 else 0.011)
+        # the cluster and its error in their own column, so the report can say them once above the table
+        assert row["cluster_note"].startswith("on NVIDIA DGX H100; the model's typical error in its regime") and "DGX" not in row["note"]
     curve = weak.loc[("resnet50", 64), "batch_curve"]
     assert curve.startswith("t(m) = 4.72 ms + 0.202 ms x m") and "h100-2026-11-27/batch_curve.json" in curve
     strong = model[model["study"].eq("strong") & model["basis"].eq("predicted") & model["step_time_predicted_s"].notna()]

@@ -92,12 +92,9 @@ def scaling_model_section(model_rows: Sequence[dict[str, Any]], runs: pd.DataFra
         if row.get("bound") and efficiency is None:
             row["efficiency_measured_note"] = "an upper bound"  # its note says why
         if row.get("cluster"):
-            # the cluster's network and the model's typical error there are said once, above the table
+            # the cluster's network is said once above the table, and the regime's error is in its own
+            # column, its back-test listed once above the table (the row's cluster_note is not shown)
             row["network"] = None
-            # and the regime's error is in its own column, its back-test listed once above the table
-            row["note"] = (
-                "; ".join(part for part in str(row.get("note") or "").split("; ") if "typical error" not in part and not part.startswith("on ")) or None
-            )
         shown_parts = _shown_note_parts(row)
         row["note"] = "; ".join(filter(None, (shown_parts.get(part, part) for part in str(row.get("note") or "").split("; ")))) or None
         shown.append(row)

@@ -110,6 +110,7 @@ SCALING_MODEL_COLUMNS = (
     "error_basis",
     "bound",
     "derived_from",
+    "cluster_note",
 )
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
 PROPORTIONAL_BOUND = "upper bound: compute taken as proportional to the micro-batch (no batch curve covers it)"
@@ -461,7 +462,8 @@ def _compare_and_note(row: dict[str, Any], target: _Target, fit: _ModelFit, meas
         row.update(prediction_error.error_columns(regime, setting.errors))
         row["cluster"] = cluster.key
         row["cluster_basis"] = "scaling.predict_cluster" if setting.named is not None else setting.own_why
-        row["note"] += f"; on {cluster.name}; " + (
+        # its own column: the report says the cluster and its regimes' errors once, above the table
+        row["cluster_note"] = f"on {cluster.name}; " + (
             f"the model's typical error in its regime ({regime.key}) is ±{row['typical_error']:.1%}: {row['error_basis']}"
             if row["typical_error"] is not None
             else f"no typical error: {prediction_error.NO_BACK_TEST} ({regime.key})"
