@@ -3,16 +3,19 @@ kept as they are: benchmarks/gpu/h100-2026-11-25 and h100-2026-11-26) by the rec
 
     python -m scalerepro.analysis.rebuild --records <the two folders> --out OUT
 
-Tests of the report's points (issue 33) read ``h100_report``: the folder it wrote and the page's
-HTML. It runs once a test session, in a process where torch cannot be imported (the analysis side
-never needs it). The studies kept whole from GPU sessions (``<session>/study-results``) are rebuilt
-by ``rebuild_kept_study``; ``section``, ``section_element``, ``visible`` and ``table_rows`` read a
+Tests of the report's points read ``h100_report``: the folder it wrote and the page's HTML. It
+runs once a test run (every xdist worker reads the one build, ``built_once``), in a process where
+torch cannot be imported (the analysis side never needs it). The studies kept whole from GPU
+sessions (``<session>/study-results``) are rebuilt by ``rebuild_kept_study`` (once a run for the
+tests that only read it: ``kept_study_rebuilt_once``); ``section``, ``section_element``, ``visible`` and ``table_rows`` read a
 rendered page as its reader sees it."""
 
 from __future__ import annotations
 
+import fcntl
 import html as htmllib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -62,12 +65,34 @@ def rebuild_from_records(records: tuple[Path, ...], out: Path, *extra: str) -> s
     )
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder ``build`` fills once for the whole test run, for every xdist worker: the first to
+    ask builds it while the others wait on its lock, and later askers read it (never write to it).
+    Several test files read the same rebuilt report, each on whichever worker runs it."""
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        root = root.parent  # the run's folder, above each worker's own
+    folder = root / f"built-once-{name}"
+    with open(root / f"built-once-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".built").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def h100_report(tmp_path_factory) -> RenderedReport:
-    out = tmp_path_factory.mktemp("h100") / "out"
-    done = rebuild_from_records(H100_RECORDS, out)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return RenderedReport(out, (out / "report" / "index.html").read_text(), done.stderr)
+    def build(folder: Path) -> None:
+        done = rebuild_from_records(H100_RECORDS, folder / "out")
+        assert done.returncode == 0, done.stderr[-3000:]
+        (folder / "stderr.txt").write_text(done.stderr)
+
+    folder = built_once(tmp_path_factory, "h100-records", build)
+    out = folder / "out"
+    return RenderedReport(out, (out / "report" / "index.html").read_text(), (folder / "stderr.txt").read_text())
 
 
 @dataclass(frozen=True)
@@ -97,6 +122,17 @@ def rebuild_kept_study(kept: Path, root: Path, edit_config: Callable[[dict], Non
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return RebuiltStudy(results, (results / "report" / "index.html").read_text())
+
+
+def kept_study_rebuilt_once(tmp_path_factory, kept: Path) -> RebuiltStudy:
+    """``rebuild_kept_study`` of ``kept`` as it was kept, once for the whole test run (``built_once``):
+    for tests that only read what it wrote."""
+
+    def build(root: Path) -> None:
+        rebuild_kept_study(kept, root)
+
+    folder = built_once(tmp_path_factory, f"{kept.parent.name}-{kept.name}", build)
+    return RebuiltStudy(folder / "results", (folder / "results" / "report" / "index.html").read_text())
 
 
 def section(page: str, anchor: str) -> str:

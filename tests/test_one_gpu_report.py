@@ -23,7 +23,7 @@ from matplotlib import pyplot
 from scalerepro.analysis.presentation import inputs, plots, report
 
 from conftest import REPO
-from h100_report import RebuiltStudy, rebuild_kept_study, section, table_rows, visible
+from h100_report import RebuiltStudy, kept_study_rebuilt_once, rebuild_kept_study, section, table_rows, visible
 from report_study import CHROMIUM, Chromium
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
@@ -35,7 +35,7 @@ ONE_LINE = ("scaling", "why-not-faster", "sensitivity", "parallelism", "communic
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> RebuiltStudy:
-    return rebuild_kept_study(STUDY, tmp_path_factory.mktemp("h100-one-gpu"))
+    return kept_study_rebuilt_once(tmp_path_factory, STUDY)
 
 
 def section_order(page: str) -> list[str]:

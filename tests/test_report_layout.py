@@ -30,7 +30,7 @@ from scalerepro.analysis.tables import aggregate
 from scalerepro.telemetry import inventory
 
 from analysis_fixtures import REPO, Study, write_gpu_study
-from h100_report import RebuiltStudy, rebuild_kept_study
+from h100_report import RebuiltStudy, kept_study_rebuilt_once
 from report_study import CHROMIUM, Chromium
 
 REFERENCES = REPO / "config" / "references.yaml"
@@ -85,7 +85,7 @@ def browser_layout(page: Path, width: int) -> dict:
 @pytest.fixture(scope="module")
 def kept_study(tmp_path_factory) -> RebuiltStudy:
     """The one-H100 study of 2026-11-27 rebuilt: its scaling model predicts every model at 8, 16 and 64 GPUs."""
-    return rebuild_kept_study(KEPT_H100_STUDY, tmp_path_factory.mktemp("h100-study"))
+    return kept_study_rebuilt_once(tmp_path_factory, KEPT_H100_STUDY)
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (Debian: apt-get install chromium)")

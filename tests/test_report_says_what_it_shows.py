@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from h100_report import RebuiltStudy, rebuild_kept_study, section, section_element, table_rows, visible
+from h100_report import RebuiltStudy, kept_study_rebuilt_once, section, section_element, table_rows, visible
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> RebuiltStudy:
-    return rebuild_kept_study(STUDY, tmp_path_factory.mktemp("h100-study"))
+    return kept_study_rebuilt_once(tmp_path_factory, STUDY)
 
 
 def test_a_records_report_says_records_not_a_plan_and_reruns_by_the_records_own_command(h100_report):

@@ -24,7 +24,7 @@ from scalerepro.analysis.profiles import captures, classify, roofline, step
 from scalerepro.common import gpu_peaks
 
 from conftest import REPO
-from h100_report import RebuiltStudy, rebuild_kept_study, section, section_element, table_rows, visible
+from h100_report import RebuiltStudy, kept_study_rebuilt_once, section, section_element, table_rows, visible
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
 PROFILED = "strong_resnet18_cifar_g1_r1"
@@ -35,7 +35,7 @@ STEM = "void convolve_common_engine_float_NHWC"
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> RebuiltStudy:
-    return rebuild_kept_study(STUDY, tmp_path_factory.mktemp("h100-step"))
+    return kept_study_rebuilt_once(tmp_path_factory, STUDY)
 
 
 def _profile(study: RebuiltStudy) -> str:
