@@ -38,6 +38,9 @@ from scalerepro.analysis.tables import aggregate
 import analysis_fixtures
 from conftest import REPO, alone_on_the_machine, clean_env, load_record
 
+# Tests of two studies the real trainer ran (``studies``: 24 runs, timed) start training processes:
+# the slow tier's, as pyproject.toml's marker says.
+TRAINS = pytest.mark.slow
 REPEATS = 6
 SLOWDOWN = 2.0  # the CNN's steps in the candidate study take this many times as long
 COMMON = [
@@ -211,6 +214,7 @@ def _dump(store_path: Path) -> dict[str, list]:
 # --------------------------------------------------------------------------------------------
 
 
+@TRAINS
 def test_a_study_appended_twice_is_stored_once(studies, tmp_path):
     history = tmp_path / "history.duckdb"
     first = _appended(studies["baseline"], history)
@@ -234,6 +238,7 @@ def test_a_study_appended_twice_is_stored_once(studies, tmp_path):
         assert text == (studies["baseline"] / f"results/runs/{run_id}/record.json").read_text() and loader == "device"
 
 
+@TRAINS
 def test_two_processes_appending_at_once_both_land(studies, tmp_path):
     history = tmp_path / "history.duckdb"
     writers = [
@@ -278,6 +283,7 @@ def _hold_lock(history: Path, seconds: float) -> subprocess.Popen:
     return holder
 
 
+@TRAINS
 def test_a_writer_waits_for_the_lock_and_lands_or_gives_up_with_one_line(studies, tmp_path):
     history = tmp_path / "history.duckdb"
     _appended(studies["baseline"], history)
@@ -305,6 +311,7 @@ def test_a_writer_waits_for_the_lock_and_lands_or_gives_up_with_one_line(studies
     assert _dump(history) == before
 
 
+@TRAINS
 def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_path):
     history = tmp_path / "history.duckdb"
     cwd = os.getcwd()
@@ -395,6 +402,7 @@ def _commands(history: Path, exported: dict[str, Path]) -> dict[str, tuple]:
     }
 
 
+@TRAINS
 @pytest.mark.parametrize("case", DAMAGED_STORES, ids=[case[0] for case in DAMAGED_STORES])
 def test_a_damaged_or_foreign_store_is_one_line_for_every_command_and_is_left_as_it_was(studies, exported, tmp_path, capsys, monkeypatch, case):
     """Each of these was a DuckDB or pandas traceback (or, for a dropped table, an empty listing)."""
@@ -431,6 +439,7 @@ def _immutable_directory(directory: Path) -> contextlib.AbstractContextManager:
     return immutable()
 
 
+@TRAINS
 def test_a_store_in_a_read_only_directory_names_the_cause_and_stores_nothing(exported, tmp_path, capsys):
     """DuckDB cannot create its .wal beside the store; the error was hidden behind the ROLLBACK's
     "cannot rollback - no transaction is active" traceback."""
@@ -449,6 +458,7 @@ def test_a_store_in_a_read_only_directory_names_the_cause_and_stores_nothing(exp
     assert _dump(history) == before and not extract.exists()  # neither the import row nor the files
 
 
+@TRAINS
 def test_full_disk_paths_are_one_line_and_keep_what_was_there(studies, exported, tmp_path):
     """A full file system, as the kernel reports it to the writer (a file-size limit: EFBIG on
     the first block written), for every command that writes a file. Each was a traceback."""
@@ -516,6 +526,7 @@ def test_full_disk_paths_are_one_line_and_keep_what_was_there(studies, exported,
     assert not (tmp_path / "b.zip").exists() and not list(tmp_path.glob(".b.zip.*"))
 
 
+@TRAINS
 def test_numeric_options_and_output_paths_are_bounded_in_one_line(exported, tmp_path, capsys):
     """--resamples 0 was an IndexError traceback, --seed -1 a numpy one, a huge --resamples took
     the machine's memory, an output path that is a directory failed after the work."""
@@ -568,6 +579,7 @@ def test_environment_and_config_differences_are_named():
     assert compare.config_differences(a, b) == ["steps: 200 → 100"]
 
 
+@TRAINS
 def test_the_slowed_model_and_only_it_is_flagged_slower_with_its_factor_inside_the_interval(studies, tmp_path):
     """A 95 % interval misses the true ratio 5 % of the time by construction, and these CPU runs
     vary by up to ±20 % on a shared machine; so this test asks for a 99.9 % interval and a 20 %
@@ -617,6 +629,7 @@ def test_the_slowed_model_and_only_it_is_flagged_slower_with_its_factor_inside_t
     print(defaults.stdout)
 
 
+@TRAINS
 def test_selectors_name_the_study_or_say_in_one_line_why_not(studies, tmp_path):
     history = tmp_path / "history.duckdb"
     baseline = _appended(studies["baseline"], history)
@@ -646,6 +659,7 @@ def test_selectors_name_the_study_or_say_in_one_line_why_not(studies, tmp_path):
     assert missing.returncode == 2 and "no results store at" in missing.stderr and not (tmp_path / "none.duckdb").exists()
 
 
+@TRAINS
 def test_a_cluster_named_with_a_colon_is_selected_alone_or_with_its_partition(studies, tmp_path):
     """CLUSTER:PARTITION split at the first colon, so "site:a" could never be selected."""
     history = tmp_path / "history.duckdb"
@@ -743,6 +757,7 @@ def exported(studies, tmp_path_factory) -> dict[str, Path]:
     return {"store": history, "bundle": out, "root": root, "study": study}
 
 
+@TRAINS
 def test_a_bundle_against_latest_is_compared_with_the_newest_other_study(studies, exported, tmp_path):
     """`compare BUNDLE latest` said "same study" when the bundle's study was the newest stored."""
     facts = tmp_path / "facts.json"
@@ -754,6 +769,7 @@ def test_a_bundle_against_latest_is_compared_with_the_newest_other_study(studies
     assert (chosen["baseline"]["study_id"], chosen["candidate"]["study_id"]) == (candidate_id, baseline_id)
 
 
+@TRAINS
 def test_export_refuses_a_study_with_an_output_missing(studies, exported, tmp_path):
     """After a killed step, a full disk or a hand, export shipped what was left (4 of 17 tables)."""
     study = tmp_path / "study"
@@ -768,6 +784,7 @@ def test_export_refuses_a_study_with_an_output_missing(studies, exported, tmp_pa
     assert not out.exists()
 
 
+@TRAINS
 def test_export_packs_no_file_from_outside_the_study(studies, exported, tmp_path):
     """A symbolic link in results/ was followed: export packed the file it pointed to."""
     study = tmp_path / "study"
@@ -784,6 +801,7 @@ def test_export_packs_no_file_from_outside_the_study(studies, exported, tmp_path
     assert not out.exists() and not Path(f"{out}.sha256").exists()
 
 
+@TRAINS
 def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
     other = tmp_path / "other.duckdb"
     unpacked = tmp_path / "unpacked"
@@ -831,6 +849,7 @@ def test_export_then_import_round_trips_exactly(studies, exported, tmp_path):
     assert "python -m scalerepro.training.train --model cnn --per-gpu-batch 8" in commands.replace(sys.executable, "python")
 
 
+@TRAINS
 def test_a_bundle_can_be_compared_without_importing_it(studies, exported, tmp_path):
     baseline = json.loads((studies["baseline"] / "results/tables/store.json").read_text())["study_id"]
     from_store = _python(
@@ -860,6 +879,7 @@ def _rewritten(source: Path, target: Path, change) -> Path:
     return target
 
 
+@TRAINS
 def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(studies, exported, tmp_path):
     record = "results/runs/strong_cnn_g1_r1/record.json"
     cases = {
@@ -902,6 +922,7 @@ def test_a_tampered_or_truncated_bundle_is_refused_and_the_store_is_unchanged(st
         assert history.read_bytes() == before_bytes and _dump(history) == before, name
 
 
+@TRAINS
 def test_import_into_an_extract_path_that_is_a_link_leaves_the_store_untouched(exported, tmp_path):
     """The study was stored, then the unpacking failed on the link: a refusal must leave nothing."""
     history = tmp_path / "history.duckdb"
@@ -958,6 +979,7 @@ def _with_member(source: Path, target: Path, name: str, data: bytes) -> Path:
     return target
 
 
+@TRAINS
 def test_a_bundle_member_is_read_in_bounded_chunks(exported, tmp_path, monkeypatch):
     """A listed 1 GiB member of a 2 MB zip took 2.2 GB of memory on import: members are hashed as
     streams (a 64 MiB member: well under 32 MiB held), and one larger than a member may be is refused
@@ -976,6 +998,7 @@ def test_a_bundle_member_is_read_in_bounded_chunks(exported, tmp_path, monkeypat
         bundle.read_bundle(big)
 
 
+@TRAINS
 def test_a_bundle_adds_only_its_own_study(studies, exported, tmp_path):
     """A stranger's bundle whose runs name a study already in the store (every checksum agreeing)
     is refused in one line and leaves the store as it was: it added 20 runs to that study, and
@@ -1007,6 +1030,7 @@ MALFORMED = [
 ]
 
 
+@TRAINS
 @pytest.mark.parametrize("case", MALFORMED, ids=[case[0] for case in MALFORMED])
 def test_a_bundle_with_a_value_that_does_not_fit_is_refused_before_the_store_is_touched(exported, tmp_path, case):
     """Such a bundle was accepted (or refused with a traceback after an empty store was made), and
@@ -1026,6 +1050,7 @@ def _doubled(rows) -> None:
             run["samples_per_s"] *= 2
 
 
+@TRAINS
 def test_a_bundle_whose_figures_are_not_its_records_is_refused_by_compare_and_import(studies, exported, tmp_path):
     """Rows whose throughput is twice their own records' (every checksum agreeing) were compared as
     they said (each ratio off by a factor of 2: "2.000x faster" where nothing changed) and imported."""
@@ -1063,6 +1088,7 @@ UNTRUE = [
 ]
 
 
+@TRAINS
 @pytest.mark.parametrize("case", UNTRUE, ids=[case[0] for case in UNTRUE])
 def test_a_bundle_row_that_is_not_what_its_record_measured_is_refused(exported, tmp_path, case):
     """Each of these was imported with exit 0: a negative or zero throughput, a failed run counted,
@@ -1076,6 +1102,7 @@ def test_a_bundle_row_that_is_not_what_its_record_measured_is_refused(exported, 
     assert not history.exists()
 
 
+@TRAINS
 def test_the_same_records_under_another_study_id_are_named_a_repeat_and_stored_once(studies, tmp_path):
     """A study appended again after its config changed (a new study id) stored its records a second
     time, and the history counted each run twice. Now it is named a repeat of the stored study and
@@ -1097,6 +1124,7 @@ def test_the_same_records_under_another_study_id_are_named_a_repeat_and_stored_o
     assert again["study_id"] == stored and not again["new_study"] and again["runs_unchanged"] == 2 * REPEATS
 
 
+@TRAINS
 def test_a_bundle_of_stored_records_under_another_study_id_is_refused(exported, tmp_path):
     """The candidate's bundle with its study id rewritten (every checksum agreeing) was imported
     beside the same study, and each of its runs counted twice in the history."""
@@ -1123,6 +1151,7 @@ def test_a_bundle_of_stored_records_under_another_study_id_is_refused(exported, 
 # --------------------------------------------------------------------------------------------
 
 
+@TRAINS
 def test_the_report_shows_history_and_the_baseline_comparison(studies, tmp_path):
     history = tmp_path / "history.duckdb"
     tables = tmp_path / "tables"
