@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalerepro.analysis.presentation import report
+from scalerepro.analysis.tables import published_comparison, published_conditions
 from scalerepro.analysis.tables.loss_decomposition import loss_decomposition_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -505,6 +506,10 @@ def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sampl
         },
     }
     (root / "inventory.json").write_text(json.dumps(inventory))
+    # the published comparison as the aggregation writes it from these runs
+    figures, walks = published_comparison.comparison_tables(runs, published_conditions.read_references(REFERENCES), _comparison(), inventory)
+    figures.to_csv(tables / "published_comparison.csv", index=False)
+    walks.to_csv(tables / "gap_walk.csv", index=False)
     config = {
         "study_name": "default" + (EVIL if evil else ""),
         "device": "auto",

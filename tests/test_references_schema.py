@@ -18,8 +18,8 @@ import yaml
 
 from scalerepro.analysis import predict
 from scalerepro.analysis.columns import CONDITIONS, MATRIX_COLUMNS, REFERENCE_KINDS, REFERENCE_METRICS, REFERENCE_PRECISIONS
-from scalerepro.analysis.tables import aggregate, network_model, published_comparison, reproduction
-from scalerepro.common.references import REFERENCES_SCHEMA, ReferencesError, load_references
+from scalerepro.analysis.tables import aggregate, network_model, published_conditions, reproduction
+from scalerepro.common.references import REFERENCES_SCHEMA, ReferencesError, load_optional_references, load_references
 from scalerepro.planning import plan as planning
 
 from conftest import REPO, clean_env
@@ -183,12 +183,13 @@ def test_every_reader_of_the_file_refuses_it_alike(tmp_path, capsys):
         network_model.read_prediction_error,
         reproduction.read_target_gpu,
         reproduction.read_references,
+        published_conditions.read_references,  # the published comparison's
     )
     for reader in readers:
         with pytest.raises(ReferencesError) as again:
             reader(references)
         assert str(again.value) == str(refused.value), reader.__name__
     with pytest.raises(ReferencesError, match="links.intra_node: efficiency 1.2 is above 1"):
-        published_comparison.references_document(references)  # the report's links
+        load_optional_references(references)  # the report's links
     assert predict.main(["--list", "--references", str(references)]) == 2
     assert capsys.readouterr().err == f"scalerepro.analysis.predict: error: {refused.value}\n"

@@ -262,7 +262,8 @@ def test_missing_and_empty_inputs_are_holes_not_crashes(tmp_path):
     assert "No inventory" in section(page, "system")
     assert "No configuration" in section(page, "reproducibility")
     assert "Not measured: cost.csv is not there." in section(page, "cost")
-    assert "seed-resnet50-1" in section(page, "comparison")  # every reference is listed, none compared
+    # no published comparison table: a hole saying so, not "every reference stands beside a run"
+    assert section(page, "comparison").count("Not measured: published_comparison.csv is not there.") == 2
 
 
 def test_a_cpu_study_says_why_gpu_figures_are_missing(tmp_path):

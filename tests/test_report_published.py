@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import html
 import re
+import shutil
 
 import pandas as pd
 import yaml
 
+from scalerepro.analysis.presentation import report
+from scalerepro.analysis.presentation.formatting import fmt_ratio
 from scalerepro.analysis.tables import published_comparison, published_conditions
 
 from conftest import REPO
@@ -206,3 +209,23 @@ def test_the_references_beside_no_measurement_are_one_folded_compact_table(h100_
     # no reproduce run here: no table of dozens of "not comparable" rows in front of the reader
     reproduction = section[section.index('<h3 id="reproduction">') : section.index('<h3 id="context">')]
     assert "<table" not in reproduction and "not comparable" not in section and "This study ran no <code>reproduce</code> run" in reproduction
+
+
+def test_every_ratio_the_section_prints_is_the_one_the_aggregation_wrote(h100_report, tmp_path):
+    """The section reads published_comparison.csv and computes no figure of its own: each model's two
+    ratios on the page are the table's, and a table that says another ratio is what the page says."""
+    table = pd.read_csv(h100_report.out / "tables" / "published_comparison.csv")
+    figures = table[table["role"].isin(["best published", "like for like"])]
+    assert {"resnet50", "gpt2_small", "llama_1b"} <= set(figures["model"])
+    for figure in figures.itertuples():
+        cells = _cells(h100_report.html, figure.model)
+        ratio = cells[3] if figure.role == "best published" else cells[5]
+        assert ratio == fmt_ratio(figure.ratio), (figure.model, figure.role, cells)
+    tables = tmp_path / "tables"
+    shutil.copytree(h100_report.out / "tables", tables)
+    best = table.index[table["role"].eq("best published") & table["model"].eq("resnet50")][0]
+    table.loc[best, "ratio"] = 9.87
+    table.to_csv(tables / "published_comparison.csv", index=False)
+    out = h100_report.out
+    page = report.render(tables, out / "plots", out / "inventory" / "system.json", out / "tables" / "config.json", REFERENCES, REPO / "report")
+    assert _cells(page, "resnet50")[3] == "9.87×"

@@ -43,6 +43,7 @@ rule aggregate:
         records=[record_path(run) for run in RUNS.values()],
         comm=COMM_JSONS,
         references=REFERENCES_YAML,
+        inventory=INVENTORY_JSON,
         code=program_sources("aggregate"),
     output:
         tables=report(
@@ -69,7 +70,8 @@ rule aggregate:
         ),
     shell:
         "python -m scalerepro.analysis.tables.aggregate --matrix {input.matrix} --comm {params.comm}"
-        " --references {input.references} --out {params.out} {params.targets}"
+        " --references {input.references} --inventory {input.inventory}"
+        " --out {params.out} {params.targets}"
         " --predict-gpus {params.predict}{params.cluster} > {log} 2>&1"
 
 

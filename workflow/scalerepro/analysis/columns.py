@@ -31,6 +31,8 @@ AGGREGATE_TABLES = (
     "cost",
     "scaling_model",
     "loss_decomposition",
+    "published_comparison",
+    "gap_walk",
 )
 MATRIX_COLUMNS = (
     "run_id",

@@ -295,7 +295,9 @@ def rebuild(results: Path, references: Path, templates: Path) -> Rebuilt:
     comm = sorted((results / "comm").glob("g*.json"))
     scaling = config.get("scaling") or {}
     predict = scaling.get("predict_gpus", list(aggregate.scaling_model.DEFAULT_PREDICT_GPUS))
-    tables, left_out = aggregate.aggregate_study(matrix_path, comm, references, _targets(config), predict, scaling.get("predict_cluster"), results)
+    inventory = results / "inventory" / "system.json"
+    system = read_json_document(inventory, what="system inventory", max_bytes=64 << 20) if inventory.is_file() else None
+    tables, left_out = aggregate.aggregate_study(matrix_path, comm, references, _targets(config), predict, scaling.get("predict_cluster"), results, system)
     summaries, not_this_study = captures.study_summaries(results, config, matrix)  # made again from the captures, with today's code
     left_out += not_this_study
     if summaries:
@@ -305,7 +307,6 @@ def rebuild(results: Path, references: Path, templates: Path) -> Rebuilt:
     summary = aggregate.write_tables(tables, tables_dir, left_out)
     drawn = plots.draw(plots.read_tables(tables_dir), results / "plots")
     out = results / "report" / "index.html"
-    inventory = results / "inventory" / "system.json"
     html = report.render(tables_dir, results / "plots", inventory, config_path, references, templates, out.parent)
     write_text_atomically(out, html)
     return {"summary": summary, "figures": drawn, "profiled_runs": len(summaries), "report": out, "left_out": left_out}

@@ -45,6 +45,7 @@ from scalerepro.analysis.presentation.headline import headline_section, mfu_colu
 from scalerepro.analysis.presentation.inputs import Figure, Row, load_figure, read_json, read_table, readable_inventory, require_aggregation, rows
 from scalerepro.analysis.presentation.inventory_view import describe_inventory, hosts_of_runs
 from scalerepro.analysis.presentation.loss_view import loss_rows
+from scalerepro.analysis.presentation.published_view import published_section
 from scalerepro.analysis.presentation.report_facts import (
     comparison_groups,
     counts_of,
@@ -67,10 +68,10 @@ from scalerepro.analysis.presentation.report_facts import (
     withheld_figures,
 )
 from scalerepro.analysis.presentation.scaling_model_view import scaling_model_section
-from scalerepro.analysis.tables import published_comparison
 from scalerepro.analysis.tables.network_model import DEFAULT_LINK_EFFICIENCY
 from scalerepro.common.cli import OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
+from scalerepro.common.references import load_optional_references
 
 # The tables the report shows, by file stem: the aggregation's, but the per-epoch and per-step
 # logs (the figures draw those).
@@ -269,7 +270,7 @@ class ReportContext:
     # Measured vs published
     published_comparison: dict[
         str, Any
-    ]  # per measured model its best published and like-for-like figures, and the references beside no run (published_comparison.report_context)
+    ]  # per measured model its best published and like-for-like figures, and the references beside no run (published_view.published_section)
     comparison_groups: dict[str, list[Row]]  # comparison.csv by group, "reproduction" and "context" (comparison_groups)
     verdict_counts: list[tuple[str, int]]  # (verdict, how many references got it), VERDICTS first
     tolerance: float  # targets.reproduce_tolerance: how far from 1 a ratio is still reproduced
@@ -316,7 +317,7 @@ def build_context(
     if inventory_problem is not None:  # another machine's: nothing of it is shown as this study's system
         inventory = None
     config = read_json(config_path)
-    references_doc = published_comparison.references_document(references_path)
+    references_doc = load_optional_references(references_path)  # for its links
     summary = read_json(Path(tables_dir) / "summary.json")
     ok = ok_runs(runs)
     ok, tables["parallelism"], mfu_headers = mfu_columns(ok, tables["parallelism"])  # the peak each MFU is against
@@ -378,7 +379,7 @@ def build_context(
         links=shown_links(references_doc.get("links")),
         profiling=profiling_section(Path(tables_dir), report_dir),
         bottlenecks=bottleneck_rows(runs, scaling, inventory, Path(tables_dir)),
-        published_comparison=published_comparison.report_context(runs, references_path, tables["comparison"], inventory),
+        published_comparison=published_section(tables["published_comparison"], tables["gap_walk"], tables["comparison"]),
         comparison_groups=comparison_groups(tables["comparison"]),
         verdict_counts=verdict_counts(tables["comparison"]),
         tolerance=targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE),

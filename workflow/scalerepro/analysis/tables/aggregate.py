@@ -2,7 +2,8 @@
 
     python -m scalerepro.analysis.tables.aggregate --matrix results/tables/matrix.csv \
         --comm results/comm/g2.json results/comm/g4.json --references config/references.yaml \
-        --out results/tables --targets "$(yq -o json .targets config/config.yaml)"
+        --out results/tables --targets "$(yq -o json .targets config/config.yaml)" \
+        --inventory results/inventory/system.json
 
 Inputs: the matrix (one row per *expected* run, with the path of its record; relative paths are
 resolved against the current directory, the workflow's working directory), the run records
@@ -137,6 +138,11 @@ loss_decomposition.csv -- each multi-rank strong or weak cell's loss against ide
     into measured parts (compute inflation, exposed communication, straggler wait, data stall,
     the unexplained rest), each with its interval over repeats, and the bottleneck: see
     ``scalerepro.analysis.tables.loss_decomposition``.
+published_comparison.csv, gap_walk.csv -- each measured model beside its best published and best
+    like-for-like figures (or why none), the references beside no run here, and the gap walk from
+    the like-for-like figure to the measured one: see
+    ``scalerepro.analysis.tables.published_comparison``. The power cap a record leaves out is the
+    inventory's (``--inventory``) where that inventory is of the runs' machines.
 summary.json -- run counts by status, device names and types, git commits, torch versions,
     inconsistent runs, check counts, comparison verdict counts, cpu_study, noisy_cells.
 """
@@ -155,14 +161,15 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, TARGETS, VERDICTS
-from scalerepro.analysis.study_files import LeftOut, comm_problem
-from scalerepro.analysis.tables import loss_decomposition, scaling_model
+from scalerepro.analysis.evidence import EvidenceError, read_json_document
+from scalerepro.analysis.study_files import LeftOut, comm_problem, inventory_problem
+from scalerepro.analysis.tables import loss_decomposition, published_comparison, published_conditions, scaling_model
 from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, parallelism_table, scaling_table, sensitivity_table
 from scalerepro.analysis.tables.check_definitions import parse_checks
 from scalerepro.analysis.tables.checking import checks_table, cpu_study
 from scalerepro.analysis.tables.readers import communication_table, read_comm, read_matrix, read_runs
 from scalerepro.analysis.tables.reproduction import comparison_table, read_references, read_target_gpu
-from scalerepro.common.cli import OneLineErrorParser, bounded_int, error_boundary
+from scalerepro.common.cli import CommandError, OneLineErrorParser, bounded_int, error_boundary
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.study_layout import study_folder_of
 
@@ -198,10 +205,12 @@ def aggregate(
     predict_gpus: Sequence[int] = scaling_model.DEFAULT_PREDICT_GPUS,
     predict_cluster: str | None = None,
     study: str | os.PathLike[str] | None = None,
+    inventory: Any = None,
 ) -> dict[str, pd.DataFrame]:
     """Every table, by file stem (see the module docstring). ``study``: the study folder the
-    matrix's record paths resolve in (readers.read_matrix), by default the matrix's own."""
-    return aggregate_study(matrix_path, comm_paths, references_path, targets, predict_gpus, predict_cluster, study)[0]
+    matrix's record paths resolve in (readers.read_matrix), by default the matrix's own;
+    ``inventory``: the study's system.json as read (None: none)."""
+    return aggregate_study(matrix_path, comm_paths, references_path, targets, predict_gpus, predict_cluster, study, inventory)[0]
 
 
 def aggregate_study(
@@ -212,6 +221,7 @@ def aggregate_study(
     predict_gpus: Sequence[int] = scaling_model.DEFAULT_PREDICT_GPUS,
     predict_cluster: str | None = None,
     study: str | os.PathLike[str] | None = None,
+    inventory: Any = None,
 ) -> tuple[dict[str, pd.DataFrame], list[str]]:
     """``aggregate``'s tables, and the files it did not take as this study's, each with why: an
     all-reduce result that is not of the runs' communication (study_files.comm_problem)."""
@@ -241,6 +251,11 @@ def aggregate_study(
         runs, tables["scaling"], comm_paths, references_path, predict_gpus, predict_cluster, dict(zip(matrix["run_id"], matrix["record_file"]))
     )
     tables["loss_decomposition"] = loss_decomposition.loss_decomposition_table(runs, tables["scaling"])
+    # another machine's inventory says nothing of these runs' GPUs (the report leaves it out alike)
+    machine = inventory if inventory_problem(inventory, runs) is None else None
+    tables["published_comparison"], tables["gap_walk"] = published_comparison.comparison_tables(
+        runs, published_conditions.read_references(references_path), tables["comparison"], machine
+    )
     return tables, left_out
 
 
@@ -276,6 +291,16 @@ def _targets(text: str) -> dict[str, Any]:
 _PROG = "scalerepro.analysis.tables.aggregate"
 
 
+def _inventory(path: Path | None) -> Any:
+    """``--inventory``: the system inventory as read, or None where none is given."""
+    if path is None:
+        return None
+    try:
+        return read_json_document(path, what="system inventory", max_bytes=64 << 20)
+    except EvidenceError as error:
+        raise CommandError(f"{error}: give the system.json that scalerepro.telemetry.inventory wrote") from None
+
+
 @error_boundary(_PROG)
 def main(argv: list[str]) -> int:
     parser = OneLineErrorParser(
@@ -301,9 +326,11 @@ def main(argv: list[str]) -> int:
         metavar="PRESET",
         help="predict those counts on this cluster preset (clusters in --references, e.g. dgx_h100) with the model's typical error",
     )
+    parser.add_argument("--inventory", type=Path, help="the study's system inventory (results/inventory/system.json): a power cap the records leave out")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    tables, left_out = aggregate_study(args.matrix, args.comm, args.references, args.targets, args.predict_gpus, args.predict_cluster)
+    inventory = _inventory(args.inventory)
+    tables, left_out = aggregate_study(args.matrix, args.comm, args.references, args.targets, args.predict_gpus, args.predict_cluster, inventory=inventory)
     summary = write_tables(tables, args.out, left_out)
     for line in left_out:
         print(f"aggregate: left out {line}", file=sys.stderr)

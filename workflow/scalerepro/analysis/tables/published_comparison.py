@@ -31,15 +31,27 @@ figure to the measured one.
                    sequences per second, or tokens per second)
 
 The gap walk from the like-for-like figure to the measured one is ``gap_walk``'s; the conditions
-and the measured cells are ``published_conditions``'. The analysis side: pandas only, no torch.
+and the measured cells are ``published_conditions``'. The aggregation writes the result as two
+tables (``comparison_tables``), which the report reads:
+
+    published_comparison.csv  a row per measured model and device and ROLE: its "best published"
+                   and "like for like" figures (per GPU, the ratio, what differs, what is unknown
+                   and the conditions the source states, list cells as JSON), or "no like for like"
+                   (why, and each figure of the model that fails the rule: ``failed``) or "no
+                   published figure" (why); the measured cell's median, n and spread on each of its
+                   rows; and a row per reference beside no run here ("beside no run", why)
+    gap_walk.csv   each walk from a like-for-like figure in order: its steps ("measured", "not
+                   measured"), the unexplained rest ("rest"), and each cell of the model that no
+                   step uses ("not a step")
+
+The analysis side: pandas only, no torch.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import re
 from collections.abc import Mapping, Sequence, Set
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -58,14 +70,86 @@ from scalerepro.analysis.tables.published_conditions import (
     measured_words,
     plain_value,
     published_words,
-    read_references,
     reference_conditions,
     same_rate,
     state_of,
     words,
 )
 from scalerepro.analysis.tables.reproduction import _same_device
-from scalerepro.common.references import load_optional_references
+
+# What a row of published_comparison.csv is
+BEST, LIKE, NO_LIKE, NO_FIGURE, BESIDE_NO_RUN = "best published", "like for like", "no like for like", "no published figure", "beside no run"
+ROLES = (BEST, LIKE, NO_LIKE, NO_FIGURE, BESIDE_NO_RUN)
+NOT_A_STEP = "not a step"  # a gap_walk.csv row: a cell of the model more than one lever from every other
+
+# The tables' columns (the module docstring)
+PUBLISHED_COMPARISON_COLUMNS = (
+    "role",
+    "model",
+    "device",
+    "gpus",
+    "study",
+    "metric",
+    "measured",
+    "repeats",
+    "spread_kind",
+    "spread_n",
+    "spread_low",
+    "spread_high",
+    "spread_steps",
+    "measured_runs",
+    "reference",
+    "kind",
+    "published",
+    "published_value",
+    "published_gpus",
+    "published_metric",
+    "ratio",
+    "per_gpu_note",
+    "stand_in",
+    "framework",
+    "metric_notes",
+    "source",
+    "stated",
+    "differs",
+    "unknown",
+    "walk_measured",
+    "unreached",
+    "reached",
+    "why",
+    "failed",
+)
+GAP_WALK_COLUMNS = (
+    "model",
+    "device",
+    "gpus",
+    "like_reference",
+    "step",
+    "status",
+    "lever",
+    "label",
+    "from",
+    "to",
+    "ratio",
+    "ratio_ci_low",
+    "ratio_ci_high",
+    "from_median",
+    "from_n",
+    "from_runs",
+    "to_median",
+    "to_n",
+    "to_runs",
+    "held",
+    "sessions",
+    "explained",
+    "total",
+    "what",
+    "runs",
+    "median",
+    "n",
+    "levers",
+    "apart",
+)
 
 # --------------------------------------------------------------------------------------------
 # The best published figure and the like-for-like one
@@ -251,12 +335,6 @@ def _why_none(references: pd.DataFrame, model: str, device: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _anchor(model: str, device: str, devices: int) -> str:
-    """The row's id: published-<model>, with the device where the report has several."""
-    token = lambda text: re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")  # noqa: E731
-    return f"published-{token(model)}" + (f"-{token(device)}" if devices > 1 else "")
-
-
 def published_table(runs: pd.DataFrame, references: pd.DataFrame, inventory: Any = None) -> list[dict[str, Any]]:
     """One row per measured model and device: the best cell (median per GPU, n, spread, runs), the
     best published figure of its class (``best``), the best like-for-like one (``like``, else
@@ -265,7 +343,6 @@ def published_table(runs: pd.DataFrame, references: pd.DataFrame, inventory: Any
     (``stops_short``); ``why_none`` where there is no figure at all."""
     cells = measured_cells(runs, inventory)
     pairs = list(dict.fromkeys((c.model, c.device) for c in cells))
-    devices = len({device for _, device in pairs})
     rows = []
     for model, device in pairs:
         cell = best_cell([c for c in cells if (c.model, c.device) == (model, device)])
@@ -285,7 +362,6 @@ def published_table(runs: pd.DataFrame, references: pd.DataFrame, inventory: Any
                 "device": device,
                 "gpus": cell.gpus,
                 "study": cell.study,
-                "anchor": _anchor(model, device, devices),
                 "metric": "tokens_per_s_per_gpu" if tokens else "samples_per_s",
                 "measured": spread["median"],
                 "repeats": spread["n"],
@@ -366,27 +442,112 @@ def unshown_references(
     return sorted(out, key=lambda r: (group[r["id"]], str(r["gpu"]), str(r["model"]), r["gpus"] or 0))
 
 
-def references_document(references_path: str | os.PathLike[str] | None) -> dict[str, Any]:
-    """The references file for what else the report shows of it (the links), checked against its
-    schema as everywhere; empty without one."""
-    return load_optional_references(references_path)
-
-
-def report_context(runs: pd.DataFrame, references_path: str | os.PathLike[str] | None, comparison: pd.DataFrame, inventory: Any = None) -> dict[str, Any]:
-    """What the report's "Measured vs published" section shows of this module: a row per measured
-    model (its best published and like-for-like figures, the gap walk), whether the reproduction
-    table is shown, and the references beside no measurement here. No references file: no
-    reference."""
-    if references_path is not None and Path(references_path).is_file():
-        references = read_references(references_path)
-    else:
+def comparison_tables(runs: pd.DataFrame, references: pd.DataFrame, comparison: pd.DataFrame, inventory: Any = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """published_comparison.csv and gap_walk.csv (module docstring): per measured model and device,
+    a row for each figure set beside it (ROLES), and the references beside no run here with why;
+    the gap walks' steps. ``comparison`` is the reproduction table (comparison.csv): a reference
+    it shows is not listed again as beside no run."""
+    if references.empty:
         references = pd.DataFrame(columns=[*REFERENCE_COLUMNS, *EXTRA_COLUMNS])
     rows = published_table(runs, references, inventory)
-    shown_in_reproduction: set[str] = set()
+    shown: set[str] = set()
     if reproduction_shown(comparison) and "group" in comparison.columns:
-        shown_in_reproduction = set(comparison.loc[comparison["group"].eq("reproduction"), "reference"].astype(str))
-    return {
-        "rows": rows,
-        "reproduction_shown": reproduction_shown(comparison),
-        "unshown": unshown_references(references, rows, runs, shown_in_reproduction, inventory),
+        shown = set(comparison.loc[comparison["group"].eq("reproduction"), "reference"].astype(str))
+    unshown = unshown_references(references, rows, runs, shown, inventory)
+    figures = [record for row in rows for record in _role_records(row)]
+    figures += [{"role": BESIDE_NO_RUN, **_beside_no_run(ref)} for ref in unshown]
+    steps = [
+        {**_where(row), "like_reference": row["like"]["reference"], "step": i, **_step_record(step)}
+        for row in rows
+        if row["like"]
+        for i, step in enumerate(_steps(row["walk"]))
+    ]
+    return (
+        pd.DataFrame(figures, columns=list(PUBLISHED_COMPARISON_COLUMNS)),
+        pd.DataFrame(steps, columns=list(GAP_WALK_COLUMNS)),
+    )
+
+
+def _where(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"model": row["model"], "device": row["device"], "gpus": row["gpus"]}
+
+
+def _role_records(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A measured model's rows: its best published figure and its like-for-like one, or why none."""
+    spread = row["spread"]
+    measured = {
+        **_where(row),
+        "study": row["study"],
+        "metric": row["metric"],
+        "measured": row["measured"],
+        "repeats": row["repeats"],
+        "spread_kind": spread.get("kind"),
+        "spread_n": spread.get("n"),
+        "spread_low": spread.get("low"),
+        "spread_high": spread.get("high"),
+        "spread_steps": spread.get("steps"),
+        "measured_runs": row["measured_runs"],
     }
+    if row["best"] is None:
+        return [{"role": NO_FIGURE, **measured, "why": row["why_none"]}]
+    short = row["stops_short"] or {}
+    records = [
+        {"role": BEST, **measured, **_figure_record(row["best"]), "unreached": _listed(short.get("unreached")), "reached": _listed(short.get("reached"))}
+    ]
+    if row["like"] is not None:
+        records.append({"role": LIKE, **measured, **_figure_record(row["like"]), "walk_measured": row["walk_measured"]})
+    else:
+        records.append({"role": NO_LIKE, **measured, "why": row["like_none"]["text"], "failed": json.dumps(row["like_none"]["failed"])})
+    return records
+
+
+def _figure_record(figure: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "reference": figure["reference"],
+        "kind": figure["kind"],
+        "published": figure["published"],
+        "published_value": figure["published_value"],
+        "published_gpus": figure["published_gpus"],
+        "published_metric": figure["metric"],
+        "ratio": figure["ratio"],
+        "per_gpu_note": figure["per_gpu_note"],
+        "stand_in": figure["stand_in"],
+        "framework": figure["framework"],
+        "metric_notes": figure["metric_notes"],
+        "source": figure["source"],
+        "stated": _listed(figure["stated"]),
+        "differs": _listed(figure["differs"]),
+        "unknown": _listed(figure["unknown"]),
+    }
+
+
+def _beside_no_run(ref: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "model": ref["model"],
+        "device": ref["gpu"],
+        "reference": ref["id"],
+        "kind": ref["kind"],
+        "published_value": ref["value"],
+        "published_gpus": ref["gpus"],
+        "published_metric": ref["metric"],
+        "why": ref["why"],
+    }
+
+
+def _steps(walk: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A walk's steps, its rest, then each cell no step used (status NOT_A_STEP)."""
+    return [step for step in walk if step["status"] != "rest"] + [
+        item
+        for step in walk
+        if step["status"] == "rest"
+        for item in ({k: v for k, v in step.items() if k != "unused"}, *({"status": NOT_A_STEP, **u} for u in step["unused"]))
+    ]
+
+
+def _step_record(step: Mapping[str, Any]) -> dict[str, Any]:
+    return {**{k: v for k, v in step.items() if k != "what"}, "what": _listed(step.get("what"))}
+
+
+def _listed(items: Sequence[str] | None) -> str | None:
+    """A list cell, as JSON (its items may hold any separator)."""
+    return None if items is None else json.dumps(list(items))

@@ -1,0 +1,159 @@
+"""What the report's "Measured vs published" section shows of published_comparison.csv and
+gap_walk.csv: a row per measured model and device (its best published and like-for-like figures,
+or why none, and its gap walk), whether the reproduction table is shown, and the references beside
+no run here.
+
+The figures are the tables' (``scalerepro.analysis.tables.published_comparison`` wrote them); this
+module only puts each model's rows back together as the section lays them out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from scalerepro.analysis.presentation.inputs import Row, rows
+from scalerepro.analysis.tables.published_comparison import BESIDE_NO_RUN, BEST, LIKE, NO_FIGURE, NO_LIKE, NOT_A_STEP, reproduction_shown
+
+# columns of whole numbers (pandas reads a column with gaps as floats)
+_WHOLE = ("gpus", "repeats", "spread_n", "spread_steps", "published_gpus", "step", "from_n", "to_n", "n", "levers")
+# list cells, written as JSON
+_LISTS = ("stated", "differs", "unknown", "unreached", "reached", "what", "failed")
+
+
+def anchor(model: str, device: str, devices: int) -> str:
+    """A row's id: published-<model>, with the device where the report has several."""
+
+    def token(text: str) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
+
+    return f"published-{token(model)}" + (f"-{token(device)}" if devices > 1 else "")
+
+
+def _read(frame: pd.DataFrame) -> list[Row]:
+    """The table's rows in the order written, whole numbers as ints and list cells as lists."""
+    out = []
+    for row in rows(frame):
+        for key in _WHOLE:
+            if isinstance(row.get(key), float) and row[key].is_integer():
+                row[key] = int(row[key])
+        for key in _LISTS:
+            if isinstance(row.get(key), str):
+                row[key] = json.loads(row[key])
+        out.append(row)
+    return out
+
+
+def _figure(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "reference": row["reference"],
+        "kind": row["kind"],
+        "published": row["published"],
+        "published_value": row["published_value"],
+        "published_gpus": row["published_gpus"],
+        "metric": row["published_metric"],
+        "ratio": row["ratio"],
+        "per_gpu_note": row["per_gpu_note"],
+        "stand_in": row["stand_in"],
+        "framework": row["framework"],
+        "metric_notes": row["metric_notes"],
+        "source": row["source"],
+        "stated": row["stated"] or [],
+        "differs": row["differs"] or [],
+        "unknown": row["unknown"] or [],
+    }
+
+
+def _walk(steps: list[Row]) -> list[Row]:
+    """A walk as the section reads it: its steps, then the rest with the cells no step used."""
+    unused = [step for step in steps if step["status"] == NOT_A_STEP]
+    walk = [step for step in steps if step["status"] != NOT_A_STEP]
+    for step in walk:
+        if step["status"] == "rest":
+            step["unused"] = unused
+            step["what"] = step["what"] or []
+    return walk
+
+
+def _model_row(figures: list[Row], steps: list[Row], devices: int) -> dict[str, Any]:
+    first = figures[0]
+    by_role = {row["role"]: row for row in figures}
+    best, like = by_role.get(BEST), by_role.get(LIKE)
+    short = None
+    if best is not None and like is not None and best["reference"] != like["reference"] and best["unreached"] is not None:
+        short = {
+            "reference": best["reference"],
+            "ratio": best["ratio"],
+            "like": like["reference"],
+            "unreached": best["unreached"],
+            "reached": best["reached"] or [],
+        }
+    no_like = by_role.get(NO_LIKE)
+    return {
+        "model": first["model"],
+        "device": first["device"],
+        "gpus": first["gpus"],
+        "study": first["study"],
+        "anchor": anchor(first["model"], first["device"], devices),
+        "metric": first["metric"],
+        "measured": first["measured"],
+        "repeats": first["repeats"],
+        "spread": {
+            "kind": first["spread_kind"],
+            "n": first["spread_n"],
+            "low": first["spread_low"],
+            "high": first["spread_high"],
+            "steps": first["spread_steps"],
+        },
+        "measured_runs": first["measured_runs"],
+        "best": None if best is None else _figure(best),
+        "like": None if like is None else _figure(like),
+        "like_none": None if no_like is None else {"text": no_like["why"], "failed": no_like["failed"] or []},
+        "why_none": by_role[NO_FIGURE]["why"] if NO_FIGURE in by_role else "",
+        "walk": _walk(steps),
+        "stops_short": short,
+        "walk_published": None if like is None else like["published_value"],
+        "walk_measured": None if like is None else like["walk_measured"],
+        "walk_metric": None if like is None else like["published_metric"],
+    }
+
+
+def published_section(published: pd.DataFrame, gap_walk: pd.DataFrame, comparison: pd.DataFrame) -> dict[str, Any]:
+    """The section's context from published_comparison.csv, gap_walk.csv and comparison.csv: ``rows``
+    (per measured model, as the template reads them), ``reproduction_shown``, ``unshown`` (the
+    references beside no run here, with why) and ``missing`` (no row at all: the aggregation wrote
+    none, which a references file with any reference never leaves)."""
+    figures, steps = _read(published), _read(gap_walk)
+    measured = [row for row in figures if row["role"] != BESIDE_NO_RUN]
+    pairs = list(dict.fromkeys((row["model"], row["device"]) for row in measured))
+    devices = len({device for _, device in pairs})
+    return {
+        "missing": published.empty,
+        "rows": [
+            _model_row(
+                [row for row in measured if (row["model"], row["device"]) == pair],
+                [step for step in steps if (step["model"], step["device"]) == pair],
+                devices,
+            )
+            for pair in pairs
+        ],
+        "reproduction_shown": reproduction_shown(comparison),
+        "unshown": [
+            {
+                "id": row["reference"],
+                "model": row["model"],
+                "gpu": row["device"],
+                "gpus": row["published_gpus"],
+                "metric": row["published_metric"],
+                "value": row["published_value"],
+                "kind": row["kind"],
+                "why": row["why"],
+            }
+            for row in figures
+            if row["role"] == BESIDE_NO_RUN
+        ],
+    }
