@@ -17,10 +17,8 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.presentation.inputs import Row, rows
-from scalerepro.analysis.tables.published_comparison import BESIDE_NO_RUN, BEST, LIKE, NO_FIGURE, NO_LIKE, NOT_A_STEP, reproduction_shown
+from scalerepro.analysis.tables.published_comparison import BESIDE_NO_RUN, BEST, LIKE, NO_FIGURE, NO_LIKE, NOT_A_STEP, WHOLE_COLUMNS, reproduction_shown
 
-# columns of whole numbers (pandas reads a column with gaps as floats)
-_WHOLE = ("gpus", "repeats", "spread_n", "spread_steps", "published_gpus", "step", "from_n", "to_n", "n", "levers")
 # list cells, written as JSON
 _LISTS = ("stated", "differs", "unknown", "unreached", "reached", "what", "failed")
 
@@ -38,7 +36,7 @@ def _read(frame: pd.DataFrame) -> list[Row]:
     """The table's rows in the order written, whole numbers as ints and list cells as lists."""
     out = []
     for row in rows(frame):
-        for key in _WHOLE:
+        for key in WHOLE_COLUMNS:  # pandas reads a column with gaps as floats
             if isinstance(row.get(key), float) and row[key].is_integer():
                 row[key] = int(row[key])
         for key in _LISTS:

@@ -462,10 +462,18 @@ def comparison_tables(runs: pd.DataFrame, references: pd.DataFrame, comparison: 
         if row["like"]
         for i, step in enumerate(_steps(row["walk"]))
     ]
-    return (
-        pd.DataFrame(figures, columns=list(PUBLISHED_COMPARISON_COLUMNS)),
-        pd.DataFrame(steps, columns=list(GAP_WALK_COLUMNS)),
-    )
+    return _counts(pd.DataFrame(figures, columns=list(PUBLISHED_COMPARISON_COLUMNS))), _counts(pd.DataFrame(steps, columns=list(GAP_WALK_COLUMNS)))
+
+
+# the columns that count something, written as whole numbers though some rows leave them empty
+WHOLE_COLUMNS = ("gpus", "repeats", "spread_n", "spread_steps", "published_gpus", "step", "from_n", "to_n", "n", "levers")
+
+
+def _counts(frame: pd.DataFrame) -> pd.DataFrame:
+    for column in WHOLE_COLUMNS:
+        if column in frame.columns:
+            frame[column] = pd.to_numeric(frame[column]).round().astype("Int64")
+    return frame
 
 
 def _where(row: Mapping[str, Any]) -> dict[str, Any]:
