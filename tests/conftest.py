@@ -88,18 +88,8 @@ def learnable_cifar_split(count: int, seed: int) -> cifar10.Split:
 # on the same two cores would distort: those are marked `measures`. Every test, from the setup of
 # its fixtures (a module's study included) to their teardown, holds the machine shared; a test
 # that measures holds it alone, waiting for the other worker's current test to end and keeping
-# new ones out (the gate lets a waiting measurement go before tests that arrive after it). A
-# fixture that times only part of its work holds the machine alone for that part
-# (``alone_on_the_machine``), so the rest of its file's tests share the machine.
+# new ones out (the gate lets a waiting measurement go before tests that arrive after it).
 _MACHINE = Path(tempfile.gettempdir()) / f"scalerepro-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', '')}"
-_held: list = []  # the machine lock file of the test this worker runs now
-
-
-def _take(machine, mode: int) -> None:
-    with open(_MACHINE / "gate", "a") as gate:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(machine, mode)
-        fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -108,47 +98,27 @@ def _machine(mode: int) -> Iterator[None]:
         yield  # one process runs every test: nothing runs beside a measurement
         return
     _MACHINE.mkdir(exist_ok=True)
-    with open(_MACHINE / "machine", "a") as machine:
-        _take(machine, mode)
-        _held.append(machine)
+    with open(_MACHINE / "gate", "a") as gate, open(_MACHINE / "machine", "a") as machine:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(machine, mode)
+        fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
-            _held.remove(machine)
             fcntl.flock(machine, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def alone_on_the_machine() -> Iterator[None]:
-    """Inside a test that shares the machine: hold it alone, on every core, as a ``measures`` test
-    does, then share it again. The shared lock is let go before the exclusive one is waited for
-    (through the gate), so two workers that both wait cannot wait on each other."""
-    if not _held:
-        yield
-        return
-    machine, cores = _held[-1], os.sched_getaffinity(0)
-    fcntl.flock(machine, fcntl.LOCK_UN)
-    _take(machine, fcntl.LOCK_EX)
-    _compute_on(ALL_CORES)
-    try:
-        yield
-    finally:
-        _compute_on(cores)
-        fcntl.flock(machine, fcntl.LOCK_SH)
 
 
 # The longest files go first, the two studies (minutes each, mostly waiting on Snakemake and Slurm)
 # one on each worker, and the short files fill the end. xdist keeps this order only with
 # --no-loadscope-reorder (pyproject.toml): by default it sends the files with the most tests first,
 # which started the Slurm study (6 minutes of a few tests) 8 minutes in, as the run's tail. The
-# fast tier's longest files follow (its tail was the store's minute, sent last in name order).
+# fast tier's longest files follow.
 LONGEST_FIRST = (
     "test_slurm.py",
     "test_workflow.py",
     "test_parallel.py",
     "test_distributed.py",
     "test_trainer.py",
-    "test_store.py",
     "test_one_gpu_report.py",
     "test_analysis.py",
     "test_study_evidence.py",

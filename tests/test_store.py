@@ -36,11 +36,13 @@ from scalerepro.analysis.presentation import report
 from scalerepro.analysis.tables import aggregate
 
 import analysis_fixtures
-from conftest import REPO, alone_on_the_machine, clean_env, load_record
+from conftest import REPO, clean_env, load_record
 
 # Tests of two studies the real trainer ran (``studies``: 24 runs, timed) start training processes:
 # the slow tier's, as pyproject.toml's marker says.
 TRAINS = pytest.mark.slow
+# The studies' runs are timed and their ratios asserted: nothing runs beside this file's tests.
+pytestmark = pytest.mark.measures
 REPEATS = 6
 SLOWDOWN = 2.0  # the CNN's steps in the candidate study take this many times as long
 COMMON = [
@@ -165,8 +167,7 @@ def studies(tmp_path_factory) -> dict[str, Path]:
                 plan.append({"args": args, "slowdown": {"cnn": SLOWDOWN} if name == "candidate" else {}})
     (root / "plan.json").write_text(json.dumps(plan))
     started = time.monotonic()
-    with alone_on_the_machine():  # the runs are timed and their ratios asserted: nothing runs beside them
-        runs = _python(str(REPO / "tests/slowed_trainer.py"), str(root / "plan.json"), timeout=300)
+    runs = _python(str(REPO / "tests/slowed_trainer.py"), str(root / "plan.json"), timeout=300)
     assert runs.returncode == 0, runs.stdout[-2000:] + runs.stderr[-3000:]
     print(f"\n{len(plan)} trainer runs in {time.monotonic() - started:.1f} s")
     for directory in dirs.values():

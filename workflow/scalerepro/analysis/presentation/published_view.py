@@ -17,7 +17,19 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.presentation.inputs import Row, rows
-from scalerepro.analysis.tables.published_comparison import BESIDE_NO_RUN, BEST, LIKE, NO_FIGURE, NO_LIKE, NOT_A_STEP, WHOLE_COLUMNS, reproduction_shown
+from scalerepro.analysis.tables.published_comparison import (
+    BESIDE_NO_RUN,
+    BEST,
+    FIGURE_FIELDS,
+    FIGURE_LISTS,
+    LIKE,
+    NO_FIGURE,
+    NO_LIKE,
+    NOT_A_STEP,
+    UNSHOWN_FIELDS,
+    WHOLE_COLUMNS,
+    reproduction_shown,
+)
 
 # list cells, written as JSON
 _LISTS = ("stated", "differs", "unknown", "unreached", "reached", "what", "failed")
@@ -47,23 +59,7 @@ def _read(frame: pd.DataFrame) -> list[Row]:
 
 
 def _figure(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "reference": row["reference"],
-        "kind": row["kind"],
-        "published": row["published"],
-        "published_value": row["published_value"],
-        "published_gpus": row["published_gpus"],
-        "metric": row["published_metric"],
-        "ratio": row["ratio"],
-        "per_gpu_note": row["per_gpu_note"],
-        "stand_in": row["stand_in"],
-        "framework": row["framework"],
-        "metric_notes": row["metric_notes"],
-        "source": row["source"],
-        "stated": row["stated"] or [],
-        "differs": row["differs"] or [],
-        "unknown": row["unknown"] or [],
-    }
+    return {key: (row[column] or []) if key in FIGURE_LISTS else row[column] for column, key in FIGURE_FIELDS.items()}
 
 
 def _walk(steps: list[Row]) -> list[Row]:
@@ -140,18 +136,5 @@ def published_section(published: pd.DataFrame, gap_walk: pd.DataFrame, compariso
             for pair in pairs
         ],
         "reproduction_shown": reproduction_shown(comparison),
-        "unshown": [
-            {
-                "id": row["reference"],
-                "model": row["model"],
-                "gpu": row["device"],
-                "gpus": row["published_gpus"],
-                "metric": row["published_metric"],
-                "value": row["published_value"],
-                "kind": row["kind"],
-                "why": row["why"],
-            }
-            for row in figures
-            if row["role"] == BESIDE_NO_RUN
-        ],
+        "unshown": [{key: row[column] for column, key in UNSHOWN_FIELDS.items()} for row in figures if row["role"] == BESIDE_NO_RUN],
     }

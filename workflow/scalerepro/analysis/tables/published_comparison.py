@@ -465,6 +465,37 @@ def comparison_tables(runs: pd.DataFrame, references: pd.DataFrame, comparison: 
     return _counts(pd.DataFrame(figures, columns=list(PUBLISHED_COMPARISON_COLUMNS))), _counts(pd.DataFrame(steps, columns=list(GAP_WALK_COLUMNS)))
 
 
+# A figure's fields (``_figure``) as a row's columns, and a reference beside no run's
+# (``unshown_references``): column -> field; the report reads them back by the same maps.
+FIGURE_FIELDS = {
+    "reference": "reference",
+    "kind": "kind",
+    "published": "published",
+    "published_value": "published_value",
+    "published_gpus": "published_gpus",
+    "published_metric": "metric",
+    "ratio": "ratio",
+    "per_gpu_note": "per_gpu_note",
+    "stand_in": "stand_in",
+    "framework": "framework",
+    "metric_notes": "metric_notes",
+    "source": "source",
+    "stated": "stated",
+    "differs": "differs",
+    "unknown": "unknown",
+}
+FIGURE_LISTS = ("stated", "differs", "unknown")
+UNSHOWN_FIELDS = {
+    "model": "model",
+    "device": "gpu",
+    "reference": "id",
+    "kind": "kind",
+    "published_value": "value",
+    "published_gpus": "gpus",
+    "published_metric": "metric",
+    "why": "why",
+}
+
 # the columns that count something, written as whole numbers though some rows leave them empty
 WHOLE_COLUMNS = ("gpus", "repeats", "spread_n", "spread_steps", "published_gpus", "step", "from_n", "to_n", "n", "levers")
 
@@ -510,36 +541,11 @@ def _role_records(row: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _figure_record(figure: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "reference": figure["reference"],
-        "kind": figure["kind"],
-        "published": figure["published"],
-        "published_value": figure["published_value"],
-        "published_gpus": figure["published_gpus"],
-        "published_metric": figure["metric"],
-        "ratio": figure["ratio"],
-        "per_gpu_note": figure["per_gpu_note"],
-        "stand_in": figure["stand_in"],
-        "framework": figure["framework"],
-        "metric_notes": figure["metric_notes"],
-        "source": figure["source"],
-        "stated": _listed(figure["stated"]),
-        "differs": _listed(figure["differs"]),
-        "unknown": _listed(figure["unknown"]),
-    }
+    return {column: _listed(figure[key]) if key in FIGURE_LISTS else figure[key] for column, key in FIGURE_FIELDS.items()}
 
 
 def _beside_no_run(ref: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "model": ref["model"],
-        "device": ref["gpu"],
-        "reference": ref["id"],
-        "kind": ref["kind"],
-        "published_value": ref["value"],
-        "published_gpus": ref["gpus"],
-        "published_metric": ref["metric"],
-        "why": ref["why"],
-    }
+    return {column: ref[key] for column, key in UNSHOWN_FIELDS.items()}
 
 
 def _steps(walk: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
