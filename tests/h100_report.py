@@ -7,8 +7,8 @@ Tests of the report's points read ``h100_report``: the folder it wrote and the p
 runs once a test run (every xdist worker reads the one build, ``built_once``), in a process where
 torch cannot be imported (the analysis side never needs it). The studies kept whole from GPU
 sessions (``<session>/study-results``) are rebuilt by ``rebuild_kept_study`` (once a run for the
-tests that only read it: ``kept_study_rebuilt_once``); ``section``, ``section_element``, ``visible`` and ``table_rows`` read a
-rendered page as its reader sees it."""
+tests that only read it: ``kept_study_rebuilt_once``); ``section``, ``section_element``,
+``visible`` and ``table_rows`` read a rendered page as its reader sees it."""
 
 from __future__ import annotations
 

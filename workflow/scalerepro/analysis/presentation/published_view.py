@@ -23,6 +23,7 @@ from scalerepro.analysis.tables.published_comparison import (
     FIGURE_FIELDS,
     FIGURE_LISTS,
     LIKE,
+    LIST_COLUMNS,
     NO_FIGURE,
     NO_LIKE,
     NOT_A_STEP,
@@ -30,9 +31,7 @@ from scalerepro.analysis.tables.published_comparison import (
     WHOLE_COLUMNS,
     reproduction_shown,
 )
-
-# list cells, written as JSON
-_LISTS = ("stated", "differs", "unknown", "unreached", "reached", "what", "failed")
+from scalerepro.analysis.values import plain
 
 
 def anchor(model: str, device: str, devices: int) -> str:
@@ -49,9 +48,8 @@ def _read(frame: pd.DataFrame) -> list[Row]:
     out = []
     for row in rows(frame):
         for key in WHOLE_COLUMNS:  # pandas reads a column with gaps as floats
-            if isinstance(row.get(key), float) and row[key].is_integer():
-                row[key] = int(row[key])
-        for key in _LISTS:
+            row[key] = plain(row[key], whole_as_int=True)
+        for key in LIST_COLUMNS:
             if isinstance(row.get(key), str):
                 row[key] = json.loads(row[key])
         out.append(row)

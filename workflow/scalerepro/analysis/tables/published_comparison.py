@@ -79,7 +79,6 @@ from scalerepro.analysis.tables.reproduction import _same_device
 
 # What a row of published_comparison.csv is
 BEST, LIKE, NO_LIKE, NO_FIGURE, BESIDE_NO_RUN = "best published", "like for like", "no like for like", "no published figure", "beside no run"
-ROLES = (BEST, LIKE, NO_LIKE, NO_FIGURE, BESIDE_NO_RUN)
 NOT_A_STEP = "not a step"  # a gap_walk.csv row: a cell of the model more than one lever from every other
 
 # The tables' columns (the module docstring)
@@ -444,7 +443,7 @@ def unshown_references(
 
 def comparison_tables(runs: pd.DataFrame, references: pd.DataFrame, comparison: pd.DataFrame, inventory: Any = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """published_comparison.csv and gap_walk.csv (module docstring): per measured model and device,
-    a row for each figure set beside it (ROLES), and the references beside no run here with why;
+    a row for each figure set beside it (BEST, LIKE) or why none (NO_LIKE, NO_FIGURE), and the references beside no run here with why;
     the gap walks' steps. ``comparison`` is the reproduction table (comparison.csv): a reference
     it shows is not listed again as beside no run."""
     if references.empty:
@@ -485,6 +484,8 @@ FIGURE_FIELDS = {
     "unknown": "unknown",
 }
 FIGURE_LISTS = ("stated", "differs", "unknown")
+# the cells that hold a list, written as JSON (their items may hold any separator)
+LIST_COLUMNS = (*FIGURE_LISTS, "unreached", "reached", "what", "failed")
 UNSHOWN_FIELDS = {
     "model": "model",
     "device": "gpu",
@@ -536,7 +537,7 @@ def _role_records(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     if row["like"] is not None:
         records.append({"role": LIKE, **measured, **_figure_record(row["like"]), "walk_measured": row["walk_measured"]})
     else:
-        records.append({"role": NO_LIKE, **measured, "why": row["like_none"]["text"], "failed": json.dumps(row["like_none"]["failed"])})
+        records.append({"role": NO_LIKE, **measured, "why": row["like_none"]["text"], "failed": _listed(row["like_none"]["failed"])})
     return records
 
 
@@ -562,6 +563,6 @@ def _step_record(step: Mapping[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in step.items() if k != "what"}, "what": _listed(step.get("what"))}
 
 
-def _listed(items: Sequence[str] | None) -> str | None:
-    """A list cell, as JSON (its items may hold any separator)."""
+def _listed(items: Sequence[Any] | None) -> str | None:
+    """A cell of LIST_COLUMNS, as JSON."""
     return None if items is None else json.dumps(list(items))
