@@ -131,6 +131,15 @@ def test_the_code_hash_covers_what_a_rank_imports_and_nothing_else(tmp_path):
         "models/llama.py",
     ):
         assert edited(inside) != before, f"{inside} runs in every rank"
+    # An edit that adds an import, in the same process that read the module before (a dry run
+    # asks for 13 programs' closures, and reads each text's imports once): the closure follows it.
+    trainer = package / "training/trainer.py"
+    original = trainer.read_text()
+    trainer.write_text(original + "\nimport scalerepro.planning.study\n")
+    try:
+        assert package / "planning/study.py" in source_closure.source_files([source_closure.RANK_ENTRY], package)
+    finally:
+        trainer.write_text(original)
 
 
 @pytest.mark.parametrize(

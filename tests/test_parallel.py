@@ -59,6 +59,17 @@ def initial(tmp_path_factory) -> dict:
     return run_ranks(1, tmp_path_factory.mktemp("init") / "init.pt", "--steps", "0")
 
 
+@pytest.fixture(scope="module")
+def llama_reference(tmp_path_factory) -> dict:
+    """The tiny Llama's one step in one process, once for every strategy compared with it."""
+    return run_ranks(1, tmp_path_factory.mktemp("llama_ref") / "ref.pt", "--model", "llama3_8b")
+
+
+@pytest.fixture(scope="module")
+def llama_initial(tmp_path_factory) -> dict:
+    return run_ranks(1, tmp_path_factory.mktemp("llama_init") / "init.pt", "--model", "llama3_8b", "--steps", "0")
+
+
 def assert_same_weights(actual: dict, expected: dict, rtol: float = RTOL, atol: float = ATOL) -> None:
     assert actual.keys() == expected.keys()
     for name, value in expected.items():
@@ -100,13 +111,11 @@ def test_one_step_equals_one_process(tmp_path, reference, initial, world, args):
     [(2, ("--strategy", "tp")), (4, ("--strategy", "fsdp+tp", "--tp-size", "2")), (2, ("--strategy", "fsdp"))],
     ids=["tp", "fsdp+tp", "fsdp"],
 )
-def test_llama_one_step_equals_one_process(tmp_path, world, args):
+def test_llama_one_step_equals_one_process(tmp_path, llama_reference, llama_initial, world, args):
     """The Llama decoder (GQA, RoPE, SwiGLU) under torchtitan's plan."""
-    expected = run_ranks(1, tmp_path / "ref.pt", "--model", "llama3_8b")
-    start = run_ranks(1, tmp_path / "init.pt", "--model", "llama3_8b", "--steps", "0")
     result = run_ranks(world, tmp_path / "out.pt", "--model", "llama3_8b", *args)
-    assert_same_parameters(result["state"], expected["state"], start["state"])
-    assert result["losses"][0] == pytest.approx(expected["losses"][0], rel=1e-5)
+    assert_same_parameters(result["state"], llama_reference["state"], llama_initial["state"])
+    assert result["losses"][0] == pytest.approx(llama_reference["losses"][0], rel=1e-5)
 
 
 def test_fsdp_state_per_rank_falls_as_one_over_world(tmp_path):

@@ -53,7 +53,7 @@ from scalerepro.analysis.presentation import plots, report
 from scalerepro.analysis.profiles import captures
 from scalerepro.analysis.tables import aggregate, readers
 from scalerepro.analysis.tables.readers import RECORDS_STUDY, dig
-from scalerepro.common import study_layout
+from scalerepro.common import study_layout, yaml_text
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
 from scalerepro.common.files import write_text_atomically
 
@@ -247,7 +247,7 @@ def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, t
     config: dict[str, Any] = {}
     if study_config is not None:
         try:
-            loaded = yaml.safe_load(study_config.read_text()) or {}
+            loaded = yaml_text.safe_load(study_config.read_text()) or {}
         except (OSError, yaml.YAMLError) as error:
             raise CommandError(f"--config {study_config}: cannot be read as YAML ({error}): give a study config such as config/config.yaml") from None
         config = {key: loaded[key] for key in ("targets", "scaling") if isinstance(loaded, dict) and key in loaded}

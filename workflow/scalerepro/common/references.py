@@ -65,8 +65,10 @@ def load_optional_references(path: str | os.PathLike[str] | None) -> dict[str, A
 def _checked(path: str, text: str) -> dict[str, Any]:
     import yaml
 
+    from scalerepro.common import yaml_text
+
     try:
-        document = yaml.safe_load(text)
+        document = yaml_text.safe_load(text)
     except yaml.YAMLError as error:
         raise ReferencesError(f"{path} is not valid YAML ({' '.join(str(error).split())[:200]}): fix the file") from None
     document = {} if document is None else document
@@ -89,9 +91,10 @@ def _finite_number(checker: Any, instance: Any) -> bool:
 @functools.cache
 def _validator() -> Any:
     import jsonschema
-    import yaml
 
-    schema = yaml.safe_load(REFERENCES_SCHEMA.read_text(encoding="utf-8"))
+    from scalerepro.common import yaml_text
+
+    schema = yaml_text.safe_load(REFERENCES_SCHEMA.read_text(encoding="utf-8"))
     base = jsonschema.Draft202012Validator
     finite = jsonschema.validators.extend(base, type_checker=base.TYPE_CHECKER.redefine("number", _finite_number))
     return finite(schema)

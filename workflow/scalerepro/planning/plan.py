@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from scalerepro import schedulers
-from scalerepro.common import gpu_peaks, study_layout
+from scalerepro.common import gpu_peaks, study_layout, yaml_text
 from scalerepro.common.cli import CommandError
 from scalerepro.common.references import ReferencesError, load_references
 from scalerepro.planning import study, submission
@@ -129,7 +129,7 @@ def validate(config: dict[str, Any], schema: Path) -> None:
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate as snakemake_validate
 
-    document = yaml.safe_load(schema.read_text())
+    document = yaml_text.safe_load(schema.read_text())
     _typed_scalars(config, document, document.get("$defs", {}))
 
     try:

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from scalerepro.analysis.evidence import EvidenceError, read_json_document
 from scalerepro.analysis.values import plain
+from scalerepro.common import yaml_text
 from scalerepro.common.cli import CommandError
 from scalerepro.common.terminal import strip_terminal_escapes
 
@@ -124,7 +124,7 @@ def read_json(path: Path | None) -> Any:
 def read_yaml(path: Path | None) -> Any:
     if path is None or not Path(path).is_file():
         return None
-    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    return yaml_text.safe_load(Path(path).read_text(encoding="utf-8"))
 
 
 class Row(dict):
