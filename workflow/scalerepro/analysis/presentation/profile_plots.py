@@ -127,43 +127,49 @@ def _place_labels(
     boxes: list[Any] = []
     placed: list[Any] = []
     angles = np.deg2rad([30, 150, -30, -150, 90, -90, 0, 180, 60, 120, -60, -120])
+    points_to_pixels = fig.dpi / 72
+
+    def annotation(text: str, xy: tuple[float, float], offset: tuple[float, float], leader: bool) -> Any:
+        label = ax.annotate(
+            text,
+            xy,
+            xytext=offset,
+            textcoords="offset points",
+            fontsize="x-small",
+            fontweight="bold",
+            ha="center",
+            va="center",
+            color=colour(text),
+            bbox={"boxstyle": "round,pad=0.12", "fc": "white", "ec": colour(text), "lw": 0.5, "alpha": 0.9},
+            arrowprops={"arrowstyle": "-", "color": colour(text), "lw": 0.5} if leader else None,
+        )
+        label.set_in_layout(False)  # a label must not move the axes it was placed in
+        return label
+
     for x, y, text in points:
-        best = None
+        # A label's box is the same at every place tried, moved by its offset: measured once (the
+        # text alone, an annotation's own extent adds its leader line, with room for its frame).
+        probe = annotation(text, (x, y), (0.0, 0.0), leader=False)
+        probe.update_positions(renderer)  # else its extent is measured from the display's origin, not the point
+        here = Text.get_window_extent(probe, renderer).padded(3)
+        probe.remove()
+        best: tuple[float, tuple[float, float], Any, int] | None = None
         for ring in range(1, 13):
             distance = 7 + 9 * (ring - 1)
             for angle in angles:
                 offset = (1.3 * distance * np.cos(angle), distance * np.sin(angle))  # wider than high, as the labels are
-                label = ax.annotate(
-                    text,
-                    (x, y),
-                    xytext=offset,
-                    textcoords="offset points",
-                    fontsize="x-small",
-                    fontweight="bold",
-                    ha="center",
-                    va="center",
-                    color=colour(text),
-                    bbox={"boxstyle": "round,pad=0.12", "fc": "white", "ec": colour(text), "lw": 0.5, "alpha": 0.9},
-                    arrowprops={"arrowstyle": "-", "color": colour(text), "lw": 0.5} if ring > 1 else None,
-                )
-                label.set_in_layout(False)  # a label must not move the axes it was placed in
-                # the text alone (an annotation's own extent adds its leader line) with room for its frame
-                box = Text.get_window_extent(label, renderer).padded(3)
+                box = here.translated(offset[0] * points_to_pixels, offset[1] * points_to_pixels)
                 markers = sum(box.x0 - marker < px < box.x1 + marker and box.y0 - marker < py < box.y1 + marker for px, py in taken)
                 cost = 100 * sum(box.overlaps(other) for other in boxes) + markers + (1000 if not frame.contains(*box.p0) or not frame.contains(*box.p1) else 0)
                 if best is None or cost < best[0]:
-                    if best is not None:
-                        best[1].remove()
-                    best = (cost, label, box)
-                else:
-                    label.remove()
+                    best = (cost, offset, box, ring)
                 if cost == 0:
                     break
             if best is not None and best[0] == 0:
                 break
         assert best is not None  # the first place tried is always kept
         boxes.append(best[2])
-        placed.append(best[1])
+        placed.append(annotation(text, (x, y), best[1], leader=best[3] > 1))  # a leader line from the second ring on
     return placed
 
 
