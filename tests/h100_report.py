@@ -29,6 +29,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 H100_RECORDS = (REPO / "benchmarks" / "gpu" / "h100-2026-11-25", REPO / "benchmarks" / "gpu" / "h100-2026-11-26")
 NO_TORCH = "import sys; sys.modules['torch'] = None  # importing torch now raises ImportError\n"
+# A test that reads a kept study rebuilt with today's code (its tables, every figure and the report:
+# seconds each, most of them matplotlib's) is in the slow tier, as test_study_evidence's REBUILDS
+# are; the fast tier keeps the report of the kept records (``h100_report``), built once a run.
+REBUILDS_A_STUDY = pytest.mark.slow
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from h100_report import RebuiltStudy, rebuild_kept_study, section, section_element, table_rows, visible
+from h100_report import REBUILDS_A_STUDY, RebuiltStudy, kept_study_rebuilt_once, section, section_element, table_rows, visible
 
 KEPT = REPO / "benchmarks" / "gpu" / "h100-2026-11-27"
 STUDY = KEPT / "study-results"
@@ -27,7 +27,7 @@ FRONTIER = ("resnet50", "resnet18_cifar", "gpt2_small", "bert_base", "vit_b_16",
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> RebuiltStudy:
-    return rebuild_kept_study(STUDY, tmp_path_factory.mktemp("h100-partial"))
+    return kept_study_rebuilt_once(tmp_path_factory, STUDY)
 
 
 def test_the_frontier_records_are_the_studys_cells_and_every_one_ran_on_the_h100():
@@ -39,6 +39,7 @@ def test_the_frontier_records_are_the_studys_cells_and_every_one_ran_on_the_h100
         assert kept["measurements"]["window_s"] >= 3.0, model  # the window of at least 3 s
 
 
+@REBUILDS_A_STUDY
 def test_only_the_nine_measured_cells_count_and_the_rest_are_not_results(study):
     runs = pd.read_csv(study.results / "tables" / "runs.csv")
     counted = set(runs.loc[runs["counts"].astype(bool), "run_id"])
@@ -63,6 +64,7 @@ def test_only_the_nine_measured_cells_count_and_the_rest_are_not_results(study):
     assert "its log ends: [default0]:scalerepro.training.train: interrupted" in failures
 
 
+@REBUILDS_A_STUDY
 def test_resnet18s_profile_names_the_normalisation_kernels_and_the_stem_on_the_cuda_cores(study):
     kernels = pd.read_csv(study.results / "tables" / "profiling_kernels.csv")
     assert len(kernels) == 128 and kernels["calls"].sum() == 137 and kernels["total_s"].sum() == pytest.approx(6.729984e-3)

@@ -23,7 +23,7 @@ from matplotlib import pyplot
 from scalerepro.analysis.presentation import inputs, plots, report
 
 from conftest import REPO
-from h100_report import RebuiltStudy, kept_study_rebuilt_once, rebuild_kept_study, section, table_rows, visible
+from h100_report import REBUILDS_A_STUDY, RebuiltStudy, kept_study_rebuilt_once, rebuild_kept_study, section, table_rows, visible
 from report_study import CHROMIUM, Chromium
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
@@ -42,6 +42,7 @@ def section_order(page: str) -> list[str]:
     return re.findall(r'<section id="([a-z-]+)">', page)
 
 
+@REBUILDS_A_STUDY
 def test_a_one_gpu_report_leads_with_its_summary_then_the_published_figures(h100_report, study):
     for page in (h100_report.html, study.html):
         assert "One-GPU benchmark" in re.search(r"<h1>(.*?)</h1>", page).group(1)
@@ -56,6 +57,7 @@ def test_a_one_gpu_report_leads_with_its_summary_then_the_published_figures(h100
     assert report.report_sections(False) == report.SECTIONS
 
 
+@REBUILDS_A_STUDY
 @pytest.mark.parametrize("report_of", ["records", "study"])
 def test_each_multi_gpu_section_of_a_one_gpu_report_is_one_line(report_of, h100_report, study):
     page = h100_report.html if report_of == "records" else study.html
@@ -157,6 +159,7 @@ def test_the_energy_figure_of_the_records_report_is_drawn_per_image_and_per_toke
         pyplot.close(figure)
 
 
+@REBUILDS_A_STUDY
 def test_throughput_against_one_gpu_count_is_a_line_and_many_models_a_grid(study, tmp_path):
     tables = plots.read_tables(study.results / "tables")
     assert tables["scaling"]["gpus"].eq(1).all() and tables["scaling"]["model"].nunique() == 6
@@ -176,6 +179,7 @@ def test_throughput_against_one_gpu_count_is_a_line_and_many_models_a_grid(study
         pyplot.close(figure)
 
 
+@REBUILDS_A_STUDY
 def test_the_prediction_table_shows_a_few_columns_and_folds_the_rest(study):
     model = section(study.html, "scaling-model")
     headers = table_rows(model)[0]
@@ -218,6 +222,7 @@ def test_the_prediction_table_shows_a_few_columns_and_folds_the_rest(study):
     assert np.all([len(row) == 10 for row in rows.values()])
 
 
+@REBUILDS_A_STUDY
 def test_a_study_that_scaled_keeps_its_order_and_its_multi_gpu_sections(tmp_path):
     """The README's CPU study (1 and 2 ranks) as the workflow wrote it: every multi-GPU section has content, and keeps it."""
     page = rebuild_kept_study(CPU_STUDY, tmp_path).html

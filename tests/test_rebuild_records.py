@@ -10,7 +10,7 @@ import sys
 
 import pandas as pd
 
-from h100_report import H100_RECORDS, rebuild_from_records
+from h100_report import H100_RECORDS, REBUILDS_A_STUDY, rebuild_from_records
 
 
 def test_the_kept_h100_records_give_a_report_with_every_record_a_run(h100_report):
@@ -43,6 +43,7 @@ def test_the_kept_h100_records_give_a_report_with_every_record_a_run(h100_report
     assert "No inventory" not in system and "GPU-decde575-c257-69ae-0f43-c505c5bc60e3" in system
 
 
+@REBUILDS_A_STUDY
 def test_records_only_errors_are_one_line_and_name_the_fix(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -58,6 +59,7 @@ def test_records_only_errors_are_one_line_and_name_the_fix(tmp_path):
     assert done.returncode == 0 and "left out 1 JSON files: notes.json (not a run record)" in done.stderr, done.stderr
 
 
+@REBUILDS_A_STUDY
 def test_run_from_any_folder_it_finds_its_checkouts_references_and_a_missing_config_is_named(tmp_path):
     """The defaults (config/references.yaml, report/, config/config.yaml) are the checkout's where
     the command runs outside a workflow folder; a --config that is not there is refused, not ignored."""

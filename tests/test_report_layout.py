@@ -30,7 +30,7 @@ from scalerepro.analysis.tables import aggregate
 from scalerepro.telemetry import inventory
 
 from analysis_fixtures import REPO, Study, write_gpu_study
-from h100_report import RebuiltStudy, kept_study_rebuilt_once
+from h100_report import REBUILDS_A_STUDY, RebuiltStudy, kept_study_rebuilt_once
 from report_study import CHROMIUM, Chromium
 
 REFERENCES = REPO / "config" / "references.yaml"
@@ -88,6 +88,7 @@ def kept_study(tmp_path_factory) -> RebuiltStudy:
     return kept_study_rebuilt_once(tmp_path_factory, KEPT_H100_STUDY)
 
 
+@REBUILDS_A_STUDY
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (Debian: apt-get install chromium)")
 @pytest.mark.parametrize("report_of", ["records", "study"])
 def test_at_1400_px_no_table_runs_past_its_box_and_empty_figures_are_one_line(report_of, h100_report, kept_study, tmp_path):

@@ -27,7 +27,7 @@ from scalerepro.analysis.tables import scaling_model
 from scalerepro.common import study_layout
 
 from conftest import REPO, free_port
-from h100_report import RebuiltStudy, rebuild_kept_study, section, table_rows, visible
+from h100_report import REBUILDS_A_STUDY, RebuiltStudy, rebuild_kept_study, section, table_rows, visible
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results"
 PROFILED = "strong_resnet50_g1_r1"
@@ -52,6 +52,7 @@ def study(tmp_path_factory) -> RebuiltStudy:
 # ---- point 4: profiling shows the step ---------------------------------------------------------
 
 
+@REBUILDS_A_STUDY
 def test_ncu_alone_lists_the_steps_kernels_by_time_and_says_what_their_share_is_of(study):
     """The capture is ncu alone (no nsys timeline): the kernels by time are ncu's, every one of
     them, their sum one launch of each launch configuration (25.2 ms); the report's shares are of
@@ -84,6 +85,7 @@ def test_ncu_alone_lists_the_steps_kernels_by_time_and_says_what_their_share_is_
     assert first[5:] == ["1.54 ms", "3.4 %"]  # one launch, and its part of the 45.3 ms step
 
 
+@REBUILDS_A_STUDY
 def test_each_kernel_is_set_under_the_roof_of_its_pipe_and_precision(study):
     """On the real capture: tensor-core work under the dense tensor roof, nothing that does no
     matrix work under a tensor roof, and the 41 kernels with no floating-point work (integer
@@ -118,6 +120,7 @@ def test_a_kernels_tensor_roof_is_the_precision_its_name_states():
     assert unnamed and all(row["roof"] == "fp16 dense tensor cores" for row in unnamed)
 
 
+@REBUILDS_A_STUDY
 def test_no_no_ncu_profile_placeholder_above_an_ncu_table(study):
     """A capture whose kernels have no FLOP roof (as the 2026-11-25 study's: integer kernels only)
     is not called "no Nsight Compute kernel profile" above its own table; this study's capture
@@ -227,6 +230,7 @@ def test_a_profiling_job_that_fails_writes_its_failure_and_the_report_shows_the_
 # ---- point 5: predictions on the shape a GPU user has ----------------------------------------------
 
 
+@REBUILDS_A_STUDY
 def test_a_gpu_study_naming_no_preset_predicts_on_its_gpus_preset_and_says_so(study):
     model = pd.read_csv(study.results / "tables" / "scaling_model.csv")
     predicted = model[model["basis"].eq("predicted") & model["step_time_predicted_s"].notna()]
@@ -253,6 +257,7 @@ def _model_inputs(study: RebuiltStudy) -> tuple[pd.DataFrame, pd.DataFrame, dict
     return runs, pd.read_csv(tables / "scaling.csv"), files
 
 
+@REBUILDS_A_STUDY
 def test_a_named_preset_wins_and_a_gpu_no_preset_has_is_not_predicted_as_one_gpu_nodes(study, tmp_path):
     runs, scaling, files = _model_inputs(study)
     named = scaling_model.scaling_model_table(runs, scaling, [], REFERENCES, [8, 16], "dgx_a100", files).set_index(["study", "model", "gpus"])
@@ -267,6 +272,7 @@ def test_a_named_preset_wins_and_a_gpu_no_preset_has_is_not_predicted_as_one_gpu
     assert row["note"].startswith("no prediction beyond the one-GPU node the study ran on: no cluster preset in config/references.yaml has the study's GPU")
 
 
+@REBUILDS_A_STUDY
 def test_no_efficiency_at_one_gpu_and_a_loss_from_fixed_cost_says_so(study):
     model = pd.read_csv(study.results / "tables" / "scaling_model.csv")
     predicted = model[model["basis"].eq("predicted") & model["efficiency_predicted"].notna()]

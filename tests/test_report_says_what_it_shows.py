@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from h100_report import RebuiltStudy, kept_study_rebuilt_once, section, section_element, table_rows, visible
+from h100_report import REBUILDS_A_STUDY, RebuiltStudy, kept_study_rebuilt_once, section, section_element, table_rows, visible
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
 
@@ -47,6 +47,7 @@ def test_no_sentence_says_not_measured_above_what_was_measured(h100_report):
     assert "--history" not in history and "only the workflow's report rule reads the store's history" in history
 
 
+@REBUILDS_A_STUDY
 def test_no_internal_word_and_no_path_of_the_rendering_machine(h100_report, study):
     for page, out in ((h100_report.html, h100_report.out), (study.html, study.results)):
         shown = visible(page)
@@ -57,6 +58,7 @@ def test_no_internal_word_and_no_path_of_the_rendering_machine(h100_report, stud
             assert path not in page, path
 
 
+@REBUILDS_A_STUDY
 def test_the_ablations_strict_fp32_baseline_is_said_on_its_rows(study):
     rows = {row[2]: row for row in table_rows(section(study.html, "ablation")) if len(row) > 3}
     assert "a baseline stricter than stock PyTorch: fp32 with TF32 off for convolutions as for matmuls" in rows["baseline"][-1]

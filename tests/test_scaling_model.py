@@ -41,7 +41,7 @@ from scalerepro.training.train import main
 
 from analysis_fixtures import PROFILE, REFERENCES, Study, make_record, predict_published_benchmark, validate, write_comm
 from conftest import clean_env, load_record
-from h100_report import rebuild_kept_study
+from h100_report import REBUILDS_A_STUDY, rebuild_kept_study
 
 # ---- the ring all-reduce and its fit ----------------------------------------------------------
 
@@ -574,6 +574,7 @@ def test_fsdp_root_unit_is_gathered_first_and_reduce_scattered_last_by_hand():
 # ---- a one-GPU study: weak scaling at its per-GPU batch, strong scaling as a bound --------------
 
 
+@REBUILDS_A_STUDY
 def test_the_kept_one_h100_study_predicts_weak_scaling_at_its_batch_on_dgx_h100_with_the_kept_curve(tmp_path):
     """benchmarks/gpu/h100-2026-11-27/study-results ran every model on one H100 (strong study,
     one GPU). Rebuilt with its GPU session's batch curve beside it (batch_curve.json, as the
