@@ -3,7 +3,8 @@ machine (`snakemake --cores all` in a fresh copy of the checkout), as this CPU i
 below AVX512_CORE_BF16 (``ONEDNN_MAX_CPU_ISA=AVX512_CORE``: the CPU then runs bf16 the way a CPU
 without avx512_bf16 does, emulated), and slowed: a CPU quota on the study's processes (a cgroup's
 cpu.max, or cpu.cfs_quota_us under cgroup v1; --quota, the share of the cores) with oneDNN and
-ATen held at AVX2, so that its steps take about 2.5 times as long as native, as on a slower machine.
+ATen held at AVX2, so that its steps take longer, as on a slower machine (the ratio is printed:
+choose --quota for the slowdown wanted).
 The slowed setting needs a writable cgroup (root, or a delegated cgroup); the setting is refused in
 one line where there is none.
 
@@ -158,7 +159,12 @@ def main() -> int:
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--repeats", type=int, default=1, help="studies per setting, interleaved")
     parser.add_argument("--keep", type=Path, default=None, help="run the studies under this folder and keep them (default: a temporary folder, removed)")
-    parser.add_argument("--quota", type=float, default=0.4, help="the slowed setting's share of the cores (default 0.4: steps about 2.5x as long)")
+    parser.add_argument(
+        "--quota",
+        type=float,
+        default=0.4,
+        help="the slowed setting's share of the cores (default 0.4); the steps' ratio to native is printed (2-core Xeon: 0.7 gave 1.02x, 0.4 1.4x, 0.2 5.0x)",
+    )
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout to copy (default: this one; another commit's worktree for a before/after)")
     args = parser.parse_args()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
