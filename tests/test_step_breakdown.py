@@ -180,7 +180,8 @@ def test_the_roofline_says_what_it_draws_numbers_kernels_as_its_table_and_no_lab
 def test_no_label_covers_another_on_the_crowded_roofline_of_the_kept_resnet50_profile(tmp_path, monkeypatch):
     """The kept one-H100 study's ResNet-50 capture: 165 kernels drawn, the 15 numbered among them
     in two clusters. (Each label's box was measured from the display's origin, not from its point,
-    so the placement saw neither the other labels nor the markers: 6 lay on 15, 9 on 12.)"""
+    so the placement saw neither the other labels nor the markers: in the figure the rebuild wrote
+    6 lay on 15 and 9 on 12, and this test found 11 on 14 and 4 on 15.)"""
     monkeypatch.setattr(rebuild.plots, "draw", lambda tables, out: [])  # the tables; this figure is drawn below
     results = tmp_path / "results"
     shutil.copytree(REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results", results)
