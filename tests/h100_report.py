@@ -7,7 +7,7 @@ Tests of the report's points read ``h100_report``: the folder it wrote and the p
 runs once a test run (every xdist worker reads the one build, ``built_once``), in a process where
 torch cannot be imported (the analysis side never needs it). The studies kept whole from GPU
 sessions (``<session>/study-results``) are rebuilt by ``rebuild_kept_study`` (once a run for the
-tests that only read it: ``kept_study_rebuilt_once``); ``section``, ``section_element``,
+tests that only read it: ``kept_study_rebuilt_once``; without figures: ``kept_study_tables``); ``section``, ``section_element``,
 ``visible`` and ``table_rows`` read a rendered page as its reader sees it."""
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 H100_RECORDS = (REPO / "benchmarks" / "gpu" / "h100-2026-11-25", REPO / "benchmarks" / "gpu" / "h100-2026-11-26")
 NO_TORCH = "import sys; sys.modules['torch'] = None  # importing torch now raises ImportError\n"
-# A test that reads a kept study rebuilt with today's code (its tables, every figure and the report:
-# seconds each, most of them matplotlib's) is in the slow tier, as test_study_evidence's REBUILDS
-# are; the fast tier keeps the report of the kept records (``h100_report``), built once a run.
+# A test that rebuilds a whole study, or reads one rebuilt with today's code (its tables, every
+# figure and the report: seconds each, most of them matplotlib's), is in the slow tier; the fast
+# tier keeps the report of the kept records (``h100_report``), built once a run.
 REBUILDS_A_STUDY = pytest.mark.slow
 
 
@@ -126,6 +126,18 @@ def rebuild_kept_study(kept: Path, root: Path, edit_config: Callable[[dict], Non
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return RebuiltStudy(results, (results / "report" / "index.html").read_text())
+
+
+def kept_study_tables(kept: Path, root: Path, monkeypatch) -> tuple[Path, dict]:
+    """``kept`` (a study's results/) copied to ``root``/results and rebuilt in this process without
+    its figures, for a test that reads tables or the page but no figure (matplotlib is most of a
+    rebuild): the copy and what ``rebuild.rebuild`` returned."""
+    from scalerepro.analysis import rebuild
+
+    monkeypatch.setattr(rebuild.plots, "draw", lambda tables, out: [])
+    results = root / "results"
+    shutil.copytree(kept, results)
+    return results, rebuild.rebuild(results, REPO / "config" / "references.yaml", REPO / "report")
 
 
 def kept_study_rebuilt_once(tmp_path_factory, kept: Path) -> RebuiltStudy:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +26,7 @@ from scalerepro.analysis.presentation import inputs, report
 from scalerepro.analysis.tables import check_definitions, checking
 from scalerepro.common import gpu_peaks
 
-from h100_report import H100_RECORDS, visible
+from h100_report import H100_RECORDS, kept_study_tables, visible
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_H100_STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results"
@@ -135,10 +134,7 @@ def test_the_headline_gives_each_model_its_best_figure_with_what_it_takes_to_rea
 def test_a_one_gpu_study_shows_no_scaling_efficiency(tmp_path, monkeypatch):
     """The one-H100 study's own results: its strong-scaling rows are at 1 GPU only, where the
     efficiency is 1 by definition; the headline shows none rather than "100 % at 1 GPUs"."""
-    monkeypatch.setattr(rebuild.plots, "draw", lambda tables, out: [])  # the figures are not read here (4 s of matplotlib)
-    results = tmp_path / "results"
-    shutil.copytree(ONE_H100_STUDY, results)
-    done = rebuild.rebuild(results, REPO / "config" / "references.yaml", REPO / "report")
+    results, done = kept_study_tables(ONE_H100_STUDY, tmp_path, monkeypatch)
     strong = pd.read_csv(results / "tables" / "scaling.csv").query("study == 'strong' and repeats_ok > 0")
     assert len(strong) >= 5 and strong["gpus"].eq(1).all() and strong["efficiency"].eq(1.0).all()  # the tautology is in the table
     page = done["report"].read_text()
@@ -246,10 +242,7 @@ def test_one_gpu_figures_that_could_only_show_a_definition_are_lines_saying_so(h
     assert pd.read_csv(h100_report.out / "tables" / "communication.csv").empty
     summary = visible(page.split('<section id="summary">')[1].split('id="checks"')[0])
     assert "Left out comm/g1.json: an all-reduce at one rank moves no data" in summary
-    monkeypatch.setattr(rebuild.plots, "draw", lambda tables, out: [])  # only the tables are read here
-    results = tmp_path / "results"
-    shutil.copytree(ONE_H100_STUDY, results)
-    rebuild.rebuild(results, REPO / "config" / "references.yaml", REPO / "report")
+    results, _ = kept_study_tables(ONE_H100_STUDY, tmp_path, monkeypatch)
     with pytest.raises(rebuild.plots.NotMeasured, match="efficiency at 1 GPU is 100 % by definition"):
         rebuild.plots.efficiency_vs_gpus(rebuild.plots.read_tables(results / "tables"))
 

@@ -15,18 +15,16 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import shutil
 
 import pandas as pd
 import pytest
 
-from scalerepro.analysis import rebuild
 from scalerepro.analysis.presentation import bottlenecks, plots, profile_plots, profiling_view
 from scalerepro.analysis.profiles import captures, classify, roofline, step
 from scalerepro.common import gpu_peaks
 
 from conftest import REPO
-from h100_report import REBUILDS_A_STUDY, RebuiltStudy, kept_study_rebuilt_once, section, section_element, table_rows, visible
+from h100_report import REBUILDS_A_STUDY, RebuiltStudy, kept_study_rebuilt_once, kept_study_tables, section, section_element, table_rows, visible
 
 STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
 PROFILED = "strong_resnet18_cifar_g1_r1"
@@ -182,10 +180,7 @@ def test_no_label_covers_another_on_the_crowded_roofline_of_the_kept_resnet50_pr
     in two clusters. (Each label's box was measured from the display's origin, not from its point,
     so the placement saw neither the other labels nor the markers: in the figure the rebuild wrote
     6 lay on 15 and 9 on 12, and this test found 11 on 14 and 4 on 15.)"""
-    monkeypatch.setattr(rebuild.plots, "draw", lambda tables, out: [])  # the tables; this figure is drawn below
-    results = tmp_path / "results"
-    shutil.copytree(REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results", results)
-    rebuild.rebuild(results, REPO / "config" / "references.yaml", REPO / "report")
+    results, _ = kept_study_tables(REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results", tmp_path, monkeypatch)
     fig = profile_plots.roofline(plots.read_tables(results / "tables"))
     ax = fig.axes[0]
     assert "165 of 211 kernels drawn" in ax.get_title() and len(ax.texts) == 13  # of the 15 numbered, 1 and 5 not drawn

@@ -24,14 +24,13 @@ from scalerepro.analysis import evidence
 from scalerepro.training import record as trainer_record
 
 from conftest import REPO, clean_env
+from h100_report import REBUILDS_A_STUDY
 
 CPU_STUDY = REPO / "tests" / "fixtures" / "studies" / "cpu-readme-a0f872f"
 H100_STUDY = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "study-results"
 H100_STUDY_26 = REPO / "benchmarks" / "gpu" / "h100-2026-11-26" / "study-results"
 H100_RECORDS = REPO / "benchmarks" / "gpu" / "h100-2026-11-27"
 REFERENCES = str(REPO / "config" / "references.yaml")
-# rebuilds a whole study, its figures and report (seconds each): not in the fast tier
-REBUILDS = pytest.mark.slow
 NO_TORCH = "import sys; sys.modules['torch'] = None\nimport runpy; sys.argv[0] = 'scalerepro'; runpy.run_module(sys.argv.pop(1), run_name='__main__')"
 
 
@@ -93,7 +92,7 @@ def test_the_analysis_reads_the_schema_the_trainer_writes():
 # ---- records resolve inside the study's own folder ---------------------------------------------
 
 
-@REBUILDS
+@REBUILDS_A_STUDY
 def test_a_kept_study_in_a_folder_of_any_name_is_rebuilt_from_its_own_records(tmp_path):
     # the defect: the matrix's results/runs/... resolved against the folder's parent: "16 planned: 16 missing"
     study = _copy(H100_STUDY, tmp_path, "study-results")
@@ -105,7 +104,7 @@ def test_a_kept_study_in_a_folder_of_any_name_is_rebuilt_from_its_own_records(tm
     assert runs.loc["strong_resnet50_g1_r1", "samples_per_s"] == pytest.approx(resnet50)
 
 
-@REBUILDS
+@REBUILDS_A_STUDY
 def test_a_study_beside_another_studys_results_reads_its_own_records(tmp_path):
     # the defect: the 11-27 study rebuilt beside the 11-26 study's results/ took 11-26's ResNet-50 (5,627, not 5,630)
     study = _copy(H100_STUDY, tmp_path, "study-results")
@@ -121,7 +120,7 @@ def test_a_study_beside_another_studys_results_reads_its_own_records(tmp_path):
     assert f"{round(own['measurements']['samples_per_s']):,}" in html and f"{round(other['measurements']['samples_per_s']):,}" not in html
 
 
-@REBUILDS
+@REBUILDS_A_STUDY
 @pytest.mark.parametrize("recorded", ["../elsewhere/runs/strong_resnet50_g1_r1/record.json", "/tmp/strong_resnet50_g1_r1/record.json"])
 def test_a_matrix_whose_record_lies_outside_the_study_is_refused_in_one_line(tmp_path, recorded):
     study = _copy(H100_STUDY, tmp_path, "study-results")
@@ -134,7 +133,7 @@ def test_a_matrix_whose_record_lies_outside_the_study_is_refused_in_one_line(tmp
     assert not (study / "tables" / "runs.csv").exists()
 
 
-@REBUILDS
+@REBUILDS_A_STUDY
 def test_store_append_reads_the_studys_own_records_beside_another_studys(tmp_path):
     # store append resolved the records against the working directory: run from
     # beside another study's results/, it stored that study's records
@@ -357,7 +356,7 @@ def test_an_nccl_result_beside_gloo_runs_is_left_out_and_named(tmp_path):
     assert any("comm/g2.json" in line for line in _record(study / "tables" / "summary.json")["left_out"])
 
 
-@REBUILDS
+@REBUILDS_A_STUDY
 def test_another_studys_profiling_tables_are_not_shown_as_this_studys(tmp_path):
     study = _copy(CPU_STUDY, tmp_path)
     for name in ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files"):
@@ -413,7 +412,7 @@ GROUPING = [
 ]
 
 
-@REBUILDS
+@REBUILDS_A_STUDY
 @pytest.mark.parametrize(("cause", "source", "change", "label"), GROUPING, ids=[case[0] for case in GROUPING])
 def test_records_of_different_conditions_are_different_cells(cause, source, change, label, tmp_path):
     folder = _records_folder(tmp_path, source)
@@ -427,7 +426,7 @@ def test_records_of_different_conditions_are_different_cells(cause, source, chan
         assert runs["variant"].str.contains(label).any(), runs["variant"].tolist()
 
 
-@REBUILDS
+@REBUILDS_A_STUDY
 def test_the_same_record_under_two_names_counts_once_and_is_named(tmp_path):
     folder = _records_folder(tmp_path, "resnet50-optimised-frontier.json")
     shutil.copy(folder / "resnet50-optimised-frontier.json", folder / "resnet50-copy.json")
@@ -437,7 +436,7 @@ def test_the_same_record_under_two_names_counts_once_and_is_named(tmp_path):
     assert len(runs) == 1 and "resnet50-optimised-frontier.json (a copy of resnet50-copy.json" in done.stderr, done.stderr
 
 
-@REBUILDS
+@REBUILDS_A_STUDY
 def test_a_smoke_run_is_not_a_repeat_of_a_measured_cell(tmp_path):
     # record_g1 (a smoke run with the probes at one rank) was pooled into the 11-25 ResNet-50 cell
     folder = tmp_path / "records"
@@ -453,7 +452,7 @@ def test_a_smoke_run_is_not_a_repeat_of_a_measured_cell(tmp_path):
     assert "record_ddp_w1" not in str(checks.loc["gpu_utilisation", "detail"])
 
 
-@REBUILDS
+@REBUILDS_A_STUDY
 def test_another_machines_inventory_is_not_shown_as_this_studys_system(tmp_path):
     # the H100 session's inventory in the CPU study's folder was shown as the CPU study's system
     study = _copy(CPU_STUDY, tmp_path)

@@ -197,9 +197,9 @@ def test_peak_flops_override_gives_mfu(tmp_path):
 
 @pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
 def test_precisions_run(precision, tmp_path):
-    # fp16 autocast on a CPU runs its kernels emulated, about a second a step here: two measured
-    # steps, no probe and a few held-out samples say what this test asks (the flag trains and is
-    # recorded)
+    # fp16 autocast on a CPU runs its kernels emulated, many times slower than the others: two
+    # measured steps, no probe and a few held-out samples say what this test asks (the flag trains
+    # and is recorded)
     argv = small_run(tmp_path, "--model", "cnn", "--precision", precision, "--channels-last", "--eval-samples", "16", "--bucket-probe-steps", "0", steps=4)
     assert main(argv) == 0
     record = load_record(tmp_path / "run.json")

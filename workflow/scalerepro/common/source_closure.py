@@ -48,9 +48,10 @@ def _imported(package_dir: Path, path: Path) -> frozenset[str]:
     return _imports_in_text(package_dir, path, path.read_text())
 
 
-# Parsing the workflow asks for the closure of each of its programs (13 of them), which share most
-# of their modules: each text is parsed once a process (it was 545 parses, 45 % of a dry run's
-# time). Keyed by the text itself, so an edit is read as an edit.
+# Parsing the workflow asks for the closure of each of its programs, which share most of their
+# modules, and parsing the texts was most of a dry run's time (benchmarks/README.md, "The test
+# suite's time, round 2"): each text is parsed once a process, keyed by the text itself, so an
+# edit is read as an edit.
 @functools.cache
 def _imports_in_text(package_dir: Path, path: Path, text: str) -> frozenset[str]:
     here = _module_name(package_dir, path).split(".")

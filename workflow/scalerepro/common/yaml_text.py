@@ -1,9 +1,9 @@
 """YAML read as ``yaml.safe_load`` reads it, parsed by libyaml where PyYAML was built with it.
 
-Every command of both sides reads config/references.yaml and a schema or two; PyYAML's pure-Python
-parser took 92 ms for the references alone, libyaml 10 ms (benchmarks/README.md, "The test
-suite's time, round 2"). The documents come out the same (safe types only, anchors and merge keys
-alike).
+Every command of the workflow and the analysis reads config/references.yaml and a schema or two,
+which PyYAML's pure-Python parser reads about ten times slower than libyaml (benchmarks/README.md,
+"The test suite's time, round 2"). The documents come out the same (safe types only, anchors and
+merge keys alike).
 """
 
 from __future__ import annotations

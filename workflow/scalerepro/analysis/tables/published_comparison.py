@@ -443,8 +443,8 @@ def unshown_references(
 
 def comparison_tables(runs: pd.DataFrame, references: pd.DataFrame, comparison: pd.DataFrame, inventory: Any = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """published_comparison.csv and gap_walk.csv (module docstring): per measured model and device,
-    a row for each figure set beside it (BEST, LIKE) or why none (NO_LIKE, NO_FIGURE), and the references beside no run here with why;
-    the gap walks' steps. ``comparison`` is the reproduction table (comparison.csv): a reference
+    a row for each figure set beside it (BEST, LIKE) or why none (NO_LIKE, NO_FIGURE), and the
+    references beside no run here with why; the gap walks' steps. ``comparison`` is the reproduction table (comparison.csv): a reference
     it shows is not listed again as beside no run."""
     if references.empty:
         references = pd.DataFrame(columns=[*REFERENCE_COLUMNS, *EXTRA_COLUMNS])
