@@ -127,6 +127,25 @@ def test_a_cell_whose_runs_each_add_up_adds_up_when_its_parts_move_apart_over_th
     assert row["unexplained_s"] == pytest.approx(BUILT["unexplained"], abs=1e-12)
 
 
+def test_a_weak_cell_splits_the_loss_of_its_mean_step_where_its_windows_have_slow_steps():
+    """The scaling table's weak E, T(1) / T(N), is in epoch times at each window's median step,
+    which leaves the windows' slow steps out; the parts are in mean steps. The defect: the row's
+    loss was that E's, so a slowed README study's weak cell missed it by 4.6 points with a rest of
+    0.02 %. The loss the parts split is the mean step's; the scaling table's E stays beside it."""
+    runs, scaling = _cell("weak")
+    step = T1 + sum(BUILT.values())
+    slow = 0.004  # each two-rank window's median step this far below its mean: a few slow steps
+    epoch_efficiency = T1 / (step - slow)  # what T(1) / T(N) gives at the median steps
+    scaling.loc[scaling["gpus"].eq(2), "efficiency"] = epoch_efficiency
+    row = loss_decomposition_table(runs, scaling).iloc[0]
+    assert row["efficiency"] == pytest.approx(T1 / step) and row["loss"] == pytest.approx(1 - T1 / step)
+    assert row["sum_error"] == pytest.approx(-BUILT["unexplained"] / step, abs=1e-9)  # the rest, and only it
+    assert row["scaling_efficiency"] == pytest.approx(epoch_efficiency)
+    assert f"the scaling table's {100 * epoch_efficiency:.1f} %" in row["note"] and "median step" in row["note"]
+    (shown,) = loss_rows([row.to_dict()])
+    assert shown["accounted"] == "yes"
+
+
 def test_the_bottleneck_is_the_largest_part_with_its_lever():
     parts = {**BUILT, "data_stall": 0.030}
     runs, scaling = _cell(parts=parts)
