@@ -46,7 +46,16 @@ rule all:
         rules.store_plots.output,
 
 
+onstart:
+    start_fork_server()
+
+
+onerror:
+    stop_fork_server()
+
+
 onsuccess:
+    stop_fork_server()
     report_html = Path("results/report/index.html")
     if report_html.exists() and report_html.stat().st_mtime >= STARTED:
         print(f"report: {report_html.resolve()}")

@@ -109,14 +109,17 @@ def _job_spans(log_text: str) -> list[tuple[str, float]]:
 
 def breakdown(workdir: Path, wall_s: float, log_text: str) -> dict[str, float]:
     windows = in_trainer = startup = 0.0
-    records = 0
+    records = ranks = forked = 0
     for record_path in sorted((workdir / "results" / "runs").glob("*/record.json")):
         record = json.loads(record_path.read_text())
         started = datetime.datetime.fromisoformat(record["started_at"])
         ended = datetime.datetime.fromisoformat(record["ended_at"])
         duration = (ended - started).total_seconds()
         window = (record.get("measurements") or {}).get("window_s") or 0.0
-        found = JOB_LINE.findall((record_path.parent / "train.log").read_text())
+        log = (record_path.parent / "train.log").read_text()
+        found = JOB_LINE.findall(log)
+        ranks += int((record.get("parallel") or {}).get("world_size") or 1)
+        forked += log.count("forked by the study's fork server")
         job = float(found[-1]) if found else duration
         windows += window
         in_trainer += duration - window
@@ -133,6 +136,8 @@ def breakdown(workdir: Path, wall_s: float, log_text: str) -> dict[str, float]:
         "other jobs": other,
         "scheduling": wall_s - windows - in_trainer - startup - other,
         "records": records,
+        "ranks": ranks,
+        "forked": forked,
         "other_jobs": others,
     }
 
@@ -182,7 +187,7 @@ def main() -> int:
                 print(
                     f"{setting:<7} wall {figures['wall']:6.1f} s (goal < 240 s: {'met' if figures['wall'] < 240 else 'MISSED'}); "
                     f"{figures['records']:.0f} records ({figures['precision']}), one-rank step {figures['step'] * 1e3:.0f} ms, "
-                    f"{figures['other_jobs']:.0f} other jobs\n        {shares}",
+                    f"{figures['other_jobs']:.0f} other jobs, {figures['forked']:.0f} of {figures['ranks']:.0f} ranks forked\n        {shares}",
                     flush=True,
                 )
     if "native" in results and "slowed" in results:

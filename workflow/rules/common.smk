@@ -11,6 +11,7 @@
 #                  data_input
 #   flags          run_launch_args, run_trainer_args, comm_launch_args, matrix_rows, targets_args,
 #                  folder_of (a program's folder argument, from a declared input or output)
+#   hooks          start_fork_server, stop_fork_server (the Snakefile's onstart, onsuccess, onerror)
 #
 # Parsing this file also changes the process it runs in; every such change is in the section
 # "What parsing changes" below, and nowhere else in the rule files.
@@ -37,6 +38,7 @@ from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
 from scalerepro.analysis.tables import check_definitions
 from scalerepro.common import driver_lock
 from scalerepro.common.source_closure import run_jobs_from_this_checkout, source_files
+from scalerepro.launching import fork_server
 from scalerepro.planning import plan as planning
 from scalerepro.planning import study
 from scalerepro.planning.plan import RUN_RECORD, record_path
@@ -118,6 +120,37 @@ if (
     # One measured job at a time: two on one machine share its cores, memory bandwidth and
     # GPUs, and each measures the other (resources.exclusive: false packs them).
     workflow.register_resource("measured", 1)
+
+
+# ---- The fork server: the hooks' (Snakefile) -------------------------------------------------
+# A local CPU study's ranks are forked from one process that imported torch once
+# (scalerepro.launching.fork_server; resources.fork_server: false turns it off). The onstart hook
+# starts it and names its socket in this process's environment, which every job inherits; the
+# onsuccess and onerror hooks stop it, and it ends with this process whatever ends it.
+FORK_SERVER = []  # (the server, its socket) while one runs
+
+
+def start_fork_server():
+    if not (
+        PLAN.local_runs
+        and DEVICE == "cpu"
+        and CONFIG["resources"].get("fork_server", True)
+    ):
+        return
+    try:
+        FORK_SERVER.append(
+            fork_server.start(os.getpid(), Path("results/logs/fork_server.log"))
+        )
+    except fork_server.ForkServerError as error:
+        print(f"scalerepro: {error}", file=sys.stderr)
+        return
+    os.environ[fork_server.SOCKET_ENV] = FORK_SERVER[-1][1]
+
+
+def stop_fork_server():
+    os.environ.pop(fork_server.SOCKET_ENV, None)
+    while FORK_SERVER:
+        fork_server.stop(*FORK_SERVER.pop())
 
 
 # ---- Software ---------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from scalerepro import schedulers
 from scalerepro.common.cli import COUNT, CommandError, OneLineErrorParser, bounded_int, error_boundary
 from scalerepro.common.exits import EXIT_PREEMPTED
 from scalerepro.common.files import utc_now
-from scalerepro.launching import rank_failure
+from scalerepro.launching import fork_server, rank_failure
 from scalerepro.schedulers import cores
 from scalerepro.schedulers.base import LAUNCHER_ENV, LOCAL, STORE_FD_ENV, LaunchRequest, SchedulerError
 from scalerepro.schedulers.slurm import RENDEZVOUS_PORT_SPAN
@@ -158,18 +158,7 @@ def run_local(
         job = cores.job_cores(os.sched_getaffinity(0), cpus)
         environments = local_rank_environments(ranks, listener.getsockname()[1], listener.fileno(), environ, job)
         processes = [
-            subprocess.Popen(
-                [sys.executable, *program],
-                env=env,
-                pass_fds=(listener.fileno(),) if rank == 0 else (),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                bufsize=1,
-                preexec_fn=_stop_with_parent,
-            )
-            for rank, env in enumerate(environments)
+            _start_rank(program, env, listener.fileno() if rank == 0 else None, environ.get(fork_server.SOCKET_ENV)) for rank, env in enumerate(environments)
         ]
     pumps = [
         threading.Thread(target=_pump, args=(stream, sink, f"[default{rank}]:", output), daemon=True)
@@ -195,6 +184,33 @@ def run_local(
     return code, failures
 
 
+Rank = subprocess.Popen | fork_server.ForkedRank
+
+
+def _start_rank(program: Sequence[str], env: Mapping[str, str], store_fd: int | None, fork_socket: str | None) -> Rank:
+    """One local rank: forked by the study's fork server where there is one (torch already
+    imported: scalerepro.launching.fork_server), else, or when it refuses, a new process."""
+    if fork_socket:
+        try:
+            rank = fork_server.fork_rank(fork_socket, program, env, store_fd)
+        except fork_server.ForkServerError as error:
+            print(f"scalerepro.launching.launch: rank {env['RANK']} starts as a new process: {error}", file=sys.stderr, flush=True)
+        else:
+            print(f"scalerepro.launching.launch: rank {env['RANK']} forked by the study's fork server (pid {rank.pid})", file=sys.stderr, flush=True)
+            return rank
+    return subprocess.Popen(
+        [sys.executable, *program],
+        env=env,
+        pass_fds=(store_fd,) if store_fd is not None else (),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        preexec_fn=_stop_with_parent,
+    )
+
+
 def _pump(source, sink, prefix: str, output: rank_failure.RankOutput) -> None:
     for line in source:
         sink.write(prefix + line)
@@ -202,7 +218,7 @@ def _pump(source, sink, prefix: str, output: rank_failure.RankOutput) -> None:
         output.feed(prefix + line)
 
 
-def _signal_all(processes: Sequence[subprocess.Popen], signum: int) -> None:
+def _signal_all(processes: Sequence[Rank], signum: int) -> None:
     for process in processes:
         if process.poll() is None:
             process.send_signal(signum)
@@ -212,7 +228,7 @@ def _exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode  # killed by signal N: 128 + N, as a shell says
 
 
-def _wait_for(processes: Sequence[subprocess.Popen], driven_by: tuple[int, int | None] | None = None) -> int:
+def _wait_for(processes: Sequence[Rank], driven_by: tuple[int, int | None] | None = None) -> int:
     first_failure: int | None = None
     kill_at: float | None = None
     next_check = time.monotonic()
