@@ -72,6 +72,13 @@ LOCAL_CASES = {
 }
 
 
+def cpu_plan_env(base: dict[str, str]) -> dict[str, str]:
+    """``base`` for a CPU case: a CPU study's plan depends on whether the CPU has native bf16 (the
+    preset's precision, and so which cells share a run), and the snapshots are of a CPU without
+    it, which any CPU can be made (oneDNN held at AVX2), so that they hold on every machine."""
+    return {**base, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def snapshot(case: str) -> list[dict]:
     return json.loads((SNAPSHOTS / f"{case}.json").read_text())
 
@@ -90,9 +97,7 @@ if __name__ == "__main__":
 
     with tempfile.TemporaryDirectory() as scratch:
         for case, (args, gpus) in LOCAL_CASES.items():
-            env = clean_env()
-            if gpus:
-                env = gpu_machine_env(Path(scratch) / case, gpus, env)
+            env = gpu_machine_env(Path(scratch) / case, gpus, clean_env()) if gpus else cpu_plan_env(clean_env())
             _write(case, planned_jobs(REPO, env, *args))
     if "--slurm" in sys.argv:  # needs the test cluster (tests/slurm/cluster.sh start)
         from slurm_cluster import PROFILE_ARGS, STUDY, cluster_env, snakemake_env

@@ -49,7 +49,6 @@ This module's client side imports no torch: the launcher must start fast.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import importlib
@@ -71,6 +70,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from scalerepro.common.cli import OneLineErrorParser, error_boundary
 from scalerepro.schedulers.base import STORE_FD_ENV
 from scalerepro.schedulers.cores import THREAD_VARIABLES
 
@@ -84,6 +84,11 @@ PRELOADED = ("torch", "torch._dynamo", "torch.distributed", "torch.utils.data", 
 IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "ATEN_", "ONEDNN_", "DNNL_", "MKL", "KMP_", "OMP_", "GOMP_", "OPENBLAS", "PYTHON", "LD_")
 MESSAGE_MAX = 1 << 20  # bytes of one request: a rank's environment and arguments
 READY_TIMEOUT_S = 10.0  # how long ``start`` waits for the socket to be bound (before the imports)
+# How long a launcher waits for the rank's pid (the first waits for the server's imports, 4 s
+# here, 20 s under a fifth of the cores), and the server for a request: then the rank starts as a
+# new process, and the server serves the next.
+REPLY_TIMEOUT_S = 300.0
+REQUEST_TIMEOUT_S = 30.0
 
 
 class ForkServerError(RuntimeError):
@@ -150,6 +155,7 @@ def fork_rank(socket_path: str, program: Sequence[str], env: Mapping[str, str], 
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
+    connection.settimeout(REPLY_TIMEOUT_S)
     try:
         connection.connect(socket_path)
         request = {
@@ -175,6 +181,7 @@ def fork_rank(socket_path: str, program: Sequence[str], env: Mapping[str, str], 
         for fd in (out_read, err_read):
             os.close(fd)
         raise ForkServerError(reply.get("refused", "the fork server closed the connection without starting the rank"))
+    connection.settimeout(None)
     return ForkedRank(int(reply["pid"]), connection, out_read, err_read)
 
 
@@ -274,6 +281,8 @@ def _run_rank(request: Mapping, fds: list[int], connection: socket.socket, serve
         for name in [name for name in sys.modules if name == "scalerepro" or name.startswith("scalerepro.")]:
             del sys.modules[name]  # the job's own checkout's code, imported afresh
 
+        connection.settimeout(None)
+
         def stop_with_launcher() -> None:
             with contextlib.suppress(OSError):
                 connection.recv(1)  # the launcher sends nothing more: this returns when it closes
@@ -369,6 +378,7 @@ def serve(socket_path: str, owner_pid: int) -> int:
 def _start_child(connection: socket.socket, server_env: Mapping[str, str], imports_set: Mapping[str, str], server_fds: set[int]) -> tuple[int, int] | None:
     """Fork the rank ``connection`` asks for; its pidfd and pid, or None when refused."""
     fds: list[int] = []
+    connection.settimeout(REQUEST_TIMEOUT_S)
     try:
         message, fds, _flags, _address = socket.recv_fds(connection, MESSAGE_MAX, 3)
         request = json.loads(message)
@@ -395,8 +405,9 @@ def _start_child(connection: socket.socket, server_env: Mapping[str, str], impor
     return os.pidfd_open(pid), pid
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scalerepro.launching.fork_server", description=__doc__.split("\n\n")[0])
+@error_boundary("scalerepro.launching.fork_server")
+def main(argv: list[str]) -> int:
+    parser = OneLineErrorParser(prog="scalerepro.launching.fork_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--socket", required=True, help="the Unix socket to serve on (its folder should be private)")
     parser.add_argument("--owner", type=int, required=True, help="the process whose end ends the server (Snakemake's)")
     args = parser.parse_args(argv)

@@ -5,14 +5,15 @@ As torchtitan resolves its JobConfig before the trainer sees it, the flags a ran
 (``--num-workers``, ``--eval-samples``) are decided here, once, from the rank's cores and its
 data-parallel size: the Trainer's ``config`` is then the config it was given, and the record holds
 what ran. What belongs to the process rather than to one object (the seed, the collective
-timeout, the fp32 arithmetic and cuDNN's autotuner) is set in ``set_process_state``, the one
-place that touches it.
+timeout, the fp32 arithmetic, cuDNN's autotuner and torch.compile's kernel cache) is set in
+``set_process_state``, the one place that touches it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import MutableMapping
 
 import torch
 
@@ -108,10 +109,28 @@ def set_precision(precision: str) -> None:
         torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
+def separate_compile_cache(environ: MutableMapping[str, str]) -> None:
+    """torch.compile's kernel cache, one for each ATen CPU capability cap.
+
+    torch 2.13's inductor took a CPU kernel from its cache that it had compiled with no
+    ``ATEN_CPU_CAPABILITY`` for a run with ``ATEN_CPU_CAPABILITY=avx2``, and the kernel computed
+    garbage: the compiled CNN's step failed on an index of -4.8e18 (the suite under the ISA caps,
+    benchmarks/README.md). So where the cache is torch's default folder, a run under a cap
+    compiles into a folder of that cap's (``torchinductor_<user>-aten-avx2``); a run without one,
+    and a folder the user chose, keep theirs."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    default = os.path.abspath(default_cache_dir())
+    if capability and os.path.abspath(environ.get("TORCHINDUCTOR_CACHE_DIR", default)) == default:
+        environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-aten-{capability}"
+
+
 def set_process_state(config: TrainConfig, ctx: DistContext) -> None:
     """The process-global state of a run, set before the Trainer is built: torch's seed (the
-    model's initial weights are drawn next), the collectives' timeout, the fp32 arithmetic and
-    cuDNN's autotuner, and the named ranges of --profile-mode.
+    model's initial weights are drawn next), the collectives' timeout, the fp32 arithmetic,
+    cuDNN's autotuner, torch.compile's kernel cache (``separate_compile_cache``), and the named
+    ranges of --profile-mode.
 
     Until the warm-up steps are done, collectives may wait for a peer that is still compiling or
     autotuning: they get the long warm-up timeout here, and the steady-state one once the trainer
@@ -120,4 +139,6 @@ def set_process_state(config: TrainConfig, ctx: DistContext) -> None:
     distributed.set_collective_timeout(ctx, config.parallel.warmup_dist_timeout_s)
     set_precision(config.perf.precision)
     torch.backends.cudnn.benchmark = config.perf.cudnn_benchmark
+    if config.perf.compile != "none":
+        separate_compile_cache(os.environ)
     ranges.enable_ranges(config.profile.profile_mode, ctx.device)
