@@ -139,13 +139,16 @@ def test_exposed_communication_sees_the_all_reduce(tmp_path):
     assert 0 < comm["nosync_rank_mean_s"] <= 1.05 * comm["nosync_step_s"], comm
     assert 0 <= comm["straggler_wait_s"] < comm["nosync_rank_mean_s"], comm
     # the window's own steps, split on every rank: the all-reduce waited for at the backward's end
-    # is a large part of a step made of communication (0.19-0.26 of it here; the rest of the
-    # probe's 0.5 is gloo's thread slowing the backward it overlaps; with each completion marked
-    # at its launch, 0.02), and what is left is at least the compute the probe times without it
+    # is a large part of what the probe says the all-reduce costs a step (the rest is gloo's
+    # thread slowing the backward it overlaps): 0.38-0.65 of it natively, 0.36-0.39 under a CPU
+    # quota of 0.3 with the ISA caps, where the wait was only 0.09-0.13 of the step (0.17-0.18
+    # natively); with each completion marked at its launch, about 0.05. What is left is at least
+    # the compute the probe times without it.
     measurements = load_record(tmp_path / "r.json")["measurements"]
     split = measurements["window_split"]
     assert split["reason"] is None and split["clock"] == "host" and split["steps"] == measurements["measured_steps"], split
-    assert split["exposed_allreduce_wait_s"] >= 0.1 * split["step_rank_mean_s"], split
+    allreduce_cost_s = comm["sync_step_s"] - comm["nosync_step_s"]
+    assert split["exposed_allreduce_wait_s"] >= 0.2 * allreduce_cost_s, (split, comm)
     assert split["compute_rank_mean_s"] >= 0.7 * comm["nosync_rank_mean_s"], (split, comm)
     assert comm["sync_compute_rank_mean_s"] >= 0.7 * comm["nosync_rank_mean_s"], comm
     parts = ("compute_rank_mean_s", "straggler_wait_s", "exposed_allreduce_wait_s", "data_wait_rank_mean_s")
