@@ -52,7 +52,7 @@ def run_job(folder: Path, name: str, ranks: int, model: str, env: dict[str, str]
         text=True,
     )
     wall = time.monotonic() - started
-    forked = done.stderr.count("forked by the study's fork server")
+    forked = done.stderr.count(fork_server.FORKED_LINE)
     (folder / name).mkdir(parents=True, exist_ok=True)
     (folder / name / "launch.log").write_text(done.stderr)
     if done.returncode != 0 or not record.exists():

@@ -42,6 +42,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "workflow"))
+
+from scalerepro.launching import fork_server  # noqa: E402
+
 IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "__pycache__", "*.egg-info", ".pytest_cache", ".whl", ".gl")
 SETTINGS = {"native": {}, "capped": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, "slowed": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
 CGROUP_V2, CGROUP_V1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
@@ -119,7 +123,7 @@ def breakdown(workdir: Path, wall_s: float, log_text: str) -> dict[str, float]:
         log = (record_path.parent / "train.log").read_text()
         found = JOB_LINE.findall(log)
         ranks += int((record.get("parallel") or {}).get("world_size") or 1)
-        forked += log.count("forked by the study's fork server")
+        forked += log.count(fork_server.FORKED_LINE)
         job = float(found[-1]) if found else duration
         windows += window
         in_trainer += duration - window

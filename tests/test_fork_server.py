@@ -72,7 +72,7 @@ def test_a_forked_rank_runs_its_module_as_python_would_and_fails_as_it_would(ser
         code, failures, out, err = _run_local(capsys, 2, "7")
     finally:
         del os.environ["RANK_MARKER"]
-    assert err.count("forked by the study's fork server") == 2, err
+    assert err.count(fork_server.FORKED_LINE) == 2, err
     for rank in (0, 1):
         assert f"[default{rank}]:name __main__ argv ['7'] cwd {tmp_path}" in out
         assert f"[default{rank}]:rank {rank} of 2 marker this job's" in out

@@ -21,6 +21,7 @@ import yaml
 
 from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
 from scalerepro.common import cpu_features
+from scalerepro.launching import fork_server
 
 from conftest import REPO, load_record
 from workflow_runs import COPY_IGNORE, SNAKEMAKE, cifar_server, snakemake, workflow_env  # noqa: F401 - cifar_server: a fixture, used by name
@@ -71,7 +72,7 @@ def test_the_whole_dag_ran_and_every_record_is_valid(study):
     assert all(r["status"] == "ok" for r in records.values()), {k: r["error"] for k, r in records.items() if r["status"] != "ok"}
     # every rank forked by the invocation's fork server (torch imported once), none a new process
     logs = {run: (study / f"results/runs/{run}/train.log").read_text() for run in set(owner.values())}
-    assert all("forked by the study's fork server" in log and "starts as a new process" not in log for log in logs.values()), logs
+    assert all(fork_server.FORKED_LINE in log and "starts as a new process" not in log for log in logs.values()), logs
     strong2 = records["strong_cnn_g2_r1"]
     assert strong2["parallel"]["world_size"] == 2 and strong2["parallel"]["backend"] == "gloo"
     # strong scaling: one global batch (per-GPU batch 16 x the largest count, 2) at every count;

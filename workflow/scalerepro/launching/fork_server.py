@@ -8,8 +8,8 @@ Why: a rank's imports cost more than most of what it measures on a small CPU. On
 imports (``Optimizer.add_param_group`` is wrapped in ``torch._disable_dynamo``), 1.6-1.8 s more;
 the README study's 26 jobs paid them in each rank, and on a slower machine they grow with it
 (benchmarks/README.md, "The README study slowed"). A rank forked from a process that has
-imported them starts in a few milliseconds, and trains as fast as a new one
-(benchmarks/fork_server_bench.py; the journal).
+imported them trains as fast as a new one, and its job ends sooner: a two-rank CNN job took
+4.04 s forked against 6.37 s started anew here (benchmarks/fork_server_bench.py; the journal).
 
 What it preloads (``PRELOADED``) is torch and libraries of the environment only, never
 scalerepro: a rank imports the package afresh, so it runs the code of the checkout its job was
@@ -91,6 +91,10 @@ REPLY_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 30.0
 
 
+# What the launcher prints of each rank the server forked (benchmarks count these lines)
+FORKED_LINE = "forked by the study's fork server"
+
+
 class ForkServerError(RuntimeError):
     """The fork server cannot start a rank; the message says why."""
 
@@ -105,7 +109,8 @@ def import_time_differences(request_env: Mapping[str, str], server_env: Mapping[
 
 
 class ForkedRank:
-    """A rank forked by the server, answering as the ``subprocess.Popen`` of a new one would."""
+    """A rank forked by the server, answering what the launcher asks of the ``subprocess.Popen``
+    of a new one (pid, poll, returncode, send_signal, stdout, stderr)."""
 
     def __init__(self, pid: int, connection: socket.socket, stdout_fd: int, stderr_fd: int) -> None:
         self.pid = pid
@@ -128,24 +133,10 @@ class ForkedRank:
             self._connection.close()
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-            time.sleep(0.02)
-        return self.returncode  # type: ignore[return-value]
-
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def fork_rank(socket_path: str, program: Sequence[str], env: Mapping[str, str], pass_fd: int | None = None) -> ForkedRank:

@@ -196,7 +196,7 @@ def _start_rank(program: Sequence[str], env: Mapping[str, str], store_fd: int | 
         except fork_server.ForkServerError as error:
             print(f"scalerepro.launching.launch: rank {env['RANK']} starts as a new process: {error}", file=sys.stderr, flush=True)
         else:
-            print(f"scalerepro.launching.launch: rank {env['RANK']} forked by the study's fork server (pid {rank.pid})", file=sys.stderr, flush=True)
+            print(f"scalerepro.launching.launch: rank {env['RANK']} {fork_server.FORKED_LINE} (pid {rank.pid})", file=sys.stderr, flush=True)
             return rank
     return subprocess.Popen(
         [sys.executable, *program],
