@@ -32,7 +32,7 @@ def planned_jobs(workdir: Path, env: dict[str, str], *args: str, timeout: float 
         raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     jobs, job = [], None
     for line in result.stdout.splitlines():
-        if line.startswith(("rule ", "localrule ")) and line.endswith(":"):
+        if line.startswith(("rule ", "localrule ", "checkpoint ", "localcheckpoint ")) and line.endswith(":"):
             job = {"rule": line.split(" ", 1)[1].rstrip(":")}
             jobs.append(job)
         elif job is None:

@@ -257,9 +257,16 @@ def test_nothing_left_to_do_and_reruns_are_exact(study, tmp_path):
     for planning_module in ("planning/study.py", "planning/plan.py", "planning/submission.py", "data/fetch.py"):
         assert edited(study / "workflow/scalerepro" / planning_module) == {}, planning_module
     after_trainer_edit = edited(study / "workflow/scalerepro/training/trainer.py")
+    # every training job runs again, but a dry run shows round 1 only: which later rounds run is
+    # the study_budget checkpoint's choice, made again from round 1's new wall times (and the
+    # matrix of the runs it keeps with it)
+    matrix = pd.read_csv(study / "results/tables/matrix.csv")
+    round_one = int((matrix.record_of.isna() & matrix.repeat.eq(1)).sum())
     assert after_trainer_edit == {
         "code_fingerprint": 2,
-        "train": CI_RUNS,
+        "train": round_one,
+        "study_budget": 1,
+        "study_matrix": 1,
         "aggregate": 1,
         "plots": 1,
         "report": 1,
@@ -278,7 +285,9 @@ def test_nothing_left_to_do_and_reruns_are_exact(study, tmp_path):
     assert edited(study / "workflow/scalerepro/analysis/history/store.py") == {"store_study": 1, "store_plots": 1, "report": 1, "all": 1}
     assert planned("--forcerun", "aggregate") == {"aggregate": 1, "store_study": 1, "plots": 1, "store_plots": 1, "report": 1, "all": 1}
     one_run = {"train": 1, "aggregate": 1, "store_study": 1, "plots": 1, "store_plots": 1, "report": 1, "all": 1}
-    assert planned("--forcerun", "results/runs/strong_cnn_g1_r1/record.json") == one_run
+    # a run of round 1 is one the budget's choice is made from: the checkpoint chooses again
+    assert planned("--forcerun", "results/runs/strong_cnn_g1_r1/record.json") == {**one_run, "study_budget": 1, "study_matrix": 1}
+    assert planned("--forcerun", "results/runs/strong_cnn_g1_r2/record.json") == one_run
 
 
 def test_the_workflow_is_lint_clean_and_formatted():
@@ -432,10 +441,65 @@ def test_the_report_line_names_a_report_built_by_this_run_only(study, tmp_path):
     assert f"report: {study / 'results/report/index.html'}" in (study / "study_output").read_text()
     workdir = tmp_path / "repo"
     shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
-    matrix_only = snakemake(workdir, "results/tables/matrix.csv", "--cores", "1", "--configfile", "config/ci.yaml", timeout=300)
-    assert matrix_only.returncode == 0, matrix_only.stderr[-2000:]
-    assert (workdir / "results/tables/matrix.csv").exists()
-    assert "report:" not in matrix_only.stdout + matrix_only.stderr
+    config_only = snakemake(workdir, "results/tables/config.json", "--cores", "1", "--configfile", "config/ci.yaml", timeout=300)
+    assert config_only.returncode == 0, config_only.stderr[-2000:]
+    assert (workdir / "results/tables/config.json").exists()
+    assert "report:" not in config_only.stdout + config_only.stderr
+
+
+def test_the_budget_checkpoint_read_round_ones_job_walls_and_kept_the_floor(study):
+    """ci.yaml's budget (1 s) is below what round 1 takes: the study_budget checkpoint keeps the
+    floor of two repeats, over budget, from the wall times run_job wrote beside each record, and
+    the report says so."""
+    choice = json.loads((study / "results/tables/budget.json").read_text())
+    matrix = pd.read_csv(study / "results/tables/matrix.csv")
+    owners = matrix[matrix.record_of.isna() & matrix.repeat.eq(1)].run_id
+    assert choice["repeats"] == choice["planned_repeats"] == 2 and choice["over_budget"] is True
+    assert sorted(choice["round_one_walls_s"]) == sorted(owners) and choice["round_one_jobs"] == len(owners)
+    for run, wall in choice["round_one_walls_s"].items():
+        job = json.loads((study / f"results/runs/{run}/job.json").read_text())
+        logged = (study / f"results/runs/{run}/train.log").read_text().split("run_job: launcher and ranks took ")[-1]
+        assert job == {"run": run, "wall_s": wall, "launcher_exit": 0} and float(logged.split()[0]) == pytest.approx(wall, abs=0.001)
+    assert choice["round_one_s"] == pytest.approx(sum(choice["round_one_walls_s"].values()))
+    assert "the floor" in choice["reason"] and len(matrix) == CI_ROWS
+    html = (study / "results/report/index.html").read_text()
+    line = html.split('<dd id="budget">')[1].split("</dd>")[0]
+    assert "up to 2 a cell, of the 2 planned" in " ".join(line.split()) and "over budget" in line
+
+
+def test_a_rebuilt_report_keeps_the_budgets_choice(study, tmp_path):
+    """``rebuild --results`` (no Snakemake) reads the study's budget.json where its config set a
+    budget, as the report rule passes it."""
+    from scalerepro.analysis import rebuild
+
+    results = tmp_path / "results"
+    shutil.copytree(study / "results", results, symlinks=True)
+    (results / "report/index.html").unlink()
+    rebuild.rebuild(results, REPO / "config/references.yaml", REPO / "report")
+    page = (results / "report/index.html").read_text()
+    assert '<dd id="budget">up to 2 a cell, of the 2 planned' in page
+
+
+def test_a_smaller_budget_leaves_out_the_later_rounds_and_trains_nothing(study, tmp_path):
+    """A budget of one repeat (min_repeats 1) on the finished CI study: the checkpoint chooses
+    again (its settings changed), the matrix then plans round 1 only, and what remains to do is
+    the analysis of fewer runs, no training."""
+    workdir = tmp_path / "study"
+    shutil.copytree(study, workdir, symlinks=True)
+    config = yaml.safe_load((REPO / "config/ci.yaml").read_text())
+    config["budget"] = {"training_s": 1, "min_repeats": 1}
+    url, md5 = json.loads((study / "study_args").read_text())
+    config["cifar10"] = {**config["cifar10"], "url": url, "md5": md5}
+    (workdir / "one.yaml").write_text(yaml.safe_dump(config))
+    chosen = snakemake(workdir, "results/tables/matrix.csv", "--cores", "1", "--configfile", "one.yaml", timeout=300)
+    assert chosen.returncode == 0, chosen.stderr[-3000:]
+    assert json.loads((workdir / "results/tables/budget.json").read_text())["repeats"] == 1
+    matrix = pd.read_csv(workdir / "results/tables/matrix.csv")
+    assert set(matrix.repeat) == {1} and len(matrix) < CI_ROWS
+    left = snakemake(workdir, "-n", "--configfile", "one.yaml", timeout=300)
+    assert left.returncode == 0, left.stderr[-3000:]
+    jobs = left.stdout.split("Job stats:")[1].split("\n\n")[0]
+    assert "aggregate" in jobs and "train" not in jobs and "study_budget" not in jobs, jobs
 
 
 def test_the_study_is_stored_and_a_rerun_compares_with_it(study, tmp_path):

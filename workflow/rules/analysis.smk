@@ -7,6 +7,8 @@ localrules:
 
 
 rule study_matrix:
+    input:
+        budget=BUDGET_INPUT,
     output:
         MATRIX_CSV,
     log:
@@ -40,7 +42,7 @@ rule study_config:
 rule aggregate:
     input:
         matrix=MATRIX_CSV,
-        records=[record_path(run) for run in RUNS.values()],
+        records=study_records,
         comm=COMM_JSONS,
         references=REFERENCES_YAML,
         inventory=INVENTORY_JSON,

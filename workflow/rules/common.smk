@@ -2,13 +2,13 @@
 # it and nothing of another rule file, so the rule files may be included in any order.
 #
 #   the plan       PLAN, PROFILING_PLAN, CONFIG, STUDY, DEVICE, RUNS, GPU_COUNTS, GPUS_PER_NODE,
-#                  COMM_GPU_COUNTS, BASELINE, planning (the module: its PROFILING_TABLES)
+#                  COMM_GPU_COUNTS, BASELINE, BUDGET, planning (the module: its PROFILING_TABLES)
 #   software       ENV_TRAIN, ENV_ANALYSIS, CONTAINER, RANKS_CONTAINER, container_inputs
 #   resources      CLUSTER_RESOURCES, RUN_RESOURCES, SLURM_GPUS, comm_resources, run_threads,
 #                  run_priority
 #   files          the files rules of more than one rule file name (DATA_DIR, RUN_RECORD,
 #                  record_path, MATRIX_CSV, ... below), program_sources, program_fingerprint,
-#                  data_input
+#                  data_input, study_records (the runs the budget chose: budgeted_repeats)
 #   flags          run_launch_args, run_trainer_args, comm_launch_args, matrix_rows, targets_args,
 #                  folder_of (a program's folder argument, from a declared input or output)
 #   hooks          start_fork_server, stop_fork_server (the Snakefile's onstart, onsuccess, onerror)
@@ -39,9 +39,10 @@ from scalerepro.analysis.tables import check_definitions
 from scalerepro.common import driver_lock
 from scalerepro.common.source_closure import run_jobs_from_this_checkout, source_files
 from scalerepro.launching import fork_server
+from scalerepro.planning import budget
 from scalerepro.planning import plan as planning
 from scalerepro.planning import study
-from scalerepro.planning.plan import RUN_RECORD, record_path
+from scalerepro.planning.plan import RUN_JOB, RUN_RECORD, job_path, record_path
 from scalerepro.schedulers.base import SchedulerError
 
 # ---- The plan ---------------------------------------------------------------------------------
@@ -90,6 +91,8 @@ RUNS, GPU_COUNTS, GPUS_PER_NODE = (
 COMM_GPU_COUNTS = STUDY.comm_gpu_counts
 # the stored study this one is compared with (config `compare.baseline`), or None
 BASELINE = CONFIG["compare"]["baseline"]
+# the training budget (config `budget`), or None: every planned repeat runs
+BUDGET = PLAN.budget
 
 
 # ---- What parsing changes ---------------------------------------------------------------------
@@ -173,6 +176,9 @@ STUDY_CONFIG_JSON = "results/tables/config.json"
 INVENTORY_JSON = "results/inventory/system.json"
 REFERENCES_YAML = "config/references.yaml"
 COMM_JSONS = expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS)
+# the study budget's choice of repeats (the study_budget checkpoint's output), where there is a budget
+BUDGET_JSON = "results/tables/budget.json"
+BUDGET_INPUT = [BUDGET_JSON] if BUDGET else []
 # the aggregation's tables (results/tables/<name>.csv) and its summary
 AGGREGATE_CSVS = expand("results/tables/{table}.csv", table=AGGREGATE_TABLES)
 SUMMARY_JSON = "results/tables/summary.json"
@@ -208,6 +214,7 @@ PROGRAMS = {
         "scalerepro.training.train",
     ),
     "inventory": ("scalerepro.telemetry.inventory",),
+    "budget": ("scalerepro.planning.budget",),
     "aggregate": ("scalerepro.analysis.tables.aggregate",),
     "plots": ("scalerepro.analysis.presentation.plots",),
     "store": ("scalerepro.analysis.history.store",),
@@ -233,6 +240,20 @@ def program_sources(program):
 
 def program_fingerprint(program):
     return f"results/fingerprints/{program}.sha256"
+
+
+def budgeted_repeats():
+    """The repeats the study runs: every planned one without a budget, else the study_budget
+    checkpoint's choice (Snakemake runs the checkpoint, after round 1, before asking again).
+    """
+    if BUDGET is None:
+        return None
+    return budget.read_choice(checkpoints.study_budget.get().output[0])
+
+
+def study_records(wildcards):
+    """The records of the runs the study runs (the budget's rounds)."""
+    return [record_path(run) for run in PLAN.runs_within(budgeted_repeats())]
 
 
 def data_input(wildcards):
@@ -311,7 +332,9 @@ def comm_launch_args(wildcards):
 
 
 def matrix_rows():
-    """The study matrix as rows for matrix.csv (what the aggregation joins records onto)."""
+    """The study matrix as rows for matrix.csv (what the aggregation joins records onto): every
+    planned run (the rule keeps those of the rounds the budget chose, where there is one).
+    """
     return PLAN.matrix_rows()
 
 

@@ -13,6 +13,7 @@ rule report:
         history=HISTORY_CSV,
         store_plots=STORE_PLOT_FILES,
         versus=VERSUS_BASELINE,
+        budget=BUDGET_INPUT,
         code=program_sources("report"),
         # what the report program reads of report/: its stylesheet and the templates beside it
         style="report/style.css",
@@ -40,8 +41,9 @@ rule report:
         versus=lambda wc, input: (
             " ".join(["--versus-baseline", *input.versus]) if input.versus else ""
         ),
+        budget=lambda wc, input: f"--budget {input.budget[0]}" if input.budget else "",
     shell:
         "python -m scalerepro.analysis.presentation.report --tables {params.tables} --plots {params.plots}"
         " --inventory {input.inventory} --config {input.config} --references {input.references}"
-        " --history {input.history} {params.versus}"
+        " --history {input.history} {params.versus} {params.budget}"
         " --templates {params.templates} --out {output} > {log} 2>&1"

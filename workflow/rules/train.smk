@@ -3,6 +3,7 @@
 
 localrules:
     code_fingerprint,
+    study_budget,
 
 
 rule code_fingerprint:
@@ -25,6 +26,7 @@ rule train:
         image=container_inputs(),
     output:
         record=RUN_RECORD,
+        job=RUN_JOB,
     log:
         "results/runs/{run}/train.log",
     priority: run_priority
@@ -41,7 +43,7 @@ rule train:
         args=run_trainer_args,
     # A shell command (not a script), so that `snakemake -n -p` prints every run's flags.
     shell:
-        "python -m scalerepro.launching.run_job {output.record:q} {log:q} {params.launch:q}"
+        "python -m scalerepro.launching.run_job {output.record:q} {output.job:q} {log:q} {params.launch:q}"
         " -- -m scalerepro.training.train {params.args:q}"
 
 
@@ -76,3 +78,24 @@ rule comm_benchmark:
     shell:
         "python -m scalerepro.launching.launch {params.launch} -- -m scalerepro.training.commbench --out {output}"
         " --device {params.device} --sizes {params.sizes} --iterations {params.iterations} > {log} 2>&1"
+
+
+# With a training budget (config `budget`): once every cell's repeat 1 has run, how many rounds
+# of repeats fit, from those jobs' wall times (scalerepro.planning.budget). The records the
+# study asks for after it (study_records) are the rounds it chose.
+checkpoint study_budget:
+    input:
+        jobs=[job_path(run) for run in PLAN.round_one()],
+        code=program_sources("budget"),
+    output:
+        BUDGET_JSON,
+    log:
+        "results/logs/study_budget.log",
+    conda:
+        ENV_ANALYSIS
+    params:
+        jobs=PLAN.budget_jobs(),
+        training_s=BUDGET["training_s"] if BUDGET else None,
+        min_repeats=BUDGET["min_repeats"] if BUDGET else None,
+    script:
+        "../scripts/study_budget.py"

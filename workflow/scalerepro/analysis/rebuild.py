@@ -307,7 +307,9 @@ def rebuild(results: Path, references: Path, templates: Path) -> Rebuilt:
     summary = aggregate.write_tables(tables, tables_dir, left_out)
     drawn = plots.draw(plots.read_tables(tables_dir), results / "plots")
     out = results / "report" / "index.html"
-    html = report.render(tables_dir, results / "plots", inventory, config_path, references, templates, out.parent)
+    # the study budget's choice, where the study's config set a budget (its checkpoint wrote it)
+    budget = tables_dir / "budget.json" if ((config.get("budget") or {}).get("training_s") is not None) else None
+    html = report.render(tables_dir, results / "plots", inventory, config_path, references, templates, out.parent, budget_path=budget)
     write_text_atomically(out, html)
     return {"summary": summary, "figures": drawn, "profiled_runs": len(summaries), "report": out, "left_out": left_out}
 

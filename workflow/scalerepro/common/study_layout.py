@@ -22,6 +22,8 @@ from pathlib import Path, PurePosixPath
 # output: {run} is its wildcard).
 RESULTS_DIR = "results"
 RUN_RECORD = f"{RESULTS_DIR}/runs/{{run}}/record.json"
+# the training job's own account beside it (its wall time: scalerepro.launching.run_job)
+RUN_JOB = f"{RESULTS_DIR}/runs/{{run}}/job.json"
 MATRIX = "tables/matrix.csv"  # inside the study folder
 # The profiling tables (tables/<name>.csv), written when the study profiles its runs.
 PROFILING_TABLE_NAMES = ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files")

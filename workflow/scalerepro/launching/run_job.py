@@ -1,9 +1,11 @@
 """Run one training job of the study and turn its record into the job's exit status.
 
-    python -m scalerepro.launching.run_job RECORD LOG LAUNCH_FLAGS... -- -m scalerepro.training.train TRAINER_FLAGS...
+    python -m scalerepro.launching.run_job RECORD JOB LOG LAUNCH_FLAGS... -- -m scalerepro.training.train TRAINER_FLAGS...
 
 The workflow's ``train`` rule runs this as its shell command, so ``snakemake -n -p`` prints every
-run's launcher and trainer flags. ``scalerepro.launching.launch`` starts the ranks (torchrun here, one srun
+run's launcher and trainer flags. JOB (``job.json``) is the job's own account beside the record:
+its wall time from the launcher's start to its end, and the launcher's exit code (the study's
+budget, scalerepro.planning.budget, predicts later rounds from it). ``scalerepro.launching.launch`` starts the ranks (torchrun here, one srun
 task per node inside a Slurm job); everything they print goes to LOG. Outcomes, read from the
 record the ranks (or, when they wrote none, the launcher) wrote:
 
@@ -28,23 +30,26 @@ from pathlib import Path
 
 from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_PREEMPTED
+from scalerepro.common.files import write_text_atomically
 
 
 @error_boundary("scalerepro.launching.run_job")
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or "--" not in argv[2:]:
-        print("usage: python -m scalerepro.launching.run_job RECORD LOG LAUNCH_FLAGS... -- -m scalerepro.training.train FLAGS...", file=sys.stderr)
+    if len(argv) < 4 or "--" not in argv[3:]:
+        print("usage: python -m scalerepro.launching.run_job RECORD JOB LOG LAUNCH_FLAGS... -- -m scalerepro.training.train FLAGS...", file=sys.stderr)
         return 2
-    record, log_path, launch_argv = Path(argv[0]), argv[1], argv[2:]
+    record, job, log_path, launch_argv = Path(argv[0]), Path(argv[1]), argv[2], argv[3:]
     command = [sys.executable, "-m", "scalerepro.launching.launch", *launch_argv]
     with open(log_path, "a") as log:
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
         started = time.monotonic()
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+        wall_s = time.monotonic() - started
         # the job's cost beside its record's own duration: what starting the launcher and the
         # ranks (Python, torch) adds (benchmarks/readme_study_bench.py reads this line)
-        log.write(f"run_job: launcher and ranks took {time.monotonic() - started:.3f} s wall, exit {code}\n")
+        log.write(f"run_job: launcher and ranks took {wall_s:.3f} s wall, exit {code}\n")
+    write_text_atomically(job, json.dumps({"run": record.parent.name, "wall_s": round(wall_s, 3), "launcher_exit": code}) + "\n")
 
     status = json.loads(record.read_text())["status"] if record.exists() else None
     if status == "ok" and code == 0:

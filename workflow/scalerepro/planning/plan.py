@@ -275,6 +275,27 @@ class Plan:
     def matrix_rows(self) -> list[dict[str, Any]]:
         return study.matrix_rows(self.study, record_path, self.rerun_command)
 
+    @property
+    def budget(self) -> dict[str, Any] | None:
+        """``budget`` (training_s, min_repeats) where the config sets a training budget, else None:
+        every planned repeat runs (scalerepro.planning.budget)."""
+        settings = self.config.get("budget") or {}
+        if settings.get("training_s") is None:
+            return None
+        return {"training_s": float(settings["training_s"]), "min_repeats": int(settings.get("min_repeats", 2))}
+
+    def budget_jobs(self) -> list[dict[str, Any]]:
+        """The training jobs the budget weighs: every run that runs itself, with its cell and round."""
+        return [{"run_id": run.run_id, "cell": run.cell, "repeat": run.repeat} for run in self.study.runs.values() if run.runs_itself]
+
+    def round_one(self) -> list[Run]:
+        """The jobs of the first round (every cell's repeat 1), whose wall times the budget reads."""
+        return [run for run in self.study.runs.values() if run.runs_itself and run.repeat == 1]
+
+    def runs_within(self, repeats: int | None) -> list[Run]:
+        """The runs of the first ``repeats`` rounds (None: every planned run)."""
+        return [run for run in self.study.runs.values() if repeats is None or run.repeat <= repeats]
+
     def device_name_flags(self) -> list[str]:
         """--device-name of the GPUs the profiled runs use, where known before they run."""
         name = self.profiled_device_name()
@@ -290,12 +311,17 @@ class Plan:
         return self.config["reproduce"].get("gpu")
 
 
-from scalerepro.common.study_layout import RUN_RECORD  # noqa: E402  (one run's record, the file its training job writes)
+from scalerepro.common.study_layout import RUN_JOB, RUN_RECORD  # noqa: E402  (the files a run's training job writes)
 
 
 def record_path(run: Run) -> str:
     """The record a run's row reads: its own, or the one of the run that runs its configuration."""
     return RUN_RECORD.format(run=run.record_of or run.run_id)
+
+
+def job_path(run: Run) -> str:
+    """The job.json of the training job that runs ``run``'s configuration (its wall time)."""
+    return RUN_JOB.format(run=run.record_of or run.run_id)
 
 
 def load(config: dict[str, Any], *, schema: Path, references: Path, executor: str | None, in_job: bool, local_gpu_names: Sequence[str]) -> Plan:

@@ -69,7 +69,7 @@ from scalerepro.analysis.presentation.report_facts import (
 )
 from scalerepro.analysis.presentation.scaling_model_view import scaling_model_section
 from scalerepro.analysis.tables.network_model import DEFAULT_LINK_EFFICIENCY
-from scalerepro.common.cli import OneLineErrorParser, error_boundary, output_path
+from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.references import load_optional_references
 
@@ -237,6 +237,7 @@ class ReportContext:
     figures: dict[str, Figure]  # figure name (FIGURE_NAMES) -> its data URI, or why there is none
     # Summary
     overview: dict[str, Any]  # what was run: runs by study and status, models, counts, devices, dates (overview)
+    budget: dict[str, Any] | None  # the study budget's choice of repeats, and why (budget.json; scalerepro.planning.budget); None: no budget
     checks: list[Row]  # checks.csv: each target check with its status
     check_counts: list[tuple[str, int]]  # (status, how many checks have it), CHECK_STATUSES first
     noisy: list[dict[str, Any]]  # the cells whose throughput CV exceeds noise_cv_max, table by table (noisy_cells)
@@ -305,11 +306,11 @@ def build_context(
     history_path: Path | None = None,
     versus_table_path: Path | None = None,
     versus_facts_path: Path | None = None,
+    budget_path: Path | None = None,
 ) -> ReportContext:
     """Everything the templates show, read and derived once."""
     tables = {name: read_table(Path(tables_dir), name) for name in TABLES}
-    # What an empty table's section says: the file is absent, or there but without rows (e.g. a
-    # study with no sensitivity runs).
+    # What an empty table's section says: the file is absent, or there but without rows (e.g. no sensitivity runs).
     empty = {name: f"Not measured: {name}.csv " + ("has no rows" if (Path(tables_dir) / f"{name}.csv").is_file() else "is not there") for name in TABLES}
     runs, scaling = tables["runs"], tables["scaling"]
     inventory = read_json(inventory_path)
@@ -321,8 +322,7 @@ def build_context(
     summary = read_json(Path(tables_dir) / "summary.json")
     ok = ok_runs(runs)
     ok, tables["parallelism"], mfu_headers = mfu_columns(ok, tables["parallelism"])  # the peak each MFU is against
-    # Which per-run measurements any completed run has: a section with none says so instead of
-    # showing a table of dashes.
+    # Which per-run measurements any completed run has: a section with none says so, not a table of dashes.
     measured = {column: bool(column in ok.columns and ok[column].notna().any()) for column in MEASURED_COLUMNS}
     cost, cost_total = split_cost(tables["cost"])
     # Why the runs have no NVML figures, as their records say (e.g. a CPU run).
@@ -351,6 +351,7 @@ def build_context(
         cpu_study=bool(not ok.empty and "device_type" in ok.columns and set(ok["device_type"].dropna()) == {"cpu"}),
         figures={name: load_figure(plots_dir, name) for name in FIGURE_NAMES},
         overview=overview(runs),
+        budget=read_json(budget_path),
         checks=rows(tables["checks"]),
         check_counts=counts_of(tables["checks"], "status", CHECK_STATUSES),
         noisy=noisy_cells(tables),
@@ -414,6 +415,7 @@ def render(
     history_path: str | os.PathLike[str] | None = None,
     versus_table_path: str | os.PathLike[str] | None = None,
     versus_facts_path: str | os.PathLike[str] | None = None,
+    budget_path: str | os.PathLike[str] | None = None,
 ) -> str:
     """The report as one HTML string. ``templates_dir`` holds ``templates/report.html.j2`` (and
     its partials) and ``style.css``. Missing inputs become visible holes, never errors."""
@@ -424,7 +426,7 @@ def render(
         Path(config_path) if config_path is not None else None,
         Path(references_path) if references_path is not None else None,
         Path(report_dir) if report_dir is not None else None,
-        *(Path(p) if p is not None else None for p in (history_path, versus_table_path, versus_facts_path)),
+        *(Path(p) if p is not None else None for p in (history_path, versus_table_path, versus_facts_path, budget_path)),
     )
     return render_context(context, templates_dir)
 
@@ -447,10 +449,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=output_path, help="the HTML file to write")
     parser.add_argument("--history", type=Path, help="history.csv of the results store (scalerepro.analysis.history.store)")
     parser.add_argument("--versus-baseline", nargs=2, type=Path, metavar=("CSV", "JSON"), help="the compare rule's table and facts")
+    parser.add_argument("--budget", type=Path, help="budget.json: the repeats the study's training budget chose (scalerepro.planning.budget)")
     args = parser.parse_args(argv)
     require_aggregation(args.tables)
-    versus = args.versus_baseline or (None, None)
-    html = render(args.tables, args.plots, args.inventory, args.config, args.references, args.templates, args.out.parent, args.history, *versus)
+    if args.budget is not None and not args.budget.is_file():
+        raise CommandError(f"--budget {args.budget}: no such file: run the workflow's study_budget checkpoint first")
+    versus_table, versus_facts = args.versus_baseline or (None, None)
+    html = render(
+        args.tables,
+        args.plots,
+        args.inventory,
+        args.config,
+        args.references,
+        args.templates,
+        args.out.parent,
+        args.history,
+        versus_table,
+        versus_facts,
+        args.budget,
+    )
     write_text_atomically(args.out, html)
     print(f"report: {args.out} ({len(html.encode('utf-8')) / 1024:.0f} KiB)", file=sys.stderr)
     return 0

@@ -1,0 +1,81 @@
+"""The study's budget: how many rounds of repeats fit, from what round 1 took (scalerepro.planning.budget).
+The checkpoint that runs it inside the workflow is tested on the CI study (test_workflow.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scalerepro.planning.budget import BudgetError, PlannedJob, choose_repeats, read_choice, read_job_wall, rows_within, write_choice
+
+
+def _jobs(cells: dict[str, int]) -> list[PlannedJob]:
+    """Every repeat of each cell (cell -> its repeats)."""
+    return [PlannedJob(f"{cell}_r{r}", cell, r) for cell, repeats in cells.items() for r in range(1, repeats + 1)]
+
+
+# round 1 as measured: a slow cell (30 s), a quick one (10 s) and one run once (5 s, as the
+# parallelism cells are), so a later round costs 40 s
+CELLS = {"strong_g2": 3, "weak_g1": 3, "parallel_fsdp": 1}
+WALLS = {"strong_g2_r1": 30.0, "weak_g1_r1": 10.0, "parallel_fsdp_r1": 5.0}
+
+
+@pytest.mark.parametrize(
+    ("training_s", "repeats", "over"),
+    [
+        (125.0, 3, False),  # 45 + 40 + 40: all three fit exactly
+        (124.9, 2, False),  # the third would take it to 125 s
+        (85.0, 2, False),
+        (84.9, 2, True),  # the floor of two, over budget
+        (1.0, 2, True),
+    ],
+)
+def test_the_budget_keeps_the_rounds_that_fit_and_the_floor_whatever_they_cost(training_s, repeats, over):
+    choice = choose_repeats(_jobs(CELLS), WALLS, training_s, min_repeats=2)
+    assert choice["repeats"] == repeats and choice["over_budget"] is over
+    # round 1 measured, each later round predicted from its cells' repeat 1: the once-run cell
+    # costs nothing after round 1
+    assert choice["rounds_s"] == [45.0, 40.0, 40.0] and choice["round_one_s"] == 45.0 and choice["round_one_jobs"] == 3
+    assert choice["predicted_training_s"] == [45.0, 85.0, 125.0][repeats - 1]
+    assert choice["planned_repeats"] == 3 and f"{repeats}" in choice["reason"]
+
+
+def test_a_floor_above_the_planned_repeats_keeps_the_plan():
+    """min_repeats 2 where every cell runs once: one round, which is all there is."""
+    choice = choose_repeats(_jobs({"a": 1, "b": 1}), {"a_r1": 3.0, "b_r1": 4.0}, 1.0, min_repeats=2)
+    assert choice["repeats"] == 1 and choice["planned_repeats"] == 1 and choice["over_budget"]
+
+
+def test_the_budget_refuses_a_round_one_job_without_its_wall_time():
+    with pytest.raises(BudgetError, match="weak_g1_r1"):
+        choose_repeats(_jobs(CELLS), {k: v for k, v in WALLS.items() if k != "weak_g1_r1"}, 100.0, 2)
+
+
+def test_a_job_json_that_is_not_one_is_refused_with_its_path_and_the_fix(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text("{not json")
+    with pytest.raises(BudgetError, match=r"job\.json: not a training job's job\.json .*--forcerun"):
+        read_job_wall(path)
+    path.write_text(json.dumps({"run": "a_r1"}))
+    with pytest.raises(BudgetError, match="wall_s"):
+        read_job_wall(path)
+
+
+def test_the_choice_written_is_read_back_and_keeps_the_matrix_rows_of_its_rounds(tmp_path):
+    files = []
+    for run, wall in WALLS.items():
+        files.append(tmp_path / f"{run}.json")
+        files[-1].write_text(json.dumps({"run": run, "wall_s": wall, "launcher_exit": 0}))
+    jobs = [{"run_id": j.run_id, "cell": j.cell, "repeat": j.repeat} for j in _jobs(CELLS)]
+    out = tmp_path / "budget.json"
+    written = write_choice(jobs, files, 90.0, 2, out)
+    assert read_choice(out) == written["repeats"] == 2
+    rows = [{"run_id": j["run_id"], "repeat": j["repeat"]} for j in jobs]
+    kept, why = rows_within(rows, out)
+    assert [row["run_id"] for row in kept] == ["strong_g2_r1", "strong_g2_r2", "weak_g1_r1", "weak_g1_r2", "parallel_fsdp_r1"]
+    assert "2 planned runs left out" in why
+    assert rows_within(rows, None) == (rows, "")
+    out.write_text("[]")
+    with pytest.raises(BudgetError, match="not the study budget's choice"):
+        read_choice(out)

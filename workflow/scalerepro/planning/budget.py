@@ -1,0 +1,122 @@
+"""The study's budget: how many repeats of each cell fit a wall-time budget for the training jobs,
+from what the first repeats took on the machine the study runs on.
+
+The repeats run in rounds (scalerepro.planning.plan.Plan.train_priority): every cell's repeat 1,
+then every cell's repeat 2, and so on. With ``budget.training_s`` set, the workflow runs round 1,
+then its ``study_budget`` checkpoint calls ``choose_repeats`` on the jobs' wall times (each job's
+``job.json``, written by scalerepro.launching.run_job), and only the rounds that fit are run,
+planned (matrix.csv) and reported. A round's cost is predicted from round 1: each of its jobs
+costs what the same cell's repeat 1 took. The study keeps ``budget.min_repeats`` rounds whatever
+they cost (an interval needs two repeats): on a slow machine the budget is then exceeded, and
+the choice says by how much. A faster machine may finish under it.
+
+Standard library only (the checkpoint runs in the analysis environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class BudgetError(ValueError):
+    """The round-1 jobs' wall times cannot be read or do not match the plan."""
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """A training job of the plan: a run that runs itself (a row that reads another cell's record
+    costs nothing), its cell, and its repeat (its round)."""
+
+    run_id: str
+    cell: str
+    repeat: int
+
+
+def read_job_wall(path: str | os.PathLike[str]) -> tuple[str, float]:
+    """The run and the wall seconds of one training job, from the ``job.json`` its run_job wrote."""
+    try:
+        job = json.loads(Path(path).read_text())
+        return str(job["run"]), float(job["wall_s"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise BudgetError(f"{path}: not a training job's job.json ({error}): rerun the job with snakemake --forcerun {path}") from None
+
+
+def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, float], training_s: float, min_repeats: int) -> dict[str, Any]:
+    """The repeats the budget allows, and why: the most rounds whose predicted training time
+    (round 1 as measured, each later job at its cell's round-1 time) is within ``training_s``,
+    and at least ``min_repeats`` (or as many as are planned, where fewer)."""
+    planned = max((job.repeat for job in jobs), default=0)
+    first = {job.cell: job for job in jobs if job.repeat == 1}
+    missing = sorted(job.run_id for job in first.values() if job.run_id not in walls_s)
+    if missing:
+        raise BudgetError(f"no wall time for the round-1 jobs {', '.join(missing)}: the checkpoint needs each one's job.json")
+    orphans = sorted(job.run_id for job in jobs if job.cell not in first)
+    if orphans:
+        raise BudgetError(f"{', '.join(orphans)}: a repeat of a cell with no repeat 1 to predict its cost from")
+    # round r's predicted cost: each of its jobs at what its cell's repeat 1 took
+    rounds_s = [round(sum(walls_s[first[job.cell].run_id] for job in jobs if job.repeat == r), 3) for r in range(1, planned + 1)]
+    cumulative = [round(sum(rounds_s[:r]), 3) for r in range(1, planned + 1)]
+    fits = max((r for r in range(1, planned + 1) if cumulative[r - 1] <= training_s), default=0)
+    floor = min(min_repeats, planned)
+    repeats = max(fits, floor)
+    spent_s = rounds_s[0] if rounds_s else 0.0
+    if repeats == planned and fits == planned:
+        reason = f"all {planned} planned repeats fit: about {cumulative[-1]:.0f} s of training in the {training_s:.0f} s budget"
+    elif fits >= floor:
+        reason = (
+            f"{repeats} of {planned} planned repeats: about {cumulative[repeats - 1]:.0f} s of training; "
+            f"repeat {repeats + 1} would take it to about {cumulative[repeats]:.0f} s, over the {training_s:.0f} s budget"
+        )
+    else:
+        reason = (
+            f"{repeats} of {planned} planned repeats, the floor (budget.min_repeats: an interval needs two): "
+            f"about {cumulative[repeats - 1]:.0f} s of training, over the {training_s:.0f} s budget"
+        )
+    return {
+        "training_budget_s": training_s,
+        "min_repeats": min_repeats,
+        "planned_repeats": planned,
+        "repeats": repeats,
+        "round_one_jobs": len(first),
+        "round_one_s": spent_s,
+        # each round's training time: round 1 measured, the later ones predicted from it
+        "rounds_s": rounds_s,
+        "predicted_training_s": cumulative[repeats - 1] if repeats else 0.0,
+        "over_budget": bool(repeats) and cumulative[repeats - 1] > training_s,
+        "reason": reason,
+        "round_one_walls_s": {job.run_id: walls_s[job.run_id] for job in first.values()},
+    }
+
+
+def write_choice(
+    jobs: Iterable[Mapping[str, Any]], job_files: Iterable[str | os.PathLike[str]], training_s: float, min_repeats: int, out: str | os.PathLike[str]
+) -> dict[str, Any]:
+    """The checkpoint's program: read the round-1 jobs' ``job.json`` files, choose, write ``out``."""
+    planned = [PlannedJob(str(job["run_id"]), str(job["cell"]), int(job["repeat"])) for job in jobs]
+    walls = dict(read_job_wall(path) for path in job_files)
+    choice = choose_repeats(planned, walls, training_s, min_repeats)
+    Path(out).write_text(json.dumps(choice, indent=2) + "\n")
+    return choice
+
+
+def read_choice(path: str | os.PathLike[str]) -> int:
+    """The repeats a written choice allows (what the workflow's input functions plan with)."""
+    try:
+        return int(json.loads(Path(path).read_text())["repeats"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise BudgetError(f"{path}: not the study budget's choice ({error}): delete it and run the workflow again") from None
+
+
+def rows_within(rows: Sequence[Mapping[str, Any]], choice: str | os.PathLike[str] | None) -> tuple[list[Mapping[str, Any]], str]:
+    """The matrix rows of the rounds a written choice keeps (all without one), and a note of what
+    it left out for the log."""
+    if choice is None:
+        return list(rows), ""
+    repeats = read_choice(choice)
+    kept = [row for row in rows if int(row["repeat"]) <= repeats]
+    return kept, f" (the budget's {repeats} repeats a cell: {len(rows) - len(kept)} planned runs left out)"
