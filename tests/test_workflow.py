@@ -445,6 +445,8 @@ def test_the_report_line_names_a_report_built_by_this_run_only(study, tmp_path):
     assert config_only.returncode == 0, config_only.stderr[-2000:]
     assert (workdir / "results/tables/config.json").exists()
     assert "report:" not in config_only.stdout + config_only.stderr
+    # an invocation that starts no rank starts no fork server (no torch import beside its jobs)
+    assert not (workdir / "results/logs/fork_server.log").exists()
 
 
 def test_the_budget_checkpoint_read_round_ones_job_walls_and_kept_the_floor(study):

@@ -133,11 +133,24 @@ if (
 FORK_SERVER = []  # (the server, its socket) while one runs
 
 
+# The rules whose jobs start ranks (scalerepro.launching.launch), and the checkpoint after which
+# more training jobs may join the DAG.
+RANK_RULES = ("train", "comm_benchmark", "profile")
+
+
+def _invocation_starts_ranks():
+    """Whether this invocation has a job that starts ranks to run, or the budget's checkpoint
+    (which may add training jobs): an invocation that only analyses imports no torch."""
+    rules = {job.rule.name for job in workflow.dag.needrun_jobs()}
+    return bool(rules & {*RANK_RULES, "study_budget"})
+
+
 def start_fork_server():
     if not (
         PLAN.local_runs
         and DEVICE == "cpu"
         and CONFIG["resources"].get("fork_server", True)
+        and _invocation_starts_ranks()
     ):
         return
     try:
