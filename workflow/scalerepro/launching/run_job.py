@@ -5,8 +5,9 @@
 The workflow's ``train`` rule runs this as its shell command, so ``snakemake -n -p`` prints every
 run's launcher and trainer flags. JOB (``job.json``) is the job's own account beside the record:
 its wall time from the launcher's start to its end, and the launcher's exit code (the study's
-budget, scalerepro.planning.budget, predicts later rounds from it). ``scalerepro.launching.launch`` starts the ranks (torchrun here, one srun
-task per node inside a Slurm job); everything they print goes to LOG. Outcomes, read from the
+budget, scalerepro.planning.budget, predicts later rounds from it). ``scalerepro.launching.launch``
+starts the ranks (torchrun here, one srun task per node inside a Slurm job); everything they
+print goes to LOG. Outcomes, read from the
 record the ranks (or, when they wrote none, the launcher) wrote:
 
   ok         -> exit 0;

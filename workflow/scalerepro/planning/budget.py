@@ -74,7 +74,7 @@ def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, float], tra
         )
     else:
         reason = (
-            f"{repeats} of {planned} planned repeats, the floor (budget.min_repeats: an interval needs two): "
+            f"{repeats} of {planned} planned repeats, the floor (budget.min_repeats): "
             f"about {cumulative[repeats - 1]:.0f} s of training, over the {training_s:.0f} s budget"
         )
     return {
