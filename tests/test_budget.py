@@ -79,3 +79,9 @@ def test_the_choice_written_is_read_back_and_keeps_the_matrix_rows_of_its_rounds
     out.write_text("[]")
     with pytest.raises(BudgetError, match="not the study budget's choice"):
         read_choice(out)
+
+
+def test_a_study_that_plans_no_training_job_chooses_none_and_says_so():
+    choice = choose_repeats([], {}, 60.0, min_repeats=2)
+    assert choice["repeats"] == choice["planned_repeats"] == 0 and choice["rounds_s"] == [] and not choice["over_budget"]
+    assert choice["reason"] == "no training job is planned"

@@ -65,7 +65,9 @@ def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, float], tra
     floor = min(min_repeats, planned)
     repeats = max(fits, floor)
     spent_s = rounds_s[0] if rounds_s else 0.0
-    if repeats == planned and fits == planned:
+    if not planned:
+        reason = "no training job is planned"
+    elif repeats == planned and fits == planned:
         reason = f"all {planned} planned repeats fit: about {cumulative[-1]:.0f} s of training in the {training_s:.0f} s budget"
     elif fits >= floor:
         reason = (

@@ -282,7 +282,7 @@ class Plan:
         settings = self.config.get("budget") or {}
         if settings.get("training_s") is None:
             return None
-        return {"training_s": float(settings["training_s"]), "min_repeats": int(settings.get("min_repeats", 2))}
+        return {"training_s": float(settings["training_s"]), "min_repeats": int(settings["min_repeats"])}  # the schema's default fills it
 
     def budget_jobs(self) -> list[dict[str, Any]]:
         """The training jobs the budget weighs: every run that runs itself, with its cell and round."""
