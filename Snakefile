@@ -48,6 +48,8 @@ rule all:
 
 
 onstart:
+    # a SIGTERM while Snakemake's scheduler holds its lock would hang it (the module says why)
+    driver_signals.run_stop_handler_off_the_main_thread()
     start_fork_server()
 
 

@@ -362,7 +362,9 @@ def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: s
     shutil.copytree(REPO, workdir, ignore=COPY_IGNORE)
     env = workflow_env()
     snakemake = [sys.executable, "-m", "snakemake", "--configfile", "config/ci.yaml", "--config", "data=synthetic"]
-    first = subprocess.Popen([*snakemake, "--cores", "1"], cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first_log = tmp_path / "first-driver.log"
+    with open(first_log, "w") as sink:
+        first = subprocess.Popen([*snakemake, "--cores", "1"], cwd=workdir, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         lock = workdir / ".snakemake" / "scalerepro-driver.lock"
         deadline = time.monotonic() + 120
@@ -373,12 +375,74 @@ def test_two_drivers_one_study(name: str, flags: list[str], status: int, said: s
         second = subprocess.run([*snakemake, *flags], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
     finally:
         os.killpg(first.pid, signal.SIGTERM)
-        first.wait(timeout=120)
+        try:
+            first.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(first.pid, signal.SIGKILL)
+            raise AssertionError(f"the first driver outlived SIGTERM by 120 s; its log ends:\n{first_log.read_text()[-3000:]}") from None
     output = second.stdout + second.stderr
     lines = [line for line in output.splitlines() if said in line]
     # the messages are strings, which pytest prints whole (a tuple's repr it cuts short)
     assert second.returncode == status and lines, f"{name}: exit {second.returncode}\n--- stdout\n{second.stdout[-3000:]}\n--- stderr\n{second.stderr[-3000:]}"
     assert f"pid {first.pid}" in lines[0] and "IncompleteFilesException" not in output, f"{name}\n{output[-3000:]}"
+
+
+# A checkpoint whose DAG update (under Snakemake's scheduler lock) is held open until the test
+# has sent SIGTERM: the main thread holds the lock when the signal comes.
+HELD_CHECKPOINT = """
+import time
+from pathlib import Path
+from scalerepro.launching import driver_signals
+
+onstart:
+    if HOOK:
+        driver_signals.run_stop_handler_off_the_main_thread()
+
+checkpoint pick:
+    output: "out/pick.txt"
+    shell: "mkdir -p out && echo picked > {output}"
+
+def after_pick(wildcards):
+    picked = checkpoints.pick.get().output[0]
+    Path("updating").touch()
+    while not Path("signalled").exists():
+        time.sleep(0.05)
+    time.sleep(1.0)
+    return [picked]
+
+rule done:
+    input: after_pick
+    output: "out/done.txt"
+    shell: "cp {input} {output}"
+"""
+
+
+@pytest.mark.slow  # starts Snakemake: not in the fast tier
+def test_sigterm_while_snakemake_updates_its_dag_stops_the_driver(tmp_path: Path) -> None:
+    """SIGTERM to the driver while its scheduler holds its lock (here, updating the DAG after a
+    checkpoint; the study budget's is one): Snakemake's handler waited for that lock in the very
+    thread that held it, and the driver hung for good (the two-drivers test's first driver did,
+    in CI). With the workflow's onstart hook it stops as Snakemake's graceful stop does, once the
+    scheduler lets go of the lock (a job it selected meanwhile may still run first)."""
+    (tmp_path / "Snakefile").write_text("HOOK = True\n" + HELD_CHECKPOINT)
+    with open(tmp_path / "driver.log", "w") as sink:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "snakemake", "--cores", "1", "done"], cwd=tmp_path, env=workflow_env(), stdout=sink, stderr=subprocess.STDOUT
+        )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "updating").exists():
+        assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "driver.log").read_text()[-3000:]
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGTERM)
+    (tmp_path / "signalled").touch()
+    try:
+        code = driver.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        raise AssertionError(f"the driver hung on SIGTERM; its log ends:\n{(tmp_path / 'driver.log').read_text()[-3000:]}") from None
+    log = (tmp_path / "driver.log").read_text()
+    # Snakemake's graceful stop, which ends the invocation as not done
+    assert code != 0 and "Will exit after finishing currently running jobs" in log, log[-3000:]
 
 
 # ---- kind 4: a stop is a stop, also in evaluation ---------------------------------------------

@@ -11,7 +11,8 @@
 #                  data_input, study_records (the runs the budget chose: budgeted_repeats)
 #   flags          run_launch_args, run_trainer_args, comm_launch_args, matrix_rows, targets_args,
 #                  folder_of (a program's folder argument, from a declared input or output)
-#   hooks          start_fork_server, stop_fork_server (the Snakefile's onstart, onsuccess, onerror)
+#   hooks          start_fork_server, stop_fork_server, driver_signals (the Snakefile's onstart,
+#                  onsuccess, onerror)
 #
 # Parsing this file also changes the process it runs in; every such change is in the section
 # "What parsing changes" below, and nowhere else in the rule files.
@@ -38,7 +39,7 @@ from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
 from scalerepro.analysis.tables import check_definitions
 from scalerepro.common import driver_lock
 from scalerepro.common.source_closure import run_jobs_from_this_checkout, source_files
-from scalerepro.launching import fork_server
+from scalerepro.launching import driver_signals, fork_server
 from scalerepro.planning import budget
 from scalerepro.planning import plan as planning
 from scalerepro.planning import study
