@@ -1,9 +1,13 @@
 # Records -> tidy tables -> figures. This side needs no torch: it reads run records only.
+# Every step runs on the host that runs Snakemake (localrules): seconds of pandas and matplotlib,
+# which on a cluster would otherwise wait in the GPU partition's queue behind training jobs.
 
 
 localrules:
     study_matrix,
     study_config,
+    aggregate,
+    plots,
 
 
 rule study_matrix:
@@ -58,8 +62,6 @@ rule aggregate:
         "results/logs/aggregate.log",
     conda:
         ENV_ANALYSIS
-    resources:
-        **CLUSTER_RESOURCES,
     params:
         comm=lambda wc, input: " ".join(input.comm),
         out=folder_of("output.summary"),
@@ -92,8 +94,6 @@ rule plots:
         "results/logs/plots.log",
     conda:
         ENV_ANALYSIS
-    resources:
-        **CLUSTER_RESOURCES,
     params:
         tables=folder_of("input.tables"),
         out=folder_of("output.plots"),

@@ -1,12 +1,13 @@
 # The results store (config `store`): each study appends itself to one DuckDB file when its
 # aggregation is done, and its headline cells across the stored studies go into the report. With
 # `compare.baseline` (BASELINE) set, the study is also compared cell by cell with that stored
-# study. The store is the team's file, so both steps run on the host that runs Snakemake
+# study. The store is the team's file, so its steps run on the host that runs Snakemake
 # (localrules).
 
 
 localrules:
     store_study,
+    store_plots,
 
 
 rule store_study:
@@ -67,8 +68,6 @@ rule store_plots:
         "results/logs/store_plots.log",
     conda:
         ENV_ANALYSIS
-    resources:
-        **CLUSTER_RESOURCES,
     params:
         tables=folder_of("input.history"),
         out=folder_of("output.plots"),

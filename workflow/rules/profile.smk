@@ -3,6 +3,8 @@
 # again over the profiling window only (results/profiles/<run>/<tool>/: raw files and
 # capture.json), then one summary per run (summary.json: breakdown, top kernels, roofline,
 # bottleneck), then the study's profiling tables. With profiling disabled none of it is planned.
+# The summaries and tables read the files the profile jobs exported (no profiler needed): they
+# run on the host that runs Snakemake, as the rest of the analysis does (analysis.smk).
 
 import json
 
@@ -16,6 +18,11 @@ PROFILING_TABLES = list(planning.PROFILING_TABLES)
 
 wildcard_constraints:
     tool=r"nsys|ncu|torch",
+
+
+localrules:
+    profile_summary,
+    profile_table,
 
 
 # After the run's measured job, whose record it needs no figure of: a measured run never waits
@@ -71,8 +78,6 @@ rule profile_summary:
         "results/profiles/{run}/summary.log",
     conda:
         ENV_ANALYSIS
-    resources:
-        **CLUSTER_RESOURCES,
     params:
         thresholds=json.dumps(PROFILING["classification"]),
         gpu_peaks=PROFILING["gpu_peaks"],
@@ -99,8 +104,6 @@ rule profile_table:
         "results/logs/profile_table.log",
     conda:
         ENV_ANALYSIS
-    resources:
-        **CLUSTER_RESOURCES,
     params:
         out=folder_of("output.tables"),
     shell:

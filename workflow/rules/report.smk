@@ -1,4 +1,9 @@
-# The self-contained HTML report: one file, CSS and figures inlined, opens offline.
+# The self-contained HTML report: one file, CSS and figures inlined, opens offline. Made on the
+# host that runs Snakemake, as the tables and figures are (analysis.smk says why).
+
+
+localrules:
+    report,
 
 
 rule report:
@@ -32,8 +37,6 @@ rule report:
         "results/logs/report.log",
     conda:
         ENV_ANALYSIS
-    resources:
-        **CLUSTER_RESOURCES,
     params:
         tables=folder_of("input.summary"),
         plots=folder_of("input.plots"),
