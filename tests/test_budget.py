@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scalerepro.planning.budget import BudgetError, PlannedJob, choose_repeats, read_choice, read_job_wall, rows_within, write_choice
+from scalerepro.planning.budget import BudgetError, JobWall, PlannedJob, choose_repeats, read_choice, read_job_wall, rows_within, write_choice
 
 
 def _jobs(cells: dict[str, int]) -> list[PlannedJob]:
@@ -18,7 +18,7 @@ def _jobs(cells: dict[str, int]) -> list[PlannedJob]:
 # round 1 as measured: a slow cell (30 s), a quick one (10 s) and one run once (5 s, as the
 # parallelism cells are), so a later round costs 40 s
 CELLS = {"strong_g2": 3, "weak_g1": 3, "parallel_fsdp": 1}
-WALLS = {"strong_g2_r1": 30.0, "weak_g1_r1": 10.0, "parallel_fsdp_r1": 5.0}
+WALLS = {"strong_g2_r1": JobWall(30.0), "weak_g1_r1": JobWall(10.0), "parallel_fsdp_r1": JobWall(5.0)}
 
 
 @pytest.mark.parametrize(
@@ -41,9 +41,20 @@ def test_the_budget_keeps_the_rounds_that_fit_and_the_floor_whatever_they_cost(t
     assert choice["planned_repeats"] == 3 and f"{repeats}" in choice["reason"]
 
 
+def test_a_later_round_is_predicted_without_the_probes_its_repeat_1_ran():
+    """Under a budget only repeat 1 runs the probes after its window (scalerepro.planning.study):
+    a later round costs round 1's jobs less their probes (job.json's probes_s), which the choice
+    keeps beside their walls. Counted in full, 12 s of probes a job would have predicted 64 s a
+    later round, and two rounds where three fit."""
+    walls = {"strong_g2_r1": JobWall(30.0, 12.0), "weak_g1_r1": JobWall(10.0, 2.0), "parallel_fsdp_r1": JobWall(5.0, 1.0)}
+    choice = choose_repeats(_jobs(CELLS), walls, 100.0, min_repeats=2)
+    assert choice["rounds_s"] == [45.0, 26.0, 26.0] and choice["repeats"] == 3 and choice["predicted_training_s"] == 97.0
+    assert choice["round_one_probes_s"] == {"strong_g2_r1": 12.0, "weak_g1_r1": 2.0, "parallel_fsdp_r1": 1.0}
+
+
 def test_a_floor_above_the_planned_repeats_keeps_the_plan():
     """min_repeats 2 where every cell runs once: one round, which is all there is."""
-    choice = choose_repeats(_jobs({"a": 1, "b": 1}), {"a_r1": 3.0, "b_r1": 4.0}, 1.0, min_repeats=2)
+    choice = choose_repeats(_jobs({"a": 1, "b": 1}), {"a_r1": JobWall(3.0), "b_r1": JobWall(4.0)}, 1.0, min_repeats=2)
     assert choice["repeats"] == 1 and choice["planned_repeats"] == 1 and choice["over_budget"]
 
 
@@ -66,7 +77,7 @@ def test_the_choice_written_is_read_back_and_keeps_the_matrix_rows_of_its_rounds
     files = []
     for run, wall in WALLS.items():
         files.append(tmp_path / f"{run}.json")
-        files[-1].write_text(json.dumps({"run": run, "wall_s": wall, "launcher_exit": 0}))
+        files[-1].write_text(json.dumps({"run": run, "wall_s": wall.wall_s, "launcher_exit": 0, "probes_s": None}))
     jobs = [{"run_id": j.run_id, "cell": j.cell, "repeat": j.repeat} for j in _jobs(CELLS)]
     out = tmp_path / "budget.json"
     written = write_choice(jobs, files, 90.0, 2, out)

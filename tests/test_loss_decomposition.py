@@ -343,3 +343,63 @@ def test_the_mlperf_row_from_the_h100_batch_curve_kept_in_the_repository():
     calibration = bench.curve_calibration(kept)
     assert calibration.startswith("calibration at batch 256: the curve's bare loop 56.38 ms against the trainer's 45.28 ms"), calibration
     assert "+24.5%" in calibration
+
+
+def _cpu_record(run_id: str, gpus: int, step_s: float, probed: bool, status: str = "ok") -> dict:
+    """A CPU record of a 2-rank run whose window is split; with ``probed`` its exposed-
+    communication probe ran (an overlap cost of 5 ms), else it was off by plan."""
+    batch = 32 // gpus  # strong scaling: a global batch of 32
+    failure = {"status": status, "error": "a rank failed"} if status != "ok" else {}
+    record = make_record(run_id, world_size=gpus, device_type="cpu", per_gpu_batch=batch, samples_per_s=32 / step_s, exposed_comm=0.1, **failure)
+    measurements = record["measurements"]
+    if gpus > 1:
+        measurements["window_split"] = {
+            "steps": measurements["measured_steps"],
+            "step_rank_mean_s": step_s,
+            "data_wait_rank_mean_s": 0.001,
+            "compute_rank_mean_s": 0.8 * step_s,
+            "exposed_allreduce_wait_s": 0.1 * step_s,
+            "straggler_wait_s": 0.05 * step_s,
+            "clock": "host",
+            "reason": None,
+        }
+        probe = measurements["exposed_communication"]
+        if probed:
+            probe.update(sync_compute_rank_mean_s=probe["nosync_rank_mean_s"] + 0.005, overlap_cost_se_s=0.001)
+        else:
+            probe.update({key: None for key in probe if key not in ("steps", "reason")}, steps=0, reason="--comm-probe-steps 0")
+    return record
+
+
+@pytest.mark.parametrize("first_failed", [False, True], ids=["repeat 1 probed", "repeat 1 failed"])
+def test_a_budgeted_repeat_without_its_probe_takes_its_cells_overlap_cost(tmp_path, first_failed):
+    """Under a study budget only repeat 1 of a configuration runs the probes (the planning's
+    _probe_flags); its later repeats' overlap cost is repeat 1's probe, named in runs.csv
+    (probe_of) and in the cell's note, so that the median run's parts split its loss as repeat 1's
+    do. A repeat 1 that did not complete lends nothing: the others keep no overlap cost, and the
+    note says the probe was off."""
+    s = Study(tmp_path)
+    for repeat, step in ((1, 0.100), (2, 0.104), (3, 0.098)):
+        s.add("strong", 1, repeat, device_type="cpu", per_gpu_batch=32, record=_cpu_record(f"strong_resnet50_g1_r{repeat}", 1, step, False))
+    for repeat, step in ((1, 0.070), (2, 0.066), (3, 0.068)):
+        run_id = f"strong_resnet50_g2_r{repeat}"
+        failed = first_failed and repeat == 1
+        s.add("strong", 2, repeat, device_type="cpu", per_gpu_batch=16, record=_cpu_record(run_id, 2, step, repeat == 1, "failed" if failed else "ok"))
+    tables = aggregate.aggregate(s.write_matrix(), [], REFERENCES, targets={})
+    runs = tables["runs"].set_index("run_id")
+    two = runs[runs["gpus"].eq(2)]
+    row = tables["loss_decomposition"].iloc[0]
+    if first_failed:
+        later = two.loc[["strong_resnet50_g2_r2", "strong_resnet50_g2_r3"]]
+        assert later["probe_of"].isna().all() and later["sync_compute_rank_mean_s"].isna().all()
+        assert "no probe after the window" in row["note"] and "probed once" not in row["note"]
+        return
+    assert two["probe_of"].tolist() == ["strong_resnet50_g2_r1"] * 3
+    assert two["sync_compute_rank_mean_s"].nunique() == 1 and two["overlap_cost_se_s"].eq(0.001).all()
+    # only the overlap cost is lent: each run's exposed-communication fraction stays its own probe's
+    assert two["exposed_comm_fraction"].notna().tolist() == [True, False, False]
+    assert "the overlap cost of 2 of 3 runs is strong_resnet50_g2_r1's probe" in row["note"] and "no probe after the window" not in row["note"]
+    # the median run (repeat 3, 68 ms) splits with repeat 1's 5 ms overlap cost: exposed comm is
+    # its window's wait plus that cost
+    assert row["exposed_comm_s"] == pytest.approx(0.1 * 0.068 + 0.005, rel=1e-6)
+    assert row["parts_sum"] + row["unexplained"] == pytest.approx(row["loss"], abs=1e-9)

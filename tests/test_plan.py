@@ -148,3 +148,26 @@ def test_a_cells_repeats_are_a_whole_round_apart_in_the_order_snakemake_starts_t
     rounds = [[run.cell for run in started if run.repeat == repeat] for repeat in sorted({run.repeat for run in runs})]
     for earlier, later in zip(rounds, rounds[1:]):
         assert [cell for cell in earlier if cell in later] == later  # the same order every round
+
+
+def test_under_a_budget_only_a_configurations_repeat_1_runs_the_probes():
+    """The CPU default has a budget: the probes after the window (exposed communication, buckets)
+    run in each cell's repeat 1, which runs whatever the budget chooses, and a later repeat's
+    trainer gets them off (the analysis lends it repeat 1's: readers.cell_probes). A study with
+    no budget (the GPU default) probes in every repeat."""
+
+    def probes(plan: planning.Plan) -> dict[int, set[tuple[int, int, float]]]:
+        found: dict[int, set[tuple[int, int, float]]] = {}
+        for run in plan.study.runs.values():
+            flags = plan.study.trainer_args(run, "r.json", None)
+            resolved = planning.study.parse_trainer_flags(flags, run.run_id).run
+            found.setdefault(run.repeat, set()).add((resolved.comm_probe_steps, resolved.bucket_probe_steps, resolved.probe_budget_s))
+        return found
+
+    budgeted = probes(_load(_config()))
+    assert len(budgeted) > 1 and all(steps > 0 and buckets > 0 for steps, buckets, _ in budgeted[1])
+    assert all(found == {(0, 0, 0.0)} for repeat, found in budgeted.items() if repeat > 1)
+    config = _config()
+    config["gpus_per_node"] = 8
+    unbudgeted = probes(_load(config, gpus=8))
+    assert len(unbudgeted) > 1 and all(steps > 0 for found in unbudgeted.values() for steps, _, _ in found)

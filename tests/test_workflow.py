@@ -6,6 +6,7 @@ tables are checked against the records, reruns are checked with dry runs, bad co
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -461,12 +462,33 @@ def test_the_budget_checkpoint_read_round_ones_job_walls_and_kept_the_floor(stud
     for run, wall in choice["round_one_walls_s"].items():
         job = json.loads((study / f"results/runs/{run}/job.json").read_text())
         logged = (study / f"results/runs/{run}/train.log").read_text().split("run_job: launcher and ranks took ")[-1]
-        assert job == {"run": run, "wall_s": wall, "launcher_exit": 0} and float(logged.split()[0]) == pytest.approx(wall, abs=0.001)
+        record = json.loads((study / f"results/runs/{run}/record.json").read_text())
+        probes_s = record["measurements"]["probes_s"]
+        assert job == {"run": run, "wall_s": wall, "launcher_exit": 0, "probes_s": round(probes_s, 3)} and float(logged.split()[0]) == pytest.approx(
+            wall, abs=0.001
+        )
+        assert 0 <= probes_s < wall and choice["round_one_probes_s"][run] == job["probes_s"]
     assert choice["round_one_s"] == pytest.approx(sum(choice["round_one_walls_s"].values()))
     assert "the floor" in choice["reason"] and len(matrix) == CI_ROWS
     html = (study / "results/report/index.html").read_text()
     line = html.split('<dd id="budget">')[1].split("</dd>")[0]
     assert "up to 2 a cell, of the 2 planned" in " ".join(line.split()) and "over budget" in line
+
+
+def test_a_later_repeat_runs_no_probe_and_takes_its_cells(study):
+    """Under the CI study's budget only repeat 1 of a configuration runs the probes: repeat 2's
+    record says its probe was off, and the analysis gives it repeat 1's overlap cost, named in
+    runs.csv (probe_of) and in the loss decomposition's note."""
+    measurements = json.loads((study / "results/runs/strong_cnn_g2_r2/record.json").read_text())["measurements"]
+    assert measurements["exposed_communication"]["reason"] == "--comm-probe-steps 0" and not measurements["backward_buckets"]["steps"]
+    assert json.loads((study / "results/runs/strong_cnn_g2_r1/record.json").read_text())["measurements"]["exposed_communication"]["steps"] > 0
+    runs = pd.read_csv(study / "results/tables/runs.csv")
+    two = runs[runs.study.eq("strong") & runs.gpus.eq(2)].set_index("repeat")
+    assert two["probe_of"].tolist() == ["strong_cnn_g2_r1", "strong_cnn_g2_r1"]
+    assert two.loc[2, "sync_compute_rank_mean_s"] == two.loc[1, "sync_compute_rank_mean_s"] and math.isnan(two.loc[2, "exposed_comm_fraction"])
+    decomposition = pd.read_csv(study / "results/tables/loss_decomposition.csv")
+    note = decomposition[decomposition.study.eq("strong") & decomposition.gpus.eq(2)].note.iloc[0]
+    assert "the overlap cost of 1 of 2 runs is strong_cnn_g2_r1's probe" in note, note
 
 
 def test_a_rebuilt_report_keeps_the_budgets_choice(study, tmp_path):

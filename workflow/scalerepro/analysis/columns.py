@@ -90,6 +90,7 @@ RECORD_FIELDS: dict[str, tuple[str, ...]] = {
     "straggler_wait_s": ("measurements", "exposed_communication", "straggler_wait_s"),
     "sync_compute_rank_mean_s": ("measurements", "exposed_communication", "sync_compute_rank_mean_s"),
     "overlap_cost_se_s": ("measurements", "exposed_communication", "overlap_cost_se_s"),
+    "exposed_comm_reason": ("measurements", "exposed_communication", "reason"),
     # the window's own steps split on every rank (scalerepro.training.allreduce_timing)
     "window_compute_rank_mean_s": ("measurements", "window_split", "compute_rank_mean_s"),
     "window_exposed_wait_s": ("measurements", "window_split", "exposed_allreduce_wait_s"),
@@ -214,6 +215,10 @@ RUN_COLUMNS = (
     "window_data_wait_rank_mean_s",
     "window_split_reason",
     "overlap_cost_se_s",
+    "exposed_comm_reason",
+    # the run whose probe gave its overlap cost: its own, or its cell's repeat 1 where its probe
+    # was off by plan (readers.cell_probes)
+    "probe_of",
     "gpu_util_mean_pct",
     "power_mean_w",
     "energy_j",

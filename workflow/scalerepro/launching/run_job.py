@@ -4,8 +4,9 @@
 
 The workflow's ``train`` rule runs this as its shell command, so ``snakemake -n -p`` prints every
 run's launcher and trainer flags. JOB (``job.json``) is the job's own account beside the record:
-its wall time from the launcher's start to its end, and the launcher's exit code (the study's
-budget, scalerepro.planning.budget, predicts later rounds from it). ``scalerepro.launching.launch``
+its wall time from the launcher's start to its end, the launcher's exit code, and the seconds
+its probes after the window took (the record's ``measurements.probes_s``; null without them): the
+study's budget, scalerepro.planning.budget, predicts later rounds from them. ``scalerepro.launching.launch``
 starts the ranks (torchrun here, one srun task per node inside a Slurm job); everything they
 print goes to LOG. Outcomes, read from the
 record the ranks (or, when they wrote none, the launcher) wrote:
@@ -50,9 +51,12 @@ def main(argv: list[str]) -> int:
         # the job's cost beside its record's own duration: what starting the launcher and the
         # ranks (Python, torch) adds (benchmarks/readme_study_bench.py reads this line)
         log.write(f"run_job: launcher and ranks took {wall_s:.3f} s wall, exit {code}\n")
-    write_text_atomically(job, json.dumps({"run": record.parent.name, "wall_s": round(wall_s, 3), "launcher_exit": code}) + "\n")
+    document = json.loads(record.read_text()) if record.exists() else {}
+    probes_s = (document.get("measurements") or {}).get("probes_s")
+    account = {"run": record.parent.name, "wall_s": round(wall_s, 3), "launcher_exit": code, "probes_s": None if probes_s is None else round(probes_s, 3)}
+    write_text_atomically(job, json.dumps(account) + "\n")
 
-    status = json.loads(record.read_text())["status"] if record.exists() else None
+    status = document.get("status")
     if status == "ok" and code == 0:
         return 0
     if status == "failed":

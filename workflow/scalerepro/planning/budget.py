@@ -6,7 +6,8 @@ then every cell's repeat 2, and so on. With ``budget.training_s`` set, the workf
 then its ``study_budget`` checkpoint calls ``choose_repeats`` on the jobs' wall times (each job's
 ``job.json``, written by scalerepro.launching.run_job), and only the rounds that fit are run,
 planned (matrix.csv) and reported. A round's cost is predicted from round 1: each of its jobs
-costs what the same cell's repeat 1 took. The study keeps ``budget.min_repeats`` rounds whatever
+costs what the same cell's repeat 1 took, less the probes after its window (``probes_s`` in
+job.json), which under a budget run in repeat 1 only (scalerepro.planning.study). The study keeps ``budget.min_repeats`` rounds whatever
 they cost (an interval needs two repeats): on a slow machine the budget is then exceeded, and
 the choice says by how much. A faster machine may finish under it.
 
@@ -37,19 +38,33 @@ class PlannedJob:
     repeat: int
 
 
-def read_job_wall(path: str | os.PathLike[str]) -> tuple[str, float]:
-    """The run and the wall seconds of one training job, from the ``job.json`` its run_job wrote."""
+@dataclass(frozen=True)
+class JobWall:
+    """One training job's account (``job.json``): its wall seconds, and those its probes took."""
+
+    wall_s: float
+    probes_s: float = 0.0
+
+    @property
+    def without_probes_s(self) -> float:
+        """What the job would take with its probes off: a later repeat's predicted cost."""
+        return max(self.wall_s - self.probes_s, 0.0)
+
+
+def read_job_wall(path: str | os.PathLike[str]) -> tuple[str, JobWall]:
+    """The run and the account of one training job, from the ``job.json`` its run_job wrote (a
+    job.json from before ``probes_s`` counts its probes as none)."""
     try:
         job = json.loads(Path(path).read_text())
-        return str(job["run"]), float(job["wall_s"])
+        return str(job["run"]), JobWall(float(job["wall_s"]), float(job.get("probes_s") or 0.0))
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise BudgetError(f"{path}: not a training job's job.json ({error}): rerun the job with snakemake --forcerun {path}") from None
 
 
-def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, float], training_s: float, min_repeats: int) -> dict[str, Any]:
+def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, JobWall], training_s: float, min_repeats: int) -> dict[str, Any]:
     """The repeats the budget allows, and why: the most rounds whose predicted training time
-    (round 1 as measured, each later job at its cell's round-1 time) is within ``training_s``,
-    and at least ``min_repeats`` (or as many as are planned, where fewer)."""
+    (round 1 as measured, each later job at its cell's round-1 time less that job's probes) is
+    within ``training_s``, and at least ``min_repeats`` (or as many as are planned, where fewer)."""
     planned = max((job.repeat for job in jobs), default=0)
     first = {job.cell: job for job in jobs if job.repeat == 1}
     missing = sorted(job.run_id for job in first.values() if job.run_id not in walls_s)
@@ -58,8 +73,11 @@ def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, float], tra
     orphans = sorted(job.run_id for job in jobs if job.cell not in first)
     if orphans:
         raise BudgetError(f"{', '.join(orphans)}: a repeat of a cell with no repeat 1 to predict its cost from")
-    # round r's predicted cost: each of its jobs at what its cell's repeat 1 took
-    rounds_s = [round(sum(walls_s[first[job.cell].run_id] for job in jobs if job.repeat == r), 3) for r in range(1, planned + 1)]
+    # round 1 as measured; round r > 1: each of its jobs at what its cell's repeat 1 took less its probes
+    rounds_s = [
+        round(sum(walls_s[first[job.cell].run_id].wall_s if r == 1 else walls_s[first[job.cell].run_id].without_probes_s for job in jobs if job.repeat == r), 3)
+        for r in range(1, planned + 1)
+    ]
     cumulative = [round(sum(rounds_s[:r]), 3) for r in range(1, planned + 1)]
     fits = max((r for r in range(1, planned + 1) if cumulative[r - 1] <= training_s), default=0)
     floor = min(min_repeats, planned)
@@ -91,7 +109,8 @@ def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, float], tra
         "predicted_training_s": cumulative[repeats - 1] if repeats else 0.0,
         "over_budget": bool(repeats) and cumulative[repeats - 1] > training_s,
         "reason": reason,
-        "round_one_walls_s": {job.run_id: walls_s[job.run_id] for job in first.values()},
+        "round_one_walls_s": {job.run_id: walls_s[job.run_id].wall_s for job in first.values()},
+        "round_one_probes_s": {job.run_id: walls_s[job.run_id].probes_s for job in first.values()},
     }
 
 

@@ -107,7 +107,17 @@ class Study:
         """Every flag of one run: the study's, the run's, then where it writes (no checkpoints,
         and so no resume, without ``checkpoint_dir``)."""
         checkpoints = ["--checkpoint-dir", checkpoint_dir, "--resume"] if checkpoint_dir else []
-        return [*self._base_flags(run), *run.args, "--record", record, *checkpoints, "--progress", "off"]
+        return [*self._base_flags(run), *run.args, *self._probe_flags(run), "--record", record, *checkpoints, "--progress", "off"]
+
+    def _probe_flags(self, run: Run) -> list[str]:
+        """Under a study budget the probes after the window (the exposed-communication and bucket
+        probes: a 2-rank ResNet-18 job's 10 slowest steps on a slow CPU, 19 of its 37 s) measure
+        each configuration once, in its repeat 1, which runs whatever the budget chooses; a later
+        repeat times its window only, and the analysis gives it its cell's probe
+        (scalerepro.analysis.tables.readers.cell_probes). Without a budget every repeat probes."""
+        if run.repeat == 1 or not self.config["budget"].get("training_s"):
+            return []
+        return ["--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--probe-budget-s", "0"]
 
     def _base_flags(self, run: Run) -> list[str]:
         data = DATA_DIR if self.config["data"] == "cifar10" else "synthetic"

@@ -45,6 +45,10 @@ class RankMeasurements:
     window_split_reason: str | None = "not timed"
     # how the probes were sized within --probe-budget-s (probes.ProbeSizes.record); None without a budget
     probe_budget: dict[str, Any] | None = None
+    # the wall seconds the probes after the window took on this rank (sizing, both probes); None
+    # where they did not run (a stopped run). The study budget predicts a later repeat, which runs
+    # none (scalerepro.planning.study), as its repeat 1's job less these.
+    probes_s: float | None = None
 
     @classmethod
     def before_training(cls, device: torch.device, nvml_interval_s: float) -> RankMeasurements:
@@ -261,6 +265,7 @@ def results(
         "memory_split": memory_split(ctx, measured, config.perf.compile),
         "backward_buckets": measured.bucket_profile,  # see scalerepro.training.buckets
         "probe_budget": measured.probe_budget,
+        "probes_s": measured.probes_s,
         "nvml": nvml,
         "host_activity": {
             "intra_op_threads_per_rank": torch.get_num_threads(),

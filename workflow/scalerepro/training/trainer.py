@@ -313,16 +313,15 @@ class Trainer:
         return total
 
     def fit(self) -> Outcome:
-        """Train from ``self.progress`` to the run's last step or a stop signal. A finished run
-        then probes what the scaling analysis needs (exposed communication, backward buckets):
-        after the measured window, so no timed step carries a probe's hooks."""
+        """Train from ``self.progress`` to the run's last step or a stop signal; a finished run then probes
+        what the scaling analysis needs (exposed comm, buckets) after the window: no timed step carries a hook."""
         run = self.config.run
         try:
             with self._energy_window() as energy, progress_bar(run.progress, self.ctx.is_main, self.total_steps, self.progress.step, self.log) as bar:
                 outcome = self._train(energy, bar)
             if outcome.status == "ok":
-                probed = self.probed_run()
-                sizes, self.measured.probe_budget = probes.sized_for_run(self.config.run, self.measured.timer, self.ctx, self.ddp is not None)
+                probes_started, probed = time.perf_counter(), self.probed_run()
+                sizes, self.measured.probe_budget = probes.sized_for_run(run, self.measured.timer, self.ctx, self.ddp is not None)
                 # a stop in a probe ends it within a few of its steps (probes); the run is then preempted
                 measured_by = {
                     "exposed_comm": lambda: probes.exposed_communication(probed, sizes.comm_steps),
@@ -333,6 +332,7 @@ class Trainer:
                     stop_signal = self._agreed_stop_signal()
                     if stop_signal is not None:
                         return self._stopped_after_training(stop_signal, "the probes")
+                self.measured.probes_s = time.perf_counter() - probes_started
             return outcome
         finally:
             self.loader.close()

@@ -148,6 +148,18 @@ def _say_whose_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]
             _add_note(cells, index, said)
 
 
+def _say_probed_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]) -> None:
+    """A cell whose exposed communication comes from fewer of its counted runs than its throughput
+    (under a study budget only repeat 1 runs the probe: scalerepro.planning.study) says how many."""
+    for index, cell in enumerate(cells[list(keys)].itertuples(index=False)):
+        at = runs["counts"].astype(bool)
+        for key, value in zip(keys, cell):
+            at &= runs[key].eq(value)
+        probed, counted = int(runs.loc[at, "exposed_comm_fraction"].notna().sum()), int(at.sum())
+        if 0 < probed < counted:
+            _add_note(cells, index, f"exposed communication from the probe of {probed} of its {counted} runs (a budgeted study probes each configuration once)")
+
+
 def weak_variation(scaled: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
     """Per weak-scaling model with epoch times at two or more GPU counts: the variation
     (max T - min T) / min T over those counts, and its 95 % interval from paired bootstrap medians
@@ -171,6 +183,7 @@ def sensitivity_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV
     cells = cell_stats(sensitivity, SENSITIVITY_KEYS, noise_cv_max)
     cells["note"] = np.select([cells["repeats_ok"].eq(0), cells["noisy"]], [NO_REPEAT, _noise_note(cells)], "")
     _say_whose_runs(cells, sensitivity, SENSITIVITY_KEYS)
+    _say_probed_runs(cells, sensitivity, SENSITIVITY_KEYS)
     return cells[list(SENSITIVITY_COLUMNS)]
 
 

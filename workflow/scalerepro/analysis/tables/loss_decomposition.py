@@ -62,7 +62,9 @@ taking its median run (``repeats.BOOTSTRAP_RESAMPLES``, seeded by the cell), t_1
 median; with one repeat there is none. The row holds ``parts_sum`` (the four named parts) beside
 ``loss`` (1 - E from scaling.csv), and the bottleneck: the largest named part, with the lever
 that addresses it (``BOTTLENECKS``). A run whose record lacks a part (a probe switched off, a run
-under CUDA graphs whose window is not split) gives no parts; the cell says why.
+under CUDA graphs whose window is not split) gives no parts; the cell says why. Under a study
+budget only a configuration's repeat 1 runs the probe; its later repeats take its overlap-cost
+figures (``readers.cell_probes``: the row's ``probe_of``), and the cell's note says how many did.
 
 Table ``loss_decomposition.csv``: one row per (study, model, gpus > 1) of scaling.csv: study,
 model, gpus, nodes, repeats (runs with every part), step_s (the median run's), ideal_step_s (the one-GPU median), loss,
@@ -251,7 +253,8 @@ def loss_decomposition_table(runs: pd.DataFrame, scaling: pd.DataFrame) -> pd.Da
             rows.append({**base, "repeats": 0, "note": "no completed one-GPU run of this study and model: no ideal to measure against"})
             continue
         ideal = float(pd.Series(ones).median()) / (gpus if study == "strong" else 1)
-        found = [run_quantities(run) for _, run in counted[counted["study"].eq(study) & counted["model"].eq(model) & counted["gpus"].eq(gpus)].iterrows()]
+        cell_runs = counted[counted["study"].eq(study) & counted["model"].eq(model) & counted["gpus"].eq(gpus)]
+        found = [run_quantities(run) for _, run in cell_runs.iterrows()]
         measured = [parts for parts in found if isinstance(parts, dict)]
         why = sorted({parts for parts in found if isinstance(parts, str)})
         row: dict[str, Any] = {**base, "repeats": len(measured), "ideal_step_s": ideal}
@@ -291,6 +294,12 @@ def loss_decomposition_table(runs: pd.DataFrame, scaling: pd.DataFrame) -> pd.Da
         if "probe" in where:
             reasons = sorted({q["probe_reason"] for q in measured if q["measured_in"] == "probe"})
             notes.append(f"{FROM_PROBE} ({'; '.join(reasons)})")
+        lent = cell_runs[cell_runs["probe_of"].notna() & cell_runs["probe_of"].ne(cell_runs["run_id"])] if "probe_of" in cell_runs else cell_runs.iloc[:0]
+        if len(lent):
+            notes.append(
+                f"the overlap cost of {len(lent)} of {len(cell_runs)} runs is {', '.join(sorted(set(lent['probe_of'])))}'s probe"
+                " (under the study budget each configuration is probed once, in its repeat 1)"
+            )
         if "window, no overlap cost" in where:
             notes.append("no probe after the window (--comm-probe-steps 0): what the overlapped all-reduce costs the backward is in compute inflation")
         row["note"] = "; ".join(notes) or None

@@ -268,6 +268,11 @@ CELL_CONDITIONS = {
 NOT_CELL_COLUMNS = ("run_id", "repeat", "record", "record_file", "rerun", "runtime_min", "record_of")
 
 
+def _cell_keys(runs: pd.DataFrame) -> list[str]:
+    """The planned columns that make a run one repeat of a cell (every one but NOT_CELL_COLUMNS)."""
+    return [column for column in runs.columns if column in MATRIX_COLUMNS + tuple(OPTIONAL_MATRIX_COLUMNS) and column not in NOT_CELL_COLUMNS]
+
+
 def _distinct(values: pd.Series) -> list[str]:
     return sorted({str(v) for v in values.dropna()})
 
@@ -285,7 +290,7 @@ def _mixed_cells(runs: pd.DataFrame) -> pd.Series:
         why.loc[index] = [f"{existing}; {text}" if existing else text for existing in why.loc[index]]
 
     done = runs[runs["status"].eq("ok") & runs["consistency"].isna()]
-    keys = [column for column in runs.columns if column in MATRIX_COLUMNS + tuple(OPTIONAL_MATRIX_COLUMNS) and column not in NOT_CELL_COLUMNS]
+    keys = _cell_keys(runs)
     for _, cell in done.groupby(keys, dropna=False, sort=False):
         differing = []
         for column, name in CELL_CONDITIONS.items():
@@ -354,7 +359,45 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     # Whether a run counts is decided here, once, and read from runs.csv by every table, figure
     # and the report.
     runs["counts"] = counts(runs)
+    runs["probe_of"] = cell_probes(runs)
     return runs[list(RUN_COLUMNS)], epochs, losses
+
+
+# The exposed-communication probe's figures a run's window needs for its overlap cost
+# (loss_decomposition.run_quantities): a run whose probe was off by plan takes them from its cell.
+OVERLAP_FIELDS = ("nosync_rank_mean_s", "sync_compute_rank_mean_s", "overlap_cost_se_s")
+PROBE_OFF_REASON = "--comm-probe-steps 0"  # the trainer's reason where the probe did not run
+
+
+def cell_probes(runs: pd.DataFrame) -> pd.Series:
+    """The run whose probe gives each run its overlap cost (None where none does), filling in the
+    OVERLAP_FIELDS of runs whose probe was off by plan.
+
+    Under a study budget the probes measure each configuration once, in its repeat 1
+    (scalerepro.planning.study: later rounds time the window only): the probe measures what the
+    all-reduce running beside the backward costs the backward, a property of the configuration,
+    not of one window. A counted run of the cell whose probe ran, the lowest repeat, gives its
+    figures to the cell's counted runs whose probe did not run; the rest keep their own or none.
+    The window's own parts are every run's own: the overlap cost only moves time between
+    compute inflation and exposed comm (loss_decomposition), and the loss they add up to is the
+    run's."""
+    probed = runs["sync_compute_rank_mean_s"].notna() & runs["nosync_rank_mean_s"].notna()
+    source = runs["run_id"].where(probed).astype(object)
+    source = source.where(source.notna(), None)
+    takers = runs["counts"].astype(bool) & ~probed & runs["exposed_comm_reason"].eq(PROBE_OFF_REASON)
+    if not takers.any():
+        return source
+    keys = _cell_keys(runs)
+    for _, cell in runs[runs["counts"].astype(bool)].groupby(keys, dropna=False, sort=False):
+        donors = cell[probed.loc[cell.index]].sort_values("repeat")
+        needing = cell.index[takers.loc[cell.index]]
+        if donors.empty or needing.empty:
+            continue
+        donor = donors.iloc[0]
+        for field in OVERLAP_FIELDS:
+            runs.loc[needing, field] = donor[field]
+        source.loc[needing] = donor["run_id"]
+    return source
 
 
 # --------------------------------------------------------------------------------------------
