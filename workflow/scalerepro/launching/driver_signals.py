@@ -4,9 +4,10 @@ Snakemake 9's scheduler answers SIGTERM with a graceful stop (no new job; the ru
 finish): its handler takes the scheduler's lock, a ``threading.Lock``, which the main thread
 holds while it finishes jobs. A handler runs in the main thread, so a SIGTERM that arrives while
 the main thread holds the lock waits for it forever. A checkpoint widens that window: finishing
-one re-evaluates the DAG under the lock (the study budget's ``study_budget`` took seconds on a
-slow CPU), and a driver stopped there by ``kill``, ``timeout`` or the end of the batch job that
-runs it never exits (the suite's two-drivers test hung 120 s on it).
+one re-evaluates the DAG under the lock (after the study budget's ``study_budget``: under a
+second on a 2-core Xeon, longer on a slower machine), and a driver stopped there by ``kill``,
+``timeout`` or the end of the batch job that runs it never exits (the suite's two-drivers test
+hung 120 s on it in CI).
 
 ``run_stop_handler_off_the_main_thread`` replaces the handler with one that runs Snakemake's in a
 thread of its own: that thread waits for the lock while the main thread finishes what it holds
