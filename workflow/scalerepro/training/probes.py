@@ -22,6 +22,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map
 
+from scalerepro.common.probe_off import PROBE_OFF_REASON
 from scalerepro.data import sources
 from scalerepro.telemetry import metrics
 from scalerepro.trainer_flags import RunConfig
@@ -236,7 +237,7 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
     if run.sharded_by is not None:  # the probe switches DDP's all-reduce off; FSDP has no such switch
         return exposed_not_measured(f"not measured under --parallel {run.sharded_by}: the probe times DDP with and without no_sync")
     if run.ddp is None or steps == 0:
-        reason = "single process: no gradient communication" if run.ddp is None else "--comm-probe-steps 0"
+        reason = "single process: no gradient communication" if run.ddp is None else PROBE_OFF_REASON
         return exposed_not_measured(reason, 0.0 if run.ddp is None else None)
     device = run.ctx.device
     timers = {True: metrics.StepTimer(device), False: metrics.StepTimer(device)}

@@ -40,6 +40,7 @@ from scalerepro.analysis.tables.cell_tables import counts
 from scalerepro.common import study_layout
 from scalerepro.common.cli import CommandError
 from scalerepro.common.cuda_graphs import replays_cuda_graphs
+from scalerepro.common.probe_off import PROBE_OFF_REASON
 
 
 class TableInputError(CommandError, ValueError):
@@ -366,7 +367,6 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
 # The exposed-communication probe's figures a run's window needs for its overlap cost
 # (loss_decomposition.run_quantities): a run whose probe was off by plan takes them from its cell.
 OVERLAP_FIELDS = ("nosync_rank_mean_s", "sync_compute_rank_mean_s", "overlap_cost_se_s")
-PROBE_OFF_REASON = "--comm-probe-steps 0"  # the trainer's reason where the probe did not run
 
 
 def cell_probes(runs: pd.DataFrame) -> pd.Series:
