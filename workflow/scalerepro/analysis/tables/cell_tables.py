@@ -4,7 +4,7 @@ ablation, parallelism and cost, each figure a median with its spread over the ce
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -132,16 +132,22 @@ def _add_note(cells: pd.DataFrame, position: int, words: str) -> None:
     cells.loc[cells.index[position], "note"] = "; ".join(filter(None, [cells["note"].iloc[position], words]))
 
 
+def _runs_of_each_cell(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]) -> Iterator[tuple[int, pd.Series]]:
+    """Each cell's position in ``cells`` and the mask of its runs in ``runs`` (equal on ``keys``)."""
+    for index, cell in enumerate(cells[list(keys)].itertuples(index=False)):
+        at = pd.Series(True, index=runs.index)
+        for key, value in zip(keys, cell):
+            at &= runs[key].eq(value)
+        yield index, at
+
+
 def _say_whose_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]) -> None:
     """A cell whose runs another cell runs (one trainer run, run once: the strong and weak cells at
     the largest count at one batch, or an ablation's "all" that is a sensitivity cell) says whose,
     in its note."""
     if "record_of" not in runs.columns:
         return
-    for index, cell in enumerate(cells[list(keys)].itertuples(index=False)):
-        at = pd.Series(True, index=runs.index)
-        for key, value in zip(keys, cell):
-            at &= runs[key].eq(value)
+    for index, at in _runs_of_each_cell(cells, runs, keys):
         read = sorted({owner.rsplit("_r", 1)[0] for owner in runs.loc[at, "record_of"].fillna("") if owner})
         if read:
             said = f"the runs of {', '.join(read)} (one configuration: run once, read by both cells)"
@@ -151,10 +157,8 @@ def _say_whose_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]
 def _say_probed_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]) -> None:
     """A cell whose exposed communication comes from fewer of its counted runs than its throughput
     (under a study budget only repeat 1 runs the probe: scalerepro.planning.study) says how many."""
-    for index, cell in enumerate(cells[list(keys)].itertuples(index=False)):
-        at = runs["counts"].astype(bool)
-        for key, value in zip(keys, cell):
-            at &= runs[key].eq(value)
+    for index, of_cell in _runs_of_each_cell(cells, runs, keys):
+        at = of_cell & runs["counts"].astype(bool)
         probed, counted = int(runs.loc[at, "exposed_comm_fraction"].notna().sum()), int(at.sum())
         if 0 < probed < counted:
             _add_note(cells, index, f"exposed communication from the probe of {probed} of its {counted} runs (a budgeted study probes each configuration once)")
