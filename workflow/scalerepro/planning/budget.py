@@ -7,9 +7,10 @@ then its ``study_budget`` checkpoint calls ``choose_repeats`` on the jobs' wall 
 ``job.json``, written by scalerepro.launching.run_job), and only the rounds that fit are run,
 planned (matrix.csv) and reported. A round's cost is predicted from round 1: each of its jobs
 costs what the same cell's repeat 1 took, less the probes after its window (``probes_s`` in
-job.json), which under a budget run in repeat 1 only (scalerepro.planning.study). The study keeps ``budget.min_repeats`` rounds whatever
-they cost (an interval needs two repeats): on a slow machine the budget is then exceeded, and
-the choice says by how much. A faster machine may finish under it.
+job.json), which under a budget run in repeat 1 only (scalerepro.planning.study). The study
+keeps ``budget.min_repeats`` rounds whatever they cost (an interval needs two repeats): on a slow
+machine the budget is then exceeded, and the choice says by how much. A faster machine may
+finish under it.
 
 Standard library only (the checkpoint runs in the analysis environment).
 """
@@ -73,11 +74,13 @@ def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, JobWall], t
     orphans = sorted(job.run_id for job in jobs if job.cell not in first)
     if orphans:
         raise BudgetError(f"{', '.join(orphans)}: a repeat of a cell with no repeat 1 to predict its cost from")
-    # round 1 as measured; round r > 1: each of its jobs at what its cell's repeat 1 took less its probes
-    rounds_s = [
-        round(sum(walls_s[first[job.cell].run_id].wall_s if r == 1 else walls_s[first[job.cell].run_id].without_probes_s for job in jobs if job.repeat == r), 3)
-        for r in range(1, planned + 1)
-    ]
+
+    def cost_s(job: PlannedJob) -> float:
+        """Round 1 as measured; a later job at what its cell's repeat 1 took less its probes."""
+        first_wall = walls_s[first[job.cell].run_id]
+        return first_wall.wall_s if job.repeat == 1 else first_wall.without_probes_s
+
+    rounds_s = [round(sum(cost_s(job) for job in jobs if job.repeat == r), 3) for r in range(1, planned + 1)]
     cumulative = [round(sum(rounds_s[:r]), 3) for r in range(1, planned + 1)]
     fits = max((r for r in range(1, planned + 1) if cumulative[r - 1] <= training_s), default=0)
     floor = min(min_repeats, planned)
