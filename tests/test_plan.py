@@ -154,20 +154,30 @@ def test_under_a_budget_only_a_configurations_repeat_1_runs_the_probes():
     """The CPU default has a budget: the probes after the window (exposed communication, buckets)
     run in each cell's repeat 1, which runs whatever the budget chooses, and a later repeat's
     trainer gets them off (the analysis lends it repeat 1's: readers.cell_probes). A study with
-    no budget (the GPU default) probes in every repeat."""
+    no budget (the GPU default) probes in every repeat. Either way the bucket probe runs only where
+    the scaling model replays it: the one-GPU runs of the strong and weak studies."""
 
-    def probes(plan: planning.Plan) -> dict[int, set[tuple[int, int, float]]]:
-        found: dict[int, set[tuple[int, int, float]]] = {}
+    def probes(plan: planning.Plan) -> dict[int, dict[tuple[str, int], set[tuple[int, int, float]]]]:
+        found: dict[int, dict[tuple[str, int], set[tuple[int, int, float]]]] = {}
         for run in plan.study.runs.values():
             flags = plan.study.trainer_args(run, "r.json", None)
             resolved = planning.study.parse_trainer_flags(flags, run.run_id).run
-            found.setdefault(run.repeat, set()).add((resolved.comm_probe_steps, resolved.bucket_probe_steps, resolved.probe_budget_s))
+            cell = found.setdefault(run.repeat, {}).setdefault((run.study, run.gpus), set())
+            cell.add((resolved.comm_probe_steps, resolved.bucket_probe_steps, resolved.probe_budget_s))
         return found
 
+    def replayed(study: str, gpus: int) -> bool:
+        return study in ("strong", "weak") and gpus == 1
+
     budgeted = probes(_load(_config()))
-    assert len(budgeted) > 1 and all(steps > 0 and buckets > 0 for steps, buckets, _ in budgeted[1])
-    assert all(found == {(0, 0, 0.0)} for repeat, found in budgeted.items() if repeat > 1)
+    assert len(budgeted) > 1 and any(replayed(*cell) for cell in budgeted[1]) and not all(replayed(*cell) for cell in budgeted[1])
+    for cell, found in budgeted[1].items():
+        assert all(steps > 0 and (buckets > 0) == replayed(*cell) for steps, buckets, _ in found), (cell, found)
+    assert all(found == {(0, 0, 0.0)} for repeat, cells in budgeted.items() if repeat > 1 for found in cells.values())
     config = _config()
     config["gpus_per_node"] = 8
     unbudgeted = probes(_load(config, gpus=8))
-    assert len(unbudgeted) > 1 and all(steps > 0 for found in unbudgeted.values() for steps, _, _ in found)
+    assert len(unbudgeted) > 1
+    for cells in unbudgeted.values():
+        for cell, found in cells.items():
+            assert all(steps > 0 and (buckets > 0) == replayed(*cell) for steps, buckets, _ in found), (cell, found)

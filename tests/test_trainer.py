@@ -751,6 +751,20 @@ def test_a_window_shorter_than_min_window_s_is_lengthened_at_the_schedules_last_
     assert m["measured_steps"] == steps["total"] - 2
 
 
+def test_a_window_of_fewer_than_min_window_steps_is_lengthened_to_them(tmp_path):
+    """--min-window-steps holds a floor under the window where a longer warm-up or a short --steps
+    leaves fewer measured steps (the CPU study's floor of 3, however slow a step): the run goes on,
+    at the schedule's last learning rate, until it has them; a window that has them is left alone."""
+    argv = small_run(tmp_path, "--model", "cnn", "--no-eval", "--min-window-steps", "5", steps=4)
+    assert main(argv) == 0
+    record = load_record(tmp_path / "run.json")
+    assert record["measurements"]["measured_steps"] == 5
+    assert record["steps"]["total"] == 7 and record["steps"]["scheduled"] == 4
+    argv = small_run(tmp_path, "--model", "cnn", "--no-eval", "--min-window-steps", "2", steps=4, name="met")
+    assert main(argv) == 0
+    assert load_record(tmp_path / "met.json")["steps"]["total"] == 4
+
+
 def test_the_step_timer_reads_each_steps_input_waits_on_its_clock_and_drops_those_outside_a_step():
     """The waits of a step are the gaps between the clock marks around each of its fetches, summed
     per step, the measured steps' apart from the warm-up's; a fetch outside an open step (a probe's,

@@ -211,6 +211,12 @@ def test_the_scaling_model_predicts_the_cpu_runs(study):
     beyond = model[model.basis.eq("predicted")]
     assert sorted(set(beyond.gpus)) == [4, 8, 16] and beyond.efficiency_predicted.notna().all()
     assert "Scaling model" in (study / "results/report/index.html").read_text()
+    # the model above replays the one-GPU runs' bucket probe; no other run takes one
+    buckets = {
+        run: json.loads((study / f"results/runs/{run}/record.json").read_text())["measurements"]["backward_buckets"]
+        for run in ("strong_cnn_g1_r1", "strong_cnn_g2_r1")
+    }
+    assert buckets["strong_cnn_g1_r1"]["steps"] > 0 and buckets["strong_cnn_g2_r1"]["reason"] == "--bucket-probe-steps 0"
 
 
 def test_nothing_left_to_do_and_reruns_are_exact(study, tmp_path):

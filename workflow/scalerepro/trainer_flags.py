@@ -265,6 +265,11 @@ class RunConfig:
         "measure for at least this many seconds: when the measured steps of --steps add up to less, the run goes on "
         "(at the schedule's last learning rate) until they reach it; 0: the window is --steps less --warmup-steps",
     )
+    min_window_steps: int = _opt(
+        0,
+        "measure at least this many steps: when a longer warm-up (--warmup-max-steps) left fewer of --steps, the run goes on "
+        "(at the schedule's last learning rate) until it has them; with --min-window-s, the window meets both",
+    )
     purpose: Purpose = _opt(
         "measurement",
         "what the run is for, recorded as the record's purpose: 'measurement' (its figures count), 'smoke' (a check of a code path, "
@@ -372,6 +377,7 @@ class TrainConfig:
             "--probe-budget-s": r.probe_budget_s,
             "--eval-budget-s": r.eval_budget_s,
             "--warmup-settle": r.warmup_settle,
+            "--min-window-steps": r.min_window_steps,
         }.items():
             if value < 0:
                 raise TrainerConfigError(f"{flag} must not be negative (got {value})")

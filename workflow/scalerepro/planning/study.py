@@ -41,6 +41,8 @@ from scalerepro.parallel import mesh
 
 DATA_DIR = "results/data/cifar10"
 STUDIES = ("strong", "weak", "sensitivity", "ablation", "parallelism", "reproduce")
+# the studies whose one-GPU runs' bucket probe the scaling model replays (scaling_model, model_inputs)
+BUCKET_PROFILE_STUDIES = ("strong", "weak")
 
 
 class StudyError(CommandError, ValueError):
@@ -110,14 +112,20 @@ class Study:
         return [*self._base_flags(run), *run.args, *self._probe_flags(run), "--record", record, *checkpoints, "--progress", "off"]
 
     def _probe_flags(self, run: Run) -> list[str]:
-        """Under a study budget the probes after the window (the exposed-communication and bucket
-        probes: a 2-rank ResNet-18 job's 10 slowest steps on a slow CPU, 19 of its 37 s) measure
-        each configuration once, in its repeat 1, which runs whatever the budget chooses; a later
-        repeat times its window only, and the analysis gives it its cell's probe
-        (scalerepro.analysis.tables.readers.cell_probes). Without a budget every repeat probes."""
-        if run.repeat == 1 or not self.config["budget"].get("training_s"):
-            return []
-        return ["--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--probe-budget-s", "0"]
+        """The probes after the window that the analysis reads of this run, the others off.
+
+        The bucket probe (backward phases and DDP bucket ready times) feeds the scaling model,
+        which replays the one-GPU runs of the strong and weak studies alone
+        (scalerepro.analysis.tables.scaling_model): anywhere else its eager steps (2 of a 2-rank
+        ResNet-18 job's slowest 10 on a slow CPU) would be recorded and never read. Under a study
+        budget the probes measure each configuration once, in its repeat 1, which runs whatever the
+        budget chooses; a later repeat times its window only, and the analysis gives it its cell's
+        probe (scalerepro.analysis.tables.readers.cell_probes). Without a budget every repeat probes."""
+        probed = run.repeat == 1 or not self.config["budget"].get("training_s")
+        if not probed:
+            return ["--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--probe-budget-s", "0"]
+        replayed = run.gpus == 1 and run.study in BUCKET_PROFILE_STUDIES
+        return [] if replayed else ["--bucket-probe-steps", "0"]
 
     def _base_flags(self, run: Run) -> list[str]:
         data = DATA_DIR if self.config["data"] == "cifar10" else "synthetic"

@@ -1,6 +1,6 @@
 """The measured window's ends: this process's warm-up (--warmup-steps, or more until the step time
 settles: --warmup-max-steps, --warmup-settle), and the steps a window shorter than --min-window-s
-is missing. Each process warms up anew, a resumed one too: compilation happens per process."""
+or --min-window-steps is missing. Each process warms up anew, a resumed one too: compilation happens per process."""
 
 from __future__ import annotations
 
@@ -49,15 +49,17 @@ class Warmup:
         return True
 
 
-def steps_missing(wanted_s: float, timer: StepTimer, ctx: DistContext) -> tuple[int, float]:
-    """At the last step: the steps the median step time says a window shorter than ``wanted_s``
-    (--min-window-s) is missing (at least one; the new last step is checked again), or 0, and the
-    window's seconds. A collective: every rank takes the slowest rank's window and median, so all
-    agree."""
-    if wanted_s <= 0:
+def steps_missing(wanted_s: float, wanted_steps: int, timer: StepTimer, ctx: DistContext) -> tuple[int, float]:
+    """At the last step: the steps a window shorter than ``wanted_s`` (--min-window-s) or of fewer
+    than ``wanted_steps`` steps (--min-window-steps) is missing, or 0, and the window's seconds.
+    The seconds' shortfall is counted in median steps (at least one; the new last step is checked
+    again). A collective: every rank takes the slowest rank's window and median, so all agree."""
+    if wanted_s <= 0 and wanted_steps <= 0:
         return 0, 0.0
     stats = metrics.window_stats(timer)  # synchronises the device once
     window_s, median_s = all_reduce_max(ctx, torch.tensor([stats.seconds, stats.step_time_median_s or 0.0], dtype=torch.float64, device=ctx.device)).tolist()
+    # every rank times the same steps, so the count needs no agreement
+    short_of_steps = max(wanted_steps - stats.steps, 0)
     if window_s >= wanted_s or median_s <= 0:
-        return 0, window_s
-    return max(1, math.ceil((wanted_s - window_s) / median_s)), window_s
+        return short_of_steps, window_s
+    return max(1, short_of_steps, math.ceil((wanted_s - window_s) / median_s)), window_s

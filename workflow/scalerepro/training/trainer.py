@@ -408,15 +408,15 @@ class Trainer:
         self.measured.timer.stop(p.epoch, measured)
 
     def _extend_to_min_window(self) -> None:
-        """At the last step: if the measured steps add up to less than --min-window-s, add the
-        steps that the median step time says are missing (at least one; the new last step is
-        checked again). A collective: every rank takes the slowest rank's window and median, so
-        all agree."""
-        added, window_s = measured_window.steps_missing(self.config.run.min_window_s, self.measured.timer, self.ctx)
+        """At the last step: if the measured steps add up to less than --min-window-s, or are fewer
+        than --min-window-steps, add the steps missing (measured_window.steps_missing; the new
+        last step is checked again). A collective: every rank agrees."""
+        run = self.config.run
+        added, window_s = measured_window.steps_missing(run.min_window_s, run.min_window_steps, self.measured.timer, self.ctx)
         if added:
             self.total_steps += added
-            wanted = self.config.run.min_window_s
-            self.log(f"measured {window_s:.2f} s of --min-window-s {wanted:g}: {added} more steps (to {self.total_steps}) at the schedule's last learning rate")
+            wanted = f"--min-window-s {run.min_window_s:g}, --min-window-steps {run.min_window_steps}"
+            self.log(f"measured {window_s:.2f} s ({wanted}): {added} more steps (to {self.total_steps}) at the schedule's last learning rate")
 
     def _stop_received(self) -> bool:
         """Whether a stop signal reached this rank (the evaluation and the probes check it; the ranks
