@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import socket
@@ -18,6 +20,7 @@ import numpy as np
 import pytest
 
 from scalerepro.data import cifar10
+from scalerepro.launching import fork_server
 
 from h100_report import h100_report  # noqa: F401  (the report rendered from the kept H100 records)
 
@@ -47,10 +50,31 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun(nproc: int, args: list[str], timeout: float = 300, **popen) -> subprocess.CompletedProcess:
-    """Launch real ranks with torchrun (gloo on the CPU) and wait for them."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "scalerepro.training.train", *args]
-    return subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=timeout, **popen)
+@functools.cache
+def _fork_server_socket() -> str:
+    """The socket of this test process's fork server, started at its first use with the ranks'
+    environment (a server refuses ranks whose import-time variables differ from its own) and
+    ended with the process."""
+    with pytest.MonkeyPatch.context() as patch:
+        ranks = clean_env()
+        for name in set(os.environ) - set(ranks):
+            patch.delenv(name)
+        for name, value in ranks.items():
+            patch.setenv(name, value)
+        server, socket_path = fork_server.start(os.getpid(), Path(tempfile.mkdtemp(prefix="scalerepro-test-")) / "fork_server.log")
+    atexit.register(fork_server.stop, server, socket_path)
+    return socket_path
+
+
+def launch_ranks(nproc: int, args: list[str], timeout: float = 300, module: str = "scalerepro.training.train", **popen) -> subprocess.CompletedProcess:
+    """Start ``nproc`` real ranks of ``module`` (the trainer) as a CPU study starts them, and wait for them:
+    the local launcher (scalerepro.launching.launch: env:// on 127.0.0.1, gloo), each rank forked
+    from a fork server that has imported torch (a new process per rank, under torchrun, paid
+    8.5 s more a job on a 2-core AVX2 EPYC). A test whose environment differs in what torch
+    reads at import gets new processes (the launcher says so in its output)."""
+    command = [sys.executable, "-m", "scalerepro.launching.launch", "--ranks-per-node", str(nproc), "--", "-m", module, *args]
+    env = clean_env(**{fork_server.SOCKET_ENV: _fork_server_socket()})
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, **popen)
 
 
 def signal_last_rank_at_step_20(args: list[str], signum: int) -> tuple[subprocess.Popen, str]:

@@ -1,7 +1,7 @@
 """One rank of a parallel-strategy check (tests/test_parallel.py starts N of these as real
-processes, gloo over 127.0.0.1, env:// rendezvous).
+processes with the local launcher, gloo over 127.0.0.1, the trainer's process-group setup).
 
-    python tests/parallel_worker.py --strategy fsdp --out result.pt [--steps 1] [...]
+    python -m scalerepro.launching.launch --ranks-per-node 2 -- -m parallel_worker --strategy fsdp --out result.pt [...]
 
 A tiny GPT (seed 0) takes ``--steps`` optimizer steps on a fixed global batch (seed 1) under
 ``--strategy`` (``none`` = one process, no process group). Rank 0 writes the whole parameters
@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from scalerepro.models import registry
 from scalerepro.parallel import activation_recompute, mesh, parallelize, pipeline_parallel, tensor_parallel
-from scalerepro.training import sharded_checkpoint_store
+from scalerepro.training import distributed, sharded_checkpoint_store
 
 SEQ, VOCAB, LAYERS, HIDDEN, HEADS, GLOBAL_BATCH = 16, 64, 4, 32, 4, 8
 
@@ -93,7 +93,7 @@ def main() -> None:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        dist.init_process_group("gloo")
+        distributed.setup("cpu", timeout_s=120)
     rank = dist.get_rank() if world > 1 else 0
     model = tiny_model(args.model)
     batches = global_batches(args.first_step + args.steps)[args.first_step :]

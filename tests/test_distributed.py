@@ -17,7 +17,7 @@ from scalerepro.schedulers.base import SchedulerError
 from scalerepro.schedulers.slurm import first_host
 from scalerepro.training.distributed import DistributedSetupError, detect_env
 
-from conftest import clean_env, free_port, load_record, signal_last_rank_at_step_20, torchrun
+from conftest import clean_env, free_port, launch_ranks, load_record, signal_last_rank_at_step_20
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
 pytestmark = pytest.mark.slow
@@ -55,7 +55,7 @@ def _run(tmp_path: Path, name: str, ranks: int, per_gpu_batch: int, *extra: str)
     if ranks == 1:
         result = subprocess.run([sys.executable, "-m", "scalerepro.training.train", *args], env=clean_env(), capture_output=True, text=True, timeout=120)
     else:
-        result = torchrun(ranks, args)
+        result = launch_ranks(ranks, args)
     assert result.returncode == 0, result.stderr[-3000:]
     return load_record(tmp_path / f"{name}.json")
 
@@ -87,7 +87,7 @@ def test_cifar_one_and_two_ranks_reach_matching_accuracy(tmp_path, prepared_cifa
         timeout=240,
     )
     assert one.returncode == 0, one.stderr
-    two = torchrun(2, [*common, "--per-gpu-batch", "32", "--record", str(tmp_path / "two.json")])
+    two = launch_ranks(2, [*common, "--per-gpu-batch", "32", "--record", str(tmp_path / "two.json")])
     assert two.returncode == 0, two.stderr[-3000:]
     accuracy_one = load_record(tmp_path / "one.json")["history"][-1]["eval_accuracy"]
     record_two = load_record(tmp_path / "two.json")
@@ -126,7 +126,7 @@ def test_exposed_communication_sees_the_all_reduce(tmp_path):
         "--record",
         str(tmp_path / "r.json"),
     ]
-    done = torchrun(2, args)
+    done = launch_ranks(2, args)
     assert done.returncode == 0, done.stderr[-3000:]
     comm = load_record(tmp_path / "r.json")["measurements"]["exposed_communication"]
     assert comm["reason"] is None and comm["steps"] == 10
@@ -188,7 +188,7 @@ def test_the_probes_of_a_two_rank_onecycle_run_with_accumulation(tmp_path):
         "--record",
         str(tmp_path / "r.json"),
     ]
-    done = torchrun(2, args)
+    done = launch_ranks(2, args)
     assert done.returncode == 0, done.stderr[-3000:]
     measurements = load_record(tmp_path / "r.json")["measurements"]
     comm, probe = measurements["exposed_communication"], measurements["backward_buckets"]
@@ -248,7 +248,7 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
     checkpoint = torch.load(tmp_path / "ckpt" / f"step-{stopped:08d}.pt", weights_only=True)
     assert len(checkpoint["rng"]) == 2  # every rank's RNG state
 
-    resumed = torchrun(2, [*args, "--resume"])
+    resumed = launch_ranks(2, [*args, "--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = load_record(tmp_path / "r.json")
     assert final["status"] == "ok" and final["steps"]["completed"] == 400
@@ -621,7 +621,7 @@ def test_the_probe_broadcasts_buffers_in_its_sync_steps_only(tmp_path):
 
 def test_two_ranks_lengthen_their_window_alike(tmp_path):
     # each rank times its own steps; both must add the same steps or a collective waits forever
-    done = torchrun(
+    done = launch_ranks(
         2,
         [
             "--model",

@@ -10,8 +10,6 @@ sums (reduce-scatter, all-reduce, micro-batch accumulation), which moves results
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import torch
 
 from scalerepro.parallel import activation_recompute, comm_bytes, mesh, pipeline_parallel, tensor_parallel
 
-from conftest import clean_env, free_port, signal_last_rank_at_step_20
+from conftest import launch_ranks, signal_last_rank_at_step_20
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
 pytestmark = pytest.mark.slow
@@ -29,22 +27,9 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 def run_ranks(world: int, out: Path, *args: str, timeout: float = 180) -> dict:
-    """Start ``world`` real ranks of the worker (env:// rendezvous on a free loopback port) and
-    return rank 0's result."""
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), "--out", str(out), *args],
-            env=clean_env(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    for r, (p, text) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{text[-4000:]}"
+    """Start ``world`` real ranks of the worker with the local launcher and return rank 0's result."""
+    result = launch_ranks(world, ["--out", str(out), *args], timeout=timeout, module=WORKER.stem, cwd=WORKER.parent)
+    assert result.returncode == 0, f"the ranks exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return torch.load(out, weights_only=False)
 
 
@@ -203,7 +188,7 @@ def test_dcp_checkpoint_mid_run_resumes_to_the_same_weights(tmp_path):
 def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
     """python -m scalerepro.training.train --parallel fsdp on 2 gloo ranks: a tiny GPT trains and the
     record says ok, with the strategy in its configuration."""
-    from conftest import load_record, torchrun
+    from conftest import launch_ranks, load_record
 
     record_path = tmp_path / "fsdp.json"
     args = [
@@ -240,7 +225,7 @@ def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
         "--record",
         str(record_path),
     ]
-    result = torchrun(2, args, timeout=240)
+    result = launch_ranks(2, args, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     record = load_record(record_path)
     assert record["status"] == "ok" and record["parallel"]["world_size"] == 2
@@ -378,10 +363,10 @@ def test_trainer_fsdp_reaches_the_weights_of_ddp(tmp_path):
     DDP (single-file final checkpoint) end at the same weights (tolerance as above: only the
     order of the sums differs; AdamW's first steps are ~lr x sign, so a gradient gone wrong
     flips whole weights by 2 lr and cannot hide in it)."""
-    from conftest import torchrun
+    from conftest import launch_ranks
 
     for strategy in ("ddp", "fsdp"):
-        result = torchrun(
+        result = launch_ranks(
             2,
             [
                 *TRAINER_GPT,
@@ -417,10 +402,10 @@ def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does
     """SIGUSR1 at a log point: every rank writes its shards (DCP), the run is resumed with
     --resume, and the final weights equal those of a run never stopped, bit for bit."""
 
-    from conftest import load_record, torchrun
+    from conftest import launch_ranks, load_record
 
     common = [*TRAINER_GPT, "--steps", "60", "--warmup-steps", "2", "--log-interval", "5", "--parallel", "fsdp"]
-    straight = torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
+    straight = launch_ranks(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
     assert straight.returncode == 0, straight.stderr[-3000:]
     args = [*common, "--checkpoint-dir", str(tmp_path / "stopped"), "--record", str(tmp_path / "r.json")]
     _, output = signal_last_rank_at_step_20(args, signal.SIGUSR1)
@@ -428,7 +413,7 @@ def test_trainer_fsdp_preempted_and_resumed_ends_where_an_uninterrupted_run_does
     assert record["status"] == "preempted", output[-2000:]
     stopped = record["steps"]["completed"]
     assert (tmp_path / "stopped" / f"step-{stopped:08d}.dcp" / "meta.pt").is_file() and stopped < 60
-    resumed = torchrun(2, [*args, "--resume"], timeout=300)
+    resumed = launch_ranks(2, [*args, "--resume"], timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {tmp_path / 'stopped'}/step-{stopped:08d}.dcp" in resumed.stdout + resumed.stderr
     assert load_record(tmp_path / "r.json")["status"] == "ok"
@@ -444,13 +429,13 @@ def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel
     """The ranks of a TP group read one batch: tp on 2 ranks trains as 1 process, fsdp+tp on
     4 ranks (2 x 2) as DDP on 2, on the same global batch, to the same weights. tp runs with the
     trainer's defaults: the optimizer implementation it needs is its default."""
-    from conftest import load_record, python_train, torchrun
+    from conftest import launch_ranks, load_record, python_train
 
     common = [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1"]
     reference_args = [*common, "--checkpoint-dir", str(tmp_path / "ref"), "--record", str(tmp_path / "ref.json")]
-    reference = python_train(reference_args) if reference_world == 1 else torchrun(reference_world, reference_args, timeout=240)
+    reference = python_train(reference_args) if reference_world == 1 else launch_ranks(reference_world, reference_args, timeout=240)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    result = torchrun(
+    result = launch_ranks(
         world, [*common, "--parallel", strategy, *extra, "--checkpoint-dir", str(tmp_path / "tp"), "--record", str(tmp_path / "tp.json")], timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -483,13 +468,13 @@ def test_trainer_pipeline_reaches_the_weights_of_one_process(tmp_path, schedule)
     """python -m scalerepro.training.train --parallel pp on 2 gloo ranks (2 stages, 2 micro-batches per
     step) against one process on the same global batch: ok record (samples counted once per
     global batch, the loss the last stage's), and after 3 AdamW steps the same weights."""
-    from conftest import load_record, python_train, torchrun
+    from conftest import launch_ranks, load_record, python_train
 
     common = [*TRAINER_GPT, "--steps", "3", "--warmup-steps", "1", "--log-interval", "1"]
     reference = python_train([*common, "--checkpoint-dir", str(tmp_path / "ref"), "--record", str(tmp_path / "ref.json")])
     assert reference.returncode == 0, reference.stderr[-3000:]
     pp = [*common, "--parallel", "pp", "--pp-schedule", schedule, "--microbatches", "2"]
-    result = torchrun(2, [*pp, "--checkpoint-dir", str(tmp_path / "pp"), "--record", str(tmp_path / "pp.json")], timeout=300)
+    result = launch_ranks(2, [*pp, "--checkpoint-dir", str(tmp_path / "pp"), "--record", str(tmp_path / "pp.json")], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     record, expected_record = load_record(tmp_path / "pp.json"), load_record(tmp_path / "ref.json")
     assert record["status"] == "ok" and record["batch"]["global"] == expected_record["batch"]["global"]
@@ -510,10 +495,10 @@ def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
     of the sums differs; AdamW's moments, the data position and the schedule must all have come
     back for the 40 steps after it to land there)."""
 
-    from conftest import load_record, torchrun
+    from conftest import launch_ranks, load_record
 
     common = [*TRAINER_GPT, "--steps", "40", "--warmup-steps", "2", "--log-interval", "5", "--parallel", "fsdp"]
-    straight = torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
+    straight = launch_ranks(2, [*common, "--checkpoint-dir", str(tmp_path / "straight"), "--record", str(tmp_path / "s.json")], timeout=300)
     assert straight.returncode == 0, straight.stderr[-3000:]
     stopped_args = ["--checkpoint-dir", str(tmp_path / "stopped"), "--record", str(tmp_path / "r.json")]
     _, output = signal_last_rank_at_step_20([*common, *stopped_args], signal.SIGUSR1)
@@ -521,7 +506,7 @@ def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
     assert record["status"] == "preempted", output[-2000:]
     stopped = record["steps"]["completed"]
     four = [arg if arg != "4" or previous != "--per-gpu-batch" else "2" for previous, arg in zip(["", *common], common)]
-    resumed = torchrun(4, [*four, *stopped_args, "--resume"], timeout=400)
+    resumed = launch_ranks(4, [*four, *stopped_args, "--resume"], timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {tmp_path / 'stopped'}/step-{stopped:08d}.dcp" in resumed.stdout + resumed.stderr
     record = load_record(tmp_path / "r.json")

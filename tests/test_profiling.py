@@ -19,7 +19,7 @@ from scalerepro.analysis.profiles import captures, classify, intervals, ncu, nsy
 from scalerepro.common import gpu_peaks
 from scalerepro.launching import nsight
 
-from conftest import REPO, torchrun
+from conftest import REPO, launch_ranks
 
 FIXTURES = REPO / "tests" / "fixtures"
 NS = 1e-9
@@ -612,7 +612,7 @@ def test_the_torch_fallback_profiles_two_gloo_ranks_on_the_cpu(tmp_path):
         "--profile-dir",
         str(out),
     ]
-    result = torchrun(2, args, timeout=240)
+    result = launch_ranks(2, args, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((out / "window.json").read_text())["captured_steps"] == 3
     operators = pd.read_csv(out / "operators.csv")
