@@ -154,25 +154,31 @@ def test_under_a_budget_only_a_configurations_repeat_1_runs_the_probes():
     """The CPU default has a budget: the probes after the window (exposed communication, buckets)
     run in each cell's repeat 1, which runs whatever the budget chooses, and a later repeat's
     trainer gets them off (the analysis lends it repeat 1's: readers.cell_probes). A study with
-    no budget (the GPU default) probes in every repeat. Either way the bucket probe runs only where
-    the scaling model replays it: the one-GPU runs of the strong and weak studies."""
+    no budget (the GPU default) probes in every repeat. Either way each probe runs only where a
+    table reads it: the bucket probe in the one-GPU runs of the strong and weak studies (the
+    scaling model replays them), the communication probe in the strong, weak and sensitivity
+    studies (the loss decomposition, the scaling model, the sensitivity table), not in the
+    ablation's cells, whose table shows no exposed communication."""
 
     def probes(plan: planning.Plan) -> dict[int, dict[tuple[str, int], set[tuple[int, int, float]]]]:
         found: dict[int, dict[tuple[str, int], set[tuple[int, int, float]]]] = {}
         for run in plan.study.runs.values():
+            if not run.runs_itself:
+                continue
             flags = plan.study.trainer_args(run, "r.json", None)
             resolved = planning.study.parse_trainer_flags(flags, run.run_id).run
             cell = found.setdefault(run.repeat, {}).setdefault((run.study, run.gpus), set())
             cell.add((resolved.comm_probe_steps, resolved.bucket_probe_steps, resolved.probe_budget_s))
         return found
 
-    def replayed(study: str, gpus: int) -> bool:
-        return study in ("strong", "weak") and gpus == 1
+    def read(study: str, gpus: int) -> tuple[bool, bool]:
+        """Whether a table reads the cell's (communication, bucket) probe."""
+        return study in ("strong", "weak", "sensitivity"), study in ("strong", "weak") and gpus == 1
 
     budgeted = probes(_load(_config()))
-    assert len(budgeted) > 1 and any(replayed(*cell) for cell in budgeted[1]) and not all(replayed(*cell) for cell in budgeted[1])
+    assert len(budgeted) > 1 and {"strong", "weak", "sensitivity", "ablation"} <= {study for study, _ in budgeted[1]}
     for cell, found in budgeted[1].items():
-        assert all(steps > 0 and (buckets > 0) == replayed(*cell) for steps, buckets, _ in found), (cell, found)
+        assert all((steps > 0, buckets > 0) == read(*cell) for steps, buckets, _ in found), (cell, found)
     assert all(found == {(0, 0, 0.0)} for repeat, cells in budgeted.items() if repeat > 1 for found in cells.values())
     config = _config()
     config["gpus_per_node"] = 8
@@ -180,4 +186,17 @@ def test_under_a_budget_only_a_configurations_repeat_1_runs_the_probes():
     assert len(unbudgeted) > 1
     for cells in unbudgeted.values():
         for cell, found in cells.items():
-            assert all(steps > 0 and (buckets > 0) == replayed(*cell) for steps, buckets, _ in found), (cell, found)
+            assert all((steps > 0, buckets > 0) == read(*cell) for steps, buckets, _ in found), (cell, found)
+
+
+def test_a_cell_that_reads_another_cells_run_gets_the_probes_that_run_takes_for_every_reader():
+    """The ablation's "all" is the sensitivity's preset cell on the CPU default: one configuration,
+    run once, read by both (whose probes differ: the ablation reads none). The probes stay out of
+    what makes two cells one run, and the run takes those of every cell that reads it."""
+    plan = _load(_config())
+    runs = plan.study.runs
+    every = [run for run in runs.values() if run.study == "ablation" and run.variant == "all"]
+    assert every and all(run.record_of and runs[run.record_of].study == "sensitivity" for run in every), [(run.run_id, run.record_of) for run in every]
+    owner = runs[every[0].record_of]
+    resolved = planning.study.parse_trainer_flags(plan.study.trainer_args(owner, "r.json", None), owner.run_id).run
+    assert resolved.comm_probe_steps > 0

@@ -43,6 +43,10 @@ DATA_DIR = "results/data/cifar10"
 STUDIES = ("strong", "weak", "sensitivity", "ablation", "parallelism", "reproduce")
 # the studies whose one-GPU runs' bucket probe the scaling model replays (scaling_model, model_inputs)
 BUCKET_PROFILE_STUDIES = ("strong", "weak")
+# the studies whose exposed-communication probe a table reads: the loss decomposition and the
+# scaling model (strong, weak), the sensitivity table's column; the ablation, parallelism and
+# reproduce tables show none (the runs table shows every run's, "-" where it was off)
+COMM_PROBE_STUDIES = ("strong", "weak", "sensitivity")
 
 
 class StudyError(CommandError, ValueError):
@@ -112,20 +116,26 @@ class Study:
         return [*self._base_flags(run), *run.args, *self._probe_flags(run), "--record", record, *checkpoints, "--progress", "off"]
 
     def _probe_flags(self, run: Run) -> list[str]:
-        """The probes after the window that the analysis reads of this run, the others off.
+        """The probes after the window that the analysis reads of this run, or of a cell that reads
+        its record (``record_of``), the others off.
 
         The bucket probe (backward phases and DDP bucket ready times) feeds the scaling model,
         which replays the one-GPU runs of the strong and weak studies alone
-        (scalerepro.analysis.tables.scaling_model): anywhere else its eager steps (2 of a 2-rank
-        ResNet-18 job's slowest 10 on a slow CPU) would be recorded and never read. Under a study
-        budget the probes measure each configuration once, in its repeat 1, which runs whatever the
-        budget chooses; a later repeat times its window only, and the analysis gives it its cell's
-        probe (scalerepro.analysis.tables.readers.cell_probes). Without a budget every repeat probes."""
+        (scalerepro.analysis.tables.scaling_model); the exposed-communication probe is read in
+        COMM_PROBE_STUDIES. Anywhere else their steps would be recorded and never read: the
+        bucket probe's eager steps were 2 of a 2-rank ResNet-18 job's slowest 10 on a slow CPU,
+        and the communication probe of the ablation's emulated-bf16 cell 21 s of a 362 s study.
+        Under a study budget the probes measure each configuration once, in its repeat 1, which
+        runs whatever the budget chooses; a later repeat times its window only, and the analysis
+        gives it its cell's probe (scalerepro.analysis.tables.readers.cell_probes). Without a budget
+        every repeat probes."""
         probed = run.repeat == 1 or not self.config["budget"].get("training_s")
         if not probed:
             return ["--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--probe-budget-s", "0"]
-        replayed = run.gpus == 1 and run.study in BUCKET_PROFILE_STUDIES
-        return [] if replayed else ["--bucket-probe-steps", "0"]
+        readers = [run, *(other for other in self.runs.values() if other.record_of == run.run_id)]
+        communication = any(reader.study in COMM_PROBE_STUDIES for reader in readers)
+        replayed = any(reader.gpus == 1 and reader.study in BUCKET_PROFILE_STUDIES for reader in readers)
+        return [*([] if communication else ["--comm-probe-steps", "0"]), *([] if replayed else ["--bucket-probe-steps", "0"])]
 
     def _base_flags(self, run: Run) -> list[str]:
         data = DATA_DIR if self.config["data"] == "cifar10" else "synthetic"
@@ -282,9 +292,12 @@ def refuse_study_set_flags(flags: Sequence[str], key: str) -> None:
 
 def trainer_run_key(parsed: trainer_flags.TrainConfig) -> str:
     """What makes two planned runs one trainer run: every setting the trainer reads but what names
-    and places a run (its id, record, checkpoints) and its seed (each repeat has its own)."""
+    and places a run (its id, record, checkpoints), its seed (each repeat has its own) and the
+    probes after its window, which measure nothing of the window and which the run takes for
+    every cell that reads its record (Study._probe_flags)."""
     settings = dataclasses.asdict(parsed)
     settings["run"].update(run_id=None, seed=None, record=None, checkpoint_dir=None, resume=None, progress=None)
+    settings["run"].update(comm_probe_steps=None, bucket_probe_steps=None, probe_budget_s=None)
     return json.dumps(settings, sort_keys=True, default=str)
 
 
