@@ -17,7 +17,7 @@ from scalerepro.schedulers.base import SchedulerError
 from scalerepro.schedulers.slurm import first_host
 from scalerepro.training.distributed import DistributedSetupError, detect_env
 
-from conftest import clean_env, free_port, launch_ranks, load_record, signal_last_rank_at_step_20
+from conftest import clean_env, free_port, launch_ranks, load_record, python_train, signal_last_rank_at_step_20
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ def _run(tmp_path: Path, name: str, ranks: int, per_gpu_batch: int, *extra: str)
         *extra,
     ]
     if ranks == 1:
-        result = subprocess.run([sys.executable, "-m", "scalerepro.training.train", *args], env=clean_env(), capture_output=True, text=True, timeout=120)
+        result = python_train(args, timeout=120)
     else:
         result = launch_ranks(ranks, args)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -79,13 +79,7 @@ def test_two_ranks_equal_one_rank_on_the_same_global_batch(tmp_path, accumulate)
 
 def test_cifar_one_and_two_ranks_reach_matching_accuracy(tmp_path, prepared_cifar):
     common = ["--model", "cnn", "--data", str(prepared_cifar), "--epochs", "3", "--warmup-steps", "2", "--num-workers", "1"]
-    one = subprocess.run(
-        [sys.executable, "-m", "scalerepro.training.train", *common, "--per-gpu-batch", "64", "--record", str(tmp_path / "one.json")],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    one = python_train([*common, "--per-gpu-batch", "64", "--record", str(tmp_path / "one.json")])
     assert one.returncode == 0, one.stderr
     two = launch_ranks(2, [*common, "--per-gpu-batch", "32", "--record", str(tmp_path / "two.json")])
     assert two.returncode == 0, two.stderr[-3000:]
@@ -287,13 +281,7 @@ def test_a_crashed_rank_fails_the_run_with_a_record_and_one_line(tmp_path):
 def test_a_peer_that_never_arrives_is_a_one_line_error(tmp_path):
     env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "scalerepro.training.train", "--model", "cnn", "--dist-timeout-s", "3", "--record", str(tmp_path / "r.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = python_train(["--model", "cnn", "--dist-timeout-s", "3", "--record", str(tmp_path / "r.json")], timeout=120, env=env)
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1, result.stderr
     assert "could not form the gloo process group at 127.0.0.1:" in result.stderr
