@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
-import functools
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -50,20 +49,31 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@functools.cache
+# This test process's fork server, its socket, and the folder of its log; ended at the session's end.
+_FORK_SERVER: list[tuple[subprocess.Popen, str, Path]] = []
+
+
 def _fork_server_socket() -> str:
     """The socket of this test process's fork server, started at its first use with the ranks'
-    environment (a server refuses ranks whose import-time variables differ from its own) and
-    ended with the process."""
-    with pytest.MonkeyPatch.context() as patch:
-        ranks = clean_env()
-        for name in set(os.environ) - set(ranks):
-            patch.delenv(name)
-        for name, value in ranks.items():
-            patch.setenv(name, value)
-        server, socket_path = fork_server.start(os.getpid(), Path(tempfile.mkdtemp(prefix="scalerepro-test-")) / "fork_server.log")
-    atexit.register(fork_server.stop, server, socket_path)
-    return socket_path
+    environment (a server refuses ranks whose import-time variables differ from its own)."""
+    if not _FORK_SERVER:
+        with pytest.MonkeyPatch.context() as patch:
+            ranks = clean_env()
+            for name in set(os.environ) - set(ranks):
+                patch.delenv(name)
+            for name, value in ranks.items():
+                patch.setenv(name, value)
+            log_folder = Path(tempfile.mkdtemp(prefix="scalerepro-test-"))
+            _FORK_SERVER.append((*fork_server.start(os.getpid(), log_folder / "fork_server.log"), log_folder))
+    return _FORK_SERVER[0][1]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Each process's own (an xdist worker's too): its fork server and the server's log."""
+    for server, socket_path, log_folder in _FORK_SERVER:
+        fork_server.stop(server, socket_path)
+        shutil.rmtree(log_folder, ignore_errors=True)
+    _FORK_SERVER.clear()
 
 
 def launch_ranks(nproc: int, args: list[str], timeout: float = 300, module: str = "scalerepro.training.train", **popen) -> subprocess.CompletedProcess:
@@ -113,16 +123,17 @@ def learnable_cifar_split(count: int, seed: int) -> cifar10.Split:
 # its fixtures (a module's study included) to their teardown, holds the machine shared; a test
 # that measures holds it alone, waiting for the other worker's current test to end and keeping
 # new ones out (the gate lets a waiting measurement go before tests that arrive after it).
-_MACHINE = Path(tempfile.gettempdir()) / f"scalerepro-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', '')}"
+# The locks lie in the run's base temporary folder, which the workers' own folders are in and
+# pytest removes with the runs it no longer keeps.
 
 
 @contextlib.contextmanager
-def _machine(mode: int) -> Iterator[None]:
+def _machine(config: pytest.Config, mode: int) -> Iterator[None]:
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield  # one process runs every test: nothing runs beside a measurement
         return
-    _MACHINE.mkdir(exist_ok=True)
-    with open(_MACHINE / "gate", "a") as gate, open(_MACHINE / "machine", "a") as machine:
+    locks = Path(config.option.basetemp).parent
+    with open(locks / "gate", "a") as gate, open(locks / "machine", "a") as machine:
         fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(machine, mode)
         fcntl.flock(gate, fcntl.LOCK_UN)
@@ -188,7 +199,7 @@ def _compute_on(cores: set[int] | frozenset[int]) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    with _machine(fcntl.LOCK_EX if item.get_closest_marker("measures") else fcntl.LOCK_SH):
+    with _machine(item.config, fcntl.LOCK_EX if item.get_closest_marker("measures") else fcntl.LOCK_SH):
         _compute_on(_cores_for(item))
         try:
             yield

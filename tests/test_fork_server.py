@@ -125,7 +125,7 @@ def test_the_same_interpreter_by_another_name_is_served_and_another_environment_
     assert "-m module" in fork_server.refusal({**request, "program": ["script.py"]}, dict(os.environ))
 
 
-def test_the_server_ends_with_its_owner(tmp_path, monkeypatch):
+def test_the_server_ends_with_its_owner_and_removes_its_socket(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(WORKFLOW))
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
     process, socket_path = fork_server.start(owner.pid, tmp_path / "fork_server.log")
@@ -133,5 +133,7 @@ def test_the_server_ends_with_its_owner(tmp_path, monkeypatch):
     try:
         assert process.wait(timeout=60) == 0
         assert "its owner ended" in (tmp_path / "fork_server.log").read_text()
+        # nothing left in /tmp by an owner that never called stop() (a Snakemake killed outright)
+        assert not os.path.exists(os.path.dirname(socket_path))
     finally:
         fork_server.stop(process, socket_path)

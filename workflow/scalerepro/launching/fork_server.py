@@ -306,7 +306,7 @@ def _run_rank(request: Mapping, fds: list[int], connection: socket.socket, serve
 
 def serve(socket_path: str, owner_pid: int) -> int:
     """Bind ``socket_path``, import ``PRELOADED``, then fork a rank for each request until the
-    owner ends or SIGTERM comes."""
+    owner ends or SIGTERM comes; remove the socket at the end."""
     # First, while the process's environment is where the kernel put it: setproctitle finds the
     # command line's memory from it (a child, whose environment is replaced, would not), and a
     # child retitles itself there (the rank's own command).
@@ -364,6 +364,11 @@ def serve(socket_path: str, owner_pid: int) -> int:
                 connection.close()
     finally:
         listener.close()
+        # An owner killed outright never calls stop(); the server outlives it, so it clears its own
+        # socket, and the private folder start() made for it once that is empty.
+        with contextlib.suppress(OSError):
+            os.unlink(socket_path)
+            os.rmdir(os.path.dirname(socket_path))
 
 
 def _start_child(connection: socket.socket, server_env: Mapping[str, str], imports_set: Mapping[str, str], server_fds: set[int]) -> tuple[int, int] | None:
