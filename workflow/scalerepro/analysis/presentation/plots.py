@@ -525,9 +525,9 @@ def draw(tables: Tables, out_dir: str | os.PathLike[str], figures: Mapping[str, 
     plt.switch_backend("agg")  # files only, no display
     sns.set_theme(context="notebook", style="whitegrid")
     plt.rcParams["svg.hashsalt"] = "scalerepro"  # the same SVG ids on every run
-    # Titles at the axes' top, where matplotlib would put them above an axes with nothing on top
-    # (no figure has): found there, the title's place is not measured at each draw (a fifth of
-    # the plots job).
+    # Titles fixed at the axes' top, where matplotlib puts them when nothing is above the axes (no
+    # figure has anything there): a fixed title is not placed anew at each draw, which measured
+    # every tick label (a fifth of the plots job).
     plt.rcParams["axes.titley"] = 1.0
     outcome = {}
     for name, figure in figures.items():
