@@ -20,6 +20,7 @@ from scalerepro.telemetry.nvml_summary import (
     MEASURED_KEYS,
     Sample,
     combine_ranks,
+    one_per_card,
     summarise,
     trapezoid_energy_j,
     unavailable_summary,
@@ -605,3 +606,14 @@ def test_card_limits_read_the_recorded_card_and_say_why_when_they_cannot(monkeyp
     assert card_limits(f"GPU-{UUID}")["reason"].startswith("NVML has no device with UUID")
     assert card_limits(None)["reason"].startswith("device_uuid is None")
     assert card.initialised == 0
+
+
+def test_ranks_sharing_a_card_count_it_once():
+    """Two ranks on one card (--dist-backend gloo) both sample it: the run's energy and power are
+    the card's once, and a second host's card with the same index is another card."""
+    shared = [_gpu(600.0, 3000.0), _gpu(610.0, 3050.0)]  # rank 0 and rank 1 read the same card
+    cards = [("node-a", 0), ("node-a", 0)]
+    once = combine_ranks(one_per_card(cards, shared))
+    assert once["gpus"] == 1 and once["energy_j"] == 3000.0 and once["power_mean_w"] == 600.0
+    two_hosts = combine_ranks(one_per_card([("node-a", 0), ("node-b", 0)], shared))
+    assert two_hosts["gpus"] == 2 and two_hosts["energy_j"] == 6050.0

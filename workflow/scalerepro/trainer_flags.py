@@ -158,6 +158,11 @@ class ModelConfig:
     num_heads: int | None = _opt(None, "attention (query) heads (default: the model's, 12 for the base-size models)")
     num_kv_heads: int | None = _opt(None, "key/value heads of the llama_* models' grouped-query attention (default 8; must divide --num-heads)")
     dropout: float = _opt(0.0, "dropout probability in the transformers (0 for throughput studies)")
+    stem_channels: int = _opt(
+        3,
+        "input channels of resnet18_cifar's and resnet50's first convolution: 4 or 8 pads the RGB image with zero channels "
+        "inside the model, so that the stem's NHWC convolution can take a tensor-core kernel (3: the plain stem)",
+    )
 
 
 @dataclass
@@ -226,6 +231,11 @@ class ParallelConfig:
         "at one rank too, form the process group (NCCL on a GPU) and wrap the model in DDP: a 1-GPU run that pays the DDP "
         "reducer and its all-reduces as the N-GPU runs do, and the way to run the NCCL/DDP paths on one GPU",
     )
+    dist_backend: Literal["auto", "nccl", "gloo"] = _opt(
+        "auto",
+        "collective backend: 'auto' = NCCL on CUDA, gloo on the CPU; 'gloo' on CUDA lets several ranks share one GPU "
+        "(checks the multi-rank CUDA code paths on one card; it measures neither NCCL nor NVLink)",
+    )
     dist_timeout_s: float = _opt(300.0, "seconds to wait for every rank to join, and for any collective after the warm-up steps")
     warmup_dist_timeout_s: float = _opt(
         1800.0,
@@ -245,6 +255,19 @@ class PerfConfig:
     precision: Precision = _opt("fp32", "fp32 (TF32 off), tf32 (TF32 matmuls/convs), fp16 (autocast + loss scaling), bf16 (autocast)")
     channels_last: bool = _opt(False, "NHWC memory format for image models and their inputs")
     compile: CompileMode = _opt("none", "torch.compile the model; '--compile' alone means mode 'default'", nargs="?", const="default")
+    compile_scope: Literal["model", "blocks"] = _opt(
+        "model",
+        "what --compile compiles: 'model' = the model with its loss as one program; 'blocks' = each repeated transformer block "
+        "on its own (regional compilation: the blocks share one compiled program), embeddings, head and loss eager",
+    )
+    compile_cache: str | None = _opt(
+        None,
+        "file of torch.compile's portable cache artifacts: loaded before the first compile where it exists, written by rank 0 "
+        "after the warm-up (the same torch, device and code compile warm from it on another machine)",
+    )
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = _opt(
+        "auto", "the scaled_dot_product_attention kernel the transformers may use ('auto': PyTorch's choice among those that fit)"
+    )
     cudnn_benchmark: bool = _opt(False, "torch.backends.cudnn.benchmark: time the convolution algorithms for each shape, keep the fastest")
 
 
@@ -285,6 +308,11 @@ class RunConfig:
     comm_probe_steps: int = _opt(8, "after training, steps timed with and without gradient all-reduce to measure exposed communication (0: off)")
     bucket_probe_steps: int = _opt(
         5, "after training, steps timing forward, backward with each DDP bucket's ready time, and the optimizer, for the scaling model (0: off)"
+    )
+    kernel_profile_steps: int = _opt(
+        0,
+        "after the probes, steps profiled with torch.profiler in this process: each kernel's launches and device time and "
+        "the GPU's idle time into the record's step_kernels (on a CPU, the ATen operators' self time; 0: off)",
     )
     probe_budget_s: float = _opt(
         0.0,
@@ -372,6 +400,7 @@ class TrainConfig:
             "--checkpoint-interval": r.checkpoint_interval,
             "--comm-probe-steps": r.comm_probe_steps,
             "--bucket-probe-steps": r.bucket_probe_steps,
+            "--kernel-profile-steps": r.kernel_profile_steps,
             "--clip-grad-norm": o.clip_grad_norm,
             "--warmup-max-steps": r.warmup_max_steps,
             "--probe-budget-s": r.probe_budget_s,

@@ -4,7 +4,8 @@ command-line overrides into a ModelSpec.
 ``resolve(name, shape)`` fills the user's overrides in with the model's standard shape, checks
 them, and measures the model on the ``meta`` device (shapes only, no weights allocated): its
 parameter count and its training FLOPs per sample (``flops``). ``build(spec)`` makes the real
-module.
+module. A ResNet's padded stem (``--stem-channels`` 4 or 8) is measured as the plain model: its
+zero channels are no work of the model's (``resolve``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class ModelShape:
     num_heads: int | None = None
     num_kv_heads: int | None = None  # Llama: key/value heads of grouped-query attention
     dropout: float = 0.0
+    stem_channels: int = 3  # ResNets: input channels of the first convolution (the image padded with zero channels)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class ModelSpec:
     vocab_size: int | None  # LMs: the number of real token ids the data may use
     num_masked: int | None  # masked_lm: masked positions per sequence, ceil(0.15 * seq_len)
     mask_token_id: int | None  # masked_lm: id of [MASK]
-    num_parameters: int
+    num_parameters: int  # a padded ResNet stem's zero weights not counted (resolve)
     tokens_per_sample: int  # seq_len for LMs, 0 for image models
     train_flops_per_sample: float  # forward + backward FLOPs for one sample (one sequence for LMs)
     flops_source: str  # one line: how train_flops_per_sample was derived
@@ -66,6 +68,7 @@ class _Architecture:
     takes_dropout: bool
     make: Callable[[ModelShape], nn.Module]  # from a resolved shape
     check: Callable[[ModelShape], None]  # model-specific constraints; raises a one-line ValueError
+    stem_channels: tuple[int, ...] = (vision.IMAGE_CHANNELS,)  # the --stem-channels it takes: 3 (the image's) but for the ResNets
 
 
 def _flag(field_name: str) -> str:
@@ -214,16 +217,18 @@ _ARCHITECTURES: dict[str, _Architecture] = {
         family="cnn",
         standard_shape=ModelShape(image_size=32, num_classes=10),
         takes_dropout=False,
-        make=lambda shape: vision.resnet18_cifar(shape.num_classes),
+        make=lambda shape: vision.resnet18_cifar(shape.num_classes, shape.stem_channels),
         check=_check_nothing,
+        stem_channels=vision.STEM_CHANNELS,
     ),
     "resnet50": _Architecture(
         task="image_classification",
         family="cnn",
         standard_shape=ModelShape(image_size=224, num_classes=1000),
         takes_dropout=False,
-        make=lambda shape: vision.resnet50(shape.num_classes),
+        make=lambda shape: vision.resnet50(shape.num_classes, shape.stem_channels),
         check=_check_nothing,
+        stem_channels=vision.STEM_CHANNELS,
     ),
     # A transformer on images: trained with AdamW, like the LMs.
     "vit_b_16": _Architecture(
@@ -278,7 +283,17 @@ def _architecture(name: str) -> _Architecture:
     return _ARCHITECTURES[name]
 
 
-_SIZE_FIELDS = tuple(field.name for field in dataclasses.fields(ModelShape) if field.name != "dropout")
+# dropout and stem_channels have a value for every model (0.0, 3) and are checked on their own.
+_SIZE_FIELDS = tuple(field.name for field in dataclasses.fields(ModelShape) if field.name not in ("dropout", "stem_channels"))
+
+
+def _check_stem_channels(name: str, architecture: _Architecture, stem_channels: int) -> None:
+    if isinstance(stem_channels, int) and stem_channels in architecture.stem_channels:
+        return
+    padded_models = " and ".join(n for n, a in _ARCHITECTURES.items() if len(a.stem_channels) > 1)
+    if len(architecture.stem_channels) > 1:
+        raise ValueError(f"--stem-channels must be 3, 4 or 8 for {name} (the image's 3 channels, or padded with zero channels), got {stem_channels!r}")
+    raise ValueError(f"--stem-channels does not apply to {name} (got {stem_channels!r}): only {padded_models} take 4 or 8; leave it at 3")
 
 
 def _resolve_shape(name: str, architecture: _Architecture, overrides: ModelShape) -> ModelShape:
@@ -287,6 +302,8 @@ def _resolve_shape(name: str, architecture: _Architecture, overrides: ModelShape
     applicable = [field for field in _SIZE_FIELDS if getattr(standard, field) is not None]
     if architecture.takes_dropout:
         applicable.append("dropout")
+    if len(architecture.stem_channels) > 1:
+        applicable.append("stem_channels")
 
     def not_applicable(field: str) -> ValueError:
         flags = ", ".join(_flag(field) for field in applicable)
@@ -306,7 +323,8 @@ def _resolve_shape(name: str, architecture: _Architecture, overrides: ModelShape
         raise not_applicable("dropout")
     if not 0.0 <= overrides.dropout < 1.0:
         raise ValueError(f"--dropout must be in [0, 1), got {overrides.dropout!r}")
-    return dataclasses.replace(standard, **sizes, dropout=overrides.dropout)
+    _check_stem_channels(name, architecture, overrides.stem_channels)
+    return dataclasses.replace(standard, **sizes, dropout=overrides.dropout, stem_channels=overrides.stem_channels)
 
 
 def resolve(name: str, shape: ModelShape = ModelShape()) -> ModelSpec:
@@ -314,8 +332,15 @@ def resolve(name: str, shape: ModelShape = ModelShape()) -> ModelSpec:
     architecture = _architecture(name)
     resolved = _resolve_shape(name, architecture, shape)
     architecture.check(resolved)
+    # A padded stem is measured as the plain model: its zero channels multiply zeros and their
+    # weights stay zero (vision._pad_stem), so they add no useful work, and MFU counts the
+    # model's useful work. The FLOPs and the parameter count are then the plain model's at every
+    # --stem-channels, comparable across an A/B of the stem (the built model holds
+    # 64 x k x k x (stem_channels - 3) more weights, all zero: 576 in resnet18_cifar's 3x3 stem
+    # at 4 channels, 3136 in resnet50's 7x7).
+    measured = dataclasses.replace(resolved, stem_channels=vision.IMAGE_CHANNELS)
     with torch.device("meta"):
-        meta_model = architecture.make(resolved)
+        meta_model = architecture.make(measured)
     num_parameters = sum(p.numel() for p in meta_model.parameters())  # tied weights count once
 
     num_masked = mask_token_id = None
@@ -323,6 +348,8 @@ def resolve(name: str, shape: ModelShape = ModelShape()) -> ModelSpec:
         num_masked = transformer.bert_num_masked(resolved.seq_len)
         mask_token_id = transformer.bert_mask_token_id(resolved.vocab_size)
     train_flops, flops_source = flops.train_flops_per_sample(meta_model, resolved.image_size, resolved.seq_len, num_masked)
+    if resolved.stem_channels != vision.IMAGE_CHANNELS:
+        flops_source += f"; counted with the plain 3-channel stem: the {resolved.stem_channels}-channel stem's zero channels are no work"
 
     return ModelSpec(
         name=name,

@@ -203,6 +203,16 @@ def _mean_shares(shares: Sequence[dict[str, float] | None]) -> dict[str, float] 
     return {name: math.fsum((s or {}).get(name, 0.0) for s in shares) / len(shares) for name in names}
 
 
+def one_per_card(cards: Sequence[Any], summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first rank's summary of each card, in rank order: ``cards[i]`` names rank i's card
+    (its host and device index). Ranks that share a card (``--dist-backend gloo`` on one GPU)
+    sampled the same card, and combine_ranks must see it once."""
+    first: dict[Any, dict[str, Any]] = {}
+    for card, summary in zip(cards, summaries, strict=True):
+        first.setdefault(card, summary)
+    return list(first.values())
+
+
 def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Combine per-GPU summaries (one per rank, each rank on its own GPU) into one for the run.
 
@@ -223,7 +233,7 @@ def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     * ``clock_event_reasons`` = per reason, the mean over GPUs of its share of each GPU's samples
       (a reason a GPU never showed counts 0 there).
 
-    Pass one summary per physical GPU: two ranks sampling the same GPU would count it twice.
+    Pass one summary per physical GPU (one_per_card): two ranks sampling the same GPU would count it twice.
     """
     n = len(summaries)
     unavailable = [(i, s) for i, s in enumerate(summaries) if not s["available"]]

@@ -14,8 +14,13 @@ rank is formed on an in-process store, and the trainer wraps the model in DDP as
 ranks. That is a 1-GPU baseline that pays DDP's reducer and its (local) all-reduces, and the
 one way to run the NCCL and DDP code paths on a machine with one GPU.
 
-The backend is NCCL on CUDA and gloo on the CPU. A peer that never arrives turns into a one-line
-``DistributedSetupError`` after ``--dist-timeout-s`` instead of a hang.
+The backend (``--dist-backend``) is by default NCCL on CUDA and gloo on the CPU. NCCL takes one card
+per rank; gloo on CUDA lets the ranks of a node share its cards (``card_of_rank``), which on a
+machine with one GPU runs the multi-rank CUDA code paths (DDP's reducer and hook, FSDP's
+collectives, the record of N ranks) at world size 2: a check of code paths, not of NCCL, NVLink
+or any scaling figure (gloo copies through the host, and the ranks share one card's SMs). A peer
+that never arrives turns into a one-line ``DistributedSetupError`` after ``--dist-timeout-s``
+instead of a hang.
 """
 
 from __future__ import annotations
@@ -107,25 +112,63 @@ def pin_to_own_cores(env: DistEnv, environ: Mapping[str, str] = os.environ) -> t
     return tuple(own)
 
 
-def _select_device(requested: str, local_rank: int) -> torch.device:
-    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise DistributedSetupError("--device cuda was requested but torch sees no CUDA device")
-        count = torch.cuda.device_count()
-        if local_rank >= count:
-            raise DistributedSetupError(f"local rank {local_rank} has no GPU: this node shows {count}; launch at most {count} ranks per node")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+def card_of_rank(local_rank: int, cards: int, backend: str) -> int:
+    """The CUDA card of local rank ``local_rank`` on a node that shows ``cards``: under NCCL its
+    own (NCCL refuses two ranks on one device); under gloo card ``local_rank % cards``, so that
+    more ranks than cards share them."""
+    if cards < 1:
+        raise DistributedSetupError("this node shows no CUDA device: run on the CPU (--device cpu)")
+    if backend == "gloo":
+        return local_rank % cards
+    if local_rank >= cards:
+        raise DistributedSetupError(
+            f"local rank {local_rank} has no GPU of its own: this node shows {cards} and NCCL needs a card per rank; launch at most "
+            f"{cards} ranks per node, or pass --dist-backend gloo to share a card (for checking code paths only: it measures no NCCL)"
+        )
+    return local_rank
 
 
-def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = os.environ, *, group_at_one_rank: bool = False) -> DistContext:
-    """Form the process group (if there is more than one rank, or ``group_at_one_rank``) and pick
-    this rank's device."""
+def _on_cuda(requested: str) -> bool:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise DistributedSetupError("--device cuda was requested but torch sees no CUDA device")
+    return requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
+
+
+def _backend(asked: str, on_cuda: bool) -> str:
+    """The collective backend ``--dist-backend`` asks for ('auto': NCCL on CUDA, gloo on the CPU)."""
+    if asked == "auto":
+        return "nccl" if on_cuda else "gloo"
+    if asked == "nccl" and not on_cuda:
+        raise DistributedSetupError("--dist-backend nccl needs a CUDA device and this run is on the CPU: use --dist-backend gloo (or auto) there")
+    return asked
+
+
+def _select_device(on_cuda: bool, local_rank: int, backend: str) -> torch.device:
+    if not on_cuda:
+        return torch.device("cpu")
+    card = card_of_rank(local_rank, torch.cuda.device_count(), backend)
+    torch.cuda.set_device(card)
+    return torch.device("cuda", card)
+
+
+def setup(
+    requested_device: str,
+    timeout_s: float,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    group_at_one_rank: bool = False,
+    backend: str = "auto",
+) -> DistContext:
+    """Form the process group (if there is more than one rank, or ``group_at_one_rank``) over
+    ``backend`` (``--dist-backend``) and pick this rank's device."""
     env = detect_env(environ)
     own_cores = pin_to_own_cores(env, environ)
-    device = _select_device(requested_device, env.local_rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    on_cuda = _on_cuda(requested_device)
+    backend = _backend(backend, on_cuda)
+    device = _select_device(on_cuda, env.local_rank, backend)
+    # device_id binds the group to a card, and only NCCL uses it (an eager communicator of that
+    # card); gloo has no use for it, and a card shared by two ranks is no rank's own.
+    device_id = device if backend == "nccl" else None
     timeout = datetime.timedelta(seconds=timeout_s)
     if env.world_size == 1:
         if not group_at_one_rank:
@@ -137,7 +180,7 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
             rank=0,
             world_size=1,
             timeout=timeout,
-            device_id=device if device.type == "cuda" else None,
+            device_id=device_id,
         )
         return DistContext(env, device, backend, (node_name(environ),), own_cores)
 
@@ -155,7 +198,7 @@ def setup(requested_device: str, timeout_s: float, environ: Mapping[str, str] = 
             rank=env.rank,
             world_size=env.world_size,
             timeout=timeout,
-            device_id=device if device.type == "cuda" else None,
+            device_id=device_id,
             **rendezvous,
         )
         # The first collective is where a missing peer shows up; gather host names with it.

@@ -18,9 +18,9 @@ from scalerepro.common.reductions import max_or_none
 from scalerepro.models import registry
 from scalerepro.parallel import blocks, comm_bytes, parallelize, pipeline_parallel, tensor_parallel
 from scalerepro.telemetry import hardware, metrics
-from scalerepro.telemetry.nvml_summary import combine_ranks, unavailable_summary
+from scalerepro.telemetry.nvml_summary import combine_ranks, one_per_card, unavailable_summary
 from scalerepro.trainer_flags import TrainConfig
-from scalerepro.training import allreduce_timing, buckets, probes
+from scalerepro.training import allreduce_timing, buckets, compilation, kernel_profile, probes
 from scalerepro.training.distributed import DistContext, all_reduce_max, gather_objects
 from scalerepro.training.energy_window import EnergyWindow
 
@@ -49,10 +49,14 @@ class RankMeasurements:
     # where they did not run (a stopped run). The study budget predicts a later repeat, which runs
     # none (scalerepro.planning.study), as its repeat 1's job less these.
     probes_s: float | None = None
+    # a few steps after the probes under torch.profiler (kernel_profile): where a step's device time goes
+    step_kernels: dict[str, Any] = field(default_factory=lambda: kernel_profile.not_measured("the run stopped before its end"))
+    # how the run compiled: its scope, the first step's wall time, the compile cache (compilation)
+    compile_facts: compilation.CompileFacts | None = None
 
     @classmethod
-    def before_training(cls, device: torch.device, nvml_interval_s: float) -> RankMeasurements:
-        return cls(metrics.StepTimer(device), unavailable_summary("no measured steps", interval_s=nvml_interval_s))
+    def before_training(cls, device: torch.device, nvml_interval_s: float, compile_facts: compilation.CompileFacts | None = None) -> RankMeasurements:
+        return cls(metrics.StepTimer(device), unavailable_summary("no measured steps", interval_s=nvml_interval_s), compile_facts=compile_facts)
 
     def take_window(self, window: EnergyWindow) -> None:
         """The energy window's figures, once it has stopped (none if it never started)."""
@@ -212,7 +216,11 @@ def results(
         override_tflops=config.run.peak_tflops,
     )
     memory = gather_objects(ctx, _peak_memory(measured, device))
-    nvml = combine_ranks(gather_objects(ctx, measured.nvml_summary))
+    # each card once: ranks sharing one (--dist-backend gloo, distributed.card_of_rank) sampled the same card
+    cards = list(zip(ctx.hostnames if ctx.distributed else ctx.hostnames[:1], gather_objects(ctx, device.index), strict=True))
+    nvml = combine_ranks(one_per_card(cards, gather_objects(ctx, measured.nvml_summary)))
+    # the devices whose peak the run had: its cards (fewer than its ranks where they share them), or each CPU rank
+    devices = len(set(cards)) if device.type == "cuda" else ctx.world_size
     # one entry per node (its first rank's view: every rank of a node sees the same host)
     per_node = {}
     for host, activity in zip(ctx.hostnames if ctx.distributed else ctx.hostnames[:1], gather_objects(ctx, measured.host_activity)):
@@ -249,7 +257,7 @@ def results(
         # host running ahead of the GPU and blocking in the fetch is no stall; the host's elsewhere
         "data_wait_clock": "device" if device.type == "cuda" else "host",
         "data_wait_warmup_s": slowest_window[2],  # not in the stall fraction: before the window
-        "mfu": metrics.model_flops_utilization(spec.train_flops_per_sample, samples_per_s, peak_flops, ctx.world_size),
+        "mfu": metrics.model_flops_utilization(spec.train_flops_per_sample, samples_per_s, peak_flops, devices),
         "peak_flops_per_device": peak_flops,
         "peak_flops_source": peak_source,
         "achieved_flops": spec.train_flops_per_sample * samples_per_s if samples_per_s else None,
@@ -266,6 +274,8 @@ def results(
         "backward_buckets": measured.bucket_profile,  # see scalerepro.training.buckets
         "probe_budget": measured.probe_budget,
         "probes_s": measured.probes_s,
+        "step_kernels": measured.step_kernels,
+        "compile": measured.compile_facts.record() if measured.compile_facts is not None else None,
         "nvml": nvml,
         "host_activity": {
             "intra_op_threads_per_rank": torch.get_num_threads(),

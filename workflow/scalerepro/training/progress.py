@@ -28,6 +28,19 @@ class Progress:
     epoch_loss_sum: float = 0.0  # sum over ranks and steps of ``epoch``'s step losses (at checkpoints)
     history: list[dict[str, Any]] = field(default_factory=list)  # one entry per evaluated epoch
 
+    def close_epoch(self, entry: dict[str, Any], complete: bool, held_out: int, eval_budget_s: float) -> str:
+        """Append the epoch's history ``entry`` (of ``held_out`` held-out samples, evaluated within
+        --eval-budget-s ``eval_budget_s``), start the next epoch where this one is ``complete``, and
+        return the epoch's log line."""
+        self.history.append(entry)
+        summary = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if isinstance(v, float))
+        if "eval_samples" in entry and entry["eval_samples"] < held_out:
+            summary += f" (over {entry['eval_samples']} of {held_out} held-out samples: --eval-budget-s {eval_budget_s:g})"
+        line = f"epoch {self.epoch} {'done' if complete else 'so far'} at step {self.step}: {summary}"
+        if complete:
+            self.epoch, self.micro_in_epoch, self.epoch_steps, self.epoch_loss_sum = self.epoch + 1, 0, 0, 0.0
+        return line
+
 
 class RunningLoss:
     """Step losses summed on the device (no host synchronisation inside a step), read only at

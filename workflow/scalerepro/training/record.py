@@ -93,6 +93,10 @@ def _knobs(config: Any) -> dict[str, Any]:
         "cudnn_benchmark": config.perf.cudnn_benchmark,
         "channels_last": config.perf.channels_last,
         "compile": config.perf.compile,
+        # the levers beside the preset (scalerepro.training.compilation, the ResNets' stem)
+        "compile_scope": config.perf.compile_scope,
+        "attention_backend": config.perf.attention_backend,
+        "stem_channels": config.model.stem_channels,
         "loader": config.data.loader,
         "optimizer_impl": config.optim.optimizer_impl,
         "bucket_cap_mb": config.parallel.bucket_cap_mb,
@@ -109,7 +113,13 @@ def _parallel(ctx: Any) -> dict[str, Any]:
     """Where the run ran: the launcher, the backend and the ranks (a failed start: this host only)."""
     if ctx is None:
         return {"hostnames": [socket.gethostname()]}
-    gpus_per_node = ctx.env.local_world_size if ctx.device.type == "cuda" else 0
+    gpus_per_node = 0
+    if ctx.device.type == "cuda":
+        gpus_per_node = ctx.env.local_world_size
+        if ctx.backend == "gloo":  # the node's ranks may share its cards (distributed.card_of_rank)
+            import torch
+
+            gpus_per_node = min(gpus_per_node, torch.cuda.device_count())
     return {
         "launcher": ctx.env.launcher,
         "backend": ctx.backend,

@@ -95,7 +95,12 @@ def main(argv: list[str]) -> int:
     stop = StopRequest()
     host_heap.steady_heap()  # before anything is built: every step's allocations then cost alike (the module says why)
     try:
-        ctx = distributed.setup(config.parallel.device, config.parallel.dist_timeout_s, group_at_one_rank=config.parallel.process_group_at_one_rank)
+        ctx = distributed.setup(
+            config.parallel.device,
+            config.parallel.dist_timeout_s,
+            group_at_one_rank=config.parallel.process_group_at_one_rank,
+            backend=config.parallel.dist_backend,
+        )
         log = functools.partial(print, flush=True) if ctx.is_main else _silent
         if config.parallel.device == "auto":  # the preset's precision depends on the device (bf16 on a CPU only where native)
             config = with_device(config, ctx.device.type, given_flags(argv))

@@ -37,8 +37,10 @@ from scalerepro.trainer_flags import TrainConfig, TrainerConfigError
 from scalerepro.training import (
     allreduce_timing,
     buckets,
+    compilation,
     distributed,
     evaluation,
+    kernel_profile,
     measured_window,
     measurements,
     optim,
@@ -88,7 +90,7 @@ class Trainer:
         self.start_step = self.progress.step  # this process's first step (warm-up counts from here)
         self.warmup = Warmup(config.run)  # this process's: --warmup-steps, or more until the step time settles
         # Measurements of this process's segment of the run (scalerepro.training.measurements).
-        self.measured = measurements.RankMeasurements.before_training(self.device, config.run.nvml_interval_s)
+        self.measured = measurements.RankMeasurements.before_training(self.device, config.run.nvml_interval_s, self.compile_facts)
         # DDP's all-reduce with each bucket's launch and completion marked on the step timer's clock
         # (in a named range when profiling): the window's steps split into compute and waits
         self.allreduce_timing, self.measured.window_split_reason = allreduce_timing.install(
@@ -152,9 +154,10 @@ class Trainer:
 
     def _wrap_model(self) -> None:
         """DDP, then compile the wrapped model (Dynamo's DDPOptimizer splits the graph at bucket
-        boundaries so all-reduce still overlaps backward). Both wrap the model with its loss
-        (scalerepro.training.objective), so the loss is compiled with the model."""
+        boundaries so all-reduce still overlaps backward), or its blocks (scalerepro.training.compilation).
+        Both wrap the model with its loss (scalerepro.training.objective): the loss is compiled with it."""
         p, perf = self.config.parallel, self.config.perf
+        self.compile_facts = compilation.set_up(perf, self.module, self.spec.name, self.device.type, self.log)
         self.ddp: DistributedDataParallel | None = None
         model: torch.nn.Module = ModelWithLoss(self.module, self.config.optim.label_smoothing)
         if self.ctx.distributed and self.mesh is None:
@@ -168,8 +171,8 @@ class Trainer:
             model = self.ddp
         # model(inputs, targets) -> mean loss. eager_model is the same without compilation: the
         # bucket probe times it (a compiled backward fires every gradient hook at its end).
-        self.eager_model = model
-        self.model = torch.compile(model, mode=perf.compile) if perf.compile != "none" else model
+        self.eager_model = compilation.run_eagerly(model)  # under --compile-scope blocks the compiled blocks are inside it
+        self.model = compilation.compile_model(model, self.module, perf)
 
     def _set_up_profiling(self) -> None:
         """--profile-mode's window (run_setup.set_process_state turned its ranges on); with the
@@ -231,10 +234,8 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+    def _forward_context(self) -> contextlib.AbstractContextManager:
+        return compilation.forward_context(self.device, self.autocast_dtype, self.config.perf.attention_backend)
 
     def _next_micro_batch(self, micro_batches: Iterator[sources.Batch]) -> sources.Batch:
         waited = self.measured.timer.data_wait_started()
@@ -266,11 +267,11 @@ class Trainer:
             inputs, targets = self._next_micro_batch(micro_batches)
             if self.pipeline is not None:  # --parallel pp: the schedule runs forward and backward of all
                 # --microbatches (accumulation is refused under pp: one loader batch per step)
-                with self._autocast(), ranges.annotate("pipeline"):
+                with self._forward_context(), ranges.annotate("pipeline"):
                     total += self.pipeline.step(*inputs, targets)  # the loss, broadcast from the last stage
                 continue
             with self.ddp.no_sync() if self.ddp is not None and micro < accum - 1 else contextlib.nullcontext():
-                with self._autocast(), ranges.annotate("forward"):
+                with self._forward_context(), ranges.annotate("forward"):
                     loss = self.model(inputs, targets) / accum
                 total += loss.detach()
                 with ranges.annotate("backward"):
@@ -298,7 +299,7 @@ class Trainer:
                 marks.micro_batch_started()
             skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
             with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
-                with self._autocast(), ranges.annotate("forward"):
+                with self._forward_context(), ranges.annotate("forward"):
                     loss = model(inputs, targets) / accum
                 total += loss.detach()
                 if marks is not None:
@@ -326,6 +327,7 @@ class Trainer:
                 measured_by = {
                     "exposed_comm": lambda: probes.exposed_communication(probed, sizes.comm_steps),
                     "bucket_profile": lambda: probes.backward_buckets(probed, sizes.bucket_steps),
+                    "step_kernels": lambda: kernel_profile.profile_steps(probed, run.kernel_profile_steps),
                 }
                 for field_name, probe in measured_by.items():
                     setattr(self.measured, field_name, probe())
@@ -333,6 +335,8 @@ class Trainer:
                     if stop_signal is not None:
                         return self._stopped_after_training(stop_signal, "the probes")
                 self.measured.probes_s = time.perf_counter() - probes_started
+            if self.ctx.is_main:  # after the probes and evaluation: every program the run compiled
+                compilation.save_cache(self.compile_facts)
             return outcome
         finally:
             self.loader.close()
@@ -390,11 +394,14 @@ class Trainer:
         step's bookkeeping stays on the device (no host synchronisation inside a step)."""
         p = self.progress
         self.profile_window.before_step(p.step)
+        started = time.perf_counter()
         self.measured.timer.start()
         with ranges.annotate("step"):
             # past the schedule's end (--min-window-s) the LR stays at its last value: a cosine
             # scheduler stepped past T_max climbs again, OneCycleLR refuses
             loss = self.train_step(batches, step_scheduler=p.step < self.scheduled_steps)
+        if p.step == self.start_step:  # where the compile happens: a warm-up step, never measured
+            self.compile_facts.first_step_s = compilation.seconds_to_device_end(started, self.device)
         losses.add(loss, p.step)
         p.step += 1
         if p.step == self.start_step + max(self.warmup.steps, 1):
@@ -498,7 +505,7 @@ class Trainer:
                     self.dp_rank,
                     self.ctx,
                     self._channels_last,
-                    self._autocast,
+                    self._forward_context,
                     stop_requested=self._stop_received,
                     budget_s=self.config.run.eval_budget_s,
                 )
@@ -506,16 +513,7 @@ class Trainer:
                 self.log(f"evaluation stopped by {self.stop.signal_name or 'a stop signal on another rank'}")
             else:
                 entry.update(result)
-        p.history.append(entry)
-        summary = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if isinstance(v, float))
-        if "eval_samples" in entry and entry["eval_samples"] < self.eval_source.num_samples:
-            summary += f" (over {entry['eval_samples']} of {self.eval_source.num_samples} held-out samples: --eval-budget-s {self.config.run.eval_budget_s:g})"
-        self.log(f"epoch {p.epoch} {'done' if complete else 'so far'} at step {p.step}: {summary}")
-        if complete:
-            p.epoch += 1
-            p.micro_in_epoch = 0
-            p.epoch_steps = 0
-            p.epoch_loss_sum = 0.0
+        self.log(p.close_epoch(entry, complete, self.eval_source.num_samples, self.config.run.eval_budget_s))
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
