@@ -112,6 +112,8 @@ def run_one(
         return {"ok": False, "error": message, "wall_s": time.monotonic() - started, "command": command}
     m = record["measurements"]
     memory = m["memory"]["allocated_bytes_max"] or m["memory"]["rss_bytes_max"]
+    compiled = m.get("compile") or {}  # records before the compile facts lack them
+    kernels = m.get("step_kernels") or {}
     return {
         "ok": True,
         "samples_per_s": m["samples_per_s"],
@@ -124,6 +126,14 @@ def run_one(
         "step_p90_s": m["step_time_s"]["p90"],
         "measured_steps": m["measured_steps"],
         "batch": batch,
+        # the process's first step (its compile, cold or from --compile-cache) and what the cache held
+        "first_step_s": compiled.get("first_step_s"),
+        "compile_scope": compiled.get("scope"),
+        "compile_cache_loaded": compiled.get("cache_loaded"),
+        # --kernel-profile-steps: the GPU's idle share between kernels and the longest kernels
+        "idle_fraction": kernels.get("idle_fraction"),
+        "profiled_steps": kernels.get("steps"),
+        "top_kernels": (kernels.get("kernels") or [])[:3],
         "wall_s": time.monotonic() - started,
         "command": command,
     }
@@ -163,7 +173,9 @@ def main() -> int:
             for config in args.presets:
                 name = "-".join(filter(None, (workload.model, config, args.label)))
                 flags = ("--preset", config, *extra)
-                pair[config] = run_one(workload, device, flags, steps, warmup, args.num_workers, where / f"{name}.json", where / f"{name}.log", args.batch_size)
+                pair[config] = run_one(
+                    workload, device, flags, steps, warmup, args.num_workers, where / f"{name}.json", where / f"{name}.log", args.per_gpu_batch
+                )
                 r = pair[config]
                 if not r["ok"]:
                     print(f"{workload.model:<15} {config:<10} failed: {r['error']}", flush=True)

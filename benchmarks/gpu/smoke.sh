@@ -10,14 +10,25 @@
 #   frontier  one record per model (benchmarks/trainer_throughput.py, optimised preset, bf16,
 #             synthetic): resnet50, gpt2_small, resnet18_cifar, bert_base, vit_b_16, llama_1b;
 #             each record checked for every figure, the goal table (~75 s a model with a cold
-#             compile, llama_1b ~120 s; SMOKE_MODELS="vit_b_16 llama_1b" runs only those)
+#             compile, llama_1b ~120 s; SMOKE_MODELS="vit_b_16 llama_1b" runs only those); each
+#             run profiles 5 steps after its window (--kernel-profile-steps: its kernels and the
+#             GPU's idle time in the record) and keeps its compile cache in $SMOKE_COMPILE_CACHE
+#             (default $SMOKE_OUT/compile-cache; a carried folder of an earlier call's caches makes
+#             the compile warm), packed into $OUT/compile-cache.tgz where it is under 15 MiB
 #   record    1-GPU record via scalerepro.launching.launch; NCCL + DDP at one rank (--process-group-at-one-rank)
 #             with both probes; the comm benchmark's CUDA path (~110 s)
+#   onecard   two ranks on the one card over gloo (--dist-backend gloo; NCCL refuses two ranks on one
+#             device): resnet18_cifar under DDP with both probes, a shrunk gpt2_small under FSDP, each
+#             record checked as a two-rank record, then the analysis of both (rebuild --records; its
+#             jsonschema comes with the wheels of wheels.py). Code paths only: no NCCL, no scaling figure
+#             (CPU rehearsal 44-85 s on 2 cores; not yet timed on a GPU)
 #   profile   the profile rule's script: torch.profiler fallback, then ncu (where it reads counters)
 #             on the window's first kernels, the project's ncu reader and roofline (~160 s)
 #   ce        GPT-2's loss eager vs compiled (~20 s)
-#   levers    each lever of the optimised preset changed alone: resnet18_cifar, resnet50, gpt2_small
-#             (~50-75 s a lever; SMOKE_MODELS selects models here too)
+#   levers    each lever of the optimised preset changed alone: resnet18_cifar, resnet50, gpt2_small;
+#             issue 51's: the ResNets' stem padded (stem4, stem8), each transformer compiled a block at
+#             a time (blocks), GPT-2's attention kernel (cudnn-attention, flash-attention)
+#             (~50-75 s a lever; SMOKE_MODELS selects models here too, SMOKE_LABELS levers by label)
 #   ncu       the ncu probe alone: does the real ncu read every metric the project asks for (~11 s)
 #   cells     the study's one-GPU scaling cells alone (the one-H100 study's frontier), before the rest
 #   study     snakemake --cores all on $SMOKE_STUDY_CONFIG (default benchmarks/gpu/study.yaml; the
@@ -64,9 +75,25 @@ pack_study() {
   tar czf "$OUT/.study-results.tgz" --exclude gpu_smoke --exclude checkpoints --exclude '*.pt' --exclude '*.dcp' results 2> /dev/null \
     && mv "$OUT/.study-results.tgz" "$OUT/study-results.tgz"
 }
+COMPILE_CACHE=${SMOKE_COMPILE_CACHE:-$DIR/compile-cache}
+# the frontier's compile caches, for a later call to start warm (the device tool returns files of
+# at most 16 MiB: a larger pack is left behind, with a line saying so)
+pack_compile_cache() {
+  [ -n "${OUT:-}" ] && [ -n "$(ls "$COMPILE_CACHE"/*.bin 2> /dev/null)" ] || return 0
+  tar czf "$OUT/.compile-cache.tgz" -C "$COMPILE_CACHE" . 2> /dev/null || return 0
+  local bytes
+  bytes=$(stat -c %s "$OUT/.compile-cache.tgz")
+  if [ "$bytes" -le $((15 * 1024 * 1024)) ]; then
+    mv "$OUT/.compile-cache.tgz" "$OUT/compile-cache.tgz"
+  else
+    rm -f "$OUT/.compile-cache.tgz"
+    echo "== compile caches not packed: $bytes bytes compressed, over the 15 MiB a returned file may hold" | tee -a "$SUMMARY"
+  fi
+}
 pack() {  # on exit, also after a FAIL: what ran comes back through the device tool's $OUT
   if [ -n "${OUT:-}" ]; then
-    tar czf "$OUT/smoke.tgz" --exclude inductor-cache --exclude fakecifar -C "$(dirname "$DIR")" "$(basename "$DIR")"
+    tar czf "$OUT/smoke.tgz" --exclude inductor-cache --exclude compile-cache --exclude fakecifar -C "$(dirname "$DIR")" "$(basename "$DIR")"
+    pack_compile_cache
     pack_study
     cp "$SUMMARY" "$OUT/summary.txt"
   fi
@@ -106,7 +133,12 @@ check() {
   fi
 }
 gpu() { [ "$DEVICE" = cuda ]; }
-record_check() { if gpu; then $PY $HERE/check_record.py "$1"; else $PY $HERE/check_record.py "$1" --cpu; fi; }
+# record_check RECORD [check_record.py flags...]
+record_check() {
+  local record=$1
+  shift
+  if gpu; then $PY $HERE/check_record.py "$record" "$@"; else $PY $HERE/check_record.py "$record" --cpu "$@"; fi
+}
 
 # Whether ncu can read here every metric scalerepro.launching.nsight asks for on this GPU, on a tiny
 # CUDA program: the real tool's answer, not its --query-metrics list (which omits derived metrics
@@ -182,10 +214,13 @@ stage_frontier() {
     # SMOKE_MODELS="vit_b_16 llama_1b": only these (the frontier split over two calls)
     [[ " ${SMOKE_MODELS:-$model} " == *" $model "* ]] || continue
     if gpu; then
-      check "record $model, optimised preset" bench frontier "$min" 240 "$model" "$steps" --presets optimised --label frontier
+      mkdir -p "$COMPILE_CACHE"
+      check "record $model, optimised preset" bench frontier "$min" 240 "$model" "$steps" --presets optimised --label frontier \
+          --flags="--kernel-profile-steps 5 --compile-cache $COMPILE_CACHE/$model.bin"
     else  # CPU rehearsal: two models, small steps
       case "$model" in resnet18_cifar | gpt2_small) ;; *) continue ;; esac
-      check "record $model, optimised preset (CPU rehearsal)" bench frontier 30 240 "$model" 4 --presets optimised --label frontier --warmup-steps 1 --flags="--compile none"
+      check "record $model, optimised preset (CPU rehearsal)" bench frontier 30 240 "$model" 4 --presets optimised --label frontier --warmup-steps 1 \
+          --flags="--compile none --kernel-profile-steps 2"
     fi
     [ -f "$DIR/bench/$model-optimised-frontier.json" ] && check "record $model has every figure" record_check "$DIR/bench/$model-optimised-frontier.json"
   done
@@ -200,17 +235,30 @@ LEVERS=("resnet18_cifar:baseline:--presets baseline" "resnet18_cifar:eager:--fla
         "resnet18_cifar:dataloader:--flags=--loader=dataloader"
         "resnet50:baseline:--presets baseline" "resnet50:fp16:--flags=--precision=fp16" "resnet50:nchw:--flags=--no-channels-last"
         "resnet50:eager:--flags=--compile=none" "resnet50:foreach:--flags=--optimizer-impl=foreach" "resnet50:batch512:--per-gpu-batch 512"
-        "gpt2_small:baseline:--presets baseline" "gpt2_small:foreach:--flags=--optimizer-impl=foreach" "gpt2_small:batch64:--per-gpu-batch 64")
+        "gpt2_small:baseline:--presets baseline" "gpt2_small:foreach:--flags=--optimizer-impl=foreach" "gpt2_small:batch64:--per-gpu-batch 64"
+        # issue 51's levers, each against the preset: the ResNets' stem padded (the stem ran on CUDA
+        # cores), each transformer compiled a block at a time (cold compiles), GPT-2's attention kernel
+        "resnet18_cifar:stem4:--flags=--stem-channels=4" "resnet18_cifar:stem8:--flags=--stem-channels=8"
+        "resnet50:stem4:--flags=--stem-channels=4" "resnet50:stem8:--flags=--stem-channels=8"
+        "gpt2_small:blocks:--flags=--compile-scope=blocks" "gpt2_small:cudnn-attention:--flags=--attention-backend=cudnn"
+        "gpt2_small:flash-attention:--flags=--attention-backend=flash" "bert_base:blocks:--flags=--compile-scope=blocks"
+        "vit_b_16:blocks:--flags=--compile-scope=blocks" "llama_1b:blocks:--flags=--compile-scope=blocks")
 stage_levers() {
   note "stage levers on $DEVICE $(date -u +%FT%TZ)"
   local lever model label flags steps
   for lever in "${LEVERS[@]}"; do
     IFS=: read -r model label flags <<< "$lever"
     [[ " ${SMOKE_MODELS:-$model} " == *" $model "* ]] || continue
+    [[ " ${SMOKE_LABELS:-$label} " == *" $label "* ]] || continue  # SMOKE_LABELS="stem4 blocks": only those levers
     steps=60
     [ "$model" = resnet18_cifar ] && steps=300
-    if ! gpu; then  # CPU rehearsal: the small CNN for the image models, four steps
-      [ "$model" = gpt2_small ] || model=cnn
+    if ! gpu; then  # CPU rehearsal: the small CNN for the image models (ResNet-18 where the stem is the lever), GPT-2 for the transformers, four steps
+      case "$model:$label" in
+        resnet*:stem*) model=resnet18_cifar ;;
+        gpt2_small:* | bert_base:* | vit_b_16:* | llama_1b:*) model=gpt2_small ;;
+        *) model=cnn ;;
+      esac
+      flags=${flags//--attention-backend=cudnn/--attention-backend=math}  # the CPU has no cuDNN attention
       steps=4 flags="$flags --warmup-steps 1"
     fi
     # shellcheck disable=SC2086  # flags is a list of trainer_throughput flags
@@ -244,6 +292,62 @@ stage_record() {
   run 20 90 $PY -m scalerepro.training.commbench --process-group-at-one-rank --device "$DEVICE" --iterations 20 --warmup 5 \
       --sizes 1024 65536 4194304 268435456 --out "$DIR/comm_w1.json" 2>&1 | tail -4
   check "commbench at one rank wrote its table" test -s "$DIR/comm_w1.json"
+}
+
+# Two ranks on the one card, over gloo: NCCL refuses two ranks on one device, gloo lets them share
+# it (scalerepro.training.distributed.card_of_rank). What no one-card session ran before: DDP at
+# world size 2 on CUDA with the all-reduce timing hook's CUDA events and the window split over both
+# ranks, FSDP2's collectives on CUDA tensors, a two-rank record and its analysis. Not NCCL, NVLink
+# or any scaling figure: gloo copies through the host and both ranks share one card's SMs (the
+# record counts the card once: its gpus, NVML energy and power, and MFU's peak).
+stage_onecard() {
+  note "stage onecard on $DEVICE $(date -u +%FT%TZ)"
+  local out="$DIR/onecard" cnn_batch=256 gpt_batch=8 steps=60 warmup=20 shape=(--num-layers 2 --seq-len 256)
+  # --compile default on the GPU: the preset would give the DDP CNN CUDA graphs, under which the timing hook is not installed
+  local compile=(--compile default)
+  gpu || { cnn_batch=8; gpt_batch=4; steps=12; warmup=3; compile=(--compile none); shape=(--num-layers 2 --seq-len 64 --hidden-size 64 --num-heads 4 --vocab-size 512); }
+  rm -rf "$out" "$DIR/onecard-analysis"
+  mkdir -p "$out"
+  local common=(--dist-backend gloo --preset optimised "${compile[@]}" --device "$DEVICE" --steps $steps --warmup-steps $warmup --log-interval 10
+                --no-eval --comm-probe-steps 4 --bucket-probe-steps 3 --purpose smoke --progress off)
+  run 60 240 $PY -m scalerepro.launching.launch --ranks-per-node 2 --name onecard -- -m scalerepro.training.train --model resnet18_cifar --parallel ddp \
+      --per-gpu-batch $cnn_batch --synthetic-samples $((cnn_batch * 16)) "${common[@]}" --record "$out/ddp.json" 2>&1 | tail -4
+  check "two ranks on one card over gloo: resnet18_cifar DDP, both probes, the window split over both ranks" record_check "$out/ddp.json" --world-size 2
+  run 60 240 $PY -m scalerepro.launching.launch --ranks-per-node 2 --name onecard -- -m scalerepro.training.train --model gpt2_small "${shape[@]}" \
+      --parallel fsdp --per-gpu-batch $gpt_batch --synthetic-samples $((gpt_batch * 16)) "${common[@]}" --record "$out/fsdp.json" 2>&1 | tail -4
+  check "two ranks on one card over gloo: gpt2_small FSDP, the sharded record" record_check "$out/fsdp.json" --world-size 2
+  check "the analysis reads both two-rank runs: ok, world size 2" onecard_analysis "$out" "$DIR/onecard-analysis"
+}
+# onecard_analysis RECORDS OUT: the tables of the records in RECORDS as the workflow's aggregation
+# builds them (rebuild --records: a matrix made from the records, then aggregate, plots, report);
+# both runs must read as ok at world size 2, each under its own strategy
+onecard_analysis() {
+  $PY -c 'import jsonschema' 2> /dev/null || { echo "no jsonschema: carry the wheels of benchmarks/gpu/wheels.py (benchmarks/README.md)"; return 1; }
+  run 20 120 $PY -m scalerepro.analysis.rebuild --records "$1" --out "$2" 2>&1 | tail -3
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || return "$rc"
+  $PY - "$2/tables/runs.csv" << 'PYEOF'
+import sys
+
+import pandas as pd
+
+runs = pd.read_csv(sys.argv[1]).set_index("run_id")
+print(runs[["status", "world_size_recorded", "parallel_recorded", "consistent", "samples_per_s", "device_type"]].to_string())
+wrong = [
+    f"{run}: {what}"
+    for run, strategy in (("ddp", "ddp"), ("fsdp", "fsdp"))
+    for what, ok in (
+        ("no row", run in runs.index),
+        ("status not ok", run in runs.index and runs.at[run, "status"] == "ok"),
+        ("world size not 2", run in runs.index and runs.at[run, "world_size_recorded"] == 2),
+        (f"strategy not {strategy}", run in runs.index and runs.at[run, "parallel_recorded"] == strategy),
+        ("not consistent with its matrix row", run in runs.index and bool(runs.at[run, "consistent"])),
+    )
+    if not ok
+]
+print("  CHECK " + ("OK" if not wrong and len(runs) == 2 else "FAILED: " + "; ".join(wrong or [f"{len(runs)} runs, not 2"])))
+sys.exit(1 if wrong or len(runs) != 2 else 0)
+PYEOF
 }
 
 stage_profile() {
@@ -375,8 +479,8 @@ stage_ncu() {
 
 for stage in "$@"; do
   case "$stage" in
-    env | ncu | frontier | levers | record | profile | ce | cells | study | curve) "stage_$stage" ;;
-    *) echo "usage: bash benchmarks/gpu/smoke.sh STAGE... (env ncu frontier levers record profile ce cells study curve)"; exit 2 ;;
+    env | ncu | frontier | levers | record | onecard | profile | ce | cells | study | curve) "stage_$stage" ;;
+    *) echo "usage: bash benchmarks/gpu/smoke.sh STAGE... (env ncu frontier levers record onecard profile ce cells study curve)"; exit 2 ;;
   esac
 done
 note "done in ${SECONDS}s of a ${BUDGET}s budget; $FAILS FAIL"
