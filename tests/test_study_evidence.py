@@ -294,6 +294,9 @@ PLAN = [
     ("another strategy", lambda r: r["measurements"].update(sharding={"strategy": "fsdp"}), "strategy 'fsdp', where the plan's is 'ddp'"),
     ("another image size", _set(("model", "shape", "image_size"), 64), "its repeats differ in image size (32, 64)"),
     ("another data", _set(("data", "kind"), "cifar10"), "its repeats differ in data (cifar10, synthetic)"),
+    # the kept study's records predate these knobs: they read as the levers' defaults
+    ("a padded stem", _set(("knobs", "stem_channels"), 4), "its repeats differ in ResNet stem channels (3, 4)"),
+    ("its blocks compiled alone", _set(("knobs", "compile_scope"), "blocks"), "its repeats differ in compile scope (blocks, model)"),
     (
         "an A100's record",
         lambda r: (r["parallel"].update(device_type="cuda"), r["hardware"].update(gpu={"name": "NVIDIA A100-SXM4-80GB"})),

@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,14 +120,7 @@ class CompileFacts:
     cache_reason: str | None = None  # why nothing was loaded or saved, where a cache was asked for
 
     def record(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope,
-            "first_step_s": self.first_step_s,
-            "cache_file": self.cache_file,
-            "cache_loaded": self.cache_loaded,
-            "cache_saved_bytes": self.cache_saved_bytes,
-            "cache_reason": self.cache_reason,
-        }
+        return asdict(self)
 
 
 def _artifact_counts(info: Any) -> dict[str, int]:

@@ -66,7 +66,9 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
     started_at        ISO 8601, UTC
     precision_recorded, per_gpu_batch_recorded, grad_accum_recorded, tokens_per_sample,
     channels_last, data_kind, optimizer_kind, compile_mode, loader, optimizer_impl,
-    cudnn_benchmark    the conditions the record states
+    cudnn_benchmark, compile_scope, attention_backend, stem_channels   the conditions the record
+                      states (the last three: their defaults, model, auto and 3, in a record from
+                      before them)
     precision_reason  on a CPU, why the run trained at its precision (native or emulated bf16)
     peak_flops_per_device   the dense peak per GPU its MFU is against; gpu_memory_bytes: the card's memory
     peak_flops_source why mfu is empty, when it is

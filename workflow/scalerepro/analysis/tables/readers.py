@@ -121,7 +121,10 @@ def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None, n
     last = history[-1] if history else {}
     purpose, purpose_basis = record_purpose(document)
     reasons = dig(document, ("measurements", "nvml", "clock_event_reasons"))
+    knobs = document.get("knobs") or {}
     fields.update(
+        # a record from before a lever was in the knobs ran its default
+        **{lever: default if knobs.get(lever) is None else knobs[lever] for lever, default in LEVER_DEFAULTS.items()},
         run_id=run_id,
         error=dig(document, ("error", "message")),
         peak_memory_bytes=rss if allocated is None else allocated,
@@ -252,6 +255,9 @@ def read_matrix(path: str | os.PathLike[str], study: str | os.PathLike[str] | No
     return matrix.assign(variant=matrix["variant"].fillna(""), grad_accum_steps=matrix["grad_accum_steps"].astype(int), record_file=files)
 
 
+# The levers outside the presets (scalerepro.training.compilation, the ResNets' stem) and the value
+# a record from before the knobs named them ran with.
+LEVER_DEFAULTS = {"compile_scope": "model", "attention_backend": "auto", "stem_channels": 3}
 # The conditions a record states beside its plan that change its figures: the repeats of a cell
 # agree on each, or the cell mixes configurations and none of its runs counts.
 CELL_CONDITIONS = {
@@ -264,6 +270,9 @@ CELL_CONDITIONS = {
     "loader": "loader",
     "optimizer_impl": "optimizer implementation",
     "cudnn_benchmark": "cuDNN benchmark",
+    "compile_scope": "compile scope",
+    "attention_backend": "attention kernel",
+    "stem_channels": "ResNet stem channels",
 }
 # What makes a matrix row one repeat of a cell: every planned column but these.
 NOT_CELL_COLUMNS = ("run_id", "repeat", "record", "record_file", "rerun", "runtime_min", "record_of")
