@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from scalerepro.models import registry
+from scalerepro.parallel.blocks import repeated_blocks
 from scalerepro.trainer_flags import PerfConfig, TrainerConfigError
 from scalerepro.training import compilation
 
@@ -30,9 +31,9 @@ def _tiny(name: str) -> torch.nn.Module:
 
 @pytest.mark.parametrize("name", list(TINY_SHAPES))
 def test_each_transformer_gives_its_repeated_blocks_and_a_cnn_none(name):
-    blocks = compilation.repeated_blocks(_tiny(name))
+    blocks = repeated_blocks(_tiny(name))
     assert blocks is not None and len(blocks) == 3 and len({type(block) for block in blocks}) == 1
-    assert compilation.repeated_blocks(_tiny("resnet18_cifar")) is None
+    assert repeated_blocks(_tiny("resnet18_cifar")) is None
 
 
 @pytest.mark.parametrize(
@@ -72,7 +73,7 @@ def test_blocks_scope_compiles_each_block_in_place_and_leaves_the_rest_eager():
     wrapper = torch.nn.Sequential(module)  # stands where ModelWithLoss (and DDP) wrap the network
     returned = compilation.compile_model(wrapper, module, dataclasses.replace(PerfConfig(), compile="default", compile_scope="blocks"))
     assert returned is wrapper  # not an OptimizedModule: the embeddings, head and loss stay eager
-    assert all(block._compiled_call_impl is not None for block in compilation.repeated_blocks(module))
+    assert all(block._compiled_call_impl is not None for block in repeated_blocks(module))
     assert module._compiled_call_impl is None
     whole = compilation.compile_model(wrapper, module, dataclasses.replace(PerfConfig(), compile="default"))
     assert isinstance(whole, torch._dynamo.eval_frame.OptimizedModule)

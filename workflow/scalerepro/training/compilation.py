@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from scalerepro.parallel.blocks import repeated_blocks
 from scalerepro.trainer_flags import PerfConfig, TrainerConfigError
 
 ATTENTION_BACKENDS = {
@@ -44,26 +45,14 @@ ATTENTION_BACKENDS = {
 CPU_ATTENTION_BACKENDS = ("flash", "math")
 
 
-def repeated_blocks(model: nn.Module) -> list[nn.Module] | None:
-    """The model's repeated transformer blocks, in order: ``blocks`` (GPT, BERT), ``layers``
-    (the Llama decoders, a ModuleDict) or ``encoder.layers`` (torchvision's ViT); None for a model
-    without them."""
-    for path in ("blocks", "layers", "encoder.layers"):
-        container: Any = model
-        for name in path.split("."):
-            container = getattr(container, name, None)
-        if isinstance(container, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) and len(container) > 0:
-            return list(container.children())
-    return None
-
-
 def check(perf: PerfConfig, model: nn.Module, model_name: str, device_type: str) -> None:
     """Refuse, in one line, a compile scope or attention kernel this model or device cannot take."""
-    if perf.compile_scope == "blocks" and perf.compile != "none" and repeated_blocks(model) is None:
+    has_blocks = repeated_blocks(model) is not None
+    if perf.compile_scope == "blocks" and perf.compile != "none" and not has_blocks:
         raise TrainerConfigError(f"--compile-scope blocks compiles each transformer block, and {model_name} has none: use --compile-scope model")
     if perf.attention_backend == "auto":
         return
-    if repeated_blocks(model) is None:
+    if not has_blocks:
         raise TrainerConfigError(f"--attention-backend {perf.attention_backend}: {model_name} has no attention; leave it at auto")
     if device_type == "cpu" and perf.attention_backend not in CPU_ATTENTION_BACKENDS:
         raise TrainerConfigError(
