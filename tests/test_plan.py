@@ -8,6 +8,7 @@ import copy
 import pytest
 import yaml
 
+from scalerepro import trainer_flags
 from scalerepro.planning import plan as planning
 from scalerepro.schedulers.base import LOCAL
 from scalerepro.schedulers.slurm import SLURM
@@ -62,17 +63,11 @@ def test_a_local_gpu_machine_profiles_with_its_gpu_named_and_nsight_missing_fall
     found = planning.profiling_plan(plan, local_exec=True, which=lambda tool: f"/usr/bin/{tool}")
     assert found.tools == ("nsys", "ncu") and found.fallback_reason is None
     args = profiling.trainer_args(plan, profiling.runs[0], "torch")
-    window = plan.config["profiling"]
-    assert args[-7:] == [
-        "--steps",
-        str(window["window_start"] + window["window_steps"]),
-        "--warmup-steps",
-        str(window["window_start"]),
-        "--no-eval",
-        "--comm-probe-steps",
-        "0",
-    ]
-    assert f"results/profiles/{profiling.runs[0]}/torch/record.json" in args
+    window, job = plan.config["profiling"], trainer_flags.parse_args(args)
+    assert (job.run.steps, job.run.warmup_steps) == (window["window_start"] + window["window_steps"], window["window_start"])
+    assert not job.run.eval and job.run.comm_probe_steps == 0 and job.run.record == f"results/profiles/{profiling.runs[0]}/torch/record.json"
+    # the profiled run's config otherwise
+    assert job.model == plan.study.runs[profiling.runs[0]].config.model and job.perf == plan.study.runs[profiling.runs[0]].config.perf
     # a profiling job starts afresh: no checkpoint directory (an empty one vanished from the shell command), no resume
     assert "--checkpoint-dir" not in args and "--resume" not in args and "" not in args
 
@@ -165,8 +160,7 @@ def test_under_a_budget_only_a_configurations_repeat_1_runs_the_probes():
         for run in plan.study.runs.values():
             if not run.runs_itself:
                 continue
-            flags = plan.study.trainer_args(run, "r.json", None)
-            resolved = planning.study.parse_trainer_flags(flags, run.run_id).run
+            resolved = run.config.run
             cell = found.setdefault(run.repeat, {}).setdefault((run.study, run.gpus), set())
             cell.add((resolved.comm_probe_steps, resolved.bucket_probe_steps, resolved.probe_budget_s))
         return found
@@ -198,5 +192,4 @@ def test_a_cell_that_reads_another_cells_run_gets_the_probes_that_run_takes_for_
     every = [run for run in runs.values() if run.study == "ablation" and run.variant == "all"]
     assert every and all(run.record_of and runs[run.record_of].study == "sensitivity" for run in every), [(run.run_id, run.record_of) for run in every]
     owner = runs[every[0].record_of]
-    resolved = planning.study.parse_trainer_flags(plan.study.trainer_args(owner, "r.json", None), owner.run_id).run
-    assert resolved.comm_probe_steps > 0
+    assert owner.config.run.comm_probe_steps > 0

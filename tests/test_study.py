@@ -1,5 +1,6 @@
 """The study model on its own (no Snakemake): strong-scaling batches, node shapes, reproduction
-runs, and trainer flags read by the trainer's own parser."""
+runs, and each run's trainer config: the user's flags read by the trainer's own parser, and the
+job's command line rendered from it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import copy
 import pytest
 import yaml
 
+from scalerepro import trainer_flags
 from scalerepro.planning import plan, study
 
 from conftest import REPO
@@ -69,8 +71,11 @@ def test_the_precision_and_bucket_of_a_run_are_what_the_trainer_resolves():
 
 
 def test_a_flag_the_trainer_refuses_is_a_config_error_before_anything_runs():
-    with pytest.raises(study.StudyError, match=r"config error at 'trainer_args' or 'models.resnet50.args': the trainer refuses these flags: .*--no-such-flag"):
+    with pytest.raises(study.StudyError, match=r"config error at 'models.resnet50.args': the trainer refuses these flags: .*--no-such-flag"):
         _gpu_study(models__resnet50__args=["--no-such-flag"])
+    # what a list alone does not refuse, the run's whole config may: the trainer's checks of it, at the cell's key
+    with pytest.raises(study.StudyError, match=r"at 'trainer_args' or 'models.resnet18_cifar.args': the trainer refuses these flags: give --steps or --epochs"):
+        _gpu_study(trainer_args=["--preset", "optimised", "--epochs", "1"])
 
 
 REFERENCES = [
@@ -105,10 +110,8 @@ def test_the_gpu_study_runs_the_optimised_trainer_outside_the_ablation():
     ablation starts from its baseline."""
     gpu = _gpu_study()
     for run in gpu.runs.values():
-        flags = gpu.trainer_args(run, "r.json", "c")
-        parsed = study.parse_trainer_flags(flags, "test")
         if run.study in ("strong", "weak"):
-            assert parsed.perf.precision != "fp32", run.run_id
+            assert run.config.perf.preset == "optimised" and run.precision != "fp32", run.run_id
 
 
 def test_every_strategy_trains_the_same_global_batch_at_a_gpu_count_and_fsdp_tp_needs_two_tp_groups():
@@ -158,9 +161,9 @@ def test_the_ablations_all_is_the_studys_preset_as_it_resolves_here():
     preset itself trains fp32 there: the optimisation check failed at -40 %. "All" is the preset."""
     cpu = _cpu_study()
     ablation = {r.variant: r for r in cpu.runs.values() if r.study == "ablation" and r.repeat == 1}
-    preset = study.parse_trainer_flags(cpu.trainer_args(ablation["all"], "r.json", "c"), "test")
     strong = next(r for r in cpu.runs.values() if r.study == "strong")
-    assert ablation["all"].args == () and ablation["all"].precision == strong.precision == preset.perf.precision
+    assert ablation["all"].config.perf.preset == strong.config.perf.preset == "optimised" != ablation["baseline"].config.perf.preset
+    assert ablation["all"].precision == strong.precision
     assert "bf16" in {r.precision for r in ablation.values()}  # the bf16 cell keeps measuring bf16
 
 
@@ -173,3 +176,20 @@ def test_the_planner_and_the_scaling_model_split_a_strong_batch_alike():
     for global_batch, gpus, micro in ((2048, 8, 256), (100, 1, 30), (7, 1, 32), (96, 4, 32), (96, 3, 20)):
         assert study.strong_batches(global_batch, gpus, micro, "key") == scaling_model.strong_split(global_batch, gpus, micro)
     assert scaling_model.strong_split(97, 2, 32) == "the global batch 97 does not split evenly over 2 GPUs"
+
+
+@pytest.mark.parametrize("where", ["cpu", "gpu8"])
+def test_each_jobs_command_line_is_its_runs_trainer_config(where):
+    """The planner renders a job's argv once from the run's typed config (trainer_flags.render_argv);
+    the trainer reads it back as exactly that config, where the job writes set as the job sets it."""
+    built = _cpu_study() if where == "cpu" else _gpu_study(references=REFERENCES)
+    assert {run.study for run in built.runs.values()} >= {"strong", "weak", "ablation"}
+    for run in built.runs.values():
+        argv = built.trainer_args(run, f"results/runs/{run.run_id}/record.json", f"results/runs/{run.run_id}/checkpoints")
+        expected = trainer_flags.with_values(
+            run.config, {"record": f"results/runs/{run.run_id}/record.json", "checkpoint_dir": f"results/runs/{run.run_id}/checkpoints", "resume": True}
+        )
+        assert trainer_flags.parse_args(argv) == expected, run.run_id
+        assert (run.config.run.seed, run.config.run.run_id, run.config.parallel.device) == (run.repeat, run.run_id, built.device)
+        flags = [word.split("=")[0] for word in argv if word.startswith("--")]
+        assert len(flags) == len(set(flags)), argv  # each setting once: nothing overrides what the argv said before

@@ -20,9 +20,10 @@ import os
 import sys
 import types
 import typing
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from scalerepro.common import cpu_features
 from scalerepro.common.cli import CommandError, OneLineErrorParser
@@ -112,27 +113,36 @@ def precision_reason(config: TrainConfig, device_type: str) -> str | None:
     return f"{precision} ({chosen}); {why}"
 
 
-def given_flags(argv: list[str]) -> set[str]:
-    """The dest names of the flags ``argv`` gives explicitly (whatever their values)."""
+def given_values(argv: Sequence[str]) -> dict[str, Any]:
+    """The fields the flags of ``argv`` give explicitly (dest name -> value, as the parser reads it);
+    a flag or value the parser refuses exits 2 with one line. (``--debug`` is the command's, not the run's.)"""
     parser = build_parser()
     unset = object()
-    namespace, _ = parser.parse_known_args(argv, argparse.Namespace(**{action.dest: unset for action in parser._actions}))
-    return {name for name, value in vars(namespace).items() if value is not unset}
+    namespace = parser.parse_args(list(argv), argparse.Namespace(**{action.dest: unset for action in parser._actions}))
+    return {name: value for name, value in vars(namespace).items() if value is not unset and name in _sections()}
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The dest names of the flags ``argv`` gives explicitly (whatever their values)."""
+    return set(given_values(argv))
 
 
 def with_device(config: TrainConfig, device_type: str, given: set[str]) -> TrainConfig:
     """``config`` with the preset applied for ``device_type`` (what --device auto resolved to): a
     field the preset set takes the preset's value for that device; a flag in ``given`` (given
     explicitly: given_flags) keeps its value."""
-    model, perf = config.model.model, config.perf
-    after = preset_values(perf.preset, model, config.optim.grad_accum_steps, config.parallel.parallel, device_type)
-    precision = perf.precision if "precision" in given else after["precision"]
     # the resolved device is recorded, so that the record's preset_overrides compare with that device's preset
-    return dataclasses.replace(
-        config,
-        perf=dataclasses.replace(perf, precision=precision),
-        parallel=dataclasses.replace(config.parallel, device=cast(Literal["cuda", "cpu"], device_type)),
-    )
+    return with_preset(with_values(config, {"device": device_type}), given)
+
+
+def with_preset(config: TrainConfig, given: Collection[str]) -> TrainConfig:
+    """``config`` with each field its preset sets, but those ``given`` names (given explicitly), at
+    the preset's value for the config's model, accumulation, strategy and device."""
+    return with_values(config, {name: value for name, value in _preset_of(config).items() if name not in given})
+
+
+def _preset_of(config: TrainConfig) -> dict[str, Any]:
+    return preset_values(config.perf.preset, config.model.model, config.optim.grad_accum_steps, config.parallel.parallel, config.parallel.device)
 
 
 class TrainerConfigError(CommandError, ValueError):
@@ -486,34 +496,56 @@ def build_parser(prog: str = "python -m scalerepro.training.train") -> argparse.
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Parse and validate the command line; a bad flag or value exits 2 with one line.
 
-    The preset (and the model it is applied to) is read first and becomes the parser's
-    defaults, so that every flag given explicitly wins over it.
+    Each field takes the value its flag gives, else its preset's (applied to the run's model,
+    accumulation, strategy and device), else its default: a flag given explicitly wins over the preset.
     """
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    given, _ = parser.parse_known_args(argv)
-    parser.set_defaults(**preset_values(given.preset, given.model, given.grad_accum_steps, given.parallel, given.device))
-    namespace = vars(parser.parse_args(argv))
-    hints = typing.get_type_hints(TrainConfig)
-    sections = {
-        section.name: hints[section.name](**{f.name: namespace[f.name] for f in dataclasses.fields(hints[section.name])})
-        for section in dataclasses.fields(TrainConfig)
-    }
-    config = TrainConfig(**sections)
+    given = given_values(sys.argv[1:] if argv is None else argv)
+    config = with_preset(with_values(TrainConfig(), given), given)
     try:
         config.validate()
     except TrainerConfigError as error:
-        parser.error(str(error))
+        build_parser().error(str(error))
     return config
+
+
+def render_argv(config: TrainConfig) -> list[str]:
+    """The command line ``parse_args`` reads as ``config``: --model and --preset, then, in the
+    dataclasses' order, each field whose value is not what the preset (for that model,
+    accumulation, strategy and device) or else the default gives; booleans as --flag / --no-flag."""
+    implied = {**values_of(TrainConfig()), **_preset_of(config)}
+    leading = {"model": config.model.model, "preset": config.perf.preset}
+    rest = {name: value for name, value in values_of(config).items() if name not in leading and value != implied[name]}
+    return [word for name, value in {**leading, **rest}.items() for word in _words(name, value)]
+
+
+def _words(name: str, value: Any) -> list[str]:
+    if isinstance(value, bool):
+        return [_flag(name if value else f"no_{name}")]
+    text = str(value)
+    return [f"{_flag(name)}={text}"] if text.startswith("-") else [_flag(name), text]  # "--lr=-1e-05": not read as a flag
+
+
+@functools.cache
+def _sections() -> dict[str, str]:
+    """Each field's section: dest name -> the TrainConfig field that holds it, in the dataclasses' order."""
+    config = TrainConfig()
+    return {f.name: section.name for section in dataclasses.fields(config) for f in dataclasses.fields(getattr(config, section.name))}
+
+
+def values_of(config: TrainConfig) -> dict[str, Any]:
+    """Every field of ``config`` by its dest name, in the dataclasses' order."""
+    return {name: getattr(getattr(config, section), name) for name, section in _sections().items()}
+
+
+def with_values(config: TrainConfig, values: Mapping[str, Any]) -> TrainConfig:
+    """``config`` with the fields ``values`` names (dest names) set to its values (dataclasses.replace)."""
+    changes: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        changes.setdefault(_sections()[name], {})[name] = value
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **fields) for section, fields in changes.items()})
 
 
 def preset_overrides(config: TrainConfig) -> dict[str, Any]:
     """The fields where ``config`` departs from its preset (dest name -> the value it has)."""
-    resolved = {f.name: getattr(section, f.name) for section in vars(config).values() for f in dataclasses.fields(section)}
-    return {
-        name: resolved[name]
-        for name, value in preset_values(
-            config.perf.preset, config.model.model, config.optim.grad_accum_steps, config.parallel.parallel, config.parallel.device
-        ).items()
-        if resolved[name] != value
-    }
+    resolved = values_of(config)
+    return {name: resolved[name] for name, value in _preset_of(config).items() if resolved[name] != value}

@@ -25,6 +25,14 @@ RUN_RECORD = f"{RESULTS_DIR}/runs/{{run}}/record.json"
 # the training job's own account beside it (its wall time: scalerepro.launching.run_job)
 RUN_JOB = f"{RESULTS_DIR}/runs/{{run}}/job.json"
 MATRIX = "tables/matrix.csv"  # inside the study folder
+
+
+def run_record(run_id: str, record_of: str = "") -> str:
+    """The record a run reads, as the study names it: its own, or, where another cell of the study
+    runs the same trainer run (``record_of``), that run's."""
+    return RUN_RECORD.format(run=record_of or run_id)
+
+
 # The profiling tables (tables/<name>.csv), written when the study profiles its runs.
 PROFILING_TABLE_NAMES = ("profiling", "profiling_kernels", "profiling_roofline", "profiling_files")
 

@@ -311,12 +311,12 @@ class Plan:
         return self.config["reproduce"].get("gpu")
 
 
-from scalerepro.common.study_layout import RUN_JOB, RUN_RECORD  # noqa: E402  (the files a run's training job writes)
+from scalerepro.common.study_layout import RUN_JOB, RUN_RECORD  # noqa: E402, F401  (the files a run's training job writes: the rules read them here)
 
 
 def record_path(run: Run) -> str:
     """The record a run's row reads: its own, or the one of the run that runs its configuration."""
-    return RUN_RECORD.format(run=run.record_of or run.run_id)
+    return study_layout.run_record(run.run_id, run.record_of)
 
 
 def job_path(run: Run) -> str:
@@ -362,20 +362,11 @@ class ProfilingPlan:
     settings: dict[str, Any]
 
     def trainer_args(self, plan: Plan, run_id: str, tool: str) -> list[str]:
-        """The run's own flags, then: stop right after the window, warm up until it, no
-        evaluation, no probe, no checkpoints (a profiling job always starts afresh)."""
-        window_end = self.settings["window_start"] + self.settings["window_steps"]
+        """The run's own config, but: stop right after the window, warm up until it, no
+        evaluation, no communication probe, no checkpoints (a profiling job always starts afresh)."""
+        window = self.settings["window_start"], self.settings["window_start"] + self.settings["window_steps"]
         record = f"results/profiles/{run_id}/{tool}/record.json"
-        return [
-            *plan.study.trainer_args(plan.study.runs[run_id], record, None),
-            "--steps",
-            str(window_end),
-            "--warmup-steps",
-            str(self.settings["window_start"]),
-            "--no-eval",
-            "--comm-probe-steps",
-            "0",
-        ]
+        return plan.study.trainer_args(plan.study.runs[run_id], record, None, steps=window[1], warmup_steps=window[0], eval=False, comm_probe_steps=0)
 
     def tables(self) -> list[str]:
         """The profiling tables, as inputs of the plots and the report (none when disabled)."""

@@ -16,11 +16,14 @@ Pure Python (no Snakemake, no torch), so the matrix can be unit-tested on its ow
   whose GPU model and count this machine or cluster has, so the report can set it beside the
   publication.
 
-Every run's trainer flags are parsed by the trainer's own parser (``scalerepro.trainer_flags``), so a
-flag the trainer would refuse is a config error before anything runs, and what the matrix says
-of a run that its flags leave to the trainer (precision, bucket size, strategy) is what the
-trainer will do, never a restated default. What the study sets itself (the batch and its
-accumulation) it carries: no run's flags may set it again (``STUDY_SET_FLAGS``).
+Each run carries its trainer config (``scalerepro.trainer_flags.TrainConfig``): the user's flag
+lists of the config, each read once by the trainer's own parser (so a flag the trainer would
+refuse is a config error before anything runs), over the settings the study sets itself, with the
+preset resolved as the trainer resolves it. What the matrix says of a run that its flags leave to
+the trainer (precision, bucket size, strategy) is then what the trainer will do, never a restated
+default, and a job's command line is rendered once from the config (``Study.trainer_args``). What
+the study sets itself (the batch and its accumulation, ...) no user's flags may set again
+(``STUDY_SET_FLAGS``).
 """
 
 from __future__ import annotations
@@ -69,17 +72,34 @@ class Run:
     ranks_per_node: int
     repeat: int
     variant: str
-    per_gpu_batch: int  # the micro-batch of each rank
-    grad_accum_steps: int
-    precision: str  # as the trainer resolves the run's flags
-    bucket_cap_mb: float
-    args: tuple[str, ...]  # the run's own trainer flags (after the study's trainer_args)
+    config: trainer_flags.TrainConfig  # what the trainer runs (where it writes: Study.trainer_args)
     reference: str  # the reference a reproduce run stands beside ("" for the others)
-    parallel: str = "ddp"  # the trainer's --parallel strategy
-    data_parallel: int = 0  # replicas reading different data (ranks of a TP group read one batch); 0: all ranks
+    data_parallel: int  # replicas reading different data (ranks of a TP group read one batch)
     # the run whose record this one reads, where an earlier cell runs the same trainer run (the
     # strong and weak cells at the largest count, at one batch): "" where the run is its own
     record_of: str = ""
+
+    @property
+    def per_gpu_batch(self) -> int:
+        """The micro-batch of each rank."""
+        return self.config.run.per_gpu_batch
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.config.optim.grad_accum_steps
+
+    @property
+    def precision(self) -> str:
+        return self.config.perf.precision
+
+    @property
+    def bucket_cap_mb(self) -> float:
+        return self.config.parallel.bucket_cap_mb
+
+    @property
+    def parallel(self) -> str:
+        """The trainer's --parallel strategy."""
+        return self.config.parallel.parallel
 
     @property
     def runs_itself(self) -> bool:
@@ -109,81 +129,19 @@ class Study:
     def comm_gpu_counts(self) -> list[int]:
         return [n for n in self.gpu_counts if n > 1] if self.config["communication"]["enabled"] else []
 
-    def trainer_args(self, run: Run, record: str, checkpoint_dir: str | None) -> list[str]:
-        """Every flag of one run: the study's, the run's, then where it writes (no checkpoints,
-        and so no resume, without ``checkpoint_dir``)."""
-        checkpoints = ["--checkpoint-dir", checkpoint_dir, "--resume"] if checkpoint_dir else []
-        return [*self._base_flags(run), *run.args, *self._probe_flags(run), "--record", record, *checkpoints, "--progress", "off"]
-
-    def _probe_flags(self, run: Run) -> list[str]:
-        """The probes after the window that the analysis reads of this run, or of a cell that reads
-        its record (``record_of``), the others off.
-
-        The bucket probe (backward phases and DDP bucket ready times) feeds the scaling model,
-        which replays the one-GPU runs of the strong and weak studies alone
-        (scalerepro.analysis.tables.scaling_model); the exposed-communication probe is read in
-        COMM_PROBE_STUDIES. Anywhere else their steps would be recorded and never read: the
-        bucket probe's eager steps were 2 of a 2-rank ResNet-18 job's slowest 10 on a slow CPU,
-        and the communication probe of the ablation's emulated-bf16 cell 21 s of a 362 s study.
-        Under a study budget the probes measure each configuration once, in its repeat 1, which
-        runs whatever the budget chooses; a later repeat times its window only, and the analysis
-        gives it its cell's probe (scalerepro.analysis.tables.readers.cell_probes). Without a budget
-        every repeat probes."""
-        probed = run.repeat == 1 or not self.config["budget"].get("training_s")
-        if not probed:
-            return ["--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--probe-budget-s", "0"]
-        readers = [run, *(other for other in self.runs.values() if other.record_of == run.run_id)]
-        communication = any(reader.study in COMM_PROBE_STUDIES for reader in readers)
-        replayed = any(reader.gpus == 1 and reader.study in BUCKET_PROFILE_STUDIES for reader in readers)
-        return [*([] if communication else ["--comm-probe-steps", "0"]), *([] if replayed else ["--bucket-probe-steps", "0"])]
-
-    def _base_flags(self, run: Run) -> list[str]:
-        data = DATA_DIR if self.config["data"] == "cifar10" else "synthetic"
-        return [
-            "--model",
-            run.model,
-            "--data",
-            data,
-            "--per-gpu-batch",
-            str(run.per_gpu_batch),
-            "--grad-accum-steps",
-            str(run.grad_accum_steps),
-            "--steps",
-            str(self.config["steps"]),
-            "--warmup-steps",
-            str(self.config["warmup_steps"]),
-            "--seed",
-            str(run.repeat),
-            "--device",
-            self.device,
-            "--run-id",
-            run.run_id,
-            *self.config["trainer_args"],
-        ]
+    def trainer_args(self, run: Run, record: str, checkpoint_dir: str | None, **settings: Any) -> list[str]:
+        """The trainer's command line for one job of ``run``: its config, writing its record to
+        ``record`` and its checkpoints to ``checkpoint_dir`` (none, and so no resume, without it),
+        with the fields ``settings`` names (dest names) set as the job needs them."""
+        job = {"record": record, "checkpoint_dir": checkpoint_dir or None, "resume": bool(checkpoint_dir), **settings}
+        return trainer_flags.render_argv(trainer_flags.with_values(run.config, job))
 
     def uses_cifar(self, run: Run) -> bool:
-        return self.config["data"] == "cifar10" and _last(list(run.args), "--data") != "synthetic"
+        return self.config["data"] == "cifar10" and run.config.data.data != "synthetic"
 
     def exclusive(self) -> bool:
         """Measured runs have their machine (locally) or their nodes (Slurm) to themselves."""
         return self.config["resources"].get("exclusive", True)
-
-
-def _last(args: list[str], name: str, default: str | None = None) -> str | None:
-    """The last value given for ``name`` in a flag list (argparse semantics), else ``default``."""
-    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == name]
-    return values[-1] if values else default
-
-
-def parse_trainer_flags(argv: list[str], key: str) -> trainer_flags.TrainConfig:
-    """The trainer's own reading of ``argv``; a flag it refuses is a config error at ``key``."""
-    refused = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(refused):
-            return trainer_flags.parse_args(argv)
-    except SystemExit:
-        reason = refused.getvalue().strip().splitlines()[-1] if refused.getvalue().strip() else "refused"
-        raise StudyError(key, f"the trainer refuses these flags: {reason.removeprefix('scalerepro.training.train: error: ')}") from None
 
 
 def resolve_device(config: dict[str, Any], *, on_cluster: bool, local_gpus: int) -> str:
@@ -221,7 +179,7 @@ def build(config: dict[str, Any], *, on_cluster: bool, local_gpus: int, local_gp
     builder.ablation()
     builder.parallelism()
     builder.reproduce(references, local_gpu_name if local else config.get("reproduce", {}).get("gpu"))
-    return Study(config, device, local, gpus_per_node, tuple(gpu_counts), builder.runs)
+    return Study(config, device, local, gpus_per_node, tuple(gpu_counts), {run_id: builder.probed(run) for run_id, run in builder.runs.items()})
 
 
 def nodes_for(gpus: int, gpus_per_node: int, local: bool, key: str) -> tuple[int, int]:
@@ -290,12 +248,26 @@ def refuse_study_set_flags(flags: Sequence[str], key: str) -> None:
             raise StudyError(key, f"{flag} is a flag the study sets for every run ({STUDY_SET_FLAGS[name]}): remove it")
 
 
-def trainer_run_key(parsed: trainer_flags.TrainConfig) -> str:
+def read_flags(flags: Sequence[str], key: str) -> dict[str, Any]:
+    """The settings a user's flag list (config ``key``) gives, read by the trainer's own parser
+    (dest name -> value); a flag the study sets itself, or one the trainer refuses, is a config
+    error at ``key``."""
+    refuse_study_set_flags(flags, key)
+    refused = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(refused):
+            return trainer_flags.given_values(list(flags))
+    except SystemExit:
+        reason = (refused.getvalue().strip().splitlines() or ["refused"])[-1]
+        raise StudyError(key, f"the trainer refuses these flags: {reason.removeprefix(f'{trainer_flags.build_parser().prog}: error: ')}") from None
+
+
+def trainer_run_key(config: trainer_flags.TrainConfig) -> str:
     """What makes two planned runs one trainer run: every setting the trainer reads but what names
     and places a run (its id, record, checkpoints), its seed (each repeat has its own) and the
     probes after its window, which measure nothing of the window and which the run takes for
-    every cell that reads its record (Study._probe_flags)."""
-    settings = dataclasses.asdict(parsed)
+    every cell that reads its record (_Builder.probed)."""
+    settings = dataclasses.asdict(config)
     settings["run"].update(run_id=None, seed=None, record=None, checkpoint_dir=None, resume=None, progress=None)
     settings["run"].update(comm_probe_steps=None, bucket_probe_steps=None, probe_budget_s=None)
     return json.dumps(settings, sort_keys=True, default=str)
@@ -307,9 +279,33 @@ class _Builder:
         self.runs: dict[str, Run] = {}
         # (trainer run, repeat) -> the run that runs it: a later cell of one configuration reads its record
         self.owners: dict[tuple[str, int, int], str] = {}
-        refuse_study_set_flags(self.config["trainer_args"], "trainer_args")
-        for model, entry in self.config["models"].items():
-            refuse_study_set_flags(entry.get("args", []), f"models.{model}.args")
+        self.trainer_args = read_flags(self.config["trainer_args"], "trainer_args")
+        self.model_args = {model: read_flags(entry.get("args", []), f"models.{model}.args") for model, entry in self.config["models"].items()}
+
+    def cell_config(
+        self, model: str, per_gpu_batch: int, layers: Sequence[dict[str, Any]], flags_key: str, grad_accum_steps: int = 1
+    ) -> trainer_flags.TrainConfig:
+        """A cell's trainer config: the study's settings, then the user's flags (trainer_args, the
+        model's args), then the cell's ``layers`` (read_flags, or what the cell sets), each later
+        one winning, and the preset resolved for the fields none of the flags sets; a config the
+        trainer refuses is an error at ``flags_key``."""
+        study = {
+            "model": model,
+            "data": DATA_DIR if self.config["data"] == "cifar10" else "synthetic",
+            "per_gpu_batch": per_gpu_batch,
+            "grad_accum_steps": grad_accum_steps,
+            "steps": self.config["steps"],
+            "warmup_steps": self.config["warmup_steps"],
+            "device": self.study.device,
+            "progress": "off",
+        }
+        given = {name: value for layer in (self.trainer_args, self.model_args.get(model, {}), *layers) for name, value in layer.items()}
+        config = trainer_flags.with_preset(trainer_flags.with_values(trainer_flags.TrainConfig(), {**study, **given}), given)
+        try:
+            config.validate()
+        except trainer_flags.TrainerConfigError as error:
+            raise StudyError(flags_key, f"the trainer refuses these flags: {error}") from None
+        return config
 
     def add(
         self,
@@ -318,49 +314,50 @@ class _Builder:
         gpus: int,
         repeats: int,
         variant: str,
-        per_gpu_batch: int,
-        args: tuple[str, ...],
+        config: trainer_flags.TrainConfig,
         key: str,
-        grad_accum_steps: int = 1,
+        flags_key: str,
         reference: str = "",
-        flags_key: str | None = None,
     ) -> None:
-        """Add ``repeats`` runs of one cell; ``key`` names the setting that chose its GPU count,
-        ``flags_key`` the one its flags came from (both named by the errors)."""
+        """Add ``repeats`` runs of one cell of trainer ``config`` (cell_config); ``key`` names the
+        setting that chose its GPU count, ``flags_key`` the one its flags came from (both named by
+        the errors). The repeats differ in seed and run id only."""
         ranks_per_node, nodes = nodes_for(gpus, self.study.gpus_per_node, self.study.local, key)
-        flags_key = flags_key or f"trainer_args' or 'models.{model}.args"
         if study != "reproduce":
             self.per_gpu_batch(model, key)  # the model has its entry
-        refuse_study_set_flags(args, flags_key)  # so the batch this run asks for is the one the trainer reads
-        args = (*self.config["models"].get(model, {}).get("args", []), *args)
-        run_ids = ["_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part) for repeat in range(1, repeats + 1)]
-        # what the trainer will do with these flags, read by the trainer's own parser; the repeats
-        # differ in seed and run id only, which the trainer reads alike
-        draft = Run(run_ids[0], study, model, gpus, nodes, ranks_per_node, 1, variant, per_gpu_batch, grad_accum_steps, "", 0.0, tuple(args), reference)
-        parsed = parse_trainer_flags(self.study.trainer_args(draft, "record.json", "checkpoints"), flags_key)
-        trainer_run = trainer_run_key(parsed)
-        for repeat, run_id in enumerate(run_ids, start=1):
+        data_parallel = data_parallel_size(config.parallel, gpus, ranks_per_node, flags_key)
+        trainer_run = trainer_run_key(config)
+        for repeat in range(1, repeats + 1):
+            run_id = "_".join(part for part in (study, model, f"g{gpus}", variant, f"r{repeat}") if part)
             # one trainer run, one job: a cell whose run an earlier cell runs already reads that run's record
             owner = self.owners.setdefault((trainer_run, gpus, repeat), run_id)
+            run_config = trainer_flags.with_values(config, {"seed": repeat, "run_id": run_id})
             self.runs[run_id] = Run(
-                run_id,
-                study,
-                model,
-                gpus,
-                nodes,
-                ranks_per_node,
-                repeat,
-                variant,
-                per_gpu_batch,
-                grad_accum_steps,
-                parsed.perf.precision,
-                float(parsed.parallel.bucket_cap_mb),
-                tuple(args),
-                reference,
-                parsed.parallel.parallel,
-                data_parallel_size(parsed.parallel, gpus, ranks_per_node, flags_key),
-                "" if owner == run_id else owner,
+                run_id, study, model, gpus, nodes, ranks_per_node, repeat, variant, run_config, reference, data_parallel, "" if owner == run_id else owner
             )
+
+    def probed(self, run: Run) -> Run:
+        """``run`` with the probes after its window that the analysis reads of it, or of a cell
+        that reads its record (``record_of``), the others off.
+
+        The bucket probe (backward phases and DDP bucket ready times) feeds the scaling model,
+        which replays the one-GPU runs of the strong and weak studies alone
+        (scalerepro.analysis.tables.scaling_model); the exposed-communication probe is read in
+        COMM_PROBE_STUDIES. Anywhere else their steps would be recorded and never read: the
+        bucket probe's eager steps were 2 of a 2-rank ResNet-18 job's slowest 10 on a slow CPU,
+        and the communication probe of the ablation's emulated-bf16 cell 21 s of a 362 s study.
+        Under a study budget the probes measure each configuration once, in its repeat 1, which
+        runs whatever the budget chooses; a later repeat times its window only, and the analysis
+        gives it its cell's probe (scalerepro.analysis.tables.readers.cell_probes). Without a budget
+        every repeat probes."""
+        probed = run.repeat == 1 or not self.config["budget"].get("training_s")
+        readers = [run, *(other for other in self.runs.values() if other.record_of == run.run_id)]
+        off: dict[str, Any] = {} if probed else {"probe_budget_s": 0.0}
+        if not probed or not any(reader.study in COMM_PROBE_STUDIES for reader in readers):
+            off["comm_probe_steps"] = 0
+        if not probed or not any(reader.gpus == 1 and reader.study in BUCKET_PROFILE_STUDIES for reader in readers):
+            off["bucket_probe_steps"] = 0
+        return dataclasses.replace(run, config=trainer_flags.with_values(run.config, off))
 
     def per_gpu_batch(self, model: str, key: str) -> int:
         """The model's per-GPU batch (models.<model>); a model without an entry is an error at ``key``."""
@@ -373,16 +370,18 @@ class _Builder:
         strong_batch = scaling["strong"].get("global_batch", {})
         for model in scaling["models"]:
             batch = self.per_gpu_batch(model, "scaling.models")
+            flags_key = f"trainer_args' or 'models.{model}.args"
             global_batch = strong_batch.get(model, batch * max(counts))
             for gpus in counts:
                 if scaling["strong"]["enabled"]:
                     key = f"scaling.strong.global_batch.{model}" if model in strong_batch else f"models.{model}.per_gpu_batch"
                     micro, accum = strong_batches(global_batch, gpus, batch, key)
-                    self.add("strong", model, gpus, self.config["repeats"], "", micro, (), "scaling.gpu_counts", grad_accum_steps=accum)
+                    config = self.cell_config(model, micro, (), flags_key, grad_accum_steps=accum)
+                    self.add("strong", model, gpus, self.config["repeats"], "", config, "scaling.gpu_counts", flags_key)
                 if scaling["weak"]["enabled"]:
-                    samples = scaling["weak"]["samples_per_gpu"] * gpus
-                    flags = ("--data", "synthetic", "--synthetic-samples", str(samples))
-                    self.add("weak", model, gpus, self.config["repeats"], "", batch, flags, "scaling.gpu_counts")
+                    weak = {"data": "synthetic", "synthetic_samples": scaling["weak"]["samples_per_gpu"] * gpus}
+                    config = self.cell_config(model, batch, [weak], flags_key)
+                    self.add("weak", model, gpus, self.config["repeats"], "", config, "scaling.gpu_counts", flags_key)
 
     def _gpus(self, choice: int | str) -> int:
         return max(self.study.gpu_counts) if choice == "max" else int(choice)
@@ -396,42 +395,26 @@ class _Builder:
                 for precision in sens["precision"]:
                     variant = f"bucket{bucket:g}-batch{batch}-{precision}"
                     # "preset": the precision the preset picks on this device (on a CPU, bf16 only where native)
-                    flags = ("--bucket-cap-mb", f"{bucket:g}", *(("--precision", precision) if precision != "preset" else ()))
-                    self.add(
-                        "sensitivity",
-                        sens["model"],
-                        self._gpus(sens["gpus"]),
-                        sens["repeats"],
-                        variant,
-                        batch,
-                        flags,
-                        "sensitivity.gpus",
-                        flags_key="sensitivity",
-                    )
+                    cell = {"bucket_cap_mb": float(bucket), **({"precision": precision} if precision != "preset" else {})}
+                    config = self.cell_config(sens["model"], batch, [cell], "sensitivity")
+                    self.add("sensitivity", sens["model"], self._gpus(sens["gpus"]), sens["repeats"], variant, config, "sensitivity.gpus", "sensitivity")
 
     def ablation(self) -> None:
         abl = self.config["ablation"]
         if not abl["enabled"]:
             return
-        batch = self.per_gpu_batch(abl["model"], "ablation.model")
-        variants = {"baseline": [], **{o["name"]: o["flags"] for o in abl["optimisations"]}}
+        model, gpus, batch = abl["model"], self._gpus(abl["gpus"]), self.per_gpu_batch(abl["model"], "ablation.model")
+        baseline = read_flags(abl["baseline"], "ablation.baseline")
+        variants = {"baseline": {}, **{o["name"]: read_flags(o["flags"], f"ablation.optimisations ({o['name']})") for o in abl["optimisations"]}}
         for variant, flags in variants.items():
-            self.add(
-                "ablation",
-                abl["model"],
-                self._gpus(abl["gpus"]),
-                abl["repeats"],
-                variant,
-                batch,
-                (*abl["baseline"], *flags),
-                "ablation.gpus",
-                flags_key=f"ablation.optimisations ({variant})",
-            )
+            key = f"ablation.optimisations ({variant})"
+            self.add("ablation", model, gpus, abl["repeats"], variant, self.cell_config(model, batch, [baseline, flags], key), "ablation.gpus", key)
         # "all" is the study's own preset (trainer_args) as it resolves on the machine it runs on,
         # not the optimisations' flags stacked: on a CPU that emulates bf16 the preset trains fp32,
         # which the bf16 cell alone measures against the baseline (the ablation table names the
         # levers each cell's records resolved)
-        self.add("ablation", abl["model"], self._gpus(abl["gpus"]), abl["repeats"], "all", batch, (), "ablation.gpus", flags_key="ablation (all: trainer_args)")
+        key = "ablation (all: trainer_args)"
+        self.add("ablation", model, gpus, abl["repeats"], "all", self.cell_config(model, batch, (), key), "ablation.gpus", key)
 
     def parallelism(self) -> None:
         """Each model under each strategy at each GPU count of ``parallelism.gpu_counts`` (auto:
@@ -443,22 +426,21 @@ class _Builder:
         if not par.get("enabled", False):
             return
         counts = [n for n in self.study.gpu_counts if n > 1] if par["gpu_counts"] == "auto" else par["gpu_counts"]
+        strategies = {strategy: read_flags(par["args"].get(strategy, []), f"parallelism.args.{strategy}") for strategy in par["strategies"]}
         for model in par["models"]:
             batch = self.per_gpu_batch(model, "parallelism.models")
             for gpus in counts:
                 ranks_per_node, _ = nodes_for(gpus, self.study.gpus_per_node, self.study.local, "parallelism.gpu_counts")
-                for strategy in par["strategies"]:
-                    # synthetic tokens: the study's data: cifar10 is images, and these are language models
-                    flags = ("--data", "synthetic", "--parallel", strategy, *par["args"].get(strategy, []))
+                for strategy, flags in strategies.items():
                     key = f"parallelism.args.{strategy}"
-                    settings = parse_trainer_flags(["--model", model, *flags], key).parallel
-                    tp_size = mesh.default_tp_size(strategy, gpus, ranks_per_node, settings.tp_size) or 1
+                    # synthetic tokens: the study's data: cifar10 is images, and these are language models
+                    config = self.cell_config(model, batch, [{"data": "synthetic", "parallel": strategy}, flags], key)
+                    tp_size = mesh.default_tp_size(strategy, gpus, ranks_per_node, config.parallel.tp_size) or 1
                     if (strategy == "tp" and gpus < 2) or (strategy == "fsdp+tp" and gpus // tp_size < 2):
                         continue
-                    replicas = data_parallel_size(settings, gpus, ranks_per_node, key)
-                    variant = strategy.replace("+", "-")
-                    per_replica = batch * gpus // replicas
-                    self.add("parallelism", model, gpus, par["repeats"], variant, per_replica, flags, "parallelism.gpu_counts", flags_key=key)
+                    per_replica = batch * gpus // data_parallel_size(config.parallel, gpus, ranks_per_node, key)
+                    config = trainer_flags.with_values(config, {"per_gpu_batch": per_replica})
+                    self.add("parallelism", model, gpus, par["repeats"], strategy.replace("+", "-"), config, "parallelism.gpu_counts", key)
 
     def reproduce(self, references: Sequence[dict[str, Any]], gpu_name: str | None) -> None:
         """A run under each reference's conditions, where this machine (or the cluster's
@@ -480,18 +462,8 @@ class _Builder:
                 continue
             scheduled.add(identity)
             key = f"references: {reference['id']}"
-            self.add(
-                "reproduce",
-                trainer["model"],
-                reference["gpus"],
-                settings.get("repeats", 1),
-                _variant(reference["id"]),
-                trainer["per_gpu_batch"],
-                tuple(trainer.get("flags", ())),
-                key,
-                reference=reference["id"],
-                flags_key=key,
-            )
+            config = self.cell_config(trainer["model"], trainer["per_gpu_batch"], [read_flags(trainer.get("flags", ()), key)], key)
+            self.add("reproduce", trainer["model"], reference["gpus"], settings.get("repeats", 1), _variant(reference["id"]), config, key, key, reference["id"])
 
 
 def data_parallel_size(parallel: trainer_flags.ParallelConfig, gpus: int, ranks_per_node: int, key: str) -> int:
@@ -529,11 +501,12 @@ def matrix_rows(study: Study, record_path, rerun_command) -> list[dict[str, Any]
             "data_parallel": run.data_parallel or run.gpus,
             "reference": run.reference,
             "runtime_min": study.config["resources"]["runtime_min"],
-            # what the record must state beside the batches (scalerepro.analysis.evidence.PLANNED_KNOBS)
+            # what the record must state beside the batches (scalerepro.record.cell.PLANNED)
             "device": study.device,
             "data": "cifar10" if study.uses_cifar(run) else "synthetic",
             "purpose": "measurement",
             "record_of": run.record_of,  # the run whose record this row reads, where another cell runs it
+            "cell": run.cell,  # the cell the run repeats (scalerepro.record.cell holds its runs to one configuration)
             "record": record_path(run),
             "rerun": rerun_command(run),
         }
