@@ -73,6 +73,7 @@ import yaml  # noqa: E402
 from scalerepro.analysis.tables import network_model, prediction_error, published_steps, step_model  # noqa: E402
 from scalerepro.common import gpu_peaks  # noqa: E402
 from scalerepro.models.registry import ModelShape, build, resolve  # noqa: E402
+from scalerepro.record.read import read  # noqa: E402
 from scalerepro.training import buckets  # noqa: E402
 
 REFERENCES = REPO / "config" / "references.yaml"
@@ -435,8 +436,11 @@ def curve_calibration(found: tuple[Path, dict] | None) -> str | None:
     record_path = candidate.parent / f"{document['model']}-optimised-frontier.json"
     if not record_path.is_file():
         return f"no calibration: no trainer record ({record_path.name}) beside {candidate.name}"
-    record = json.loads(record_path.read_text())
-    batch, trainer_s = record["batch"]["per_gpu"], record["measurements"]["step_time_s"]["median"]
+    record = read(record_path).record  # a kept H100 record, of whatever schema, in today's model
+    batch = record.batch.micro_batch
+    trainer_s = record.measurements.step_time_s.median if record.measurements else None
+    if trainer_s is None:
+        return f"no calibration: {record_path.name} has no median step"
     bare = [row["step_s_median"] for row in document["rows"] if row["batch"] == batch]
     if not bare:
         return f"no calibration: the curve has no point at the trainer's batch {batch}"

@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
 from scalerepro.launching import fork_server  # noqa: E402
+from scalerepro.record.read import read  # noqa: E402
 
 IGNORE = shutil.ignore_patterns(".venv", "results", ".git", ".snakemake", "__pycache__", "*.egg-info", ".pytest_cache", ".whl", ".gl")
 SETTINGS = {"native": {}, "capped": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, "slowed": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
@@ -156,7 +157,7 @@ def run_study(scratch: Path, setting: str, repo: Path = REPO, group: Path | None
     if result.returncode != 0:
         raise SystemExit(f"the README study ({setting}) failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
     figures = breakdown(workdir, wall, result.stderr + result.stdout)
-    precisions = sorted({json.loads(p.read_text())["precision"] for p in (workdir / "results" / "runs").glob("strong_*/record.json")})
+    precisions = sorted({read(p).record.precision.name for p in (workdir / "results" / "runs").glob("strong_*/record.json")})
     figures["precision"] = ", ".join(precisions)
     one_rank = [json.loads(p.read_text())["measurements"]["step_time_s"]["median"] for p in (workdir / "results" / "runs").glob("strong_*_g1_*/record.json")]
     figures["step"] = statistics.median([t for t in one_rank if t]) if any(one_rank) else float("nan")

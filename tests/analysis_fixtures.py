@@ -27,6 +27,8 @@ from typing import Any
 import jsonschema
 
 from scalerepro.analysis.tables.step_model import StepProfile
+from scalerepro.record.model import RECORD_SCHEMA_VERSION
+from scalerepro.record.peak import peak_for
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCES = REPO / "config" / "references.yaml"
@@ -132,6 +134,9 @@ def make_record(
     the window is the measured steps' samples over the throughput; the median step is the mean
     (global batch / throughput), or the epoch time over the steps of an epoch where one is given."""
     cuda = device_type == "cuda"
+    # the strategy is the record's parallel.strategy; measurements.sharding holds the rest (null under ddp)
+    shards = None if sharding is None else {key: value for key, value in sharding.items() if key != "strategy"}
+    strategy = "ddp" if sharding is None else sharding.get("strategy", "ddp")
     global_batch = global_batch or per_gpu_batch * world_size * grad_accum_steps  # per replica x replicas x accumulation
     # 20 measured steps, fewer where 20 would outlast the record's DURATION_S at this throughput
     steps = max(1, min(20, int((DURATION_S - 2) * samples_per_s / global_batch))) if samples_per_s > 0 else 20
@@ -141,7 +146,9 @@ def make_record(
     median_s = step_s if epoch_time_s is None else epoch_time_s / STEPS_PER_EPOCH
     epoch_time_s = STEPS_PER_EPOCH * median_s
     energy_j = power_w * window_s if cuda else None
-    peak = 989.4e12 if cuda else None
+    # the dense bf16 peak of the device (the table's: 989.4 TFLOP/s for an H100 SXM5), as the trainer states it
+    peak_facts = peak_for(device_name, "bf16")[0] if cuda else None
+    peak = peak_facts.flops_per_s if peak_facts is not None else None
     # the model's FLOPs per sample set so that a GPU record's MFU is 0.4 at its throughput
     flops_per_sample = 0.4 * world_size * peak / samples_per_s if cuda and samples_per_s > 0 else 2.45e10
     measurements = {
@@ -159,8 +166,9 @@ def make_record(
         "data_wait_clock": "device" if cuda else "host",
         # MFU = FLOPs per sample x samples/s / (world size x peak)
         "mfu": flops_per_sample * samples_per_s / (world_size * peak) if cuda else None,
-        "peak_flops_per_device": peak,
-        "peak_flops_source": "table" if cuda else "no GPU",
+        # the peak an H100 SXM5's MFU is against at bf16 (scalerepro.record.peak, as the trainer states it)
+        "peak": peak_facts.model_dump() if peak_facts is not None else None,
+        "peak_reason": None if cuda else "no GPU: peak throughput is tabulated for NVIDIA GPUs only",
         "achieved_flops": flops_per_sample * samples_per_s,
         "memory": {
             "allocated_bytes_max": 4_000_000_000 if cuda else None,
@@ -198,7 +206,7 @@ def make_record(
             "temperature_max_c": 60.0 if cuda else None,
         },
         "energy_per_sample_j": energy_j / (steps * global_batch) if cuda else None,
-        "sharding": sharding,  # null under --parallel ddp, as the trainer writes it
+        "sharding": shards,  # null under --parallel ddp, as the trainer writes it
         # the scaling model's input: forward 30 %, backward 60 %, optimizer 5 % of the step; four
         # 25 MiB-capped buckets of resnet50's fp32 gradients, ready at 25, 50, 75 and 100 % of the backward
         "backward_buckets": {
@@ -217,7 +225,7 @@ def make_record(
     }
     stamp = started_at.isoformat(timespec="milliseconds")
     record = {
-        "schema_version": 4,
+        "schema_version": RECORD_SCHEMA_VERSION,
         "purpose": "measurement",
         "run_id": run_id,
         "status": status,
@@ -227,17 +235,29 @@ def make_record(
         "ended_at": (started_at + datetime.timedelta(seconds=DURATION_S)).isoformat(timespec="milliseconds"),
         "command_line": ["python", "-m", "scalerepro.training.train"],
         "seed": 1,
-        "precision": precision,
+        "precision": {
+            "name": precision,
+            "param_dtype": "fp32",
+            "compute_dtype": precision,
+            "optimizer_state_dtype": "fp32",
+            "loss_scaling": precision == "fp16",
+            "reason": None,
+        },
         "knobs": {
+            "preset": "baseline",
+            "preset_overrides": {},
             "channels_last": channels_last,
+            "cudnn_benchmark": False,
             "compile": "none",
+            "compile_scope": "model",
+            "attention_backend": "auto",
+            "stem_channels": 3,
             "loader": "dataloader",
             "optimizer_impl": "foreach",
             "bucket_cap_mb": bucket_cap_mb,
             "gradient_as_bucket_view": False,
             "static_graph": False,
             "sync_batchnorm": False,
-            "grad_accum_steps": grad_accum_steps,
         },
         "config": {"model": {}, "data": {}, "optim": {}, "parallel": {}, "perf": {}, "run": {}},
         "git": {"commit": "7333a9c6cdfbdc5a5b41d26536c88629aaf3162c", "dirty": False, "reason": None},
@@ -279,6 +299,7 @@ def make_record(
             "schedule": "cosine",
         },
         "parallel": {
+            "strategy": strategy,
             "launcher": "torchrun" if world_size > 1 else "single",
             "backend": ("nccl" if cuda else "gloo") if world_size > 1 else None,
             "device_type": device_type,
@@ -289,8 +310,13 @@ def make_record(
             "gpus": world_size if cuda else 0,
             "hostnames": [f"node{i + 1}" for i in range(nodes)],
         },
-        "batch": {"per_gpu": per_gpu_batch, "grad_accum_steps": grad_accum_steps, "global": global_batch},
-        "data": {"kind": data_kind, "path": None, "train_samples": 4096, "eval_samples": 512, "loader": "dataloader"},
+        "batch": {
+            "micro_batch": per_gpu_batch,
+            "grad_accum_steps": grad_accum_steps,
+            "samples_per_gpu_step": global_batch / world_size,  # global batch / world size
+            "global_batch": global_batch,
+        },
+        "data": {"kind": data_kind, "path": None, "train_samples": 4096, "eval_samples": 512},
         "steps": {
             "total": 24,
             "completed": 24 if status == "ok" else 10,

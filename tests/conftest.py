@@ -24,15 +24,22 @@ from scalerepro.launching import fork_server
 from h100_report import h100_report  # noqa: F401  (the report rendered from the kept H100 records)
 
 REPO = Path(__file__).resolve().parents[1]
+from scalerepro.record.model import RECORD_SCHEMA_VERSION  # noqa: E402
+from scalerepro.record.read import from_document  # noqa: E402
+
 RECORD_SCHEMA = json.loads((REPO / "workflow/schemas/run_record.schema.json").read_text())
 _VALIDATOR = jsonschema.Draft202012Validator(RECORD_SCHEMA, format_checker=jsonschema.FormatChecker())
 
 
 def load_record(path: Path) -> dict:
-    """Read a run record and fail the test unless it validates against the schema."""
+    """Read a run record the trainer wrote and fail the test unless it is a record of today's model:
+    it validates against the schema file, and reads into the model with figures that agree
+    (scalerepro.record.read)."""
     record = json.loads(Path(path).read_text())
     errors = sorted(_VALIDATOR.iter_errors(record), key=lambda e: list(e.path))
     assert not errors, "record does not match the schema:\n" + "\n".join(f"{'/'.join(map(str, e.path))}: {e.message[:300]}" for e in errors)
+    reading = from_document(record)
+    assert reading.written_as == RECORD_SCHEMA_VERSION and not reading.nonsense, reading.nonsense
     return record
 
 

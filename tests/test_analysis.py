@@ -666,7 +666,7 @@ def test_a_record_that_says_ok_but_measured_nothing_counts_as_failed(tmp_path):
     record["measurements"].update(measured_steps=0, samples_per_s=None)
     path = tmp_path / "record.json"
     path.write_text(json.dumps(record))
-    fields, _, _ = readers.read_record("empty", str(path))
+    fields = readers.read_record("empty", str(path)).fields
     assert fields["status"] == "failed" and "measured window is empty" in fields["error"]
 
 
@@ -756,7 +756,7 @@ def test_records_the_trainer_wrote_under_tp_and_pp_read_into_their_sharding_figu
     GPT, tests/fixtures/records): each strategy names its collectives differently, and the
     communication per step is their sum."""
 
-    fields, _, _ = readers.read_record(name, str(Path(__file__).parent / "fixtures/records" / f"{name}.json"))
+    fields = readers.read_record(name, str(Path(__file__).parent / "fixtures/records" / f"{name}.json")).fields
     assert fields["status"] == "ok" and fields["parallel_recorded"] == strategy and fields["mesh"] == f"2 ({strategy})"
     assert fields["comm_bytes_per_step"] == sent and fields["comm_by_collective"].count(" B") >= 3
     assert fields["pipeline_bubble_fraction"] == bubble
@@ -778,6 +778,6 @@ def test_a_cuda_graph_runs_peak_memory_is_its_reserved_peak_on_the_h100_records(
     from the graphs' private pools, which the window's allocated peak does not count; its peak
     memory is the reserved peak, named as such."""
 
-    fields, _, _ = readers.read_record(model, str(H100_2026_11_26 / f"{model}-optimised-frontier.json"))
+    fields = readers.read_record(model, str(H100_2026_11_26 / f"{model}-optimised-frontier.json")).fields
     assert fields["status"] == "ok" and fields["peak_memory_kind"] == kind
     assert fields["peak_memory_bytes"] / 2**30 == pytest.approx(gib, abs=0.01)

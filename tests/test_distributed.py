@@ -67,7 +67,7 @@ def test_two_ranks_equal_one_rank_on_the_same_global_batch(tmp_path, accumulate)
     one = _run(tmp_path, "one", 1, 16, "--steps", "1")
     two_args = ("--steps", "1", "--grad-accum-steps", "2") if accumulate else ("--steps", "1")
     two = _run(tmp_path, "two", 2, 4 if accumulate else 8, *two_args)
-    assert one["batch"]["global"] == two["batch"]["global"] == 16
+    assert one["batch"]["global_batch"] == two["batch"]["global_batch"] == 16
     assert two["parallel"]["world_size"] == 2 and two["parallel"]["backend"] == "gloo"
     _run(tmp_path, "init", 1, 16, "--steps", "1", "--lr", "0")  # the initial weights
     expected, actual, initial = _final_params(tmp_path / "one"), _final_params(tmp_path / "two"), _final_params(tmp_path / "init")

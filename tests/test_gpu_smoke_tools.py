@@ -29,7 +29,7 @@ def test_the_frontier_benchmark_writes_its_table_with_compile_and_kernel_figures
     assert run["ok"] and run["batch"] == 16  # --per-gpu-batch reached the trainer
     assert run["first_step_s"] > 0 and run["compile_scope"] is None and run["profiled_steps"] == 2 and run["top_kernels"]
     record = json.loads((tmp_path / "cnn-optimised-frontier.json").read_text())
-    assert record["batch"]["per_gpu"] == 16 and record["config"]["run"]["kernel_profile_steps"] == 2
+    assert record["batch"]["micro_batch"] == 16 and record["config"]["run"]["kernel_profile_steps"] == 2
 
     report = subprocess.run([sys.executable, "benchmarks/gpu/bench_report.py", str(table)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert report.returncode == 0, report.stderr

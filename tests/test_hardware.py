@@ -1,4 +1,4 @@
-"""Peak-throughput lookup, Slurm and git facts, and the version and host reports."""
+"""The MFU peak (scalerepro.record.peak) from the GPU peak table, Slurm and git facts, and the version and host reports."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from scalerepro.common.gpu_peaks import PEAKS, gpu_model
-from scalerepro.telemetry.hardware import PRECISIONS, git_info, host_facts, peak_flops, software_versions
+from scalerepro.record.base import Precision
+from scalerepro.record.peak import ARITHMETIC, part_words, peak_for, rate_words
+from scalerepro.telemetry.hardware import git_info, host_facts, software_versions
 
 T = 1e12
 
@@ -70,10 +72,40 @@ def test_gpu_model_matches_torch_device_names(device_name: str | None, model: st
         ("NVIDIA H200 NVL", "bf16", 835.5),
     ],
 )
-def test_peak_flops_from_the_table(device_name: str, precision: str, tflops: float) -> None:
-    flops, source = peak_flops(device_name, precision)
-    assert flops == pytest.approx(tflops * T)
-    assert "https://" in source and gpu_model(device_name) in source
+def test_the_peak_comes_from_the_table(device_name: str, precision: Precision, tflops: float) -> None:
+    peak, reason = peak_for(device_name, precision)
+    assert peak is not None and reason is None
+    assert peak.flops_per_s == pytest.approx(tflops * T) and peak.basis == "table" and peak.part == gpu_model(device_name)
+    # fp32 with TF32 off runs on the CUDA cores; every other precision on the tensor cores
+    assert peak.units == ("cuda_core" if precision == "fp32" else "tensor") and peak.precision == precision
+    assert "https://" in peak.source and gpu_model(device_name) in peak.source
+
+
+# FLOP per clock per SM, dense: Hopper's tensor cores do 4,096 fp16/bf16 FLOP/clk (2,048 tf32), its
+# CUDA cores 256 fp32 (128 lanes x FMA); Ampere's A100 half of each
+FLOP_PER_CLOCK = {"H": {"fp32": 256, "tf32": 2048, "bf16": 4096}, "A": {"fp32": 128, "tf32": 1024, "bf16": 2048}}
+
+
+@pytest.mark.parametrize("key", [key for key, entry in PEAKS.items() if entry.sms is not None])
+def test_each_peak_is_its_sms_times_its_flop_per_clock_times_the_clock_it_is_quoted_at(key: str) -> None:
+    """rate = SMs x FLOP/clk/SM x clock: the tensor rates of an H100 SXM5 at 1,830 MHz and its
+    CUDA-core rates at 1,980 MHz (the whitepaper's), so that an MFU is scaled to the clock a card held
+    from the clock its peak is quoted at, not the card's top clock (issue 64: 8.2 % high)."""
+    entry = PEAKS[key]
+    per_clock = FLOP_PER_CLOCK[entry.model[0] if entry.model[0] in "A" else "H"]
+    for precision, rate in (("fp32", entry.fp32), ("tf32", entry.tf32), ("bf16", entry.bf16)):
+        clock = entry.clock_mhz("cuda_core" if precision == "fp32" else "tensor")
+        assert clock is not None
+        # the datasheets round to three or four figures
+        assert rate * T == pytest.approx(entry.sms * per_clock[precision] * clock * 1e6, rel=5e-3), (key, precision)
+
+
+def test_an_h100s_dense_bf16_peak_is_quoted_at_1830_mhz_and_its_fp32_at_1980() -> None:
+    bf16, _ = peak_for("NVIDIA H100 80GB HBM3", "bf16")
+    fp32, _ = peak_for("NVIDIA H100 80GB HBM3", "fp32")
+    assert bf16 is not None and fp32 is not None and (bf16.clock_mhz, fp32.clock_mhz) == (1830.0, 1980.0)
+    nvl, _ = peak_for("NVIDIA H100 NVL", "bf16")
+    assert nvl is not None and nvl.clock_mhz is None  # its datasheet quotes no clock: none is guessed
 
 
 @pytest.mark.parametrize(
@@ -87,19 +119,22 @@ def test_peak_flops_from_the_table(device_name: str, precision: str, tflops: flo
     ],
 )
 def test_a_mig_instance_gets_its_slices_share_of_the_gpus_peak(device_name: str, slices: int, whole_gpu: str) -> None:
-    for precision in PRECISIONS:
-        flops, source = peak_flops(device_name, precision)
-        whole, _ = peak_flops(whole_gpu, precision)
+    for precision in ARITHMETIC:
+        peak, _ = peak_for(device_name, precision)
+        whole, _ = peak_for(whole_gpu, precision)
+        assert peak is not None and whole is not None
         # MIG instance peak = GPU peak x compute slices / 7
-        assert flops == pytest.approx(whole * slices / 7)
-        assert f"{slices}/7" in source and "mig-user-guide" in source
+        assert peak.flops_per_s == pytest.approx(whole.flops_per_s * slices / 7)
+        assert (peak.mig_slices, peak.clock_mhz) == (slices, whole.clock_mhz) and f"{slices}/7" in peak.source and "mig-user-guide" in peak.source
+        assert f"{slices}/7 of the GPU" in (part_words(peak) or "")
 
 
 def test_a_name_without_form_factor_says_the_sxm_peak_was_assumed() -> None:
-    _, source = peak_flops("NVIDIA H100", "bf16")
-    assert "no form factor" in source and "torchtitan/pull/554" in source
-    _, named = peak_flops("NVIDIA H100 80GB HBM3", "bf16")
-    assert "no form factor" not in named
+    peak, _ = peak_for("NVIDIA H100", "bf16")
+    assert peak is not None and peak.form_factor_assumed and "no form factor" in peak.source and "torchtitan/pull/554" in peak.source
+    assert part_words(peak) == "H100 SXM5, form factor assumed"
+    named, _ = peak_for("NVIDIA H100 80GB HBM3", "bf16")
+    assert named is not None and not named.form_factor_assumed and "no form factor" not in named.source
 
 
 def test_every_table_row_is_dense_and_ordered_by_precision() -> None:
@@ -111,24 +146,26 @@ def test_every_table_row_is_dense_and_ordered_by_precision() -> None:
 
 
 @pytest.mark.parametrize("device_name", ["cpu", None, "NVIDIA GeForce RTX 4090", "NVIDIA H100 80GB HBM3 MIG 9g.90gb"])
-def test_peak_flops_unknown_is_none_with_reason(device_name: str | None) -> None:
-    flops, reason = peak_flops(device_name, "bf16")
-    assert flops is None
+def test_an_unknown_peak_is_none_with_reason(device_name: str | None) -> None:
+    peak, reason = peak_for(device_name, "bf16")
+    assert peak is None
     assert reason
 
 
-def test_peak_flops_override_wins_and_is_recorded() -> None:
-    flops, source = peak_flops("NVIDIA H100 80GB HBM3", "bf16", override_tflops=700.0)
-    assert flops == pytest.approx(700.0 * T)
-    assert source.startswith("user override")
-    assert peak_flops("cpu", "fp32", override_tflops=1.5)[0] == pytest.approx(1.5 * T)
+def test_a_peak_override_wins_and_is_recorded() -> None:
+    peak, _ = peak_for("NVIDIA H100 80GB HBM3", "bf16", override_tflops=700.0)
+    assert peak is not None and peak.flops_per_s == pytest.approx(700.0 * T)
+    assert peak.basis == "user override" and peak.source.startswith("user override") and peak.clock_mhz is None
+    assert (rate_words(peak), part_words(peak)) == ("700 TFLOP/s per GPU", "user override")
+    cpu, _ = peak_for("cpu", "fp32", override_tflops=1.5)
+    assert cpu is not None and cpu.flops_per_s == pytest.approx(1.5 * T)
 
 
-def test_peak_flops_rejects_bad_arguments() -> None:
+def test_peak_for_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="precision"):
-        peak_flops("NVIDIA H100 80GB HBM3", "fp8")
+        peak_for("NVIDIA H100 80GB HBM3", "fp8")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="override"):
-        peak_flops("NVIDIA H100 80GB HBM3", "bf16", override_tflops=0.0)
+        peak_for("NVIDIA H100 80GB HBM3", "bf16", override_tflops=0.0)
 
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")

@@ -19,16 +19,18 @@ from conftest import REPO
 PACKAGE = REPO / "workflow" / "scalerepro"
 MODULES = sorted(".".join(path.relative_to(REPO / "workflow").with_suffix("").parts).removesuffix(".__init__") for path in PACKAGE.rglob("*.py"))
 # The sides, lowest first: a module may import its own side and the sides below it, never one
-# above (docs/architecture.md). The analysis side stands apart: it imports only `common`, and no side
-# imports it (the two sides of a run meet in the record, never in code).
-LAYERS = ("common", "trainer_flags", "schedulers", "telemetry", "models", "data", "parallel", "training", "launching", "planning")
-APART = {"analysis": {"common", "analysis"}}
+# above (docs/architecture.md). The analysis side stands apart: it imports only `common` and the
+# record's model, `record`, and no side imports it (the two sides of a run meet in the record's
+# model, never in each other's code).
+LAYERS = ("common", "record", "trainer_flags", "schedulers", "telemetry", "models", "data", "parallel", "training", "launching", "planning")
+APART = {"analysis": {"common", "record", "analysis"}}
 # What needs no torch: the workflow's planning and launching, the analysis, and what they import.
 TORCH_FREE = (
     "scalerepro.planning",
     "scalerepro.launching",
     "scalerepro.analysis",
     "scalerepro.common",
+    "scalerepro.record",
     "scalerepro.schedulers",
     "scalerepro.trainer_flags",
     "scalerepro.data.fetch",

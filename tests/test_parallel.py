@@ -233,7 +233,7 @@ def test_trainer_runs_fsdp_on_two_ranks_and_records_ok(tmp_path):
     assert record["measurements"]["measured_steps"] == 3
     assert record["measurements"]["exposed_communication"]["fraction"] is None  # not DDP: not measured, not 0
     sharding = record["measurements"]["sharding"]
-    assert sharding["strategy"] == "fsdp" and sharding["mesh"] == {"shape": [2], "dims": ["dp"]}
+    assert record["parallel"]["strategy"] == "fsdp" and sharding["mesh"] == {"shape": [2], "dims": ["dp"]}
     assert sharding["comm_bytes_per_step_analytic"]["reduce_scatter"] > 0
     losses = [entry["loss"] for entry in record["loss_log"]]
     assert all(loss == loss for loss in losses) and len(losses) == 2
@@ -442,7 +442,7 @@ def test_trainer_tensor_parallel_reaches_the_weights_of_ddp_on_the_data_parallel
     record = load_record(tmp_path / "tp.json")
     if strategy == "tp":
         assert record["knobs"]["optimizer_impl"] == "for-loop" and "optimizer_impl" not in record["knobs"]["preset_overrides"]
-    assert record["batch"]["global"] == load_record(tmp_path / "ref.json")["batch"]["global"]
+    assert record["batch"]["global_batch"] == load_record(tmp_path / "ref.json")["batch"]["global_batch"]
     comm = record["measurements"]["sharding"]["comm_bytes_per_step_analytic"]
     assert comm["tp_all_gather"] > comm["tp_reduce_scatter"] > 0 and ("dp_reduce_scatter" in comm) == (strategy == "fsdp+tp")
     assert_same_weights(_final_sharded_weights(tmp_path / "tp", world=world, split_qkv=True), last_checkpoint_model(tmp_path / "ref"))
@@ -477,7 +477,7 @@ def test_trainer_pipeline_reaches_the_weights_of_one_process(tmp_path, schedule)
     result = launch_ranks(2, [*pp, "--checkpoint-dir", str(tmp_path / "pp"), "--record", str(tmp_path / "pp.json")], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     record, expected_record = load_record(tmp_path / "pp.json"), load_record(tmp_path / "ref.json")
-    assert record["status"] == "ok" and record["batch"]["global"] == expected_record["batch"]["global"]
+    assert record["status"] == "ok" and record["batch"]["global_batch"] == expected_record["batch"]["global_batch"]
     assert record["measurements"]["measured_samples"] == expected_record["measurements"]["measured_samples"]
     sharding = record["measurements"]["sharding"]
     assert sharding["pipeline_bubble_fraction"] == pytest.approx(1 / 3)  # (2 - 1) / (2 + 2 - 1)
@@ -510,7 +510,7 @@ def test_trainer_fsdp_checkpoint_of_2_ranks_resumes_on_4(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {tmp_path / 'stopped'}/step-{stopped:08d}.dcp" in resumed.stdout + resumed.stderr
     record = load_record(tmp_path / "r.json")
-    assert record["status"] == "ok" and record["parallel"]["world_size"] == 4 and record["batch"]["global"] == 8
+    assert record["status"] == "ok" and record["parallel"]["world_size"] == 4 and record["batch"]["global_batch"] == 8
     assert_same_weights(_final_sharded_weights(tmp_path / "stopped", world=4), _final_sharded_weights(tmp_path / "straight"))
 
 

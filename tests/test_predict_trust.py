@@ -56,7 +56,7 @@ def _set(*path_and_value: Any) -> Callable[[dict[str, Any]], None]:
 
 def _on_a_cpu(record: dict[str, Any]) -> None:
     record["parallel"]["device_type"] = "cpu"
-    record["hardware"]["gpu"] = None
+    record["hardware"]["gpu"].update(name=None, count=0, memory_bytes=None)  # as the trainer writes it on a CPU
 
 
 # (id, the one field changed, the preset, what the one line of refusal says)

@@ -161,5 +161,5 @@ def test_the_trainer_runs_a_padded_stem(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     record = load_record(record_path)
     assert record["status"] == "ok" and record["steps"]["completed"] == 3
-    assert record["config"]["model"]["stem_channels"] == 4 and record["model"]["shape"]["stem_channels"] == 4
+    assert record["config"]["model"]["stem_channels"] == 4 and record["knobs"]["stem_channels"] == 4
     assert record["model"]["num_parameters"] == resolve("resnet18_cifar").num_parameters  # the plain model's count

@@ -1147,6 +1147,44 @@ def test_a_bundle_of_stored_records_under_another_study_id_is_refused(exported, 
     assert history.read_bytes() == before_bytes and _dump(history) == before
 
 
+# The README's default study as the workflow wrote it (tests/fixtures/studies/README.md): six of its
+# rows read another cell's run (record_of), the ablation's "all" a sensitivity cell's, the weak
+# study's largest count the strong one's.
+README_STUDY = REPO / "tests/fixtures/studies/cpu-readme-243d324"
+
+
+def test_the_readme_study_round_trips_through_a_bundle_rows_that_reuse_a_record_included(tmp_path):
+    """`bundle export` of the README's study failed on its first row that reads another row's record:
+    "results/runs/ablation_cnn_g2_all_r1/record.json is not the record the store holds" (it looked
+    for a record of the row's own run id). Exported and imported, the study is the same rows and
+    the same records in the other store and in the files unpacked."""
+    study = tmp_path / "study"
+    shutil.copytree(README_STUDY, study / "results")
+    reused = pd.read_csv(study / "results/tables/matrix.csv", keep_default_na=False).query("record_of != ''")
+    assert len(reused) == 6  # the case: rows whose record is another run's
+    flags = ("--references", str(REPO / "config/references.yaml"), "--templates", str(REPO / "report"))
+    rebuilt = _python("-m", "scalerepro.analysis.rebuild", "--results", "results", *flags, cwd=study, timeout=300)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+    history = tmp_path / "history.duckdb"
+    receipt = _appended(study, history)
+    out = tmp_path / "readme.zip"
+    exported = _python("-m", "scalerepro.analysis.history.bundle", "export", "--out", str(out), "--store", str(history), "--workflow", str(REPO), cwd=study)
+    assert exported.returncode == 0, exported.stderr
+    other, unpacked = tmp_path / "other.duckdb", tmp_path / "unpacked"
+    imported = _python("-m", "scalerepro.analysis.history.bundle", "import", str(out), "--store", str(other), "--extract", str(unpacked))
+    assert imported.returncode == 0, imported.stderr
+    with contextlib.closing(store_file.connect(history, read_only=True)) as first, contextlib.closing(store_file.connect(other, read_only=True)) as second:
+        sent, received = store.load_study(first, receipt["study_id"]), store.load_study(second, receipt["study_id"])
+    assert received.row == sent.row and received.runs == sent.runs
+    for run in received.runs:
+        if run["record_of"]:  # a row that reads another run's record carries that record, unpacked once beside the study's own
+            owner = next(row for row in received.runs if row["run_id"] == run["record_of"])
+            assert run["record"] == owner["record"] is not None
+        if run["record"] is not None:
+            path = unpacked / "results/runs" / (run["record_of"] or run["run_id"]) / "record.json"
+            assert path.read_text() == run["record"] == (study / "results/runs" / (run["record_of"] or run["run_id"]) / "record.json").read_text()
+
+
 # --------------------------------------------------------------------------------------------
 # The report's history section
 # --------------------------------------------------------------------------------------------

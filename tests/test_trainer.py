@@ -15,10 +15,11 @@ import pandas as pd
 import pytest
 import torch
 
-from scalerepro.analysis import evidence
 from scalerepro.analysis.tables import cell_tables, readers
 from scalerepro.common import cpu_features
 from scalerepro.common.exits import EXIT_PREEMPTED
+from scalerepro.record import evidence
+from scalerepro.record.read import from_document
 from scalerepro.trainer_flags import TrainConfig, parse_args
 from scalerepro.training import buckets, checkpoint_store, distributed, probes, run_setup, run_state
 from scalerepro.training.stop_request import StopRequest
@@ -115,7 +116,7 @@ def test_record_figures_follow_their_formulas(tmp_path):
     assert main(small_run(tmp_path, "--model", "cnn", "--grad-accum-steps", "2")) == 0
     r = load_record(tmp_path / "run.json")
     m = r["measurements"]
-    assert r["batch"] == {"per_gpu": 16, "grad_accum_steps": 2, "global": 32}
+    assert r["batch"] == {"micro_batch": 16, "grad_accum_steps": 2, "samples_per_gpu_step": 32.0, "global_batch": 32}
     assert m["measured_samples"] == m["measured_steps"] * 32 == 10 * 32
     assert m["samples_per_s"] == pytest.approx(m["measured_samples"] / m["window_s"])
     assert m["step_time_s"]["p10"] <= m["step_time_s"]["median"] <= m["step_time_s"]["p90"]
@@ -123,7 +124,7 @@ def test_record_figures_follow_their_formulas(tmp_path):
     assert r["steps"]["per_epoch"] == 1024 // (16 * 2)
     assert m["achieved_flops"] == pytest.approx(r["model"]["train_flops_per_sample"] * m["samples_per_s"])
     # No GPU here: nothing may be invented.
-    assert m["mfu"] is None and "no GPU" in m["peak_flops_source"]
+    assert m["mfu"] is None and m["peak"] is None and "no GPU" in m["peak_reason"]
     assert m["nvml"]["available"] is False and m["nvml"]["reason"] and m["energy_per_sample_j"] is None
     assert m["energy_per_sample_net_j"] is None and m["nvml"]["idle_power_w"] is None
     assert m["memory"]["rss_bytes_max"] > 0 and m["memory"]["allocated_bytes_max"] is None
@@ -133,13 +134,13 @@ def test_record_figures_follow_their_formulas(tmp_path):
     assert r["status"] == "ok" and r["git"].keys() >= {"commit", "dirty"}
     assert m["data_wait_clock"] == "host" and r["purpose"] == "measurement"
     # the analysis holds a record's figures against each other by the same formulas: a real record agrees
-    assert evidence.record_problems(r) == [] and evidence.schema_problem(r) is None
+    assert evidence.problems(from_document(r).record) == []
 
 
 def test_a_smoke_run_says_so_in_its_record(tmp_path):
     assert main(small_run(tmp_path, "--model", "cnn", "--purpose", "smoke", steps=4)) == 0
     record = load_record(tmp_path / "run.json")
-    assert record["purpose"] == "smoke" and evidence.record_purpose(record) == ("smoke", "stated by the record")
+    assert record["purpose"] == "smoke" and from_document(record).purpose_basis == "stated by the record"
 
 
 # The first batch a DataLoader worker serves comes a second late: a warm-up wait longer than any
@@ -193,6 +194,7 @@ def test_peak_flops_override_gives_mfu(tmp_path):
     assert main(small_run(tmp_path, "--model", "cnn", "--peak-tflops", "0.5")) == 0
     m = load_record(tmp_path / "run.json")["measurements"]
     assert m["mfu"] == pytest.approx(m["achieved_flops"] / 0.5e12)
+    assert m["peak"]["basis"] == "user override" and m["peak"]["flops_per_s"] == 0.5e12 and m["peak"]["clock_mhz"] is None
 
 
 @pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
@@ -203,7 +205,7 @@ def test_precisions_run(precision, tmp_path):
     argv = small_run(tmp_path, "--model", "cnn", "--precision", precision, "--channels-last", "--eval-samples", "16", "--bucket-probe-steps", "0", steps=4)
     assert main(argv) == 0
     record = load_record(tmp_path / "run.json")
-    assert record["precision"] == precision and record["knobs"]["channels_last"] is True
+    assert record["precision"]["name"] == precision and record["knobs"]["channels_last"] is True
 
 
 @pytest.mark.parametrize("schedule", ["onecycle", "constant"])
@@ -443,7 +445,7 @@ def test_the_optimised_preset_resolves_once_explicit_flags_win_and_the_record_sa
     from scalerepro.common import cpu_features
 
     native, why = cpu_features.native_bf16()
-    assert record["precision"] == ("bf16" if native else "fp32") and knobs["compile"] == "none", why
+    assert record["precision"]["name"] == ("bf16" if native else "fp32") and knobs["compile"] == "none", why
     assert knobs["channels_last"] and knobs["cudnn_benchmark"]
     assert knobs["loader"] == "device" and knobs["optimizer_impl"] == "fused"
     assert record["config"]["perf"]["preset"] == "optimised"
@@ -487,12 +489,12 @@ def test_the_optimised_preset_trains_fp32_on_a_cpu_that_would_emulate_bf16_and_t
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
     assert main(small_run(tmp_path, "--model", "cnn", "--preset", "optimised", "--compile", "none", "--device", device, steps=6)) == 0
     record = load_record(tmp_path / "run.json")
-    assert record["precision"] == "fp32" and record["knobs"]["preset_overrides"] == {"compile": "none"}
+    assert record["precision"]["name"] == "fp32" and record["knobs"]["preset_overrides"] == {"compile": "none"}
     assert record["config"]["parallel"]["device"] == "cpu"
     # the reason is this CPU's: the cap where the CPU has bf16 (hidden by it), its missing flags where not
     has_bf16_flags = bool(cpu_features.cpu_flags(Path("/proc/cpuinfo").read_text()) & {"avx512_bf16", "amx_bf16"})
     why = "ONEDNN_MAX_CPU_ISA=AVX512_CORE keeps oneDNN below AVX512_CORE_BF16" if has_bf16_flags else "this CPU has no native bf16"
-    assert why in record["knobs"]["precision_reason"] and cpu_features.native_bf16()[1] in record["knobs"]["precision_reason"]
+    assert why in record["precision"]["reason"] and cpu_features.native_bf16()[1] in record["precision"]["reason"]
     assert (
         main(
             small_run(tmp_path, "--model", "cnn", "--preset", "optimised", "--compile", "none", "--device", device, "--precision", "bf16", steps=6, name="bf16")
@@ -500,8 +502,8 @@ def test_the_optimised_preset_trains_fp32_on_a_cpu_that_would_emulate_bf16_and_t
         == 0
     )
     lever = load_record(tmp_path / "bf16.json")
-    assert lever["precision"] == "bf16" and lever["knobs"]["preset_overrides"] == {"compile": "none", "precision": "bf16"}
-    assert lever["knobs"]["precision_reason"].startswith("bf16 (given explicitly)") and "slower than fp32" in lever["knobs"]["precision_reason"]
+    assert lever["precision"]["name"] == "bf16" and lever["knobs"]["preset_overrides"] == {"compile": "none", "precision": "bf16"}
+    assert lever["precision"]["reason"].startswith("bf16 (given explicitly)") and "slower than fp32" in lever["precision"]["reason"]
     # the analysis reads the reason, and the ablation's bf16 row says why it loses against fp32
     matrix = pd.DataFrame(
         [
@@ -664,8 +666,8 @@ def test_the_bucket_probe_runs_the_trainers_step_and_leaves_the_run_as_it_was(tm
         assert trainer.fit().status == "ok"
     finally:
         stop.restore()
-    profile = trainer.results()["backward_buckets"]
-    assert profile["reason"] is None and profile["steps"] == 3 and len(profile["buckets"]) >= 2, profile
+    profile = trainer.results().backward_buckets
+    assert profile is not None and profile.reason is None and profile.steps == 3 and len(profile.buckets) >= 2, profile
     # the warm-up step and 3 timed ones, all the trainer's step, all marked by one recorder
     marks = {id(m) for m, _ in probe_steps}
     assert len(probe_steps) == 4 and len(marks) == 1 and isinstance(probe_steps[0][0], buckets.PhaseRecorder)

@@ -78,11 +78,11 @@ def test_the_whole_dag_ran_and_every_record_is_valid(study):
     assert strong2["parallel"]["world_size"] == 2 and strong2["parallel"]["backend"] == "gloo"
     # strong scaling: one global batch (per-GPU batch 16 x the largest count, 2) at every count;
     # one GPU runs it as 2 accumulated micro-batches of 16
-    assert strong2["batch"]["global"] == records["strong_cnn_g1_r1"]["batch"]["global"] == 32
+    assert strong2["batch"]["global_batch"] == records["strong_cnn_g1_r1"]["batch"]["global_batch"] == 32
     assert records["strong_cnn_g1_r1"]["batch"]["grad_accum_steps"] == 2 and strong2["batch"]["grad_accum_steps"] == 1
     assert strong2["data"]["kind"] == "cifar10" and strong2["data"]["train_samples"] == 500
     weak2 = records["weak_cnn_g2_r1"]
-    assert weak2["data"]["kind"] == "synthetic" and weak2["data"]["train_samples"] == 512 and weak2["batch"]["per_gpu"] == 16
+    assert weak2["data"]["kind"] == "synthetic" and weak2["data"]["train_samples"] == 512 and weak2["batch"]["micro_batch"] == 16
     assert records["ablation_cnn_g2_all_r1"]["knobs"]["loader"] == "device"
     assert records["ablation_cnn_g2_all_r1"]["knobs"]["optimizer_impl"] == "fused"
     assert records["sensitivity_cnn_g2_bucket1-batch16-bf16_r1"]["knobs"]["bucket_cap_mb"] == 1.0
@@ -156,7 +156,7 @@ def test_tables_match_the_records(study):
         assert runs.loc[run_id, "samples_per_s"] == pytest.approx(record["measurements"]["samples_per_s"])
         assert runs.loc[run_id, "status"] == record["status"]
         # The matrix's precision is the trainer's, preset included (the cells run --preset optimised).
-        assert runs.loc[run_id, "precision"] == record["precision"], run_id
+        assert runs.loc[run_id, "precision"] == record["precision"]["name"], run_id
     scaling = pd.read_csv(study / "results/tables/scaling.csv")
     for (kind, gpus), cell in scaling.groupby(["study", "gpus"]):
         values = [records[f"{kind}_cnn_g{gpus}_r{k}"]["measurements"]["samples_per_s"] for k in (1, 2)]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from scalerepro.common import gpu_peaks
-from scalerepro.telemetry import hardware
+from scalerepro.record.peak import peak_for
 from scalerepro.telemetry.nvml import NvmlSampler, nvml_uuid_for_torch_device
 
 H100_SXM_NAME = "NVIDIA H100 80GB HBM3"  # what torch and NVML call the SXM part
@@ -21,9 +21,12 @@ bad: list[str] = []
 cuda = torch.cuda.is_available()
 name = torch.cuda.get_device_name(0) if cuda else H100_SXM_NAME
 print(f"torch {torch.__version__} cuda {torch.version.cuda} cudnn {torch.backends.cudnn.version()} nccl {torch.cuda.nccl.version() if cuda else None}")
-bf16, source = hardware.peak_flops(name, "bf16")
+bf16, fp32 = peak_for(name, "bf16")[0], peak_for(name, "fp32")[0]
 where = "" if cuda else " (no CUDA here: the H100 SXM name from issue 11)"
-print(f"device {name!r}{where} -> peak table {gpu_peaks.gpu_model(name)!r}: bf16 {bf16} ({source[:60]}...) fp32 {hardware.peak_flops(name, 'fp32')[0]}")
+print(
+    f"device {name!r}{where} -> peak table {gpu_peaks.gpu_model(name)!r}: "
+    + ", ".join(f"{p.precision} {p.flops_per_s:.4g} FLOP/s at {p.clock_mhz} MHz" for p in (bf16, fp32) if p is not None)
+)
 if "H100" in name and gpu_peaks.gpu_model(name) != "H100 SXM5":
     bad.append("the peak table did not pick H100 SXM5")
 if not cuda:

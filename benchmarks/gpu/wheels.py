@@ -1,5 +1,5 @@
 """Download, into .whl/, the wheels the GPU machine lacks for the workflow (Snakemake and what it
-needs, jsonschema for the run-record schema): each package of those requirements' closure that
+needs, pydantic for the run record's model): each package of those requirements' closure that
 is installed here and not in device_packages.txt, at the version installed here (the one the
 test suite ran with), for CPython 3.12 on manylinux x86-64. A package published as an sdist
 only is built into a wheel here (they are pure Python). Run from the repository root, where the
@@ -18,7 +18,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOTS = ("snakemake", "jsonschema", "duckdb")  # duckdb: the store rule (results/history.duckdb)
+# duckdb: the store rule (results/history.duckdb); pydantic: the run record's model (scalerepro.record)
+ROOTS = ("snakemake", "jsonschema", "duckdb", "pydantic")
 DEVICE_PYTHON = {
     "python_version": "3.12",
     "python_full_version": "3.12.3",

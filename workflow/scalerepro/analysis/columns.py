@@ -9,11 +9,13 @@ the store's own files in ``history``, the columns a check may read in ``tables.c
 module that reads a few columns of a table (the report, the plots, the store) names each where
 it reads it, as a string.
 
-Nothing is imported here: the workflow reads ``AGGREGATE_TABLES`` when it parses, where pandas
-need not be installed.
+Nothing but the record's own columns is imported here: the workflow reads ``AGGREGATE_TABLES``
+when it parses, where pandas need not be installed.
 """
 
 from __future__ import annotations
+
+from scalerepro.record import columns as record_columns
 
 # The tables the aggregation writes (results/tables/<name>.csv, with summary.json): the rule's
 # outputs, what a bundle must hold.
@@ -64,239 +66,24 @@ OPTIONAL_MATRIX_COLUMNS = {
     "purpose": "measurement",
     # the run whose record a row reads where another cell runs the same trainer run ("": its own)
     "record_of": "",
+    # the planned cell the run repeats ("": the run id less its _r<repeat>, as older matrices name runs)
+    "cell": "",
 }
 RUN_STATUSES = ("ok", "failed", "preempted", "missing")
 
-# runs.csv column <- path of the value in a run record.
-RECORD_FIELDS: dict[str, tuple[str, ...]] = {
-    "status": ("status",),
-    "stop_signal": ("stop_signal",),
-    "samples_per_s": ("measurements", "samples_per_s"),
-    "tokens_per_s": ("measurements", "tokens_per_s"),
-    "step_time_median_s": ("measurements", "step_time_s", "median"),
-    "step_time_p10_s": ("measurements", "step_time_s", "p10"),
-    "step_time_p90_s": ("measurements", "step_time_s", "p90"),
-    "epoch_time_s": ("measurements", "epoch_time_s"),
-    "window_s": ("measurements", "window_s"),
-    "mfu": ("measurements", "mfu"),
-    "exposed_comm_fraction": ("measurements", "exposed_communication", "fraction"),
-    "data_stall_fraction": ("measurements", "data_stall_fraction"),
-    # the loss against ideal, part by part (scalerepro.analysis.tables.loss_decomposition)
-    "measured_steps": ("measurements", "measured_steps"),
-    "data_wait_s": ("measurements", "data_wait_s"),
-    "sync_step_s": ("measurements", "exposed_communication", "sync_step_s"),
-    "nosync_step_s": ("measurements", "exposed_communication", "nosync_step_s"),
-    "nosync_rank_mean_s": ("measurements", "exposed_communication", "nosync_rank_mean_s"),
-    "straggler_wait_s": ("measurements", "exposed_communication", "straggler_wait_s"),
-    "sync_compute_rank_mean_s": ("measurements", "exposed_communication", "sync_compute_rank_mean_s"),
-    "overlap_cost_se_s": ("measurements", "exposed_communication", "overlap_cost_se_s"),
-    "exposed_comm_reason": ("measurements", "exposed_communication", "reason"),
-    # the window's own steps split on every rank (scalerepro.training.allreduce_timing)
-    "window_compute_rank_mean_s": ("measurements", "window_split", "compute_rank_mean_s"),
-    "window_exposed_wait_s": ("measurements", "window_split", "exposed_allreduce_wait_s"),
-    "window_straggler_wait_s": ("measurements", "window_split", "straggler_wait_s"),
-    "window_data_wait_rank_mean_s": ("measurements", "window_split", "data_wait_rank_mean_s"),
-    "window_split_reason": ("measurements", "window_split", "reason"),
-    "gpu_util_mean_pct": ("measurements", "nvml", "gpu_util_mean_pct"),
-    "power_mean_w": ("measurements", "nvml", "power_mean_w"),
-    "energy_j": ("measurements", "nvml", "energy_j"),
-    "energy_per_sample_j": ("measurements", "energy_per_sample_j"),
-    "energy_per_sample_net_j": ("measurements", "energy_per_sample_net_j"),
-    "idle_power_w": ("measurements", "nvml", "idle_power_w"),
-    "nvml_reason": ("measurements", "nvml", "reason"),
-    "device_type": ("parallel", "device_type"),
-    "world_size_recorded": ("parallel", "world_size"),
-    "nodes_recorded": ("parallel", "nodes"),
-    "scheduler_job_id": ("scheduler", "job_id"),  # the batch job (any scheduler; the name is the store's column)
-    "git_commit": ("git", "commit"),
-    "git_dirty": ("git", "dirty"),
-    "torch_version": ("versions", "torch"),
-    "started_at": ("started_at",),
-    "ended_at": ("ended_at",),
-    # the conditions a run ran under, as its record says (the comparison sets them beside a reference's)
-    "precision_recorded": ("precision",),
-    "per_gpu_batch_recorded": ("batch", "per_gpu"),
-    "grad_accum_recorded": ("batch", "grad_accum_steps"),
-    "tokens_per_sample": ("model", "tokens_per_sample"),
-    "channels_last": ("knobs", "channels_last"),
-    "data_kind": ("data", "kind"),
-    "optimizer_kind": ("optimizer", "kind"),
-    "compile_mode": ("knobs", "compile"),
-    # the other levers a record states (a gap walk pairs runs that differ in one lever only, so each is a column)
-    "loader": ("knobs", "loader"),
-    "optimizer_impl": ("knobs", "optimizer_impl"),
-    "cudnn_benchmark": ("knobs", "cudnn_benchmark"),
-    # on a CPU: why the run trained at its precision (bf16 is native on some CPUs, emulated on others)
-    "precision_reason": ("knobs", "precision_reason"),
-    # why mfu is empty, when it is (e.g. no peak FLOP/s tabulated for a CPU)
-    "peak_flops_source": ("measurements", "peak_flops_source"),
-    # what MFU is against (the dense peak per GPU) and the memory of the card it ran on
-    "peak_flops_per_device": ("measurements", "peak_flops_per_device"),
-    "gpu_memory_bytes": ("hardware", "gpu", "memory_bytes"),
-    # sharded runs (--parallel fsdp, tp, fsdp+tp, pp): measurements.sharding, null under ddp
-    "state_bytes_per_rank_max": ("measurements", "sharding", "state_bytes_per_rank_max"),
-    "state_bytes_per_rank_min": ("measurements", "sharding", "state_bytes_per_rank_min"),
-    "comm_reason": ("measurements", "sharding", "comm_reason"),
-    "pipeline_bubble_fraction": ("measurements", "sharding", "pipeline_bubble_fraction"),
-    "activations_reason": ("measurements", "memory_split", "activations_reason"),
-    "reshard_after_forward": ("measurements", "sharding", "reshard_after_forward"),
-    # the model's shape (a figure of ResNet-50 at 224 px is not one at 64 px)
-    "image_size": ("model", "shape", "image_size"),
-    "seq_len": ("model", "shape", "seq_len"),
-    # the card and host, and the clocks and power the card held over the window (NVML)
-    "gpu_uuid": ("hardware", "gpu", "uuid"),
-    "gpu_driver": ("hardware", "gpu", "driver_version"),
-    "cpu_model": ("hardware", "cpu_model"),
-    "backend": ("parallel", "backend"),
-    "usable_cpus": ("hardware", "usable_cpus"),
-    "sm_clock_mean_mhz": ("measurements", "nvml", "sm_clock_mean_mhz"),
-    "sm_clock_min_mhz": ("measurements", "nvml", "sm_clock_min_mhz"),
-    "sm_clock_max_mhz": ("measurements", "nvml", "sm_clock_max_mhz"),
-    "sm_clock_max_supported_mhz": ("measurements", "nvml", "sm_clock_max_supported_mhz"),
-    "power_limit_w": ("measurements", "nvml", "power_limit_w"),
-    "temperature_max_c": ("measurements", "nvml", "temperature_max_c"),
-    "data_wait_clock": ("measurements", "data_wait_clock"),
-    "schema_version": ("schema_version",),
-}
-# The columns read_record gives: those above and the ones it derives.
-RECORD_COLUMNS = (
-    "run_id",
-    *RECORD_FIELDS,
-    "error",
-    "peak_memory_bytes",
-    "peak_memory_kind",
-    "final_train_loss",
-    "final_eval_loss",
-    "final_eval_accuracy",
-    "device_name",
-    "parallel_recorded",
-    "mesh",
-    "comm_bytes_per_step",
-    "comm_by_collective",
-    "params_bytes_per_rank",
-    "grads_bytes_per_rank",
-    "optimizer_bytes_per_rank",
-    "activations_bytes_per_rank",
-    "hostname",
-    "purpose_recorded",
-    "purpose_basis",
-    "clock_event_reasons",
-    "compile_scope",
-    "attention_backend",
-    "stem_channels",
-    "withheld",
-    "consistency",
-)
+# The columns a record gives (scalerepro.record.columns: the model's), and the ones the reader adds.
+RECORD_COLUMNS = ("run_id", *record_columns.RECORD_ROW, "schema_version", "purpose_basis", "withheld", "consistency")
+# runs.csv: the plan, whether the run counts (readers.read_runs), then what its record gives.
 RUN_COLUMNS = (
     *MATRIX_COLUMNS,
     *OPTIONAL_MATRIX_COLUMNS,
-    "status",
-    "error",
-    "stop_signal",
     "consistent",
     "counts",
-    "samples_per_s",
-    "tokens_per_s",
-    "step_time_median_s",
-    "step_time_p10_s",
-    "step_time_p90_s",
-    "epoch_time_s",
-    "window_s",
-    "mfu",
-    "exposed_comm_fraction",
-    "data_stall_fraction",
-    "measured_steps",
-    "data_wait_s",
-    "sync_step_s",
-    "nosync_step_s",
-    "nosync_rank_mean_s",
-    "straggler_wait_s",
-    "sync_compute_rank_mean_s",
-    "window_compute_rank_mean_s",
-    "window_exposed_wait_s",
-    "window_straggler_wait_s",
-    "window_data_wait_rank_mean_s",
-    "window_split_reason",
-    "overlap_cost_se_s",
-    "exposed_comm_reason",
     # the run whose probe gave its overlap cost: its own, or its cell's repeat 1 where its probe
     # was off by plan (readers.cell_probes)
     "probe_of",
-    "gpu_util_mean_pct",
-    "power_mean_w",
-    "energy_j",
-    "energy_per_sample_j",
-    "energy_per_sample_net_j",
-    "idle_power_w",
-    "nvml_reason",
-    "peak_memory_bytes",
-    "peak_memory_kind",
-    "final_train_loss",
-    "final_eval_loss",
-    "final_eval_accuracy",
     "duration_s",
-    "device_type",
-    "device_name",
-    "world_size_recorded",
-    "nodes_recorded",
-    "scheduler_job_id",
-    "git_commit",
-    "git_dirty",
-    "torch_version",
-    "started_at",
-    "precision_recorded",
-    "per_gpu_batch_recorded",
-    "grad_accum_recorded",
-    "tokens_per_sample",
-    "channels_last",
-    "data_kind",
-    "optimizer_kind",
-    "compile_mode",
-    "precision_reason",
-    "peak_flops_source",
-    "loader",
-    "optimizer_impl",
-    "cudnn_benchmark",
-    "compile_scope",
-    "attention_backend",
-    "stem_channels",
-    "peak_flops_per_device",
-    "gpu_memory_bytes",
-    "parallel_recorded",
-    "mesh",
-    "reshard_after_forward",
-    "state_bytes_per_rank_max",
-    "state_bytes_per_rank_min",
-    "comm_bytes_per_step",
-    "comm_by_collective",
-    "comm_reason",
-    "pipeline_bubble_fraction",
-    "params_bytes_per_rank",
-    "grads_bytes_per_rank",
-    "optimizer_bytes_per_rank",
-    "activations_bytes_per_rank",
-    "activations_reason",
-    "consistency",
-    "withheld",
-    "purpose_recorded",
-    "purpose_basis",
-    "image_size",
-    "seq_len",
-    "hostname",
-    "gpu_uuid",
-    "gpu_driver",
-    "cpu_model",
-    "backend",
-    "usable_cpus",
-    "sm_clock_mean_mhz",
-    "sm_clock_min_mhz",
-    "sm_clock_max_mhz",
-    "sm_clock_max_supported_mhz",
-    "power_limit_w",
-    "temperature_max_c",
-    "clock_event_reasons",
-    "data_wait_clock",
-    "schema_version",
+    *RECORD_COLUMNS[1:],
 )
 EPOCH_COLUMNS = ("run_id", "epoch", "step", "complete", "train_loss", "eval_loss", "eval_accuracy")
 LOSS_COLUMNS = ("run_id", "step", "loss", "samples_per_s")
@@ -370,13 +157,6 @@ ABLATION_COLUMNS = (
     "gain_ci_high",
     "note",
 )
-# runs.csv column -> the key of measurements.memory_split.per_rank it is the largest over the ranks of
-MEMORY_SPLIT = {
-    "params_bytes_per_rank": "parameters",
-    "grads_bytes_per_rank": "gradients",
-    "optimizer_bytes_per_rank": "optimizer_state",
-    "activations_bytes_per_rank": "activations",
-}
 # A parallelism cell: a model under one --parallel strategy at one GPU count (its batch follows).
 PARALLELISM_KEYS = ("model", "gpus", "nodes", "parallel", "variant", "data_parallel", "per_gpu_batch", "global_batch")
 # The sharding figures of a record (measurements.sharding), medians over a cell's counted repeats.
@@ -385,7 +165,7 @@ SHARDING_FIGURES = (
     "state_bytes_per_rank_min",
     "comm_bytes_per_step",
     "pipeline_bubble_fraction",
-    *MEMORY_SPLIT,
+    *record_columns.MEMORY_SPLIT,
 )
 PARALLELISM_COLUMNS = (
     *PARALLELISM_KEYS,

@@ -25,8 +25,8 @@ its regime; a strong row whose micro-batch shrinks is an upper bound on the effi
 curve here: compute proportional to the micro-batch).
 
 A record is a claim: ``--record`` replays only a completed one-GPU step that is evidence (its
-status ok, its figures inside ``evidence.FIGURE_BOUNDS`` and agreeing as the aggregation asks:
-``tables.readers.read_record``), measured on a GPU (not a CPU), one rank (``parallel.world_size``
+status ok, its figures inside their bounds and agreeing as the aggregation asks:
+``scalerepro.record.read``), measured on a GPU (not a CPU), one rank (``parallel.world_size``
 and ``parallel.gpus`` 1: more ranks' step holds their all-reduce already). The output names the
 GPU the step was measured on; one other than the preset's (``gpu_peaks.peaks_key`` of each name)
 is refused unless ``--other-gpu`` says to replay it as if its compute were unchanged (the model
@@ -45,12 +45,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalerepro.analysis.evidence import dig, read_json_document
-from scalerepro.analysis.tables import model_inputs, network_model, prediction_error, readers, scaling_model, step_model
+from scalerepro.analysis.tables import model_inputs, network_model, prediction_error, scaling_model, step_model
+from scalerepro.common import study_layout
 from scalerepro.common.cli import COUNT, CommandError, OneLineErrorParser, bounded_float, bounded_int, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.gpu_peaks import peaks_key
 from scalerepro.common.references import load_optional_references
+from scalerepro.record.read import Reading, read
 
 DEFAULT_REFERENCES = Path("config/references.yaml")
 PREDICT_COLUMNS = (
@@ -93,53 +94,46 @@ class OneGpuInput:
     device: str | None = None  # the GPU a record's step was measured on (hardware.gpu.name)
 
 
-# Where a record says how many ranks ran: each must be 1 for one GPU's step.
-RANK_COUNTS = (("parallel", "world_size"), ("parallel", "gpus"))
 _GIVE = "give the record of a completed one-GPU run"
 
 
-def one_gpu_record(path: Path) -> dict:
+def one_gpu_record(path: Path) -> Reading:
     """The record at ``path``, once it says it is a completed run of one rank on one GPU, named;
     a PredictError naming what it is instead. Its figures are checked after its profile is read."""
-    document = read_json_document(path)
-    status = document.get("status")
-    if status != "ok":
-        raise PredictError(f"{path}: the record's status is {status!r}, not 'ok': a run that did not complete is no step to replay; {_GIVE}")
-    if dig(document, RANK_COUNTS[0]) is None:
+    reading = read(path)
+    record = reading.record
+    if record.status != "ok":
+        raise PredictError(f"{path}: the record's status is {record.status!r}, not 'ok': a run that did not complete is no step to replay; {_GIVE}")
+    parallel = record.parallel
+    if parallel.world_size is None:
         raise PredictError(f"{path}: the record does not say how many ranks ran (parallel.world_size); {_GIVE}")
-    for where in RANK_COUNTS:
-        count = dig(document, where)
+    for where, count in (("parallel.world_size", parallel.world_size), ("parallel.gpus", parallel.gpus)):
         if count is not None and count != 1:
             raise PredictError(
-                f"{path}: the record is of {count!r} ranks ({'.'.join(where)} {count!r}), not one GPU's step: its step holds their all-reduce already; {_GIVE}"
+                f"{path}: the record is of {count!r} ranks ({where} {count!r}), not one GPU's step: its step holds their all-reduce already; {_GIVE}"
             )
-    device_type = dig(document, ("parallel", "device_type"))
-    if device_type != "cuda":
+    if parallel.device_type != "cuda":
         raise PredictError(
-            f"{path}: the step was measured on {device_type!r} (parallel.device_type), not a GPU: its step says nothing of a GPU cluster's; {_GIVE}"
+            f"{path}: the step was measured on {parallel.device_type!r} (parallel.device_type), not a GPU: its step says nothing of a GPU cluster's; {_GIVE}"
         )
-    gpu = dig(document, ("hardware", "gpu", "name"))
-    if not isinstance(gpu, str) or not gpu.strip():
+    gpu = record.hardware.gpu.name
+    if not gpu or not gpu.strip():
         raise PredictError(f"{path}: the record names no GPU (hardware.gpu.name): which GPU's step it is is unknown; {_GIVE}")
-    return document
+    return reading
 
 
 def from_record(path: Path, global_batch: int | None) -> OneGpuInput:
-    document = one_gpu_record(path)
+    reading = one_gpu_record(path)
+    # the record as the aggregation reads it: its figures inside their bounds and agreeing with each other
+    problems = reading.problems
+    if problems:
+        raise PredictError(f"{path}: the record is no evidence: the record's figures are no measurement ({'; '.join(problems)})")
     profile, why = model_inputs.read_profile(path)
     if profile is None:
         raise PredictError(f"{path}: {why}; give the record of a one-GPU run made with the scaling model's bucket probe")
-    # the record as the aggregation reads it: its figures inside their bounds and agreeing with each other
-    fields, _, _ = readers.read_record(str(document.get("run_id") or path.stem), str(path))
-    if fields["status"] != "ok":
-        raise PredictError(f"{path}: the record is no evidence: {fields['error']}")
-    batch = (document.get("batch") or {}).get("per_gpu")
-    if batch is None:
-        raise PredictError(f"{path}: the record has no batch.per_gpu; give a run record of schema 3 or later")
-    model = (document.get("model") or {}).get("name", "model")
-    profile = model_inputs.within_step(profile)
+    record = reading.record
     study = "strong" if global_batch is not None else "weak"
-    return OneGpuInput(study, model, profile, int(batch), global_batch, dig(document, ("hardware", "gpu", "name")))
+    return OneGpuInput(study, record.model.name, model_inputs.within_step(profile), record.batch.micro_batch, global_batch, record.hardware.gpu.name)
 
 
 def same_gpu(device: str | None, cluster: network_model.ClusterPreset) -> bool:
@@ -175,7 +169,10 @@ def from_study(tables: Path) -> list[OneGpuInput]:
     one = runs[runs["study"].isin(["strong", "weak"]) & runs["gpus"].eq(1) & runs["counts"].astype(bool)]
     inputs = []
     for (study, model), group in one.groupby(["study", "model"], sort=True):
-        found = [model_inputs.read_profile(path) for path in group["record"]]
+        try:  # each record inside the study folder the tables are of (never whatever lies at that path from here)
+            found = [model_inputs.read_profile(study_layout.record_file(str(path), tables.parent)) for path in group["record"]]
+        except study_layout.OutsideStudy as error:
+            raise PredictError(f"{runs_path}: a record of the study, {error}: give the tables folder inside its study folder") from None
         profiles = [profile for profile, _ in found if profile is not None]
         if not profiles:
             continue

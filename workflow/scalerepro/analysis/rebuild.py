@@ -48,14 +48,16 @@ import pandas as pd
 import yaml
 
 from scalerepro.analysis import columns, study_files
-from scalerepro.analysis.evidence import read_json_document, record_purpose
 from scalerepro.analysis.presentation import plots, report
 from scalerepro.analysis.profiles import captures
 from scalerepro.analysis.tables import aggregate, readers
-from scalerepro.analysis.tables.readers import RECORDS_STUDY, dig
+from scalerepro.analysis.tables.readers import RECORDS_STUDY
 from scalerepro.common import study_layout, yaml_text
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
-from scalerepro.common.files import write_text_atomically
+from scalerepro.common.files import read_json_object, write_text_atomically
+from scalerepro.record.cell import RUN_CONDITIONS
+from scalerepro.record.model import RunRecord
+from scalerepro.record.read import Reading, RecordUnreadable, from_document
 
 
 def _targets(config: dict) -> dict[str, Any]:
@@ -80,32 +82,34 @@ def _is_inventory(document: Any) -> bool:
 # the matrix (model, GPUs, nodes, precision, batches, strategy, device, data, purpose): a
 # preset's content can change between versions (the optimised preset compiles the conv nets
 # with CUDA graphs in later versions), a model's shape can be set by flags, and one label can
-# have run on two GPU models. Each is named in the variant where records of one label differ.
-CONFIG_KNOBS = ("compile", "channels_last", "cudnn_benchmark", "loader", "optimizer_impl", "grad_accum_steps")
-SHAPE = {"image_size": ("model", "shape", "image_size"), "seq_len": ("model", "shape", "seq_len")}
+# have run on two GPU models. Each field of the records' cells (scalerepro.record.cell) that
+# differs between records of one label is named in the variant, in these words.
 CONDITION_WORDS = {"image_size": "image", "seq_len": "sequence", "device_name": "on"}
+# the order the variant names them in: the levers first, then the shape and the device
+_NAMED_FIRST = ("compile", "channels_last", "cudnn_benchmark", "loader", "optimizer_impl", "image_size", "seq_len", "device_name")
+SAID = (*_NAMED_FIRST, *(field for field in RUN_CONDITIONS if field not in _NAMED_FIRST))
+LABEL = ["model", "gpus", "nodes", "precision", "per_gpu_batch", "grad_accum_steps", "parallel", "device", "data", "purpose", "variant"]
 # What a profile beside records looks like (Nsight's reports and text, a kept study's profiles/): a
 # records-only report reads none of it, and names it.
 PROFILES_BESIDE = ("*.ncu-rep", "*.nsys-rep", "ncu*.txt", "nsys*.txt", "*/profiles")
 
 
-def variant_of(record: dict[str, Any]) -> str:
+def variant_of(record: RunRecord) -> str:
     """What configuration a record ran, in a few words: its preset and each flag that departs from
-    it (``optimised, precision=fp16``), and ``smoke run`` where it was one (evidence.record_purpose)."""
-    knobs = record.get("knobs") or {}
-    overrides = knobs.get("preset_overrides") or {}
-    words = [str(knobs.get("preset") or "no preset"), *(f"{name}={value}" for name, value in sorted(overrides.items()))]
-    return ", ".join(words + (["smoke run"] if record_purpose(record)[0] != "measurement" else []))
+    it (``optimised, precision=fp16``), and ``smoke run`` where it was one."""
+    knobs = record.knobs
+    words = [str(knobs.preset or "no preset"), *(f"{name}={value}" for name, value in sorted(knobs.preset_overrides.items()))]
+    return ", ".join(words + (["smoke run"] if record.purpose != "measurement" else []))
 
 
-def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, dict]], list[Path], list[Path], list[str]]:
+def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, Reading]], list[Path], list[Path], list[str]]:
     if not records_dir.is_dir():
         raise CommandError(f"{records_dir}: no such folder of run records (give the folder that holds the *.json records)")
     records, comm, inventories, skipped = [], [], [], []
     for path in sorted(records_dir.glob("*.json")):
         try:
-            document = read_json_document(path, what="JSON file")
-        except (OSError, ValueError) as error:  # EvidenceError among them: too large, too deep, not JSON
+            document = read_json_object(path, what="JSON file")
+        except (OSError, ValueError) as error:  # JsonFileError among them: too large, too deep, not JSON
             skipped.append(f"{path.name} (unreadable: {error})")
             continue
         if _is_comm_result(document):
@@ -113,26 +117,29 @@ def _read_folder(records_dir: Path) -> tuple[list[tuple[Path, dict]], list[Path]
         elif _is_inventory(document):
             inventories.append(path)
         elif _is_run_record(document):
-            records.append((path, document))
+            try:
+                records.append((path, from_document(document)))
+            except RecordUnreadable as error:
+                skipped.append(f"{path.name} (a run record this code cannot read: {error})")
         else:
             skipped.append(f"{path.name} (not a run record)")
     return records, comm, inventories, skipped
 
 
-def _without_copies(found: list[tuple[str, Path, dict]]) -> tuple[list[tuple[str, Path, dict]], list[str]]:
+def _without_copies(found: list[tuple[str, Path, Reading]]) -> tuple[list[tuple[str, Path, Reading]], list[str]]:
     """The records with each run once: two files that hold one run (the same run id and start time)
     count once, the first by name, and the other is named; two that claim one run with different
     contents are both left out (which is the run's own cannot be told)."""
-    by_run: dict[tuple[Any, Any], list[tuple[str, Path, dict]]] = {}
+    by_run: dict[tuple[str, str], list[tuple[str, Path, Reading]]] = {}
     for entry in found:
-        document = entry[2]
-        by_run.setdefault((document.get("run_id"), document.get("started_at")), []).append(entry)
+        record = entry[2].record
+        by_run.setdefault((record.run_id, record.started_at), []).append(entry)
     kept, skipped = [], []
     for (run_id, started), entries in by_run.items():
         first = entries[0]
-        if run_id is None or started is None or len(entries) == 1:
+        if len(entries) == 1:
             kept += entries
-        elif all(entry[2] == first[2] for entry in entries[1:]):
+        elif all(entry[2].record == first[2].record for entry in entries[1:]):
             kept.append(first)
             skipped += [f"{entry[0]} (a copy of {first[0]}: run {run_id} started {started}, counted once)" for entry in entries[1:]]
         else:
@@ -145,8 +152,8 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, dict[str,
     file by run id, the commbench results and system inventories beside them, and the other JSON
     files, named with why they are left out. A run's id is its file's name less .json, prefixed
     with its folder's name when several folders are read. A cell is every condition that changes
-    the figure: the matrix's columns as the record states them, and where records of one label
-    differ in a knob, a shape or a GPU model, the variant names it."""
+    the figure (the records' cells: scalerepro.record.cell); where records of one label differ in
+    a condition, the variant names it."""
     found, comm, inventories, skipped = [], [], [], []
     for records_dir in records_dirs:
         records, found_comm, found_inventories, found_skipped = _read_folder(records_dir)
@@ -154,43 +161,40 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, dict[str,
         inventories += found_inventories
         prefix = f"{records_dir.resolve().name}/" if len(records_dirs) > 1 else ""
         skipped += [f"{prefix}{name}" for name in found_skipped]
-        found += [(f"{prefix}{path.name}", path, document) for path, document in records]
+        found += [(f"{prefix}{path.name}", path, reading) for path, reading in records]
     found, copies = _without_copies(found)
     skipped += copies
-    rows, files = [], {}
-    for name, path, document in found:
-        get = lambda *keys: dig(document, keys)  # noqa: E731
-        gpus = get("parallel", "gpus") or get("parallel", "world_size") or 1
-        command = get("command_line")
+    rows, files, conditions = [], {}, []
+    for name, path, reading in found:
+        record, cell = reading.record, reading.cell
+        gpus = record.parallel.gpus or record.parallel.world_size or 1
         run_id = name.removesuffix(".json").replace("/", "_")
         files[run_id] = path
+        conditions.append({field: str(getattr(cell, field)) for field in SAID})
         rows.append(
             {
                 "run_id": run_id,
                 "study": RECORDS_STUDY,
-                "model": get("model", "name"),
+                "model": cell.model,
                 "gpus": gpus,
-                "nodes": get("parallel", "nodes") or 1,
-                "gpus_per_node": get("parallel", "gpus_per_node") or gpus,
-                "variant": variant_of(document),
-                "precision": get("precision"),
-                "per_gpu_batch": get("batch", "per_gpu") or get("batch", "per_rank"),  # schema 2 named it per_rank
-                "grad_accum_steps": get("batch", "grad_accum_steps") or 1,
-                "global_batch": get("batch", "global"),
-                "bucket_cap_mb": get("knobs", "bucket_cap_mb"),
-                "parallel": get("parallel", "strategy") or _strategy_of(document),
+                "nodes": record.parallel.nodes or 1,
+                "gpus_per_node": record.parallel.gpus_per_node or gpus,
+                "variant": variant_of(record),
+                "precision": cell.precision,
+                "per_gpu_batch": cell.micro_batch,
+                "grad_accum_steps": cell.grad_accum_steps,
+                "global_batch": cell.global_batch,
+                "bucket_cap_mb": cell.bucket_cap_mb,
+                "parallel": cell.strategy,
                 "data_parallel": None,
                 "reference": "",
                 "runtime_min": None,
-                "device": get("parallel", "device_type") or "",
-                "data": get("data", "kind") or "",
-                "purpose": record_purpose(document)[0],
+                "device": cell.device_type or "",
+                "data": cell.data or "",
+                "purpose": cell.purpose,
                 "record_of": "",
-                "record": study_layout.RUN_RECORD.format(run=run_id),
-                "rerun": shlex.join(str(word) for word in command) if isinstance(command, list) else "",
-                **{f"knob_{knob}": str(get("knobs", knob)) for knob in CONFIG_KNOBS},
-                **{column: str(get(*where)) for column, where in SHAPE.items()},
-                "device_name": str(get("hardware", "gpu", "name") or get("hardware", "cpu_model")),
+                "record": study_layout.run_record(run_id),
+                "rerun": shlex.join(record.command_line),
             }
         )
     if not rows:
@@ -201,22 +205,17 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, dict[str,
     if matrix["run_id"].duplicated().any():
         raise CommandError(f"two records are named {sorted(matrix.loc[matrix.run_id.duplicated(), 'run_id'])[0]}: give folders of different names")
     # Records of one label whose conditions differ are different cells: the label says which.
-    label = ["model", "gpus", "nodes", "precision", "per_gpu_batch", "grad_accum_steps", "parallel", "device", "data", "purpose", "variant"]
-    conditions = [*(f"knob_{knob}" for knob in CONFIG_KNOBS), *SHAPE, "device_name"]
-    for _, group in matrix.groupby(label, dropna=False):
-        differing = [c for c in conditions if group[c].nunique() > 1]
+    recorded = pd.DataFrame(conditions, index=matrix.index)
+    for _, group in matrix.groupby(LABEL, dropna=False):
+        differing = [field for field in SAID if recorded.loc[group.index, field].nunique() > 1]
         if differing:
-            words = lambda c: CONDITION_WORDS.get(c, c.removeprefix("knob_"))  # noqa: E731
-            suffix = group[differing].apply(lambda row: ", ".join(f"{words(k)} {v}" for k, v in row.items()), axis=1)
-            matrix.loc[group.index, "variant"] = group["variant"] + " (" + suffix + ")"
-    matrix["repeat"] = matrix.groupby(label, dropna=False).cumcount() + 1
+            said = recorded.loc[group.index, differing].apply(lambda row: ", ".join(f"{CONDITION_WORDS.get(k, k)} {v}" for k, v in row.items()), axis=1)
+            matrix.loc[group.index, "variant"] = group["variant"] + " (" + said + ")"
+    matrix["repeat"] = matrix.groupby(LABEL, dropna=False).cumcount() + 1
+    # one cell per label: every planned column and the variant, which names what else differs
+    matrix["cell"] = matrix[LABEL].astype(str).agg(" | ".join, axis=1)
     order = [*columns.MATRIX_COLUMNS, *(c for c in columns.OPTIONAL_MATRIX_COLUMNS if c not in columns.MATRIX_COLUMNS)]
     return matrix[order], files, comm, inventories, skipped
-
-
-def _strategy_of(document: dict[str, Any]) -> str:
-    sharding = dig(document, ("measurements", "sharding"))
-    return str(sharding.get("strategy") or "ddp") if isinstance(sharding, dict) else "ddp"
 
 
 class Rebuilt(TypedDict):
@@ -290,13 +289,13 @@ def rebuild(results: Path, references: Path, templates: Path) -> Rebuilt:
     if not matrix_path.is_file():
         raise CommandError(f"{matrix_path}: no study matrix (run the workflow's study_matrix rule, or point --results at a study)")
     config_path = tables_dir / "config.json"
-    config = read_json_document(config_path, what="resolved config") if config_path.is_file() else {}
+    config = read_json_object(config_path, what="resolved config") if config_path.is_file() else {}
     matrix = readers.read_matrix(matrix_path, results)
     comm = sorted((results / "comm").glob("g*.json"))
     scaling = config.get("scaling") or {}
     predict = scaling.get("predict_gpus", list(aggregate.scaling_model.DEFAULT_PREDICT_GPUS))
     inventory = results / "inventory" / "system.json"
-    system = read_json_document(inventory, what="system inventory", max_bytes=64 << 20) if inventory.is_file() else None
+    system = read_json_object(inventory, what="system inventory", max_bytes=64 << 20) if inventory.is_file() else None
     tables, left_out = aggregate.aggregate_study(matrix_path, comm, references, _targets(config), predict, scaling.get("predict_cluster"), results, system)
     summaries, not_this_study = captures.study_summaries(results, config, matrix)  # made again from the captures, with today's code
     left_out += not_this_study

@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a torn one.
+"""Atomic file writes: a reader sees the old file or the new one, never a torn one; and bounded
+reads of a JSON object from a file that is data until checked.
 
 Write to a temporary file in the target's directory, flush it to disk, give it the mode a plain
 ``open`` would (mkstemp makes it private, 0600, which hides results from a cluster group), then
@@ -17,6 +18,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from scalerepro.common.cli import CommandError
 
 
 def current_umask() -> int:
@@ -74,3 +77,31 @@ def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
 def utc_now() -> str:
     """Now, in UTC, as the ISO 8601 text every record and store row carries (milliseconds)."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+# A run record is tens to hundreds of KiB (its loss log grows with the steps: 100,000 logged steps
+# are ~10 MiB); 64 MiB is no document the project writes, and reading it whole is what a bound is for.
+MAX_JSON_BYTES = 64 << 20
+
+
+class JsonFileError(CommandError, ValueError):
+    """A file that is not the JSON document it should be; one line naming it."""
+
+
+def read_json_object(path: str | os.PathLike[str], what: str = "run record", max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """The JSON object in ``path``, read within bounds: at most ``max_bytes``, nested no deeper than
+    Python's parser allows (a RecursionError is a JsonFileError here), UTF-8, an object at the
+    top. FileNotFoundError passes through (a missing file is a hole of its own kind)."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise JsonFileError(f"{what} {path} is {size / 2**20:.0f} MiB, larger than any {what} ({max_bytes >> 20} MiB): not read")
+    try:
+        document = json.loads(path.read_bytes())
+    except RecursionError:
+        raise JsonFileError(f"{what} {path} is nested deeper than any {what}: not read") from None
+    except (UnicodeDecodeError, ValueError) as error:
+        raise JsonFileError(f"{what} {path} is not JSON ({str(error).splitlines()[0][:120]})") from None
+    if not isinstance(document, dict):
+        raise JsonFileError(f"{what} {path} holds a JSON {type(document).__name__}, not an object")
+    return document

@@ -17,6 +17,14 @@ rounded (67; TF32 989*/2; FP16/BF16 1979*/2). H200, GH200 and H800 SXM5 are the 
 SM count and clocks (their datasheets print the H100 SXM compute figures), so the whitepaper's
 unrounded figures apply to them; they differ in memory (and the H800 in FP64 and NVLink).
 
+Each figure holds at the SM clock it is quoted at, which is what scaling a peak to the clock a card
+held needs: the tensor rates of an H100 SXM5 at 1,830 MHz, its CUDA-core rates at 1,980 MHz
+(above). The PCIe column's are derived the same way from its 114 SMs: 756 T / (114 x 4096) =
+1,620 MHz tensor, 51.2 T / (114 x 256) = 1,755 MHz CUDA-core. The A100's datasheet rates are all
+at its 1,410 MHz boost clock (108 SMs x 2048 dense FP16 FLOP/clk x 1.41 GHz = 312 T; 108 x 128 x
+1.41 GHz = 19.5 T fp32). The NVL datasheets give no clock and no SM count their rates would
+check against: their clocks are None, and no figure is scaled by one.
+
 ``fp16_cuda_core``/``bf16_cuda_core`` are the non-tensor (CUDA-core) half-precision rates, the
 roof of a kernel whose FLOPs are in the SASS half-precision counters (packed HFMA2, two lanes per
 FP32 lane: 2 x the fp32 rate on Hopper). The whitepaper prints them for SXM5 and PCIe; the NVL's
@@ -65,10 +73,20 @@ class GpuPeaks:
     source: str
     fp16_cuda_core: float | None = None  # non-tensor fp16 (HFMA2 on the CUDA cores), dense
     bf16_cuda_core: float | None = None  # non-tensor bf16 (HFMA2.BF16 on the CUDA cores), dense
+    # The SM clocks the figures are quoted at: the tensor-core rates (tf32, fp16, bf16, fp8) and the
+    # CUDA-core ones (fp64, fp32, the non-tensor half rates) may be quoted at different clocks
+    # (H100 SXM5: 1,830 and 1,980 MHz). None where the source quotes none and none is derivable.
+    tensor_clock_mhz: float | None = None
+    cuda_core_clock_mhz: float | None = None
+    sms: int | None = None  # streaming multiprocessors: rate = SMs x FLOP/clk/SM x clock (test_hardware checks each)
 
     def tflops(self, precision: str) -> float | None:
         """Dense TFLOP/s at ``precision`` (fp64, fp32, tf32, fp16, bf16, fp8), None where unknown."""
         return getattr(self, precision)
+
+    def clock_mhz(self, units: str) -> float | None:
+        """The SM clock the ``units``' ("tensor" or "cuda_core") figures are quoted at, None where unknown."""
+        return self.tensor_clock_mhz if units == "tensor" else self.cuda_core_clock_mhz
 
     def cuda_core_tflops(self, precision: str) -> float | None:
         """Non-tensor (CUDA-core) TFLOP/s at ``precision`` (fp64, fp32, fp16, bf16), None where unknown."""
@@ -91,6 +109,9 @@ _TABLE = (
         f"{_H100_WHITEPAPER}; HBM3 3.35 TB/s from the {_H100_DATASHEET}; {_H100_WHITEPAPER_NON_TENSOR}: 133.8",
         fp16_cuda_core=133.8,
         bf16_cuda_core=133.8,
+        sms=132,
+        tensor_clock_mhz=1830.0,
+        cuda_core_clock_mhz=1980.0,
     ),
     # the whitepaper's PCIe column (114 SMs); the datasheet's: 51, 756*/2, 1513*/2
     GpuPeaks(
@@ -108,6 +129,9 @@ _TABLE = (
         f"{_H100_WHITEPAPER}, H100 PCIe column; HBM2e 2.0 TB/s from the {_H100_DATASHEET}; {_H100_WHITEPAPER_NON_TENSOR}, PCIe column: 102.4",
         fp16_cuda_core=102.4,
         bf16_cuda_core=102.4,
+        sms=114,
+        tensor_clock_mhz=1620.0,
+        cuda_core_clock_mhz=1755.0,
     ),
     # datasheet, H100 NVL column per GPU: FP32 60; TF32 835*, FP16/BF16 1671*, FP8 3341* (with sparsity)
     GpuPeaks(
@@ -145,6 +169,9 @@ _TABLE = (
         f"{_H100_WHITEPAPER_NON_TENSOR}, H100 SXM5 column: 133.8",
         fp16_cuda_core=133.8,
         bf16_cuda_core=133.8,
+        sms=132,
+        tensor_clock_mhz=1830.0,
+        cuda_core_clock_mhz=1980.0,
     ),
     # datasheet, H200 NVL column: FP32 60; TF32 835*, FP16/BF16 1671* (with sparsity)
     GpuPeaks(
@@ -175,6 +202,9 @@ _TABLE = (
         None,
         None,
         f"{_GH200_DATASHEET}: identical compute figures to H100 SXM, so the {_H100_WHITEPAPER}",
+        sms=132,
+        tensor_clock_mhz=1830.0,
+        cuda_core_clock_mhz=1980.0,
     ),
     # datasheet, H800 SXM5: the H100 SXM compute figures (the H800 differs in FP64 and NVLink)
     GpuPeaks(
@@ -190,6 +220,9 @@ _TABLE = (
         None,
         None,
         f"{_H800_DATASHEET}, SXM column: identical compute figures to H100 SXM, so the {_H100_WHITEPAPER}",
+        sms=132,
+        tensor_clock_mhz=1830.0,
+        cuda_core_clock_mhz=1980.0,
     ),
     GpuPeaks(
         "h800_pcie",
@@ -204,6 +237,9 @@ _TABLE = (
         None,
         None,
         f"{_H800_DATASHEET}, PCIe column: identical compute figures to H100 PCIe, so the {_H100_WHITEPAPER}",
+        sms=114,
+        tensor_clock_mhz=1620.0,
+        cuda_core_clock_mhz=1755.0,
     ),
     # datasheet: FP32 19.5; TF32 156, FP16/BF16 312 (dense; 312*/624* with sparsity); no FP8 on Ampere
     GpuPeaks(
@@ -219,6 +255,9 @@ _TABLE = (
         None,
         2.039,
         f"{_A100_DATASHEET}; HBM2e 2,039 GB/s for the 80GB SXM4",
+        sms=108,
+        tensor_clock_mhz=1410.0,
+        cuda_core_clock_mhz=1410.0,
     ),
     GpuPeaks(
         "a100_sxm_40gb",
@@ -233,6 +272,9 @@ _TABLE = (
         None,
         1.555,
         f"{_A100_DATASHEET}; HBM2 1,555 GB/s for the 40GB",
+        sms=108,
+        tensor_clock_mhz=1410.0,
+        cuda_core_clock_mhz=1410.0,
     ),
     GpuPeaks(
         "a100_pcie_80gb",
@@ -247,8 +289,27 @@ _TABLE = (
         None,
         1.935,
         f"{_A100_DATASHEET}; HBM2e 1,935 GB/s for the 80GB PCIe",
+        sms=108,
+        tensor_clock_mhz=1410.0,
+        cuda_core_clock_mhz=1410.0,
     ),
-    GpuPeaks("a100_pcie_40gb", "A100 PCIe", "NVIDIA A100 PCIe 40GB", ("NVIDIA A100-PCIE-40GB",), 9.7, 19.5, 156.0, 312.0, 312.0, None, None, _A100_DATASHEET),
+    GpuPeaks(
+        "a100_pcie_40gb",
+        "A100 PCIe",
+        "NVIDIA A100 PCIe 40GB",
+        ("NVIDIA A100-PCIE-40GB",),
+        9.7,
+        19.5,
+        156.0,
+        312.0,
+        312.0,
+        None,
+        None,
+        _A100_DATASHEET,
+        sms=108,
+        tensor_clock_mhz=1410.0,
+        cuda_core_clock_mhz=1410.0,
+    ),
 )
 PEAKS: dict[str, GpuPeaks] = {entry.key: entry for entry in _TABLE}
 

@@ -7,7 +7,7 @@ import torch
 from scalerepro.data import cifar10
 from scalerepro.data.loaders import DeviceLoader, HostLoader, TrainLoader, eval_batches, to_device
 from scalerepro.data.sources import Batch, CifarImages, Source, SyntheticCausalLM, SyntheticImages, SyntheticMaskedLM
-from scalerepro.models.registry import ModelSpec
+from scalerepro.models.registry import ModelSpec, required
 from scalerepro.trainer_flags import DataConfig
 
 __all__ = [
@@ -39,10 +39,12 @@ def is_synthetic(config: DataConfig) -> bool:
 
 def _synthetic(spec: ModelSpec, num_samples: int, seed: int, index_offset: int) -> Source:
     if spec.task == "image_classification":
-        return SyntheticImages(num_samples, spec.num_classes, spec.image_size, seed, index_offset)
+        return SyntheticImages(num_samples, required(spec.num_classes), required(spec.image_size), seed, index_offset)
     if spec.task == "causal_lm":
-        return SyntheticCausalLM(num_samples, spec.vocab_size, spec.seq_len, seed, index_offset)
-    return SyntheticMaskedLM(num_samples, spec.vocab_size, spec.seq_len, spec.num_masked, spec.mask_token_id, seed, index_offset)
+        return SyntheticCausalLM(num_samples, required(spec.vocab_size), required(spec.seq_len), seed, index_offset)
+    return SyntheticMaskedLM(
+        num_samples, required(spec.vocab_size), required(spec.seq_len), required(spec.num_masked), required(spec.mask_token_id), seed, index_offset
+    )
 
 
 def make_sources(config: DataConfig, spec: ModelSpec, seed: int) -> tuple[Source, Source]:
@@ -54,11 +56,11 @@ def make_sources(config: DataConfig, spec: ModelSpec, seed: int) -> tuple[Source
         return train, _synthetic(spec, held_out, seed, index_offset=config.synthetic_samples)
 
     splits = cifar10.load(config.data)
-    train, test = splits["train"], splits["test"]
-    eval_count = min(config.eval_samples or DEFAULT_EVAL_SAMPLES, len(test.labels))
+    train_split, test_split = splits["train"], splits["test"]
+    eval_count = min(config.eval_samples or DEFAULT_EVAL_SAMPLES, len(test_split.labels))
     return (
-        CifarImages(torch.from_numpy(train.images), torch.from_numpy(train.labels), config.augment, seed),
-        CifarImages(torch.from_numpy(test.images[:eval_count]), torch.from_numpy(test.labels[:eval_count]), False, seed),
+        CifarImages(torch.from_numpy(train_split.images), torch.from_numpy(train_split.labels), config.augment, seed),
+        CifarImages(torch.from_numpy(test_split.images[:eval_count]), torch.from_numpy(test_split.labels[:eval_count]), False, seed),
     )
 
 
@@ -74,6 +76,7 @@ def make_train_loader(
 ) -> TrainLoader:
     if config.loader == "device":
         return DeviceLoader(source, batch_size, dp_size, dp_rank, seed, device, channels_last)
+    assert config.num_workers is not None  # run_setup.resolve_config decides it
     return HostLoader(
         source,
         batch_size,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import TypedDict
 
 import torch
 from torch import Tensor
@@ -31,7 +32,8 @@ class ShardSampler(DistributedSampler):
     """
 
     def __init__(self, num_samples: int, num_replicas: int, dp_rank: int, seed: int):
-        super().__init__(range(num_samples), num_replicas=num_replicas, rank=dp_rank, shuffle=True, seed=seed, drop_last=True)
+        # the sampler reads only len(dataset): a range of the indices is enough
+        super().__init__(range(num_samples), num_replicas=num_replicas, rank=dp_rank, shuffle=True, seed=seed, drop_last=True)  # type: ignore[arg-type]
         self.start = 0
 
     def set_position(self, epoch: int, start: int) -> None:
@@ -42,7 +44,7 @@ class ShardSampler(DistributedSampler):
         """This rank's indices for the current epoch, in order."""
         return list(super().__iter__())
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[tuple[int, int]]:
         for index in self.shard()[self.start :]:
             yield self.epoch, index
 
@@ -97,6 +99,11 @@ class TrainLoader(ABC):
         """Release worker processes, if any."""
 
 
+class _WorkerOptions(TypedDict, total=False):
+    persistent_workers: bool
+    prefetch_factor: int
+
+
 class HostLoader(TrainLoader):
     def __init__(
         self,
@@ -115,7 +122,7 @@ class HostLoader(TrainLoader):
         super().__init__(source, batch_size, dp_size, dp_rank, seed)
         self.device, self.channels_last = device, channels_last
         self.pin_memory = pin_memory and device.type == "cuda"
-        workers = {"persistent_workers": persistent_workers, "prefetch_factor": prefetch_factor} if num_workers else {}
+        workers: _WorkerOptions = {"persistent_workers": persistent_workers, "prefetch_factor": prefetch_factor} if num_workers else {}
         self.loader = DataLoader(
             _BatchedDataset(source),
             batch_size=batch_size,
@@ -123,7 +130,7 @@ class HostLoader(TrainLoader):
             drop_last=True,
             num_workers=num_workers,
             pin_memory=self.pin_memory,
-            collate_fn=_already_collated,
+            collate_fn=_already_collated,  # type: ignore[arg-type]  # __getitems__ hands it the whole batch, not a list of samples
             **workers,
         )
 

@@ -177,9 +177,15 @@ def run_local(
         thread.join()
     host = socket.gethostname()
     failures = [
-        {"rank": rank, "local_rank": rank, "host": host, "exit_code": p.returncode, "signal": signal.Signals(-p.returncode).name if p.returncode < 0 else None}
+        {
+            "rank": rank,
+            "local_rank": rank,
+            "host": host,
+            "exit_code": p.returncode,
+            "signal": signal.Signals(-_returncode(p)).name if _returncode(p) < 0 else None,
+        }
         for rank, p in enumerate(processes)
-        if _exit_code(p.returncode) not in (0, EXIT_PREEMPTED)
+        if _exit_code(_returncode(p)) not in (0, EXIT_PREEMPTED)
     ]
     return code, failures
 
@@ -224,6 +230,12 @@ def _signal_all(processes: Sequence[Rank], signum: int) -> None:
             process.send_signal(signum)
 
 
+def _returncode(process: Rank) -> int:
+    """The exit status of a rank that has exited (every rank has once _wait_for returns)."""
+    assert process.returncode is not None
+    return process.returncode
+
+
 def _exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode  # killed by signal N: 128 + N, as a shell says
 
@@ -252,7 +264,7 @@ def _wait_for(processes: Sequence[Rank], driven_by: tuple[int, int | None] | Non
         time.sleep(0.05)
     if first_failure is not None:
         return first_failure
-    return EXIT_PREEMPTED if any(_exit_code(p.returncode) == EXIT_PREEMPTED for p in processes) else 0
+    return EXIT_PREEMPTED if any(_exit_code(_returncode(p)) == EXIT_PREEMPTED for p in processes) else 0
 
 
 def launch_request(args: argparse.Namespace) -> LaunchRequest:

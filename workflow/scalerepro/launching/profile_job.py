@@ -20,6 +20,7 @@ the failure with its error (as a failed training run's record does). This module
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import shutil
 import socket
@@ -36,7 +37,7 @@ _PROG = "scalerepro.launching.profile_job"
 TOOLS = ("torch", "nsys", "ncu")
 
 
-def parse_args(argv: Sequence[str]) -> tuple[object, list[str], list[str]]:
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
     """(options, the launcher's flags, the trainer's flags)."""
     argv = list(argv)
     usage = "python -m scalerepro.launching.profile_job OPTIONS --launch LAUNCH_FLAGS... -- TRAINER_FLAGS..."

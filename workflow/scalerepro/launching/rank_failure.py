@@ -37,8 +37,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from scalerepro.common.files import write_json_atomically
-
 TAIL_LINES = 30  # lines kept per rank
 _REPORT_LINES = 2000  # the launcher's own lines kept (torchrun's failure report is ~12 per rank)
 
@@ -183,5 +181,5 @@ def write_failed_record(
         import_torch=False,
     )
     os.makedirs(record_path.parent, exist_ok=True)
-    write_json_atomically(record_path, document)
+    record.write(record_path, document)
     return message

@@ -33,6 +33,7 @@ from pathlib import Path
 from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_PREEMPTED
 from scalerepro.common.files import write_text_atomically
+from scalerepro.record.read import read
 
 
 @error_boundary("scalerepro.launching.run_job")
@@ -51,12 +52,21 @@ def main(argv: list[str]) -> int:
         # the job's cost beside its record's own duration: what starting the launcher and the
         # ranks (Python, torch) adds (benchmarks/readme_study_bench.py reads this line)
         log.write(f"run_job: launcher and ranks took {wall_s:.3f} s wall, exit {code}\n")
-    document = json.loads(record.read_text()) if record.exists() else {}
-    probes_s = (document.get("measurements") or {}).get("probes_s")
+    written, unreadable = None, None
+    try:
+        written = read(record).record
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as error:  # a record the ranks wrote that no reader can take
+        unreadable = str(error)
+    probes_s = written.measurements.probes_s if written is not None and written.measurements is not None else None
     account = {"run": record.parent.name, "wall_s": round(wall_s, 3), "launcher_exit": code, "probes_s": None if probes_s is None else round(probes_s, 3)}
     write_text_atomically(job, json.dumps(account) + "\n")
 
-    status = document.get("status")
+    status = written.status if written is not None else None
+    if unreadable is not None:
+        print(f"{record.parent.name}: {unreadable} (log: {log_path})", file=sys.stderr)
+        return code or 1
     if status == "ok" and code == 0:
         return 0
     if status == "failed":

@@ -36,6 +36,7 @@ class SmallCNN(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                assert module.bias is not None  # every conv above has one (bias=True)
                 nn.init.zeros_(module.bias)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

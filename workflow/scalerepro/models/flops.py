@@ -37,11 +37,16 @@ def count_train_flops_per_image(meta_model: nn.Module, image_size: int) -> float
 
 def train_flops_per_sample(meta_model: nn.Module, image_size: int | None, seq_len: int | None, num_masked: int | None) -> tuple[float, str]:
     """Training FLOPs of one sample (an image, or one sequence of an LM) of ``meta_model``, and
-    the one line that says how they were derived."""
+    the one line that says how they were derived. The sizes are None where the model takes none
+    (an LM's image size), set where it does (registry.resolve)."""
     if isinstance(meta_model, transformer.BertForMaskedLM):
+        assert seq_len is not None and num_masked is not None
         return float(transformer.bert_train_flops_per_sequence(meta_model.config, seq_len, num_masked)), transformer.BERT_FLOPS_SOURCE
     if isinstance(meta_model, transformer.GPT):
+        assert seq_len is not None
         return float(transformer.gpt_train_flops_per_sequence(meta_model.config, seq_len)), transformer.GPT_FLOPS_SOURCE
     if isinstance(meta_model, llama.Llama):
+        assert seq_len is not None
         return float(llama.llama_train_flops_per_sequence(meta_model.config, seq_len)), llama.LLAMA_FLOPS_SOURCE
+    assert image_size is not None
     return count_train_flops_per_image(meta_model, image_size), IMAGE_FLOPS_SOURCE

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -195,6 +196,8 @@ class TransformerBlock(nn.Module):
 class Llama(nn.Module):
     """``forward(tokens (B, T)) -> logits (B, T, padded vocab)``, next-token prediction."""
 
+    rope_cos_sin: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         assert config.dim % config.n_heads == 0 and config.n_heads % config.n_kv_heads == 0
@@ -241,7 +244,7 @@ class Llama(nn.Module):
         device = buffer_device or self.rope_cos_sin.device
         self.rope_cos_sin = self._rope_table(device)
         for layer in self.layers.values():
-            layer.init_weights()
+            cast(TransformerBlock, layer).init_weights()  # __init__ made every layer a TransformerBlock
         if self.norm is not None:
             self.norm.reset_parameters()
         if self.config.tie_embeddings:

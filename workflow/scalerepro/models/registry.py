@@ -71,6 +71,13 @@ class _Architecture:
     stem_channels: tuple[int, ...] = (vision.IMAGE_CHANNELS,)  # the --stem-channels it takes: 3 (the image's) but for the ResNets
 
 
+def required(size: int | None) -> int:
+    """A size of the resolved shape that the model takes: its standard shape sets every size the
+    model takes, so ``resolve`` leaves None only in the others, which the model never reads."""
+    assert size is not None, "a size the model takes is unset"
+    return size
+
+
 def _flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
@@ -80,52 +87,52 @@ def _check_nothing(shape: ModelShape) -> None:
 
 
 def _check_small_cnn(shape: ModelShape) -> None:
-    if shape.image_size < 4:
+    if required(shape.image_size) < 4:
         raise ValueError(f"--image-size must be at least 4 for cnn (two 2x2 max-pools), got {shape.image_size}")
 
 
 def _check_heads(shape: ModelShape) -> None:
-    if shape.hidden_size % shape.num_heads != 0:
+    if required(shape.hidden_size) % required(shape.num_heads) != 0:
         raise ValueError(f"--hidden-size ({shape.hidden_size}) must be divisible by --num-heads ({shape.num_heads})")
 
 
 def _check_vit(shape: ModelShape) -> None:
-    if shape.image_size % vision.VIT_PATCH_SIZE != 0:
+    if required(shape.image_size) % vision.VIT_PATCH_SIZE != 0:
         raise ValueError(f"--image-size must be a multiple of the patch size {vision.VIT_PATCH_SIZE} for vit_b_16, got {shape.image_size}")
     _check_heads(shape)
 
 
 def _check_bert(shape: ModelShape) -> None:
-    if shape.seq_len > transformer.BERT_MAX_POSITIONS:
+    if required(shape.seq_len) > transformer.BERT_MAX_POSITIONS:
         raise ValueError(f"--seq-len must be at most {transformer.BERT_MAX_POSITIONS} for bert_base (its learned position table), got {shape.seq_len}")
     _check_heads(shape)
 
 
 def _check_llama(shape: ModelShape) -> None:
     _check_heads(shape)
-    if shape.num_heads % shape.num_kv_heads != 0:
+    if required(shape.num_heads) % required(shape.num_kv_heads) != 0:
         raise ValueError(f"--num-heads ({shape.num_heads}) must be a multiple of --num-kv-heads ({shape.num_kv_heads}); pass --num-kv-heads with --num-heads")
-    if (shape.hidden_size // shape.num_heads) % 2 != 0:
+    if (required(shape.hidden_size) // required(shape.num_heads)) % 2 != 0:
         raise ValueError(f"--hidden-size / --num-heads ({shape.hidden_size} / {shape.num_heads}) must be even (rotary embeddings rotate pairs of dimensions)")
 
 
 def _make_vit(shape: ModelShape) -> nn.Module:
     return vision.vit_b_16(
-        image_size=shape.image_size,
-        num_classes=shape.num_classes,
-        num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size,
-        num_heads=shape.num_heads,
+        image_size=required(shape.image_size),
+        num_classes=required(shape.num_classes),
+        num_layers=required(shape.num_layers),
+        hidden_size=required(shape.hidden_size),
+        num_heads=required(shape.num_heads),
         dropout=shape.dropout,
     )
 
 
 def _make_bert(shape: ModelShape) -> transformer.BertForMaskedLM:
     config = transformer.bert_config(
-        num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size,
-        num_heads=shape.num_heads,
-        vocab_size=shape.vocab_size,
+        num_layers=required(shape.num_layers),
+        hidden_size=required(shape.hidden_size),
+        num_heads=required(shape.num_heads),
+        vocab_size=required(shape.vocab_size),
         dropout=shape.dropout,
     )
     return transformer.BertForMaskedLM(config)
@@ -133,11 +140,11 @@ def _make_bert(shape: ModelShape) -> transformer.BertForMaskedLM:
 
 def _make_gpt2(shape: ModelShape) -> transformer.GPT:
     config = transformer.gpt2_config(
-        num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size,
-        num_heads=shape.num_heads,
-        vocab_size=shape.vocab_size,
-        seq_len=shape.seq_len,
+        num_layers=required(shape.num_layers),
+        hidden_size=required(shape.hidden_size),
+        num_heads=required(shape.num_heads),
+        vocab_size=required(shape.vocab_size),
+        seq_len=required(shape.seq_len),
         dropout=shape.dropout,
     )
     return transformer.GPT(config)
@@ -174,12 +181,12 @@ def _llama(
     def make(shape: ModelShape) -> llama.Llama:
         return llama.Llama(
             llama.llama_config(
-                dim=shape.hidden_size,
-                n_layers=shape.num_layers,
-                n_heads=shape.num_heads,
-                n_kv_heads=shape.num_kv_heads,
-                vocab_size=shape.vocab_size,
-                seq_len=shape.seq_len,
+                dim=required(shape.hidden_size),
+                n_layers=required(shape.num_layers),
+                n_heads=required(shape.num_heads),
+                n_kv_heads=required(shape.num_kv_heads),
+                vocab_size=required(shape.vocab_size),
+                seq_len=required(shape.seq_len),
                 ffn_dim_multiplier=ffn_dim_multiplier,
                 multiple_of=multiple_of,
                 tie_embeddings=tie_embeddings,
@@ -209,7 +216,7 @@ _ARCHITECTURES: dict[str, _Architecture] = {
         family="cnn",
         standard_shape=ModelShape(image_size=32, num_classes=10),
         takes_dropout=False,
-        make=lambda shape: cnn.SmallCNN(shape.num_classes),
+        make=lambda shape: cnn.SmallCNN(required(shape.num_classes)),
         check=_check_small_cnn,
     ),
     "resnet18_cifar": _Architecture(
@@ -217,7 +224,7 @@ _ARCHITECTURES: dict[str, _Architecture] = {
         family="cnn",
         standard_shape=ModelShape(image_size=32, num_classes=10),
         takes_dropout=False,
-        make=lambda shape: vision.resnet18_cifar(shape.num_classes, shape.stem_channels),
+        make=lambda shape: vision.resnet18_cifar(required(shape.num_classes), shape.stem_channels),
         check=_check_nothing,
         stem_channels=vision.STEM_CHANNELS,
     ),
@@ -226,7 +233,7 @@ _ARCHITECTURES: dict[str, _Architecture] = {
         family="cnn",
         standard_shape=ModelShape(image_size=224, num_classes=1000),
         takes_dropout=False,
-        make=lambda shape: vision.resnet50(shape.num_classes, shape.stem_channels),
+        make=lambda shape: vision.resnet50(required(shape.num_classes), shape.stem_channels),
         check=_check_nothing,
         stem_channels=vision.STEM_CHANNELS,
     ),
@@ -345,8 +352,8 @@ def resolve(name: str, shape: ModelShape = ModelShape()) -> ModelSpec:
 
     num_masked = mask_token_id = None
     if architecture.task == "masked_lm":
-        num_masked = transformer.bert_num_masked(resolved.seq_len)
-        mask_token_id = transformer.bert_mask_token_id(resolved.vocab_size)
+        num_masked = transformer.bert_num_masked(required(resolved.seq_len))
+        mask_token_id = transformer.bert_mask_token_id(required(resolved.vocab_size))
     train_flops, flops_source = flops.train_flops_per_sample(meta_model, resolved.image_size, resolved.seq_len, num_masked)
     if resolved.stem_channels != vision.IMAGE_CHANNELS:
         flops_source += f"; counted with the plain 3-channel stem: the {resolved.stem_channels}-channel stem's zero channels are no work"

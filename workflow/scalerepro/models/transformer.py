@@ -241,14 +241,15 @@ class GPT(nn.Module):
         self.token_embedding = nn.Embedding(config.vocab_size, d)
         self.position_embedding = nn.Embedding(config.max_positions, d)
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        blocks = [Block(config) for _ in range(config.num_layers)]
+        self.blocks = nn.ModuleList(blocks)
         self.final_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)  # pre-LN needs one at the end
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
         self.lm_head.weight = self.token_embedding.weight  # tied, as in GPT-2
         self.apply(_init_weights)
         # GPT-2 scales the init of the two projections per block that write into the residual
         # stream by 1/sqrt(2 L), so that the stream's variance does not grow with depth.
-        for block in self.blocks:
+        for block in blocks:
             for projection in (block.attention.out, block.mlp.proj):
                 nn.init.normal_(projection.weight, mean=0.0, std=INIT_STD / math.sqrt(2 * config.num_layers))
 

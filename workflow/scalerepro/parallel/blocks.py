@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from torch import nn
 
 from scalerepro.parallel.mesh import ParallelError
 
+BlockContainer: TypeAlias = "nn.ModuleList | nn.ModuleDict | nn.Sequential"
+
 # ---- the model's blocks -----------------------------------------------------------------------
 
 
-def _block_container(model: nn.Module, paths: tuple[str, ...]) -> nn.Module | None:
+def _block_container(model: nn.Module, paths: tuple[str, ...]) -> BlockContainer | None:
     """The first of ``paths`` (attribute paths, dotted) that holds a container of modules."""
     for path in paths:
         container: object = model
@@ -28,7 +32,7 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module] | None:
     return list(container.children()) if container is not None and len(container) > 0 else None
 
 
-def transformer_blocks(model: nn.Module) -> nn.Module:
+def transformer_blocks(model: nn.Module) -> BlockContainer:
     """The container of the model's repeated blocks: ``blocks`` (GPT, BERT) or ``layers``
     (torchtitan-style decoders)."""
     container = _block_container(model, ("blocks", "layers"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -14,6 +14,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from scalerepro.parallel.mesh import ParallelError
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    from scalerepro.models.transformer import GPT
 
 PipelineScheduleName = Literal["gpipe", "1f1b"]
 
@@ -39,7 +44,7 @@ class GPTStage(nn.Module):
     """One pipeline stage of GPT: the embeddings on the first, its blocks, the final norm and LM
     head on the last. Parameter names are GPT's (blocks keep their global index)."""
 
-    def __init__(self, model: nn.Module, blocks: range, first: bool, last: bool) -> None:
+    def __init__(self, model: GPT, blocks: range, first: bool, last: bool) -> None:
         super().__init__()
         self.first, self.last = first, last
         self.hidden_size = model.lm_head.in_features  # the width of what passes between stages
@@ -66,7 +71,7 @@ class GPTStage(nn.Module):
             x = self.lm_head(self.final_norm(x))
         return x
 
-    def tied_weight(self) -> nn.Parameter | None:
+    def tied_weight(self) -> torch.Tensor | None:
         if self.first:
             return self.token_embedding.weight
         if self.last:
@@ -81,7 +86,7 @@ class Pipeline:
     mean loss, computed on the last stage and broadcast to every stage (one scalar)."""
 
     stage_module: GPTStage
-    schedule: object
+    schedule: PipelineScheduleSingle  # ScheduleGPipe or Schedule1F1B
     stage_index: int
     num_stages: int
     tied_group: dist.ProcessGroup | None
@@ -148,9 +153,10 @@ def build_pipeline(
 
     if not hasattr(model, "token_embedding") or not hasattr(model, "lm_head"):
         raise ParallelError(f"--parallel pp splits a GPT-style decoder (gpt2_small), not {type(model).__name__}: use --parallel fsdp")
+    gpt = cast("GPT", model)  # GPT is the one model with both (scalerepro.models)
     num_stages, stage_index = mesh.size(), mesh.get_local_rank()
-    ranges = stage_block_ranges(len(model.blocks), num_stages)
-    stage_module = GPTStage(model, ranges[stage_index], first=stage_index == 0, last=stage_index == num_stages - 1).to(device)
+    ranges = stage_block_ranges(len(gpt.blocks), num_stages)
+    stage_module = GPTStage(gpt, ranges[stage_index], first=stage_index == 0, last=stage_index == num_stages - 1).to(device)
     group = mesh.get_group()
     stage = PipelineStage(stage_module, stage_index, num_stages, device, group=group)
     schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]

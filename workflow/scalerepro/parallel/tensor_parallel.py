@@ -12,6 +12,9 @@ Embeddings and the LM head stay replicated over "tp" (they are tied).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,6 +22,13 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from scalerepro.parallel.blocks import _block_items, transformer_blocks
 from scalerepro.parallel.mesh import ParallelError
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ParallelStyle
+    from torch.distributed.tensor.placement_types import Placement
+
+    from scalerepro.models.transformer import SelfAttention
 
 # ---- tensor parallel ---------------------------------------------------------------------------
 
@@ -29,7 +39,7 @@ class HeadParallelAttention(nn.Module):
     that column-parallel sharding splits by whole heads. The number of heads is read from the
     width of the (possibly local) q, so it runs sharded or not."""
 
-    def __init__(self, fused: nn.Module) -> None:
+    def __init__(self, fused: SelfAttention) -> None:
         super().__init__()
         hidden = fused.out.in_features
         self.head_dim = hidden // fused.num_heads
@@ -74,10 +84,10 @@ def prepare_for_tensor_parallel(model: nn.Module) -> None:
         if _is_gpt_block(block):
             if not getattr(block, "pre_norm", True):
                 raise ParallelError("tensor parallel supports the pre-LN decoder (gpt2_small), not post-LN bert_base: use --parallel fsdp")
-            block.attention = HeadParallelAttention(block.attention)
+            block.attention = HeadParallelAttention(cast("SelfAttention", block.attention))  # a GPT block's (_is_gpt_block)
 
 
-def _block_tp_plan(block: nn.Module) -> dict[str, object]:
+def _block_tp_plan(block: nn.Module) -> dict[str, ParallelStyle]:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
@@ -154,7 +164,7 @@ def _is_tp_ready(block: nn.Module) -> bool:
 def tp_local_numel(parameter: torch.Tensor) -> int:
     """Elements of ``parameter`` per TP rank on a ("dp", "tp") mesh: what FSDP over "dp" gathers
     and reduces of it (sharded over "tp": numel / tp; replicated over "tp": all of it)."""
-    placements = getattr(parameter, "placements", ())
+    placements: Sequence[Placement] = getattr(parameter, "placements", ())
     if len(placements) == 2 and placements[1].is_shard():
-        return parameter.numel() // parameter.device_mesh.size(1)
+        return parameter.numel() // cast("DTensor", parameter).device_mesh.size(1)  # only a DTensor has placements
     return parameter.numel()

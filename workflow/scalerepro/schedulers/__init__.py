@@ -49,7 +49,7 @@ def visible_gpu_names(nvidia_smi_l: str, cuda_visible_devices: str | None) -> li
     GPU indices or UUIDs ("GPU-..." or "MIG-...", a unique prefix is enough), read up to the
     first entry that names no device, so that an empty value, "-1" or "NoDevFiles" leave none. A
     MIG instance is named as scalerepro.telemetry.hardware reads it: "<GPU name> MIG 3g.40gb"."""
-    devices = []  # (GPU index or None for a MIG instance, UUID, name)
+    devices: list[tuple[str | None, str, str]] = []  # (GPU index or None for a MIG instance, UUID, name)
     gpu_name = ""
     for line in nvidia_smi_l.splitlines():
         head, _, uuid = line.partition(" (UUID: ")

@@ -168,7 +168,7 @@ class Slurm(Scheduler):
         nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
         if request.nodes > 1 and not nodelist:
             raise SchedulerError("--node-agent runs inside an srun step (no SLURM_STEP_NODELIST here): start jobs with scalerepro.launching.launch")
-        endpoint = f"{resolve_host(first_host(nodelist))}:{request.port}" if request.nodes > 1 else None
+        endpoint = f"{resolve_host(first_host(nodelist))}:{request.port}" if request.nodes > 1 and nodelist else None  # nodelist: set (checked above)
         rdzv_id = f"{environ.get('SLURM_JOB_ID', 'local')}.{environ.get('SLURM_STEP_ID', '0')}"
         return torchrun_command(python, request.nodes, request.ranks_per_node, endpoint, rdzv_id, request.program)
 

@@ -1,4 +1,4 @@
-"""What ran a benchmark: the MFU denominator (from the GPU peak table, ``scalerepro.common.gpu_peaks``), software versions, host, git state, Slurm job.
+"""What ran a benchmark: software versions, host, git state (the MFU denominator: ``scalerepro.record.peak``).
 
 Everything here is read, never assumed: a fact that cannot be read on this machine is None, with
 the reason beside it. torch is imported inside the functions that need it, so importing this
@@ -17,52 +17,7 @@ from typing import Any
 
 import psutil
 
-from scalerepro.common import gpu_peaks
 from scalerepro.telemetry.nvml import card_limits, nvml_uuid_for_torch_device
-
-# What the MFU of a run can be counted against (the trainer's --precision, tf32 for fp32 convolutions).
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-
-
-def peak_flops(gpu_name: str | None, precision: str, override_tflops: float | None = None) -> tuple[float | None, str]:
-    """Dense peak FLOP/s of one GPU at ``precision``, and its source; or (None, the reason).
-
-    ``precision`` names the arithmetic the matmuls and convolutions actually run in. Note that
-    torch runs FP32 convolutions on TF32 tensor cores by default on Ampere and newer
-    (``torch.backends.cudnn.allow_tf32`` is True) while FP32 matmuls stay FP32
-    (``torch.backends.cuda.matmul.allow_tf32`` is False): pick "tf32" for an FP32 conv net.
-
-    ``override_tflops`` (TFLOP/s, per GPU) wins over the table, for a GPU it lacks or a clock-
-    capped part, and is recorded as a user override.
-    """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if override_tflops is not None:
-        if not override_tflops > 0:
-            raise ValueError(f"override_tflops must be positive, got {override_tflops!r}")
-        return override_tflops * gpu_peaks.TFLOPS, f"user override ({override_tflops} TFLOP/s per GPU)"
-    if not gpu_name:
-        return None, "no GPU: peak throughput is tabulated for NVIDIA GPUs only"
-    key = gpu_peaks.peaks_key(gpu_name)
-    if key is None:
-        return None, (
-            f"no peak-throughput entry for {gpu_name!r} (known: {', '.join(sorted({p.model for p in gpu_peaks.PEAKS.values()}))}); pass a user override"
-        )
-    peak = gpu_peaks.PEAKS[key]
-    source = f"{peak.model}, dense {precision}: {peak.source}"
-    if gpu_peaks.names_no_form_factor(gpu_name):
-        source += f"; {gpu_peaks.BARE_NAME_RULE}"
-    flops = peak.tflops(precision) * gpu_peaks.TFLOPS
-    mig = gpu_peaks.mig_slices(gpu_name)
-    if mig is None:
-        return flops, source
-    # MIG instance peak = GPU peak x compute slices / 7
-    slices, profile = mig
-    if not 1 <= slices <= gpu_peaks.MIG_COMPUTE_SLICES:
-        return None, f"MIG profile {profile} of {gpu_name!r} claims {slices} of {gpu_peaks.MIG_COMPUTE_SLICES} compute slices: pass a user override"
-    return flops * slices / gpu_peaks.MIG_COMPUTE_SLICES, (
-        f"MIG {profile}: {slices}/{gpu_peaks.MIG_COMPUTE_SLICES} of the GPU's compute slices ({gpu_peaks.MIG_USER_GUIDE}) x {source}"
-    )
 
 
 def _distribution_version(name: str) -> str | None:

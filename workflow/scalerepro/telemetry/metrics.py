@@ -12,6 +12,7 @@ import resource
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import TypedDict, cast
 
 import torch
 
@@ -54,7 +55,10 @@ class DeviceClock:
             torch.cuda.synchronize()
 
     def seconds(self, start: object, end: object) -> float:
-        return start.elapsed_time(end) / 1e3 if self.cuda else end - start  # elapsed_time is in ms
+        # the marks are now()'s: CUDA events on CUDA, perf_counter readings elsewhere
+        if self.cuda:
+            return cast(torch.cuda.Event, start).elapsed_time(cast(torch.cuda.Event, end)) / 1e3  # elapsed_time is in ms
+        return cast(float, end) - cast(float, start)
 
 
 class StepTimer:
@@ -192,7 +196,13 @@ def model_flops_utilization(flops_per_sample: float, samples_per_s: float | None
     return flops_per_sample * samples_per_s / (devices * peak_flops_per_device)
 
 
-def peak_memory(device: torch.device) -> dict[str, int | None]:
+class PeakMemory(TypedDict):
+    allocated_bytes: int | None  # CUDA only
+    reserved_bytes: int | None  # CUDA only
+    rss_bytes: int
+
+
+def peak_memory(device: torch.device) -> PeakMemory:
     """Peak memory of this process: CUDA caching-allocator peaks on a GPU, peak RSS on the CPU."""
     if device.type == "cuda":
         return {

@@ -136,7 +136,7 @@ def summarise(
     energy_method: str | None
     if segments and all(a is not None and b is not None and b >= a for a, b in segments):
         # E = sum over active segments of (counter at its end - counter at its start)
-        energy_j, energy_method = math.fsum(b - a for a, b in segments) / 1000.0, ENERGY_COUNTER  # type: ignore[operator]
+        energy_j, energy_method = math.fsum(b - a for a, b in segments) / 1000.0, ENERGY_COUNTER
     else:
         energy_j = trapezoid_energy_j(samples)
         energy_method = ENERGY_POWER_INTEGRAL if energy_j is not None else None

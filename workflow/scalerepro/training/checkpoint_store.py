@@ -69,7 +69,13 @@ def list_checkpoints(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
     found = [p for p in directory.iterdir() if _NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)
+    return sorted(found, key=_step_of, reverse=True)
+
+
+def _step_of(path: Path) -> int:
+    match = _NAME.match(path.name)
+    assert match is not None  # list_checkpoints keeps only the names that match
+    return int(match.group(1))
 
 
 def unusable_reason(state: object, fingerprint: dict[str, Any], last_resumable_step: int) -> str | None:

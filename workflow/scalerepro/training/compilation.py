@@ -24,9 +24,9 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -70,7 +70,7 @@ def compile_model(model: nn.Module, module: nn.Module, perf: PerfConfig) -> nn.M
     if perf.compile == "none":
         return model
     if perf.compile_scope == "model":
-        return torch.compile(model, mode=perf.compile)
+        return cast(nn.Module, torch.compile(model, mode=perf.compile))  # an OptimizedModule: compiling a Module gives a Module
     for block in repeated_blocks(module) or ():
         block.compile(mode=perf.compile)
     return model
@@ -107,9 +107,6 @@ class CompileFacts:
     cache_loaded: dict[str, int] | None = None  # artifact kind -> how many, from --compile-cache
     cache_saved_bytes: int | None = None
     cache_reason: str | None = None  # why nothing was loaded or saved, where a cache was asked for
-
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _artifact_counts(info: Any) -> dict[str, int]:

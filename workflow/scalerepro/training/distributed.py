@@ -30,6 +30,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypedDict, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,8 @@ class DistributedSetupError(RuntimeError):
 
 # Who a rank is (launcher, rank, world size, local rank, rendezvous): see scalerepro.schedulers.
 DistEnv = RankEnv
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ def setup(
     # which only env:// honours; under srun alone, rank 0 serves it at the first host; a local run
     # (scalerepro.launching.launch) meets in a store that listens on loopback only.
     init_method = "env://" if env.launcher == "torchrun" else f"tcp://{address}"
-    rendezvous = {"init_method": init_method}
+    rendezvous: _Rendezvous = {"init_method": init_method}
     try:
         if env.launcher == "local":
             rendezvous = {"store": _loopback_store(env, timeout, environ)}
@@ -214,6 +217,20 @@ def setup(
     return DistContext(env, device, backend, tuple(str(h) for h in hostnames), own_cores)
 
 
+class _Rendezvous(TypedDict, total=False):
+    """How init_process_group meets the other ranks: at an address, or in a store."""
+
+    init_method: str
+    store: dist.Store
+
+
+class _StoreAddress(TypedDict):
+    host_name: str
+    port: int
+    world_size: int
+    timeout: datetime.timedelta
+
+
 def _loopback_store(env: DistEnv, timeout: datetime.timedelta, environ: Mapping[str, str]) -> dist.TCPStore:
     """The rendezvous store of a local run, reachable from this machine only.
 
@@ -221,7 +238,8 @@ def _loopback_store(env: DistEnv, timeout: datetime.timedelta, environ: Mapping[
     no other choice; but it accepts a socket that is already listening. The launcher binds one
     to 127.0.0.1 and rank 0 inherits it (``pass_fds``); the others connect to it. The libuv
     server cannot adopt a socket, hence ``use_libuv=False``."""
-    common = {"host_name": "127.0.0.1", "port": env.master_port, "world_size": env.world_size, "timeout": timeout}
+    assert env.master_port is not None  # the local launcher sets MASTER_PORT
+    common: _StoreAddress = {"host_name": "127.0.0.1", "port": env.master_port, "world_size": env.world_size, "timeout": timeout}
     if env.rank == 0:
         return dist.TCPStore(**common, is_master=True, master_listen_fd=int(environ[STORE_FD_ENV]), use_libuv=False)
     return dist.TCPStore(**common, is_master=False)
@@ -266,13 +284,13 @@ def max_over_ranks(ctx: DistContext, value: float) -> float:
     return float(all_reduce_max(ctx, torch.tensor([float(value)], dtype=torch.float64, device=ctx.device)).item())
 
 
-def gather_objects(ctx: DistContext, obj: object) -> list[object]:
-    """Every rank's ``obj``, in rank order, on every rank."""
+def gather_objects(ctx: DistContext, obj: T) -> list[T]:
+    """Every rank's ``obj``, in rank order, on every rank (each rank passes its value of the same kind)."""
     if not ctx.distributed:
         return [obj]
-    gathered: list[object] = [None] * ctx.world_size
+    gathered: list[T | None] = [None] * ctx.world_size
     dist.all_gather_object(gathered, obj)
-    return gathered
+    return cast("list[T]", gathered)  # all_gather_object filled every place with a rank's obj
 
 
 def barrier(ctx: DistContext) -> None:

@@ -32,7 +32,7 @@ class EnergyWindow:
         self.sampling = False
         self.nvml_summary: dict[str, Any] | None = None  # all three set when the window stops
         self.host_activity: dict[str, Any] | None = None
-        self.peak_memory: dict[str, int | None] | None = None
+        self.peak_memory: metrics.PeakMemory | None = None
 
     @classmethod
     def for_device(cls, device: torch.device, nvml_interval_s: float, nvml_idle_s: float) -> EnergyWindow:

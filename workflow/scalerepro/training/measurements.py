@@ -8,6 +8,8 @@ a collective unless handed a context without a process group (a failed run's ran
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +19,9 @@ from scalerepro.common.cuda_graphs import replays_cuda_graphs
 from scalerepro.common.reductions import max_or_none
 from scalerepro.models import registry
 from scalerepro.parallel import blocks, comm_bytes, parallelize, pipeline_parallel, tensor_parallel
-from scalerepro.telemetry import hardware, metrics
+from scalerepro.record.measured import Measurements
+from scalerepro.record.peak import peak_for
+from scalerepro.telemetry import metrics
 from scalerepro.telemetry.nvml_summary import combine_ranks, one_per_card, unavailable_summary
 from scalerepro.trainer_flags import TrainConfig
 from scalerepro.training import allreduce_timing, buckets, compilation, kernel_profile, probes
@@ -35,7 +39,7 @@ class RankMeasurements:
     measured_samples: int = 0
     host_activity: dict[str, Any] | None = None  # the energy window's host load
     # the measured window's peak memory (metrics.peak_memory), taken when it ends; None until then
-    window_peak_memory: dict[str, int | None] | None = None
+    window_peak_memory: metrics.PeakMemory | None = None
     # this rank's bytes of parameters, gradients and optimizer state, counted after the optimizer
     # of this process's first step, before the gradients are freed (memory_split)
     state_bytes: dict[str, int] | None = None
@@ -76,7 +80,7 @@ class ShardedModel:
     global_batch: int
 
 
-def _peak_memory(measured: RankMeasurements, device: torch.device) -> dict[str, int | None]:
+def _peak_memory(measured: RankMeasurements, device: torch.device) -> metrics.PeakMemory:
     """Peak memory of the measured window; of the whole process where no window ended (a run
     that failed before its first measured step)."""
     return measured.window_peak_memory or metrics.peak_memory(device)
@@ -94,7 +98,6 @@ def sharding_figures(ctx: DistContext, config: TrainConfig, spec: registry.Model
     held = gather_objects(ctx, parallelize.local_state_bytes(module, sharded.optimizer))
     param_bytes = 2 if config.perf.precision == "bf16" else 4  # MixedPrecisionPolicy param_dtype
     figures: dict[str, Any] = {
-        "strategy": p.parallel,
         "mesh": {"shape": list(device_mesh.shape), "dims": list(device_mesh.mesh_dim_names or ())},
         "reshard_after_forward": p.reshard_after_forward if p.parallel in ("fsdp", "fsdp+tp") else None,
         "state_bytes_per_rank_max": max(sum(h.values()) for h in held),
@@ -107,9 +110,10 @@ def sharding_figures(ctx: DistContext, config: TrainConfig, spec: registry.Model
             module, ctx.world_size, p.reshard_after_forward, param_bytes, 4, config.optim.grad_accum_steps
         )
     elif p.parallel == "pp":
+        assert sharded.pipeline is not None  # pp's ShardedModel holds its pipeline
         stage = sharded.pipeline.stage_module
         figures["comm_bytes_per_step_analytic"] = comm_bytes.pipeline_comm_bytes_per_step(
-            sharded.global_batch, spec.seq_len, stage.hidden_size, stage.vocab_size, ctx.world_size
+            sharded.global_batch, registry.required(spec.seq_len), stage.hidden_size, stage.vocab_size, ctx.world_size
         )
         # bubble = (p - 1) / (m + p - 1): the idle fraction of GPipe and of 1F1B alike
         figures["pipeline"] = {
@@ -128,8 +132,8 @@ def sharding_figures(ctx: DistContext, config: TrainConfig, spec: registry.Model
         tensor = comm_bytes.tp_comm_bytes_per_step(
             len(block_stack),
             config.run.per_gpu_batch,
-            spec.seq_len,
-            spec.shape.hidden_size,
+            registry.required(spec.seq_len),
+            registry.required(spec.shape.hidden_size),
             tp_size,
             config.optim.grad_accum_steps,
             norm_bytes=4,
@@ -186,7 +190,7 @@ def window_split(ctx: DistContext, measured: RankMeasurements) -> dict[str, Any]
     if measured.window_split_reason is not None:
         return allreduce_timing.not_measured(measured.window_split_reason)
     timer = measured.timer
-    per_step = {"step": timer.durations_s(), "data": timer.data_waits_s(), "allreduce": timer.allreduce_waits_s()}
+    per_step: dict[str, Sequence[float | None]] = {"step": timer.durations_s(), "data": timer.data_waits_s(), "allreduce": timer.allreduce_waits_s()}
     mine = {name: [value for value, step in zip(values, timer.steps) if step.measured] for name, values in per_step.items()}
     return allreduce_timing.window_split(gather_objects(ctx, mine), "cuda events" if ctx.device.type == "cuda" else "host")
 
@@ -199,7 +203,7 @@ def results(
     history: list[dict[str, Any]],
     measured: RankMeasurements,
     sharded: ShardedModel | None,
-) -> dict[str, Any]:
+) -> Measurements:
     """Every figure of the run, reduced over ranks: a collective where ``ctx`` has a process
     group (all ranks must call it); with ``backend=None`` this rank's figures alone."""
     device = ctx.device
@@ -210,11 +214,7 @@ def results(
     window_s = slowest_window[0]
     samples = measured.measured_samples
     samples_per_s = metrics.throughput(samples, window_s)
-    peak_flops, peak_source = hardware.peak_flops(
-        torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        config.perf.precision,
-        override_tflops=config.run.peak_tflops,
-    )
+    peak, peak_reason = peak_for(torch.cuda.get_device_name(device) if device.type == "cuda" else None, config.perf.precision, config.run.peak_tflops)
     memory = gather_objects(ctx, _peak_memory(measured, device))
     # each card once: ranks sharing one (--dist-backend gloo, distributed.card_of_rank) sampled the same card
     cards = list(zip(ctx.hostnames if ctx.distributed else ctx.hostnames[:1], gather_objects(ctx, device.index), strict=True))
@@ -222,70 +222,72 @@ def results(
     # the devices whose peak the run had: its cards (fewer than its ranks where they share them), or each CPU rank
     devices = len(set(cards)) if device.type == "cuda" else ctx.world_size
     # one entry per node (its first rank's view: every rank of a node sees the same host)
-    per_node = {}
+    per_node: dict[str, dict[str, Any]] = {}
     for host, activity in zip(ctx.hostnames if ctx.distributed else ctx.hostnames[:1], gather_objects(ctx, measured.host_activity)):
         if activity is not None:
             per_node.setdefault(host, {"node": host, **activity})
     if device.type == "cpu":
         nvml.update(gpus=0, reason="CPU run: NVML measures NVIDIA GPUs only")
     total_time = sum(stats.epoch_seconds.values())
-    return {
-        "measured_steps": stats.steps,
-        "measured_samples": samples,
-        "window_s": window_s,
-        # throughput = global samples in the window / window seconds (slowest rank's window)
-        "samples_per_s": samples_per_s,
-        "tokens_per_s": samples_per_s * spec.tokens_per_sample if samples_per_s and spec.tokens_per_sample else None,
-        "step_time_s": {
-            "median": stats.step_time_median_s,
-            "p10": stats.step_time_p10_s,
-            "p90": stats.step_time_p90_s,
-            "mean": stats.step_time_mean_s,
-        },
-        # epoch_time_s = steps per epoch x median step time: the steady-state time of one epoch
-        "epoch_time_s": steps_per_epoch * stats.step_time_median_s if stats.step_time_median_s else None,
-        "epoch_wall_times_s": [
-            {"epoch": epoch, "seconds": seconds, "complete": any(h["epoch"] == epoch and h["complete"] for h in history)}
-            for epoch, seconds in sorted(stats.epoch_seconds.items())
-        ],
-        "train_time_s": total_time,
-        # data-loader stall = host seconds the measured steps waited for their batches / window
-        # seconds (slowest rank's of each); a warm-up step's wait is outside the window
-        "data_stall_fraction": slowest_window[1] / window_s if window_s else None,
-        "data_wait_s": slowest_window[1],
-        # which clock the waits are read on (metrics.StepTimer): the device's events on CUDA, so that a
-        # host running ahead of the GPU and blocking in the fetch is no stall; the host's elsewhere
-        "data_wait_clock": "device" if device.type == "cuda" else "host",
-        "data_wait_warmup_s": slowest_window[2],  # not in the stall fraction: before the window
-        "mfu": metrics.model_flops_utilization(spec.train_flops_per_sample, samples_per_s, peak_flops, devices),
-        "peak_flops_per_device": peak_flops,
-        "peak_flops_source": peak_source,
-        "achieved_flops": spec.train_flops_per_sample * samples_per_s if samples_per_s else None,
-        "memory": {
-            # the same device type on every rank: each figure is on all of them, or on none
-            "allocated_bytes_max": max_or_none([m["allocated_bytes"] for m in memory]),
-            "reserved_bytes_max": max_or_none([m["reserved_bytes"] for m in memory]),
-            "rss_bytes_max": max_or_none([m["rss_bytes"] for m in memory]),
-        },
-        "exposed_communication": measured.exposed_comm,
-        "window_split": window_split(ctx, measured),
-        "sharding": sharding_figures(ctx, config, spec, sharded),
-        "memory_split": memory_split(ctx, measured, config.perf.compile),
-        "backward_buckets": measured.bucket_profile,  # see scalerepro.training.buckets
-        "probe_budget": measured.probe_budget,
-        "probes_s": measured.probes_s,
-        "step_kernels": measured.step_kernels,
-        "compile": measured.compile_facts.record() if measured.compile_facts is not None else None,
-        "nvml": nvml,
-        "host_activity": {
-            "intra_op_threads_per_rank": torch.get_num_threads(),
-            # each rank's cores (scalerepro.training.distributed.pin_to_own_cores), in rank order
-            "cores_per_rank": gather_objects(ctx, list(ctx.cores)),
-            "other_cpu_fraction_max": max((n["other_cpu_fraction"] for n in per_node.values() if n["other_cpu_fraction"] is not None), default=None),
-            "nodes": list(per_node.values()),
-        },
-        # energy per sample = GPU energy over the measured steps (all GPUs; evaluation paused
-        # out) / samples measured; net: the same less idle power x active time
-        "energy_per_sample_j": nvml["energy_j"] / samples if nvml["energy_j"] is not None and samples else None,
-        "energy_per_sample_net_j": nvml["energy_net_j"] / samples if nvml.get("energy_net_j") is not None and samples else None,
-    }
+    return Measurements.model_validate(
+        {
+            "measured_steps": stats.steps,
+            "measured_samples": samples,
+            "window_s": window_s,
+            # throughput = global samples in the window / window seconds (slowest rank's window)
+            "samples_per_s": samples_per_s,
+            "tokens_per_s": samples_per_s * spec.tokens_per_sample if samples_per_s and spec.tokens_per_sample else None,
+            "step_time_s": {
+                "median": stats.step_time_median_s,
+                "p10": stats.step_time_p10_s,
+                "p90": stats.step_time_p90_s,
+                "mean": stats.step_time_mean_s,
+            },
+            # epoch_time_s = steps per epoch x median step time: the steady-state time of one epoch
+            "epoch_time_s": steps_per_epoch * stats.step_time_median_s if stats.step_time_median_s else None,
+            "epoch_wall_times_s": [
+                {"epoch": epoch, "seconds": seconds, "complete": any(h["epoch"] == epoch and h["complete"] for h in history)}
+                for epoch, seconds in sorted(stats.epoch_seconds.items())
+            ],
+            "train_time_s": total_time,
+            # data-loader stall = host seconds the measured steps waited for their batches / window
+            # seconds (slowest rank's of each); a warm-up step's wait is outside the window
+            "data_stall_fraction": slowest_window[1] / window_s if window_s else None,
+            "data_wait_s": slowest_window[1],
+            # which clock the waits are read on (metrics.StepTimer): the device's events on CUDA, so that a
+            # host running ahead of the GPU and blocking in the fetch is no stall; the host's elsewhere
+            "data_wait_clock": "device" if device.type == "cuda" else "host",
+            "data_wait_warmup_s": slowest_window[2],  # not in the stall fraction: before the window
+            "mfu": metrics.model_flops_utilization(spec.train_flops_per_sample, samples_per_s, peak.flops_per_s if peak is not None else None, devices),
+            "peak": peak,
+            "peak_reason": peak_reason,
+            "achieved_flops": spec.train_flops_per_sample * samples_per_s if samples_per_s else None,
+            "memory": {
+                # the same device type on every rank: each figure is on all of them, or on none
+                "allocated_bytes_max": max_or_none([m["allocated_bytes"] for m in memory]),
+                "reserved_bytes_max": max_or_none([m["reserved_bytes"] for m in memory]),
+                "rss_bytes_max": max_or_none([m["rss_bytes"] for m in memory]),
+            },
+            "exposed_communication": measured.exposed_comm,
+            "window_split": window_split(ctx, measured),
+            "sharding": sharding_figures(ctx, config, spec, sharded),
+            "memory_split": memory_split(ctx, measured, config.perf.compile),
+            "backward_buckets": measured.bucket_profile,  # see scalerepro.training.buckets
+            "probe_budget": measured.probe_budget,
+            "probes_s": measured.probes_s,
+            "step_kernels": measured.step_kernels,
+            "compile": dataclasses.asdict(measured.compile_facts) if measured.compile_facts is not None else None,
+            "nvml": nvml,
+            "host_activity": {
+                "intra_op_threads_per_rank": torch.get_num_threads(),
+                # each rank's cores (scalerepro.training.distributed.pin_to_own_cores), in rank order
+                "cores_per_rank": gather_objects(ctx, list(ctx.cores)),
+                "other_cpu_fraction_max": max((n["other_cpu_fraction"] for n in per_node.values() if n["other_cpu_fraction"] is not None), default=None),
+                "nodes": list(per_node.values()),
+            },
+            # energy per sample = GPU energy over the measured steps (all GPUs; evaluation paused
+            # out) / samples measured; net: the same less idle power x active time
+            "energy_per_sample_j": nvml["energy_j"] / samples if nvml["energy_j"] is not None and samples else None,
+            "energy_per_sample_net_j": nvml["energy_net_j"] / samples if nvml.get("energy_net_j") is not None and samples else None,
+        }
+    )

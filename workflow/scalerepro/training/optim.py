@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 from torch.optim.lr_scheduler import (
@@ -17,9 +18,16 @@ from torch.optim.lr_scheduler import (
 
 from scalerepro.trainer_flags import OptimConfig
 
+
+class _Defaults(TypedDict):
+    lr: float
+    weight_decay: float
+    scaling: str
+
+
 # Defaults by family: SGD at 0.1 per 256 images (Goyal et al. 2017, "Accurate, Large Minibatch
 # SGD"), AdamW at 1e-3 per 256 sequences.
-_DEFAULTS = {
+_DEFAULTS: dict[str, _Defaults] = {
     "sgd": {"lr": 0.1, "weight_decay": 5e-4, "scaling": "linear"},
     "adamw": {"lr": 1e-3, "weight_decay": 0.1, "scaling": "sqrt"},
 }

@@ -24,7 +24,7 @@ class ParallelForm:
     pipeline: pipeline_parallel.Pipeline | None  # --parallel pp: this rank's stage and schedule
 
 
-def apply(module: torch.nn.Module, config: TrainConfig, ctx: DistContext, device: torch.device, tp_size: int) -> ParallelForm:
+def apply(module: torch.nn.Module, config: TrainConfig, ctx: DistContext, device: torch.device, tp_size: int | None) -> ParallelForm:
     """``module`` in --parallel's form on ``device``; a flag the form cannot take is refused with
     one line."""
     p = config.parallel

@@ -257,20 +257,21 @@ def exposed_communication(run: ProbedRun, steps: int) -> dict[str, Any]:
                 run.step(batch, sync_gradients=sync)
             timers[sync].stop(0, measured=True)
             done[sync] += 1
-        mine = {sync: timers[sync].durations_s() for sync in (True, False)}  # rank -> kind -> seconds of its timed steps
+        # rank -> kind -> seconds of its timed steps
+        mine: dict[bool | str, list[float] | list[float | None]] = {sync: timers[sync].durations_s() for sync in (True, False)}
         mine["wait"] = timers[True].allreduce_waits_s()
     ranks = gather_objects(run.ctx, mine)
     sync_steps = np.array([rank[True] for rank in ranks])  # ranks x steps
     nosync_steps = np.array([rank[False] for rank in ranks])
     timed = all(wait is not None for rank in ranks for wait in rank["wait"])
     per_step_compute = (sync_steps - np.array([rank["wait"] for rank in ranks], dtype=float)).mean(axis=0) if timed else None
-    sync_compute = float(np.median(per_step_compute)) if timed else None
+    sync_compute = float(np.median(per_step_compute)) if per_step_compute is not None else None
     # the probe's own precision: the standard error of the overlap cost (sync compute - no-sync
     # step, typical rank), sqrt(s_sync^2 / n + s_nosync^2 / n) over its n timed steps of each kind
     nosync_means = nosync_steps.mean(axis=0)
     overlap_se = (
         float(math.sqrt(np.var(per_step_compute, ddof=1) / len(per_step_compute) + np.var(nosync_means, ddof=1) / len(nosync_means)))
-        if timed and len(nosync_means) >= 2
+        if per_step_compute is not None and len(nosync_means) >= 2
         else None
     )
     t_sync = float(np.median(sync_steps.max(axis=0)))

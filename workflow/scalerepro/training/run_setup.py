@@ -32,7 +32,7 @@ class DataParallelPlace:
     """Where this rank sits in the data-parallel dimension: the ranks of one TP group read the
     same batch, so the data is split over data-parallel ranks only (all ranks under ddp and fsdp)."""
 
-    tp_size: int
+    tp_size: int | None  # None where the form has no TP dimension (ddp, fsdp, pp)
     dp_rank: int
     dp_size: int
 
@@ -102,7 +102,7 @@ def set_precision(precision: str) -> None:
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         mode = "tf32" if tf32 else "ieee"
         torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode  # type: ignore[attr-defined]  # cudnn's module object is a CudnnModule, which has conv
     else:  # torch before 2.9 (an older NGC container)
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32

@@ -12,13 +12,16 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from scalerepro.trainer_flags import TrainConfig
 from scalerepro.training import checkpoint_store
 from scalerepro.training.distributed import DistContext, barrier, gather_objects
+
+if TYPE_CHECKING:
+    from scalerepro.training.sharded_checkpoint_store import ShardedCheckpointStore
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ def save(
             "rng": rng,
             "fingerprint": fingerprint_now(),
         }
-        return str(store.save(progress["step"], state.module, state.optimizer, meta, final=final))
+        sharded_store = cast("ShardedCheckpointStore", store)  # open_store(sharded=True) made it
+        return str(sharded_store.save(progress["step"], state.module, state.optimizer, meta, final=final))
     path = None
     if ctx.is_main:
         whole = {

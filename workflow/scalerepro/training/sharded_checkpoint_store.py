@@ -95,7 +95,7 @@ def load(directory: str | os.PathLike[str], model: torch.nn.Module, optimizer: t
     if optimizer is None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-        state = {"model": get_model_state_dict(model)}
+        state: dict[str, Any] = {"model": get_model_state_dict(model)}  # what dcp.load takes
         dcp.load(state, checkpoint_id=Path(directory))
         set_model_state_dict(model, state["model"])
     else:
@@ -123,7 +123,13 @@ def list_checkpoints(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
     found = [p for p in directory.iterdir() if _NAME.match(p.name) and p.is_dir()]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)
+    return sorted(found, key=_step_of, reverse=True)
+
+
+def _step_of(path: Path) -> int:
+    match = _NAME.match(path.name)
+    assert match is not None  # list_checkpoints keeps only the names that match
+    return int(match.group(1))
 
 
 class ShardedCheckpointStore(CheckpointStore):
@@ -133,7 +139,9 @@ class ShardedCheckpointStore(CheckpointStore):
     reads the same files, so every rank picks the same one. ``save`` is a collective; rank 0
     alone deletes."""
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], final: bool = False) -> Path:
+    # a sharded save takes the model and optimizer too (a collective over their shards); run_state
+    # calls it on a store it opened sharded
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], final: bool = False) -> Path:  # type: ignore[override]
         target = save(path_for(self.directory, step), model, optimizer, {"step": step, "final": final, **state})
         self._keep_newest(target)
         return target

@@ -12,13 +12,14 @@ import os
 import sys
 import traceback
 import uuid
+from typing import TYPE_CHECKING, TypedDict
 
 import torch.distributed
 
 from scalerepro.common import host_heap
 from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
-from scalerepro.common.files import utc_now, write_json_atomically
+from scalerepro.common.files import utc_now
 from scalerepro.data import cifar10
 from scalerepro.trainer_flags import TrainConfig, TrainerConfigError, given_flags, parse_args, with_device
 from scalerepro.training import distributed, record, run_setup
@@ -26,8 +27,19 @@ from scalerepro.training.distributed import DistContext, DistributedSetupError
 from scalerepro.training.stop_request import StopRequest
 from scalerepro.training.trainer import NonFiniteLossError, Trainer
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 _USAGE_ERRORS = (TrainerConfigError, cifar10.DatasetError)
 _KNOWN_ERRORS = (*_USAGE_ERRORS, DistributedSetupError, NonFiniteLossError)
+
+
+class _RunIdentity(TypedDict):
+    """The arguments of record.build that every record of the run shares."""
+
+    run_id: str
+    started_at: str
+    argv: list[str]
 
 
 class EmptyWindowError(RuntimeError):
@@ -44,7 +56,7 @@ def _is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, torch.distributed.DistBackendError) or any(m in str(error) for m in markers)
 
 
-def _fail(config: TrainConfig, ctx: DistContext | None, trainer: Trainer | None, error: BaseException, **common: object) -> int:
+def _fail(config: TrainConfig, ctx: DistContext | None, trainer: Trainer | None, error: BaseException, **common: Unpack[_RunIdentity]) -> int:
     rank = ctx.rank if ctx is not None else 0
     step = trainer.progress.step if trainer is not None else None
     where = f"rank {rank}" + (f" at step {step}" if step is not None else "")
@@ -78,7 +90,7 @@ def _fail(config: TrainConfig, ctx: DistContext | None, trainer: Trainer | None,
             },
             **common,
         )
-        write_json_atomically(config.run.record, document)
+        record.write(config.run.record, document)
     return EXIT_USAGE if isinstance(error, _USAGE_ERRORS) else EXIT_FAILED
 
 
@@ -88,7 +100,7 @@ def main(argv: list[str]) -> int:
     config = parse_args(argv)  # exits 2 with one line on a bad flag
     run_id = config.run.run_id or str(uuid.uuid4())
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, run_id=run_id))
-    common = {"run_id": run_id, "started_at": started_at, "argv": argv}
+    common: _RunIdentity = {"run_id": run_id, "started_at": started_at, "argv": argv}
     ctx: DistContext | None = None
     trainer: Trainer | None = None
     code = EXIT_FAILED
@@ -110,7 +122,7 @@ def main(argv: list[str]) -> int:
         outcome = trainer.fit()
         measurements = trainer.results()
         error = None
-        if outcome.status == "ok" and not measurements["measured_steps"]:
+        if outcome.status == "ok" and not measurements.measured_steps:
             # A run that trained but timed nothing is not a result (the standard of truth).
             error = EmptyWindowError(
                 f"rank 0: the measured window is empty ({trainer.total_steps} steps, {trainer.warmup.steps} warm-up, "
@@ -132,7 +144,7 @@ def main(argv: list[str]) -> int:
                 error=None if error is None else {"type": type(error).__name__, "message": str(error), "traceback": ""},
                 **common,
             )
-            write_json_atomically(config.run.record, document)
+            record.write(config.run.record, document)
         if status == "ok":
             trainer.discard_checkpoints()  # only now that the record is on disk
         if error is not None:
@@ -141,8 +153,8 @@ def main(argv: list[str]) -> int:
             log(f"stopped by {outcome.stop_signal} at step {trainer.progress.step}; checkpoint {outcome.checkpoint_path}; rerun with --resume")
             code = EXIT_PREEMPTED
         else:
-            if measurements["samples_per_s"]:
-                log(f"done: {measurements['samples_per_s']:,.1f} samples/s over {measurements['measured_steps']} measured steps")
+            if measurements.samples_per_s:
+                log(f"done: {measurements.samples_per_s:,.1f} samples/s over {measurements.measured_steps} measured steps")
             code = EXIT_OK
     except Exception as error:  # noqa: BLE001 - every failure becomes a record and one line
         code = _fail(config, ctx, trainer, error, **common)

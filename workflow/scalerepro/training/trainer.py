@@ -137,7 +137,7 @@ class Trainer:
             module = registry.build(self.spec)
         if self.config.parallel.sync_batchnorm and self.ctx.distributed:
             module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
-        self.module = module.to(self.device, memory_format=torch.channels_last if self._channels_last else torch.preserve_format)
+        self.module = module.to(self.device, memory_format=torch.channels_last if self._channels_last else torch.preserve_format)  # type: ignore[call-overload]  # Module.to takes memory_format; its overloads leave it out
         form = parallel_form.apply(self.module, self.config, self.ctx, self.device, self.tp_size)
         self.module, self.mesh, self.pipeline = form.module, form.mesh, form.pipeline
 
@@ -227,6 +227,7 @@ class Trainer:
         """Continue from the newest usable checkpoint, if any (run_state.resume names every
         newer one passed over)."""
         last_resumable = self.total_steps - self.config.run.warmup_steps - 1
+        assert self.checkpoints is not None  # _open_checkpoints resumes only where there is a store
         resumed = run_state.resume(self.checkpoints, self.state, self.ctx, last_resumable, self.mesh is not None, self.log)
         if resumed is not None:
             saved_progress, self.resumed_from = resumed
@@ -267,8 +268,9 @@ class Trainer:
             inputs, targets = self._next_micro_batch(micro_batches)
             if self.pipeline is not None:  # --parallel pp: the schedule runs forward and backward of all
                 # --microbatches (accumulation is refused under pp: one loader batch per step)
+                (tokens,) = inputs  # pp splits GPT (pipeline_parallel.build_pipeline), whose one input is the tokens
                 with self._forward_context(), ranges.annotate("pipeline"):
-                    total += self.pipeline.step(*inputs, targets)  # the loss, broadcast from the last stage
+                    total += self.pipeline.step(tokens, targets)  # the loss, broadcast from the last stage
                 continue
             with self.ddp.no_sync() if self.ddp is not None and micro < accum - 1 else contextlib.nullcontext():
                 with self._forward_context(), ranges.annotate("forward"):
@@ -297,8 +299,8 @@ class Trainer:
             inputs, targets = self._next_micro_batch(micro_batches)
             if marks is not None:
                 marks.micro_batch_started()
-            skip_sync = self.ddp is not None and (not sync_gradients or micro < accum - 1)
-            with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
+            skip_sync = not sync_gradients or micro < accum - 1
+            with self.ddp.no_sync() if self.ddp is not None and skip_sync else contextlib.nullcontext():
                 with self._forward_context(), ranges.annotate("forward"):
                     loss = model(inputs, targets) / accum
                 total += loss.detach()
@@ -583,7 +585,7 @@ class Trainer:
             allreduce_timing=self.allreduce_timing,
         )
 
-    def results(self, local_only: bool = False) -> dict[str, Any]:
+    def results(self, local_only: bool = False) -> measurements.Measurements:
         """Every figure of the run, reduced over ranks (a collective: all ranks must call it);
         scalerepro.training.measurements.results.
 

@@ -68,8 +68,10 @@ import duckdb
 from scalerepro.analysis.columns import AGGREGATE_TABLES
 from scalerepro.analysis.history import store, store_file, study_rows
 from scalerepro.analysis.history.store_file import StoreError
+from scalerepro.common import study_layout
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import atomic_file, sha256_of, utc_now, write_text_atomically
+from scalerepro.record.read import from_document
 
 MANIFEST = "manifest-sha256.txt"
 STUDY_ROWS = "store/study.json"
@@ -151,7 +153,7 @@ def _commands(study: study_rows.StoredStudy) -> str:
     for run in study.runs:
         lines.append(f"# {run['run_id']} ({run['status']})")
         if run["record"] is not None:
-            command = json.loads(run["record"]).get("command_line") or []
+            command = from_document(json.loads(run["record"])).record.command_line
             lines.append(f"# trainer, as the record has it:\n# {shlex.join(command)}")
         lines.append("# rerun in the workflow:")
         lines.append(f"snakemake --cores all --forcerun results/runs/{shlex.quote(run['run_id'])}/record.json")
@@ -191,7 +193,8 @@ def _study_files(results: Path, study: study_rows.StoredStudy) -> dict[str, Path
     for run in study.runs:
         if run["record"] is None:
             continue
-        path = results / "runs" / run["run_id"] / "record.json"
+        # the record the run reads, as the study names it: its own, or the run's whose record it reuses
+        path = results / Path(study_layout.run_record(run["run_id"], run["record_of"])).relative_to(study_layout.RESULTS_DIR)
         if not path.is_file() or path.read_text(encoding="utf-8") != run["record"]:
             raise BundleError(
                 f"{path} is not the record the store holds for {run['run_id']} (rerun since the study was stored?): "

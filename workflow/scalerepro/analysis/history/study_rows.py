@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalerepro.analysis.columns import RECORD_FIELDS
-from scalerepro.analysis.evidence import FIGURE_BOUNDS, PLANNED_KNOBS, dig, figure_problems, identity_problem
 from scalerepro.analysis.history.store_file import RUN_TYPES, STORED_RUN_COLUMNS, STUDY_TYPES, StoreError
 from scalerepro.analysis.tables import cell_tables, readers
 from scalerepro.analysis.values import plain
 from scalerepro.common.files import sha256_of
 from scalerepro.common.terminal import printable
+from scalerepro.record import columns as record_columns
+from scalerepro.record.read import RecordUnreadable, from_document
 
 # Config sections that say where a study is kept and what it is compared with, not what it ran.
 UNHASHED_CONFIG_KEYS = ("store", "compare")
@@ -101,10 +101,10 @@ def read_study(
 
     rows = []
     for run in runs.to_dict("records"):
-        text = document = None
+        text = record = None
         if run["status"] != "missing":  # aggregate read and parsed it
             text = Path(record_files[run["run_id"]]).read_text(encoding="utf-8")  # readers.read_matrix: inside the study folder
-            document = json.loads(text)
+            record = from_document(json.loads(text)).record
         row = {column: plain(run.get(column), keep_blank_text=True) for column in STORED_RUN_COLUMNS if column in run}
         # The record is the truth: the batch the run ran, as its record says (the plan's where there is no
         # record or it does not say). One that disagrees with its plan is not consistent (readers.read_runs).
@@ -113,12 +113,12 @@ def read_study(
             record_of=row.get("record_of") or "",  # "": the run is its own
             per_gpu_batch=row.get("per_gpu_batch") if recorded_batch is None else recorded_batch,
             variant=run["variant"] or "",
-            cluster=readers.dig(document, ("scheduler", "cluster_name")) or cluster if document else None,
-            partition=readers.dig(document, ("scheduler", "partition")) or partition if document else None,
-            node_list=distinct_joined(readers.dig(document, ("parallel", "hostnames")) or []),
-            cuda_version=readers.dig(document, ("versions", "cuda")),
-            nccl_version=readers.dig(document, ("versions", "nccl")),
-            driver_version=readers.dig(document, ("hardware", "gpu", "driver_version")),
+            cluster=(record.scheduler.cluster_name or cluster) if record else None,
+            partition=(record.scheduler.partition or partition) if record else None,
+            node_list=distinct_joined(record.parallel.hostnames if record else []),
+            cuda_version=record.versions.get("cuda") if record else None,
+            nccl_version=record.versions.get("nccl") if record else None,
+            driver_version=record.hardware.gpu.driver_version if record else None,
             record_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest() if text is not None else None,
             record=text,
         )
@@ -217,19 +217,16 @@ def check_rows(study: StoredStudy) -> None:
 # rows and record travel together in a bundle, and a bundle's checksums are the sender's, so a figure
 # rewritten beside its record (the manifest rewritten to match) passes them. The record decides.
 
-# Store column -> where the record states the figure (as the aggregation reads it, ``tables.readers``);
-# each is bounded by ``evidence.FIGURE_BOUNDS``.
-RECORD_FIGURES: dict[str, tuple[str, ...]] = {column: RECORD_FIELDS[column] for column in RUN_TYPES if column in FIGURE_BOUNDS and column in RECORD_FIELDS}
-# Store column -> where the record states it, copied as text: a run is known by its id and its start.
-RECORD_TIMES: dict[str, tuple[str, ...]] = {"started_at": RECORD_FIELDS["started_at"]}
-# What a counted row's cell says the run ran, and where its record states it (the plan's knobs the
-# store keeps, as ``evidence`` reads them): a run counts only where it ran its plan, and the cell is the plan.
-RECORD_SHAPE = tuple(knob for knob in PLANNED_KNOBS if knob.column in ("gpus", "nodes", "per_gpu_batch"))
+# The store's figures: each a column of the runs table the record model declares, inside its bound.
+RECORD_FIGURES = tuple(column for column in RUN_TYPES if column in record_columns.FIGURES)
+# What a counted row's cell says the run ran, and the field of the record's cell that states it:
+# a run counts only where it ran its plan, and the cell is the plan.
+RECORD_SHAPE = {"gpus": "world_size", "nodes": "nodes", "per_gpu_batch": "micro_batch"}
 # The figures a counted row must hold: what the history and the comparison read (the aggregation
 # fails an ok record without a throughput). Any other figure may be empty where its record has one:
 # the aggregation empties the figures of a record that is no measurement, and withholds those a
-# trainer is known to have measured wrongly (``evidence``), by rules that grow; a bundle keeps the
-# rows its exporter made. A figure that is there is its record's.
+# trainer is known to have measured wrongly, by rules that grow; a bundle keeps the rows its
+# exporter made. A figure that is there is its record's.
 COUNTED_FIGURES = ("samples_per_s",)
 # JSON text and DuckDB's DOUBLE carry a figure exactly (Python writes the shortest repr that reads
 # back the same double); this much is rounding, more is another figure.
@@ -247,7 +244,7 @@ def record_problem(run: Mapping[str, Any]) -> str | None:
     bound, a row counted that is not ok (or not consistent with its plan), a status, time, figure or
     cell that its record does not state. Rows whose fields fit their columns (``check_rows``)."""
     status, counted = run.get("status"), run.get("counts") is True
-    out_of_bounds = figure_problems({column: run.get(column) for column in RECORD_FIGURES})
+    out_of_bounds = [f"{column} is {why}" for column in RECORD_FIGURES if (why := record_columns.FIGURES[column].problem(run.get(column)))]
     if out_of_bounds:
         return f"{out_of_bounds[0]}: no record measures that"
     if counted and status != "ok":
@@ -270,31 +267,35 @@ def record_problem(run: Mapping[str, Any]) -> str | None:
         return "the record it carries is not JSON"
     if not isinstance(document, dict):
         return f"the record it carries is a JSON {type(document).__name__}, not an object"
-    # the run the record must be, as the aggregation asks (rebuild --records names runs after their files)
-    # (a row that reads another cell's run, record_of, carries that run's record)
-    planned = {"model": run.get("model"), **({"run_id": run.get("record_of") or run.get("run_id")} if run.get("study") != readers.RECORDS_STUDY else {})}
-    other = identity_problem(document, planned)
+    try:
+        reading = from_document(document)
+    except RecordUnreadable as error:
+        return f"the record it carries is no run record this code reads: {error}"
+    # the run the record must be, as the aggregation asks (rebuild --records names runs after their files;
+    # a row that reads another cell's run, record_of, carries that run's record)
+    own = run.get("record_of") or run.get("run_id") if run.get("study") != readers.RECORDS_STUDY else None
+    other = readers.identity_problem(reading, own, run.get("model"))
     if other:
         return f"the record it carries is not this run's: {other}"
-    recorded_status = document.get("status")
+    recorded_status = reading.record.status
     # the aggregation fails an ok record whose figures are no measurement or whose window is empty; it never passes a failed one
     if status != recorded_status and not (status == "failed" and recorded_status == "ok"):
         return f"its status is {status!r} but its record's is {recorded_status!r}"
-    for column, path in RECORD_TIMES.items():
-        if run.get(column) != dig(document, path):
-            return f"its {column} is {run.get(column)!r} but its record's is {dig(document, path)!r}"
-    for column, path in RECORD_FIGURES.items():
-        stored, recorded = run.get(column), dig(document, path)
+    if run.get("started_at") != reading.record.started_at:
+        return f"its started_at is {run.get('started_at')!r} but its record's is {reading.record.started_at!r}"
+    recorded_row = reading.row()
+    for column in RECORD_FIGURES:
+        stored, recorded = run.get(column), recorded_row[column]
         if stored is None:
             if counted and column in COUNTED_FIGURES:
                 return f"it counts but its {column} is empty (its record's is {recorded!r})"
         elif not _same_figure(stored, recorded):
             return f"its {column} is {stored!r} but its record's is {recorded!r}"
     if counted:
-        for knob in RECORD_SHAPE:
-            ran = knob.recorded(document)
-            if ran is not None and ran != run.get(knob.column):
-                return f"it counts as {knob.column} {run.get(knob.column)!r} but its record ran {ran!r}"
+        for column, field in RECORD_SHAPE.items():
+            ran = getattr(reading.cell, field)
+            if ran is not None and ran != run.get(column):
+                return f"it counts as {column} {run.get(column)!r} but its record ran {ran!r}"
     return None
 
 

@@ -11,8 +11,10 @@ those rows alone, with its formula:
 * clocks and power (NVML over the window): the SM clock's mean (the median over repeats) and
   lowest reading (the lowest over repeats) against the card's top SM clock; the mean power against
   the power limit; the hottest reading; the clock-event (throttle) reasons and the share of the
-  window each was active. MFU at the clock held = MFU x top clock / mean clock: the MFU the run
-  would have against the peak scaled to the clock it ran at.
+  window each was active. MFU at the clock held = MFU x the clock the peak is quoted at / mean
+  clock: the MFU the run would have against the peak scaled to the clock it ran at (the peak's
+  own clock: an H100 SXM5's dense bf16 989.4 TFLOP/s is quoted at 1,830 MHz, not at its 1,980 MHz
+  top clock; none where the peak's source quotes no clock).
 * provenance: the commits and cards the repeats ran at, where there are several.
 
 On the analysis side: no torch.
@@ -87,6 +89,7 @@ def clocks(cell: pd.DataFrame, inventory: Any = None) -> dict[str, Any] | None:
     power = pd.Series(_numbers(cell, "power_mean_w")).median() / gpus if _numbers(cell, "power_mean_w") else None
     mean = float(pd.Series(means).median())
     mfu = pd.Series(_numbers(cell, "mfu")).median() if _numbers(cell, "mfu") else None
+    quoted = max(_numbers(cell, "peak_clock_mhz"), default=None)  # one peak per cell: its runs share a device and a precision
     reasons = _texts(cell, "clock_event_reasons")
     return {
         "sm_mean_mhz": mean,
@@ -99,8 +102,9 @@ def clocks(cell: pd.DataFrame, inventory: Any = None) -> dict[str, Any] | None:
         "temperature_max_c": max(_numbers(cell, "temperature_max_c"), default=None),
         # reasons: each run's "reason share %, ..." (readers._reason_shares); none recorded before schema 4
         "reasons": "; ".join(reasons) if reasons else None,
-        # MFU at the clock held = MFU x top clock / mean clock
-        "mfu_at_clock": mfu * top / mean if mfu is not None and top and mean else None,
+        # MFU at the clock held = MFU x the clock the peak is quoted at / mean clock
+        "mfu_at_clock": mfu * quoted / mean if mfu is not None and quoted and mean else None,
+        "peak_clock_mhz": quoted,
     }
 
 

@@ -9,7 +9,6 @@ does not import the report module (which imports it): the templates format its n
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -31,11 +30,6 @@ PRECISION_WORDS = {
     "fp32": "fp32, TF32 off (IEEE fp32 matmuls and convolutions)",
     "tf32": "tf32 (fp32 storage, TF32 tensor-core matmuls and convolutions)",
 }
-PEAK_PRECISION_WORDS = {"fp32": "fp32, TF32 off", "tf32": "tf32 (TF32 on)"}
-# How the peak's source names the part and the precision (scalerepro.telemetry.hardware.peak_flops):
-# "H100 SXM5, dense bf16: <document>", a MIG instance's "MIG 3g.40gb: 3/7 of ... x H100 SXM5, dense bf16: ...".
-_PEAK_SOURCE = re.compile(r"([A-Z][\w ]*?), dense (\w+):")
-_MIG_SOURCE = re.compile(r"^MIG (\S+): (\d+/\d+)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,14 +105,10 @@ def describe_config(row: Mapping[str, Any], worker: str = "GPU") -> str:
     return " · ".join(parts) or "—"
 
 
-def tflops_text(flops: float) -> str:
-    tflops = flops / gpu_peaks.TFLOPS
-    return f"{tflops:,.0f}" if tflops >= 100 else f"{tflops:.1f}"
-
-
 class Peak(NamedTuple):
     """What an MFU is against: the rate and precision ("989 TFLOP/s dense bf16") and the part
-    ("H100 SXM5"; None for a user override or a source that names none)."""
+    ("H100 SXM5"; "user override" for --peak-tflops), as the runs table names a record's peak
+    (scalerepro.record.peak)."""
 
     rate: str
     part: str | None
@@ -128,32 +118,10 @@ class Peak(NamedTuple):
         return f"{self.rate} ({self.part})" if self.part else self.rate
 
 
-def mfu_peak(peak_flops: Any, source: Any) -> Peak | None:
-    """The peak a record's MFU is against, from its ``peak_flops_per_device`` and
-    ``peak_flops_source``; None when the record gives neither."""
-    flops, source = finite_number(peak_flops), _plain_cell(source)
-    rate = f"{tflops_text(flops)} TFLOP/s" if flops is not None else "the peak"
-    if source is None:
-        return None if flops is None else Peak(f"{rate} per GPU", "source not recorded")
-    source = str(source)
-    if source.startswith("user override"):
-        return Peak(f"{rate} per GPU", "user override")
-    found = _PEAK_SOURCE.search(source)
-    if found is None:
-        return None if flops is None else Peak(f"{rate} per GPU", source)
-    part, peak_precision = found.groups()
-    mig = _MIG_SOURCE.match(source)
-    if mig:
-        part += f", MIG {mig.group(1)}: {mig.group(2)} of the GPU"
-    if gpu_peaks.BARE_NAME_RULE in source:
-        part += ", form factor assumed"
-    return Peak(f"{rate} dense {PEAK_PRECISION_WORDS.get(peak_precision, peak_precision)}", part)
-
-
-def mfu_peak_label(peak_flops: Any, source: Any) -> str | None:
-    """The peak an MFU is against, named: "989 TFLOP/s dense bf16 (H100 SXM5)"."""
-    peak = mfu_peak(peak_flops, source)
-    return peak.label if peak else None
+def mfu_peak(rate: Any, part: Any) -> Peak | None:
+    """The peak a run's MFU is against, from its ``peak_rate`` and ``peak_part``; None where it has none."""
+    rate, part = _plain_cell(rate), _plain_cell(part)
+    return None if rate is None else Peak(str(rate), None if part is None else str(part))
 
 
 def _peaks(frame: pd.DataFrame) -> pd.Series:
@@ -162,10 +130,7 @@ def _peaks(frame: pd.DataFrame) -> pd.Series:
         return pd.Series([None] * len(frame), index=frame.index, dtype=object)
     column = lambda name: frame[name] if name in frame.columns else pd.Series(None, index=frame.index)  # noqa: E731
     return pd.Series(
-        [
-            mfu_peak(peak, source) if finite_number(mfu) is not None else None
-            for mfu, peak, source in zip(frame["mfu"], column("peak_flops_per_device"), column("peak_flops_source"))
-        ],
+        [mfu_peak(rate, part) if finite_number(mfu) is not None else None for mfu, rate, part in zip(frame["mfu"], column("peak_rate"), column("peak_part"))],
         index=frame.index,
         dtype=object,
     )
@@ -254,7 +219,7 @@ def _fastest(cells: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
         "unit": unit,
         # a language model's figure is its tokens/s: sequences of one length are not comparable across lengths
         "median": top.get("tokens_per_s") if unit == "tokens/s" else top.get("samples_per_s"),
-        "mfu_peak": mfu_peak(top.get("peak_flops_per_device"), top.get("peak_flops_source")) if top.get("mfu") is not None else None,
+        "mfu_peak": mfu_peak(top.get("peak_rate"), top.get("peak_part")) if top.get("mfu") is not None else None,
         "device": device,
         "memory": gib(memory),
         "memory_share": memory / capacity if memory is not None and capacity else None,
@@ -272,7 +237,7 @@ def _cells(ok: pd.DataFrame, inventory: Any = None) -> pd.DataFrame:
     cells = grouped.agg(**{name: (name, how) for name, how in figures.items() if name in ok.columns})
     spread = grouped["samples_per_s"].agg(repeats="count", min="min", max="max")
     facts = [
-        c for c in ("peak_memory_kind", "peak_flops_per_device", "peak_flops_source", "tokens_per_sample", "gpu_memory_bytes", "device_type") if c in ok.columns
+        c for c in ("peak_memory_kind", "peak_rate", "peak_part", "peak_clock_mhz", "tokens_per_sample", "gpu_memory_bytes", "device_type") if c in ok.columns
     ]
     first = grouped[facts].first() if facts else None
     table = pd.concat([frame for frame in (cells, spread, first) if frame is not None], axis=1)

@@ -29,10 +29,10 @@ from typing import Any
 
 import pandas as pd
 
-from scalerepro.analysis.evidence import EvidenceError, read_json_document
 from scalerepro.analysis.values import plain
 from scalerepro.common import yaml_text
 from scalerepro.common.cli import CommandError
+from scalerepro.common.files import JsonFileError, read_json_object
 from scalerepro.common.terminal import strip_terminal_escapes
 
 NOT_MEASURED = "not measured: "  # how a placeholder's description begins
@@ -116,8 +116,8 @@ def read_json(path: Path | None) -> Any:
     if path is None or not Path(path).is_file():
         return None
     try:
-        return read_json_document(path, what="JSON input", max_bytes=64 << 20)
-    except EvidenceError as error:
+        return read_json_object(path, what="JSON input", max_bytes=64 << 20)
+    except JsonFileError as error:
         raise CommandError(f"{error}: give the file the workflow wrote there") from None
 
 

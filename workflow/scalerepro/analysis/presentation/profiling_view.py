@@ -11,9 +11,7 @@ tables do not hold.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from scalerepro.analysis.profiles.kernels import STEP_CLASSES, kernel_class, short_name
@@ -38,18 +36,12 @@ def duration_text(seconds: Any) -> str | None:
 
 
 def measured_step(measured: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The profiled run's own measured step (runs.csv, with its count of measured steps, else its
-    record's): median, p10, p90 and n; None when the run has no measured step."""
+    """The profiled run's own measured step (runs.csv, with its count of measured steps): median,
+    p10, p90 and n; None when the run has no measured step."""
     if not measured or finite_number(measured[0].get("step_time_median_s")) is None:
         return None
     run = measured[0]
     steps = finite_number(run.get("measured_steps"))
-    record = Path(str(run.get("record") or ""))
-    try:
-        if steps is None and record.is_file():
-            steps = (json.loads(record.read_text()).get("measurements") or {}).get("measured_steps")
-    except (OSError, ValueError):
-        steps = None
     return {
         "median_s": finite_number(run.get("step_time_median_s")),
         "p10_s": finite_number(run.get("step_time_p10_s")),

@@ -88,6 +88,7 @@ from scalerepro.analysis.profiles.torch_trace import read_operator_table, read_t
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.range_names import RANGE_PREFIX
+from scalerepro.record.read import read
 
 # --------------------------------------------------------------------------------------------
 # One run's summary, and the study's tables
@@ -337,13 +338,19 @@ def study_summaries(results: Path, config: Mapping[str, Any], matrix: pd.DataFra
                 summaries.append(json.loads(kept.read_text()))
             continue
         row = planned.loc[run_dir.name]
-        record = Path(str(row.get("record_file") or ""))
-        document = json.loads(record.read_text()) if record.is_file() else {}
-        device = ((document.get("hardware") or {}).get("gpu") or {}).get("name") if isinstance((document.get("hardware") or {}).get("gpu"), dict) else None
+        device = _device_of(Path(str(row.get("record_file") or "")))
         summary = summarize(run_dir, run_dir.name, thresholds, None, profiling.get("gpu_peaks"), str(row.get("precision") or "") or None, device)
         write_text_atomically(kept, json.dumps(summary, indent=2, default=str) + "\n")
         summaries.append(summary)
     return summaries, left_out
+
+
+def _device_of(record_file: Path) -> str | None:
+    """The GPU a run's record names, None where it has no readable record (the capture's own name then decides)."""
+    try:
+        return read(record_file).record.hardware.gpu.name
+    except (OSError, ValueError):
+        return None
 
 
 _PROG = "scalerepro.analysis.profiles.captures"

@@ -7,9 +7,8 @@
 
 Inputs: the matrix (one row per *expected* run, with the path of its record; relative paths are
 resolved against the current directory, the workflow's working directory), the run records
-(``workflow/schemas/run_record.schema.json``), one all-reduce benchmark file per GPU count
-(``scalerepro.training.commbench``) and the published references (``config/references.yaml``). Only the
-record fields listed below are read. Nothing is invented: a figure that cannot be computed is
+(read through their model, ``scalerepro.record``), one all-reduce benchmark file per GPU count
+(``scalerepro.training.commbench``) and the published references (``config/references.yaml``). Nothing is invented: a figure that cannot be computed is
 empty (NaN) and a ``note``/``detail`` column says why.
 
 Definitions. A *cell* is a group of matrix rows that differ only in ``repeat``. A run *counts*
@@ -31,57 +30,14 @@ bootstrap medians (``scalerepro.analysis.tables.repeats``). A cell whose through
 
 Tables written to ``--out`` (CSV, one row per line described):
 
-runs.csv -- one row per matrix row (a run without a record is ``missing``, never dropped).
-    The matrix columns: run_id, study, model, gpus (world size), nodes, gpus_per_node, repeat,
-    variant, precision, per_gpu_batch, global_batch, bucket_cap_mb, runtime_min (time limit
-    requested per run), record (path of its record), rerun (the command that reruns it),
-    reference (the reference a ``reproduce`` run is for; empty in other studies and in matrices
-    from before the column), grad_accum_steps (1 in matrices from before it), parallel (the
-    --parallel strategy; ddp in matrices from before it), data_parallel (replicas reading
-    different data; gpus in matrices from before it); then
-    status            ok | failed | preempted | missing
-    error             the record's error message; for a missing run, why there is no record
-    stop_signal       SIGTERM | SIGUSR1 when the run was stopped by one
-    consistent        the record's world size and node count equal the matrix's gpus and nodes
-                      (empty when the record does not say), and its per-GPU batch (batch.per_gpu,
-                      where it states one) the matrix's per_gpu_batch
-    samples_per_s, tokens_per_s                  measured window, global (measurements.*)
-    step_time_median_s, step_time_p10_s, step_time_p90_s
-    epoch_time_s      steps per epoch x median step time
-    window_s          seconds of the measured window
-    mfu, exposed_comm_fraction, data_stall_fraction          fractions (0..1)
-    gpu_util_mean_pct, power_mean_w (sum over GPUs), energy_j, energy_per_sample_j   NVML, over
-                      the measured steps (records since energy_per_sample_net_j: evaluation
-                      paused out); energy_per_sample_net_j: the same less the GPUs' idle power
-                      x time, idle_power_w (empty in older records)
-    nvml_reason       why NVML figures are empty (e.g. a CPU run)
-    peak_memory_bytes peak CUDA allocated bytes (reserved bytes where the run replayed CUDA
-                      graphs, whose pools the allocated count misses), else the peak RSS of a rank
-    peak_memory_kind  cuda_allocated | cuda_reserved | rss
-    final_train_loss, final_eval_loss, final_eval_accuracy   the last history entry
-    duration_s        ended_at - started_at of the record
-    device_type       cuda | cpu
-    device_name       hardware.gpu.name, else the CPU model
-    world_size_recorded, nodes_recorded, scheduler_job_id, git_commit, git_dirty, torch_version,
-    started_at        ISO 8601, UTC
-    precision_recorded, per_gpu_batch_recorded, grad_accum_recorded, tokens_per_sample,
-    channels_last, data_kind, optimizer_kind, compile_mode, loader, optimizer_impl,
-    cudnn_benchmark, compile_scope, attention_backend, stem_channels   the conditions the record
-                      states (the last three: their defaults, model, auto and 3, in a record from
-                      before them)
-    precision_reason  on a CPU, why the run trained at its precision (native or emulated bf16)
-    peak_flops_per_device   the dense peak per GPU its MFU is against; gpu_memory_bytes: the card's memory
-    peak_flops_source why mfu is empty, when it is
-    parallel_recorded the strategy the record ran (measurements.sharding.strategy; ddp where the
-                      entry is null; a completed run that names another than the plan does not count)
-    mesh, reshard_after_forward, state_bytes_per_rank_max, state_bytes_per_rank_min (parameters +
-                      optimizer state held by a rank at the end), comm_bytes_per_step (analytic, bytes
-                      each rank sends per optimizer step, summed over its collectives), comm_by_collective
-                      (the same by collective, as text), comm_reason, pipeline_bubble_fraction (pp:
-                      (p-1)/(m+p-1))    measurements.sharding of a sharded run, empty under ddp
-    params_bytes_per_rank, grads_bytes_per_rank, optimizer_bytes_per_rank, activations_bytes_per_rank,
-    activations_reason    measurements.memory_split: each the largest over the ranks (activations =
-                      CUDA peak allocated - the model state; not measured on a CPU, the reason says why)
+runs.csv -- one row per matrix row (a run without a record is ``missing``, never dropped): the
+    matrix's columns (the plan: run_id, study, model, gpus, nodes, repeat, variant, precision,
+    per_gpu_batch, grad_accum_steps, global_batch, bucket_cap_mb, parallel, data_parallel, device,
+    data, purpose, cell, record_of, record, rerun, ...; older matrices' missing ones at their
+    defaults), whether the run counts (``status``: ok | failed | preempted | missing, ``error``,
+    ``consistent``, ``consistency``, ``counts``, ``withheld``, ``probe_of``), ``duration_s``
+    (ended_at - started_at), and every column the run record's model declares, read through it
+    (scalerepro.record.columns; docs/run-record.md's field table names each field's column and unit).
 epochs.csv -- one row per history entry of every record: run_id, epoch, step, complete
     (false for a partial last epoch), train_loss, eval_loss, eval_accuracy.
 loss_log.csv -- one row per logged step of every record: run_id, step, loss, samples_per_s.
@@ -163,7 +119,6 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, TARGETS, VERDICTS
-from scalerepro.analysis.evidence import EvidenceError, read_json_document
 from scalerepro.analysis.study_files import LeftOut, comm_problem, inventory_problem
 from scalerepro.analysis.tables import loss_decomposition, published_comparison, published_conditions, scaling_model
 from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, parallelism_table, scaling_table, sensitivity_table
@@ -172,7 +127,7 @@ from scalerepro.analysis.tables.checking import checks_table, cpu_study
 from scalerepro.analysis.tables.readers import communication_table, read_comm, read_matrix, read_runs
 from scalerepro.analysis.tables.reproduction import comparison_table, read_references, read_target_gpu
 from scalerepro.common.cli import CommandError, OneLineErrorParser, bounded_int, error_boundary
-from scalerepro.common.files import write_text_atomically
+from scalerepro.common.files import JsonFileError, read_json_object, write_text_atomically
 from scalerepro.common.study_layout import study_folder_of
 
 
@@ -298,8 +253,8 @@ def _inventory(path: Path | None) -> Any:
     if path is None:
         return None
     try:
-        return read_json_document(path, what="system inventory", max_bytes=64 << 20)
-    except EvidenceError as error:
+        return read_json_object(path, what="system inventory", max_bytes=64 << 20)
+    except JsonFileError as error:
         raise CommandError(f"{error}: give the system.json that scalerepro.telemetry.inventory wrote") from None
 
 

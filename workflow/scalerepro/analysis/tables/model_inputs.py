@@ -14,11 +14,12 @@ from typing import Any
 
 import pandas as pd
 
-from scalerepro.analysis.evidence import POSITIVE, Bound, EvidenceError, read_json_document
 from scalerepro.analysis.tables import loss_decomposition
 from scalerepro.analysis.tables.step_model import BatchCurve, Statistic, StepProfile
 from scalerepro.analysis.values import finite_number
+from scalerepro.common.cli import CommandError
 from scalerepro.common.gpu_peaks import peaks_key
+from scalerepro.record.read import read
 
 BATCH_CURVE_FILE = "batch_curve.json"  # benchmarks/gpu/batch_curve.py's output: a study's, or its GPU session's
 
@@ -26,37 +27,31 @@ BATCH_CURVE_FILE = "batch_curve.json"  # benchmarks/gpu/batch_curve.py's output:
 def read_profile(record_path: str | os.PathLike[str]) -> tuple[StepProfile | None, str]:
     """The step profile of one run record, or None and why there is none."""
     try:
-        document = read_json_document(record_path)
+        reading = read(record_path)
     except (OSError, ValueError) as error:
-        return None, str(error) if isinstance(error, EvidenceError) else f"unreadable run record {record_path}: {error}"
-    measurements = document.get("measurements") or {}
-    probe = measurements.get("backward_buckets")
-    if not isinstance(probe, dict):
+        return None, str(error) if isinstance(error, CommandError) else f"unreadable run record {record_path}: {error}"
+    if reading.nonsense:
+        return None, f"its {reading.nonsense[0]}: no step to replay"
+    measured = reading.record.measurements
+    probe = measured.backward_buckets if measured is not None else None
+    if measured is None or probe is None:
         return None, "its record has no backward_buckets (recorded before the scaling model)"
-    if not probe.get("steps") or not probe.get("buckets"):
-        return None, f"its bucket probe did not run: {probe.get('reason')}"
-    step = (measurements.get("step_time_s") or {}).get("median")
-    if step is None:
+    if not probe.steps or not probe.buckets:
+        return None, f"its bucket probe did not run: {probe.reason}"
+    if measured.step_time_s.median is None:
         return None, "its record has no median step time"
-    # every figure the model replays is a measurement: a step above 0, phases and bytes not below
-    figures = {"step_time_s.median": (step, POSITIVE), **{f"backward_buckets.{k}": (probe.get(k), Bound()) for k in ("forward_s", "backward_s", "optimizer_s")}}
-    buckets = probe["buckets"] if isinstance(probe["buckets"], list) else [None]
-    for index, bucket in enumerate(buckets):
-        bucket = bucket if isinstance(bucket, dict) else {}
-        figures[f"backward_buckets.buckets[{index}].bytes"] = (bucket.get("bytes"), Bound(integer=True))
-        figures[f"backward_buckets.buckets[{index}].ready_s"] = (bucket.get("ready_s"), Bound())
-    for name, (value, bound) in figures.items():
-        why = bound.problem(value) if value is not None else "absent"
-        if why:
-            return None, f"its {name} is {why}: no step to replay"
+    forward, backward, optimizer = probe.forward_s, probe.backward_s, probe.optimizer_s
+    if forward is None or backward is None or optimizer is None:
+        absent = next(name for name, value in (("forward_s", forward), ("backward_s", backward), ("optimizer_s", optimizer)) if value is None)
+        return None, f"its backward_buckets.{absent} is absent: no step to replay"
     return StepProfile(
-        step_s=step,
-        forward_s=probe["forward_s"],
-        backward_s=probe["backward_s"],
-        optimizer_s=probe["optimizer_s"],
-        micro_batches=probe.get("micro_batches_per_step", 1),
-        bucket_bytes=tuple(bucket["bytes"] for bucket in probe["buckets"]),
-        bucket_ready_s=tuple(bucket["ready_s"] for bucket in probe["buckets"]),
+        step_s=measured.step_time_s.median,
+        forward_s=forward,
+        backward_s=backward,
+        optimizer_s=optimizer,
+        micro_batches=probe.micro_batches_per_step or 1,
+        bucket_bytes=tuple(bucket.bytes for bucket in probe.buckets),
+        bucket_ready_s=tuple(bucket.ready_s for bucket in probe.buckets),
     ), ""
 
 
