@@ -24,6 +24,7 @@ import pandas as pd
 
 from scalerepro.analysis.presentation import report
 from scalerepro.analysis.tables import published_comparison, published_conditions
+from scalerepro.analysis.tables.cell_tables import cells_table
 from scalerepro.analysis.tables.loss_decomposition import loss_decomposition_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +85,7 @@ def _run_rows(evil: bool) -> list[dict]:
         record = f"results/runs/{run_id}/record.json"
         row = {  # the plan: every run has these
             "run_id": run_id,
+            "cell": run_id.removesuffix(f"_r{repeat}"),
             "study": study,
             "model": model,
             "gpus": gpus,
@@ -399,6 +401,7 @@ def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sampl
     plots.mkdir()
     runs = pd.DataFrame(_run_rows(evil))
     runs.to_csv(tables / "runs.csv", index=False)
+    cells_table(runs).to_csv(tables / "cells.csv", index=False)
     _scaling(runs).to_csv(tables / "scaling.csv", index=False)
     loss_decomposition_table(runs, _scaling(runs)).to_csv(tables / "loss_decomposition.csv", index=False)
     _sensitivity().to_csv(tables / "sensitivity.csv", index=False)

@@ -228,6 +228,21 @@ def test_communication_bandwidths(gpu, tmp_path):
         readers.communication_table([wrong])
 
 
+def test_every_cell_table_states_its_cells_as_the_cells_table_does(gpu):
+    """One definition of a cell: scaling, sensitivity and ablation are views of cells.csv (the
+    headline's), each cell's throughput statistics the same, its bootstrap interval included."""
+    tables, _, _ = gpu
+    cells = tables["cells"].set_index("cell")
+    assert cells.index.is_unique and set(cells.index) == set(tables["runs"]["cell"])
+    for name, keys in (("scaling", ["study", "model", "gpus"]), ("sensitivity", list(columns.SENSITIVITY_KEYS)), ("ablation", ["model", "gpus", "variant"])):
+        table = tables[name]
+        study = cells[cells["study"].isin(["strong", "weak"] if name == "scaling" else [name])]
+        assert len(table) == len(study) > 0, name
+        joined = table.merge(study.reset_index(), on=keys, suffixes=("", "_of_cells"), validate="one_to_one")
+        for column in (*columns.THROUGHPUT, "repeats_ok", "repeats_total"):
+            pd.testing.assert_series_equal(joined[column], joined[f"{column}_of_cells"], check_names=False, check_dtype=False)
+
+
 @pytest.fixture(scope="module")
 def parallelism(tmp_path_factory) -> dict[str, pd.DataFrame]:
     return aggregate.aggregate(**write_parallelism_study(tmp_path_factory.mktemp("parallelism")), targets={})
@@ -272,7 +287,7 @@ def test_a_check_can_read_the_parallelism_table(parallelism):
     entry = {"table": "parallelism", "metric": "tokens_per_s_per_gpu", "where": {"gpus": 2}, "direction": "min", "threshold": 16000, "unit": "tokens/s"}
     result = checking.checks_table(parallelism, {"checks": {"tokens": entry}}).iloc[0]
     assert result["status"] == "fail" and result["measured"] == 15 * TOKENS  # tp's 30 samples/s / 2 GPUs
-    assert "worst cell gpt2_small g2 tp" in result["detail"]
+    assert "worst cell parallelism_gpt2_small_g2_tp" in result["detail"]
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
     jsonschema.validate({"targets": {"checks": {"tokens": entry}}}, {**schema, "required": []})  # a valid config entry
 

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from scalerepro.analysis.presentation import formatting, headline, report, report_facts
+from scalerepro.analysis.tables import cell_tables
 
 from report_study import EVIL, H100, REFERENCES, SXM_CONDITIONS, TEMPLATES, Tags, render_study, rendered_study, section, write_study
 
@@ -149,8 +150,13 @@ def test_headline_takes_the_best_configuration_by_median():
             "variant": ["a", "a", "a", "b", "b", "c", "d"],
             "samples_per_s": [100.0, 100.0, 1000.0, 300.0, 310.0, 5000.0, 9999.0],
         }
+    ).assign(
+        cell=lambda frame: "ablation_m_g1_" + frame["variant"],
+        nodes=1,
+        **dict.fromkeys(("tokens_per_s", "step_time_median_s", "epoch_time_s", "exposed_comm_fraction", "mfu", "peak_memory_bytes"), float("nan")),
+        device_name="NVIDIA H100 80GB HBM3",
     )
-    (row,) = headline.headline(runs, pd.DataFrame())
+    (row,) = headline.headline(runs, cell_tables.cells_table(runs), pd.DataFrame())
     assert row["one"]["samples_per_s"] == 305.0 and "b" in row["one"]["config"] and row["one"]["repeats"] == 2
     assert row["at_max"] is None and row["strong"] is None
     assert [r["run_id"] for r in report_facts.inconsistent(runs.assign(run_id=list("abcdefg")))] == ["g"]

@@ -84,6 +84,9 @@ EXPECTED: dict[tuple[str, str], str] = {
     # a CPU record from before schema 4 read its data wait on the host, a CPU's only clock
     # (scalerepro.telemetry.metrics.StepTimer): the upgrade states it (the GPU ones stay empty, withheld)
     ("runs", "data_wait_clock"): "a CPU record before schema 4 states its data wait's clock: the host's, a CPU's only one",
+    # one definition of a cell: every table names a cell as the matrix does (scalerepro.record.cell)
+    ("parallelism", "cell"): "a parallelism row's cell is its name, the matrix's (parallelism_gpt2_small_g2_fsdp), not a label of its own",
+    ("cells", "*"): "new: every cell's statistics, as its study's table states them (the headline reads them)",
 }
 
 # The columns that name a row of each table (unique in every golden); a table not named here, or

@@ -340,11 +340,13 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
     ]
     receipt = _appended(studies["candidate"], history)  # a writable open migrates
     with duckdb.connect(str(history), read_only=True) as connection:
-        assert store_file.schema_version(connection) == store_file.STORE_SCHEMA_VERSION == 5
+        assert store_file.schema_version(connection) == store_file.STORE_SCHEMA_VERSION == 6
         assert connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
-        assert (  # version 1's rows as they were, each run its own (record_of "", the column version 5 added)
-            connection.execute("SELECT * FROM runs WHERE study_id = ? ORDER BY run_id", [baseline.study_id]).fetchall() == [(*row, "") for row in old_rows]
-        )
+        # version 1's rows as they were, each run its own (record_of "", the column version 5 added) and its
+        # cell its run id less its repeat (version 6's column)
+        stored = connection.execute("SELECT * FROM runs WHERE study_id = ? ORDER BY run_id", [baseline.study_id]).fetchall()
+        assert stored == [(*row, "", re.sub(r"_r[0-9]+$", "", row[1])) for row in old_rows]
+        assert {row[-1] for row in stored} == {"strong_cnn_g1", "strong_gpt2_small_g1"}
         assert connection.execute("SELECT count(*) FROM imports").fetchone() == (0,)
     assert receipt["new_study"] and receipt["studies_in_store"] == 2
 

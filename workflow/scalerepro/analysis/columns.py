@@ -21,6 +21,7 @@ from scalerepro.record import columns as record_columns
 # outputs, what a bundle must hold.
 AGGREGATE_TABLES = (
     "runs",
+    "cells",
     "epochs",
     "loss_log",
     "scaling",
@@ -134,6 +135,52 @@ SCALING_COLUMNS = (
     "efficiency_ci_high",
     *WEAK_VARIATION,
     "note",
+)
+# cells.csv (tables.cell_tables.cells_table): one row per cell (scalerepro.record.cell: the plan's,
+# its repeats held to one configuration), what the headline reads: the settings that tell one
+# configuration from another, its statistics, and the facts its counted records share.
+CELL_SETTINGS = (
+    "study",
+    "model",
+    "gpus",
+    "nodes",
+    "variant",
+    "precision",
+    "per_gpu_batch",
+    "grad_accum_steps",
+    "global_batch",
+    "bucket_cap_mb",
+    "parallel",
+    "reference",
+)
+CELL_FACTS = (
+    "device_type",
+    "data_kind",
+    "image_size",
+    "seq_len",
+    "tokens_per_sample",
+    "gpu_memory_bytes",
+    "peak_memory_kind",
+    "peak_rate",
+    "peak_part",
+    "peak_clock_mhz",
+    "withheld",
+)
+CELLS_COLUMNS = (
+    "cell",
+    *CELL_SETTINGS,
+    "repeats_ok",
+    "repeats_total",
+    *THROUGHPUT,
+    "tokens_per_s_median",
+    "step_time_median_s",
+    "epoch_time_s",
+    "epoch_time_cv",
+    "exposed_comm_fraction",
+    "mfu",
+    "peak_memory_bytes",
+    "device_name",
+    *CELL_FACTS,
 )
 SENSITIVITY_KEYS = ("model", "gpus", "bucket_cap_mb", "per_gpu_batch", "precision")
 SENSITIVITY_COLUMNS = (
@@ -330,10 +377,14 @@ ROOFLINE_COLUMNS = (
 FILE_COLUMNS = ("run_id", "path", "description", "bytes")
 
 # --- the results store and study-vs-study comparisons ---
-# The columns that identify a cell: runs that differ only in their repeat.
-CELL_KEYS = ("study", "model", "variant", "precision", "per_gpu_batch", "gpus")
+# A cell across studies: the study's cell (its matrix's name: scalerepro.record.cell), and the two
+# planned settings another study's config may set otherwise under the same name.
+CELL_KEYS = ("cell", "precision", "per_gpu_batch")
+# What a history or comparison row shows of its cell beside its key.
+CELL_SHOWN = ("study", "model", "variant", "gpus")
 HISTORY_COLUMNS = (
     *CELL_KEYS,
+    *CELL_SHOWN,
     "study_id",
     "started_at",
     "git_commit",
@@ -350,6 +401,7 @@ HISTORY_COLUMNS = (
 VERSUS_VERDICTS = ("faster", "slower", "no significant change", "too few repeats", "only in baseline", "only in candidate")
 VERSUS_COLUMNS = (
     *CELL_KEYS,
+    *CELL_SHOWN,
     "baseline_repeats",
     "baseline_median",
     "candidate_repeats",

@@ -166,9 +166,14 @@ def from_study(tables: Path) -> list[OneGpuInput]:
     if not runs_path.is_file():
         raise PredictError(f"{tables}: no runs.csv; give a finished study's tables folder (results/tables) or --record")
     runs = pd.read_csv(runs_path)
+    if "cell" not in runs.columns:
+        raise PredictError(
+            f"{runs_path} names no cell of its runs (tables from before cells): make them again with `python -m scalerepro.analysis.rebuild --results {tables.parent}`"
+        )
     one = runs[runs["study"].isin(["strong", "weak"]) & runs["gpus"].eq(1) & runs["counts"].astype(bool)]
     inputs = []
-    for (study, model), group in one.groupby(["study", "model"], sort=True):
+    for _, group in one.groupby("cell", sort=True):  # a study's one-GPU cell of each model
+        study, model = group["study"].iloc[0], group["model"].iloc[0]
         try:  # each record inside the study folder the tables are of (never whatever lies at that path from here)
             found = [model_inputs.read_profile(study_layout.record_file(str(path), tables.parent)) for path in group["record"]]
         except study_layout.OutsideStudy as error:

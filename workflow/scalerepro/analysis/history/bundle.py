@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shlex
 import shutil
 import stat
@@ -386,6 +387,9 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
     if rows.get("schema_version") == 4 and isinstance(rows.get("runs"), list):
         # version 4's rows: every run its own (store_file.MIGRATIONS[5] added record_of)
         rows = {**rows, "schema_version": 5, "runs": [{**run, "record_of": ""} if isinstance(run, dict) else run for run in rows["runs"]]}
+    if rows.get("schema_version") == 5 and isinstance(rows.get("runs"), list):
+        # version 5's rows: each run's cell, as the study named its runs <cell>_r<repeat> (store_file.MIGRATIONS[6])
+        rows = {**rows, "schema_version": 6, "runs": [{**run, "cell": _cell_of(run)} if isinstance(run, dict) else run for run in rows["runs"]]}
     if rows.get("schema_version") != store_file.STORE_SCHEMA_VERSION:
         raise BundleError(
             f"{path} holds rows of store schema version {rows.get('schema_version')}, this scalerepro reads "
@@ -450,6 +454,12 @@ def import_bundle(
             shutil.rmtree(staging, ignore_errors=True)
         raise
     return bundle, result
+
+
+def _cell_of(run: Mapping[str, Any]) -> str:
+    """The cell of a run a bundle of store version 5 holds: its run id less _r<repeat>, as the
+    migration to version 6 takes it (store_file.MIGRATIONS[6])."""
+    return re.sub(r"_r[0-9]+$", "", str(run.get("run_id")))
 
 
 def _unpack(bundle: Bundle, target: Path) -> Path:

@@ -10,7 +10,8 @@ other than the other side, so ``latest`` compared with the newest study means th
 it), a study's store receipt (results/tables/store.json), or a bundle (``scalerepro.analysis.history.bundle``;
 verified, its rows held to its records, and read without importing it).
 
-Definitions. A *cell* is (study kind, model, variant, precision, per-GPU batch, GPU count); its
+Definitions. A *cell* is a study's cell (its matrix names it: study kind, model, GPU count,
+variant; scalerepro.record.cell) at one precision and per-GPU batch (``columns.CELL_KEYS``); its
 runs are the repeats that count (completed, record agrees with the plan). b and c are the
 samples/s of a cell's runs in the baseline and the candidate.
 
@@ -45,7 +46,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalerepro.analysis.columns import CELL_KEYS, VERSUS_COLUMNS, VERSUS_VERDICTS
+from scalerepro.analysis.columns import CELL_KEYS, CELL_SHOWN, VERSUS_COLUMNS, VERSUS_VERDICTS
 from scalerepro.analysis.history import bundle, store, store_file, study_rows
 from scalerepro.analysis.history.bundle import BundleError
 from scalerepro.analysis.history.store_file import StoreError
@@ -212,7 +213,8 @@ def compare(
     for key in sorted(cells["baseline"].keys() | cells["candidate"].keys(), key=lambda k: tuple(map(str, k))):
         in_cell = {name: cells[name].get(key, empty[name]) for name in sides}
         b, c = (in_cell[name]["samples_per_s"].to_numpy(dtype=float) for name in sides)
-        row: dict[str, Any] = dict(zip(CELL_KEYS, key))
+        shown = next(frame.iloc[0] for frame in in_cell.values() if not frame.empty)
+        row: dict[str, Any] = {**dict(zip(CELL_KEYS, key)), **{column: shown[column] for column in CELL_SHOWN}}
         row.update(
             baseline_repeats=b.size,
             baseline_median=float(np.median(b)) if b.size else None,

@@ -90,7 +90,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from scalerepro.analysis.columns import CELL_KEYS, HISTORY_COLUMNS
+from scalerepro.analysis.columns import CELL_KEYS, CELL_SHOWN, HISTORY_COLUMNS
 from scalerepro.analysis.history.store_file import (
     DEFAULT_LOCK_TIMEOUT_S,
     LOCK_TIMEOUT_S,
@@ -374,6 +374,7 @@ def history(connection: duckdb.DuckDBPyConnection, study_id: str) -> pd.DataFram
             samples_per_s_min=("samples_per_s", "min"),
             samples_per_s_max=("samples_per_s", "max"),
             device_name=("device_name", distinct_joined),
+            **{column: (column, "first") for column in CELL_SHOWN},
         )
         .reset_index()
         .merge(earlier[["study_id", "started_at", "git_commit", "git_dirty", "cluster"]], on="study_id")

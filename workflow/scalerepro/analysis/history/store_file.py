@@ -24,7 +24,7 @@ import duckdb
 from scalerepro.common.cli import CommandError, bounded_float
 from scalerepro.common.files import current_umask
 
-STORE_SCHEMA_VERSION = 5
+STORE_SCHEMA_VERSION = 6
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 # --lock-timeout: seconds, at most a day (a typo must not wait for ever).
 LOCK_TIMEOUT_S = bounded_float(0, 24 * 3600)
@@ -108,6 +108,8 @@ RUN_TYPES: dict[str, str] = {
     # the run whose record this row reads, where another cell of the study runs the same trainer run
     # (the strong and weak cells at the largest count, at one batch); "" where the run is its own
     "record_of": "VARCHAR",
+    # the cell the run repeats (the matrix's: scalerepro.record.cell)
+    "cell": "VARCHAR",
 }
 STORED_RUN_COLUMNS = tuple(RUN_TYPES)
 
@@ -123,7 +125,7 @@ def _create_table_sql(table: str, types: Mapping[str, str], key: str = "") -> st
 # Columns renamed since version 1 (new name: old name); version 1's runs table had the old ones.
 RENAMED_RUN_COLUMNS = {"per_gpu_batch": "per_rank_batch", "scheduler_job_id": "slurm_job_id"}
 # Columns added since version 1, by the version that added them (each its own migration step).
-ADDED_RUN_COLUMNS = {"record_of": 5}
+ADDED_RUN_COLUMNS = {"record_of": 5, "cell": 6}
 _RUN_TYPES_V1 = {RENAMED_RUN_COLUMNS.get(name, name): kind for name, kind in RUN_TYPES.items() if name not in ADDED_RUN_COLUMNS}
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -149,6 +151,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # A row may read another cell's run: the study runs one trainer run once (record_of)
     5: ("ALTER TABLE runs ADD COLUMN record_of VARCHAR DEFAULT ''",),
+    # Each run names its cell, the matrix's; before, a study named its runs <cell>_r<repeat>
+    6: ("ALTER TABLE runs ADD COLUMN cell VARCHAR DEFAULT ''", "UPDATE runs SET cell = regexp_replace(run_id, '_r[0-9]+$', '')"),
 }
 assert sorted(MIGRATIONS) == list(range(1, STORE_SCHEMA_VERSION + 1))
 

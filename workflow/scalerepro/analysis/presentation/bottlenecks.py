@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalerepro.analysis.presentation.headline import FIGURE_COLUMNS, counting_runs, headline
+from scalerepro.analysis.presentation.headline import counting_runs, headline
 from scalerepro.analysis.presentation.inputs import read_table
 from scalerepro.analysis.profiles.kernels import kernel_class, short_name
 from scalerepro.analysis.profiles.step import CLASS_COLUMNS, ONE_PER_CONFIGURATION
@@ -58,15 +58,9 @@ def _number(value: Any) -> float | None:
 
 
 def _cell_runs(runs: pd.DataFrame, cell: Mapping[str, Any]) -> pd.DataFrame:
-    """The counted runs of a headline cell (its model, GPU count and FIGURE_COLUMNS values)."""
+    """The counted runs of a headline cell."""
     ok = counting_runs(runs)
-    keys = [key for key in ("model", "gpus", *FIGURE_COLUMNS) if key in ok.columns and key in cell]
-    same = pd.Series(True, index=ok.index)
-    for key in keys:
-        value = plain(cell[key])
-        column = ok[key].map(plain)
-        same &= column.isna() if value is None else column.eq(value)
-    return ok[same]
+    return ok[ok["cell"].eq(cell["cell"])]
 
 
 def power_bound(clocks: Mapping[str, Any] | None) -> dict[str, str] | None:
@@ -154,14 +148,14 @@ def stem_on_cuda_cores(roofline: pd.DataFrame, images: bool) -> dict[str, str] |
     }
 
 
-def bottleneck_rows(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any, tables_dir: Path) -> list[dict[str, Any]]:
+def bottleneck_rows(runs: pd.DataFrame, cells: pd.DataFrame, scaling: pd.DataFrame, inventory: Any, tables_dir: Path) -> list[dict[str, Any]]:
     """Per model with a one-GPU headline cell: ``model``, ``config`` (the cell's), ``findings``
     (each ``what``, ``evidence``, ``lever``), ``known`` (what is known where nothing was found),
     ``profiled`` (the profile's run id, None without one)."""
     profiling = read_table(Path(tables_dir), "profiling")
     roofline = read_table(Path(tables_dir), "profiling_roofline")
     out = []
-    for item in headline(runs, scaling, inventory):
+    for item in headline(runs, cells, scaling, inventory):
         cell = item["one"]
         if cell is None or (cell.get("device") or {}).get("cpu"):
             continue

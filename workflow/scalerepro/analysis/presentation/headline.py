@@ -18,12 +18,6 @@ from scalerepro.analysis.presentation import cell_facts
 from scalerepro.analysis.values import finite_number, plain
 from scalerepro.common import gpu_peaks
 
-# The columns that tell one configuration from another; repeats of a configuration share them.
-CONFIG_COLUMNS = ("study", "variant", "precision", "per_gpu_batch", "bucket_cap_mb")
-# Beside them, what a headline figure must not mix: the data it read, the device it ran on, the
-# nodes the GPUs were spread over, the strategy, and the model's shape.
-FIGURE_COLUMNS = (*CONFIG_COLUMNS, "data_kind", "device_name", "nodes", "parallel", "image_size", "seq_len")
-
 # What "fp32" and "tf32" mean in this trainer (scalerepro.trainer_flags: --precision); an H100's dense
 # TF32 rate is 7.4x its IEEE fp32 rate, and NGC's and Lambda's published "FP32" figures are TF32.
 PRECISION_WORDS = {
@@ -45,14 +39,6 @@ def _plain_cell(value: Any) -> Any:
 def _flag(value: Any) -> bool:
     value = _plain_cell(value)
     return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes")) or value == 1
-
-
-def _first(frame: pd.DataFrame, column: str) -> Any:
-    """The first value of ``column`` that is there, or None."""
-    if column not in frame.columns:
-        return None
-    present = frame[column].dropna()
-    return _plain_cell(present.iloc[0]) if not present.empty else None
 
 
 def gib(size: Any) -> str | None:
@@ -203,18 +189,30 @@ def device_facts(device_name: Any, device_type: Any, memory_bytes: Any, inventor
 # --------------------------------------------------------------------------------------------
 
 
-def _fastest(cells: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
-    """The configuration with the highest median throughput among ``cells`` (one row each)."""
+# cells.csv column -> what the headline calls it: a cell's figure is its median over its counted repeats
+CELL_FIGURES = {
+    "samples_per_s_median": "samples_per_s",
+    "tokens_per_s_median": "tokens_per_s",
+    "repeats_ok": "repeats",
+    "samples_per_s_min": "min",
+    "samples_per_s_max": "max",
+}
+
+
+def _fastest(cells: pd.DataFrame, ok: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
+    """The cell (cells.csv rows) with the highest median throughput, with what it takes to read
+    it: its unit, configuration, device, MFU and its peak, peak memory against the card's, and
+    its spread, clocks and provenance (cell_facts, over the cell's counted runs ``ok``)."""
     if cells.empty:
         return None
-    top = {key: _plain_cell(value) if not isinstance(value, (dict, list)) else value for key, value in cells.loc[cells["samples_per_s"].idxmax()].items()}
+    row = cells.loc[cells["samples_per_s_median"].idxmax()]
+    top = {CELL_FIGURES.get(key, key): _plain_cell(value) for key, value in row.items()}
+    runs = ok[ok["cell"].eq(row["cell"])]
     device = device_facts(top.get("device_name"), top.get("device_type"), top.get("gpu_memory_bytes"), inventory)
     memory, capacity = finite_number(top.get("peak_memory_bytes")), device.get("memory_bytes")
     unit = throughput_unit(top.get("tokens_per_s"), top.get("tokens_per_sample"))
     return {
         **top,
-        # the figures the headline reads that runs.csv may not have as columns (no MFU where no peak is known): None there
-        **{column: top.get(column) for column in ("tokens_per_s", "mfu", "peak_memory_kind")},
         "config": describe_config(top, "rank" if device["cpu"] else "GPU"),
         "unit": unit,
         # a language model's figure is its tokens/s: sequences of one length are not comparable across lengths
@@ -223,30 +221,10 @@ def _fastest(cells: pd.DataFrame, inventory: Any) -> dict[str, Any] | None:
         "device": device,
         "memory": gib(memory),
         "memory_share": memory / capacity if memory is not None and capacity else None,
+        "spread": cell_facts.spread(runs, (finite_number(top.get("tokens_per_sample")) or 0) > 0),
+        "clocks": cell_facts.clocks(runs, inventory),
+        "provenance": cell_facts.provenance(runs),
     }
-
-
-def _cells(ok: pd.DataFrame, inventory: Any = None) -> pd.DataFrame:
-    """One row per configuration (model, GPUs, FIGURE_COLUMNS): its median throughput over its
-    counted repeats, their number, min and max, and its other figures (medians; peak memory the
-    largest: a figure a record holds wrongly is withheld by the reader, so never the largest), its
-    spread, clocks and provenance (cell_facts), and why a figure of its records is withheld."""
-    keys = ["model", "gpus", *[column for column in FIGURE_COLUMNS if column in ok.columns]]
-    grouped = ok.groupby(keys, dropna=False)
-    figures = {"samples_per_s": "median", "tokens_per_s": "median", "mfu": "median", "peak_memory_bytes": "max"}
-    cells = grouped.agg(**{name: (name, how) for name, how in figures.items() if name in ok.columns})
-    spread = grouped["samples_per_s"].agg(repeats="count", min="min", max="max")
-    facts = [
-        c for c in ("peak_memory_kind", "peak_rate", "peak_part", "peak_clock_mhz", "tokens_per_sample", "gpu_memory_bytes", "device_type") if c in ok.columns
-    ]
-    first = grouped[facts].first() if facts else None
-    table = pd.concat([frame for frame in (cells, spread, first) if frame is not None], axis=1)
-    language = lambda cell: (finite_number(_first(cell, "tokens_per_sample")) or 0) > 0  # noqa: E731
-    table["spread"] = [cell_facts.spread(cell, language(cell)) for _, cell in grouped]
-    table["clocks"] = [cell_facts.clocks(cell, inventory) for _, cell in grouped]
-    table["provenance"] = [cell_facts.provenance(cell) for _, cell in grouped]
-    table["withheld"] = [_first(cell, "withheld") for _, cell in grouped]
-    return table.reset_index()
 
 
 def _strong_rows(scaling: pd.DataFrame) -> dict[Any, dict[str, Any]]:
@@ -263,23 +241,23 @@ def _strong_rows(scaling: pd.DataFrame) -> dict[Any, dict[str, Any]]:
     return found
 
 
-def headline(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -> list[dict[str, Any]]:
-    """Per model: the fastest configuration at 1 GPU and at the largest GPU count it ran on (the
-    median over that configuration's counted repeats, so one lucky repeat cannot win), each with
-    its unit, configuration, device, MFU and its peak, peak memory and capacity, n and range; and
-    the strong-scaling row at the largest count where the strong study scaled the model."""
+def headline(runs: pd.DataFrame, cells: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -> list[dict[str, Any]]:
+    """Per model: the fastest cell at 1 GPU and at the largest GPU count it ran on (its median
+    over its counted repeats, cells.csv's: so one lucky repeat cannot win), each with its unit,
+    configuration, device, MFU and its peak, peak memory and capacity, n and range; and the
+    strong-scaling row at the largest count where the strong study scaled the model."""
     ok = counting_runs(runs)
     out: list[dict[str, Any]] = []
-    if {"model", "gpus", "samples_per_s"} <= set(ok.columns):
-        ok = ok[ok["samples_per_s"].notna() & ok["gpus"].notna()]
-        for model, cells in _cells(ok, inventory).groupby("model", sort=True):
-            max_gpus = _plain_cell(cells["gpus"].max())
+    if {"cell", "model", "gpus", "samples_per_s_median"} <= set(cells.columns):
+        measured = cells[cells["samples_per_s_median"].notna() & cells["gpus"].notna() & cells["repeats_ok"].gt(0)]
+        for model, of_model in measured.groupby("model", sort=True):
+            max_gpus = _plain_cell(of_model["gpus"].max())
             out.append(
                 {
                     "model": model,
-                    "one": _fastest(cells[cells["gpus"] == 1], inventory),
+                    "one": _fastest(of_model[of_model["gpus"] == 1], ok, inventory),
                     "max_gpus": max_gpus,
-                    "at_max": _fastest(cells[cells["gpus"] == max_gpus], inventory) if max_gpus != 1 else None,
+                    "at_max": _fastest(of_model[of_model["gpus"] == max_gpus], ok, inventory) if max_gpus != 1 else None,
                 }
             )
     strong_rows = _strong_rows(scaling)
@@ -290,10 +268,10 @@ def headline(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -
     return out
 
 
-def headline_section(runs: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -> dict[str, Any]:
+def headline_section(runs: pd.DataFrame, cells: pd.DataFrame, scaling: pd.DataFrame, inventory: Any = None) -> dict[str, Any]:
     """The headline, grouped by unit (img/s, tokens/s, samples/s: a column header carries the
     unit), with what is common to its figures said once: the device, the peak MFU is against."""
-    items = headline(runs, scaling, inventory)
+    items = headline(runs, cells, scaling, inventory)
     figures = [f for item in items for f in (item["one"], item["at_max"]) if f is not None]
     groups: dict[str, list[dict[str, Any]]] = {}
     for item in items:

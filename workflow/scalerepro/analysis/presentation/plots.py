@@ -29,7 +29,6 @@ from matplotlib.ticker import FuncFormatter
 from scalerepro.analysis import columns
 from scalerepro.analysis.presentation import model_plots, profile_plots
 from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
-from scalerepro.analysis.presentation.headline import FIGURE_COLUMNS
 from scalerepro.analysis.presentation.inputs import placeholder_metadata, require_aggregation
 from scalerepro.analysis.presentation.plot_basics import (
     MARKERS,
@@ -318,11 +317,10 @@ def _energy_rows(t: Tables) -> pd.DataFrame:
 def _fastest_configurations(energy: pd.DataFrame) -> pd.DataFrame:
     """Per row of the figure (a model at a GPU count), the medians of the configuration the headline
     shows for it: the one with the highest median throughput (configurations told apart as the
-    headline tells them, headline.FIGURE_COLUMNS). A median over every configuration would mix an
+    headline tells them: cells, scalerepro.record.cell). A median over every configuration would mix an
     fp32 baseline with a bf16 one, a figure no configuration measured."""
-    keys = ["model", "gpus", *(column for column in FIGURE_COLUMNS if column in energy.columns)]
     cells = (
-        energy.groupby(keys, dropna=False)
+        energy.groupby(["model", "gpus", "cell"], dropna=False)
         .agg(label=("label", "first"), speed=("samples_per_s", "median"), gross=("gross", "median"), net=("net", "median"))
         .reset_index()
     )

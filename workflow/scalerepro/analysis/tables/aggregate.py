@@ -38,6 +38,14 @@ runs.csv -- one row per matrix row (a run without a record is ``missing``, never
     ``consistent``, ``consistency``, ``counts``, ``withheld``, ``probe_of``), ``duration_s``
     (ended_at - started_at), and every column the run record's model declares, read through it
     (scalerepro.record.columns; docs/run-record.md's field table names each field's column and unit).
+cells.csv -- one row per cell (the matrix's ``cell``: its repeats; scalerepro.record.cell), as
+    its study's table states it: the settings that tell one configuration from another (study,
+    model, gpus, nodes, variant, precision, batches, bucket cap, strategy, reference), repeats_ok,
+    repeats_total, the throughput's median, min, max, CV, interval and noisy flag, tokens/s, step
+    and epoch time and exposed communication (medians), mfu (median), peak_memory_bytes (the
+    largest over the repeats), device_name, and the facts its counted records share (data, shape,
+    the peak MFU is against with the clock it is quoted at, the card's memory, what is withheld).
+    The headline reads it.
 epochs.csv -- one row per history entry of every record: run_id, epoch, step, complete
     (false for a partial last epoch), train_loss, eval_loss, eval_accuracy.
 loss_log.csv -- one row per logged step of every record: run_id, step, loss, samples_per_s.
@@ -62,7 +70,7 @@ parallelism.csv -- one row per (model, gpus, strategy) of the ``parallelism`` st
     mfu, peak_memory_bytes (a GPU's peak, the largest over ranks), peak_memory_kind, mesh,
     reshard_after_forward, state_bytes_per_rank_max/min, comm_bytes_per_step, comm_by_collective,
     pipeline_bubble_fraction, the memory split per rank (params, grads, optimizer, activations),
-    all medians over the counted repeats; device_name, cell (names the row in a check), note
+    all medians over the counted repeats; device_name, cell (the cell's name: scalerepro.record.cell), note
     ("not measured: <figure> (<why>)" for each empty figure).
 communication.csv -- one row per (gpus, size_bytes): gpus, size_bytes, nodes, backend,
     time_us_median (slowest rank's median of single all-reduces: not nccl-tests' time, see
@@ -121,7 +129,7 @@ import pandas as pd
 from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, TARGETS, VERDICTS
 from scalerepro.analysis.study_files import LeftOut, comm_problem, inventory_problem
 from scalerepro.analysis.tables import loss_decomposition, published_comparison, published_conditions, scaling_model
-from scalerepro.analysis.tables.cell_tables import ablation_table, cost_table, parallelism_table, scaling_table, sensitivity_table
+from scalerepro.analysis.tables.cell_tables import ablation_table, cells_table, cost_table, parallelism_table, scaling_table, sensitivity_table
 from scalerepro.analysis.tables.check_definitions import parse_checks
 from scalerepro.analysis.tables.checking import checks_table, cpu_study
 from scalerepro.analysis.tables.readers import communication_table, read_comm, read_matrix, read_runs
@@ -195,6 +203,7 @@ def aggregate_study(
         "runs": runs,
         "epochs": epochs,
         "loss_log": losses,
+        "cells": cells_table(runs, noise),
         "scaling": scaling_table(runs, noise),
         "sensitivity": sensitivity_table(runs, noise),
         "ablation": ablation_table(runs, noise),

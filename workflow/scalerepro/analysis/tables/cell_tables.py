@@ -12,6 +12,9 @@ import pandas as pd
 
 from scalerepro.analysis.columns import (
     ABLATION_COLUMNS,
+    CELL_FACTS,
+    CELL_SETTINGS,
+    CELLS_COLUMNS,
     DEFAULT_NOISE_CV_MAX,
     PARALLELISM_COLUMNS,
     PARALLELISM_KEYS,
@@ -46,17 +49,25 @@ def _values(runs: pd.DataFrame, column: str) -> pd.Series:
     return runs[column].where(runs["counts"])
 
 
-def cell_stats(runs: pd.DataFrame, keys: Sequence[str], noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
-    """One row per cell (``keys``), in first-seen order: repeats planned and counted, the median
-    of each figure over the repeats that count, and the spread of the throughput (min, max, CV,
-    the bootstrap 95 % interval of the median: scalerepro.analysis.tables.repeats); ``noisy`` when the
-    CV exceeds ``noise_cv_max``."""
+def _seed(group: pd.DataFrame, shown: Sequence[str]) -> tuple[Any, ...]:
+    """A cell's bootstrap key: the settings its table shows of it, as plain values."""
+    return tuple(value.item() if isinstance(value, np.generic) else value for value in (group[column].iloc[0] for column in shown))
+
+
+def cell_stats(runs: pd.DataFrame, shown: Sequence[str], noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    """One row per cell (the runs' ``cell``: the plan's, as scalerepro.record.cell holds its
+    repeats to one configuration), in first-seen order: the settings of it a table ``shown``s (a
+    cell's runs share them), repeats planned and counted, the median of each figure over the
+    repeats that count, and the spread of the throughput (min, max, CV, the bootstrap 95 %
+    interval of the median: scalerepro.analysis.tables.repeats, its resamples seeded by the shown
+    settings); ``noisy`` when the CV exceeds ``noise_cv_max``."""
     ok = runs["counts"]
     measures = ["samples_per_s", "tokens_per_s", "step_time_median_s", "epoch_time_s", "exposed_comm_fraction"]
     # a repeat that does not count gets NaN, which median/min/max skip
-    frame = runs[list(keys)].join(runs[[*measures, "device_name"]].where(ok, axis=0)).assign(ok=ok)
-    groups = frame.groupby(list(keys), sort=False, dropna=False)
+    frame = runs[["cell", *shown]].join(runs[[*measures, "device_name"]].where(ok, axis=0)).assign(ok=ok)
+    groups = frame.groupby("cell", sort=False)
     cells = groups.agg(
+        **{column: (column, "first") for column in shown},
         repeats_ok=("ok", "sum"),
         repeats_total=("ok", "size"),
         samples_per_s_median=("samples_per_s", "median"),
@@ -68,7 +79,10 @@ def cell_stats(runs: pd.DataFrame, keys: Sequence[str], noise_cv_max: float = DE
         exposed_comm_fraction=("exposed_comm_fraction", "median"),
         device_name=("device_name", _joined),
     ).reset_index()
-    spread = [(repeats.describe(group["samples_per_s"], key), repeats.describe(group["epoch_time_s"], ("epoch", key))) for key, group in groups]
+    spread = [
+        (repeats.describe(group["samples_per_s"], _seed(group, shown)), repeats.describe(group["epoch_time_s"], ("epoch", _seed(group, shown))))
+        for _, group in groups
+    ]
     cells["samples_per_s_cv"] = [thr["cv"] for thr, _ in spread]
     cells["samples_per_s_ci_low"] = [thr["ci_low"] for thr, _ in spread]
     cells["samples_per_s_ci_high"] = [thr["ci_high"] for thr, _ in spread]
@@ -76,6 +90,38 @@ def cell_stats(runs: pd.DataFrame, keys: Sequence[str], noise_cv_max: float = DE
     # noisy: the throughput's CV over the repeats above the target (never with fewer than 2)
     cells["noisy"] = cells["samples_per_s_cv"].gt(noise_cv_max)
     return cells
+
+
+# What each study's table shows of its cells (and so the key its bootstrap resamples are seeded
+# by); another study's cells (reproduce, rebuild --records) show DEFAULT_SHOWN.
+STUDY_SHOWN: dict[str, tuple[str, ...]] = {
+    "strong": ("study", "model", "gpus", "nodes"),
+    "weak": ("study", "model", "gpus", "nodes"),
+    "sensitivity": SENSITIVITY_KEYS,
+    "ablation": ("model", "gpus", "variant"),
+    "parallelism": PARALLELISM_KEYS,
+}
+DEFAULT_SHOWN = ("study", "model", "gpus", "nodes", "variant")
+
+
+def cells_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
+    """cells.csv: every cell of the study, each study's as its table states it (cell_stats over
+    the cell's counted runs: the same medians, spread and intervals), with the settings that tell
+    one configuration from another, MFU (median), the largest peak memory over the repeats (a
+    figure a record holds wrongly is withheld by the reader, so never the largest), and the facts
+    its records share (the peak MFU is against, the card's memory). What the headline reads."""
+    frames = [cell_stats(group, STUDY_SHOWN.get(str(study), DEFAULT_SHOWN), noise_cv_max) for study, group in runs.groupby("study", sort=False)]
+    if not frames:
+        return pd.DataFrame(columns=list(CELLS_COLUMNS))
+    cells = pd.concat(frames, ignore_index=True)
+    settings = [c for c in CELL_SETTINGS if c in runs.columns]
+    cells = cells.drop(columns=[c for c in settings if c in cells.columns]).merge(runs.groupby("cell", sort=False)[settings].first().reset_index(), on="cell")
+    counted = runs[runs["counts"].astype(bool)].groupby("cell", sort=False)
+    figures = counted.agg(
+        mfu=("mfu", "median"), peak_memory_bytes=("peak_memory_bytes", "max"), **{fact: (fact, "first") for fact in CELL_FACTS if fact in runs.columns}
+    )
+    cells = cells.merge(figures.reset_index(), on="cell", how="left")
+    return cells.reindex(columns=list(CELLS_COLUMNS))
 
 
 def _cell_values(runs: pd.DataFrame, column: str, where: pd.Series) -> np.ndarray:
@@ -91,7 +137,7 @@ def _noise_note(cells: pd.DataFrame) -> pd.Series:
 
 def scaling_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
     scaled = runs[runs["study"].isin(["strong", "weak"])]
-    cells = cell_stats(scaled, ["study", "model", "gpus", "nodes"], noise_cv_max)
+    cells = cell_stats(scaled, STUDY_SHOWN["strong"], noise_cv_max)
     one = cells.loc[cells["gpus"].eq(1), ["study", "model", "samples_per_s_median", "epoch_time_s"]]
     cells = cells.merge(one, on=["study", "model"], how="left", suffixes=("", "_1gpu"))
     thr, thr1 = cells["samples_per_s_median"], cells["samples_per_s_median_1gpu"]
@@ -123,7 +169,7 @@ def scaling_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX
         [NO_REPEAT, "no completed 1-GPU run of this study and model: speedup and efficiency undefined", _noise_note(cells)],
         "",
     )
-    _say_whose_runs(cells, scaled, ["study", "model", "gpus"])
+    _say_whose_runs(cells, scaled)
     return cells.sort_values(["study", "model", "gpus"], kind="stable")[list(SCALING_COLUMNS)].reset_index(drop=True)
 
 
@@ -132,32 +178,29 @@ def _add_note(cells: pd.DataFrame, position: int, words: str) -> None:
     cells.loc[cells.index[position], "note"] = "; ".join(filter(None, [cells["note"].iloc[position], words]))
 
 
-def _runs_of_each_cell(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]) -> Iterator[tuple[int, pd.Series]]:
-    """Each cell's position in ``cells`` and the mask of its runs in ``runs`` (equal on ``keys``)."""
-    for index, cell in enumerate(cells[list(keys)].itertuples(index=False)):
-        at = pd.Series(True, index=runs.index)
-        for key, value in zip(keys, cell):
-            at &= runs[key].eq(value)
-        yield index, at
+def _runs_of_each_cell(cells: pd.DataFrame, runs: pd.DataFrame) -> Iterator[tuple[int, pd.Series]]:
+    """Each cell's position in ``cells`` and the mask of its runs in ``runs``."""
+    for index, cell in enumerate(cells["cell"]):
+        yield index, runs["cell"].eq(cell)
 
 
-def _say_whose_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]) -> None:
+def _say_whose_runs(cells: pd.DataFrame, runs: pd.DataFrame) -> None:
     """A cell whose runs another cell runs (one trainer run, run once: the strong and weak cells at
     the largest count at one batch, or an ablation's "all" that is a sensitivity cell) says whose,
     in its note."""
     if "record_of" not in runs.columns:
         return
-    for index, at in _runs_of_each_cell(cells, runs, keys):
+    for index, at in _runs_of_each_cell(cells, runs):
         read = sorted({owner.rsplit("_r", 1)[0] for owner in runs.loc[at, "record_of"].fillna("") if owner})
         if read:
             said = f"the runs of {', '.join(read)} (one configuration: run once, read by both cells)"
             _add_note(cells, index, said)
 
 
-def _say_probed_runs(cells: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str]) -> None:
+def _say_probed_runs(cells: pd.DataFrame, runs: pd.DataFrame) -> None:
     """A cell whose exposed communication comes from fewer of its counted runs than its throughput
     (under a study budget only repeat 1 runs the probe: scalerepro.planning.study) says how many."""
-    for index, of_cell in _runs_of_each_cell(cells, runs, keys):
+    for index, of_cell in _runs_of_each_cell(cells, runs):
         at = of_cell & runs["counts"].astype(bool)
         probed, counted = int(runs.loc[at, "exposed_comm_fraction"].notna().sum()), int(at.sum())
         if 0 < probed < counted:
@@ -184,16 +227,16 @@ def weak_variation(scaled: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
 
 def sensitivity_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
     sensitivity = runs[runs["study"].eq("sensitivity")]
-    cells = cell_stats(sensitivity, SENSITIVITY_KEYS, noise_cv_max)
+    cells = cell_stats(sensitivity, STUDY_SHOWN["sensitivity"], noise_cv_max)
     cells["note"] = np.select([cells["repeats_ok"].eq(0), cells["noisy"]], [NO_REPEAT, _noise_note(cells)], "")
-    _say_whose_runs(cells, sensitivity, SENSITIVITY_KEYS)
-    _say_probed_runs(cells, sensitivity, SENSITIVITY_KEYS)
+    _say_whose_runs(cells, sensitivity)
+    _say_probed_runs(cells, sensitivity)
     return cells[list(SENSITIVITY_COLUMNS)]
 
 
 def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MAX) -> pd.DataFrame:
     ablation = runs[runs["study"].eq("ablation")]
-    cells = cell_stats(ablation, ["model", "gpus", "variant"], noise_cv_max)
+    cells = cell_stats(ablation, STUDY_SHOWN["ablation"], noise_cv_max)
     baseline = cells.loc[cells["variant"].eq("baseline"), ["model", "gpus", "samples_per_s_median"]]
     cells = cells.merge(baseline, on=["model", "gpus"], how="left", suffixes=("", "_baseline"))  # keeps matrix order
     # G = thr(variant) / thr(baseline) - 1
@@ -223,7 +266,7 @@ def ablation_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV_MA
         if (model, gpus) in strict and (cells["variant"].iloc[index] == "baseline" or pd.notna(cells["gain"].iloc[index])):
             words = STRICT_FP32 if cells["variant"].iloc[index] == "baseline" else "a gain against that stricter baseline"
             _add_note(cells, index, words)
-    _say_whose_runs(cells, ablation, ["model", "gpus", "variant"])
+    _say_whose_runs(cells, ablation)
     # "all" is the study's preset as it resolved where it ran (on a CPU that emulates bf16 it trains
     # fp32): its row names the levers its records state
     for index, (model, gpus, variant) in enumerate(zip(cells["model"], cells["gpus"], cells["variant"])):
@@ -291,11 +334,10 @@ def parallelism_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV
     counted repeats of MFU, peak memory per GPU and the sharding figures. Every empty figure of a
     cell with a completed repeat is named in ``note`` as "not measured: <figure> (<why>)"."""
     study = runs[runs["study"].eq("parallelism")]
-    keys = list(PARALLELISM_KEYS)
-    cells = cell_stats(study, keys, noise_cv_max)
-    groups = study.assign(**{c: _values(study, c) for c in ("tokens_per_s", "mfu", "peak_memory_bytes", *SHARDING_FIGURES)})
-    groups = groups.groupby(keys, sort=False, dropna=False)
-    tokens = [repeats.describe(group["tokens_per_s"], ("tokens", *key)) for key, group in groups]
+    shown = STUDY_SHOWN["parallelism"]
+    cells = cell_stats(study, shown, noise_cv_max)
+    groups = study.assign(**{c: _values(study, c) for c in ("tokens_per_s", "mfu", "peak_memory_bytes", *SHARDING_FIGURES)}).groupby("cell", sort=False)
+    tokens = [repeats.describe(group["tokens_per_s"], ("tokens", *_seed(group, shown))) for _, group in groups]
     cells["tokens_per_s_ci_low"] = [t["ci_low"] for t in tokens]
     cells["tokens_per_s_ci_high"] = [t["ci_high"] for t in tokens]
     # tokens/s per GPU = tokens/s (global, median over the repeats) / gpus
@@ -304,15 +346,14 @@ def parallelism_table(runs: pd.DataFrame, noise_cv_max: float = DEFAULT_NOISE_CV
     figures = groups[["mfu", "peak_memory_bytes", *SHARDING_FIGURES]].median().reset_index(drop=True)
     for column in figures:
         cells[column] = figures[column].to_numpy()
-    counted = study[study["counts"]].groupby(keys, sort=False, dropna=False)
+    counted = study[study["counts"]].groupby("cell", sort=False)
     text = {
         c: counted[c].agg(_joined)
         for c in ("peak_memory_kind", "mesh", "reshard_after_forward", "peak_flops_source", "comm_reason", "comm_by_collective", "activations_reason")
     }
     for column, values in text.items():
-        cells[column] = [values.get(tuple(key), "") for key in cells[keys].itertuples(index=False)]
+        cells[column] = [values.get(cell, "") for cell in cells["cell"]]
     cells["note"] = [_parallelism_note(cell) for cell in cells.to_dict("records")]
-    cells["cell"] = cells["model"] + " g" + cells["gpus"].astype(str) + " " + cells["parallel"]  # names it in a check
     return cells[list(PARALLELISM_COLUMNS)]
 
 

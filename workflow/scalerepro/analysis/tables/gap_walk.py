@@ -33,7 +33,7 @@ from scalerepro.analysis.tables.published_conditions import (
     CONDITION_TABLE,
     LABELS,
     WALK_LEVERS,
-    Cell,
+    MeasuredCell,
     compare,
     measured_words,
     published_words,
@@ -47,7 +47,7 @@ from scalerepro.analysis.tables.published_conditions import (
 class Pairing:
     """A measured cell and the published figure its gap walk starts from (the like-for-like one)."""
 
-    cell: Cell
+    cell: MeasuredCell
     reference: Mapping[str, Any] | None
 
 
@@ -80,7 +80,7 @@ def stops_short(
 # --------------------------------------------------------------------------------------------
 
 
-def _one_lever_apart(a: Cell, b: Cell, lever: str) -> bool:
+def _one_lever_apart(a: MeasuredCell, b: MeasuredCell, lever: str) -> bool:
     """Same model and device, every condition equal but ``lever``, which differs."""
     if (a.model, a.device) != (b.model, b.device):
         return False
@@ -90,14 +90,14 @@ def _one_lever_apart(a: Cell, b: Cell, lever: str) -> bool:
     )
 
 
-def _closeness(pair: tuple[Cell, Cell], target: Cell) -> tuple:
+def _closeness(pair: tuple[MeasuredCell, MeasuredCell], target: MeasuredCell) -> tuple:
     """Pairs whose other levers are the target cell's first, then those with more repeats."""
     a, b = pair
     apart = sum(str(a.conditions.get(k)) != str(target.conditions.get(k)) for k in a.conditions)
     return (apart, -(len(a.runs) + len(b.runs)), a.key_text(), b.key_text())
 
 
-def walk(pairing: Pairing, cells: Sequence[Cell]) -> list[dict[str, Any]]:
+def walk(pairing: Pairing, cells: Sequence[MeasuredCell]) -> list[dict[str, Any]]:
     """The gap walk of a pairing (module docstring): its steps in WALK_LEVERS order, measured or not,
     then the unexplained rest. Each a dict: lever, label, from, to, status ("measured", "not
     measured", "rest"), ratio with its interval and the two cells' medians, n and runs."""
@@ -114,7 +114,7 @@ def walk(pairing: Pairing, cells: Sequence[Cell]) -> list[dict[str, Any]]:
         # values compared in lower case (Muon, muon), printed as one of the sides spelled them
         spelled = {str(v).lower(): v for v in (published[lever], target.conditions[lever])}
         start, end = str(published[lever]).lower(), str(target.conditions[lever]).lower()
-        pairs: dict[tuple[str, str], list[tuple[Cell, Cell]]] = {}
+        pairs: dict[tuple[str, str], list[tuple[MeasuredCell, MeasuredCell]]] = {}
         for a in cells:
             for b in cells:
                 if a is not b and (a.model, a.device, a.gpus) == (target.model, target.device, target.gpus) and _one_lever_apart(a, b, lever):
@@ -145,7 +145,7 @@ def walk(pairing: Pairing, cells: Sequence[Cell]) -> list[dict[str, Any]]:
     return steps + [{**_rest(pairing, steps, published), "unused": [u for u in unused if u["levers"]]}]
 
 
-def _unused(cell: Cell, target: Cell, metric: str) -> dict[str, Any]:
+def _unused(cell: MeasuredCell, target: MeasuredCell, metric: str) -> dict[str, Any]:
     """A cell of the model that no step uses: more than one lever from every other cell."""
     spread = cell.describe("per_gpu" if metric == "tokens_per_s_per_gpu" else "samples_per_s")
     apart = [f"{LABELS[k]} {words(k, v)}" for k, v in cell.conditions.items() if str(v) != str(target.conditions.get(k))]
@@ -163,7 +163,7 @@ def _unmeasured(lever: str, start: Any, end: Any) -> dict[str, Any]:
     return {"lever": lever, "label": LABELS[lever], "from": words(lever, start), "to": words(lever, end), "status": "not measured"}
 
 
-def _measured(lever: str, start: Any, end: Any, a: Cell, b: Cell, metric: str) -> dict[str, Any]:
+def _measured(lever: str, start: Any, end: Any, a: MeasuredCell, b: MeasuredCell, metric: str) -> dict[str, Any]:
     metric = "per_gpu" if metric == "tokens_per_s_per_gpu" else "samples_per_s"
     low, high = repeats.ratio_interval(
         [(a.values(metric), ("nearest", a.key_text(), metric)), (b.values(metric), ("nearest", b.key_text(), metric))],

@@ -63,7 +63,7 @@ from scalerepro.analysis.tables.published_conditions import (
     EXTRA_COLUMNS,
     LABELS,
     MEASURED_KINDS,
-    Cell,
+    MeasuredCell,
     best_cell,
     gpu_model,
     measured_cells,
@@ -161,13 +161,13 @@ def per_gpu_published(ref: Mapping[str, Any]) -> float:
     return value / int(plain_value(ref["gpus"])) if ref["metric"] == "samples_per_s" else value
 
 
-def figure_ratio(ref: Mapping[str, Any], cell: Cell) -> float:
+def figure_ratio(ref: Mapping[str, Any], cell: MeasuredCell) -> float:
     """Measured median per GPU / published per GPU, in the reference's metric."""
     metric = "samples_per_gpu" if ref["metric"] == "samples_per_s" else "tokens_per_s_per_gpu"
     return cell.describe(metric)["median"] / per_gpu_published(ref)
 
 
-def class_figures(references: pd.DataFrame, cell: Cell) -> list[Mapping[str, Any]]:
+def class_figures(references: pd.DataFrame, cell: MeasuredCell) -> list[Mapping[str, Any]]:
     """The measurements of the cell's model class (the model, or one standing in for it) on its GPU
     model, at any GPU count."""
     refs = references.to_dict("records") if not references.empty else []
@@ -182,14 +182,14 @@ def class_figures(references: pd.DataFrame, cell: Cell) -> list[Mapping[str, Any
     ]
 
 
-def _stand_in(ref: Mapping[str, Any], cell: Cell) -> str | None:
+def _stand_in(ref: Mapping[str, Any], cell: MeasuredCell) -> str | None:
     """What makes a stand-in another model ("another model (MPT-1B: ...)"); None for the model itself."""
     if ref.get("model") == cell.model:
         return None
     return f"another model ({plain_value(ref.get('stands_for_differs')) or ref.get('model')})"
 
 
-def conditions_table(ref: Mapping[str, Any] | None, cell: Cell) -> list[dict[str, Any]]:
+def conditions_table(ref: Mapping[str, Any] | None, cell: MeasuredCell) -> list[dict[str, Any]]:
     """Every condition of a reference beside a cell's: label, measured and published values, state,
     cost, and the words the row says of it. A stand-in's model comes first, as a condition that differs."""
     if ref is None:
@@ -225,7 +225,7 @@ def conditions_table(ref: Mapping[str, Any] | None, cell: Cell) -> list[dict[str
     return rows
 
 
-def like_for_like_failures(ref: Mapping[str, Any], cell: Cell) -> list[str]:
+def like_for_like_failures(ref: Mapping[str, Any], cell: MeasuredCell) -> list[str]:
     """Why a reference is not like for like with a cell (the module docstring's rule), in words;
     empty where it is."""
     published, ours = reference_conditions(ref), cell.compared()
@@ -249,7 +249,7 @@ def like_for_like_failures(ref: Mapping[str, Any], cell: Cell) -> list[str]:
     return failures
 
 
-def _figure(ref: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
+def _figure(ref: Mapping[str, Any], cell: MeasuredCell) -> dict[str, Any]:
     """One published figure as the row shows it: per GPU (and what that is at more than one GPU), its
     ratio, its conditions and those that differ from the cell's, its source."""
     conditions = conditions_table(ref, cell)
@@ -284,7 +284,7 @@ def _figure(ref: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     }
 
 
-def choose(references: pd.DataFrame, cell: Cell) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, list[tuple[str, list[str]]]]:
+def choose(references: pd.DataFrame, cell: MeasuredCell) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, list[tuple[str, list[str]]]]:
     """(best published, best like for like, why each other figure of the model's class is not like
     for like) for a cell (the module docstring's rules); the lowest ratio wins, the model itself before a
     stand-in, then the fewest conditions that differ, then the id."""
@@ -301,7 +301,7 @@ def choose(references: pd.DataFrame, cell: Cell) -> tuple[Mapping[str, Any] | No
     return best, like, [(ref["id"], failures[ref["id"]]) for ref in sorted(figures, key=order) if failures[ref["id"]]]
 
 
-def _why_no_like(cell: Cell, failed: Sequence[tuple[str, Sequence[str]]]) -> dict[str, Any]:
+def _why_no_like(cell: MeasuredCell, failed: Sequence[tuple[str, Sequence[str]]]) -> dict[str, Any]:
     """Why a row has no like-for-like figure: ``text``, and each figure of the model itself with the
     conditions that fail the rule (``failed``)."""
     own = [{"reference": ref, "why": list(why)} for ref, why in failed if not why[0].startswith("another model")]

@@ -186,7 +186,7 @@ def same_rate(a: Any, b: Any) -> bool:
 
 
 def state_of(key: str, published: Mapping[str, Any], ours: Mapping[str, Any]) -> tuple[str, float] | None:
-    """``compare`` of one condition of a reference's conditions and a cell's (Cell.compared). The GPU
+    """``compare`` of one condition of a reference's conditions and a cell's (MeasuredCell.compared). The GPU
     part: the same where the reference's GPU is the name NVML reports for ours (it names the part),
     else another where the reference states its part, else not stated."""
     if key != "sku":
@@ -199,8 +199,9 @@ def state_of(key: str, published: Mapping[str, Any], ours: Mapping[str, Any]) ->
 
 
 @dataclass
-class Cell:
-    """The counted runs of one recorded configuration."""
+class MeasuredCell:
+    """The counted runs of one cell (scalerepro.record.cell), with the conditions they ran under as
+    the published comparison sets them beside a reference's."""
 
     study: str
     model: str
@@ -248,20 +249,19 @@ class Cell:
         return {str(run.get("git_commit"))[:12] for run in self.runs if plain_value(run.get("git_commit"))}
 
 
-def measured_cells(runs: pd.DataFrame, inventory: Any = None) -> list[Cell]:
-    """The counted runs grouped by study, model, device, the matrix's variant, precision and batch, and
-    every recorded condition, in first-seen order; each with its power cap (cell_facts.clocks: the
-    records', else the inventory's entry of its GPU)."""
-    cells: dict[tuple, Cell] = {}
+def measured_cells(runs: pd.DataFrame, inventory: Any = None) -> list[MeasuredCell]:
+    """The counted runs by their cell (the matrix's: its repeats, which agree on every recorded
+    condition or do not count, scalerepro.record.cell), in first-seen order; each with its power
+    cap (cell_facts.clocks: the records', else the inventory's entry of its GPU)."""
+    cells: dict[str, MeasuredCell] = {}
     if runs.empty or "counts" not in runs.columns:
         return []
     for run in runs[runs["counts"].astype(bool)].to_dict("records"):
-        conditions = run_conditions(run)
-        device = conditions.pop("gpu")
-        # never coarser than the matrix's cell (a record that leaves a knob out is not pooled with another variant)
-        planned = tuple(str(run.get(k)) for k in ("variant", "precision", "per_gpu_batch"))
-        key = (run.get("study"), run.get("model"), device, planned, tuple(sorted((k, str(v)) for k, v in conditions.items())))
-        cells.setdefault(key, Cell(str(run.get("study")), str(run.get("model")), str(device), conditions)).runs.append(run)
+        if run["cell"] not in cells:
+            conditions = run_conditions(run)
+            device = conditions.pop("gpu")
+            cells[run["cell"]] = MeasuredCell(str(run.get("study")), str(run.get("model")), str(device), conditions)
+        cells[run["cell"]].runs.append(run)
     counted = [cell for cell in cells.values() if cell.describe("per_gpu")["n"]]
     for cell in counted:
         clocks = cell_facts.clocks(pd.DataFrame(cell.runs), inventory) or {}
@@ -271,7 +271,7 @@ def measured_cells(runs: pd.DataFrame, inventory: Any = None) -> list[Cell]:
     return counted
 
 
-def best_cell(cells: Sequence[Cell]) -> Cell:
+def best_cell(cells: Sequence[MeasuredCell]) -> MeasuredCell:
     """The cell of highest median per-GPU throughput (more repeats first on a tie)."""
     return max(cells, key=lambda c: (c.describe("per_gpu")["median"], c.describe("per_gpu")["n"]))
 
@@ -287,7 +287,7 @@ def published_words(key: str, published: Mapping[str, Any]) -> str:
     return words(key, published.get(key))
 
 
-def measured_words(key: str, cell: Cell) -> str:
+def measured_words(key: str, cell: MeasuredCell) -> str:
     if key == "power_cap_w" and cell.hardware.get("power_cap_w") is not None:
         return f"{words(key, cell.hardware['power_cap_w'])} ({POWER_BASIS[cell.hardware['power_cap_basis']]})"
     return words(key, cell.compared().get(key))
