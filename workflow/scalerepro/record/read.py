@@ -10,6 +10,7 @@ the run counts as failed; so does a record whose figures disagree (``Reading.pro
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -89,7 +90,7 @@ def from_document(document: dict[str, Any]) -> Reading:
         up = upgraded(document)
     except (KeyError, TypeError, AttributeError) as failure:  # an older layout too damaged to take up the chain
         raise RecordUnreadable(f"it is no record of schema {document.get('schema_version')} ({type(failure).__name__}: {failure})") from None
-    current, nonsense, emptied = up.document, [], set()
+    current, nonsense, emptied, copied = up.document, [], set(), False
     while True:
         try:
             record = RunRecord.model_validate(current)
@@ -101,6 +102,8 @@ def from_document(document: dict[str, Any]) -> Reading:
         if len(figures) < len(errors):
             first = next(e for e in errors if e not in figures)
             raise RecordUnreadable(f"it is no run record of schema {up.written_as} ({_error_text(first)})")
+        if not copied:  # never empty a figure of the caller's document (the chain's copy shares its lists)
+            current, copied = copy.deepcopy(current), True
         for error in figures:
             location = tuple(error["loc"])
             leaf = columns.leaf_at(location)

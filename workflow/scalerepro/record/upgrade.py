@@ -14,7 +14,7 @@ benchmarks' template (schema 1) and today's trainer's (schemas 4 and 5).
 
 from __future__ import annotations
 
-import copy
+import functools
 import math
 import typing
 from collections.abc import Callable, Mapping
@@ -289,29 +289,42 @@ KNOWN_DEFECTS: dict[int, tuple[Callable[[Mapping[str, Any]], bool], Withheld]] =
 }
 
 
-def _unstated(document: dict[str, Any], model: type[BaseModel], prefix: str = "") -> dict[str, str]:
-    """Each field the model lets a record leave out that ``document`` leaves out, dotted."""
-    found = {}
+def _objects_copied(value: Any) -> Any:
+    """A JSON document with each of its objects copied (the steps change objects, never a list),
+    its lists (a long loss log) shared."""
+    return {key: _objects_copied(item) for key, item in value.items()} if isinstance(value, dict) else value
+
+
+@functools.cache
+def _fields(model: type[BaseModel]) -> tuple[tuple[str, bool, type[BaseModel] | None], ...]:
+    """Each field of ``model``: its name, whether a record must state it, and the part it holds (None: a value)."""
+    found = []
     for name, info in model.model_fields.items():
-        path = f"{prefix}{name}"
+        parts = [arg for arg in typing.get_args(info.annotation) or (info.annotation,) if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        found.append((name, info.is_required(), parts[0] if parts else None))
+    return tuple(found)
+
+
+def _unstated(document: dict[str, Any], model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Each field the model lets a record leave out that ``document`` leaves out, dotted."""
+    found = []
+    for name, required, part in _fields(model):
         if name not in document:
-            if not info.is_required():
-                found[path] = "not in the record"
-            continue
-        value = document[name]
-        inner = typing.get_args(info.annotation) or (info.annotation,)
-        for candidate in inner:
-            if isinstance(value, dict) and isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                found.update(_unstated(value, candidate, f"{path}."))
+            found += [] if required else [f"{prefix}{name}"]
+        elif part is not None and isinstance(document[name], dict):
+            found += _unstated(document[name], part, f"{prefix}{name}.")
     return found
 
 
 def upgraded(document: dict[str, Any]) -> Upgraded:
     """``document``, a record of any schema the chain knows (``schema_version`` checked by the
-    caller: scalerepro.record.read), in today's layout. KeyError, TypeError or AttributeError
-    where an older document is too damaged to take up the chain."""
+    caller: scalerepro.record.read), in today's layout: itself where it is today's, else a copy
+    taken up the chain. KeyError, TypeError or AttributeError where an older document is too
+    damaged to take up the chain."""
     written_as = document["schema_version"]
-    step = _Step(copy.deepcopy(document))
+    if written_as == RECORD_SCHEMA_VERSION:  # no step to take; what it leaves out, its writer left out
+        return Upgraded(document, written_as)
+    step = _Step(_objects_copied(document))
     for version in range(written_as, RECORD_SCHEMA_VERSION):
         fixed_in = KNOWN_DEFECTS.get(version + 1)
         if fixed_in is not None and fixed_in[0](step.document):
