@@ -532,6 +532,35 @@ def test_a_smaller_budget_leaves_out_the_later_rounds_and_trains_nothing(study, 
     assert "aggregate" in jobs and "train" not in jobs and "study_budget" not in jobs, jobs
 
 
+def test_the_study_round_trips_through_a_bundle(study, tmp_path):
+    """The study the workflow stored, exported as a bundle and imported into another store: the
+    same rows and the same records, a row that reads another cell's run (record_of: the "all"
+    ablation cell reads the strong 2-rank cell's) included. Export looked for such a row's record
+    at its own run id and failed ("... is not the record the store holds")."""
+    from scalerepro.analysis.history import store, store_file
+
+    matrix = pd.read_csv(study / "results/tables/matrix.csv", keep_default_na=False)
+    assert matrix["record_of"].ne("").any()  # the case
+    bundle, other, unpacked = tmp_path / "ci.zip", tmp_path / "other.duckdb", tmp_path / "unpacked"
+    module = [sys.executable, "-m", "scalerepro.analysis.history.bundle"]
+    exported = subprocess.run(
+        [*module, "export", "--out", str(bundle), "--workflow", str(study)], cwd=study, env=workflow_env(), capture_output=True, text=True
+    )
+    assert exported.returncode == 0, exported.stderr
+    imported = subprocess.run(
+        [*module, "import", str(bundle), "--store", str(other), "--extract", str(unpacked)], env=workflow_env(), capture_output=True, text=True
+    )
+    assert imported.returncode == 0, imported.stderr
+    study_id = json.loads((study / "results/tables/store.json").read_text())["study_id"]
+    with store_file.connect(study / "results/history.duckdb", read_only=True) as first, store_file.connect(other, read_only=True) as second:
+        sent, received = store.load_study(first, study_id), store.load_study(second, study_id)
+    assert received.row == sent.row and received.runs == sent.runs
+    for run in received.runs:
+        if run["record"] is not None:  # each run's record as the study names it, unpacked as stored
+            path = Path("results/runs") / (run["record_of"] or run["run_id"]) / "record.json"
+            assert (unpacked / path).read_text() == run["record"] == (study / path).read_text(), run["run_id"]
+
+
 def test_the_study_is_stored_and_a_rerun_compares_with_it(study, tmp_path):
     """The first study in a store: its receipt, its rows, the report's empty history. Then the run
     that started first is rerun, which makes a new study (the study id is the config hash and the
