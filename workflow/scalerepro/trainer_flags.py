@@ -27,11 +27,7 @@ from typing import Any, Literal
 
 from scalerepro.common import cpu_features
 from scalerepro.common.cli import CommandError, OneLineErrorParser
-
-Precision = Literal["fp32", "tf32", "fp16", "bf16"]
-CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-Preset = Literal["baseline", "optimised"]
-Purpose = Literal["measurement", "smoke"]
+from scalerepro.record.base import AttentionBackend, CompileMode, CompileScope, Loader, OptimizerImpl, Precision, Preset, Purpose, Strategy
 
 # The convolutional networks: channels_last and cudnn.benchmark are part of the optimised preset
 # for these only (tests check this set against each model's family in scalerepro.models.registry).
@@ -184,9 +180,7 @@ class DataConfig:
         "held-out samples to evaluate (default: 16 eval batches per rank, at most 2048; the first of the CIFAR-10 test split, or synthetic; 10000 is the whole CIFAR-10 split)",
     )
     augment: bool = _opt(True, "random crop (4-pixel padding) and horizontal flip on CIFAR-10")
-    loader: Literal["dataloader", "device"] = _opt(
-        "dataloader", "'dataloader': torch DataLoader + DistributedSampler; 'device': whole dataset resident on the device, augmented there"
-    )
+    loader: Loader = _opt("dataloader", "'dataloader': torch DataLoader + DistributedSampler; 'device': whole dataset resident on the device, augmented there")
     num_workers: int | None = _opt(None, "DataLoader worker processes per rank (default: the rank's cores less the one its own process keeps, at most 4)")
     pin_memory: bool = _opt(True, "DataLoader pin_memory (page-locked host buffers for async copies)")
     persistent_workers: bool = _opt(True, "keep DataLoader workers alive between epochs")
@@ -210,15 +204,13 @@ class OptimConfig:
     label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy")
     grad_accum_steps: int = _opt(1, "micro-batches per optimizer step; under DDP the all-reduce runs on the last only (no_sync)")
     clip_grad_norm: float = _opt(0.0, "clip the global gradient norm to this value (0: off)")
-    optimizer_impl: Literal["foreach", "fused", "for-loop"] = _opt(
-        "foreach", "optimizer kernel implementation (for-loop under --parallel tp, where the others cannot run)"
-    )
+    optimizer_impl: OptimizerImpl = _opt("foreach", "optimizer kernel implementation (for-loop under --parallel tp, where the others cannot run)")
 
 
 @dataclass
 class ParallelConfig:
     device: Literal["auto", "cuda", "cpu"] = _opt("auto", "'auto': CUDA when available, else CPU")
-    parallel: Literal["ddp", "fsdp", "tp", "fsdp+tp", "pp"] = _opt(
+    parallel: Strategy = _opt(
         "ddp",
         "parallel strategy (scalerepro.parallel): ddp (DistributedDataParallel), fsdp (FSDP2 per block), tp (tensor parallel), "
         "fsdp+tp (2-D mesh, TP over --tp-size ranks), pp (GPT cut into one stage per rank, --pp-schedule over --microbatches)",
@@ -265,7 +257,7 @@ class PerfConfig:
     precision: Precision = _opt("fp32", "fp32 (TF32 off), tf32 (TF32 matmuls/convs), fp16 (autocast + loss scaling), bf16 (autocast)")
     channels_last: bool = _opt(False, "NHWC memory format for image models and their inputs")
     compile: CompileMode = _opt("none", "torch.compile the model; '--compile' alone means mode 'default'", nargs="?", const="default")
-    compile_scope: Literal["model", "blocks"] = _opt(
+    compile_scope: CompileScope = _opt(
         "model",
         "what --compile compiles: 'model' = the model with its loss as one program; 'blocks' = each repeated transformer block "
         "on its own (regional compilation: the blocks share one compiled program), embeddings, head and loss eager",
@@ -275,7 +267,7 @@ class PerfConfig:
         "file of torch.compile's portable cache artifacts: loaded before the first compile where it exists, written by rank 0 "
         "after the warm-up (the same torch, device and code compile warm from it on another machine)",
     )
-    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = _opt(
+    attention_backend: AttentionBackend = _opt(
         "auto", "the scaled_dot_product_attention kernel the transformers may use ('auto': PyTorch's choice among those that fit)"
     )
     cudnn_benchmark: bool = _opt(False, "torch.backends.cudnn.benchmark: time the convolution algorithms for each shape, keep the fastest")

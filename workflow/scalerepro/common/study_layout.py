@@ -24,7 +24,6 @@ RESULTS_DIR = "results"
 RUN_RECORD = f"{RESULTS_DIR}/runs/{{run}}/record.json"
 # the training job's own account beside it (its wall time: scalerepro.launching.run_job)
 RUN_JOB = f"{RESULTS_DIR}/runs/{{run}}/job.json"
-MATRIX = "tables/matrix.csv"  # inside the study folder
 
 
 def run_record(run_id: str, record_of: str = "") -> str:

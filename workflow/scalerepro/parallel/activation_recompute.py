@@ -5,13 +5,9 @@ layer-selective mode): about half the activation memory saved for about half the
 
 from __future__ import annotations
 
-from typing import Literal
-
 from torch import nn
 
 from scalerepro.parallel.blocks import _block_items, transformer_blocks
-
-ActivationCheckpointing = Literal["none", "selective", "full"]
 
 # torchtitan's layer-selective activation checkpointing: recompute every N-th block.
 SELECTIVE_EVERY = 2

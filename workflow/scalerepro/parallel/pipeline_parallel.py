@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
     from scalerepro.models.transformer import GPT
-
-PipelineScheduleName = Literal["gpipe", "1f1b"]
 
 
 # ---- pipeline parallel -------------------------------------------------------------------------

@@ -33,6 +33,12 @@ Strategy = Literal["ddp", "fsdp", "tp", "fsdp+tp", "pp"]
 Purpose = Literal["measurement", "smoke"]
 Status = Literal["ok", "failed", "preempted"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+# the trainer's flags' vocabularies the record states (scalerepro.trainer_flags declares its flags with them)
+Preset = Literal["baseline", "optimised"]
+CompileScope = Literal["model", "blocks"]
+AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
+Loader = Literal["dataloader", "device"]
+OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]

@@ -19,21 +19,7 @@ from pydantic import Field
 from scalerepro.record.base import CompileMode, Part, Precision, Purpose, Strategy
 from scalerepro.record.model import RunRecord
 
-# the fields a study's plan sets for each run (its matrix columns), in the order a departure is named
-PLANNED = (
-    "world_size",
-    "nodes",
-    "micro_batch",
-    "grad_accum_steps",
-    "global_batch",
-    "precision",
-    "bucket_cap_mb",
-    "strategy",
-    "device_type",
-    "data",
-    "purpose",
-)
-# matrix column -> the cell field it plans
+# matrix column -> the cell field it plans, in the order a departure is named
 PLANNED_BY_COLUMN = {
     "gpus": "world_size",
     "nodes": "nodes",
@@ -47,6 +33,7 @@ PLANNED_BY_COLUMN = {
     "data": "data",
     "purpose": "purpose",
 }
+PLANNED = tuple(PLANNED_BY_COLUMN.values())  # the fields a study's plan sets for each run
 
 
 class Cell(Part):

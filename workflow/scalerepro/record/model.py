@@ -22,13 +22,18 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from scalerepro.record.base import (
+    AttentionBackend,
     Bytes,
     Column,
     CompileMode,
+    CompileScope,
     Count,
+    Loader,
+    OptimizerImpl,
     Part,
     Positive,
     Precision,
+    Preset,
     Purpose,
     Status,
     Strategy,
@@ -141,16 +146,16 @@ class RunPrecision(Part):
 class Knobs(Part):
     """The levers as resolved: the preset, the flags that depart from it, and each lever's value."""
 
-    preset: Literal["baseline", "optimised"] | None = Field(None, description="null: a record written before presets")
+    preset: Preset | None = Field(None, description="null: a record written before presets")
     preset_overrides: dict[str, Any] = Field(default_factory=dict, description="flag (dest name) -> value, where the run departs from its preset")
     channels_last: Annotated[bool, Column("channels_last")]
     cudnn_benchmark: Annotated[bool, Column("cudnn_benchmark")]
     compile: Annotated[CompileMode, Column("compile_mode")]
-    compile_scope: Annotated[Literal["model", "blocks"], Column("compile_scope")] = Field(description="--compile-scope: the whole model or each repeated block")
-    attention_backend: Annotated[Literal["auto", "flash", "efficient", "cudnn", "math"], Column("attention_backend")]
+    compile_scope: Annotated[CompileScope, Column("compile_scope")] = Field(description="--compile-scope: the whole model or each repeated block")
+    attention_backend: Annotated[AttentionBackend, Column("attention_backend")]
     stem_channels: Annotated[int, Column("stem_channels")] = Field(description="the ResNets' first convolution's input channels (3: the plain stem)")
-    loader: Annotated[Literal["dataloader", "device"], Column("loader")]
-    optimizer_impl: Annotated[Literal["foreach", "fused", "for-loop"], Column("optimizer_impl")]
+    loader: Annotated[Loader, Column("loader")]
+    optimizer_impl: Annotated[OptimizerImpl, Column("optimizer_impl")]
     bucket_cap_mb: float = Field(gt=0)
     gradient_as_bucket_view: bool
     static_graph: bool

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from scalerepro.common.cuda_graphs import replays_cuda_graphs
+from scalerepro.record.measured import WindowSplit
 from scalerepro.telemetry import metrics, ranges
 
 
@@ -92,17 +93,9 @@ def install(
 
 
 def not_measured(reason: str) -> dict[str, Any]:
-    """The record's ``window_split`` where the window's steps were not split, and why."""
-    return {
-        "steps": 0,
-        "step_rank_mean_s": None,
-        "data_wait_rank_mean_s": None,
-        "compute_rank_mean_s": None,
-        "exposed_allreduce_wait_s": None,
-        "straggler_wait_s": None,
-        "clock": None,
-        "reason": reason,
-    }
+    """The record's ``window_split`` where the window's steps were not split, and why: each of its
+    fields null but these."""
+    return {**dict.fromkeys(WindowSplit.model_fields), "steps": 0, "reason": reason}
 
 
 def window_split(ranks: Sequence[dict[str, list[float | None]]], clock: str) -> dict[str, Any]:

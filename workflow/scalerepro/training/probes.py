@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_map
 
 from scalerepro.common.probe_off import PROBE_OFF_REASON
 from scalerepro.data import sources
+from scalerepro.record.measured import ExposedCommunication
 from scalerepro.telemetry import metrics
 from scalerepro.trainer_flags import RunConfig
 from scalerepro.training import buckets, checkpoint_store
@@ -76,18 +77,9 @@ def stop_agreed(run: ProbedRun) -> bool:
 
 
 def exposed_not_measured(reason: str, fraction: float | None = None) -> dict[str, Any]:
-    """The record's ``exposed_communication`` where the probe did not time anything."""
-    return {
-        "fraction": fraction,
-        "sync_step_s": None,
-        "nosync_step_s": None,
-        "nosync_rank_mean_s": None,
-        "straggler_wait_s": None,
-        "sync_compute_rank_mean_s": None,
-        "overlap_cost_se_s": None,
-        "steps": 0,
-        "reason": reason,
-    }
+    """The record's ``exposed_communication`` where the probe did not time anything: each of its
+    fields null but these."""
+    return {**dict.fromkeys(ExposedCommunication.model_fields), "fraction": fraction, "steps": 0, "reason": reason}
 
 
 @contextlib.contextmanager

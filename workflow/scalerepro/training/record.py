@@ -164,12 +164,7 @@ def _trainer_fields(config: TrainConfig, trainer: Any) -> dict[str, Any]:
     if trainer is None:
         return {
             # the flag's model, validated against the models the record knows
-            "model": ModelFacts.model_validate(
-                {
-                    "name": config.model.model,
-                    **dict.fromkeys(("task", "family", "num_parameters", "tokens_per_sample", "train_flops_per_sample", "flops_source", "shape")),
-                }
-            ),
+            "model": ModelFacts.model_validate({**dict.fromkeys(ModelFacts.model_fields), "name": config.model.model}),
             "batch": Batch(micro_batch=micro, grad_accum_steps=accumulation, samples_per_gpu_step=None, global_batch=None),
             **dict.fromkeys(("optimizer", "data", "steps", "epochs")),
             "history": [],

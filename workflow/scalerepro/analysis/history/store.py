@@ -45,7 +45,7 @@ runs -- one row per planned run of a study, keyed by (study_id, run_id): the stu
     run's own environment facts (commit, hosts, versions, cluster, partition), and ``record``:
     the run record's JSON text exactly as written (``json_extract(record, '$.knobs.loader')``),
     with ``record_sha256``. A run without a record has status ``missing`` and no record.
-    ``per_gpu_batch`` is the batch the record says the run ran (``batch.per_gpu``; the plan's where
+    ``per_gpu_batch`` is the batch the record says the run ran (``batch.micro_batch``; the plan's where
     there is no record or it does not say): a record whose batch, world size, nodes or strategy
     disagrees with its plan is stored as it ran, with ``consistent`` false (and so not ``counts``).
 imports -- one row per import of a bundle (``scalerepro.analysis.history.bundle``): bundle_sha256, study_id, path,
@@ -55,7 +55,7 @@ Appending. A study is appended in one transaction. Appending the same study agai
 nothing; a run whose row differs (rerun since) replaces its row, and the study row follows. The
 receipt (``--receipt``) says what was added, replaced and left unchanged. Refused, in one line,
 with nothing stored: a row that is not what the record it carries measured (a figure, status,
-time or counted cell its record does not state, a figure outside ``evidence.FIGURE_BOUNDS``, a
+time or counted cell its record does not state, a figure outside its bound (scalerepro.record), a
 run counted that is not ok: ``study_rows.check_records``), and records already stored under
 another study id (by sha256, or run id and start: the same runs would count twice in the history).
 
@@ -105,7 +105,7 @@ from scalerepro.analysis.history.store_file import (
 )
 from scalerepro.analysis.history.study_rows import StoredStudy, check_rows, distinct_joined, read_json, read_study
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
-from scalerepro.common.files import atomic_file, utc_now
+from scalerepro.common.files import utc_now, write_text_atomically
 from scalerepro.common.terminal import printable
 
 # --------------------------------------------------------------------------------------------
@@ -390,16 +390,6 @@ def history(connection: duckdb.DuckDBPyConnection, study_id: str) -> pd.DataFram
 # --------------------------------------------------------------------------------------------
 
 
-def _write_json(path: Path, document: Any) -> None:
-    with atomic_file(path) as stream:
-        stream.write((json.dumps(document, indent=2) + "\n").encode("utf-8"))
-
-
-def _write_csv(path: Path, frame: pd.DataFrame) -> None:
-    with atomic_file(path) as stream:
-        stream.write(frame.to_csv(index=False).encode("utf-8"))
-
-
 def _append_command(args: argparse.Namespace) -> int:
     study = read_study(args.matrix, args.config, args.inventory)
     connection = connect(args.store, lock_timeout_s=args.lock_timeout)
@@ -422,9 +412,9 @@ def _append_command(args: argparse.Namespace) -> int:
         "shares_records_with": result.shares,
     }
     if args.receipt:
-        _write_json(args.receipt, receipt)
+        write_text_atomically(args.receipt, json.dumps(receipt, indent=2) + "\n")
     if past is not None:
-        _write_csv(args.history, past)
+        write_text_atomically(args.history, past.to_csv(index=False))
     if result.repeat_of is not None:
         print(
             f"store: every record of study {study.study_id} is already stored as study {result.repeat_of}: this study is a repeat of it, nothing stored again",

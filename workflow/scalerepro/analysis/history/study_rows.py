@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerepro.analysis.history.store_file import RUN_TYPES, STORED_RUN_COLUMNS, STUDY_TYPES, StoreError
-from scalerepro.analysis.tables import cell_tables, readers
+from scalerepro.analysis.tables import readers
 from scalerepro.analysis.values import plain
 from scalerepro.common.files import sha256_of
 from scalerepro.common.terminal import printable
@@ -93,7 +93,6 @@ def read_study(
         raise StoreError(f"no study matrix at {matrix_path}: run the workflow up to it first") from None
     runs, _, _ = readers.read_runs(matrix)
     record_files = dict(zip(matrix["run_id"], matrix["record_file"]))
-    runs = runs.assign(counts=cell_tables.counts(runs))
     scheduler = inventory.get("scheduler") or {}
     cluster = scheduler.get("cluster_name") or inventory.get("hostname")
     partition = scheduler.get("partition")

@@ -100,7 +100,7 @@ def clocks(cell: pd.DataFrame, inventory: Any = None) -> dict[str, Any] | None:
         "power_limit_w": limit,
         "power_limit_basis": limit_basis if limit is not None else None,
         "temperature_max_c": max(_numbers(cell, "temperature_max_c"), default=None),
-        # reasons: each run's "reason share %, ..." (readers._reason_shares); none recorded before schema 4
+        # reasons: each run's "reason share %, ..." (scalerepro.record.columns); none recorded before schema 4
         "reasons": "; ".join(reasons) if reasons else None,
         # MFU at the clock held = MFU x the clock the peak is quoted at / mean clock
         "mfu_at_clock": mfu * quoted / mean if mfu is not None and quoted and mean else None,

@@ -30,7 +30,6 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.values import plain
-from scalerepro.common import yaml_text
 from scalerepro.common.cli import CommandError
 from scalerepro.common.files import JsonFileError, read_json_object
 from scalerepro.common.terminal import strip_terminal_escapes
@@ -119,12 +118,6 @@ def read_json(path: Path | None) -> Any:
         return read_json_object(path, what="JSON input", max_bytes=64 << 20)
     except JsonFileError as error:
         raise CommandError(f"{error}: give the file the workflow wrote there") from None
-
-
-def read_yaml(path: Path | None) -> Any:
-    if path is None or not Path(path).is_file():
-        return None
-    return yaml_text.safe_load(Path(path).read_text(encoding="utf-8"))
 
 
 class Row(dict):

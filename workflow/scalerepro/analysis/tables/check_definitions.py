@@ -80,7 +80,6 @@ CHECK_TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 assert set(CHECK_TABLE_COLUMNS) == set(CHECK_TABLES)
 REDUCTIONS = ("worst", "best", "mean", "median")
 DIRECTIONS = ("min", "max")  # min: the measured value must reach the threshold; max: stay under it
-CHECK_UNITS = ("fraction", "percent", "signed fraction")
 
 
 class CheckConfigError(CommandError, ValueError):
