@@ -1155,6 +1155,7 @@ def test_a_bundle_of_stored_records_under_another_study_id_is_refused(exported, 
 README_STUDY = REPO / "tests/fixtures/studies/cpu-readme-243d324"
 
 
+@pytest.mark.slow  # four analysis commands, the report's figures among them: 9 s
 def test_the_readme_study_round_trips_through_a_bundle_rows_that_reuse_a_record_included(tmp_path):
     """`bundle export` of the README's study failed on its first row that reads another row's record:
     "results/runs/ablation_cnn_g2_all_r1/record.json is not the record the store holds" (it looked
