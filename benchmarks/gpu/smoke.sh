@@ -14,7 +14,8 @@
 #             run profiles 5 steps after its window (--kernel-profile-steps: its kernels and the
 #             GPU's idle time in the record) and keeps its compile cache in $SMOKE_COMPILE_CACHE
 #             (default $SMOKE_OUT/compile-cache; a carried folder of an earlier call's caches makes
-#             the compile warm), packed into $OUT/compile-cache.tgz where it is under 15 MiB
+#             the compile warm once signed with this machine's key: scalerepro.training.cache_trust
+#             sign, docs/trainer.md), packed into $OUT/compile-cache.tgz where it is under 15 MiB
 #   record    1-GPU record via scalerepro.launching.launch; NCCL + DDP at one rank (--process-group-at-one-rank)
 #             with both probes; the comm benchmark's CUDA path (~110 s)
 #   onecard   two ranks on the one card over gloo (--dist-backend gloo; NCCL refuses two ranks on one

@@ -264,8 +264,10 @@ class PerfConfig:
     )
     compile_cache: str | None = _opt(
         None,
-        "file of torch.compile's portable cache artifacts: loaded before the first compile where it exists, written by rank 0 "
-        "after the warm-up (the same torch, device and code compile warm from it on another machine)",
+        "file of torch.compile's portable cache artifacts (code: pickled programs torch runs), written by rank 0 after the "
+        "warm-up and signed with this user's key; loaded before the first compile only where this user's runs signed it "
+        "(anything else: compiled cold, the reason in the record); re-sign a vetted cache from elsewhere with "
+        "'python -m scalerepro.training.cache_trust sign FILE'",
     )
     attention_backend: AttentionBackend = _opt(
         "auto", "the scaled_dot_product_attention kernel the transformers may use ('auto': PyTorch's choice among those that fit)"

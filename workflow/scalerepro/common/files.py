@@ -1,5 +1,6 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a torn one; and bounded
-reads of a JSON object from a file that is data until checked.
+"""Atomic file writes: a reader sees the old file or the new one, never a torn one; bounded
+reads of a JSON object from a file that is data until checked; and whether a file or folder is
+this user's alone (``ownership_problem``).
 
 Write to a temporary file in the target's directory, flush it to disk, give it the mode a plain
 ``open`` would (mkstemp makes it private, 0600, which hides results from a cluster group), then
@@ -14,12 +15,27 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from scalerepro.common.cli import CommandError
+
+
+def ownership_problem(path: str | os.PathLike[str], info: os.stat_result, forbidden: int) -> str | None:
+    """Why ``path`` (``info``: its stat, taken without following a link) is not this user's alone,
+    with the fix, or None. It must belong to this user and have none of the ``forbidden`` mode
+    bits: 0o022, no one else writes it (a cache whose contents run as code); 0o077, no one else
+    reaches it (a socket's folder, a secret key). A file or folder on a shared machine is trusted
+    for what it is, never for where it lies."""
+    if info.st_uid != os.geteuid():
+        return f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()}): use one of your own"
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & forbidden:
+        return f"{path} has mode {mode:o}, open to group or others: chmod {mode & ~forbidden:o} {path}"
+    return None
 
 
 def current_umask() -> int:

@@ -11,7 +11,8 @@ A cold ``torch.compile`` is most of a short GPU run's wall time (the one-H100 fr
 - **The portable compile cache** (``--compile-cache FILE``): PyTorch's cache artifacts
   (``torch.compiler.save_cache_artifacts``: the compiled graphs, their kernels and autotuning
   results), loaded before the first compile and written after the run. They are valid for the same
-  torch, device and code; anything else is a cache miss, never a wrong kernel.
+  torch, device and code; anything else is a cache miss. The artifacts are code (pickled programs
+  torch runs), so only a file this user's runs signed is loaded (``cache_trust``).
 
 ``--attention-backend`` holds ``scaled_dot_product_attention`` to one kernel family
 (``torch.nn.attention.sdpa_kernel``) for the forward; its backward follows the forward's kernel.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,8 +32,10 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from scalerepro.common.cli import describe_os_error
 from scalerepro.parallel.blocks import repeated_blocks
 from scalerepro.trainer_flags import PerfConfig, TrainerConfigError
+from scalerepro.training import cache_trust
 
 ATTENTION_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -141,11 +143,17 @@ def forward_context(device: torch.device, autocast_dtype: torch.dtype | None, at
 
 def load_cache(facts: CompileFacts) -> None:
     """Load ``facts.cache_file``'s artifacts into this process's compile caches, before anything
-    compiles. An absent file is a cold start (the run writes it); an unreadable one is named in the
-    record and the log, and the run compiles cold: a cache never decides a figure, only its cost."""
+    compiles. An absent file is a cold start (the run writes it); a file this user's runs did not
+    sign (``cache_trust.verified_payload``) or torch cannot read is named in the record and the
+    log, and the run compiles cold: a cache never decides a figure, only its cost."""
     path = Path(facts.cache_file or "")
     if not path.is_file():
         facts.cache_reason = "no cache file yet: compiled cold"
+        return
+    try:
+        payload = cache_trust.verified_payload(path)
+    except cache_trust.CacheRefused as refusal:
+        facts.cache_reason = f"{path} could not be loaded ({refusal}): compiled cold"
         return
     # torch logs a file it cannot unpickle as a warning with its traceback, and loads nothing: the
     # record and the run's log say it in one line instead
@@ -153,7 +161,7 @@ def load_cache(facts: CompileFacts) -> None:
     level = torch_cache_log.level
     torch_cache_log.setLevel(logging.ERROR)
     try:
-        info = torch.compiler.load_cache_artifacts(path.read_bytes())
+        info = torch.compiler.load_cache_artifacts(payload)
     except Exception as error:  # torch's own kinds, for a file it reads but cannot use
         info, why = None, f"{type(error).__name__}: {error}"
     else:
@@ -167,9 +175,9 @@ def load_cache(facts: CompileFacts) -> None:
 
 
 def save_cache(facts: CompileFacts) -> None:
-    """Write every artifact this process compiled or loaded to ``facts.cache_file``, whole or not
-    at all (a temporary file renamed over it), where a cache was asked for and the run compiled.
-    Rank 0 alone calls it."""
+    """Write every artifact this process compiled or loaded to ``facts.cache_file``, signed with
+    this user's key, whole or not at all, where a cache was asked for and the run compiled. Rank 0
+    alone calls it."""
     if facts.cache_file is None or facts.scope is None:
         return
     path = Path(facts.cache_file)
@@ -177,17 +185,12 @@ def save_cache(facts: CompileFacts) -> None:
     if saved is None:
         facts.cache_reason = "nothing compiled to save"
         return
-    artifacts, _ = saved
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        partial.write_bytes(artifacts)
-        os.replace(partial, path)
+        facts.cache_saved_bytes = cache_trust.write_signed(path, saved[0])
+    except cache_trust.CacheRefused as refusal:
+        facts.cache_reason = f"the cache was not written to {path}: this user's compile-cache key cannot be used ({refusal})"
     except OSError as error:
-        partial.unlink(missing_ok=True)
-        facts.cache_reason = f"the cache could not be written to {path} ({error.strerror or error})"
-        return
-    facts.cache_saved_bytes = len(artifacts)
+        facts.cache_reason = f"the cache could not be written to {path} ({describe_os_error(error)})"
 
 
 def seconds_to_device_end(started: float, device: torch.device) -> float:

@@ -11,12 +11,18 @@ timeout, the fp32 arithmetic, cuDNN's autotuner and torch.compile's kernel cache
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import stat
+import sys
+import tempfile
 from collections.abc import MutableMapping
 
 import torch
 
+from scalerepro.common.cli import describe_os_error
+from scalerepro.common.files import ownership_problem
 from scalerepro.data import builders
 from scalerepro.models import registry
 from scalerepro.parallel import mesh
@@ -109,8 +115,15 @@ def set_precision(precision: str) -> None:
         torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
-def separate_compile_cache(environ: MutableMapping[str, str]) -> None:
-    """torch.compile's kernel cache, one for each ATen CPU capability cap.
+def private_compile_cache(environ: MutableMapping[str, str]) -> str:
+    """torch.compile's kernel cache for this run (``TORCHINDUCTOR_CACHE_DIR``, set in ``environ``
+    and returned): a folder only this user can write, one for each ATen CPU capability cap.
+
+    Inductor's cache holds pickles and compiled libraries that torch loads and runs, and its
+    default is ``/tmp/torchinductor_<user>``: a name any user of a shared node can make first and
+    fill, and torch checks no owner. So the folder is made 0700 where it is absent, and used only
+    where it is a folder of this user's that no one else can write (``ownership_problem``); else
+    the run compiles cold into a new private folder of its own, and says why on stderr (its log).
 
     torch 2.13's inductor took a CPU kernel from its cache that it had compiled with no
     ``ATEN_CPU_CAPABILITY`` for a run with ``ATEN_CPU_CAPABILITY=avx2``, and the kernel computed
@@ -122,14 +135,29 @@ def separate_compile_cache(environ: MutableMapping[str, str]) -> None:
 
     capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     default = os.path.abspath(default_cache_dir())
-    if capability and os.path.abspath(environ.get("TORCHINDUCTOR_CACHE_DIR", default)) == default:
-        environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-aten-{capability}"
+    folder = os.path.abspath(environ.get("TORCHINDUCTOR_CACHE_DIR", default))
+    if capability and folder == default:
+        folder = f"{default}-aten-{capability}"
+    try:
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        info = os.lstat(folder)
+        problem = ownership_problem(folder, info, 0o022) if stat.S_ISDIR(info.st_mode) else f"{folder} is not a folder"
+    except OSError as error:
+        problem = f"{folder}: {describe_os_error(error)}"
+    if problem is not None:
+        private = tempfile.mkdtemp(prefix="scalerepro-torchinductor-")
+        print(f"scalerepro: torch.compile's cache is not used ({problem}): this run compiles cold into {private}", file=sys.stderr, flush=True)
+        folder = private
+    environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
 
 
 def set_process_state(config: TrainConfig, ctx: DistContext) -> None:
     """The process-global state of a run, set before the Trainer is built: torch's seed (the
     model's initial weights are drawn next), the collectives' timeout, the fp32 arithmetic,
-    cuDNN's autotuner, torch.compile's kernel cache (``separate_compile_cache``), and the named
+    cuDNN's autotuner, torch.compile's kernel cache (``private_compile_cache``), and the named
     ranges of --profile-mode.
 
     Until the warm-up steps are done, collectives may wait for a peer that is still compiling or
@@ -140,5 +168,5 @@ def set_process_state(config: TrainConfig, ctx: DistContext) -> None:
     set_precision(config.perf.precision)
     torch.backends.cudnn.benchmark = config.perf.cudnn_benchmark
     if config.perf.compile != "none":
-        separate_compile_cache(os.environ)
+        private_compile_cache(os.environ)
     ranges.enable_ranges(config.profile.profile_mode, ctx.device)
