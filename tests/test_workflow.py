@@ -657,6 +657,11 @@ def test_a_killed_driver_leaves_no_rank_running(study, tmp_path):
         time.sleep(0.5)
     assert _job_processes(workdir) == [], "still running 20 s after the driver was killed"
     print(f"\nno job process left {time.monotonic() - killed_at:.1f} s after SIGKILL of Snakemake")
+    # The unfinished run is no output, whatever Snakemake's incomplete marks say: a job the budget's
+    # checkpoint added (a later round) was never checked against them, and its preempted record
+    # stood as done ("Nothing to be done" after --unlock and --rerun-incomplete).
+    run = workdir / "results/runs/strong_cnn_g1_r1"
+    assert not (run / "record.json").exists() and load_record(run / "record.preempted.json")["status"] == "preempted"
     unlocked = snakemake(workdir, "--unlock", *args)
     assert unlocked.returncode == 0, unlocked.stderr[-2000:]
     planned = snakemake(workdir, target, "-n", "--rerun-incomplete", *args)

@@ -129,8 +129,9 @@ if (
 # ---- The fork server: the hooks' (Snakefile) -------------------------------------------------
 # A local CPU study's ranks are forked from one process that imported torch once
 # (scalerepro.launching.fork_server; resources.fork_server: false turns it off). The onstart hook
-# starts it and names its socket in this process's environment, which every job inherits; the
-# onsuccess and onerror hooks stop it, and it ends with this process whatever ends it.
+# starts it and names its socket in this process's environment, which every job inherits (and
+# removes an inherited name when it is off); the onsuccess and onerror hooks stop it, and it
+# ends with this process whatever ends it.
 FORK_SERVER = []  # (the server, its socket) while one runs
 
 
@@ -147,21 +148,16 @@ def _invocation_starts_ranks():
 
 
 def start_fork_server():
-    if not (
+    server = fork_server.start_for_jobs(
         PLAN.local_runs
         and DEVICE == "cpu"
         and CONFIG["resources"].get("fork_server", True)
-        and _invocation_starts_ranks()
-    ):
-        return
-    try:
-        FORK_SERVER.append(
-            fork_server.start(os.getpid(), Path("results/logs/fork_server.log"))
-        )
-    except fork_server.ForkServerError as error:
-        print(f"scalerepro: {error}", file=sys.stderr)
-        return
-    os.environ[fork_server.SOCKET_ENV] = FORK_SERVER[-1][1]
+        and _invocation_starts_ranks(),
+        os.getpid(),
+        Path("results/logs/fork_server.log"),
+    )
+    if server is not None:
+        FORK_SERVER.append(server)
 
 
 def stop_fork_server():

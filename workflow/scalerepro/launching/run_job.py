@@ -15,7 +15,10 @@ record the ranks (or, when they wrote none, the launcher) wrote:
   failed     -> exit 0 too: the record documents the failure and the report shows the run as a
                 hole with its error (rerun it with --forcerun once fixed);
   preempted  -> exit 75, so Snakemake's retry (or the next invocation) resumes it from its
-                checkpoint;
+                checkpoint; the record is moved aside first (``record.preempted.json``): an
+                unfinished run is no output, even where no Snakemake is left to delete it (a
+                driver killed with SIGKILL, whose incomplete marks Snakemake never checks for a
+                job a checkpoint added);
   no record  -> the launcher's exit code: see LOG.
 
 This module imports no torch.
@@ -34,6 +37,8 @@ from scalerepro.common.cli import error_boundary
 from scalerepro.common.exits import EXIT_PREEMPTED
 from scalerepro.common.files import write_text_atomically
 from scalerepro.record.read import read
+
+PREEMPTED_RECORD = "record.preempted.json"  # where an unfinished run's record goes: beside, never the job's output
 
 
 @error_boundary("scalerepro.launching.run_job")
@@ -73,7 +78,8 @@ def main(argv: list[str]) -> int:
         print(f"{record.parent.name}: the run failed; its record holds the error (log: {log_path})", file=sys.stderr)
         return 0
     if status == "preempted":
-        print(f"{record.parent.name}: preempted; rerun resumes from its checkpoint", file=sys.stderr)
+        record.replace(record.with_name(PREEMPTED_RECORD))
+        print(f"{record.parent.name}: preempted (its record now {PREEMPTED_RECORD}); a rerun resumes from its checkpoint", file=sys.stderr)
         return EXIT_PREEMPTED
     print(f"{record.parent.name}: the launcher exited {code} without a record: see {log_path}", file=sys.stderr)
     return code or 1
