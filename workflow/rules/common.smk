@@ -254,7 +254,7 @@ def program_fingerprint(program):
 
 def budgeted_repeats():
     """The repeats the study runs: every planned one without a budget, else the study_budget
-    checkpoint's choice (Snakemake runs the checkpoint, after round 1, before asking again).
+    checkpoint's choice (Snakemake runs the checkpoint, after the floor's rounds, before asking again).
     """
     if BUDGET is None:
         return None

@@ -80,12 +80,13 @@ rule comm_benchmark:
         " --device {params.device} --sizes {params.sizes} --iterations {params.iterations} > {log} 2>&1"
 
 
-# With a training budget (config `budget`): once every cell's repeat 1 has run, how many rounds
-# of repeats fit, from those jobs' wall times (scalerepro.planning.budget). The records the
-# study asks for after it (study_records) are the rounds it chose.
+# With a training budget (config `budget`): once the rounds that run whatever they cost (its
+# min_repeats) have run, how many more fit, from those jobs' wall times
+# (scalerepro.planning.budget). The records the study asks for after it (study_records) are the
+# rounds it chose.
 checkpoint study_budget:
     input:
-        jobs=[job_path(run) for run in PLAN.round_one()],
+        jobs=[job_path(run) for run in PLAN.budget_measured()],
         code=program_sources("budget"),
     output:
         BUDGET_JSON,

@@ -2,15 +2,19 @@
 from what the first repeats took on the machine the study runs on.
 
 The repeats run in rounds (scalerepro.planning.plan.Plan.train_priority): every cell's repeat 1,
-then every cell's repeat 2, and so on. With ``budget.training_s`` set, the workflow runs round 1,
-then its ``study_budget`` checkpoint calls ``choose_repeats`` on the jobs' wall times (each job's
-``job.json``, written by scalerepro.launching.run_job), and only the rounds that fit are run,
-planned (matrix.csv) and reported. A round's cost is predicted from round 1: each of its jobs
-costs what the same cell's repeat 1 took, less the probes after its window (``probes_s`` in
-job.json), which under a budget run in repeat 1 only (scalerepro.planning.study). The study
-keeps ``budget.min_repeats`` rounds whatever they cost (an interval needs two repeats): on a slow
-machine the budget is then exceeded, and the choice says by how much. A faster machine may
-finish under it.
+then every cell's repeat 2, and so on. With ``budget.training_s`` set, the workflow runs the
+rounds that run whatever they cost (``budget.min_repeats``, the floor: an interval needs two
+repeats), then its ``study_budget`` checkpoint calls ``choose_repeats`` on those jobs' wall times
+(each job's ``job.json``, written by scalerepro.launching.run_job), and only the rounds that fit
+are run, planned (matrix.csv) and reported. A later round's cost is predicted from the last
+measured one: each of its jobs costs what the same cell's last measured repeat took, less the
+probes after its window (``probes_s`` in job.json; under a budget only repeat 1 runs them,
+scalerepro.planning.study). Round 1 is no guide where a later round can be measured: it
+carries the study's one-off start-up, which a later round does not pay (in a README study the
+first job took 2.1 s beyond its record's own span, its later repeats 0.4 s). With
+``min_repeats: 1`` round 1 is all there is to predict from, and the prediction errs high by that
+start-up. On a slow machine the floor exceeds the budget, and the choice says by how much; a
+faster machine may finish under it.
 
 Standard library only (the checkpoint runs in the analysis environment).
 """
@@ -62,30 +66,34 @@ def read_job_wall(path: str | os.PathLike[str]) -> tuple[str, JobWall]:
         raise BudgetError(f"{path}: not a training job's job.json ({error}): rerun the job with snakemake --forcerun {path}") from None
 
 
+def floor_rounds(repeats: Iterable[int], min_repeats: int) -> int:
+    """The rounds that run whatever they cost: ``min_repeats``, or every planned one where fewer."""
+    return min(min_repeats, max(repeats, default=0))
+
+
 def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, JobWall], training_s: float, min_repeats: int) -> dict[str, Any]:
-    """The repeats the budget allows, and why: the most rounds whose predicted training time
-    (round 1 as measured, each later job at its cell's round-1 time less that job's probes) is
-    within ``training_s``, and at least ``min_repeats`` (or as many as are planned, where fewer)."""
+    """The repeats the budget allows, and why: the most rounds whose training time (the floor's
+    rounds as measured, each later job at its cell's last measured repeat less that job's probes)
+    is within ``training_s``, and at least the floor (``floor_rounds``)."""
     planned = max((job.repeat for job in jobs), default=0)
-    first = {job.cell: job for job in jobs if job.repeat == 1}
-    missing = sorted(job.run_id for job in first.values() if job.run_id not in walls_s)
+    floor = floor_rounds((job.repeat for job in jobs), min_repeats)
+    measured = sorted((job for job in jobs if job.repeat <= floor), key=lambda job: job.repeat)
+    missing = sorted(job.run_id for job in measured if job.run_id not in walls_s)
     if missing:
-        raise BudgetError(f"no wall time for the round-1 jobs {', '.join(missing)}: the checkpoint needs each one's job.json")
-    orphans = sorted(job.run_id for job in jobs if job.cell not in first)
+        raise BudgetError(f"no wall time for the measured jobs {', '.join(missing)}: the checkpoint needs each one's job.json")
+    basis = {job.cell: job for job in measured}  # each cell's last measured repeat
+    orphans = sorted(job.run_id for job in jobs if job.cell not in basis)
     if orphans:
-        raise BudgetError(f"{', '.join(orphans)}: a repeat of a cell with no repeat 1 to predict its cost from")
+        raise BudgetError(f"{', '.join(orphans)}: a repeat of a cell with no measured repeat to predict its cost from")
 
     def cost_s(job: PlannedJob) -> float:
-        """Round 1 as measured; a later job at what its cell's repeat 1 took less its probes."""
-        first_wall = walls_s[first[job.cell].run_id]
-        return first_wall.wall_s if job.repeat == 1 else first_wall.without_probes_s
+        """A measured job as it took; a later one at what its cell's last measured repeat took less its probes."""
+        return walls_s[job.run_id].wall_s if job.repeat <= floor else walls_s[basis[job.cell].run_id].without_probes_s
 
     rounds_s = [round(sum(cost_s(job) for job in jobs if job.repeat == r), 3) for r in range(1, planned + 1)]
     cumulative = [round(sum(rounds_s[:r]), 3) for r in range(1, planned + 1)]
     fits = max((r for r in range(1, planned + 1) if cumulative[r - 1] <= training_s), default=0)
-    floor = min(min_repeats, planned)
     repeats = max(fits, floor)
-    spent_s = rounds_s[0] if rounds_s else 0.0
     if not planned:
         reason = "no training job is planned"
     elif repeats == planned and fits == planned:
@@ -105,22 +113,23 @@ def choose_repeats(jobs: Sequence[PlannedJob], walls_s: Mapping[str, JobWall], t
         "min_repeats": min_repeats,
         "planned_repeats": planned,
         "repeats": repeats,
-        "round_one_jobs": len(first),
-        "round_one_s": spent_s,
-        # each round's training time: round 1 measured, the later ones predicted from it
+        "measured_rounds": floor,
+        "measured_jobs": len(measured),
+        "measured_s": cumulative[floor - 1] if floor else 0.0,
+        # each round's training time: the floor's rounds measured, the later ones predicted from the last of them
         "rounds_s": rounds_s,
         "predicted_training_s": cumulative[repeats - 1] if repeats else 0.0,
         "over_budget": bool(repeats) and cumulative[repeats - 1] > training_s,
         "reason": reason,
-        "round_one_walls_s": {job.run_id: walls_s[job.run_id].wall_s for job in first.values()},
-        "round_one_probes_s": {job.run_id: walls_s[job.run_id].probes_s for job in first.values()},
+        "measured_walls_s": {job.run_id: walls_s[job.run_id].wall_s for job in measured},
+        "measured_probes_s": {job.run_id: walls_s[job.run_id].probes_s for job in measured},
     }
 
 
 def write_choice(
     jobs: Iterable[Mapping[str, Any]], job_files: Iterable[str | os.PathLike[str]], training_s: float, min_repeats: int, out: str | os.PathLike[str]
 ) -> dict[str, Any]:
-    """The checkpoint's program: read the round-1 jobs' ``job.json`` files, choose, write ``out``."""
+    """The checkpoint's program: read the measured jobs' ``job.json`` files, choose, write ``out``."""
     planned = [PlannedJob(str(job["run_id"]), str(job["cell"]), int(job["repeat"])) for job in jobs]
     walls = dict(read_job_wall(path) for path in job_files)
     choice = choose_repeats(planned, walls, training_s, min_repeats)

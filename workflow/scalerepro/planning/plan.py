@@ -24,6 +24,7 @@ from scalerepro.common import gpu_peaks, study_layout, yaml_text
 from scalerepro.common.cli import CommandError
 from scalerepro.common.references import ReferencesError, load_references
 from scalerepro.planning import study, submission
+from scalerepro.planning.budget import floor_rounds
 from scalerepro.planning.study import Run, Study
 from scalerepro.schedulers.base import LOCAL, Scheduler
 
@@ -288,9 +289,11 @@ class Plan:
         """The training jobs the budget weighs: every run that runs itself, with its cell and round."""
         return [{"run_id": run.run_id, "cell": run.cell, "repeat": run.repeat} for run in self.study.runs.values() if run.runs_itself]
 
-    def round_one(self) -> list[Run]:
-        """The jobs of the first round (every cell's repeat 1), whose wall times the budget reads."""
-        return [run for run in self.study.runs.values() if run.runs_itself and run.repeat == 1]
+    def budget_measured(self) -> list[Run]:
+        """The jobs of the rounds that run whatever they cost (the budget's floor, min_repeats),
+        whose wall times the budget reads before it chooses the rest."""
+        floor = floor_rounds([run.repeat for run in self.study.runs.values() if run.runs_itself], self.budget["min_repeats"] if self.budget else 1)
+        return [run for run in self.study.runs.values() if run.runs_itself and run.repeat <= floor]
 
     def runs_within(self, repeats: int | None) -> list[Run]:
         """The runs of the first ``repeats`` rounds (None: every planned run)."""
