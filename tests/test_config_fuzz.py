@@ -4,8 +4,11 @@ shell unquoted (payloads that would create a file never do)."""
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import copy
+import itertools
+import string
 from pathlib import Path
 
 import pytest
@@ -106,6 +109,43 @@ BAD = [
         "targets.checks.strong_efficiency.where': scaling.csv has no column 'colour'",
     ),
 ]
+# Values that fit their schema pattern but for a trailing line break (a pattern's `$` matches
+# before a final newline, and JSON Schema searches a pattern rather than matching it): each
+# passed the schema and split the command line it reached. (key, value, where the error points)
+NOT_ONE_LINE = [
+    ("study_name", "ci\n", "study_name"),
+    ("scaling.predict_cluster", "dgx_h100\n", "scaling.predict_cluster"),
+    ("trainer_args", ["--seed=1\n"], "trainer_args.0"),
+    ("ablation.optimisations", [{"name": "cl\n", "flags": ["--channels-last"]}], "ablation.optimisations.0.name"),
+    ("slurm.account", "team\n", "slurm.account"),
+    ("slurm.constraint", "h100\n", "slurm.constraint"),
+    ("slurm.extra", ["--exclusive\n"], "slurm.extra.0"),
+    ("slurm.env", {"NCCL_SOCKET_IFNAME": "ib0\n"}, "slurm.env.NCCL_SOCKET_IFNAME"),
+    ("cifar10.md5", "c58f30108f718f92721af3b95e74349a\n", "cifar10.md5"),
+    ("container.base_image", "nvcr.io/nvidia/pytorch:25.01-py3\n", "container.base_image"),
+    ("container.sif", "results/containers/scalerepro.sif\n", "container.sif"),
+    ("store.path", "results/history.duckdb\n", "store.path"),
+    ("compare.baseline", "latest\n", "compare.baseline"),
+    ("profiling.gpu_peaks", "h100_sxm\n", "profiling.gpu_peaks"),
+    ("reproduce.gpu", "NVIDIA H100 80GB HBM3\n", "reproduce.gpu"),
+]
+
+
+def _first_string(value) -> str:
+    return value if isinstance(value, str) else _first_string(next(iter(value.values())) if isinstance(value, dict) else value[0])
+
+
+BAD += [(f"{where}-not-one-line", dotted, value, f"{where}': {_first_string(value)!r} holds a line break") for dotted, value, where in NOT_ONE_LINE]
+BAD += [
+    ("slurm-env-key-not-one-line", "slurm.env", {"NCCL_SOCKET_IFNAME\n": "ib0"}, "slurm.env': the key 'NCCL_SOCKET_IFNAME\\n' holds a line break"),
+    # the aggregation reads the preset only after every training job has run
+    (
+        "predict-cluster-unknown",
+        "scaling.predict_cluster",
+        "dgx_z",
+        "scaling.predict_cluster': unknown cluster preset 'dgx_z': choose one of dgx_a100, dgx_h100",
+    ),
+]
 # Every config string that reaches a shell (or the Slurm plugin's sbatch command), with a payload.
 INJECTIONS = [
     ("inject-gpu-peaks", "profiling.gpu_peaks", f"h100_sxm; touch {MARK}", "profiling.gpu_peaks"),
@@ -151,6 +191,8 @@ THROUGH_SNAKEMAKE = (
     "gpu-counts-beyond-one-node",
     "check-selects-on-an-unknown-column",
     "profiling-run-unknown",
+    "scaling.predict_cluster-not-one-line",
+    "predict-cluster-unknown",
 )
 
 
@@ -225,3 +267,34 @@ def test_the_default_and_ci_configs_are_accepted():
     for extra in ([], ["--configfile", "config/ci.yaml"]):
         result = snakemake(REPO, "-n", *extra, timeout=180)
         assert result.returncode == 0, result.stderr[-2000:]
+
+
+def _shell_commands() -> dict[str, str]:
+    """Each rule's ``shell:`` command as Snakemake formats it (its string literals joined), by rule."""
+    commands = {}
+    for path in sorted((REPO / "workflow/rules").glob("*.smk")):
+        lines, rule = path.read_text().splitlines(), None
+        for number, line in enumerate(lines):
+            words = line.split()
+            if len(words) == 2 and words[0] in ("rule", "checkpoint") and words[1].endswith(":"):
+                rule = words[1][:-1]
+            if line.strip() == "shell:":
+                indent = len(line) - len(line.lstrip())
+                body = itertools.takewhile(lambda text, indent=indent: not text.strip() or len(text) - len(text.lstrip()) > indent, lines[number + 1 :])
+                commands[f"{path.name}: {rule}"] = ast.literal_eval("(" + "\n".join(body) + ")")
+    return commands
+
+
+def test_every_shell_command_quotes_every_value_it_interpolates():
+    """A value on a command line unquoted is split by a space or a line break, or run by a `;`:
+    every field of every rule's shell command is shell-quoted ({x:q}; a list, each item)."""
+    commands = _shell_commands()
+    shells = sum(path.read_text().count("shell:") for path in (REPO / "workflow/rules").glob("*.smk"))
+    assert len(commands) == shells and "analysis.smk: aggregate" in commands, sorted(commands)
+    unquoted = [
+        f"{rule}: {{{field}{':' + spec if spec else ''}}}"
+        for rule, command in commands.items()
+        for _, field, spec, _ in string.Formatter().parse(command)
+        if field is not None and not (spec or "").endswith("q")
+    ]
+    assert not unquoted, "unquoted in a shell command:\n" + "\n".join(unquoted)

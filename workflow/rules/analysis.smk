@@ -2,6 +2,8 @@
 # Every step runs on the host that runs Snakemake (localrules): seconds of pandas and matplotlib,
 # which on a cluster would otherwise wait in the GPU partition's queue behind training jobs.
 
+import json
+
 
 localrules:
     study_matrix,
@@ -63,20 +65,20 @@ rule aggregate:
     conda:
         ENV_ANALYSIS
     params:
-        comm=lambda wc, input: " ".join(input.comm),
         out=folder_of("output.summary"),
-        targets=targets_args(),
-        predict=" ".join(str(n) for n in CONFIG["scaling"].get("predict_gpus", [])),
+        # the config's targets (checks included) as JSON
+        targets=json.dumps(CONFIG["targets"]),
+        predict=CONFIG["scaling"].get("predict_gpus", []),
         cluster=(
-            f" --predict-cluster {CONFIG['scaling']['predict_cluster']}"
+            ["--predict-cluster", CONFIG["scaling"]["predict_cluster"]]
             if CONFIG["scaling"].get("predict_cluster")
-            else ""
+            else []
         ),
     shell:
-        "python -m scalerepro.analysis.tables.aggregate --matrix {input.matrix} --comm {params.comm}"
-        " --references {input.references} --inventory {input.inventory}"
-        " --out {params.out} {params.targets}"
-        " --predict-gpus {params.predict}{params.cluster} > {log} 2>&1"
+        "python -m scalerepro.analysis.tables.aggregate --matrix {input.matrix:q} --comm {input.comm:q}"
+        " --references {input.references:q} --inventory {input.inventory:q}"
+        " --out {params.out:q} --targets {params.targets:q}"
+        " --predict-gpus {params.predict:q} {params.cluster:q} > {log:q} 2>&1"
 
 
 rule plots:
@@ -98,4 +100,4 @@ rule plots:
         tables=folder_of("input.tables"),
         out=folder_of("output.plots"),
     shell:
-        "python -m scalerepro.analysis.presentation.plots --tables {params.tables} --out {params.out} > {log} 2>&1"
+        "python -m scalerepro.analysis.presentation.plots --tables {params.tables:q} --out {params.out:q} > {log:q} 2>&1"

@@ -9,17 +9,15 @@
 #   files          the files rules of more than one rule file name (DATA_DIR, RUN_RECORD,
 #                  record_path, MATRIX_CSV, ... below), program_sources, program_fingerprint,
 #                  data_input, study_records (the runs the budget chose: budgeted_repeats)
-#   flags          run_launch_args, run_trainer_args, comm_launch_args, matrix_rows, targets_args,
-#                  folder_of (a program's folder argument, from a declared input or output)
+#   flags          run_launch_args, run_trainer_args, comm_launch_args, matrix_rows, folder_of (a
+#                  program's folder argument, from a declared input or output)
 #   hooks          start_fork_server, stop_fork_server, driver_signals (the Snakefile's onstart,
 #                  onsuccess, onerror)
 #
 # Parsing this file also changes the process it runs in; every such change is in the section
 # "What parsing changes" below, and nowhere else in the rule files.
 
-import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -338,7 +336,7 @@ def run_trainer_args(wildcards, output):
 
 def comm_launch_args(wildcards):
     gpus = int(wildcards.gpus)
-    return shlex.join(PLAN.launch_args(*PLAN.ranks_and_nodes(gpus), f"comm_g{gpus}"))
+    return PLAN.launch_args(*PLAN.ranks_and_nodes(gpus), f"comm_g{gpus}")
 
 
 def matrix_rows():
@@ -346,11 +344,6 @@ def matrix_rows():
     planned run (the rule keeps those of the rounds the budget chose, where there is one).
     """
     return PLAN.matrix_rows()
-
-
-def targets_args():
-    """--targets of scalerepro.analysis.tables.aggregate: the config's targets (checks included) as JSON."""
-    return f"--targets {shlex.quote(json.dumps(CONFIG['targets']))}"
 
 
 def folder_of(name):

@@ -27,9 +27,9 @@ rule store_study:
     params:
         store=CONFIG["store"]["path"],
     shell:
-        "python -m scalerepro.analysis.history.store append --store {params.store:q} --matrix {input.matrix}"
-        " --config {input.config} --inventory {input.inventory}"
-        " --receipt {output.receipt} --history {output.history} > {log} 2>&1"
+        "python -m scalerepro.analysis.history.store append --store {params.store:q} --matrix {input.matrix:q}"
+        " --config {input.config:q} --inventory {input.inventory:q}"
+        " --receipt {output.receipt:q} --history {output.history:q} > {log:q} 2>&1"
 
 
 if BASELINE is not None:
@@ -53,8 +53,8 @@ if BASELINE is not None:
             baseline=BASELINE,
             threshold=CONFIG["compare"]["threshold"],
         shell:
-            "python -m scalerepro.analysis.history.compare {params.baseline:q} {input.receipt} --store {params.store:q}"
-            " --threshold {params.threshold} --csv {output.table} --json {output.facts} > {log} 2>&1"
+            "python -m scalerepro.analysis.history.compare {params.baseline:q} {input.receipt:q} --store {params.store:q}"
+            " --threshold {params.threshold:q} --csv {output.table:q} --json {output.facts:q} > {log:q} 2>&1"
 
 
 rule store_plots:
@@ -71,7 +71,7 @@ rule store_plots:
     params:
         tables=folder_of("input.history"),
         out=folder_of("output.plots"),
-        names=" ".join(STORE_PLOTS),
+        names=STORE_PLOTS,
     shell:
-        "python -m scalerepro.analysis.presentation.plots --tables {params.tables} --out {params.out} --only {params.names}"
-        " > {log} 2>&1"
+        "python -m scalerepro.analysis.presentation.plots --tables {params.tables:q} --out {params.out:q} --only {params.names:q}"
+        " > {log:q} 2>&1"

@@ -5,8 +5,6 @@
 # preparing again does not download again; it is no output, since Snakemake removes a rule's
 # outputs before it runs the rule again.
 
-import shlex
-
 
 localrules:
     fetch_cifar10,
@@ -21,10 +19,10 @@ rule fetch_cifar10:
         ENV_TRAIN
     params:
         source=(
-            f"--archive {shlex.quote(CONFIG['cifar10']['archive'])}"
+            ["--archive", CONFIG["cifar10"]["archive"]]
             if CONFIG["cifar10"]["archive"]
-            else f"--url {shlex.quote(CONFIG['cifar10']['url'])}"
+            else ["--url", CONFIG["cifar10"]["url"]]
         ),
         md5=CONFIG["cifar10"]["md5"] or "",
     shell:
-        "python -m scalerepro.data.fetch --out {output} {params.source} --md5 {params.md5:q} > {log} 2>&1"
+        "python -m scalerepro.data.fetch --out {output:q} {params.source:q} --md5={params.md5:q} > {log:q} 2>&1"

@@ -21,4 +21,4 @@ rule system_inventory:
         gpus_per_node=1 if DEVICE == "cuda" else 0,
         runtime=10,
     shell:
-        "python -m scalerepro.telemetry.inventory --out {output} > {log} 2>&1"
+        "python -m scalerepro.telemetry.inventory --out {output:q} > {log:q} 2>&1"

@@ -49,7 +49,7 @@ rule profile:
         **CLUSTER_RESOURCES,
         **RUN_RESOURCES,
     params:
-        fallback="" if PROFILING["fallback"] else "--no-fallback",
+        fallback=[] if PROFILING["fallback"] else ["--no-fallback"],
         fallback_reason=PROFILING_FALLBACK_REASON or "",
         ranks=PROFILING["ranks"],
         window_start=PROFILING["window_start"],
@@ -58,9 +58,9 @@ rule profile:
         launch=run_launch_args(prefix="profile_"),
         args=lambda wc: PROFILING_PLAN.trainer_args(PLAN, wc.run, wc.tool),
     shell:
-        "python -m scalerepro.launching.profile_job --tool {wildcards.tool} --capture {output.capture:q} --log {log:q}"
-        " {params.fallback} --fallback-reason={params.fallback_reason:q} --ranks {params.ranks:q}"
-        " --window-start {params.window_start} --window-steps {params.window_steps} --ncu-kernels {params.ncu_kernels}"
+        "python -m scalerepro.launching.profile_job --tool {wildcards.tool:q} --capture {output.capture:q} --log {log:q}"
+        " {params.fallback:q} --fallback-reason={params.fallback_reason:q} --ranks {params.ranks:q}"
+        " --window-start {params.window_start:q} --window-steps {params.window_steps:q} --ncu-kernels {params.ncu_kernels:q}"
         " --launch {params.launch:q} -- {params.args:q}"
 
 
@@ -88,10 +88,10 @@ rule profile_summary:
         # the run's folder: the captures' tools' folders are in it, and the summary
         run_dir=folder_of("output.summary"),
     shell:
-        "python -m scalerepro.analysis.profiles.captures summarize --run-dir {params.run_dir}"
-        " --run-id {wildcards.run} --gpu-peaks {params.gpu_peaks:q}"
+        "python -m scalerepro.analysis.profiles.captures summarize --run-dir {params.run_dir:q}"
+        " --run-id {wildcards.run:q} --gpu-peaks {params.gpu_peaks:q}"
         " --precision {params.precision:q} {params.device:q}"
-        " --thresholds {params.thresholds:q} --out {output.summary} > {log} 2>&1"
+        " --thresholds {params.thresholds:q} --out {output.summary:q} > {log:q} 2>&1"
 
 
 rule profile_table:
@@ -107,5 +107,5 @@ rule profile_table:
     params:
         out=folder_of("output.tables"),
     shell:
-        "python -m scalerepro.analysis.profiles.captures table --summaries {input.summaries}"
-        " --out {params.out} > {log} 2>&1"
+        "python -m scalerepro.analysis.profiles.captures table --summaries {input.summaries:q}"
+        " --out {params.out:q} > {log:q} 2>&1"

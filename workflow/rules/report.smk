@@ -42,11 +42,11 @@ rule report:
         plots=folder_of("input.plots"),
         templates=folder_of("input.style"),
         versus=lambda wc, input: (
-            " ".join(["--versus-baseline", *input.versus]) if input.versus else ""
+            ["--versus-baseline", *input.versus] if input.versus else []
         ),
-        budget=lambda wc, input: f"--budget {input.budget[0]}" if input.budget else "",
+        budget=lambda wc, input: ["--budget", input.budget[0]] if input.budget else [],
     shell:
-        "python -m scalerepro.analysis.presentation.report --tables {params.tables} --plots {params.plots}"
-        " --inventory {input.inventory} --config {input.config} --references {input.references}"
-        " --history {input.history} {params.versus} {params.budget}"
-        " --templates {params.templates} --out {output} > {log} 2>&1"
+        "python -m scalerepro.analysis.presentation.report --tables {params.tables:q} --plots {params.plots:q}"
+        " --inventory {input.inventory:q} --config {input.config:q} --references {input.references:q}"
+        " --history {input.history:q} {params.versus:q} {params.budget:q}"
+        " --templates {params.templates:q} --out {output:q} > {log:q} 2>&1"

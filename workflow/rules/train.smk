@@ -72,12 +72,12 @@ rule comm_benchmark:
         measured=comm_resources("measured"),
     params:
         launch=comm_launch_args,
-        sizes=" ".join(str(size) for size in CONFIG["communication"]["sizes_bytes"]),
+        sizes=CONFIG["communication"]["sizes_bytes"],
         iterations=CONFIG["communication"]["iterations"],
         device=DEVICE,
     shell:
-        "python -m scalerepro.launching.launch {params.launch} -- -m scalerepro.training.commbench --out {output}"
-        " --device {params.device} --sizes {params.sizes} --iterations {params.iterations} > {log} 2>&1"
+        "python -m scalerepro.launching.launch {params.launch:q} -- -m scalerepro.training.commbench --out {output:q}"
+        " --device {params.device:q} --sizes {params.sizes:q} --iterations {params.iterations:q} > {log:q} 2>&1"
 
 
 # With a training budget (config `budget`): once the rounds that run whatever they cost (its

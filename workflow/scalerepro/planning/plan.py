@@ -12,6 +12,7 @@ import collections
 import functools
 import math
 import shutil
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +53,21 @@ MAX_CONFIG_VALUES = 100_000
 MAX_CONFIG_TEXT = 4096  # characters in one string
 
 
+def _not_one_line(text: str) -> str | None:
+    """What is wrong with ``text`` where a config string must be one line of printable text, else
+    None. Every config string is held to this here, once: the schema's patterns cannot hold them
+    to it (a pattern's ``$`` also matches before a final newline, so "dgx_h100\\n" fits
+    ``^[a-z0-9_]+$``), and a line break in a value that reaches a command line splits the command."""
+    found = next((char for char in text if unicodedata.category(char) in ("Cc", "Zl", "Zp")), None)
+    return None if found is None else f"holds a line break or control character ({found!r}): give it on one line, without control characters"
+
+
 def _first_unusable(config: Any) -> tuple[str, str] | None:
     """The first value planning would misuse, with its key: a number that is not finite (YAML's
     .nan and .inf: JSON Schema's bounds let NaN through, every comparison with it being false), a
-    string longer than MAX_CONFIG_TEXT, two items of one list with the same ``name`` (the second
-    would be dropped silently), or more than MAX_CONFIG_VALUES values in all."""
+    string longer than MAX_CONFIG_TEXT, a string or key that is not one line (``_not_one_line``),
+    two items of one list with the same ``name`` (the second would be dropped silently), or more
+    than MAX_CONFIG_VALUES values in all."""
     visited = 0
     stack: list[tuple[str, Any]] = [("", config)]
     while stack:
@@ -68,6 +79,9 @@ def _first_unusable(config: Any) -> tuple[str, str] | None:
             return where or "top level", f"{node} is not a finite number: give a number"
         if isinstance(node, str) and len(node) > MAX_CONFIG_TEXT:
             return where or "top level", f"a string of {len(node):,} characters (at most {MAX_CONFIG_TEXT}): shorten it"
+        for text in [node] if isinstance(node, str) else [key for key in node if isinstance(key, str)] if isinstance(node, dict) else []:
+            if _not_one_line(text):
+                return where or "top level", f"{'' if text is node else 'the key '}{text!r} {_not_one_line(text)}"
         if isinstance(node, list):
             names = [item["name"] for item in node if isinstance(item, dict) and isinstance(item.get("name"), str)]
             repeated = sorted(name for name, count in collections.Counter(names).items() if count > 1)
@@ -339,17 +353,28 @@ def load(config: dict[str, Any], *, schema: Path, references: Path, executor: st
         config = study.merge(config, config.get("cpu_overrides", {}))
         validate(config, schema)
     try:
-        published = load_references(references)["references"]
+        document = load_references(references)
     except ReferencesError as error:
         raise ReferencesConfigError(str(error)) from None
+    _check_cluster_preset(config["scaling"].get("predict_cluster"), document.get("clusters") or {}, references)
     built = study.build(
         config,
         on_cluster=on_cluster,
         local_gpus=len(local_gpu_names),
         local_gpu_name=local_gpu_names[0] if local_gpu_names else None,
-        references=published,
+        references=document["references"],
     )
     return Plan(config, built, scheduler, scheduler if on_cluster else schedulers.backend("slurm"), tuple(local_gpu_names))
+
+
+def _check_cluster_preset(name: str | None, clusters: dict[str, Any], references: Path) -> None:
+    """A ConfigError unless ``name`` (scaling.predict_cluster) is null or a preset of
+    ``clusters``: the aggregation reads it only after every training job has run."""
+    if name is not None and name not in clusters:
+        known = ", ".join(sorted(clusters)) or "none"
+        raise ConfigError(
+            "scaling.predict_cluster", f"unknown cluster preset {name!r}: choose one of {known} (clusters in {Path(*references.parts[-2:])}), or null"
+        )
 
 
 # ---- profiling: which runs, which tools, each job's flags -------------------------------------
