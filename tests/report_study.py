@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from scalerepro.analysis.columns import AGGREGATE_TABLES
 from scalerepro.analysis.presentation import report
-from scalerepro.analysis.tables import published_comparison, published_conditions
+from scalerepro.analysis.tables import published_comparison, published_conditions, table_digests
 from scalerepro.analysis.tables.cell_tables import cells_table
 from scalerepro.analysis.tables.loss_decomposition import loss_decomposition_table
 
@@ -528,7 +529,17 @@ def write_study(root: Path, *, evil: bool = False, drop_plots=("energy_per_sampl
         "targets": {"strong_efficiency_min": 0.7, "strong_efficiency_gpus": 8},
     }
     (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    list_table_digests(tables)
     return {"tables": tables, "plots": plots, "inventory": root / "inventory.json", "config": root / "config.json"}
+
+
+def list_table_digests(tables: Path) -> None:
+    """summary.json's digests of the tables as they are now (table_digests), as the aggregation lists
+    those it writes: the fixture's hand-made tables (and a test's change to one) stand in for its."""
+    path = tables / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    texts = {file.stem: file.read_bytes().decode("utf-8") for file in sorted(tables.glob("*.csv")) if file.stem in AGGREGATE_TABLES}
+    path.write_text(json.dumps({**summary, table_digests.DIGESTS: table_digests.listed(texts)}, indent=2))
 
 
 def render_study(paths: dict[str, Path], out: Path) -> str:

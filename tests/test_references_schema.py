@@ -7,6 +7,7 @@ far from the file, and a negative figure a verdict)."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import yaml
 from scalerepro.analysis import predict
 from scalerepro.analysis.columns import CONDITIONS, MATRIX_COLUMNS, REFERENCE_KINDS, REFERENCE_METRICS, REFERENCE_PRECISIONS
 from scalerepro.analysis.tables import aggregate, network_model, published_conditions, reproduction
+from scalerepro.common import model_flops, share_of_peak
 from scalerepro.common.references import REFERENCES_SCHEMA, ReferencesError, load_optional_references, load_references
 from scalerepro.planning import plan as planning
 
@@ -75,6 +77,15 @@ BAD_COPIES = [
         "      power_cap_w: 500\n",
         TITAN_8,
         "add power_cap_basis to conditions",
+    ),
+    (
+        "a figure above its GPU's peak (45,000 img/s of ResNet-50 on one H100)",
+        "    value: 2789\n",
+        "    value: 45000\n",
+        NGC_1GPU,
+        "value 45000 samples_per_s at 1 GPU (lambdal/deeplearning-benchmark@aa5addb6a536 pytorch/pytorch-train-throughput-v2-fp16.csv) "
+        "needs 1,093 TFLOP/s a GPU at resnet50's training FLOPs, 111 % of the H100 SXM5's dense fp16 peak of 989 TFLOP/s: "
+        "no GPU runs above its peak, so the figure, its GPU count, precision or GPU is wrong",
     ),
     (
         "a stand-in without what makes it another model",
@@ -193,3 +204,30 @@ def test_every_reader_of_the_file_refuses_it_alike(tmp_path, capsys):
         load_optional_references(references)  # the report's links
     assert predict.main(["--list", "--references", str(references)]) == 2
     assert capsys.readouterr().err == f"scalerepro.analysis.predict: error: {refused.value}\n"
+
+
+def test_every_measured_reference_is_held_to_its_gpus_peak_and_is_below_it():
+    """Each published or MLPerf figure of the file names a model whose training FLOPs and a GPU whose
+    peak the package knows, so none passes unchecked; and each needs less than its GPU's peak."""
+    for reference in load_references(REFERENCES)["references"]:
+        if reference["kind"] not in ("published", "mlperf"):
+            continue
+        implied = share_of_peak.implied_share(reference)
+        assert implied is not None, reference["id"]
+        assert 0 < implied.share < 0.7, (reference["id"], implied)
+
+
+def test_the_flops_a_figure_is_held_by_are_those_the_trainers_records_carry():
+    """The torch-free FLOPs (common/model_flops) are the trainer's count: an image model's are the
+    train_flops_per_sample its kept H100 records carry, and a language model's floor is at most the
+    records' count a token (which adds attention)."""
+    records = sorted((REPO / "benchmarks/gpu/h100-2026-11-27").glob("*-optimised-frontier.json"))
+    assert len(records) == 6
+    for path in records:
+        model = json.loads(path.read_text())["model"]
+        flops = model_flops.MODEL_FLOPS[model["name"]]
+        if flops.per_sample is not None:
+            assert flops.per_sample == model["train_flops_per_sample"], model["name"]
+        else:
+            per_token = model["train_flops_per_sample"] / model["tokens_per_sample"]
+            assert 0.85 * per_token < flops.per_token <= per_token, (model["name"], flops.per_token, per_token)

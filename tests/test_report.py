@@ -16,7 +16,7 @@ import pytest
 from scalerepro.analysis.presentation import formatting, headline, report, report_facts
 from scalerepro.analysis.tables import cell_tables
 
-from report_study import EVIL, H100, REFERENCES, SXM_CONDITIONS, TEMPLATES, Tags, render_study, rendered_study, section, write_study
+from report_study import EVIL, H100, REFERENCES, SXM_CONDITIONS, TEMPLATES, Tags, list_table_digests, render_study, rendered_study, section, write_study
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +126,7 @@ def test_scaling_model_shows_the_cluster_and_its_typical_error_only_on_a_cluster
     table["typical_error"] = table["cluster"] = None
     table.loc[predicted, ["typical_error", "cluster", "network"]] = [0.011, "dgx_h100", "NVIDIA DGX H100, 8 GPUs/node"]
     table.to_csv(paths["tables"] / "scaling_model.csv", index=False)
+    list_table_digests(paths["tables"])  # the test's change stands in for the aggregation's table
     on_cluster = scaling_model_rows(render_study(paths, tmp_path / "cluster.html"))
     assert on_cluster["64"]["Typical error (±)"] == "1.1 %" and on_cluster["64"]["Cluster"] == "dgx_h100"
     # the cluster's network is said once above the table (its rows would repeat it), not in "α, B from"
@@ -280,6 +281,7 @@ def test_a_cpu_study_says_why_gpu_figures_are_missing(tmp_path):
     runs.loc[recorded, "nvml_reason"] = "CPU run: NVML measures NVIDIA GPUs only"
     runs.loc[recorded, ["device_type", "device_name"]] = ["cpu", "AMD EPYC 7763 64-Core Processor"]
     runs.to_csv(paths["tables"] / "runs.csv", index=False)
+    list_table_digests(paths["tables"])  # the test's change stands in for the aggregation's table
     inventory = json.loads(paths["inventory"].read_text())
     inventory.update(gpus=[], gpu_reason="NVML could not be initialised: NVML Shared Library Not Found", nvidia_smi_topo=None)
     paths["inventory"].write_text(json.dumps(inventory))
@@ -353,6 +355,7 @@ def test_noisy_cells_are_flagged_in_tables_and_summary(tmp_path):
     scaling["noisy"] = False
     scaling.loc[noisy, ["samples_per_s_cv", "noisy", "samples_per_s_ci_low", "samples_per_s_ci_high"]] = [0.12, True, 5000.0, 6400.0]
     scaling.to_csv(paths["tables"] / "scaling.csv", index=False)
+    list_table_digests(paths["tables"])  # the test's change stands in for the aggregation's table
     page = render_study(paths, tmp_path / "index.html")
     summary = section(page, "summary")
     assert 'id="noisy"' in summary and "1 cell vary more than the target" in summary
@@ -368,6 +371,7 @@ def test_missing_optional_columns_show_a_dash(tmp_path):
     scaling.to_csv(paths["tables"] / "scaling.csv", index=False)
     runs = pd.read_csv(paths["tables"] / "runs.csv").drop(columns=["error", "git_dirty", "consistent", "mfu"])
     runs.to_csv(paths["tables"] / "runs.csv", index=False)
+    list_table_digests(paths["tables"])  # the test's change stands in for the aggregation's table
     page = render_study(paths, tmp_path / "index.html")
     results = section(page, "results")
     assert '<td class="num">—</td>' in results

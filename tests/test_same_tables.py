@@ -87,6 +87,11 @@ EXPECTED: dict[tuple[str, str], str] = {
     # one definition of a cell: every table names a cell as the matrix does (scalerepro.record.cell)
     ("parallelism", "cell"): "a parallelism row's cell is its name, the matrix's (parallelism_gpt2_small_g2_fsdp), not a label of its own",
     ("cells", "*"): "new: every cell's statistics, as its study's table states them (the headline reads them)",
+    # each table's SHA-256, which the report and the figures check first (analysis/tables/table_digests.py)
+    ("summary", "table_sha256"): "new: the digest of every table the aggregation wrote",
+    # a figure is set beside runs of its own GPU part only: an H100 PCIe figure is another part beside
+    # SXM5 runs, and a model without a figure says on which part (published_conditions.gpu_part)
+    ("published_comparison", "why"): "the GPU part, not the chip: H100 PCIe figures are another part beside H100 SXM5 runs",
 }
 
 # The columns that name a row of each table (unique in every golden); a table not named here, or

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from scalerepro.common import share_of_peak
 from scalerepro.common.cli import CommandError
 
 REFERENCES_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "references.schema.yaml"
@@ -75,7 +76,8 @@ def _checked(path: str, text: str) -> dict[str, Any]:
     errors = sorted(_validator().iter_errors(document), key=lambda error: _document_order(document, error))
     if errors:
         raise ReferencesError(_one_line(path, document, errors[0]))
-    problem = _unresolved(document)
+    # a figure its GPU cannot reach is as wrong as a negative one (share_of_peak)
+    problem = _unresolved(document) or share_of_peak.beyond_peak(document.get("references", []))
     if problem:
         raise ReferencesError(f"{problem}: fix {path}")
     return document

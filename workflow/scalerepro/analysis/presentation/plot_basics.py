@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from scalerepro.analysis import columns
-from scalerepro.analysis.tables import loss_decomposition, scaling_model
+from scalerepro.analysis.tables import loss_decomposition, scaling_model, table_digests
 
 Tables = Mapping[str, pd.DataFrame]
 # The tables the figures read, with the columns an absent or empty one gets.
@@ -46,7 +46,9 @@ class NotMeasured(Exception):
 
 
 def read_tables(tables_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
-    """The tables the figures use; a missing or empty CSV reads as an empty frame with its columns."""
+    """The tables the figures use; a missing or empty CSV reads as an empty frame with its columns.
+    The aggregation's must be the ones it wrote (table_digests.check: else one line, no figure)."""
+    table_digests.check(tables_dir)
     tables = {}
     for name, names in COLUMNS.items():
         path = Path(tables_dir) / f"{name}.csv"

@@ -7,8 +7,11 @@ the file needs no network, no neighbouring files and no JavaScript.
 
 Nothing is invented: a table that is missing or empty, a column that is absent and a figure
 that was not drawn all show as visible holes ("not measured", "—", "figure missing"), and runs
-that did not finish are listed with their error and the command that reruns them. Every string
-that comes from the config, the records or the inventory is HTML-escaped by Jinja's autoescape.
+that did not finish are listed with their error and the command that reruns them. A table with
+rows that is not the one the aggregation wrote (its SHA-256 in summary.json:
+``scalerepro.analysis.tables.table_digests``) is no hole: the report refuses it in one line.
+Every string that comes from the config, the records or the inventory is HTML-escaped by Jinja's
+autoescape.
 
     python -m scalerepro.analysis.presentation.report --tables results/tables --plots results/plots \
         --inventory results/inventory/system.json --config results/tables/config.json \
@@ -68,6 +71,7 @@ from scalerepro.analysis.presentation.report_facts import (
     withheld_figures,
 )
 from scalerepro.analysis.presentation.scaling_model_view import scaling_model_section
+from scalerepro.analysis.tables import table_digests
 from scalerepro.analysis.tables.network_model import DEFAULT_LINK_EFFICIENCY
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
@@ -296,6 +300,13 @@ class ReportContext:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
+def aggregated_tables(tables_dir: Path) -> dict[str, pd.DataFrame]:
+    """TABLES as read, once each is the table the aggregation wrote (table_digests.check: else one
+    line naming it, and no report)."""
+    table_digests.check(tables_dir)
+    return {name: read_table(tables_dir, name) for name in TABLES}
+
+
 def build_context(
     tables_dir: Path,
     plots_dir: Path | None,
@@ -309,7 +320,7 @@ def build_context(
     budget_path: Path | None = None,
 ) -> ReportContext:
     """Everything the templates show, read and derived once."""
-    tables = {name: read_table(Path(tables_dir), name) for name in TABLES}
+    tables = aggregated_tables(Path(tables_dir))
     # What an empty table's section says: the file is absent, or there but without rows (e.g. no sensitivity runs).
     empty = {name: f"Not measured: {name}.csv " + ("has no rows" if (Path(tables_dir) / f"{name}.csv").is_file() else "is not there") for name in TABLES}
     runs, scaling = tables["runs"], tables["scaling"]

@@ -110,7 +110,10 @@ published_comparison.csv, gap_walk.csv -- each measured model beside its best pu
     ``scalerepro.analysis.tables.published_comparison``. The power cap a record leaves out is the
     inventory's (``--inventory``) where that inventory is of the runs' machines.
 summary.json -- run counts by status, device names and types, git commits, torch versions,
-    inconsistent runs, check counts, comparison verdict counts, cpu_study, noisy_cells.
+    inconsistent runs, check counts, comparison verdict counts, cpu_study, noisy_cells, left_out,
+    and table_sha256: each table's SHA-256 ("<sha256>  <name>.csv", as sha256sum -c reads them),
+    which the report and the figures check before they show a figure of a table
+    (``scalerepro.analysis.tables.table_digests``).
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ import pandas as pd
 
 from scalerepro.analysis.columns import AGGREGATE_TABLES, CHECK_STATUSES, DEFAULT_NOISE_CV_MAX, DEFAULT_REPRODUCE_TOLERANCE, RUN_STATUSES, TARGETS, VERDICTS
 from scalerepro.analysis.study_files import LeftOut, comm_problem, inventory_problem
-from scalerepro.analysis.tables import loss_decomposition, published_comparison, published_conditions, scaling_model
+from scalerepro.analysis.tables import loss_decomposition, published_comparison, published_conditions, scaling_model, table_digests
 from scalerepro.analysis.tables.cell_tables import ablation_table, cells_table, cost_table, parallelism_table, scaling_table, sensitivity_table
 from scalerepro.analysis.tables.check_definitions import parse_checks
 from scalerepro.analysis.tables.checking import checks_table, cpu_study
@@ -226,14 +229,17 @@ def aggregate_study(
 
 
 def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[str], left_out: Sequence[str] = ()) -> dict[str, Any]:
-    """Write ``<name>.csv`` per table and summary.json into ``out_dir``; returns the summary."""
+    """Write ``<name>.csv`` per table and summary.json (with each table's SHA-256: table_digests)
+    into ``out_dir``; returns the summary."""
     if set(tables) != set(AGGREGATE_TABLES):
         raise ValueError(f"the tables are {sorted(tables)}, not the rule's outputs {sorted(AGGREGATE_TABLES)} (analysis/columns.py)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, table in tables.items():  # each file whole or not at all (a full disk keeps the last)
-        write_text_atomically(out / f"{name}.csv", table.to_csv(index=False))
-    summary = summarise(tables, left_out)
+    texts = {name: table.to_csv(index=False) for name, table in tables.items()}
+    for name, text in texts.items():  # each file whole or not at all (a full disk keeps the last)
+        write_text_atomically(out / f"{name}.csv", text)
+    # last, so that tables left by a write that failed halfway match no digest and are never shown
+    summary = {**summarise(tables, left_out), table_digests.DIGESTS: table_digests.listed(texts)}
     write_text_atomically(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 

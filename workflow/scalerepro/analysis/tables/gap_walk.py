@@ -3,10 +3,10 @@
 
 The gap walk goes from the like-for-like reference's conditions to the measured cell's, one lever
 (WALK_LEVERS) at a time. A step is a measured pair of cells that differ in that lever only (every
-other condition equal: the same model, device, GPU count, sequence length, PyTorch, and every knob of
-PAIR_ONLY), its ratio the two medians' (with the interval of that ratio where both cells have 2
-repeats or more). Steps chain where the study measured values between the two ends (compile none ->
-default -> reduce-overhead). What no step measures is the unexplained rest:
+other field of the matrix's cell equal: the same model, device, GPU and node counts, sequence length,
+PyTorch, and every knob of PAIR_ONLY), its ratio the two medians' (with the interval of that ratio
+where both cells have 2 repeats or more). Steps chain where the study measured values between the
+two ends (compile none -> default -> reduce-overhead). What no step measures is the unexplained rest:
 
     rest = (measured / published) / product of the measured steps
 
@@ -35,6 +35,7 @@ from scalerepro.analysis.tables.published_conditions import (
     WALK_LEVERS,
     MeasuredCell,
     compare,
+    differing,
     measured_words,
     published_words,
     reference_conditions,
@@ -81,20 +82,14 @@ def stops_short(
 
 
 def _one_lever_apart(a: MeasuredCell, b: MeasuredCell, lever: str) -> bool:
-    """Same model and device, every condition equal but ``lever``, which differs."""
-    if (a.model, a.device) != (b.model, b.device):
-        return False
-    keys = set(a.conditions) | set(b.conditions)
-    return str(a.conditions.get(lever)) != str(b.conditions.get(lever)) and all(
-        str(a.conditions.get(k)) == str(b.conditions.get(k)) for k in keys if k != lever
-    )
+    """Same model and device, every field of the two cells equal but ``lever``, which differs."""
+    return (a.model, a.device) == (b.model, b.device) and differing(a.conditions, b.conditions) == [lever]
 
 
 def _closeness(pair: tuple[MeasuredCell, MeasuredCell], target: MeasuredCell) -> tuple:
     """Pairs whose other levers are the target cell's first, then those with more repeats."""
     a, b = pair
-    apart = sum(str(a.conditions.get(k)) != str(target.conditions.get(k)) for k in a.conditions)
-    return (apart, -(len(a.runs) + len(b.runs)), a.key_text(), b.key_text())
+    return (len(differing(a.conditions, target.conditions)), -(len(a.runs) + len(b.runs)), a.key_text(), b.key_text())
 
 
 def walk(pairing: Pairing, cells: Sequence[MeasuredCell]) -> list[dict[str, Any]]:
@@ -148,7 +143,7 @@ def walk(pairing: Pairing, cells: Sequence[MeasuredCell]) -> list[dict[str, Any]
 def _unused(cell: MeasuredCell, target: MeasuredCell, metric: str) -> dict[str, Any]:
     """A cell of the model that no step uses: more than one lever from every other cell."""
     spread = cell.describe("per_gpu" if metric == "tokens_per_s_per_gpu" else "samples_per_s")
-    apart = [f"{LABELS[k]} {words(k, v)}" for k, v in cell.conditions.items() if str(v) != str(target.conditions.get(k))]
+    apart = [f"{LABELS[k]} {words(k, cell.conditions.get(k))}" for k in differing(cell.conditions, target.conditions)]
     return {"runs": cell.run_ids(), "median": spread["median"], "n": spread["n"], "apart": "; ".join(apart), "levers": len(apart)}
 
 

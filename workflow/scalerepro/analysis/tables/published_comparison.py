@@ -1,22 +1,23 @@
 """Each model measured on a GPU beside two published figures: the best one published for that model's
-class on that GPU model, and the best like-for-like one (or none, and why); both ratios, every
+class on that GPU part, and the best like-for-like one (or none, and why); both ratios, every
 condition that differs from each named with both values, and the gap walk from the like-for-like
 figure to the measured one.
 
-    measured       per model and device, one row: the best cell, the configuration (the matrix's
-                   cell, split further by every recorded condition of CONDITION_TABLE and PAIR_ONLY)
-                   with the highest median per-GPU throughput over its counted repeats, with n and its
-                   spread (cell_facts.spread: n >= 3 min - max, n = 2 the two runs, n = 1 the run's
-                   own p10 - p90 steps), per GPU
+    measured       per model and device, one row: the best cell (the matrix's: its repeats, never
+                   pooled with another cell), the one with the highest median per-GPU throughput over
+                   its counted repeats, with n and its spread (cell_facts.spread: n >= 3 min - max,
+                   n = 2 the two runs, n = 1 the run's own p10 - p90 steps), per GPU
     figures        references (config/references.yaml) that are measurements (MEASURED_KINDS), each
                    as a per-GPU figure: a whole-job figure (samples_per_s) / its GPU count. At more
                    than one GPU that includes each step's all-reduce: a lower bound on what one of its
-                   GPUs does alone
+                   GPUs does alone. None above its GPU's peak: the loader refuses such a file
+                   (scalerepro.common.share_of_peak)
     model class    the model itself and a model the references file declares as standing in for it
                    (`stands_for`: the nearest shape, another model)
-    best published the figure of the model's class on the same GPU model (H100, whatever the part,
-                   framework or GPU count) that makes the measured figure look worst: the lowest
-                   ratio ours / theirs
+    best published the figure of the model's class on the same GPU part (gpu_part: H100 SXM5, PCIe
+                   and NVL are three parts; a figure that states no form factor is taken for the SXM
+                   part, and its row says the part is not stated), whatever the framework or GPU
+                   count, that makes the measured figure look worst: the lowest ratio ours / theirs
     like for like  a figure of the same model (never a stand-in), on the same GPU part (the name
                    NVML reports) at the same GPU count, in the same framework (PyTorch, as the
                    reference states it), on the same kind of data (synthetic or real, as stated), at
@@ -66,6 +67,7 @@ from scalerepro.analysis.tables.published_conditions import (
     MeasuredCell,
     best_cell,
     gpu_model,
+    gpu_part,
     measured_cells,
     measured_words,
     plain_value,
@@ -169,16 +171,16 @@ def figure_ratio(ref: Mapping[str, Any], cell: MeasuredCell) -> float:
 
 def class_figures(references: pd.DataFrame, cell: MeasuredCell) -> list[Mapping[str, Any]]:
     """The measurements of the cell's model class (the model, or one standing in for it) on its GPU
-    model, at any GPU count."""
+    part (gpu_part: an H100 PCIe figure is never set beside an H100 SXM5 run), at any GPU count."""
     refs = references.to_dict("records") if not references.empty else []
-    chip = gpu_model(cell.device)
+    part = gpu_part(cell.device)
     return [
         ref
         for ref in refs
         if cell.model in (ref.get("model"), plain_value(ref.get("stands_for")))
         and ref.get("kind") in MEASURED_KINDS
-        and chip is not None
-        and gpu_model(ref.get("gpu")) == chip
+        and part is not None
+        and gpu_part(ref.get("gpu")) == part
     ]
 
 
@@ -305,7 +307,7 @@ def _why_no_like(cell: MeasuredCell, failed: Sequence[tuple[str, Sequence[str]]]
     """Why a row has no like-for-like figure: ``text``, and each figure of the model itself with the
     conditions that fail the rule (``failed``)."""
     own = [{"reference": ref, "why": list(why)} for ref, why in failed if not why[0].startswith("another model")]
-    text = f"no figure of {cell.model} itself on the {gpu_model(cell.device)}" if not own else "no figure of the model passes the rule"
+    text = f"no figure of {cell.model} itself on the {gpu_part(cell.device)}" if not own else "no figure of the model passes the rule"
     stand_ins = sorted({re.sub(r"-\d+$", "-*", ref) for ref, why in failed if why[0].startswith("another model")})
     if stand_ins:
         text += f"; {', '.join(stand_ins)}: another model, never like for like"
@@ -320,8 +322,8 @@ def _why_none(references: pd.DataFrame, model: str, device: str) -> str:
         return text + ": no references."
     same_model = references[references["model"].eq(model)]
     measured = same_model["kind"].isin(MEASURED_KINDS)
-    chip = gpu_model(device)
-    elsewhere = sorted({str(g) for g in same_model.loc[measured, "gpu"].dropna() if gpu_model(g) != chip})
+    part = gpu_part(device)
+    elsewhere = sorted({str(g) for g in same_model.loc[measured, "gpu"].dropna() if gpu_part(g) != part})
     expected = sorted({f"{kind} on {gpu}" for kind, gpu in same_model.loc[~measured, ["kind", "gpu"]].itertuples(index=False)})
     if elsewhere:
         text += f"; published on {'; '.join(elsewhere)}"
@@ -396,25 +398,26 @@ def unshown_references(
 ) -> list[dict[str, Any]]:
     """The references beside no measurement here (neither a row's best nor its like-for-like figure,
     not in ``shown``), each with why: like for like but below the one shown, below the best published
-    and not like for like (and why), a model not measured on this GPU model, another GPU, or an
+    and not like for like (and why), a model not measured on this GPU part, another GPU part or GPU, or an
     expectation."""
     cells = measured_cells(runs, inventory)
-    chips = sorted({c for c in (gpu_model(cell.device) for cell in cells) if c})
+    chips = {gpu_model(cell.device) for cell in cells} - {None}
+    parts = {gpu_part(cell.device) for cell in cells} - {None}
     shown_ids = {figure["reference"] for row in rows for figure in (row["best"], row["like"]) if figure}
-    best_of = {(row["model"], gpu_model(row["device"])): row for row in rows}
+    best_of = {(row["model"], gpu_part(row["device"])): row for row in rows}
     out = []
     for ref in references.to_dict("records") if not references.empty else []:
         if ref["id"] in shown_ids or ref["id"] in shown:
             continue
-        chip = gpu_model(ref.get("gpu"))
+        part = gpu_part(ref.get("gpu"))
         models = [m for m in (ref.get("model"), plain_value(ref.get("stands_for"))) if m]
-        row = next((best_of[(m, chip)] for m in models if (m, chip) in best_of), None)
+        row = next((best_of[(m, part)] for m in models if (m, part) in best_of), None)
         if ref.get("kind") not in MEASURED_KINDS:
             why = f"{ref.get('kind')}: not a measurement"
-        elif chip not in chips:
-            why = "another GPU" if cells else "no run completed here"
+        elif part not in parts:
+            why = "no run completed here" if not cells else f"another GPU part ({part})" if gpu_model(ref.get("gpu")) in chips else "another GPU"
         elif row is None:
-            why = f"no {ref.get('model')} measured on this GPU model"
+            why = f"no {ref.get('model')} measured on this GPU part"
         else:
             cell = best_cell([c for c in cells if (c.model, c.device) == (row["model"], row["device"])])
             failures = like_for_like_failures(ref, cell)
@@ -423,7 +426,7 @@ def unshown_references(
             elif row["best"]:
                 why = f"below the best published shown ({row['best']['reference']}); not like for like: {'; '.join(failures)}"
             else:
-                why = f"not of {row['model']}'s class on this GPU model; not like for like: {'; '.join(failures)}"
+                why = f"not of {row['model']}'s class on this GPU part; not like for like: {'; '.join(failures)}"
         out.append(
             {
                 "id": ref["id"],
@@ -436,7 +439,7 @@ def unshown_references(
                 "why": why,
             }
         )
-    order = ("like for like", "below the best", "no ", "another GPU", "expected")
+    order = ("like for like", "below the best", "another GPU part", "no ", "another GPU", "expected")
     group = {r["id"]: next((i for i, w in enumerate(order) if r["why"].startswith(w)), len(order)) for r in out}
     return sorted(out, key=lambda r: (group[r["id"]], str(r["gpu"]), str(r["model"]), r["gpus"] or 0))
 

@@ -20,6 +20,7 @@ from scalerepro.analysis.presentation import cell_facts
 from scalerepro.analysis.tables import repeats, reproduction
 from scalerepro.analysis.tables.reproduction import _same_device, recorded_conditions
 from scalerepro.analysis.values import plain
+from scalerepro.common import gpu_peaks
 from scalerepro.common.references import load_references
 
 # References that are measurements; "expected (seed document)" is a planning document's expectation.
@@ -43,9 +44,58 @@ CONDITION_TABLE = (
     ("sku", "GPU", False),
     ("power_cap_w", "power cap", False),
 )
-# Knobs no reference states, which a pair of cells must still share to be one lever apart.
-PAIR_ONLY = {"optimizer_impl": "optimizer implementation", "cudnn_benchmark": "cuDNN benchmark", "parallel": "parallelism"}
-LABELS = {**{key: label for key, label, _ in CONDITION_TABLE}, **PAIR_ONLY}
+# What no reference states and a pair of cells must still share to be one lever apart: key ->
+# (its runs.csv column, label). With CONDITION_TABLE's they hold every field of the matrix's cell
+# (CELL_FIELDS), so two cells the matrix keeps apart (1 and 2 nodes at 8 GPUs) are never taken for
+# one lever apart, nor one cell's figures for another's.
+PAIR_ONLY = {
+    "nodes": ("nodes_recorded", "nodes"),
+    "micro_batch": ("per_gpu_batch_recorded", "micro-batch"),
+    "grad_accum_steps": ("grad_accum_recorded", "accumulation steps"),
+    "global_batch": ("global_batch", "global batch"),
+    "bucket_cap_mb": ("bucket_cap_mb", "DDP bucket cap (MB)"),
+    "parallel": ("parallel_recorded", "parallelism"),
+    "data_kind": ("data_kind", "data set"),
+    "purpose": ("purpose_recorded", "purpose"),
+    "image_size": ("image_size", "image size"),
+    "optimizer_impl": ("optimizer_impl", "optimizer implementation"),
+    "cudnn_benchmark": ("cudnn_benchmark", "cuDNN benchmark"),
+    "compile_scope": ("compile_scope", "compile scope"),
+    "attention_backend": ("attention_backend", "attention kernel"),
+    "stem_channels": ("stem_channels", "ResNet stem channels"),
+}
+# Each field of scalerepro.record.cell.Cell -> what holds it here: a key of CONDITION_TABLE or
+# PAIR_ONLY, or "model"/"device" (MeasuredCell's own). tests/test_report_published.py holds the
+# keys to the Cell's fields: a field the cell gains is a field the comparison holds.
+CELL_FIELDS = {
+    "model": "model",
+    "world_size": "gpus",
+    "nodes": "nodes",
+    "micro_batch": "micro_batch",
+    "grad_accum_steps": "grad_accum_steps",
+    "global_batch": "global_batch",
+    "precision": "precision",
+    "bucket_cap_mb": "bucket_cap_mb",
+    "strategy": "parallel",
+    "device_type": "device",
+    "data": "data_kind",
+    "purpose": "purpose",
+    "device_name": "device",
+    "image_size": "image_size",
+    "seq_len": "seq_len",
+    "compile": "compile",
+    "channels_last": "memory_format",
+    "loader": "loader",
+    "optimizer_impl": "optimizer_impl",
+    "cudnn_benchmark": "cudnn_benchmark",
+    "compile_scope": "compile_scope",
+    "attention_backend": "attention_backend",
+    "stem_channels": "stem_channels",
+}
+LABELS = {**{key: label for key, label, _ in CONDITION_TABLE}, **{key: label for key, (_, label) in PAIR_ONLY.items()}}
+# The cell fields a lever is made of, which differ wherever it does: a batch per GPU is a micro-batch
+# x accumulation steps and sets the global batch; a data kind is a data set's.
+MOVES_WITH = {"per_gpu_samples_per_step": ("micro_batch", "grad_accum_steps", "global_batch"), "data": ("data_kind",)}
 WALK_LEVERS = tuple(key for key, _, lever in CONDITION_TABLE if lever)
 # Precisions that differ in format but run at the same tensor-core rate: one precision class.
 SAME_RATE = ({"fp16", "bf16"},)
@@ -87,6 +137,15 @@ def gpu_model(name: Any) -> str | None:
     if not isinstance(name, str) or name.upper().startswith("CPU"):
         return None
     return next((token for token in re.split(r"[^A-Z0-9]+", name.upper()) if _CHIP.match(token)), None)
+
+
+def gpu_part(name: Any) -> str | None:
+    """The GPU part a device name or a reference's GPU text names: its compute part in the peak
+    table (H100 SXM5, H100 PCIe and H100 NVL are three parts of one chip, at other peaks; a name
+    without a form factor is the SXM part, gpu_peaks.BARE_NAME_RULE), else its chip; None for a CPU
+    or a name without one."""
+    chip = gpu_model(name)
+    return None if chip is None else gpu_peaks.gpu_model(name) or chip
 
 
 def words(key: str, value: Any) -> str:
@@ -151,9 +210,7 @@ def run_conditions(run: Mapping[str, Any]) -> dict[str, Any]:
         "loader": plain_value(run.get("loader")),
         "framework": "PyTorch",  # the trainer is PyTorch
         "software_stack": None if torch_version is None else f"PyTorch {torch_version}",
-        "optimizer_impl": plain_value(run.get("optimizer_impl")),
-        "cudnn_benchmark": plain_value(run.get("cudnn_benchmark")),
-        "parallel": plain_value(run.get("parallel_recorded")),
+        **{key: plain_value(run.get(column)) for key, (column, _) in PAIR_ONLY.items()},
     }
 
 
@@ -178,6 +235,14 @@ def compare(key: str, published: Any, measured: Any) -> tuple[str, float] | None
     if same:
         return "same", 0.0
     return "differs", 0.5 if key == "precision" and same_rate(published, measured) else 1.0
+
+
+def differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The keys in which two cells' conditions differ, in ``a``'s order; a field that is part of a
+    lever that differs (MOVES_WITH) is that lever's difference, not one of its own."""
+    apart = [key for key in dict.fromkeys([*a, *b]) if str(a.get(key)) != str(b.get(key))]
+    moved = {field for key in apart for field in MOVES_WITH.get(key, ())}
+    return [key for key in apart if key not in moved]
 
 
 def same_rate(a: Any, b: Any) -> bool:
