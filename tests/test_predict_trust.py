@@ -6,6 +6,7 @@ changed, run through the real command."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,6 +15,9 @@ from typing import Any
 
 import pandas as pd
 import pytest
+
+from scalerepro.analysis import predict
+from scalerepro.analysis.tables import aggregate
 
 from conftest import REPO, clean_env
 
@@ -72,6 +76,12 @@ REFUSED = [
     ),
     ("an H100 step on a DGX A100", lambda record: None, "dgx_a100", f"the step was measured on {H100}, and NVIDIA DGX A100 (dgx_a100) has {A100}"),
     (
+        "a window beside busy neighbours",
+        _set("measurements", "host_activity", "other_cpu_fraction_max", 0.56),
+        "dgx_h100",
+        "the record is no evidence: it did not have its machine to itself: other processes used 56 % of the node's CPUs during its measured window",
+    ),
+    (
         "a negative throughput",
         _set("measurements", "samples_per_s", -5.0),
         "dgx_h100",
@@ -118,3 +128,56 @@ def test_predict_names_the_gpu_and_replays_another_gpus_step_only_when_told(tmp_
         timeout=120,
     )
     assert alone.returncode == 2 and "--other-gpu applies to --record only" in alone.stderr, alone.stderr
+
+
+# ---- --study: the records of the study the tables are of ---------------------------------------
+
+KEPT_STUDY = REPO / "benchmarks/gpu/h100-2026-11-27/study-results"
+OTHER_STUDY = REPO / "benchmarks/gpu/h100-2026-11-26/study-results"  # the same run ids, other records
+
+
+def _study_with_tables(root: Path) -> Path:
+    """A copy of the kept 11-27 study with the aggregate rule's tables (made in this process)."""
+    study = root / "study"
+    shutil.copytree(KEPT_STUDY, study, ignore=shutil.ignore_patterns("report", "plots", "profiles"))
+    tables, left_out = aggregate.aggregate_study(study / "tables" / "matrix.csv", [], REFERENCES, {})
+    aggregate.write_tables(tables, study / "tables", left_out)
+    return study
+
+
+def _predict_study(tables: str, out: Path, capsys) -> tuple[int, str]:
+    code = predict.main(["--study", tables, "--references", str(REFERENCES), "--gpus", "8", "--csv", str(out)])
+    return code, capsys.readouterr().err.strip()
+
+
+def test_predict_study_reads_the_study_the_tables_are_in_from_any_folder(tmp_path, monkeypatch, capsys):
+    # the cause: the records were resolved against the tables' path as typed: --study . inside
+    # tables/ looked for them in tables/runs/
+    study = _study_with_tables(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert _predict_study(str(study / "tables"), tmp_path / "absolute.csv", capsys) == (0, "")
+    monkeypatch.chdir(study / "tables")
+    assert _predict_study(".", tmp_path / "here.csv", capsys) == (0, "")
+    expected = pd.read_csv(tmp_path / "absolute.csv")
+    assert not expected.empty and pd.read_csv(tmp_path / "here.csv").equals(expected)
+
+
+def test_predict_study_never_reads_another_studys_records(tmp_path, monkeypatch, capsys):
+    # the cause: tables beside another study's runs/ (the 11-26 session's, the same run ids) were
+    # predicted from that study's records, exit 0
+    study = _study_with_tables(tmp_path / "made")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(OTHER_STUDY / "runs", elsewhere / "runs")
+    shutil.copytree(study / "tables", elsewhere / "tables")
+    monkeypatch.chdir(tmp_path)
+    code, err = _predict_study(str(elsewhere / "tables"), tmp_path / "out.csv", capsys)
+    assert code == 2 and "\n" not in err and not (tmp_path / "out.csv").exists(), err
+    assert (
+        err.startswith(f"scalerepro.analysis.predict: error: {elsewhere / 'tables' / 'runs.csv'}: the record at {elsewhere / 'runs'}/")
+        and "is not the one run" in err
+    ), err
+    # the tables alone, without their study's runs/: refused, naming the record that is not there
+    alone = tmp_path / "alone"
+    shutil.copytree(study / "tables", alone / "tables")
+    code, err = _predict_study(str(alone / "tables"), tmp_path / "out.csv", capsys)
+    assert code == 2 and "\n" not in err and f"counted a record that is not at {alone / 'runs'}/" in err, err

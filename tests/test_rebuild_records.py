@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
+import statistics
 import subprocess
 import sys
+from typing import Any
 
 import pandas as pd
+import pytest
 
+from conftest import REPO
 from h100_report import H100_RECORDS, REBUILDS_A_STUDY, rebuild_from_records
 
 
@@ -80,3 +85,51 @@ def test_run_from_any_folder_it_finds_its_checkouts_references_and_a_missing_con
         timeout=60,
     )
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "nowhere.yaml: no such file" in missing.stderr, missing.stderr
+
+
+def _later(record: dict[str, Any], minutes: int) -> dict[str, Any]:
+    """Another run of ``record``, ``minutes`` later."""
+    again = json.loads(json.dumps(record))
+    for stamp in ("started_at", "ended_at"):
+        again[stamp] = (datetime.datetime.fromisoformat(again[stamp]) + datetime.timedelta(minutes=minutes)).isoformat()
+    return again
+
+
+def _faster(record: dict[str, Any], factor: float) -> None:
+    """The record's window run ``factor`` times as fast, every figure agreeing as the trainer's would."""
+    m = record["measurements"]
+    for figure in ("samples_per_s", "achieved_flops", "mfu"):
+        m[figure] *= factor
+    for figure in ("window_s", "epoch_time_s", "data_wait_s"):
+        m[figure] /= factor
+    m["step_time_s"] = {key: value / factor for key, value in m["step_time_s"].items()}
+
+
+@REBUILDS_A_STUDY
+def test_a_lever_record_beside_preset_records_is_a_cell_of_its_own_and_the_preset_keeps_its_row(tmp_path):
+    # the cause: the levers (stem channels, attention kernel, compile scope) were no part of a
+    # cell, so a lever run joined the preset's cell, and ResNet-50's "Measured vs published" row
+    # was lost when a folder of lever runs was rebuilt
+    kept = json.loads((REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "resnet50-optimised-frontier.json").read_text())
+    folder = tmp_path / "records"
+    folder.mkdir()
+    for minutes in (0, 1, 2):
+        (folder / f"resnet50-preset-{minutes}.json").write_text(json.dumps(_later(kept, minutes)))
+    lever = _later(kept, 3)
+    # --stem-channels 4, as the trainer records it: the lever's value (no preset sets it, so no
+    # preset override), and another window (slower: the preset stays the model's fastest cell)
+    lever["knobs"]["stem_channels"] = 4
+    _faster(lever, 0.9)
+    (folder / "resnet50-stem4.json").write_text(json.dumps(lever))
+    done = rebuild_from_records((folder,), tmp_path / "out")
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = pd.read_csv(tmp_path / "out" / "tables" / "runs.csv").set_index("run_id")
+    assert runs["counts"].all() and runs["consistency"].isna().all(), runs["consistency"].tolist()
+    preset = runs.drop(index="resnet50-stem4")
+    assert preset["cell"].nunique() == 1 and runs.loc["resnet50-stem4", "cell"] not in set(preset["cell"])
+    assert "stem_channels 4" in runs.loc["resnet50-stem4", "variant"]
+    published = pd.read_csv(tmp_path / "out" / "tables" / "published_comparison.csv")
+    measured = published[published["model"].eq("resnet50") & published["measured"].notna()]
+    assert not measured.empty, "ResNet-50 has no measured row beside the published figures"
+    assert (measured["repeats"] == 3).all() and measured["measured"].tolist() == pytest.approx([statistics.median(preset["samples_per_s"])] * len(measured))
+    assert all(set(str(named).replace(",", " ").split()) == set(preset.index) for named in measured["measured_runs"]), measured["measured_runs"].tolist()

@@ -478,17 +478,22 @@ def test_the_straggler_wait_is_what_n_simulated_ranks_wait(ranks):
     assert straggler_wait_s(0.06, ranks, 0.2) == pytest.approx(simulated, rel=0.015)
 
 
-def _readme_study_tables(tmp_path) -> dict[str, pd.DataFrame]:
-    """The README CPU study kept at commit a0f872f, aggregated with today's code as its rebuild does."""
+def _readme_study_tables(tmp_path, every_run: bool = True) -> dict[str, pd.DataFrame]:
+    """The README CPU study kept at commit a0f872f, aggregated with today's code as its rebuild
+    does. Its third repeats (and a few more: 13 of 32 runs) ran while other processes held more
+    than half of the machine's two cores; ``every_run`` counts them as the code that kept it did
+    (the model's figures below are of those windows), else they are left out as a rebuild leaves
+    them out today (targets.other_cpu_fraction_max)."""
     study = tmp_path / "results"
     shutil.copytree(README_STUDY, study)
     config = json.loads((study / "tables" / "config.json").read_text())
     scaling = config.get("scaling") or {}
+    targets = config.get("targets") or {}
     tables, _ = aggregate.aggregate_study(
         study / "tables" / "matrix.csv",
         sorted((study / "comm").glob("g*.json")),
         REFERENCES,
-        config.get("targets") or {},
+        {**targets, "other_cpu_fraction_max": 1.0} if every_run else targets,
         scaling.get("predict_gpus", [8, 16, 64]),
         scaling.get("predict_cluster"),
         study,
@@ -516,6 +521,19 @@ def test_the_readme_study_predicts_e2_within_5_points_and_the_wait_for_the_slowe
     weak = model.loc[("weak", 2)]
     parts = weak[["loss_fixed_cost", "loss_exposed_comm", "loss_compute_inflation", "loss_straggler"]].sum()
     assert parts == pytest.approx(1 - weak["efficiency_predicted"])
+
+
+def test_the_readme_study_without_its_busy_runs_is_predicted_less_well(tmp_path):
+    """Read as a rebuild reads it today, the runs measured beside busy neighbours left out (two
+    repeats a cell at most), the same model misses by -4.1 points (strong: 0.485 against 0.526)
+    and +5.4 (weak: 0.586 against 0.532): on the quiet windows alone the 5 points above do not
+    hold (docs/scaling-model.md states both)."""
+    model = _readme_study_tables(tmp_path, every_run=False)["scaling_model"].set_index(["study", "gpus"])
+    for study, predicted, measured in (("strong", 0.4846, 0.5258), ("weak", 0.5862, 0.5324)):
+        row = model.loc[(study, 2)]
+        assert row["efficiency_predicted"] == pytest.approx(predicted, abs=5e-4)
+        assert row["efficiency_measured"] == pytest.approx(measured, abs=5e-4)
+        assert row["efficiency_error"] == pytest.approx(predicted - measured, abs=1e-3)
 
 
 def test_the_readme_studys_straggler_wait_held_out_at_two_ranks_and_beyond(tmp_path):

@@ -20,6 +20,10 @@ import duckdb
 import pandas as pd
 import pytest
 
+from scalerepro.analysis import rebuild
+from scalerepro.analysis.tables import aggregate, readers
+from scalerepro.record import evidence
+
 from conftest import REPO, clean_env
 from h100_report import REBUILDS_A_STUDY
 
@@ -221,13 +225,15 @@ def test_a_record_whose_figures_disagree_is_no_evidence(cause, kept, run_id, cha
     run = runs.loc[run_id]
     assert run["status"] == status and said in run["error"] and not run["counts"], (cause, run["status"], run["error"])
     assert pd.isna(run["samples_per_s"]), cause  # no figure of it in any table
-    others = runs.drop(index=run_id)
-    assert others.loc[others["status"].eq("ok"), "counts"].all(), cause
+    others = runs.drop(index=run_id)  # the rest count, but those the kept study ran beside busy neighbours
+    assert others.loc[others["status"].eq("ok") & others["consistency"].isna(), "counts"].all(), cause
 
 
 def test_short_epoch_times_in_two_of_three_repeats_do_not_move_weak_efficiency(tmp_path):
     # the cause: two repeats' epoch_time_s cut to a tenth moved weak efficiency 0.660 -> 65.064
     study = _copy(CPU_STUDY, tmp_path)
+    # the third repeat as a quiet machine's (the kept one ran beside other processes: not counted)
+    _edit(study, "weak_resnet18_cifar_g2_r3", _set(("measurements", "host_activity", "other_cpu_fraction_max"), 0.01))
     assert _aggregate(study).returncode == 0
     before = pd.read_csv(study / "tables" / "scaling.csv").set_index(["study", "gpus"]).loc[("weak", 2), "efficiency"]
     for repeat in (1, 2):
@@ -346,6 +352,125 @@ def test_an_a100_record_in_the_cpu_studys_cell_moves_neither_its_median_nor_the_
     assert _aggregate(study).returncode == 0
     model = pd.read_csv(study / "tables" / "scaling_model.csv", dtype={"cluster": "string"})  # empty on a CPU study: read as floats
     assert not model.get("cluster", pd.Series(dtype="string")).str.contains("a100", na=False).any()
+
+
+# ---- a measured window on a machine of its own --------------------------------------------------
+
+
+def _tables(study: Path) -> dict[str, pd.DataFrame]:
+    """The aggregate rule's tables of a study folder, in this process (what its command writes)."""
+    config = json.loads((study / "tables" / "config.json").read_text())
+    comm = sorted((study / "comm").glob("g*.json"))
+    return aggregate.aggregate_study(study / "tables" / "matrix.csv", comm, REFERENCES, config.get("targets") or {})[0]
+
+
+def _busy(share: float | None) -> Callable[[dict], None]:
+    return _set(("measurements", "host_activity", "other_cpu_fraction_max"), share)
+
+
+def test_a_run_measured_beside_busy_neighbours_is_not_counted_and_says_why(tmp_path):
+    # the cause: nothing read other_cpu_fraction_max: a 2-rank repeat whose window other processes
+    # held 56 % of the CPUs in counted like a quiet one, and moved its cell's median with it
+    study = _copy(CPU_STUDY, tmp_path)
+    _edit(study, CPU_RUN, _busy(0.56))
+    quiet = "strong_resnet18_cifar_g2_r2"
+    _edit(study, quiet, _drop(("measurements", "host_activity")))  # as a record before the field: not judged by it
+    tables = _tables(study)
+    runs = tables["runs"].set_index("run_id")
+    run = runs.loc[CPU_RUN]
+    assert run["status"] == "ok" and not run["counts"] and not run["consistent"]
+    said = str(run["consistency"])
+    assert "other processes used 56 % of the node's CPUs during its measured window" in said and said.endswith(": rerun it on a quiet machine"), said
+    assert f"at most {evidence.QUIET[0].most:g}" in said and "\n" not in said
+    # its figures stay where they were written: runs.csv keeps them, no median takes them
+    own = _record(study / "runs" / CPU_RUN / "record.json")["measurements"]["samples_per_s"]
+    assert run["samples_per_s"] == pytest.approx(own)
+    assert runs.loc[quiet, "counts"] and pd.isna(runs.loc[quiet, "consistency"])
+    counted = runs[runs["study"].eq("strong") & runs["gpus"].eq(2) & runs["counts"]]
+    assert list(counted.index) == [quiet]  # the kept third repeat ran beside busy neighbours too (85 %)
+    cell = tables["scaling"].set_index(["study", "gpus"]).loc[("strong", 2)]
+    assert cell["repeats_ok"] == 1 and cell["samples_per_s_median"] == pytest.approx(runs.loc[quiet, "samples_per_s"])
+
+
+def test_a_share_at_the_bound_counts(tmp_path):
+    study = _copy(CPU_STUDY, tmp_path)
+    _edit(study, CPU_RUN, _busy(evidence.QUIET[0].most))
+    run = _tables(study)["runs"].set_index("run_id").loc[CPU_RUN]
+    assert run["counts"] and pd.isna(run["consistency"]), run["consistency"]
+
+
+def test_a_study_sets_its_own_bound_in_its_targets(tmp_path):
+    # targets.other_cpu_fraction_max: a study that knows it shares its machine (the suite's CI
+    # study) allows more; one that asks for a quieter machine allows less, and says its bound
+    study = _copy(CPU_STUDY, tmp_path)
+    _edit(study, CPU_RUN, _busy(0.56))
+    config = json.loads((study / "tables" / "config.json").read_text())
+    matrix, comm = study / "tables" / "matrix.csv", sorted((study / "comm").glob("g*.json"))
+    targets = config.get("targets") or {}
+    shared = aggregate.aggregate_study(matrix, comm, REFERENCES, {**targets, "other_cpu_fraction_max": 0.6})[0]["runs"].set_index("run_id")
+    assert shared.loc[CPU_RUN, "counts"]
+    strict = aggregate.aggregate_study(matrix, comm, REFERENCES, {**targets, "other_cpu_fraction_max": 0.1})[0]["runs"].set_index("run_id")
+    assert not strict.loc[CPU_RUN, "counts"] and "where a counted run has at most 0.1)" in str(strict.loc[CPU_RUN, "consistency"])
+
+
+@REBUILDS_A_STUDY
+def test_the_report_names_the_share_and_the_fix(tmp_path):
+    study = _copy(CPU_STUDY, tmp_path)
+    _edit(study, CPU_RUN, _busy(0.56))
+    done = _rebuild(study)
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = (study / "report" / "index.html").read_text()
+    rows = [line for line in page.replace("<wbr>", "").split("<tr") if f"<td>{CPU_RUN}</td>" in line]  # the run's rows, table by table
+    said = "other processes used 56 % of the node&#39;s CPUs during its measured window"
+    assert any(said in row and "rerun it on a quiet machine" in row for row in rows), rows
+
+
+# ---- ranks that share a card: MFU over the cards --------------------------------------------
+
+
+def _two_ranks_on_one_card(record: dict, run_id: str) -> dict:
+    """A one-card record as the trainer writes two gloo ranks on that card: each rank half the
+    batch, and MFU over the distinct cards (one) as the trainer computes it (training.measurements)."""
+    shared = json.loads(json.dumps(record))
+    shared["run_id"] = run_id
+    shared["parallel"].update(world_size=2, ranks_per_node=2, gpus=1, gpus_per_node=1, backend="gloo")
+    shared["batch"]["per_gpu"] //= 2
+    m = shared["measurements"]
+    m["mfu"] = shared["model"]["train_flops_per_sample"] * m["samples_per_s"] / (1 * m["peak_flops_per_device"])
+    return shared
+
+
+def test_two_ranks_on_one_card_are_read_as_a_measurement_and_counted(tmp_path):
+    # the cause: MFU checked over the ranks (2 x peak) where the trainer takes the cards (1): every
+    # shared-card record was "no measurement, rerun it"
+    study = _copy(H100_STUDY, tmp_path)
+    one = "strong_resnet18_cifar_g1_r1"
+    run_id = "strong_resnet18_cifar_g2_r1"
+    shared = _two_ranks_on_one_card(_record(study / "runs" / one / "record.json"), run_id)
+    (study / "runs" / run_id).mkdir()
+    (study / "runs" / run_id / "record.json").write_text(json.dumps(shared))
+    matrix = pd.read_csv(study / "tables" / "matrix.csv", dtype=str, keep_default_na=False)
+    row = matrix[matrix["run_id"].eq(one)].assign(run_id=run_id, gpus="2", per_gpu_batch=str(shared["batch"]["per_gpu"]))
+    pd.concat([matrix, row.assign(record=f"results/runs/{run_id}/record.json")]).to_csv(study / "tables" / "matrix.csv", index=False)
+    tables = _tables(study)
+    run = tables["runs"].set_index("run_id").loc[run_id]
+    assert run["status"] == "ok" and run["counts"] and pd.isna(run["error"]), (run["status"], run["error"], run["consistency"])
+    assert run["mfu"] == pytest.approx(shared["measurements"]["mfu"])
+    scaling = tables["scaling"].set_index(["study", "model", "gpus"]).loc[("strong", "resnet18_cifar", 2)]
+    assert scaling["repeats_ok"] == 1 and scaling["efficiency"] == pytest.approx(0.5)  # one card's throughput over 2 ranks
+
+
+def test_a_records_folder_plans_two_ranks_on_one_card_as_two_ranks(tmp_path):
+    # the cause: rebuild --records planned the record's cards (1) as its GPUs, which every reader
+    # takes as the ranks: "world size 2, where the plan's is 1", not counted
+    folder = tmp_path / "records"
+    folder.mkdir()
+    kept = _record(H100_RECORDS / "resnet18_cifar-optimised-frontier.json")
+    (folder / "shared.json").write_text(json.dumps(_two_ranks_on_one_card(kept, kept["run_id"])))
+    matrix, files, *_ = rebuild.record_matrix([folder])
+    runs, _, _ = readers.read_runs(matrix.assign(record_file=[str(files[run]) for run in matrix["run_id"]]))
+    run = runs.set_index("run_id").loc["shared"]
+    assert run["counts"] and pd.isna(run["consistency"]) and run["gpus"] == 2, (run["status"], run["consistency"], run["gpus"])
 
 
 # ---- files beside the records ---------------------------------------------------------------

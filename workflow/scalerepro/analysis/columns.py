@@ -284,6 +284,7 @@ TARGETS = {
     "checks": "name -> {description, table, where, metric, reduce, direction, strict, threshold, unit}",
     "reproduce_tolerance": "a reference is reproduced when |measured / published - 1| is at most this (default 0.10)",
     "noise_cv_max": "a cell whose throughput varies more than this over its repeats (CV) is flagged noisy (default 0.05)",
+    "other_cpu_fraction_max": "a run whose measured window saw other processes use more than this share of its node's CPUs is not counted (default 0.5)",
 }
 DEFAULT_REPRODUCE_TOLERANCE = 0.10
 DEFAULT_NOISE_CV_MAX = 0.05

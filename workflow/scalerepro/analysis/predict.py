@@ -7,8 +7,9 @@ each GPU count of a target cluster shape, from one GPU's run.
 
 Input: a one-GPU run record (its ``measurements.backward_buckets``: DDP's gradient buckets and
 when each is ready, the step's phases; and its median step time), or a finished study's tables
-folder (its runs.csv names the records; every strong and weak study's counted one-GPU runs,
-repeats by their element-wise median, as the aggregation does). The cluster: a preset of
+folder (its runs.csv names the records, read inside the study folder that holds the tables,
+wherever the command runs, each the very record the tables counted; every strong and weak
+study's counted one-GPU runs, repeats by their element-wise median, as the aggregation does). The cluster: a preset of
 ``clusters`` in config/references.yaml (``--list`` shows them) with its GPUs per node and link
 rates, each overridable.
 
@@ -26,7 +27,7 @@ curve here: compute proportional to the micro-batch).
 
 A record is a claim: ``--record`` replays only a completed one-GPU step that is evidence (its
 status ok, its figures inside their bounds and agreeing as the aggregation asks:
-``scalerepro.record.read``), measured on a GPU (not a CPU), one rank (``parallel.world_size``
+``scalerepro.record.read``; its window on a machine of its own: ``scalerepro.record.evidence.QUIET``), measured on a GPU (not a CPU), one rank (``parallel.world_size``
 and ``parallel.gpus`` 1: more ranks' step holds their all-reduce already). The output names the
 GPU the step was measured on; one other than the preset's (``gpu_peaks.peaks_key`` of each name)
 is refused unless ``--other-gpu`` says to replay it as if its compute were unchanged (the model
@@ -38,10 +39,12 @@ Bad input is one line on stderr naming the problem and the fix, exit status 2.
 from __future__ import annotations
 
 import math
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -51,6 +54,7 @@ from scalerepro.common.cli import COUNT, CommandError, OneLineErrorParser, bound
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.gpu_peaks import peaks_key
 from scalerepro.common.references import load_optional_references
+from scalerepro.record import evidence
 from scalerepro.record.read import Reading, read
 
 DEFAULT_REFERENCES = Path("config/references.yaml")
@@ -128,6 +132,9 @@ def from_record(path: Path, global_batch: int | None) -> OneGpuInput:
     problems = reading.problems
     if problems:
         raise PredictError(f"{path}: the record is no evidence: the record's figures are no measurement ({'; '.join(problems)})")
+    disturbed = evidence.disturbances(reading.record)
+    if disturbed:
+        raise PredictError(f"{path}: the record is no evidence: {'; '.join(disturbed)}")
     profile, why = model_inputs.read_profile(path)
     if profile is None:
         raise PredictError(f"{path}: {why}; give the record of a one-GPU run made with the scaling model's bucket probe")
@@ -161,29 +168,56 @@ def record_notes(path: Path, one: OneGpuInput, cluster: network_model.ClusterPre
     ]
 
 
+def counted_record(run: Mapping[str, Any], runs_path: Path, study: Path) -> Path:
+    """The record of a counted run of runs.csv (``run``: its row), inside ``study`` (the folder
+    that holds the tables), once it is the record the tables counted: the same run (its id, or
+    the run it reads, ``record_of``) started at the same time. A PredictError naming the run and
+    the fix where the file lies outside the study, is not there, or is another record."""
+    give = "give the tables folder inside the study folder that holds its runs/"
+    try:
+        path = study_layout.record_file(str(run["record"]), study)
+    except study_layout.OutsideStudy as error:
+        raise PredictError(f"{runs_path}: the record of run {run['run_id']}, {error}: {give}") from None
+    try:
+        record = read(path).record
+    except FileNotFoundError:
+        raise PredictError(f"{runs_path}: run {run['run_id']} counted a record that is not at {path}: {give}") from None
+    except (OSError, ValueError) as error:
+        raise PredictError(f"{runs_path}: run {run['run_id']}: {error}: {give}") from None
+    owner = run.get("record_of") if isinstance(run.get("record_of"), str) and run.get("record_of") else run["run_id"]
+    if (record.run_id, record.started_at) != (owner, run["started_at"]):
+        raise PredictError(
+            f"{runs_path}: the record at {path} is not the one run {run['run_id']} counted (it is of run {record.run_id} started "
+            f"{record.started_at}; the tables counted run {owner} started {run['started_at']}): {give}, or make its tables again"
+        )
+    return path
+
+
 def from_study(tables: Path) -> list[OneGpuInput]:
+    """The one-GPU inputs of a finished study's tables folder: each counted one-GPU strong or weak
+    cell's records, read inside the folder that holds the tables (``tables/..``, from the tables'
+    absolute path: ``--study .`` inside tables/ is that study's), never at the matrix's paths from
+    where the command runs."""
     runs_path = tables / "runs.csv"
     if not runs_path.is_file():
         raise PredictError(f"{tables}: no runs.csv; give a finished study's tables folder (results/tables) or --record")
-    runs = pd.read_csv(runs_path)
+    study = Path(os.path.abspath(tables)).parent
+    runs = pd.read_csv(runs_path, dtype={"record": str, "record_of": str, "started_at": str})
     if "cell" not in runs.columns:
         raise PredictError(
-            f"{runs_path} names no cell of its runs (tables from before cells): make them again with `python -m scalerepro.analysis.rebuild --results {tables.parent}`"
+            f"{runs_path} names no cell of its runs (tables from before cells): make them again with `python -m scalerepro.analysis.rebuild --results {study}`"
         )
     one = runs[runs["study"].isin(["strong", "weak"]) & runs["gpus"].eq(1) & runs["counts"].astype(bool)]
     inputs = []
     for _, group in one.groupby("cell", sort=True):  # a study's one-GPU cell of each model
-        study, model = group["study"].iloc[0], group["model"].iloc[0]
-        try:  # each record inside the study folder the tables are of (never whatever lies at that path from here)
-            found = [model_inputs.read_profile(study_layout.record_file(str(path), tables.parent)) for path in group["record"]]
-        except study_layout.OutsideStudy as error:
-            raise PredictError(f"{runs_path}: a record of the study, {error}: give the tables folder inside its study folder") from None
+        study_name, model = group["study"].iloc[0], group["model"].iloc[0]
+        found = [model_inputs.read_profile(counted_record(run, runs_path, study)) for run in group.to_dict("records")]
         profiles = [profile for profile, _ in found if profile is not None]
         if not profiles:
             continue
-        global_batch = int(group["global_batch"].iloc[0]) if study == "strong" and "global_batch" in group else None
+        global_batch = int(group["global_batch"].iloc[0]) if study_name == "strong" and "global_batch" in group else None
         profile = model_inputs.within_step(model_inputs.median_profile(profiles))
-        inputs.append(OneGpuInput(study, model, profile, int(group["per_gpu_batch"].iloc[0]), global_batch))
+        inputs.append(OneGpuInput(study_name, model, profile, int(group["per_gpu_batch"].iloc[0]), global_batch))
     if not inputs:
         raise PredictError(f"{runs_path}: no counted one-GPU strong or weak run with a bucket record; run the study's 1-GPU cells first")
     return inputs

@@ -23,7 +23,7 @@ study's records with today's statistics.
 
 The same report from folders of run records that no study planned (runs of the trainer by hand,
 records kept from a GPU session): every ``*.json`` in each ``DIR`` that is a run record becomes one
-run (``record_matrix``: its model, GPU and node counts, precision, batches, strategy, device, data,
+run (``record_matrix``: its model, rank and node counts, precision, batches, strategy, device, data,
 shape and configuration as the record states them, and its purpose: a smoke run is a cell of its
 own and counts in no figure; records of one configuration are repeats of one cell, and one run kept
 under two names counts once), an all-reduce result of ``scalerepro.training.commbench`` beside them
@@ -167,7 +167,9 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, dict[str,
     rows, files, conditions = [], {}, []
     for name, path, reading in found:
         record, cell = reading.record, reading.cell
-        gpus = record.parallel.gpus or record.parallel.world_size or 1
+        # a matrix's gpus are the ranks it plans (Cell.planned: world size), as a study's are;
+        # ranks that share a card under gloo are each a rank (the record's cards make its MFU)
+        gpus = record.parallel.world_size or 1
         run_id = name.removesuffix(".json").replace("/", "_")
         files[run_id] = path
         conditions.append({field: str(getattr(cell, field)) for field in SAID})
@@ -178,7 +180,7 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, dict[str,
                 "model": cell.model,
                 "gpus": gpus,
                 "nodes": record.parallel.nodes or 1,
-                "gpus_per_node": record.parallel.gpus_per_node or gpus,
+                "gpus_per_node": record.parallel.ranks_per_node or gpus,
                 "variant": variant_of(record),
                 "precision": cell.precision,
                 "per_gpu_batch": cell.micro_batch,

@@ -1,6 +1,7 @@
 """What a record must be to count as evidence beyond its types and bounds (which the model
 declares): each figure what the formula that made it gives from the record's other figures, a
-figure stated only with what it needs, and the figures that bound each other in order.
+figure stated only with what it needs, the figures that bound each other in order, and a measured
+window that had its machine to itself (QUIET).
 
 A record is a claim, not a figure to publish: one whose figures disagree is no measurement, and
 ``scalerepro.record.read`` says so in one line, naming the figure and the formula.
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from scalerepro.record.measured import Measurements
 from scalerepro.record.model import RunRecord
@@ -128,6 +130,62 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         "tokens/s is samples/s x tokens per sample, and the record's model has no tokens",
     ),
 )
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A condition of the measured window the record states, and the most of it a counted run may
+    have had (ReFrame's reference as data: the figure, its bound, its unit). Above it the run did
+    not have its machine to itself, as the plan asks (the local scheduler runs one measured job at
+    a time, Slurm gives it exclusive nodes): its figures are another workload's as much as its
+    own, so the run is not counted, whatever its other figures say. A record that does not state
+    the figure (an older schema) is not judged by it. ``target``: the config's ``targets`` key
+    that may set ``most`` for a study (``quiet``)."""
+
+    figure: str
+    target: str
+    most: float
+    unit: str
+    value: Callable[[Measurements], float | None]
+    what: str
+    fix: str
+
+
+QUIET: tuple[Bound, ...] = (
+    Bound(
+        "measurements.host_activity.other_cpu_fraction_max",
+        "other_cpu_fraction_max",
+        # half the node: beyond it other processes held more of the CPUs than any noise a quiet
+        # node shows (a few percent: the OS and its daemons; the kept H100 records state at most
+        # 1.1 %); lighter load shows as spread between repeats (the noisy flag)
+        0.5,
+        "of the node's CPUs",
+        lambda m: m.host_activity.other_cpu_fraction_max if m.host_activity is not None else None,
+        "other processes used",
+        "rerun it on a quiet machine",
+    ),
+)
+
+
+def quiet(targets: Mapping[str, Any]) -> tuple[Bound, ...]:
+    """QUIET with each bound the config's ``targets`` sets (a study on a machine it knows it
+    shares, such as the test suite's, may allow more), the rest as QUIET has them."""
+    return tuple(replace(bound, most=float(targets.get(bound.target, bound.most))) for bound in QUIET)
+
+
+def disturbances(record: RunRecord, bounds: Sequence[Bound] = QUIET) -> list[str]:
+    """Why a record's window was not its machine's alone (``bounds``, by default QUIET), one
+    reason each; empty: it was, or the record does not say."""
+    m = record.measurements
+    found = []
+    for bound in bounds:
+        value = bound.value(m) if m is not None else None
+        if value is not None and value > bound.most:
+            found.append(
+                f"it did not have its machine to itself: {bound.what} {100 * value:.0f} % {bound.unit} during its measured window "
+                f"({bound.figure} {value:.3g}, where a counted run has at most {bound.most:g}): {bound.fix}"
+            )
+    return found
 
 
 def _when(value: str) -> datetime.datetime | None:

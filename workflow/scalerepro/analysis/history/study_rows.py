@@ -24,6 +24,7 @@ from scalerepro.analysis.values import plain
 from scalerepro.common.files import sha256_of
 from scalerepro.common.terminal import printable
 from scalerepro.record import columns as record_columns
+from scalerepro.record import evidence
 from scalerepro.record.read import RecordUnreadable, from_document
 
 # Config sections that say where a study is kept and what it is compared with, not what it ran.
@@ -91,7 +92,7 @@ def read_study(
         matrix = readers.read_matrix(matrix_path)
     except FileNotFoundError:
         raise StoreError(f"no study matrix at {matrix_path}: run the workflow up to it first") from None
-    runs, _, _ = readers.read_runs(matrix)
+    runs, _, _ = readers.read_runs(matrix, evidence.quiet(config.get("targets") or {}))
     record_files = dict(zip(matrix["run_id"], matrix["record_file"]))
     scheduler = inventory.get("scheduler") or {}
     cluster = scheduler.get("cluster_name") or inventory.get("hostname")

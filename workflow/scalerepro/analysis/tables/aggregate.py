@@ -140,6 +140,7 @@ from scalerepro.analysis.tables.reproduction import comparison_table, read_refer
 from scalerepro.common.cli import CommandError, OneLineErrorParser, bounded_int, error_boundary
 from scalerepro.common.files import JsonFileError, read_json_object, write_text_atomically
 from scalerepro.common.study_layout import study_folder_of
+from scalerepro.record import evidence
 
 
 def summarise(tables: Mapping[str, pd.DataFrame], left_out: Sequence[str] = ()) -> dict[str, Any]:
@@ -196,7 +197,7 @@ def aggregate_study(
     tolerance = targets.get("reproduce_tolerance", DEFAULT_REPRODUCE_TOLERANCE)
     noise = targets.get("noise_cv_max", DEFAULT_NOISE_CV_MAX)
     matrix = read_matrix(matrix_path, study)
-    runs, epochs, losses = read_runs(matrix)
+    runs, epochs, losses = read_runs(matrix, evidence.quiet(targets))
     folder = Path(study) if study is not None else study_folder_of(matrix_path)
     named = lambda path: os.path.relpath(path, folder) if Path(path).resolve().is_relative_to(folder.resolve()) else Path(path).name  # noqa: E731
     left_out = [str(LeftOut(named(path), why)) for path in comm_paths if (why := comm_problem(read_comm(path), runs))]

@@ -36,10 +36,10 @@ def _joined(values: pd.Series) -> str:
 
 
 def counts(runs: pd.DataFrame) -> pd.Series:
-    """The runs that count: completed, the record agrees with its plan and its cell's other
-    repeats (``consistent``), and the run was a measurement (not a smoke run, whose figures are
-    by-products of checking a code path). The ``counts`` column of runs.csv: read that column,
-    do not call this again."""
+    """The runs that count: completed, the record agrees with its plan (a machine of its own
+    included) and its cell's other repeats (``consistent``), and the run was a measurement (not
+    a smoke run, whose figures are by-products of checking a code path). The ``counts`` column of
+    runs.csv: read that column, do not call this again."""
     measurement = runs["purpose"].fillna("measurement").eq("measurement") if "purpose" in runs.columns else True
     return (runs["status"].eq("ok") & runs["consistent"].ne(False).fillna(True) & measurement).astype(bool)
 

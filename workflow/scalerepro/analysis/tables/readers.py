@@ -5,7 +5,7 @@ epochs and its loss curve) and the communication benchmark's CSVs.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,6 +28,7 @@ from scalerepro.common.files import JsonFileError, read_json_object
 from scalerepro.common.probe_off import PROBE_OFF_REASON
 from scalerepro.record import cell as cells
 from scalerepro.record import columns as record_columns
+from scalerepro.record import evidence
 from scalerepro.record.read import Reading, RecordUnreadable, from_document
 
 
@@ -78,7 +79,9 @@ class RecordRead(NamedTuple):
     cell: cells.Cell | None
 
 
-def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None, named: str | None = None) -> RecordRead:
+def read_record(
+    run_id: str, path: str, planned: dict[str, Any] | None = None, named: str | None = None, quiet: Sequence[evidence.Bound] = evidence.QUIET
+) -> RecordRead:
     """One record as the tables take it, read at ``path`` and named in its messages ``named``
     (the matrix's path, as the study names it: a message shows no path of the machine that read
     it), by default ``path``.
@@ -88,7 +91,8 @@ def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None, n
     model it must state) gives status "missing" and the reason as its error: the run has no
     record of its own. One whose figures are no measurement (negative, infinite, NaN, text) or do
     not agree with each other (scalerepro.record.evidence) gives status "failed". A completed run
-    whose record departs from the rest of its plan (scalerepro.record.cell.departures) is not
+    whose record departs from the rest of its plan (scalerepro.record.cell.departures), or whose
+    window did not have its machine to itself (``quiet``: scalerepro.record.evidence.disturbances), is not
     ``consistent``, and says why in ``consistency``. A figure the record is known to hold wrongly
     (the upgrade chain's ``withheld``) is empty, and ``withheld`` says why."""
     planned = planned or {}
@@ -127,7 +131,8 @@ def read_record(run_id: str, path: str, planned: dict[str, Any] | None = None, n
         fields.update(status="failed", error="the record says ok but its measured window is empty (no steps, no throughput)")
     fields.update({column: None for defect in reading.withheld for column in defect.columns})
     fields["withheld"] = " | ".join(f"{', '.join(defect.columns)}: {defect.why}" for defect in reading.withheld) or None  # "<columns>: <why> | ..."
-    departures = cells.departures(reading.cell, cells.Cell.planned(planned)) if fields["status"] == "ok" else []
+    # a completed run is held to its plan: the cell the plan sets, on a machine of its own
+    departures = [*cells.departures(reading.cell, cells.Cell.planned(planned)), *evidence.disturbances(record, quiet)] if fields["status"] == "ok" else []
     fields["consistency"] = "; ".join(departures) or None
     if fields["scheduler_job_id"] is not None:
         fields["scheduler_job_id"] = str(fields["scheduler_job_id"])  # an integer or a string in the schema
@@ -210,9 +215,10 @@ def _mixed_cells(runs: pd.DataFrame, recorded: list[cells.Cell | None]) -> pd.Se
     return why
 
 
-def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def read_runs(matrix: pd.DataFrame, quiet: Sequence[evidence.Bound] = evidence.QUIET) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """runs, epochs and loss_log tables: every matrix row left-joined with its record (read from
-    ``record_file``, read_matrix's resolution of the matrix's path)."""
+    ``record_file``, read_matrix's resolution of the matrix's path), each window held to
+    ``quiet`` (the study's: scalerepro.record.evidence.quiet of its targets)."""
     # Sequential on purpose: json.loads holds the GIL and a page-cached read is ~20 us, so a
     # thread pool was measured slower (10,000 records: 1.5-2.8 s with 2-8 threads vs 1.1 s).
     # The run each record must be is its matrix row: its run id (where a study planned it:
@@ -221,7 +227,7 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     rows = matrix.to_dict("records")
     planned = [{**row, "run_id": (row.get("record_of") or row["run_id"]) if row.get("study") != RECORDS_STUDY else None} for row in rows]
     files = matrix["record_file"] if "record_file" in matrix.columns else matrix["record"]
-    parsed = list(map(read_record, matrix["run_id"], files, planned, matrix["record"].fillna("")))
+    parsed = [read_record(*row, quiet=quiet) for row in zip(matrix["run_id"], files, planned, matrix["record"].fillna(""))]
     fields = pd.DataFrame.from_records([p.fields for p in parsed], columns=RECORD_COLUMNS)
     runs = matrix.reset_index(drop=True).merge(fields, on="run_id", how="left", validate="one_to_one")
     ended = pd.to_datetime(runs["ended_at"], format="ISO8601", utc=True)
@@ -243,11 +249,9 @@ def read_runs(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
         runs[column] = runs[column].astype("Int64")
     runs["channels_last"] = runs["channels_last"].astype("boolean")
     mixed = _mixed_cells(runs, [p.cell for p in parsed])
-    runs["consistency"] = [
-        ("; ".join(filter(None, [own, cell]))) or None if isinstance(own, str) or cell else None for own, cell in zip(runs["consistency"], mixed)
-    ]
-    # consistent: a completed run whose record states every knob of its plan, each as planned, in a
-    # cell whose repeats agree; a run that did not complete is not judged (True: failed, not
+    runs["consistency"] = ["; ".join(filter(None, [own if isinstance(own, str) else "", cell])) or None for own, cell in zip(runs["consistency"], mixed)]
+    # consistent: a completed run whose record states every knob of its plan, each as planned, on a
+    # machine of its own, in a cell whose repeats agree; a run that did not complete is not judged (True: failed, not
     # inconsistent); empty where there is no record
     runs["consistent"] = runs["consistency"].isna().astype("boolean").where(runs["status"].isin(["ok", "failed", "preempted"]))
     runs["git_dirty"] = runs["git_dirty"].astype("boolean")
