@@ -211,21 +211,34 @@ def test_a_signed_file_torch_cannot_read_is_named_in_one_line(user, caplog):
 
 
 @pytest.mark.slow
-def test_the_trainer_compiles_cold_past_a_planted_cache_and_says_why(user):
-    """A real compiled run given a planted cache: nothing lands outside torch's folder, the record and
-    the log name the refusal in one line, and the run writes its own signed cache over it."""
-    outside = user / "outside"
-    cache = user / "caches" / "cache.bin"
+def test_compiled_runs_past_a_planted_cache_and_under_an_aten_cap_each_compile_into_a_cache_of_their_own(tmp_path):
+    """Two real compiled runs sharing torch's default kernel folder (in TMPDIR), as two studies on
+    one machine do. The first is given a planted cache: nothing lands outside torch's folder, the
+    record and the log name the refusal in one line, and the run writes its own signed cache over
+    it. The second runs under ATEN_CPU_CAPABILITY=avx2: torch 2.13's inductor reused a CPU kernel
+    compiled without the cap (its key leaves the cap out), and the compiled CNN's step failed on an
+    index of -4.8e18; it compiles into a folder of the cap's own."""
+    outside = tmp_path / "outside"
+    cache = tmp_path / "caches" / "cache.bin"
     plant(cache, torch_cache(("autotune", str(outside / "sitecustomize.py"), b"import os\n")))
-    args = ["--model", "cnn", "--device", "cpu", "--per-gpu-batch", "8", "--steps", "2", "--warmup-steps", "1", "--synthetic-samples", "32", "--no-eval"]
-    args += ["--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--compile", "default", "--compile-cache", str(cache), "--record", str(user / "run.json")]
-    done = python_train(args, env=clean_env(XDG_CONFIG_HOME=str(user / "config"), TORCHINDUCTOR_CACHE_DIR=str(user / "inductor")))
-    assert done.returncode == 0, done.stderr[-2000:]
-    reason = load_record(user / "run.json")["measurements"]["compile"]["cache_reason"]
+    env = clean_env(TMPDIR=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path / "config"))
+    env = {name: value for name, value in env.items() if name not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
+    args = ["--model", "cnn", "--device", "cpu", "--per-gpu-batch", "8", "--steps", "4", "--warmup-steps", "2", "--synthetic-samples", "64", "--no-eval"]
+    args += ["--comm-probe-steps", "0", "--bucket-probe-steps", "0", "--compile", "default"]
+    native = python_train([*args, "--compile-cache", str(cache), "--record", str(tmp_path / "native.json")], env=env)
+    assert native.returncode == 0, native.stderr[-2000:]
+    reason = load_record(tmp_path / "native.json")["measurements"]["compile"]["cache_reason"]
     assert reason.startswith(f"{cache} could not be loaded (it is not signed by a scalerepro run") and reason.endswith(": compiled cold"), reason
-    assert f"compile cache: {reason}\n" in done.stdout + done.stderr
+    assert f"compile cache: {reason}\n" in native.stdout + native.stderr
     assert not outside.exists()
-    cache_trust.verified_payload(cache)  # the run's own cache, signed with this user's key
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+        cache_trust.verified_payload(cache)  # the run's own cache, signed with this user's key
+    capped = python_train([*args, "--record", str(tmp_path / "capped.json")], env={**env, "ATEN_CPU_CAPABILITY": "avx2"})
+    assert capped.returncode == 0, capped.stderr[-2000:]
+    assert load_record(tmp_path / "capped.json")["knobs"]["compile"] == "default"
+    folders = sorted(path.name for path in tmp_path.glob("torchinductor_*"))
+    assert len(folders) == 2 and folders[1] == f"{folders[0]}-aten-avx2", folders
 
 
 # ---- torch's own kernel cache folder (TORCHINDUCTOR_CACHE_DIR) --------------------------------

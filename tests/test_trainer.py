@@ -372,21 +372,6 @@ def test_help_documents_every_flag_with_its_default():
     assert result.stdout.count("(default:") >= 50
 
 
-def test_compiled_runs_and_one_under_an_aten_cpu_cap_compiles_into_a_cache_of_its_own(tmp_path):
-    """A compiled run, then the same under ATEN_CPU_CAPABILITY=avx2. torch 2.13's inductor reused a CPU kernel it had compiled with no ATEN_CPU_CAPABILITY for a
-    run with ATEN_CPU_CAPABILITY=avx2 (its cache's key leaves the cap out), and the compiled CNN's
-    step failed on an index of -4.8e18: the suite run under the ISA caps after a native one found
-    it. Here both runs share torch's default cache folder (in TMPDIR), as two studies on one
-    machine do."""
-    env = {name: value for name, value in clean_env(TMPDIR=str(tmp_path)).items() if name not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
-    for name, cap in (("native", {}), ("capped", {"ATEN_CPU_CAPABILITY": "avx2"})):
-        result = python_train(small_run(tmp_path, "--model", "cnn", "--compile", "--no-eval", steps=4, name=name), env={**env, **cap})
-        assert result.returncode == 0, result.stderr[-2000:]
-        assert load_record(tmp_path / f"{name}.json")["knobs"]["compile"] == "default"
-    folders = sorted(path.name for path in tmp_path.glob("torchinductor_*"))
-    assert len(folders) == 2 and folders[1] == f"{folders[0]}-aten-avx2", folders
-
-
 def test_log_points_are_outside_the_timed_steps(tmp_path):
     """A log point reads the loss from the device, all-reduces and prints: host work that is not
     part of the step. With a log sink as slow as a congested shared file system (1 s a line),
