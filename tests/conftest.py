@@ -49,6 +49,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A record the suite trains ran beside the other xdist worker's tests on the same cores: its
+# analysis counts it however busy that worker was (targets.other_cpu_fraction_max), as
+# config/ci.yaml does for the suite's studies. The bound itself: tests/test_study_evidence.py.
+SHARED_MACHINE_TARGETS = {"other_cpu_fraction_max": 1.0}
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment for a child trainer: no inherited launcher variables, one thread per rank."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "LOCAL_", "WORLD_", "MASTER_", "TORCHELASTIC"))}

@@ -40,7 +40,7 @@ from scalerepro.training import buckets
 from scalerepro.training.train import main
 
 from analysis_fixtures import PROFILE, REFERENCES, Study, make_record, predict_published_benchmark, validate, write_comm
-from conftest import clean_env, load_record
+from conftest import SHARED_MACHINE_TARGETS, clean_env, load_record
 from h100_report import REBUILDS_A_STUDY, rebuild_kept_study
 
 # ---- the ring all-reduce and its fit ----------------------------------------------------------
@@ -418,7 +418,7 @@ def test_two_gloo_ranks_real_buckets_and_benchmark_drive_the_prediction(tmp_path
     for gpus in (1, 2):
         # the plan as the runs were: the trainer's default precision on a CPU (a record that departs from its plan does not count)
         s.add("weak", gpus, 1, per_gpu_batch=32, model="cnn", precision="fp32", bucket_cap_mb=0.1, record=load_record(tmp_path / f"g{gpus}.json"))
-    tables = aggregate.aggregate(s.write_matrix(), [tmp_path / "comm.json"], REFERENCES, {}, predict_gpus=[])
+    tables = aggregate.aggregate(s.write_matrix(), [tmp_path / "comm.json"], REFERENCES, SHARED_MACHINE_TARGETS, predict_gpus=[])
     row = tables["scaling_model"].set_index("gpus").loc[2]
     assert not pd.isna(row["step_time_predicted_s"]), row["note"]
     assert row["buckets"] == 2 and row["basis"] == "measured" and row["network"].startswith("fit to comm.json (gloo, 6 sizes)")

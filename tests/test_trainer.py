@@ -26,7 +26,7 @@ from scalerepro.training.stop_request import StopRequest
 from scalerepro.training.train import main
 from scalerepro.training.trainer import Trainer
 
-from conftest import clean_env, load_record, python_train
+from conftest import SHARED_MACHINE_TARGETS, clean_env, load_record, python_train
 
 # Starts training processes, torchrun, Snakemake or a cluster: not in the fast tier (pytest -m 'not slow').
 pytestmark = pytest.mark.slow
@@ -513,9 +513,7 @@ def test_the_optimised_preset_trains_fp32_on_a_cpu_that_would_emulate_bf16_and_t
         ]
     )
     matrix.to_csv(tmp_path / "matrix.csv", index=False)
-    # the suite's other worker shares this machine's cores: these runs count however busy it was
-    shared_machine = evidence.quiet({"other_cpu_fraction_max": 1.0})
-    runs, _, _ = readers.read_runs(readers.read_matrix(tmp_path / "matrix.csv"), shared_machine)
+    runs, _, _ = readers.read_runs(readers.read_matrix(tmp_path / "matrix.csv"), evidence.quiet(SHARED_MACHINE_TARGETS))
     notes = cell_tables.ablation_table(runs).set_index("variant")["note"]
     assert notes["baseline"] == "" and f"bf16 emulated on this CPU: {why}" in notes["bf16"]
     # where bf16 is native (this machine, if its CPU has avx512_bf16 or AMX), the preset keeps it
