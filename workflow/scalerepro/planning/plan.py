@@ -79,9 +79,10 @@ def _first_unusable(config: Any) -> tuple[str, str] | None:
             return where or "top level", f"{node} is not a finite number: give a number"
         if isinstance(node, str) and len(node) > MAX_CONFIG_TEXT:
             return where or "top level", f"a string of {len(node):,} characters (at most {MAX_CONFIG_TEXT}): shorten it"
-        for text in [node] if isinstance(node, str) else [key for key in node if isinstance(key, str)] if isinstance(node, dict) else []:
-            if _not_one_line(text):
-                return where or "top level", f"{'' if text is node else 'the key '}{text!r} {_not_one_line(text)}"
+        texts = [node] if isinstance(node, str) else [key for key in node if isinstance(key, str)] if isinstance(node, dict) else []
+        for text in texts:
+            if why := _not_one_line(text):
+                return where or "top level", f"{'' if text is node else 'the key '}{text!r} {why}"
         if isinstance(node, list):
             names = [item["name"] for item in node if isinstance(item, dict) and isinstance(item.get("name"), str)]
             repeated = sorted(name for name, count in collections.Counter(names).items() if count > 1)
