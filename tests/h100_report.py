@@ -173,3 +173,15 @@ def visible(fragment: str) -> str:
 def table_rows(fragment: str) -> list[list[str]]:
     """Each <tr> of a fragment as its cells' visible text."""
     return [[visible(cell) for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)] for row in re.findall(r"<tr>(.*?)</tr>", fragment, re.S)]
+
+
+def diagnosis_rows(page: str) -> dict[str, list[list[str]]]:
+    """The rows of "What bounds each model" by model, each [what, evidence, lever] (a model's later
+    findings have no model cell: it spans them)."""
+    by_model: dict[str, list[list[str]]] = {}
+    model = ""
+    for row in table_rows(section(page, "bottlenecks").split("</table>", 1)[0])[1:]:
+        if len(row) == 4:
+            model, row = row[0].split()[0], row[1:]
+        by_model.setdefault(model, []).append(row)
+    return by_model

@@ -573,6 +573,10 @@ def test_sampler_reads_a_power_capped_h100_from_its_recorded_nvml_reply(reasons_
     assert summary["power_mean_w"] == pytest.approx(693.6) and summary["power_max_w"] == pytest.approx(701.048)
     # temperature: (61 + 63 + 64 + 65 + 65 + 66 + 66 + 66) / 8 = 516 / 8 = 64.5 C, at most 66 C
     assert summary["temperature_mean_c"] == pytest.approx(64.5) and summary["temperature_max_c"] == 66.0
+    # each end of the window: the first reading 61 C at 1785 MHz, the last 66 C at 1465 MHz (the card
+    # heated and the power cap pulled its clock down inside a window of a few seconds)
+    assert (summary["temperature_start_c"], summary["temperature_end_c"]) == (61.0, 66.0)
+    assert (summary["sm_clock_start_mhz"], summary["sm_clock_end_mhz"]) == (1785.0, 1465.0)
     assert summary["gpu_util_mean_pct"] == pytest.approx(99.75)  # (98 + 7 x 100) / 8
     assert summary["energy_method"] == ENERGY_COUNTER and summary["energy_j"] == pytest.approx(4441.088)  # (1_004_441_088 - 1_000_000_000) mJ
     if reasons_by == "neither":
@@ -585,6 +589,10 @@ def test_sampler_reads_a_power_capped_h100_from_its_recorded_nvml_reply(reasons_
     assert card.reasons_calls[0] == CURRENT and set(card.reasons_calls[1:]) == {answering}
     run = combine_ranks([summary])
     assert run["power_limit_w"] == run["power_limit_per_gpu_w"] == 700.0 and run["clock_event_reasons"] == summary["clock_event_reasons"]
+    # two such cards: the hotter card's temperatures and the slower card's clocks at each end
+    other = {**summary, "temperature_start_c": 50.0, "temperature_end_c": 70.0, "sm_clock_start_mhz": 1980.0, "sm_clock_end_mhz": 1400.0}
+    both = combine_ranks([summary, other])
+    assert (both["temperature_start_c"], both["temperature_end_c"], both["sm_clock_start_mhz"], both["sm_clock_end_mhz"]) == (61.0, 70.0, 1785.0, 1400.0)
 
 
 def test_card_limits_read_the_recorded_card_and_say_why_when_they_cannot(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,7 +133,7 @@ def test_the_schemas_vocabularies_are_the_analysis_columns():
     assert tuple(definitions["reference"]["properties"]["metric"]["enum"]) == REFERENCE_METRICS
     assert tuple(definitions["conditions"]["properties"]["precision"]["enum"]) == (*REFERENCE_PRECISIONS, None)
     # the conditions compared, then the free text, then the GPU part and its power cap (read by published_conditions)
-    assert tuple(definitions["conditions"]["properties"]) == (*CONDITIONS, "framework", "metric_notes", "sku", "power_cap_w", "power_cap_basis")
+    assert tuple(definitions["conditions"]["properties"]) == (*CONDITIONS, "framework", "metric_notes", "sku", "power_cap_w", "power_cap_basis", "parallelism")
     # a run's conditions, as the comparison spells them, are values the schema allows a reference
     for channels_last, data in ((True, "synthetic"), (False, "cifar10")):
         run = {

@@ -38,7 +38,6 @@ This module is on the analysis side: it never imports torch.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,13 +47,14 @@ import pandas as pd
 import yaml
 
 from scalerepro.analysis import columns, study_files
-from scalerepro.analysis.presentation import plots, report
+from scalerepro.analysis.presentation import inventory_view, plots, report
 from scalerepro.analysis.profiles import captures
-from scalerepro.analysis.tables import aggregate, readers
+from scalerepro.analysis.tables import aggregate, check_definitions, readers
 from scalerepro.analysis.tables.readers import RECORDS_STUDY
 from scalerepro.common import study_layout, yaml_text
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary
 from scalerepro.common.files import read_json_object, write_text_atomically
+from scalerepro.record import upgrade
 from scalerepro.record.cell import RUN_CONDITIONS
 from scalerepro.record.model import RunRecord
 from scalerepro.record.read import Reading, RecordUnreadable, from_document
@@ -63,6 +63,35 @@ from scalerepro.record.read import Reading, RecordUnreadable, from_document
 def _targets(config: dict) -> dict[str, Any]:
     """The targets the aggregation knows (checks included), from the resolved config."""
     return {key: value for key, value in (config.get("targets") or {}).items() if key in columns.TARGETS}
+
+
+# What a check measures: a check of one name means one thing in every report. A study keeps its
+# own threshold and selection (a CPU study's are its cpu_overrides'); the rest is today's.
+CHECK_MEANING = ("description", "table", "metric", "reduce", "direction", "strict", "unit")
+
+
+def _checks_as_defined_today(targets: dict[str, Any], today: Path | None) -> tuple[dict[str, Any], list[str]]:
+    """``targets`` with each check that ``today`` (config/config.yaml) also defines judged as
+    today's defines it (CHECK_MEANING) at the study's threshold and selection, and a line for each
+    check whose meaning that changed. A study's check today's config lacks stays as it was."""
+    if today is None or not isinstance(targets.get("checks"), dict):
+        return targets, []
+    try:
+        defined = ((yaml_text.safe_load(today.read_text()) or {}).get("targets") or {}).get("checks") or {}
+    except (OSError, yaml.YAMLError, AttributeError) as error:
+        raise CommandError(f"--config {today}: cannot be read as a study config ({error}): give one such as config/config.yaml") from None
+    checks, changed = {}, []
+    for name, entry in targets["checks"].items():
+        current = defined.get(name)
+        if not isinstance(entry, dict) or not isinstance(current, dict):
+            checks[name] = entry
+            continue
+        checks[name] = {**{key: current[key] for key in CHECK_MEANING if key in current}, **{key: entry[key] for key in ("threshold", "where") if key in entry}}
+        unstated = {key: getattr(check_definitions.Check, key, None) for key in CHECK_MEANING}  # a key left out is its default
+        differs = [f"{key} {entry.get(key, unstated[key])!r}" for key in CHECK_MEANING[1:] if entry.get(key, unstated[key]) != current.get(key, unstated[key])]
+        if differs:
+            changed.append(f"check {name}: judged as {today.name} defines it today, at the study's threshold; the study's config had {', '.join(differs)}")
+    return {**targets, "checks": checks}, changed
 
 
 def _is_run_record(document: Any) -> bool:
@@ -196,7 +225,7 @@ def record_matrix(records_dirs: Sequence[Path]) -> tuple[pd.DataFrame, dict[str,
                 "purpose": cell.purpose,
                 "record_of": "",
                 "record": study_layout.run_record(run_id),
-                "rerun": shlex.join(record.command_line),
+                "rerun": upgrade.rerun_command(record.command_line),
             }
         )
     if not rows:
@@ -237,6 +266,19 @@ class RebuiltRecords(Rebuilt):
     skipped: list[str]
 
 
+def _inventories_beside(record: Path, inventories: Sequence[Path]) -> dict[str, Path]:
+    """The inventories kept in a record's own folder, by the name a run's folder keeps them under:
+    its system inventory (none where the folder holds two: which is the record's cannot be told)
+    and nvidia-smi's query of the session's card."""
+    found: dict[str, Path] = {}
+    systems = [path for path in inventories if path.parent == record.parent]
+    if len(systems) == 1:
+        found[inventory_view.SYSTEM_JSON] = systems[0]
+    if (record.parent / inventory_view.NVIDIA_SMI).is_file():
+        found[inventory_view.NVIDIA_SMI] = record.parent / inventory_view.NVIDIA_SMI
+    return found
+
+
 def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, templates: Path, study_config: Path | None) -> RebuiltRecords:
     """The report of folders of run records no study planned, written under ``out`` as a study
     folder of its own (each record copied to ``runs/<run>/record.json``, so that ``out`` reads
@@ -264,6 +306,8 @@ def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, t
     (out / "tables").mkdir(parents=True, exist_ok=True)
     for run_id, path in files.items():
         write_text_atomically(out / "runs" / run_id / "record.json", path.read_text(encoding="utf-8"))
+        for name, kept in _inventories_beside(path, inventories).items():  # what the record lacks of its card (inventory_view.cards_beside)
+            write_text_atomically(out / "runs" / run_id / inventory_view.RUN_INVENTORY / name, kept.read_text(encoding="utf-8", errors="replace"))
     write_text_atomically(out / "tables" / "matrix.csv", matrix.to_csv(index=False))
     write_text_atomically(out / "tables" / "config.json", json.dumps(config, indent=1))
     if comm:
@@ -282,10 +326,28 @@ def rebuild_records(records_dirs: Sequence[Path], out: Path, references: Path, t
     return RebuiltRecords(**rebuild(out, references, templates), skipped=skipped)
 
 
-def rebuild(results: Path, references: Path, templates: Path) -> Rebuilt:
+def keep_inventory(results: Path, capture: Path) -> None:
+    """Keep ``capture``, an nvidia-smi query of the card a study ran on that its user names, in the
+    study's inventory folder, where the report reads what the records lack of their card
+    (inventory_view.study_inventory). Refused where the study has an inventory of its own, or where
+    the file is no such capture."""
+    folder = results / inventory_view.RUN_INVENTORY
+    if (folder / inventory_view.SYSTEM_JSON).is_file():
+        raise CommandError(f"--inventory {capture}: {folder / inventory_view.SYSTEM_JSON} is the study's own inventory; leave --inventory out")
+    try:
+        text = capture.read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        raise CommandError(f"--inventory {capture}: cannot be read ({error.strerror})") from None
+    if not inventory_view.smi_gpus(text):
+        raise CommandError(f"--inventory {capture}: no GPU in it: give the output of nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv")
+    write_text_atomically(folder / inventory_view.NVIDIA_SMI, text)
+
+
+def rebuild(results: Path, references: Path, templates: Path, checks_from: Path | None = None) -> Rebuilt:
     """Tables, figures and report from the files under ``results`` (module docstring). Every
     record path of its matrix resolves inside ``results`` (readers.read_matrix), whatever the
-    folder is called and wherever it lies; one that does not is refused."""
+    folder is called and wherever it lies; one that does not is refused. A check ``checks_from``
+    (today's study config) also defines is judged as it defines it (_checks_as_defined_today)."""
     tables_dir = results / "tables"
     matrix_path = tables_dir / "matrix.csv"
     if not matrix_path.is_file():
@@ -298,7 +360,10 @@ def rebuild(results: Path, references: Path, templates: Path) -> Rebuilt:
     predict = scaling.get("predict_gpus", list(aggregate.scaling_model.DEFAULT_PREDICT_GPUS))
     inventory = results / "inventory" / "system.json"
     system = read_json_object(inventory, what="system inventory", max_bytes=64 << 20) if inventory.is_file() else None
-    tables, left_out = aggregate.aggregate_study(matrix_path, comm, references, _targets(config), predict, scaling.get("predict_cluster"), results, system)
+    targets, redefined = _checks_as_defined_today(_targets(config), checks_from)
+    tables, left_out = aggregate.aggregate_study(matrix_path, comm, references, targets, predict, scaling.get("predict_cluster"), results, system)
+    for line in redefined:
+        print(f"rebuild: {line}", file=sys.stderr)
     summaries, not_this_study = captures.study_summaries(results, config, matrix)  # made again from the captures, with today's code
     left_out += not_this_study
     if summaries:
@@ -359,9 +424,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--results", type=Path, default=None, help="the study's folder, whatever it is called (default: results)")
     parser.add_argument("--records", type=Path, nargs="+", default=None, help="instead: folders of run records no study planned (with --out)")
     parser.add_argument(
-        "--config", type=Path, default=None, help="with --records: the study config whose targets and predictions apply (default config/config.yaml)"
+        "--config",
+        type=Path,
+        default=None,
+        help="with --records: the study config whose targets and predictions apply; with --results: whose check definitions apply (default config/config.yaml)",
     )
     parser.add_argument("--out", type=Path, default=None, help="with --records: the folder that gets tables/, plots/ and report/")
+    parser.add_argument(
+        "--inventory",
+        type=Path,
+        default=None,
+        help="with --results: an nvidia-smi capture (--query-gpu ... --format=csv) of the study's card, kept beside a study that has no inventory of its own",
+    )
     parser.add_argument("--references", type=Path, default=None, help="published figures, GPU peaks, links (default config/references.yaml)")
     parser.add_argument("--templates", type=Path, default=None, help="directory holding templates/ and style.css (default report/)")
     args = parser.parse_args(argv)
@@ -382,7 +456,9 @@ def main(argv: list[str]) -> int:
     else:
         if args.out is not None:
             parser.error("--out goes with --records; a study's results folder is rebuilt in place (--results)")
-        done = rebuild(args.results or Path("results"), args.references, args.templates)
+        if args.inventory is not None:
+            keep_inventory(args.results or Path("results"), args.inventory)
+        done = rebuild(args.results or Path("results"), args.references, args.templates, args.config)
     for line in done["left_out"]:
         print(f"rebuild: left out {line}", file=sys.stderr)
     summary = done["summary"]

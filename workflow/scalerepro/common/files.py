@@ -121,3 +121,17 @@ def read_json_object(path: str | os.PathLike[str], what: str = "run record", max
     if not isinstance(document, dict):
         raise JsonFileError(f"{what} {path} holds a JSON {type(document).__name__}, not an object")
     return document
+
+
+def with_generated_part(current: str, markers: tuple[str, str], body: str, where: object) -> str:
+    """``current``, a document with a part a command writes between two marker lines, with that
+    part replaced by ``body`` (the prose around it kept); ValueError naming ``where`` and the
+    marker where either is missing."""
+    begin, end = markers
+    head, found, rest = current.partition(begin)
+    if not found:
+        raise ValueError(f"{where} has no line {begin!r} to put the generated part after")
+    _, found, tail = rest.partition(end)
+    if not found:
+        raise ValueError(f"{where} has no line {end!r} after its generated part")
+    return f"{head}{begin}\n\n{body}\n{end}{tail}"

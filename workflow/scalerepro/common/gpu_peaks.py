@@ -79,6 +79,9 @@ class GpuPeaks:
     tensor_clock_mhz: float | None = None
     cuda_core_clock_mhz: float | None = None
     sms: int | None = None  # streaming multiprocessors: rate = SMs x FLOP/clk/SM x clock (test_hardware checks each)
+    # The most power the part can be set to draw (the datasheet's "max thermal design power", which
+    # an operator may configure lower): a card's power limit is at most this. None: no source here.
+    power_limit_max_w: float | None = None
 
     def tflops(self, precision: str) -> float | None:
         """Dense TFLOP/s at ``precision`` (fp64, fp32, tf32, fp16, bf16, fp8), None where unknown."""
@@ -112,6 +115,7 @@ _TABLE = (
         sms=132,
         tensor_clock_mhz=1830.0,
         cuda_core_clock_mhz=1980.0,
+        power_limit_max_w=700.0,  # the H100 datasheet's SXM column: "Max thermal design power (TDP) up to 700W (configurable)"
     ),
     # the whitepaper's PCIe column (114 SMs); the datasheet's: 51, 756*/2, 1513*/2
     GpuPeaks(

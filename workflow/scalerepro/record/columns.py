@@ -144,6 +144,8 @@ DERIVED = (
     "peak_memory_bytes",
     "peak_memory_kind",
     "final_train_loss",
+    "loss_spike",
+    "preset_overrides",
     "final_eval_loss",
     "final_eval_accuracy",
     "device_name",
@@ -154,7 +156,13 @@ DERIVED = (
     "hostname",
     "purpose_recorded",
     "clock_event_reasons",
+    "power_w",
+    "power_basis",
 )
+# Columns of a field whose value the row derives again from several fields (``derived``): the
+# field keeps its bound, the table holds the derived figure.
+REDERIVED = ("energy_per_sample_j", "energy_per_sample_net_j")
+assert set(REDERIVED) <= set(FIELD_COLUMNS)
 RECORD_ROW = (*FIELD_COLUMNS, *DERIVED)
 
 
@@ -168,8 +176,66 @@ def _reason_shares(reasons: dict[str, float] | None) -> str | None:
     return ", ".join(f"{name} {100 * share:.0f} %" for name, share in shares) or "none"
 
 
+def window_power(record: RunRecord) -> tuple[float | None, str | None]:
+    """The GPUs' mean power over the NVML window (sum over GPUs) and what it is: the energy
+    counter's delta / the window's seconds where the counter was read; else the mean of the power
+    samples, which on Hopper and later are 1 s moving averages and read low over a window of a
+    few seconds (an H100's ResNet-18: 609 W sampled, 680 W from the counter)."""
+    nvml = record.measurements.nvml if record.measurements is not None else None
+    if nvml is None:
+        return None, None
+    if nvml.energy_method == "total_energy_counter" and nvml.energy_j is not None and nvml.window_s:
+        return nvml.energy_j / nvml.window_s, "energy counter"
+    if nvml.power_mean_w is not None:
+        return nvml.power_mean_w, "power samples (no energy counter read)"
+    return None, None
+
+
+def energy_per_sample(record: RunRecord) -> dict[str, float | None]:
+    """Energy per sample, gross and net of the power before step 1 (REDERIVED), each the energy
+    and the samples of one window: the mean power over the NVML window x the measured window's
+    seconds / its samples. The NVML window opens before the first measured step and closes after
+    the last one's log point, so its energy over the steps' samples reads a few % high."""
+    m = record.measurements
+    power, _ = window_power(record)
+    if m is None or power is None or m.nvml.energy_j is None or not m.measured_samples:
+        return {"energy_per_sample_j": None, "energy_per_sample_net_j": None}
+    before = m.nvml.idle_power_w
+    return {
+        "energy_per_sample_j": power * m.window_s / m.measured_samples,
+        "energy_per_sample_net_j": (power - before) * m.window_s / m.measured_samples if before is not None else None,
+    }
+
+
+# A logged training loss is a spike where it is more than LOSS_SPIKE_FACTOR times a reference: the
+# first logged loss against the loss of a uniform guess over the classes or the vocabulary (ln C:
+# a fresh model starts near it, 2.3 for 10 classes), each later one against the median of the
+# losses logged before it. A spike is no failure, but the throughput beside it came from a run
+# that did not train as its model should (ResNet-18 at 21.6 for 10 classes, then 2.0).
+LOSS_SPIKE_FACTOR = 2.0
+
+
+def loss_spike(record: RunRecord) -> str | None:
+    """The run's largest logged loss spike (LOSS_SPIKE_FACTOR), in words, or None."""
+    shape = record.model.shape
+    classes = (shape.num_classes or shape.vocab_size) if shape is not None else None
+    losses = [(entry.step, entry.loss) for entry in record.loss_log if math.isfinite(entry.loss)]
+    spikes = []
+    if losses and classes and classes > 1 and losses[0][1] > LOSS_SPIKE_FACTOR * math.log(classes):
+        step, loss = losses[0]
+        spikes.append(
+            (loss / math.log(classes), f"{loss:.3g} at step {step}, {loss / math.log(classes):.1f}x ln {classes} = {math.log(classes):.2f} (a uniform guess)")
+        )
+    for index in range(1, len(losses)):
+        step, loss = losses[index]
+        median = sorted(value for _, value in losses[:index])[(index - 1) // 2]
+        if median > 0 and loss > LOSS_SPIKE_FACTOR * median:
+            spikes.append((loss / median, f"{loss:.3g} at step {step}, {loss / median:.1f}x the median {median:.3g} of the losses logged before it"))
+    return max(spikes)[1] if spikes else None
+
+
 def derived(record: RunRecord) -> dict[str, Any]:
-    """The DERIVED columns of a record."""
+    """The DERIVED and REDERIVED columns of a record."""
     m = record.measurements
     memory = m.memory if m is not None else None
     allocated, kind = (memory.allocated_bytes_max, "cuda_allocated") if memory is not None else (None, None)
@@ -198,7 +264,12 @@ def derived(record: RunRecord) -> dict[str, Any]:
         "peak_part": peak.part_words(m.peak) if m is not None and m.peak is not None else None,
         "peak_memory_bytes": rss if allocated is None else allocated,
         "peak_memory_kind": kind if allocated is not None else "rss" if rss is not None else None,
-        "final_train_loss": last.train_loss if last else None,
+        # the last logged loss, the mean of the steps since the log point before it (--log-interval):
+        # the epoch's mean would carry its first steps' loss into the end of the run
+        "final_train_loss": record.loss_log[-1].loss if record.loss_log else None,
+        "loss_spike": loss_spike(record),
+        # the levers where the run departs from its preset: a lever's run, not its preset's
+        "preset_overrides": ", ".join(f"{name}={value}" for name, value in sorted(record.knobs.preset_overrides.items())) or None,
         "final_eval_loss": last.eval_loss if last else None,
         "final_eval_accuracy": last.eval_accuracy if last else None,
         "device_name": record.hardware.gpu.name or record.hardware.cpu_model,
@@ -211,9 +282,11 @@ def derived(record: RunRecord) -> dict[str, Any]:
         "hostname": record.hardware.hostname or ", ".join(record.parallel.hostnames) or None,
         "purpose_recorded": record.purpose,
         "clock_event_reasons": _reason_shares(m.nvml.clock_event_reasons) if m is not None else None,
+        **dict(zip(("power_w", "power_basis"), window_power(record))),
+        **energy_per_sample(record),
     }
 
 
 def row(record: RunRecord) -> dict[str, Any]:
-    """Every column a record gives (RECORD_ROW)."""
+    """Every column a record gives (RECORD_ROW), the REDERIVED ones derived."""
     return {**{name: value_at(record, leaf.path) for name, leaf in FIELD_COLUMNS.items()}, **derived(record)}

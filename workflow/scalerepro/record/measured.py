@@ -144,7 +144,11 @@ class Nvml(Part):
     gpu_util_mean_pct: Annotated[float | None, Column("gpu_util_mean_pct", "%")] = Field(None, ge=0, le=100)
     gpu_util_max_pct: float | None = Field(None, ge=0, le=100)
     memory_used_max_bytes: Bytes | None = None
-    power_mean_w: Annotated[float | None, Column("power_mean_w", "W")] = Field(None, ge=0, description="sum over GPUs of each GPU's mean power")
+    power_mean_w: Annotated[float | None, Column("power_mean_w", "W")] = Field(
+        None,
+        ge=0,
+        description="sum over GPUs of each GPU's mean power sample (1 s moving averages on Hopper: low over a short window; the runs table's power_w is the energy counter's)",
+    )
     power_mean_per_gpu_w: float | None = Field(None, ge=0)
     power_max_per_gpu_w: float | None = Field(None, ge=0)
     energy_j: Annotated[float | None, Column("energy_j", "J")] = Field(None, ge=0, description="sum over GPUs")
@@ -157,6 +161,18 @@ class Nvml(Part):
     )
     temperature_mean_c: float | None = None
     temperature_max_c: Annotated[float | None, Column("temperature_max_c", "°C")] = None
+    temperature_start_c: Annotated[float | None, Column("temperature_start_c", "°C")] = Field(
+        None, description="the first reading of the window, the highest over GPUs"
+    )
+    temperature_end_c: Annotated[float | None, Column("temperature_end_c", "°C")] = Field(
+        None, description="the last reading of the window, the highest over GPUs"
+    )
+    sm_clock_start_mhz: Annotated[float | None, Column("sm_clock_start_mhz", "MHz")] = Field(
+        None, description="the first SM clock reading of the window, the lowest over GPUs"
+    )
+    sm_clock_end_mhz: Annotated[float | None, Column("sm_clock_end_mhz", "MHz")] = Field(
+        None, description="the last SM clock reading of the window, the lowest over GPUs"
+    )
     power_limit_w: Annotated[float | None, Column("power_limit_w", "W")] = Field(None, description="sum over GPUs of each card's enforced power limit")
     power_limit_per_gpu_w: float | None = None
     clock_event_reasons: dict[str, Fraction] | None = Field(
@@ -165,10 +181,12 @@ class Nvml(Part):
     )
     paused_s: Seconds | None = Field(None, description="seconds the sampler paused inside the window (evaluation)")
     idle_power_w: Annotated[float | None, Column("idle_power_w", "W")] = Field(
-        None, ge=0, description="sum over GPUs of each GPU's idle power before the first step"
+        None,
+        ge=0,
+        description="sum over GPUs of each GPU's power before step 1, read with the CUDA context up and nothing queued (not the card's idle: nvidia-smi reads less with no context)",
     )
     idle_power_reason: str | None = None
-    energy_net_j: float | None = Field(None, description="energy_j - idle_power_w x window_s")
+    energy_net_j: float | None = Field(None, description="energy_j - idle_power_w x window_s: the energy above the power before step 1")
 
 
 class HostActivity(Part):
@@ -289,8 +307,9 @@ class Measurements(Part):
     nvml: Nvml
     host_activity: HostActivity | None = Field(None, description="what else used the node's CPUs during the window (scalerepro.telemetry.hostload)")
     energy_per_sample_j: Annotated[float | None, Column("energy_per_sample_j", "J")] = Field(
-        ge=0, description="nvml.energy_j / measured_samples: the GPUs' energy over the window (evaluation paused out) per sample"
+        ge=0,
+        description="nvml.energy_j / measured_samples: the NVML window's energy (evaluation paused out) over the steps' samples; the runs table's column divides one window's: nvml.energy_j / nvml.window_s x window_s / measured_samples",
     )
     energy_per_sample_net_j: Annotated[float | None, Column("energy_per_sample_net_j", "J")] = Field(
-        None, description="nvml.energy_net_j / measured_samples (below 0 is noise)"
+        None, description="nvml.energy_net_j / measured_samples (below 0 is noise); the runs table's column: of one window, as energy_per_sample_j"
     )

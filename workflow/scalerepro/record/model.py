@@ -41,8 +41,9 @@ from scalerepro.record.base import (
 from scalerepro.record.measured import Measurements
 
 # The record's layout: 5 adds the structured MFU peak, the precision's dtypes and the batch's
-# samples per GPU a step, and states each fact once (scalerepro.record.upgrade has the steps).
-RECORD_SCHEMA_VERSION = 5
+# samples per GPU a step, and states each fact once; 6 adds the temperature and SM clock at each
+# end of the window (scalerepro.record.upgrade has the steps).
+RECORD_SCHEMA_VERSION = 6
 
 
 # --- what ran it --------------------------------------------------------------------------------
@@ -168,7 +169,7 @@ class ModelShape(Part):
     num_classes: int | None = None
     seq_len: Annotated[int | None, Column("seq_len")] = None
     vocab_size: int | None = None
-    num_layers: int | None = None
+    num_layers: Annotated[int | None, Column("num_layers")] = None
     hidden_size: int | None = None
     num_heads: int | None = None
     num_kv_heads: int | None = None
@@ -182,7 +183,7 @@ class ModelFacts(Part):
     name: str = Field(min_length=1, description="the model the run was asked to train (--model): scalerepro.models.registry's name for it")
     task: Literal["image_classification", "masked_lm", "causal_lm"] | None
     family: Literal["cnn", "transformer"] | None
-    num_parameters: Positive | None
+    num_parameters: Annotated[Positive | None, Column("num_parameters")]
     tokens_per_sample: Annotated[Count | None, Column("tokens_per_sample")]
     train_flops_per_sample: float | None = Field(gt=0, description="forward + backward FLOPs of one sample (one sequence)")
     flops_source: str | None
@@ -270,7 +271,7 @@ class RunRecord(Part):
         },
     )
 
-    schema_version: Literal[5]
+    schema_version: Literal[6]
     run_id: str = Field(min_length=1)
     purpose: Purpose = Field(description="a smoke run checks a code path: the analysis never pools it with a measurement")
     status: Annotated[Status, Column("status")]

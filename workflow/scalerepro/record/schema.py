@@ -16,14 +16,16 @@ from typing import Any
 import annotated_types
 
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
-from scalerepro.common.files import write_text_atomically
+from scalerepro.common.files import with_generated_part, write_text_atomically
 from scalerepro.record.columns import LEAVES, Leaf
 from scalerepro.record.model import RunRecord
 
 SCHEMA_FILE = Path("workflow/schemas/run_record.schema.json")
 DOC_FILE = Path("docs/run-record.md")
-BEGIN = "<!-- the field table: generated from scalerepro.record.model by `python -m scalerepro.record.schema --write` -->"
-END = "<!-- end of the generated field table -->"
+FIELD_TABLE_MARKERS = (
+    "<!-- the field table: generated from scalerepro.record.model by `python -m scalerepro.record.schema --write` -->",
+    "<!-- end of the generated field table -->",
+)
 
 
 def schema_text() -> str:
@@ -71,13 +73,7 @@ def field_table() -> str:
 
 def doc_text(current: str) -> str:
     """docs/run-record.md with its field table as generated now (the prose around it kept)."""
-    head, found, rest = current.partition(BEGIN)
-    if not found:
-        raise ValueError(f"{DOC_FILE} has no line {BEGIN!r} to put the field table after")
-    _, found, tail = rest.partition(END)
-    if not found:
-        raise ValueError(f"{DOC_FILE} has no line {END!r} after its field table")
-    return f"{head}{BEGIN}\n\n{field_table()}\n{END}{tail}"
+    return with_generated_part(current, FIELD_TABLE_MARKERS, field_table(), DOC_FILE)
 
 
 @error_boundary("scalerepro.record.schema")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import shlex
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -265,7 +266,12 @@ def _stated_peak(doc: Mapping[str, Any], stated: Any, source: Any) -> tuple[dict
     }, None
 
 
-STEPS: dict[int, Callable[[_Step], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
+def _v5(step: _Step) -> None:
+    """5 -> 6: nothing moves; 6 adds the temperature and SM clock at each end of the window, which
+    a schema-5 record does not have (each reads "not recorded")."""
+
+
+STEPS: dict[int, Callable[[_Step], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
 assert sorted(STEPS) == list(range(OLDEST_RECORD_SCHEMA, RECORD_SCHEMA_VERSION))
 
 # What an older trainer measured wrongly, by the schema that fixed it: the runs table's columns withheld.
@@ -333,3 +339,41 @@ def upgraded(document: dict[str, Any]) -> Upgraded:
         step.document["schema_version"] = version + 1
     unstated = {path: f"not recorded: a schema-{written_as} record has no {path}" for path in _unstated(step.document, RunRecord)}
     return Upgraded(step.document, written_as, {**unstated, **step.absent}, tuple(step.withheld))
+
+
+# --- a record's command line as today's trainer reads it -----------------------------------------
+
+# The trainer's module and flags under their older names, each with today's: the older trainers'
+# command lines run today with these swapped, one for one.
+RENAMED_MODULES = {"scalerepro.train": "scalerepro.training.train"}
+RENAMED_FLAGS = {"--batch-size": "--per-gpu-batch"}
+
+
+def _machine_free(word: str) -> str:
+    """A word of a command line without the machine it ran on: an absolute path (an interpreter,
+    a home directory, /tmp, a site's file system) is cut to its file name."""
+    flag, equals, value = word.partition("=") if word.startswith("--") else ("", "", word)
+    if value.startswith(("/", "~")):
+        value = value.rstrip("/").rsplit("/", 1)[-1]
+    return f"{flag}{equals}{value}"
+
+
+def _renamed(word: str) -> str:
+    """``word`` with a flag's older name swapped for today's (``--batch-size=8`` too)."""
+    flag, equals, value = word.partition("=")
+    return RENAMED_FLAGS.get(flag, flag) + equals + value
+
+
+def rerun_command(command_line: list[str]) -> str:
+    """How a record's run is rerun with today's code: ``python -m`` today's module (RENAMED_MODULES)
+    with the record's arguments, each renamed flag swapped for today's (RENAMED_FLAGS) and every
+    machine path cut to its file name; a command that is no ``python -m`` is shown commented out
+    as not runnable."""
+    words = [str(word) for word in command_line]
+    if "-m" not in words[:-1]:
+        return f"# not runnable with today's code (not a python -m command): {shlex.join(map(_machine_free, words))}"
+    module = words[words.index("-m") + 1]
+    arguments = [_renamed(word) for word in words[words.index("-m") + 2 :]]
+    command = shlex.join(["python", "-m", RENAMED_MODULES.get(module, module), *map(_machine_free, arguments)])
+    renamed = [f"{old} → {new}" for old, new in (*RENAMED_MODULES.items(), *RENAMED_FLAGS.items()) if old in (module, *(w.partition("=")[0] for w in words))]
+    return command + (f"  # today's names: {', '.join(renamed)}" if renamed else "")

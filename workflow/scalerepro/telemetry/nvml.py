@@ -29,10 +29,12 @@ What the NVML numbers mean (NVML API reference, "Device Queries"):
   ``hw_slowdown`` and its kin are the hardware's emergency brakes, ``gpu_idle`` is nothing to do.
 
 The window is the measured training steps only: the trainer pauses the sampler around what is
-not training (evaluation, checkpoints) and the energy is summed over the active segments. The
-GPU's idle power (:func:`idle_power`, read before the window while the GPU runs nothing) is
-reported beside it, and the energy net of idle, ``E - P_idle x active seconds``, with it: the gross
-figure includes the power the GPU draws doing nothing, which differs between GPU models.
+not training (evaluation, checkpoints) and the energy is summed over the active segments; the
+window's seconds run from the first counter read to the last, less the pauses, so that energy /
+seconds is the window's mean power (the power samples, 1 s moving averages on Hopper, lag it).
+The GPU's power before the window (:func:`idle_power`, read after this process created its CUDA
+context, with nothing queued: not the card's idle, which nvidia-smi reads lower with no context
+up) is reported beside it, and the energy above it, ``E - P_before x active seconds``, with it.
 """
 
 from __future__ import annotations
@@ -186,7 +188,10 @@ def _open_device(device_uuid: str | None) -> tuple[Any, Any, str | None, str | N
 
 def idle_power(device_uuid: str | None, seconds: float, interval_s: float = 0.1) -> dict[str, Any]:
     """The GPU's power while it runs nothing: the median of its power readings over the last half
-    of ``seconds`` of sampling (call it with the GPU idle: no kernel queued).
+    of ``seconds`` of sampling (call it with the GPU idle: no kernel queued). The trainer calls it
+    with its CUDA context up, which draws more than a card with none (the kept H100 records:
+    120-146 W, where nvidia-smi read 76-78 W with no context): the record's ``idle_power_w`` is the power before step
+    1 with the context up, not the card's idle.
 
     The second half only, because on Hopper and later NVML's power reading is a 1 s moving
     average (module docstring), so the first readings still carry the last kernels' draw. The
@@ -317,15 +322,20 @@ class NvmlSampler:
         if self._unavailable_reason is not None:
             return unavailable_summary(self._unavailable_reason, interval_s=self.interval_s)
         assert self._thread is not None
+        # The window ends where its energy does: at the last active segment's counter read, not
+        # after the sampling thread has joined, so that energy / window_s is the window's power.
+        paused_inside = self._paused_s
         if self._paused_at is None:  # the last active segment ends now
             self._segments.append((self._energy_start_mj, self._energy_counter_mj()))
+            active_end = time.monotonic()
         else:
+            active_end = self._paused_at
             self._paused_s += time.monotonic() - self._paused_at
         self._stop_requested.set()
         self._not_paused.set()  # a paused thread wakes up to see the stop
         self._thread.join(timeout=_JOIN_TIMEOUT_S)
-        # the window = the active segments: wall time from start to stop less the pauses
-        window_s = time.monotonic() - self._t_start - self._paused_s
+        # the window = the active segments: start to the last counter read, less the pauses inside
+        window_s = active_end - self._t_start - paused_inside
         samples = list(self._samples)  # a copy, in case a wedged thread is still appending
         self._close()
         return summarise(

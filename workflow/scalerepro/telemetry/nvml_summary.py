@@ -34,6 +34,10 @@ MEASURED_KEYS = (
     "sm_clock_max_supported_mhz",
     "temperature_mean_c",
     "temperature_max_c",
+    "temperature_start_c",
+    "temperature_end_c",
+    "sm_clock_start_mhz",
+    "sm_clock_end_mhz",
     "power_limit_w",
     "clock_event_reasons",
     "idle_power_w",
@@ -164,6 +168,12 @@ def summarise(
         "sm_clock_max_supported_mhz": sm_clock_max_supported_mhz,
         "temperature_mean_c": _mean(temperature),
         "temperature_max_c": _max(temperature),
+        # the first and last readings: a window of a few seconds on a card that started cool ends
+        # hotter, and on a power-capped card at a lower clock, than a long run holds
+        "temperature_start_c": temperature[0] if temperature else None,
+        "temperature_end_c": temperature[-1] if temperature else None,
+        "sm_clock_start_mhz": clock[0] if clock else None,
+        "sm_clock_end_mhz": clock[-1] if clock else None,
         "power_limit_w": power_limit_w,
         "clock_event_reasons": reason_shares(samples),
         "paused_s": paused_s,
@@ -227,6 +237,8 @@ def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     * ``*_max_*`` = max of per-GPU maxima. ``power_max_per_gpu_w`` is the highest single-GPU draw,
       not the peak total draw, because the GPUs' peaks need not coincide;
       ``sm_clock_min_mhz`` = min of per-GPU minima; ``temperature_mean_c`` = mean of per-GPU means;
+    * ``temperature_start_c``, ``temperature_end_c`` = the highest over GPUs of each GPU's first
+      and last reading; ``sm_clock_start_mhz``, ``sm_clock_end_mhz`` = the lowest;
     * ``power_limit_w`` = sum of per-GPU enforced limits (beside ``power_mean_w``, the total draw);
       ``power_limit_per_gpu_w`` and ``sm_clock_max_supported_mhz`` = the value every GPU shares,
       else None (the cards differ: read the per-GPU summaries);
@@ -271,6 +283,11 @@ def combine_ranks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "sm_clock_max_supported_mhz": _common(column("sm_clock_max_supported_mhz")),
         "temperature_mean_c": mean_or_none(column("temperature_mean_c")),
         "temperature_max_c": max_or_none(column("temperature_max_c")),
+        # the hottest GPU's reading and the slowest GPU's clock at each end of the window
+        "temperature_start_c": max_or_none(column("temperature_start_c")),
+        "temperature_end_c": max_or_none(column("temperature_end_c")),
+        "sm_clock_start_mhz": min_or_none(column("sm_clock_start_mhz")),
+        "sm_clock_end_mhz": min_or_none(column("sm_clock_end_mhz")),
         # the run's GPUs' enforced limits together (the sum), and one GPU's where all agree
         "power_limit_w": sum_or_none(column("power_limit_w")),
         "power_limit_per_gpu_w": _common(column("power_limit_w")),

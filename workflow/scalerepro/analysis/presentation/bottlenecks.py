@@ -1,11 +1,19 @@
-"""What bounds each model on one GPU, from the measurements: per model's one-GPU headline cell
-(``headline.headline``; its clocks and power from ``cell_facts.clocks``) and, where the model was
-profiled, the profile's kernel classes (``profiles.step``) and roofline. Each finding states its
-evidence and the lever it implies:
+"""What bounds each model on one GPU, from the evidence its one-GPU headline cell has
+(``headline.headline``; its clocks, power and MFU from ``cell_facts.clocks``) and, where a run of
+the cell's configuration was profiled, the profile's kernel classes (``profiles.step``) and roofline.
+Each finding states its evidence and the lever it implies; the rules are the thresholds below, each
+with its unit and its reason:
 
-* power-bound: the card's mean power at least ``POWER_BOUND_SHARE`` of its limit while its SM clock
-  mean is under ``CLOCK_HELD_SHARE`` of the top clock: the power controller, not the work, sets the
-  clock. Lever: fewer joules per step (fused attention, norms and loss move fewer bytes).
+* power-bound: mean power at least ``POWER_BOUND_SHARE`` of the power limit while the SM clock's
+  mean is under ``CLOCK_HELD_SHARE`` of its top: the power controller, not the work, sets the clock.
+  The limit and the top clock are the cell's (its records, else the inventory), else the part's
+  datasheet (``gpu_peaks``: the most power it can be set to draw, and its top boost clock, the one
+  its CUDA-core rates are quoted at): a configured limit is at most the datasheet's, so power at
+  95 % of that is at 95 % of the limit too, and the verdict never rests on whether an inventory
+  happened to be kept beside the records.
+* matmul-bound: the MFU at the clock held at least ``MATMUL_MFU_MIN``, or a profile whose GEMM
+  class is at least ``MATMUL_CLASS_SHARE_MIN`` of the kernel time. Power-bound matmuls (both at
+  once) take the levers that move a GEMM at its power cap: FP8 matmuls and a larger batch.
 * memory-bound normalisation and elementwise kernels: that class at least ``MEMORY_CLASS_SHARE_MIN``
   of the kernel time, its kernels' time-weighted median DRAM throughput at least
   ``MEMORY_BOUND_DRAM_MIN`` of the peak. Lever: fuse the normalisation (fewer passes over the activations).
@@ -13,8 +21,9 @@ evidence and the lever it implies:
   work; roofline.py). Lever: pad the stem's input to 4 or 8 channels.
 * a timeline's classification other than compute-bound (input-, launch/latency-, communication-bound).
 
-A model with none of these says what is known: its GPU utilisation, power and clock, and whether
-it was profiled. On the analysis side: no torch.
+A model none of these fits is "unknown", with what each rule lacked or where its evidence fell
+short. NVML's GPU utilisation is evidence of none of them: it is the share of its sample periods in
+which a kernel ran, whatever bounded that kernel. On the analysis side: no torch.
 """
 
 from __future__ import annotations
@@ -26,23 +35,34 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalerepro.analysis.presentation.headline import counting_runs, headline
+from scalerepro.analysis.presentation.formatting import MISSING
+from scalerepro.analysis.presentation.headline import headline
 from scalerepro.analysis.presentation.inputs import read_table
 from scalerepro.analysis.profiles.kernels import kernel_class, short_name
 from scalerepro.analysis.profiles.step import CLASS_COLUMNS, ONE_PER_CONFIGURATION
 from scalerepro.analysis.values import finite_number, plain
+from scalerepro.common.gpu_peaks import PEAKS, peaks_key
 
-# NVML's power reading is a mean over its sample period; a card the power controller holds at its
-# limit reads a few percent under it on average (the controller steps the clock down and up around
-# the limit), so 97 % of the limit is "at the limit".
-POWER_BOUND_SHARE = 0.97
-# A card not held back runs within a few percent of its top SM clock (the kept H100 study's
-# ResNets: 99.6 % and 100 %); under 95 % the clock was pulled down.
-CLOCK_HELD_SHARE = 0.95
-# A class worth a lever: a quarter of the kernel time or more.
+# share of the power limit: the controller holds a moving average of the power at the limit,
+# stepping the clock down and up around it, so a card it holds reads a few percent under the limit
+# over a window (the kept power-capped language models: 97-99 %); 95 % leaves room for that.
+POWER_BOUND_SHARE = 0.95
+# share of the top SM clock: a card the controller leaves alone runs within a few percent of its
+# top (the kept ResNets: 97.6-100 %); under 97 % the clock was pulled down.
+CLOCK_HELD_SHARE = 0.97
+# MFU at the clock held, of the dense peak at that clock: no kernel runs above the peak, so it is a
+# floor on the share of the step the tensor cores spend on the model's matmuls; bf16 GEMMs of
+# these shapes sustain about 70-80 % of the dense peak, so at 40 % the matmuls take about half the
+# step or more.
+MATMUL_MFU_MIN = 0.40
+# share of the profiled kernel time: the GEMMs (the linear layers, where FP8 applies) are the
+# larger part of the step's kernels.
+MATMUL_CLASS_SHARE_MIN = 0.50
+MATMUL_CLASS = "GEMM"
+# share of the profiled kernel time: a class worth a lever is a quarter of it or more.
 MEMORY_CLASS_SHARE_MIN = 0.25
-# HBM sustains about 80-90 % of its peak in practice: a kernel at 60 % of the peak or more is paced
-# by the bytes it moves, so only moving fewer of them (fusion) makes it faster.
+# share of the peak DRAM bandwidth: HBM sustains about 80-90 % of its peak in practice, so a kernel
+# at 60 % of the peak or more is paced by the bytes it moves, and only moving fewer (fusion) speeds it.
 MEMORY_BOUND_DRAM_MIN = 0.60
 MEMORY_CLASS = "normalisation and elementwise"
 # the lever of a timeline's classification (profiles.classify)
@@ -51,56 +71,120 @@ CLASS_LEVERS = {
     "launch/latency-bound": "fewer launches: CUDA graphs (--compile reduce-overhead) or larger batches",
     "communication-bound": "overlap or shrink the communication: gradient buckets, bf16 gradients",
 }
+FUSION_LEVER = "fused attention, fused norms and a fused loss move fewer bytes, so the same power holds a higher clock"
+MATMUL_LEVERS = (
+    "FP8 matmuls (Transformer Engine or torchao float8: fewer joules per FLOP, twice the dense peak)",
+    "a larger batch (bigger GEMMs run nearer their peak, fewer launches per sample)",
+)
+PROFILE_LEVER = "profile it (profiling.runs): its kernel classes and roofline name what bounds it"
+UNKNOWN = "unknown"
 
 
 def _number(value: Any) -> float | None:
     return finite_number(plain(value))
 
 
-def _cell_runs(runs: pd.DataFrame, cell: Mapping[str, Any]) -> pd.DataFrame:
-    """The counted runs of a headline cell."""
-    ok = counting_runs(runs)
-    return ok[ok["cell"].eq(cell["cell"])]
+def with_datasheet_limits(clocks: Mapping[str, Any] | None, device_name: Any) -> dict[str, Any] | None:
+    """A cell's clocks (cell_facts.clocks) with the power limit and the top SM clock its records and
+    the inventory left out taken from its part's datasheet (gpu_peaks), the basis saying so."""
+    if not clocks:
+        return None
+    filled = dict(clocks)
+    part = PEAKS.get(peaks_key(device_name if isinstance(device_name, str) else None) or "")
+    if part is None:
+        return filled
+    if _number(filled.get("power_limit_w")) is None and part.power_limit_max_w:
+        filled.update(power_limit_w=part.power_limit_max_w, power_limit_basis=f"the {part.model} datasheet's most")
+    if _number(filled.get("sm_top_mhz")) is None and part.cuda_core_clock_mhz:
+        filled.update(sm_top_mhz=part.cuda_core_clock_mhz, sm_top_basis=f"the {part.model} boost clock")
+    return filled
+
+
+def _power_and_clock(clocks: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
+    """Power, its limit, the SM clock's mean and its top, None where any is unknown."""
+    figures = tuple(_number(clocks.get(key)) for key in ("power_per_gpu_w", "power_limit_w", "sm_mean_mhz", "sm_top_mhz"))
+    return None if any(not figure for figure in figures) else figures  # type: ignore[return-value]
+
+
+def _power_text(power: float, limit: float, mean: float, top: float, clocks: Mapping[str, Any]) -> str:
+    datasheet = " (datasheet)" if "datasheet" in str(clocks.get("power_limit_basis") or "") else ""
+    return f"{power:,.0f} W of {limit:,.0f}{datasheet}, SM clock {mean:,.0f} of {top:,.0f} MHz"
 
 
 def power_bound(clocks: Mapping[str, Any] | None) -> dict[str, str] | None:
-    """The power-bound finding of a cell's clocks (cell_facts.clocks), None where it is not one."""
-    if not clocks:
+    """The power-bound finding of a cell's clocks (with_datasheet_limits), None where it is not one."""
+    figures = _power_and_clock(clocks) if clocks else None
+    if clocks is None or figures is None:
         return None
-    power, limit = _number(clocks.get("power_per_gpu_w")), _number(clocks.get("power_limit_w"))
-    mean, top = _number(clocks.get("sm_mean_mhz")), _number(clocks.get("sm_top_mhz"))
-    if power is None or mean is None or not limit or not top:
-        return None
+    power, limit, mean, top = figures
     if power < POWER_BOUND_SHARE * limit or mean >= CLOCK_HELD_SHARE * top:
         return None
     reasons = f"; clock events: {clocks['reasons']}" if clocks.get("reasons") else ""
-    return {
-        "what": "power-bound",
-        "evidence": f"{power:,.0f} W of {limit:,.0f}, SM clock {mean:,.0f} of {top:,.0f} MHz{reasons}",
-        "lever": "fewer joules per step: fused attention, fused norms and a fused loss move fewer bytes, so the same power holds a higher clock",
-    }
+    return {"what": "power-bound", "evidence": _power_text(*figures, clocks) + reasons, "lever": f"fewer joules per step: {FUSION_LEVER}"}
 
 
-def _profile_of(profiling: pd.DataFrame, runs: pd.DataFrame, cell_runs: pd.DataFrame, model: Any) -> dict[str, Any] | None:
-    """The model's one-GPU profile: of one of the cell's runs, else of another one-GPU run of the model."""
-    if profiling.empty or "run_id" not in profiling.columns:
+def _not_power_bound(clocks: Mapping[str, Any] | None) -> str:
+    """Why a cell is not shown power-bound: the figure that fell short, or the one that is missing."""
+    if not clocks:
+        return "no NVML power or clock"
+    figures = _power_and_clock(clocks)
+    if figures is None:
+        missing = [
+            name
+            for key, name in (("power_per_gpu_w", "power"), ("power_limit_w", "power limit"), ("sm_top_mhz", "top SM clock"))
+            if not _number(clocks.get(key))
+        ]
+        return f"no {' or '.join(missing)} known: power-bound untested"
+    power, limit, mean, top = figures
+    why = (
+        f"power {100 * power / limit:.1f} % of the limit, under {100 * POWER_BOUND_SHARE:.0f} %"
+        if power < POWER_BOUND_SHARE * limit
+        else f"clock {100 * mean / top:.1f} % of its top, {100 * CLOCK_HELD_SHARE:.0f} % or more"
+    )
+    return f"{_power_text(*figures, clocks)}: not power-bound ({why})"
+
+
+def _mfu_held(cell: Mapping[str, Any]) -> float | None:
+    """The cell's MFU at the clock held (cell_facts.clocks), else its MFU."""
+    held = _number((cell.get("clocks") or {}).get("mfu_at_clock"))
+    return held if held is not None else _number(cell.get("mfu"))
+
+
+def _class_shares(profile: Mapping[str, Any]) -> dict[str, float]:
+    """Each kernel class's share of the profile's kernel time ({} without one)."""
+    seconds = {c: _number(profile.get(column)) or 0.0 for c, column in CLASS_COLUMNS.items()}
+    total = sum(seconds.values())
+    return {c: value / total for c, value in seconds.items()} if total else {}
+
+
+def matmul_bound(cell: Mapping[str, Any], profile: Mapping[str, Any] | None) -> str | None:
+    """The evidence that the cell's step is mostly tensor-core matmuls, None where there is none."""
+    gemm = _class_shares(profile).get(MATMUL_CLASS, 0.0) if profile else 0.0
+    if gemm >= MATMUL_CLASS_SHARE_MIN:
+        return f"GEMMs {100 * gemm:.0f} % of the profiled kernel time"
+    held = _mfu_held(cell)
+    if held is not None and held >= MATMUL_MFU_MIN:
+        return f"MFU {100 * held:.1f} % at the clock held: the matmuls take at least that share of the step"
+    return None
+
+
+def _profile_of(profiling: pd.DataFrame, runs: pd.DataFrame, cell: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The profile of a run of the cell's configuration (one of its counted runs, or another run of
+    the same cell), None where no such run was profiled: a profile of other settings is not its."""
+    if profiling.empty or "run_id" not in profiling.columns or not {"run_id", "cell"} <= set(runs.columns):
         return None
-    own = profiling[profiling["run_id"].isin(cell_runs.get("run_id", pd.Series(dtype=str)))]
-    if own.empty and {"run_id", "model", "gpus"} <= set(runs.columns):
-        others = runs[runs["model"].eq(model) & runs["gpus"].eq(1)]["run_id"]
-        own = profiling[profiling["run_id"].isin(others)]
-    return {key: plain(value) for key, value in own.iloc[0].items()} if len(own) else None
+    same = profiling[profiling["run_id"].isin(runs.loc[runs["cell"].eq(cell["cell"]), "run_id"])]
+    return {key: plain(value) for key, value in same.iloc[0].items()} if len(same) else None
 
 
 def memory_bound_class(profile: Mapping[str, Any], roofline: pd.DataFrame) -> dict[str, str] | None:
     """The normalisation-and-elementwise finding: its share of the kernel time and its kernels'
     DRAM throughput (the time-weighted middle half), None where it is not one."""
     coverage = profile.get("kernel_coverage")
-    seconds = {c: _number(profile.get(column)) or 0.0 for c, column in CLASS_COLUMNS.items()}
-    total = sum(seconds.values())
-    if not total or roofline.empty:
+    shares = _class_shares(profile)
+    if not shares or roofline.empty:
         return None
-    share = seconds[MEMORY_CLASS] / total
+    share = shares[MEMORY_CLASS]
     rows = roofline[[kernel_class(str(k), kind) == MEMORY_CLASS for k, kind in zip(roofline["kernel"], roofline["kind"])]]
     rows = rows.dropna(subset=["dram_fraction", "duration_s"])
     if share < MEMORY_CLASS_SHARE_MIN or rows.empty:
@@ -149,9 +233,9 @@ def stem_on_cuda_cores(roofline: pd.DataFrame, images: bool) -> dict[str, str] |
 
 
 def bottleneck_rows(runs: pd.DataFrame, cells: pd.DataFrame, scaling: pd.DataFrame, inventory: Any, tables_dir: Path) -> list[dict[str, Any]]:
-    """Per model with a one-GPU headline cell: ``model``, ``config`` (the cell's), ``findings``
-    (each ``what``, ``evidence``, ``lever``), ``known`` (what is known where nothing was found),
-    ``profiled`` (the profile's run id, None without one)."""
+    """Per model with a one-GPU headline cell on a GPU: ``model``, ``config`` (the cell's),
+    ``findings`` (each ``what``, ``evidence``, ``lever``: one "unknown" finding, saying what each
+    rule lacked, where none holds), ``profiled`` (the profile's run id, None without one)."""
     profiling = read_table(Path(tables_dir), "profiling")
     roofline = read_table(Path(tables_dir), "profiling_roofline")
     out = []
@@ -159,42 +243,36 @@ def bottleneck_rows(runs: pd.DataFrame, cells: pd.DataFrame, scaling: pd.DataFra
         cell = item["one"]
         if cell is None or (cell.get("device") or {}).get("cpu"):
             continue
-        cell_runs = _cell_runs(runs, cell)
-        profile = _profile_of(profiling, runs, cell_runs, item["model"])
+        clocks = with_datasheet_limits(cell.get("clocks"), cell.get("device_name"))
+        profile = _profile_of(profiling, runs, cell)
         own_roof = roofline[roofline["run_id"].eq(profile["run_id"])] if profile and "run_id" in roofline.columns else pd.DataFrame()
-        findings = [power_bound(cell.get("clocks"))]
+        power, matmul = power_bound(clocks), matmul_bound(cell, profile)
+        findings = [power if not matmul else None]
+        if matmul:
+            findings.append(
+                {
+                    "what": "power-bound matmuls" if power else "matmul-bound",
+                    "evidence": f"{power['evidence']}; {matmul}" if power else matmul,
+                    "lever": "; ".join(MATMUL_LEVERS) + (f"; fewer joules per step besides: {FUSION_LEVER}" if power else ""),
+                }
+            )
         if profile:
             findings.append(memory_bound_class(profile, own_roof))
             findings.append(stem_on_cuda_cores(own_roof, cell.get("unit") == "img/s"))
             verdict = profile.get("classification")
             if verdict in CLASS_LEVERS:
                 findings.append({"what": verdict, "evidence": str(profile.get("evidence") or ""), "lever": CLASS_LEVERS[verdict]})
-        findings = [finding for finding in findings if finding]
-        out.append(
-            {
-                "model": item["model"],
-                "config": cell.get("config"),
-                "findings": findings,
-                "profiled": (profile or {}).get("run_id"),
-                "known": None if findings else _known(cell, cell_runs, profile),
-            }
-        )
+        findings = [finding for finding in findings if finding] or [_unknown(cell, clocks, profile)]
+        out.append({"model": item["model"], "config": cell.get("config"), "findings": findings, "profiled": (profile or {}).get("run_id")})
     return out
 
 
-def _known(cell: Mapping[str, Any], cell_runs: pd.DataFrame, profile: Mapping[str, Any] | None) -> str:
-    """What the measurements say of a cell none of the findings fits: its GPU utilisation, power
-    and clock, and its profile (or that there is none)."""
-    parts = []
-    utilisation = [n for n in map(_number, cell_runs.get("gpu_util_mean_pct", [])) if n is not None]
-    if utilisation:
-        parts.append(f"compute at {float(np.median(utilisation)):.1f} % GPU utilisation")
-    clocks = cell.get("clocks") or {}
-    power, limit = _number(clocks.get("power_per_gpu_w")), _number(clocks.get("power_limit_w"))
-    mean, top = _number(clocks.get("sm_mean_mhz")), _number(clocks.get("sm_top_mhz"))
-    if power is not None and limit:
-        parts.append(f"{power:,.0f} W of {limit:,.0f}")
-    if mean is not None and top:
-        parts.append(f"SM clock {mean:,.0f} of {top:,.0f} MHz")
-    parts.append(f"profiled ({profile['run_id']}): no class of its kernels past a threshold" if profile else "no profile")
-    return "; ".join(parts)
+def _unknown(cell: Mapping[str, Any], clocks: Mapping[str, Any] | None, profile: Mapping[str, Any] | None) -> dict[str, str]:
+    """The finding of a cell none of the rules fits: what each rule lacked or where its evidence fell short."""
+    held = _mfu_held(cell)
+    parts = [
+        f"profile of {profile['run_id']}: no kernel class past its threshold" if profile else "no profile",
+        _not_power_bound(clocks),
+        f"MFU {100 * held:.1f} % at the clock held: under {100 * MATMUL_MFU_MIN:.0f} %, not shown matmul-bound" if held is not None else "no MFU",
+    ]
+    return {"what": UNKNOWN, "evidence": "; ".join(parts), "lever": MISSING if profile else PROFILE_LEVER}

@@ -91,6 +91,28 @@ def describe_config(row: Mapping[str, Any], worker: str = "GPU") -> str:
     return " · ".join(parts) or "—"
 
 
+def _count_words(number: float) -> str:
+    """136,960 -> "137k", 11,173,962 -> "11.2M", 1.24e9 -> "1.24B": three significant digits."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if number >= scale:
+            return f"{number / scale:.3g}{suffix}"
+    return f"{number:.0f}"
+
+
+def model_label(model: Any, runs: pd.DataFrame) -> str:
+    """A model as its runs built it: the registry's name with the shape its records state (layers
+    and parameters), so that a model shrunk by flags is not read as its namesake:
+    "gpt2_small (2 layers, 137k params)"."""
+    shapes = []
+    for layers, parameters in zip(runs.get("num_layers", pd.Series(dtype=float)), runs.get("num_parameters", pd.Series(dtype=float))):
+        words = ([f"{round(layers):,} layers"] if finite_number(layers) is not None else []) + (
+            [f"{_count_words(float(parameters))} params"] if finite_number(parameters) is not None else []
+        )
+        if words and ", ".join(words) not in shapes:
+            shapes.append(", ".join(words))
+    return f"{model} ({' / '.join(shapes)})" if shapes else str(model)
+
+
 class Peak(NamedTuple):
     """What an MFU is against: the rate and precision ("989 TFLOP/s dense bf16") and the part
     ("H100 SXM5"; "user override" for --peak-tflops), as the runs table names a record's peak
@@ -154,9 +176,10 @@ def mfu_columns(ok: pd.DataFrame, parallelism: pd.DataFrame) -> tuple[pd.DataFra
     return ok, parallelism, {"runs": header_runs, "parallelism": header_parallelism}
 
 
-def device_facts(device_name: Any, device_type: Any, memory_bytes: Any, inventory: Any) -> dict[str, Any]:
+def device_facts(device_name: Any, device_type: Any, memory_bytes: Any, inventory: Any, limits_w: Sequence[float] = ()) -> dict[str, Any]:
     """The device a figure ran on, as the reader needs it: the part with its form factor (from the
-    GPU peak table), its memory, and its power limit where the study's inventory (NVML) has it."""
+    GPU peak table), its memory, and its power limit: ``limits_w``, its runs' (their records', or
+    the inventory's beside them), else where the study's inventory (NVML) has it."""
     name = _plain_cell(device_name)
     if _plain_cell(device_type) == "cpu":
         return {"name": name or "a CPU", "text": f"{name or 'a CPU'} (CPU: no GPU, no MFU)", "cpu": True}
@@ -168,12 +191,16 @@ def device_facts(device_name: Any, device_type: Any, memory_bytes: Any, inventor
     else:
         form = gpu_peaks.PEAKS[key].model
     gpus = inventory.get("gpus") if isinstance(inventory, Mapping) else None
-    limits = sorted(
+    limits = sorted(set(limits_w)) or sorted(
         {limit for gpu in gpus or () if isinstance(gpu, Mapping) and gpu.get("name") == name and (limit := finite_number(gpu.get("power_limit_w"))) is not None}
     )
     if memory_bytes is None:
         memory_bytes = next((gpu.get("memory_bytes") for gpu in gpus or () if isinstance(gpu, Mapping) and gpu.get("name") == name), None)
-    power = f"power limit {' / '.join(f'{w:,.0f}' for w in limits)} W" if limits else "power limit not recorded"
+    power = (
+        f"power limit {' / '.join(f'{w:,.0f}' for w in limits)} W"
+        if limits
+        else "power limit not recorded (neither the records nor an inventory kept beside them name it)"
+    )
     memory = gib(memory_bytes)
     parts = [form, *([f"{memory} memory"] if memory else []), power]
     return {
@@ -208,22 +235,32 @@ def _fastest(cells: pd.DataFrame, ok: pd.DataFrame, inventory: Any) -> dict[str,
     row = cells.loc[cells["samples_per_s_median"].idxmax()]
     top = {CELL_FIGURES.get(key, key): _plain_cell(value) for key, value in row.items()}
     runs = ok[ok["cell"].eq(row["cell"])]
-    device = device_facts(top.get("device_name"), top.get("device_type"), top.get("gpu_memory_bytes"), inventory)
+    clocks = cell_facts.clocks(runs, inventory)
+    limits = [clocks["power_limit_w"]] if clocks and clocks.get("power_limit_w") is not None and clocks.get("power_limit_basis") != "the inventory" else []
+    device = device_facts(top.get("device_name"), top.get("device_type"), top.get("gpu_memory_bytes"), inventory, limits)
     memory, capacity = finite_number(top.get("peak_memory_bytes")), device.get("memory_bytes")
     unit = throughput_unit(top.get("tokens_per_s"), top.get("tokens_per_sample"))
+    tokens = (finite_number(top.get("tokens_per_sample")) or 0) > 0
     return {
         **top,
         "config": describe_config(top, "rank" if device["cpu"] else "GPU"),
         "unit": unit,
         # a language model's figure is its tokens/s: sequences of one length are not comparable across lengths
         "median": top.get("tokens_per_s") if unit == "tokens/s" else top.get("samples_per_s"),
+        # one run's figure is its window's mean (samples / window seconds), not a median: its median
+        # step's rate is shown beside it
+        "window_mean": len(runs) == 1,
+        "median_step": cell_facts.median_step_rate(runs, tokens),
         "mfu_peak": mfu_peak(top.get("peak_rate"), top.get("peak_part")) if top.get("mfu") is not None else None,
         "device": device,
         "memory": gib(memory),
         "memory_share": memory / capacity if memory is not None and capacity else None,
-        "spread": cell_facts.spread(runs, (finite_number(top.get("tokens_per_sample")) or 0) > 0),
-        "clocks": cell_facts.clocks(runs, inventory),
+        "spread": cell_facts.spread(runs, tokens),
+        "clocks": clocks,
+        "hottest": cell_facts.hottest_run(runs, tokens) if clocks else None,
         "provenance": cell_facts.provenance(runs),
+        # the largest loss spike of the cell's runs (record.columns.loss_spike): the figure came from a run that misbehaved
+        "loss_spike": next((str(spike) for spike in runs.get("loss_spike", pd.Series(dtype=object)).dropna()), None),
     }
 
 
@@ -255,6 +292,7 @@ def headline(runs: pd.DataFrame, cells: pd.DataFrame, scaling: pd.DataFrame, inv
             out.append(
                 {
                     "model": model,
+                    "label": model_label(model, ok[ok["model"].eq(model)]),
                     "one": _fastest(of_model[of_model["gpus"] == 1], ok, inventory),
                     "max_gpus": max_gpus,
                     "at_max": _fastest(of_model[of_model["gpus"] == max_gpus], ok, inventory) if max_gpus != 1 else None,
@@ -264,7 +302,10 @@ def headline(runs: pd.DataFrame, cells: pd.DataFrame, scaling: pd.DataFrame, inv
     for item in out:
         item["strong"] = strong_rows.pop(item["model"], None)
     # A model with a strong-scaling row but no completed run with a throughput still shows it.
-    out += [{"model": model, "one": None, "max_gpus": None, "at_max": None, "strong": row} for model, row in strong_rows.items()]
+    out += [
+        {"model": model, "label": model_label(model, ok[ok["model"].eq(model)]), "one": None, "max_gpus": None, "at_max": None, "strong": row}
+        for model, row in strong_rows.items()
+    ]
     return out
 
 
@@ -281,8 +322,12 @@ def headline_section(runs: pd.DataFrame, cells: pd.DataFrame, scaling: pd.DataFr
     header, notes = mfu_header([f["mfu_peak"] for f in figures])
     for figure, note in zip(figures, notes):
         figure["mfu_note"] = note
+    # what a column's figures are: medians over repeats, one run's window mean, or both kinds
+    kinds = {unit: {f["window_mean"] for item in rows for f in (item["one"], item["at_max"]) if f is not None} for unit, rows in groups.items()}
+    words = {unit: "Window mean" if kind == {True} else "Median" if kind == {False} else "Median (n = 1: window mean)" for unit, kind in kinds.items()}
     return {
         "rows": items,
+        "figure_words": words,
         "groups": [(unit, groups[unit]) for unit in ("img/s", "tokens/s", "samples/s") if unit in groups],
         "devices": devices,
         "scaled": any(item["at_max"] is not None or item["strong"] is not None for item in items),

@@ -46,6 +46,7 @@ from scalerepro.analysis.presentation.plot_basics import (
     threshold_of,
 )
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
+from scalerepro.record.columns import LOSS_SPIKE_FACTOR
 
 # --------------------------------------------------------------------------------------------
 # The figures: each returns a Figure or raises NotMeasured
@@ -260,17 +261,37 @@ def _curves(t: Tables, table: str, y: str, scale: float, ylabel: str, title: str
     if short:
         raise NotMeasured(short)
     models = sorted(points["model"].unique())
-    fig, axes = make_panels(len(models))
+    # a grid of at most three across, each panel tall enough to read at the report's width (six
+    # side by side made a strip 85 px high)
+    fig, axes = panel_grid(len(models), columns=3, width=5.2, height=3.8)
     for ax, model in zip(axes, models):
         group = points[points["model"].eq(model)].sort_values(["gpus", "step"])
         data = group.assign(value=scale * group[y])
         sns.lineplot(data, x="step", y="value", hue="curve", marker="o", errorbar=None, ax=ax)
+        _spikes_off_the_axis(ax, data)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(ylabel)
         ax.set_title(model)
         ax.legend(title=None, fontsize="small")
     fig.suptitle(title)
     return fig
+
+
+def _spikes_off_the_axis(ax: plt.Axes, data: pd.DataFrame) -> None:
+    """Points above LOSS_SPIKE_FACTOR x the panel's median (record.columns: a loss spike) left
+    above the axis, each named at its top, so that the rest of the curve keeps the axis."""
+    median = float(data["value"].median())
+    spikes = data[data["value"] > LOSS_SPIKE_FACTOR * median] if median > 0 else data.iloc[0:0]
+    rest = data.drop(spikes.index)
+    if spikes.empty or rest.empty:
+        return
+    low, high = float(rest["value"].min()), float(rest["value"].max())
+    margin = 0.1 * (high - low) or 0.1 * abs(high) or 0.1
+    ax.set_ylim(low - margin, high + 2 * margin)
+    for row in spikes.itertuples():
+        ax.annotate(
+            f"spike {row.value:.3g} at step {row.step:g} (off the axis)", (row.step, high + 1.6 * margin), ha="left", va="top", fontsize="small", color="C3"
+        )
 
 
 def loss_curves(t: Tables) -> Figure:
@@ -295,8 +316,8 @@ SPREAD_FOR_LOG = 10  # a panel's values spread over more than this factor: a log
 
 
 def _energy_rows(t: Tables) -> pd.DataFrame:
-    """Each counted run with GPU energy: its energy per image or per token, gross and net of idle
-    (runs.csv's energy_per_sample_j and energy_per_sample_net_j, divided by tokens_per_sample for
+    """Each counted run with GPU energy: its energy per image or per token, gross and above the
+    power before step 1 (runs.csv's energy_per_sample_j and energy_per_sample_net_j, divided by tokens_per_sample for
     a language model), and the row it is drawn on (the model, with its GPU count where the runs
     have several)."""
     runs = t["runs"]
@@ -330,8 +351,8 @@ def _fastest_configurations(energy: pd.DataFrame) -> pd.DataFrame:
 
 def energy_per_sample(t: Tables) -> Figure:
     """Per model (and GPU count), the GPU energy of a training image or token of the configuration
-    the headline shows (the fastest: _fastest_configurations), gross and net of the GPUs' idle
-    power, each counted run of any configuration a dot; image and language models in panels of
+    the headline shows (the fastest: _fastest_configurations), gross and above the GPUs' power
+    before step 1 (read with the CUDA context up: not the card's idle), each counted run of any configuration a dot; image and language models in panels of
     their own, on a log axis where a panel's values spread over more than SPREAD_FOR_LOG."""
     energy = _energy_rows(t)
     panels = [(unit, title, energy[energy["unit"].eq(unit)]) for unit, title in ENERGY_UNITS if energy["unit"].eq(unit).any()]
@@ -351,11 +372,17 @@ def energy_per_sample(t: Tables) -> Figure:
         scale, prefix = (1e3, "mJ") if values.max() < 1 else (1.0, "J")
         medians = _fastest_configurations(panel)
         rows = {label: y for y, label in enumerate(medians.index)}
-        # every run a dot, the median of its row a marker: gross filled, net of idle hollow, joined by the idle share
+        # every run a dot, the median of its row a marker: gross filled, above the power before step 1 hollow, joined by that power's share
         for column, offset in (("gross", -0.12), ("net", 0.12)):
             runs = panel.dropna(subset=[column])
             ax.scatter(
-                scale * runs[column], runs["label"].map(rows) + offset, s=14, color="0.45", alpha=0.6, zorder=2, label="any counted run (gross, net of idle)"
+                scale * runs[column],
+                runs["label"].map(rows) + offset,
+                s=14,
+                color="0.45",
+                alpha=0.6,
+                zorder=2,
+                label="any counted run (gross, above the power before step 1)",
             )
         for label, median in medians.iterrows():
             y = rows[label]
@@ -369,7 +396,7 @@ def energy_per_sample(t: Tables) -> Figure:
                     edgecolors=net_colour,
                     linewidths=2,
                     zorder=3,
-                    label="fastest configuration: net of idle",
+                    label="fastest configuration: above the power before step 1",
                 )
             ax.scatter(scale * median["gross"], y - 0.12, s=70, color=gross_colour, zorder=3, label="fastest configuration: gross")
         ax.set_yticks(range(len(rows)), list(rows))
@@ -378,7 +405,7 @@ def energy_per_sample(t: Tables) -> Figure:
         numbers = ax.secondary_yaxis("right")
         numbers.set_yticks(
             range(len(rows)),
-            [f"{scale * m.gross:,.3g} {prefix}" + (f"\nnet {scale * m.net:,.3g}" if np.isfinite(m.net) else "") for m in medians.itertuples()],
+            [f"{scale * m.gross:,.3g} {prefix}" + (f"\nabove pre-step {scale * m.net:,.3g}" if np.isfinite(m.net) else "") for m in medians.itertuples()],
             fontsize="small",
         )
         numbers.tick_params(length=0)
@@ -393,7 +420,7 @@ def energy_per_sample(t: Tables) -> Figure:
             where = "from 0"
         ax.set_xlabel(f"{prefix} per training {unit} ({where})")
         ax.set_title(title, fontsize="medium")
-    legend_below(fig, list(axes[:, 0]), order=lambda label: (label.startswith("any counted run"), "net" in label))
+    legend_below(fig, list(axes[:, 0]), order=lambda label: (label.startswith("any counted run"), "above" in label))
     fig.suptitle("GPU energy per training image and per token")
     return fig
 

@@ -24,6 +24,7 @@ from scalerepro.analysis.tables.published_comparison import (
     FIGURE_LISTS,
     LIKE,
     LIST_COLUMNS,
+    NEAREST,
     NO_FIGURE,
     NO_LIKE,
     NOT_A_STEP,
@@ -31,6 +32,7 @@ from scalerepro.analysis.tables.published_comparison import (
     WHOLE_COLUMNS,
     reproduction_shown,
 )
+from scalerepro.analysis.tables.published_conditions import LABELS, LIKE_FOR_LIKE, MAY_DIFFER
 from scalerepro.analysis.values import plain
 
 
@@ -65,6 +67,8 @@ def _walk(steps: list[Row]) -> list[Row]:
     unused = [step for step in steps if step["status"] == NOT_A_STEP]
     walk = [step for step in steps if step["status"] != NOT_A_STEP]
     for step in walk:
+        # a step within the spread of its runs: True only where the walk said so (empty: not measured)
+        step["within_spread"] = plain(step.get("within_spread"), text_flags=True) is True
         if step["status"] == "rest":
             step["unused"] = unused
             step["what"] = step["what"] or []
@@ -74,13 +78,15 @@ def _walk(steps: list[Row]) -> list[Row]:
 def _model_row(figures: list[Row], steps: list[Row], devices: int) -> dict[str, Any]:
     first = figures[0]
     by_role = {row["role"]: row for row in figures}
-    best, like = by_role.get(BEST), by_role.get(LIKE)
+    best, like, nearest = by_role.get(BEST), by_role.get(LIKE), by_role.get(NEAREST)
+    # the walk starts from the like-for-like figure, else from the nearest
+    start = like if like is not None else nearest
     short = None
-    if best is not None and like is not None and best["reference"] != like["reference"] and best["unreached"] is not None:
+    if best is not None and start is not None and best["reference"] != start["reference"] and best["unreached"] is not None:
         short = {
             "reference": best["reference"],
             "ratio": best["ratio"],
-            "like": like["reference"],
+            "start": start["reference"],
             "unreached": best["unreached"],
             "reached": best["reached"] or [],
         }
@@ -105,18 +111,22 @@ def _model_row(figures: list[Row], steps: list[Row], devices: int) -> dict[str, 
         "best": None if best is None else _figure(best),
         "like": None if like is None else _figure(like),
         "like_none": None if no_like is None else {"text": no_like["why"], "failed": no_like["failed"] or []},
+        "nearest": None if nearest is None else {**_figure(nearest), "why": nearest["why"]},
+        "walk_from": None if start is None else start["role"],
         "why_none": by_role[NO_FIGURE]["why"] if NO_FIGURE in by_role else "",
         "walk": _walk(steps),
         "stops_short": short,
-        "walk_published": None if like is None else like["published_value"],
-        "walk_measured": None if like is None else like["walk_measured"],
-        "walk_metric": None if like is None else like["published_metric"],
+        "walk_start": None if start is None else _figure(start),
+        "walk_published": None if start is None else start["published_value"],
+        "walk_measured": None if start is None else start["walk_measured"],
+        "walk_metric": None if start is None else start["published_metric"],
     }
 
 
 def published_section(published: pd.DataFrame, gap_walk: pd.DataFrame, comparison: pd.DataFrame) -> dict[str, Any]:
     """The section's context from published_comparison.csv, gap_walk.csv and comparison.csv: ``rows``
-    (per measured model, as the template reads them), ``reproduction_shown``, ``unshown`` (the
+    (per measured model, as the template reads them), ``reproduction_shown``, the like-for-like
+    rule's conditions (``like_same``, ``like_where_stated``, ``like_may_differ``), ``unshown`` (the
     references beside no run here, with why) and ``missing`` (no row at all: the aggregation wrote
     none, which a references file with any reference never leaves)."""
     figures, steps = _read(published), _read(gap_walk)
@@ -134,5 +144,9 @@ def published_section(published: pd.DataFrame, gap_walk: pd.DataFrame, compariso
             for pair in pairs
         ],
         "reproduction_shown": reproduction_shown(comparison),
+        # the like-for-like rule's conditions, from the one place that holds it
+        "like_same": [LABELS[key] for key, unstated in LIKE_FOR_LIKE.items() if unstated == "fails"],
+        "like_where_stated": [LABELS[key] for key, unstated in LIKE_FOR_LIKE.items() if unstated != "fails"],
+        "like_may_differ": [LABELS[key] for key in MAY_DIFFER],
         "unshown": [{key: row[column] for column, key in UNSHOWN_FIELDS.items()} for row in figures if row["role"] == BESIDE_NO_RUN],
     }

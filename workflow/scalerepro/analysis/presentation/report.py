@@ -46,7 +46,7 @@ from scalerepro.analysis.presentation.figure_names import FIGURE_NAMES
 from scalerepro.analysis.presentation.formatting import TEMPLATE_FILTERS, TEMPLATE_GLOBALS, is_missing
 from scalerepro.analysis.presentation.headline import headline_section, mfu_columns, study_identity
 from scalerepro.analysis.presentation.inputs import Figure, Row, load_figure, read_json, read_table, readable_inventory, require_aggregation, rows
-from scalerepro.analysis.presentation.inventory_view import describe_inventory, hosts_of_runs
+from scalerepro.analysis.presentation.inventory_view import cards_beside, describe_inventory, hosts_of_runs, study_inventory
 from scalerepro.analysis.presentation.loss_view import loss_rows
 from scalerepro.analysis.presentation.published_view import published_section
 from scalerepro.analysis.presentation.report_facts import (
@@ -76,6 +76,7 @@ from scalerepro.analysis.tables.network_model import DEFAULT_LINK_EFFICIENCY
 from scalerepro.common.cli import CommandError, OneLineErrorParser, error_boundary, output_path
 from scalerepro.common.files import write_text_atomically
 from scalerepro.common.references import load_optional_references
+from scalerepro.record import columns as record_columns
 
 # The tables the report shows, by file stem: the aggregation's, but the per-epoch and per-step
 # logs (the figures draw those).
@@ -86,7 +87,7 @@ TABLES = tuple(name for name in AGGREGATE_TABLES if name not in ("epochs", "loss
 # this order (section_numbers) and the templates show ``secno[id]``, never a typed number: a new
 # section is its template plus one entry here.
 SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("summary", "Summary", ()),
+    ("summary", "Summary", (("bottlenecks", "What bounds each model"),)),
     ("system", "The system", ()),
     (
         "results",
@@ -174,6 +175,7 @@ def make_environment(templates_dir: Path) -> jinja2.Environment:
     environment.filters.update(TEMPLATE_FILTERS)
     environment.globals.update(TEMPLATE_GLOBALS)
     environment.globals["css"] = _stylesheet(Path(templates_dir))
+    environment.globals["loss_spike_factor"] = record_columns.LOSS_SPIKE_FACTOR
     environment.tests["missing"] = is_missing
     return environment
 
@@ -307,6 +309,18 @@ def aggregated_tables(tables_dir: Path) -> dict[str, pd.DataFrame]:
     return {name: read_table(tables_dir, name) for name in TABLES}
 
 
+def runs_and_inventory(runs: pd.DataFrame, study: Path, inventory: Any, config: Any) -> tuple[pd.DataFrame, Any, str | None]:
+    """The runs with what each record lacks of its card taken from the inventory beside it
+    (inventory_view.cards_beside), the study's inventory (None where it is another machine's) and
+    why it was refused. The study's inventory is beside none of the records a records-only rebuild
+    read (it is the first of their folders')."""
+    problem = study_files.inventory_problem(inventory, runs)
+    if problem is not None:  # another machine's: nothing of it is shown as this study's system
+        inventory = None
+    runs = cards_beside(runs, study, None if report_source(config)["records"] else study_inventory(study, inventory))
+    return runs, inventory, problem
+
+
 def build_context(
     tables_dir: Path,
     plots_dir: Path | None,
@@ -323,12 +337,9 @@ def build_context(
     tables = aggregated_tables(Path(tables_dir))
     # What an empty table's section says: the file is absent, or there but without rows (e.g. no sensitivity runs).
     empty = {name: f"Not measured: {name}.csv " + ("has no rows" if (Path(tables_dir) / f"{name}.csv").is_file() else "is not there") for name in TABLES}
-    runs, scaling = tables["runs"], tables["scaling"]
-    inventory = read_json(inventory_path)
-    inventory_problem = study_files.inventory_problem(inventory, runs)
-    if inventory_problem is not None:  # another machine's: nothing of it is shown as this study's system
-        inventory = None
     config = read_json(config_path)
+    runs, inventory, inventory_problem = runs_and_inventory(tables["runs"], Path(tables_dir).parent, read_json(inventory_path), config)
+    scaling = tables["scaling"]
     references_doc = load_optional_references(references_path)  # for its links
     summary = read_json(Path(tables_dir) / "summary.json")
     ok = ok_runs(runs)

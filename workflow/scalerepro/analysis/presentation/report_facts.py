@@ -16,6 +16,7 @@ from scalerepro.analysis.columns import RUN_STATUSES, VERDICTS
 from scalerepro.analysis.presentation.formatting import MISSING, fmt_int, fmt_text, is_missing, label, truthy
 from scalerepro.analysis.presentation.inputs import Row, load_figure, read_json, read_table, rows
 from scalerepro.analysis.presentation.profiling_view import profiled_run
+from scalerepro.analysis.tables.reproduction import UNSCHEDULED_VERDICT
 from scalerepro.analysis.values import plain
 from scalerepro.common.gpu_peaks import PEAKS
 
@@ -143,12 +144,20 @@ def gpu_peaks() -> list[dict[str, Any]]:
 
 
 def comparison_groups(comparison: pd.DataFrame) -> dict[str, list[Row]]:
-    """The comparison rows by group: "reproduction" (the study's GPU) and "context" (another
-    GPU, never a pass or fail), each in model, GPU count, reference order."""
+    """The comparison rows by group: "reproduction" (the study's GPU) but those the reproduce
+    study scheduled no run for, "unscheduled" (those: one line names them), and "context"
+    (another GPU, never a pass or fail), each in model, GPU count, reference order."""
     if comparison.empty:
-        return {"reproduction": [], "context": []}
+        return {"reproduction": [], "unscheduled": [], "context": []}
     group = comparison["group"] if "group" in comparison.columns else pd.Series("reproduction", index=comparison.index)
-    return {name: rows(comparison[group.eq(name)], ("model", "gpus", "metric", "reference")) for name in ("reproduction", "context")}
+    verdict = comparison["verdict"] if "verdict" in comparison.columns else pd.Series(None, index=comparison.index)
+    unscheduled = group.eq("reproduction") & verdict.eq(UNSCHEDULED_VERDICT)
+    parts = {
+        "reproduction": comparison[group.eq("reproduction") & ~unscheduled],
+        "unscheduled": comparison[unscheduled],
+        "context": comparison[group.eq("context")],
+    }
+    return {name: rows(part, ("model", "gpus", "metric", "reference")) for name, part in parts.items()}
 
 
 def verdict_counts(comparison: pd.DataFrame) -> list[tuple[str, int]]:

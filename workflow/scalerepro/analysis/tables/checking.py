@@ -14,6 +14,7 @@ import pandas as pd
 from scalerepro.analysis.columns import CHECK_COLUMNS, CPU_STUDY
 from scalerepro.analysis.tables import repeats
 from scalerepro.analysis.tables.check_definitions import Check, parse_checks
+from scalerepro.analysis.tables.readers import RECORDS_STUDY
 
 # --------------------------------------------------------------------------------------------
 # Checks against the targets: every check is data (config ``targets.checks``), one evaluator
@@ -31,6 +32,21 @@ CHECK_LABELS = {
 }
 # Why a row has no value, by table (shown when a check measured nothing).
 CHECK_REASONS = {"scaling": "note", "sensitivity": "note", "ablation": "note", "parallelism": "note", "runs": "nvml_reason", "comparison": "verdict"}
+# The runs a per-run check (the runs table) judges are the measurements of a configuration as it is
+# meant to run: not the runs that vary one lever to show its effect (a study's ablation and
+# sensitivity runs; in a report of records, a record that departs from its preset: the DataLoader
+# run degraded on purpose) and not the smoke runs that check a code path.
+LEVER_STUDIES = ("ablation", "sensitivity")
+
+
+def lever_or_smoke(runs: pd.DataFrame) -> pd.Series:
+    """Which of ``runs`` (runs.csv rows) a per-run check leaves out (LEVER_STUDIES)."""
+    smoke = runs["purpose"].ne("measurement") if "purpose" in runs.columns else False
+    study = runs["study"] if "study" in runs.columns else pd.Series("", index=runs.index)
+    departs = study.eq(RECORDS_STUDY) & runs["preset_overrides"].notna() if "preset_overrides" in runs.columns else False
+    return study.isin(LEVER_STUDIES) | departs | smoke
+
+
 REDUCED = {"worst": "the worst", "best": "the best", "mean": "the mean", "median": "the median"}
 
 _COMPARISONS = {">=": "ge", "<=": "le", ">": "gt", "<": "lt"}
@@ -95,6 +111,13 @@ def evaluate(check: Check, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]
     table = tables[check.table]
     label = CHECK_LABELS[check.table]
     chosen, where = select(table, check.where)
+    left_out = ""
+    if check.table == "runs":
+        levers = lever_or_smoke(chosen)
+        names = chosen.loc[levers, label].astype(str).tolist()
+        if names:
+            left_out = f"; left out, not a measurement of a configuration as meant (a lever's or a smoke run): {', '.join(names) if len(names) <= 3 else f'{len(names)} runs'}"
+        chosen = chosen[~levers]
     # the target as its definition reads, so that one definition reads one way in every report
     # and two definitions under one name read apart: what is reduced, how, over which rows
     target = f"{check.description}: {REDUCED[check.reduce]} {check.metric} {check.operator} {check.text(check.threshold)}" + (
@@ -116,7 +139,7 @@ def evaluate(check: Check, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]
             if chosen.empty
             else f"no {check.metric} in the {len(chosen)} {check.table}.csv rows where {where or 'any'}"
         )
-        return _verdict(check, target, why + (f": {'; '.join(reasons)}" if reasons else ""))
+        return _verdict(check, target, why + (f": {'; '.join(reasons)}" if reasons else "") + left_out)
     worst_first = done.sort_values(check.metric, ascending=check.direction == "min", kind="stable")
     per_label = worst_first.drop_duplicates(subset=[label])  # a derived column may repeat on a model's rows
     listing = ", ".join(f"{name} {check.shown(v)}" for name, v in zip(per_label[label], per_label[check.metric]))
@@ -136,7 +159,7 @@ def evaluate(check: Check, tables: Mapping[str, pd.DataFrame]) -> dict[str, Any]
     absent = chosen.loc[chosen[check.metric].isna(), label].astype(str).unique()
     if len(absent):
         detail += "; not measured: " + ", ".join(absent)
-    return _verdict(check, target, detail, measured, interval)
+    return _verdict(check, target, detail + left_out, measured, interval)
 
 
 def _withheld_why(withheld: Any, metric: str) -> str | None:

@@ -1,14 +1,18 @@
-"""The gap walk: from a measured cell's like-for-like published figure to the cell, a lever at a time
-(``published_comparison`` pairs them).
+"""The gap walk: from a measured cell's like-for-like published figure (else the nearest: one of the
+model that differs from it only in levers) to the cell, a lever at a time (``published_comparison``
+pairs them).
 
-The gap walk goes from the like-for-like reference's conditions to the measured cell's, one lever
+The gap walk goes from the reference's conditions to the measured cell's, one lever
 (WALK_LEVERS) at a time. A step is a measured pair of cells that differ in that lever only (every
 other field of the matrix's cell equal: the same model, device, GPU and node counts, sequence length,
 PyTorch, and every knob of PAIR_ONLY), its ratio the two medians' (with the interval of that ratio
 where both cells have 2 repeats or more). Steps chain where the study measured values between the
-two ends (compile none -> default -> reduce-overhead). What no step measures is the unexplained rest:
+two ends (compile none -> default -> reduce-overhead). A step whose effect is within the spread of
+the runs it compares (its ratio's interval holds 1, or without one the two cells' own spreads
+overlap) is no lever's effect, and says so; a step whose runs span commits, days or cards says that
+too. What no step measures, or measures within the spread, is the unexplained rest:
 
-    rest = (measured / published) / product of the measured steps
+    rest = (measured / published) / product of the measured steps beyond the spread
 
 named with every difference no step covers (levers not measured, framework, software stack) and what
 the product assumes: each step was measured with the other levers as its pair had them, so the steps
@@ -42,6 +46,7 @@ from scalerepro.analysis.tables.published_conditions import (
     state_of,
     words,
 )
+from scalerepro.analysis.values import plain
 
 
 @dataclass
@@ -59,18 +64,19 @@ def _reached(best: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> set
 
 
 def stops_short(
-    best: dict[str, Any] | None, like: dict[str, Any] | None, steps: Sequence[Mapping[str, Any]], best_ref: Mapping[str, Any] | None
+    best: dict[str, Any] | None, start: dict[str, Any] | None, steps: Sequence[Mapping[str, Any]], best_ref: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:
-    """Where the walk from the like-for-like figure stops short of the best published one: the
-    conditions the best differs in from the measured cell that no measured step reaches."""
-    if best is None or like is None or best["reference"] == like["reference"] or best_ref is None:
+    """Where the walk from its first figure (``start``: the like-for-like one, else the nearest) stops
+    short of the best published one: the conditions the best differs in from the measured cell that
+    no measured step reaches."""
+    if best is None or start is None or best["reference"] == start["reference"] or best_ref is None:
         return None
     reached = _reached(best_ref, steps)
     differ = [c for c in best["conditions"] if c["state"] == "differs"]
     return {
         "reference": best["reference"],
         "ratio": best["ratio"],
-        "like": like["reference"],
+        "start": start["reference"],
         "unreached": [c["says"] for c in differ if c["condition"] not in reached],
         "reached": [c["label"] for c in differ if c["condition"] in reached],
     }
@@ -101,6 +107,7 @@ def walk(pairing: Pairing, cells: Sequence[MeasuredCell]) -> list[dict[str, Any]
         return []
     metric = str(ref["metric"])
     published = reference_conditions(ref)
+    noise = day_to_day(cells, target, walk_metric(metric))
     steps: list[dict[str, Any]] = []
     for lever in WALK_LEVERS:
         state = compare(lever, published.get(lever), target.conditions.get(lever))
@@ -131,13 +138,18 @@ def walk(pairing: Pairing, cells: Sequence[MeasuredCell]) -> list[dict[str, Any]
         value = reached
         while (nxt := parent.get(value)) is not None:
             a, b = min(pairs[(value, nxt)], key=lambda p: _closeness(p, target))
-            steps.append(_measured(lever, spelled[value], spelled[nxt], a, b, metric))
+            steps.append(_measured(lever, spelled[value], spelled[nxt], a, b, metric, noise))
             value = nxt
     used = {id(target)} | {id(c) for step in steps for c in step.pop("cells", ())}
     others = [c for c in cells if id(c) not in used and (c.model, c.device, c.gpus) == (target.model, target.device, target.gpus)]
     unused = [_unused(c, target, metric) for c in others]
     # a cell the records say nothing different of (another study's, or knobs not recorded) is no lever at all
     return steps + [{**_rest(pairing, steps, published), "unused": [u for u in unused if u["levers"]]}]
+
+
+def walk_metric(metric: str) -> str:
+    """A reference's metric as MeasuredCell.values reads it: a whole job's samples, or tokens per GPU."""
+    return "per_gpu" if metric == "tokens_per_s_per_gpu" else "samples_per_s"
 
 
 def _unused(cell: MeasuredCell, target: MeasuredCell, metric: str) -> dict[str, Any]:
@@ -158,14 +170,13 @@ def _unmeasured(lever: str, start: Any, end: Any) -> dict[str, Any]:
     return {"lever": lever, "label": LABELS[lever], "from": words(lever, start), "to": words(lever, end), "status": "not measured"}
 
 
-def _measured(lever: str, start: Any, end: Any, a: MeasuredCell, b: MeasuredCell, metric: str) -> dict[str, Any]:
-    metric = "per_gpu" if metric == "tokens_per_s_per_gpu" else "samples_per_s"
+def _measured(lever: str, start: Any, end: Any, a: MeasuredCell, b: MeasuredCell, metric: str, noise: dict[str, Any] | None) -> dict[str, Any]:
+    metric = walk_metric(metric)
     low, high = repeats.ratio_interval(
         [(a.values(metric), ("nearest", a.key_text(), metric)), (b.values(metric), ("nearest", b.key_text(), metric))],
         lambda x, y: y / x,
     )
     da, db = a.describe(metric), b.describe(metric)
-    commits = sorted(a.commits() | b.commits())
     return {
         "lever": lever,
         "label": LABELS[lever],
@@ -182,17 +193,91 @@ def _measured(lever: str, start: Any, end: Any, a: MeasuredCell, b: MeasuredCell
         "to_n": db["n"],
         "to_runs": b.run_ids(),
         "held": "; ".join(f"{LABELS[k]} {words(k, v)}" for k, v in a.conditions.items() if k != lever and k in WALK_LEVERS and v is not None),
-        "sessions": f"runs of {len(commits)} commits ({', '.join(commits)})" if len(commits) > 1 else "",
+        "sessions": _sessions(a, b, noise),
+        "within_spread": _within_spread(a, b, metric, low, high, noise),
         "cells": (a, b),
     }
+
+
+def _sittings(cells: Sequence[MeasuredCell]) -> tuple[set[str], set[str], set[str]]:
+    """The commits, days and recorded GPU UUIDs the runs of ``cells`` span."""
+    runs = [run for cell in cells for run in cell.runs]
+    days = {str(run.get("started_at"))[:10] for run in runs if plain(run.get("started_at"))}
+    cards = {str(run.get("gpu_uuid")) for run in runs if plain(run.get("gpu_uuid"))}
+    return set().union(*(cell.commits() for cell in cells)), days, cards
+
+
+def _spans(cells: Sequence[MeasuredCell]) -> bool:
+    return any(len(group) > 1 for group in _sittings(cells))
+
+
+def day_to_day(cells: Sequence[MeasuredCell], target: MeasuredCell, metric: str) -> dict[str, Any] | None:
+    """The day-to-day spread on the target's device: the widest relative range (highest / lowest - 1)
+    of any one cell of it whose repeats span commits, days or cards; None where no cell was repeated
+    so. A step between runs of two sittings is a lever's effect only beyond it."""
+    widest = None
+    for cell in cells:
+        if cell.device != target.device or not _spans([cell]):
+            continue
+        values = cell.values(metric)
+        if len(values) > 1 and (widest is None or values.max() / values.min() - 1 > widest["spread"]):
+            widest = {"spread": float(values.max() / values.min() - 1), "cell": f"{cell.model}: {cell.run_ids()}"}
+    return widest
+
+
+def _within_spread(a: MeasuredCell, b: MeasuredCell, metric: str, low: float, high: float, noise: dict[str, Any] | None) -> bool | None:
+    """Whether a step's effect is within the spread of the runs it compares, and so no lever's
+    effect. Runs of several sittings (commits, days, cards): within the day-to-day spread
+    (``day_to_day``). Else its ratio's interval holds 1 (both cells of 2 repeats or more), or without
+    one the two cells' own spreads overlap (cell_facts.spread: their repeats, or one run's p10 - p90
+    steps). None where the spread it needs is not measured."""
+    if _spans([a, b]):
+        if noise is None:
+            return None
+        ratio = b.describe(metric)["median"] / a.describe(metric)["median"]
+        return bool(max(ratio, 1 / ratio) - 1 <= noise["spread"])
+    if low == low and high == high:
+        return bool(low <= 1 <= high)
+    tokens = metric == "per_gpu" and bool(a.conditions.get("seq_len"))
+    sa, sb = a.spread(tokens), b.spread(tokens)
+    if None in (sa["low"], sa["high"], sb["low"], sb["high"]):
+        return None
+    return bool(sa["low"] <= sb["high"] and sb["low"] <= sa["high"])
+
+
+def _sessions(a: MeasuredCell, b: MeasuredCell, noise: dict[str, Any] | None) -> str:
+    """What a step's runs span beyond one card in one sitting, in words: the commits, the days and
+    the cards (their GPU UUIDs; where a record holds none, another card cannot be ruled out), and the
+    day-to-day spread its effect is set against."""
+    runs = [*a.runs, *b.runs]
+    commits, days, cards = (sorted(group) for group in _sittings([a, b]))
+    spans = []
+    if len(commits) > 1:
+        spans.append(f"{len(commits)} commits ({', '.join(commits)})")
+    if len(days) > 1:
+        spans.append(f"{len(days)} days ({', '.join(days)})")
+    if len(cards) > 1:
+        spans.append(f"{len(cards)} cards")
+    if not spans:
+        return ""
+    unrecorded = any(not plain(run.get("gpu_uuid")) for run in runs)
+    card = "; which card each ran on is not recorded (no GPU UUID): perhaps another card" if unrecorded and len(days) > 1 else ""
+    spread = (
+        "; no cell repeated across sittings gives a day-to-day spread"
+        if noise is None
+        else f"; the day-to-day spread: {100 * noise['spread']:.1f} % (the widest of a cell repeated across sittings, {noise['cell']})"
+    )
+    return f"runs of {' and '.join(spans)}{card}{spread}"
 
 
 def _rest(pairing: Pairing, steps: Sequence[Mapping[str, Any]], published: Mapping[str, Any]) -> dict[str, Any]:
     """What the measured steps leave of the gap, and every difference they do not cover."""
     total = pairing_ratio(pairing)
-    measured = [s for s in steps if s["status"] == "measured"]
+    # a step within the spread of the runs it compares is no lever's effect: it explains nothing
+    measured = [s for s in steps if s["status"] == "measured" and not s["within_spread"]]
     product = float(np.prod([s["ratio"] for s in measured])) if measured else 1.0
     unexplained = [f"{s['label']} {s['from']} \u2192 {s['to']} (not measured)" for s in steps if s["status"] == "not measured"]
+    unexplained += [f"{s['label']} {s['from']} \u2192 {s['to']} (within the spread)" for s in steps if s["status"] == "measured" and s["within_spread"]]
     unstated: dict[str, list[str]] = {"not stated": [], "not recorded": []}
     ours = pairing.cell.compared()
     for key, label, lever in CONDITION_TABLE:

@@ -9,8 +9,10 @@ figure to the measured one.
                    n = 2 the two runs, n = 1 the run's own p10 - p90 steps), per GPU
     figures        references (config/references.yaml) that are measurements (MEASURED_KINDS), each
                    as a per-GPU figure: a whole-job figure (samples_per_s) / its GPU count. At more
-                   than one GPU that includes each step's all-reduce: a lower bound on what one of its
-                   GPUs does alone. None above its GPU's peak: the loader refuses such a file
+                   than one GPU under data parallelism (the reference's conditions.parallelism) that
+                   includes each step's all-reduce: a lower bound on what one of its GPUs does alone;
+                   sharded or model parallel, or parallelism not stated: no bound (``per_gpu_note``).
+                   None above its GPU's peak: the loader refuses such a file
                    (scalerepro.common.share_of_peak)
     model class    the model itself and a model the references file declares as standing in for it
                    (`stands_for`: the nearest shape, another model)
@@ -22,28 +24,34 @@ figure to the measured one.
                    NVML reports) at the same GPU count, in the same framework (PyTorch, as the
                    reference states it), on the same kind of data (synthetic or real, as stated), at
                    the same precision class (fp16 and bf16 are one: the same tensor-core rate, another
-                   format), at the same sequence length, and with the same optimizer where the
-                   reference states one. What may differ, each named on the row: the batch per GPU,
-                   memory format, compile, loader, PyTorch release, power cap, fp16 against bf16, and
-                   what the reference leaves unstated. The best like-for-like figure is the highest of
-                   them (the lowest ratio); none where no reference passes, with why for each that
-                   fails
+                   format), at the same sequence length, memory format and compile mode, and with the
+                   same optimizer where the reference states one (LIKE_FOR_LIKE). What may differ,
+                   each named on the row: the batch per GPU, loader, PyTorch release, power cap, fp16
+                   against bf16, and the optimizer where the reference leaves it unstated. The best
+                   like-for-like figure is the highest of them (the lowest ratio); none where no
+                   reference passes, with why for each that fails
+    nearest        where none is like for like: the figure of the model that fails the rule only in
+                   levers a gap walk steps (memory format, compile, ...), the fewest first, then as
+                   the best; shown as the "nearest PyTorch figure" with those levers first, never as
+                   like for like
     ratio          measured median per GPU / published per GPU, in the reference's metric (images or
                    sequences per second, or tokens per second)
 
-The gap walk from the like-for-like figure to the measured one is ``gap_walk``'s; the conditions
+The gap walk from the like-for-like figure (else the nearest) to the measured one is ``gap_walk``'s; the conditions
 and the measured cells are ``published_conditions``'. The aggregation writes the result as two
 tables (``comparison_tables``), which the report reads:
 
     published_comparison.csv  a row per measured model and device and ROLE: its "best published"
                    and "like for like" figures (per GPU, the ratio, what differs, what is unknown
                    and the conditions the source states, list cells as JSON), or "no like for like"
-                   (why, and each figure of the model that fails the rule: ``failed``) or "no
-                   published figure" (why); the measured cell's median, n and spread on each of its
-                   rows; and a row per reference beside no run here ("beside no run", why)
-    gap_walk.csv   each walk from a like-for-like figure in order: its steps ("measured", "not
-                   measured"), the unexplained rest ("rest"), and each cell of the model that no
-                   step uses ("not a step")
+                   (why, and each figure of the model that fails the rule: ``failed``) and its
+                   "nearest PyTorch figure" where one fails the rule only in levers (why: which), or
+                   "no published figure" (why); the measured cell's median, n and spread on each of
+                   its rows; and a row per reference beside no run here ("beside no run", why)
+    gap_walk.csv   each walk in order, from the like-for-like figure or else the nearest
+                   (start_role, start_reference): its steps ("measured", "not measured"), the
+                   unexplained rest ("rest"), and each cell of the model that no step uses ("not a
+                   step")
 
 The analysis side: pandas only, no torch.
 """
@@ -53,17 +61,20 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence, Set
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
-from scalerepro.analysis.columns import REFERENCE_COLUMNS
-from scalerepro.analysis.tables.gap_walk import Pairing, stops_short, walk
+from scalerepro.analysis.columns import GAP_WALK_COLUMNS, PUBLISHED_COMPARISON_COLUMNS, REFERENCE_COLUMNS
+from scalerepro.analysis.tables.gap_walk import Pairing, stops_short, walk, walk_metric
 from scalerepro.analysis.tables.published_conditions import (
     CONDITION_TABLE,
     EXTRA_COLUMNS,
     LABELS,
+    LIKE_FOR_LIKE,
+    LOWER_BOUND,
     MEASURED_KINDS,
+    WALK_LEVERS,
     MeasuredCell,
     best_cell,
     gpu_model,
@@ -81,76 +92,10 @@ from scalerepro.analysis.tables.reproduction import _same_device
 
 # What a row of published_comparison.csv is
 BEST, LIKE, NO_LIKE, NO_FIGURE, BESIDE_NO_RUN = "best published", "like for like", "no like for like", "no published figure", "beside no run"
+# the figure of the model itself nearest to like for like where none is: it fails the rule only in levers
+# a gap walk steps (compile, memory format, ...), named first on its row
+NEAREST = "nearest PyTorch figure"
 NOT_A_STEP = "not a step"  # a gap_walk.csv row: a cell of the model more than one lever from every other
-
-# The tables' columns (the module docstring)
-PUBLISHED_COMPARISON_COLUMNS = (
-    "role",
-    "model",
-    "device",
-    "gpus",
-    "study",
-    "metric",
-    "measured",
-    "repeats",
-    "spread_kind",
-    "spread_n",
-    "spread_low",
-    "spread_high",
-    "spread_steps",
-    "measured_runs",
-    "reference",
-    "kind",
-    "published",
-    "published_value",
-    "published_gpus",
-    "published_metric",
-    "ratio",
-    "per_gpu_note",
-    "stand_in",
-    "framework",
-    "metric_notes",
-    "source",
-    "stated",
-    "differs",
-    "unknown",
-    "walk_measured",
-    "unreached",
-    "reached",
-    "why",
-    "failed",
-)
-GAP_WALK_COLUMNS = (
-    "model",
-    "device",
-    "gpus",
-    "like_reference",
-    "step",
-    "status",
-    "lever",
-    "label",
-    "from",
-    "to",
-    "ratio",
-    "ratio_ci_low",
-    "ratio_ci_high",
-    "from_median",
-    "from_n",
-    "from_runs",
-    "to_median",
-    "to_n",
-    "to_runs",
-    "held",
-    "sessions",
-    "explained",
-    "total",
-    "what",
-    "runs",
-    "median",
-    "n",
-    "levers",
-    "apart",
-)
 
 # --------------------------------------------------------------------------------------------
 # The best published figure and the like-for-like one
@@ -227,48 +172,76 @@ def conditions_table(ref: Mapping[str, Any] | None, cell: MeasuredCell) -> list[
     return rows
 
 
-def like_for_like_failures(ref: Mapping[str, Any], cell: MeasuredCell) -> list[str]:
-    """Why a reference is not like for like with a cell (the module docstring's rule), in words;
-    empty where it is."""
+def _failing(ref: Mapping[str, Any], cell: MeasuredCell) -> list[tuple[str, str]]:
+    """(condition, words) of each condition that keeps a reference from being like for like with a
+    cell (the module docstring's rule, LIKE_FOR_LIKE); empty where it is like for like."""
     published, ours = reference_conditions(ref), cell.compared()
     failures = []
     if (stand_in := _stand_in(ref, cell)) is not None:
-        failures.append(stand_in)
+        failures.append(("model", stand_in))
     if not _same_device(ref.get("gpu"), cell.device):
-        failures.append(f"GPU: {published.get('sku') or ref.get('gpu')}, ours {cell.device}")
+        failures.append(("sku", f"GPU: {published.get('sku') or ref.get('gpu')}, ours {cell.device}"))
     if published.get("gpus") != cell.gpus:
-        failures.append(f"GPUs: {words('gpus', published.get('gpus'))}, ours {words('gpus', cell.gpus)}")
-    for key in ("framework", "data", "precision", "seq_len", "optimizer"):
+        failures.append(("gpus", f"GPUs: {words('gpus', published.get('gpus'))}, ours {words('gpus', cell.gpus)}"))
+    for key, unstated in LIKE_FOR_LIKE.items():
         state = state_of(key, published, ours)
         if state is None or state[0] == "same":
             continue
         if key == "precision" and state[0] == "differs" and same_rate(published.get(key), ours.get(key)):
             continue  # the same precision class
-        if key == "optimizer" and state[0] in ("not stated", "not recorded"):
+        if unstated == "unknown" and state[0] in ("not stated", "not recorded"):
             continue  # named as unknown on the row, not a failure
         mine = words(key, ours.get(key)) if state[0] != "not recorded" else "not recorded"
-        failures.append(f"{LABELS[key]}: {words(key, published.get(key))}, ours {mine}")
+        failures.append((key, f"{LABELS[key]}: {words(key, published.get(key))}, ours {mine}"))
     return failures
 
 
-def _figure(ref: Mapping[str, Any], cell: MeasuredCell) -> dict[str, Any]:
-    """One published figure as the row shows it: per GPU (and what that is at more than one GPU), its
-    ratio, its conditions and those that differ from the cell's, its source."""
-    conditions = conditions_table(ref, cell)
+def like_for_like_failures(ref: Mapping[str, Any], cell: MeasuredCell) -> list[str]:
+    """Why a reference is not like for like with a cell (the module docstring's rule), in words;
+    empty where it is."""
+    return [text for _, text in _failing(ref, cell)]
+
+
+def nearest_levers(ref: Mapping[str, Any], cell: MeasuredCell) -> list[str] | None:
+    """The levers (WALK_LEVERS) a figure fails like for like in, where it fails in nothing else: a
+    nearest figure, which a gap walk can still start from; None where it fails in anything no measured
+    lever steps (another model, GPU part, GPU count, framework or sequence length), or in nothing."""
+    failures = _failing(ref, cell)
+    if not failures or any(key not in WALK_LEVERS for key, _ in failures):
+        return None
+    return [key for key, _ in failures]
+
+
+def per_gpu_note(ref: Mapping[str, Any]) -> str | None:
+    """What a reference's per-GPU figure is at more than one GPU: a lower bound on one of its GPUs
+    alone only under data parallelism (LOWER_BOUND), where every GPU holds the whole model; under
+    sharding or model parallelism, or where the source states no parallelism, no bound at all."""
     gpus = int(plain_value(ref["gpus"]))
-    per_gpu_note = None
-    if gpus > 1:
-        per_gpu_note = f"per GPU at {gpus} GPUs: a lower bound on what one of its GPUs does alone"
-        if ref["metric"] == "samples_per_s":
-            per_gpu_note += f" ({float(ref['value']):,.0f} for the job)"
+    if gpus == 1:
+        return None
+    kind, stated = plain_value(ref.get("parallelism")), plain_value(ref.get("parallelism_stated"))
+    job = f", {float(ref['value']):,.0f} for the job" if ref["metric"] == "samples_per_s" else ""
+    if kind is None:
+        return f"per GPU of {gpus}{job} (the source states no parallelism): no bound on what one GPU does alone"
+    if LOWER_BOUND[kind]:
+        return f"per GPU of {gpus}{job} ({stated}: each GPU holds the whole model): a lower bound on what one of its GPUs does alone"
+    return f"per GPU of {gpus}{job} ({stated}; one GPU alone need not hold the model): no bound on what one GPU does alone"
+
+
+def _figure(ref: Mapping[str, Any], cell: MeasuredCell, first: Sequence[str] = ()) -> dict[str, Any]:
+    """One published figure as the row shows it: per GPU (and what that is at more than one GPU), its
+    ratio, its conditions and those that differ from the cell's (``first`` first: the levers a nearest
+    figure fails like for like in), its source."""
+    conditions = conditions_table(ref, cell)
+    differs = [c for c in conditions if c["state"] == "differs"]
     return {
         "reference": ref["id"],
         "kind": ref.get("kind"),
         "published": per_gpu_published(ref),
         "published_value": float(ref["value"]),
-        "published_gpus": gpus,
+        "published_gpus": int(plain_value(ref["gpus"])),
         "metric": ref["metric"],
-        "per_gpu_note": per_gpu_note,
+        "per_gpu_note": per_gpu_note(ref),
         "ratio": figure_ratio(ref, cell),
         "source": ref.get("source"),
         "framework": plain_value(ref.get("framework")),
@@ -280,16 +253,27 @@ def _figure(ref: Mapping[str, Any], cell: MeasuredCell) -> dict[str, Any]:
             for c in conditions
             if c["condition"] != "model" and c["state"] != "not stated"
         ],
-        "differs": [c["says"] for c in conditions if c["state"] == "differs"],
+        "differs": [c["says"] for c in sorted(differs, key=lambda c: c["condition"] not in first)],
         "unknown": [c["says"] for c in conditions if c["state"] in ("not stated", "not recorded")],
         "conditions": conditions,
     }
 
 
-def choose(references: pd.DataFrame, cell: MeasuredCell) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, list[tuple[str, list[str]]]]:
-    """(best published, best like for like, why each other figure of the model's class is not like
-    for like) for a cell (the module docstring's rules); the lowest ratio wins, the model itself before a
-    stand-in, then the fewest conditions that differ, then the id."""
+class Chosen(NamedTuple):
+    """A cell's published figures (the module docstring's rules): the best published, the best like
+    for like, the nearest (only where none is like for like) with the levers it fails the rule in,
+    and why each figure of the model's class that is not like for like fails."""
+
+    best: Mapping[str, Any] | None
+    like: Mapping[str, Any] | None
+    nearest: Mapping[str, Any] | None
+    nearest_levers: list[str]
+    failed: list[tuple[str, list[str]]]
+
+
+def choose(references: pd.DataFrame, cell: MeasuredCell) -> Chosen:
+    """A cell's figures (``Chosen``): the lowest ratio wins, the model itself before a stand-in, then
+    the fewest conditions that differ, then the id; a nearest figure with the fewest levers first."""
     figures = class_figures(references, cell)
 
     def order(ref: Mapping[str, Any]) -> tuple:
@@ -300,7 +284,11 @@ def choose(references: pd.DataFrame, cell: MeasuredCell) -> tuple[Mapping[str, A
     alike = [ref for ref in figures if not failures[ref["id"]]]
     best = min(figures, key=order) if figures else None
     like = min(alike, key=order) if alike else None
-    return best, like, [(ref["id"], failures[ref["id"]]) for ref in sorted(figures, key=order) if failures[ref["id"]]]
+    levers = {ref["id"]: found for ref in figures if like is None and (found := nearest_levers(ref, cell)) is not None}
+    near = [ref for ref in figures if ref["id"] in levers]
+    nearest = min(near, key=lambda ref: (len(levers[ref["id"]]), order(ref))) if near else None
+    failed = [(ref["id"], failures[ref["id"]]) for ref in sorted(figures, key=order) if failures[ref["id"]]]
+    return Chosen(best, like, nearest, [] if nearest is None else levers[nearest["id"]], failed)
 
 
 def _why_no_like(cell: MeasuredCell, failed: Sequence[tuple[str, Sequence[str]]]) -> dict[str, Any]:
@@ -347,16 +335,22 @@ def published_table(runs: pd.DataFrame, references: pd.DataFrame, inventory: Any
     rows = []
     for model, device in pairs:
         cell = best_cell([c for c in cells if (c.model, c.device) == (model, device)])
-        best_ref, like_ref, failed = choose(references, cell)
+        chosen = choose(references, cell)
+        best_ref, like_ref = chosen.best, chosen.like
         best = None if best_ref is None else _figure(best_ref, cell)
         like = None if like_ref is None else _figure(like_ref, cell)
+        nearest = None
+        if chosen.nearest is not None:
+            nearest = {**_figure(chosen.nearest, cell, chosen.nearest_levers), "levers": [LABELS[k] for k in chosen.nearest_levers]}
+        # the walk starts from the like-for-like figure, else from the nearest, which it names as such
+        start_ref, start = (like_ref, like) if like_ref is not None else (chosen.nearest, nearest)
         # the metric of the figure shown; without one, the one the model is published in elsewhere, else
         # a language model's tokens per GPU
         elsewhere = references.loc[references["model"].eq(model), "metric"] if not references.empty else pd.Series(dtype=object)
         metric = (best_ref or like_ref or {}).get("metric") or (elsewhere.iloc[0] if len(elsewhere) else None)
         tokens = metric == "tokens_per_s_per_gpu" if metric else bool(cell.conditions.get("seq_len"))
         spread = cell.describe("tokens_per_s_per_gpu" if tokens else "samples_per_gpu")
-        steps = walk(Pairing(cell, like_ref), cells) if like_ref is not None else []
+        steps = walk(Pairing(cell, start_ref), cells) if start_ref is not None else []
         rows.append(
             {
                 "model": model,
@@ -370,14 +364,17 @@ def published_table(runs: pd.DataFrame, references: pd.DataFrame, inventory: Any
                 "measured_runs": cell.run_ids(),
                 "best": best,
                 "like": like,
-                "like_none": None if like is not None or best is None else _why_no_like(cell, failed),
+                "like_none": None if like is not None or best is None else _why_no_like(cell, chosen.failed),
+                "nearest": nearest,
+                "walk_from": None if start is None else LIKE if like is not None else NEAREST,
+                "walk_reference": None if start is None else start["reference"],
                 "why_none": _why_none(references, model, device) if best is None else "",
                 "walk": steps,
-                "stops_short": stops_short(best, like, steps, best_ref),
-                # the walk's figures are in the like-for-like reference's metric, at the cell's GPU count
-                "walk_published": None if like_ref is None else float(like_ref["value"]),
-                "walk_measured": None if like_ref is None else cell.describe("samples_per_s" if like_ref["metric"] == "samples_per_s" else "per_gpu")["median"],
-                "walk_metric": None if like_ref is None else like_ref["metric"],
+                "stops_short": stops_short(best, start, steps, best_ref),
+                # the walk's figures are in its first reference's metric, at the cell's GPU count
+                "walk_published": None if start_ref is None else float(start_ref["value"]),
+                "walk_measured": None if start_ref is None else cell.describe(walk_metric(str(start_ref["metric"])))["median"],
+                "walk_metric": None if start_ref is None else start_ref["metric"],
             }
         )
     return rows
@@ -403,7 +400,7 @@ def unshown_references(
     cells = measured_cells(runs, inventory)
     chips = {gpu_model(cell.device) for cell in cells} - {None}
     parts = {gpu_part(cell.device) for cell in cells} - {None}
-    shown_ids = {figure["reference"] for row in rows for figure in (row["best"], row["like"]) if figure}
+    shown_ids = {figure["reference"] for row in rows for figure in (row["best"], row["like"], row["nearest"]) if figure}
     best_of = {(row["model"], gpu_part(row["device"])): row for row in rows}
     out = []
     for ref in references.to_dict("records") if not references.empty else []:
@@ -459,9 +456,9 @@ def comparison_tables(runs: pd.DataFrame, references: pd.DataFrame, comparison: 
     figures = [record for row in rows for record in _role_records(row)]
     figures += [{"role": BESIDE_NO_RUN, **_beside_no_run(ref)} for ref in unshown]
     steps = [
-        {**_where(row), "like_reference": row["like"]["reference"], "step": i, **_step_record(step)}
+        {**_where(row), "start_role": row["walk_from"], "start_reference": row["walk_reference"], "step": i, **_step_record(step)}
         for row in rows
-        if row["like"]
+        if row["walk_from"]
         for i, step in enumerate(_steps(row["walk"]))
     ]
     return _counts(pd.DataFrame(figures, columns=list(PUBLISHED_COMPARISON_COLUMNS))), _counts(pd.DataFrame(steps, columns=list(GAP_WALK_COLUMNS)))
@@ -541,6 +538,10 @@ def _role_records(row: Mapping[str, Any]) -> list[dict[str, Any]]:
         records.append({"role": LIKE, **measured, **_figure_record(row["like"]), "walk_measured": row["walk_measured"]})
     else:
         records.append({"role": NO_LIKE, **measured, "why": row["like_none"]["text"], "failed": _listed(row["like_none"]["failed"])})
+    if row["nearest"] is not None:
+        nearest = row["nearest"]
+        why = f"not like for like in {', '.join(nearest['levers'])} only: levers the gap walk steps"
+        records.append({"role": NEAREST, **measured, **_figure_record(nearest), "walk_measured": row["walk_measured"], "why": why})
     return records
 
 

@@ -97,12 +97,32 @@ LABELS = {**{key: label for key, label, _ in CONDITION_TABLE}, **{key: label for
 # x accumulation steps and sets the global batch; a data kind is a data set's.
 MOVES_WITH = {"per_gpu_samples_per_step": ("micro_batch", "grad_accum_steps", "global_batch"), "data": ("data_kind",)}
 WALK_LEVERS = tuple(key for key, _, lever in CONDITION_TABLE if lever)
+# Like for like (published_comparison): the conditions besides the model, GPU part and GPU count a
+# reference must share with the cell -> what a value the reference leaves unstated counts as. Compile
+# mode and memory format are here because each moves a CNN's step by more than the day-to-day
+# spread: a figure that differs in them is the nearest figure, not like for like. Precision matches
+# within its class (SAME_RATE). Every other condition of CONDITION_TABLE may differ, and is named.
+LIKE_FOR_LIKE = {
+    "framework": "fails",
+    "data": "fails",
+    "precision": "fails",
+    "seq_len": "fails",
+    "memory_format": "fails",
+    "compile": "fails",
+    "optimizer": "unknown",
+}
+MAY_DIFFER = tuple(key for key, _, _ in CONDITION_TABLE if key not in LIKE_FOR_LIKE and key not in ("gpus", "sku"))
 # Precisions that differ in format but run at the same tensor-core rate: one precision class.
 SAME_RATE = ({"fp16", "bf16"},)
 VALUE_WORDS = {"nchw": "NCHW", "nhwc": "NHWC (channels_last)", "none": "none (eager)"}
 # What reproduction.read_references leaves out and this comparison reads: the GPU part, its power
 # cap and whose figure that is, and the trainer's model an entry stands in for (with what differs).
-EXTRA_COLUMNS = ("sku", "power_cap_w", "power_cap_basis", "stands_for", "stands_for_differs")
+EXTRA_COLUMNS = ("sku", "power_cap_w", "power_cap_basis", "parallelism", "parallelism_stated", "stands_for", "stands_for_differs")
+# A reference's parallelism (references.yaml conditions.parallelism.kind) -> whether its per-GPU figure
+# at N GPUs bounds what one of its GPUs does alone from below: under data parallelism every GPU holds
+# the whole model and does one GPU's step plus the all-reduce; sharded (FSDP, ZeRO) or model-parallel
+# (tensor, pipeline) GPUs each hold a part, and one GPU alone need not hold the model at all.
+LOWER_BOUND = {"data": True, "sharded": False, "model": False}
 POWER_BASIS = {
     "source": "the source's",
     "datasheet": "the datasheet maximum; the source states none",
@@ -121,6 +141,9 @@ def read_references(path: str | os.PathLike[str]) -> pd.DataFrame:
     stands_for = {key: entry.get("stands_for") or {} for key, entry in entries.items()}
     for column in ("sku", "power_cap_w", "power_cap_basis"):
         frame[column] = [conditions[key].get(column) for key in frame["id"]]
+    parallelism = {key: conditions[key].get("parallelism") or {} for key in frame["id"]}
+    frame["parallelism"] = [parallelism[key].get("kind") for key in frame["id"]]
+    frame["parallelism_stated"] = [parallelism[key].get("as_stated") for key in frame["id"]]
     frame["stands_for"] = [stands_for[key].get("model") for key in frame["id"]]
     frame["stands_for_differs"] = [stands_for[key].get("differs") for key in frame["id"]]
     return frame

@@ -22,6 +22,11 @@ from scalerepro.analysis.columns import (
 from scalerepro.analysis.tables import repeats
 from scalerepro.common.references import load_references
 
+# The condition of a reference the reproduce study names no run for: nothing was measured against
+# it, so the report folds these into one line rather than a row each.
+UNSCHEDULED = "no run scheduled for it"
+UNSCHEDULED_VERDICT = f"not comparable: {UNSCHEDULED}"
+
 
 def _source_text(source: Any) -> str:
     """A reference's source as one line: repository@commit path (row), or page, table."""
@@ -194,7 +199,7 @@ def comparison_table(
         elif _given(ref["unmatched"]):
             differs = str(ref["unmatched"])
         elif planned.empty:
-            differs = "no run scheduled for it (the reproduce study has no run naming this reference)"
+            differs = f"{UNSCHEDULED} (the reproduce study has no run naming this reference)"
         elif len(done) and spread["n"]:  # runs without the metric are "not measured" below, whatever their conditions
             differs = _differing_condition(ref, measured)
         if differs is not None:
