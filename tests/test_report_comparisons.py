@@ -14,7 +14,7 @@ from scalerepro.analysis import current_figures
 from scalerepro.analysis.tables import published_comparison, published_conditions
 
 from conftest import REPO
-from h100_report import section, visible
+from h100_report import REBUILDS_A_STUDY, section, visible
 
 REFERENCES = REPO / "config" / "references.yaml"
 
@@ -96,6 +96,7 @@ def test_a_step_between_sittings_is_set_against_the_day_to_day_spread_not_its_ru
     assert "runs of 3 commits" in compile_step["sessions"]
 
 
+@REBUILDS_A_STUDY
 def test_the_readmes_current_h100_figures_are_what_the_kept_records_write():
     readme = (REPO / current_figures.README).read_text(encoding="utf-8")
     assert readme == current_figures.readme_text(readme), "run: python -m scalerepro.analysis.current_figures --write"

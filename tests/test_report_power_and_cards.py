@@ -21,7 +21,7 @@ import pytest
 from scalerepro.analysis.presentation import inventory_view
 
 from conftest import REPO
-from h100_report import kept_study_tables, rebuild_from_records, section, table_rows, visible
+from h100_report import REBUILDS_A_STUDY, kept_study_tables, rebuild_from_records, section, table_rows, visible
 
 KEPT = REPO / "benchmarks" / "gpu"
 STUDY = KEPT / "h100-2026-11-27" / "study-results"
@@ -92,6 +92,7 @@ def test_one_runs_headline_figure_is_its_window_mean_with_its_median_steps_rate(
     assert resnet18[1].startswith("80,189 one run: its window's mean; median step 82,835"), resnet18[1]
 
 
+@REBUILDS_A_STUDY
 def test_a_records_card_comes_from_the_inventory_in_its_own_folder(tmp_path):
     """The 2026-11-26 records name no card, no power limit and no top clock; nvidia-smi's query
     kept beside them gives 700 W and 1,980 MHz (and no UUID)."""
@@ -106,6 +107,7 @@ def test_a_records_card_comes_from_the_inventory_in_its_own_folder(tmp_path):
     assert [row[4] for row in hosts] == ["not recorded: the record (before schema 4) and any inventory beside it name none"]
 
 
+@REBUILDS_A_STUDY
 def test_one_row_per_card_and_day_and_no_record_takes_another_folders_inventory(h100_report, tmp_path):
     """The records of 2026-11-25 (a system inventory beside them, card GPU-decde575-…) and of
     2026-11-26 (nvidia-smi's query beside them, no UUID): a row a day, and the second day's records
@@ -158,6 +160,7 @@ def test_the_hosts_table_has_a_row_per_card_and_day():
     ]
 
 
+@REBUILDS_A_STUDY
 def test_a_kept_study_without_an_inventory_takes_its_card_from_the_capture_its_user_names(tmp_path, monkeypatch, capsys):
     """The 11-26 study kept no inventory of its own; the session's nvidia-smi capture beside it
     names the card's 700 W limit and 1,980 MHz top clock. Named with --inventory, the report takes

@@ -10,7 +10,7 @@ import re
 
 from scalerepro.record.read import from_document
 
-from h100_report import REPO, rebuild_from_records, section_element, visible
+from h100_report import REBUILDS_A_STUDY, REPO, rebuild_from_records, section_element, visible
 
 LLAMA_27 = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "llama_1b-optimised-frontier.json"
 
@@ -31,6 +31,7 @@ def test_each_headline_cell_says_its_window_and_that_its_hottest_repeat_is_its_s
     assert "a 6.5 s window; its start and end temperature and clock not recorded (before schema 6)" in lines
 
 
+@REBUILDS_A_STUDY
 def test_a_schema_6_record_shows_its_card_at_each_end_of_the_window(tmp_path):
     """A record that holds the first and last readings (what the sampler writes from schema 6;
     tests/test_nvml.py reads them off a recorded power-capped H100) shows them under its clock."""
