@@ -70,7 +70,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from scalerepro.analysis.tables import network_model, prediction_error, published_steps, step_model  # noqa: E402
+from scalerepro.analysis.tables import network_model, parallel_step, prediction_error, published_steps, step_model  # noqa: E402
 from scalerepro.common import gpu_peaks  # noqa: E402
 from scalerepro.models.registry import ModelShape, build, resolve  # noqa: E402
 from scalerepro.record.read import read  # noqa: E402
@@ -529,6 +529,8 @@ def predict_series(
                 regime=None,
                 exposed_ms=None,
                 step_ms=None,
+                comm_share=None,
+                micro_batches=None,
                 spread=None,
             )
             for r in refs
@@ -622,12 +624,21 @@ def predict_series(
         spread = _golden_minimum(misfit, 0.0, 0.5)
         spread = 0.0 if misfit(0.0) <= misfit(spread) else spread
     fitted = fitted_for(spread)
+    # a spread fitted on one count has nothing to check it against (no published series states
+    # its per-rank step times): the rows that carry it say so, beside its value
+    one_point = (
+        f"straggler spread sigma / t = {spread:.3g}: a one-point fit (on {fit_rows[0]['gpus']} GPUs), unchecked against any measured step-time spread"
+        if spread and len(fit_rows) == 1
+        else ""
+    )
     rows = []
     for reference in refs:
-        m, _ = micro(reference)
+        m, a = micro(reference)
         prediction, step = predicted_step(fitted, reference, spread)
         predicted = _figure(series, reference, step)
         _, input_note, knee = scale_for(reference)
+        if one_point and role[reference["gpus"]] == "held back":
+            input_note = "; ".join(filter(None, (input_note, one_point)))
         nodes = network(reference["gpus"]).nodes
         rows.append(
             row_of(
@@ -640,9 +651,213 @@ def predict_series(
                 spread=spread,
                 exposed_ms=prediction.exposed_comm_s * 1e3,
                 step_ms=step * 1e3,
+                # every collective's time over the step, overlapped or not: how much of the step the
+                # network model carries, the axis of a regime its four keys do not bin
+                comm_share=prediction.allreduce_s / step,
+                micro_batches=a,
             )
         )
     return rows
+
+
+# ---- the 3D-parallel back-test (--parallel-3d) -------------------------------------------------
+# Published series whose layouts are stated: MLPerf Training's NVIDIA GPT-3 175B and Llama 3.1 405B
+# result logs (tokens of each logged block over its duration, the median block of each result file,
+# the median of the files; the global batch from the log's global_batch_size) and the layouts of
+# their config_DGXH100_*.sh (TP, PP, INTERLEAVED_PIPELINE = VP, MICRO_BATCH_SIZE, CONTEXT_PARALLEL).
+# Sources: mlcommons/training_results_v3.1 @ d06288b2bd675a9d88e0e6181f5bb5626b71ec19,
+# v4.0 @ 6fe954378efe4a1a1bd665550b18ff8f26018def, v4.1 @ b87b9e396f771345d4ef122ba33456304f15228d,
+# v5.0 @ 0fdc28f013256aea84fa36fdaf1e0fa46094b18c; the result directory of each row below.
+# Narayanan et al.'s Table 1 is not here: its figures are in the paper, which no source read here holds.
+GPT3_175B = parallel_step.Transformer(parameters=175_000_000_000, layers=96, hidden=12288, kv_hidden=12288)
+# Llama 3.1 405B: 126 layers, hidden 16384, 8 KV heads of 128 (grouped-query attention)
+LLAMA31_405B = parallel_step.Transformer(parameters=405_000_000_000, layers=126, hidden=16384, kv_hidden=1024)
+
+
+@dataclass(frozen=True)
+class ParallelRow:
+    """One published count of a 3D series: its layout and tokens/s per GPU, and where it is."""
+
+    layout: parallel_step.Layout
+    value: float
+    source: str
+
+
+def _rows(seq: int, cp: int, *rows: tuple[int, int, int, int, int, int, float, str]) -> tuple[ParallelRow, ...]:
+    """(GPUs, global batch, TP, PP, VP, micro-batch, tok/s/GPU, result directory) per row."""
+    return tuple(ParallelRow(parallel_step.Layout(n, tp, pp, vp, mb, batch, seq, cp), value, where) for n, batch, tp, pp, vp, mb, value, where in rows)
+
+
+PARALLEL_SERIES: tuple[tuple[str, parallel_step.Transformer, tuple[ParallelRow, ...]], ...] = (
+    (
+        "MLPerf v3.1 GPT-3 175B Eos",
+        GPT3_175B,
+        _rows(
+            2048,
+            1,
+            (512, 2048, 4, 8, 12, 1, 739.9, "v3.1 NVIDIA/results/eos_n64_ngc23.09_nemo/gpt3"),
+            (768, 3072, 4, 8, 12, 1, 738.5, "v3.1 NVIDIA/results/eos_n96_ngc23.09_nemo/gpt3"),
+            (4096, 2048, 4, 8, 12, 1, 629.0, "v3.1 NVIDIA/results/eos-dfw_n512_ngc23.09_nemo/gpt3"),
+            (6144, 3072, 4, 8, 12, 1, 625.8, "v3.1 NVIDIA/results/eos-dfw_n768_ngc23.09_nemo/gpt3"),
+            (8192, 4096, 4, 8, 12, 1, 624.3, "v3.1 NVIDIA/results/eos-dfw_n1024_ngc23.09_nemo/gpt3"),
+            (10240, 2560, 4, 8, 12, 1, 540.4, "v3.1 NVIDIA/results/eos-dfw_n1280_ngc23.09_nemo/gpt3"),
+            (10752, 2688, 4, 8, 12, 1, 537.9, "v3.1 NVIDIA/results/eos-dfw_n1344_ngc23.09_nemo/gpt3"),
+        ),
+    ),
+    (
+        "MLPerf v4.0 GPT-3 175B Eos",
+        GPT3_175B,
+        _rows(
+            2048,
+            1,
+            (512, 2304, 4, 8, 4, 2, 839.2, "v4.0 NVIDIA/results/eos_n64_ngc24.04_nemo/gpt3"),
+            (10752, 2688, 4, 6, 8, 1, 556.1, "v4.0 NVIDIA/results/eos-dfw_n1344_ngc24.04_nemo/gpt3"),
+            (11616, 2904, 4, 6, 8, 1, 555.6, "v4.0 NVIDIA/results/eos-dfw_n1452_ngc24.04_nemo/gpt3"),
+        ),
+    ),
+    (
+        "MLPerf v4.1 GPT-3 175B Eos",
+        GPT3_175B,
+        _rows(
+            2048,
+            1,
+            (256, 2048, 4, 8, 6, 2, 890.1, "v4.1 NVIDIA/results/eos_n32_ngc24.09_nemo/gpt3"),
+            (512, 2048, 4, 8, 6, 2, 858.6, "v4.1 NVIDIA/results/eos_n64_ngc24.09_nemo/gpt3"),
+        ),
+    ),
+    # Oracle's rows are another system (OCI's BM.GPU.H100.8 nodes on their own fabric), a series of
+    # their own: nothing of Eos is given to them. Its links are taken as the preset's: OCI's fabric is
+    # not among the clusters of references.yaml, which the row says.
+    (
+        "MLPerf v4.1 GPT-3 175B Oracle (links assumed)",
+        GPT3_175B,
+        _rows(
+            2048,
+            1,
+            (1536, 3072, 4, 8, 4, 2, 782.2, "v4.1 Oracle/results/1536xBM.GPU.H100.8/gpt3"),
+            (3072, 3072, 4, 8, 4, 2, 616.8, "v4.1 Oracle/results/3072xBM.GPU.H100.8/gpt3 (blocks 609-730)"),
+        ),
+    ),
+    (
+        "MLPerf v5.0 Llama3.1 405B Eos",
+        LLAMA31_405B,
+        _rows(
+            8192,
+            2,
+            (512, 1152, 8, 8, 8, 1, 333.9, "v5.0 NVIDIA/results/eos-dfw_n64_ngc25.01_nemo/llama31_405b"),
+            (2048, 1152, 8, 8, 8, 1, 323.5, "v5.0 NVIDIA/results/eos-dfw_n256_ngc25.01_nemo/llama31_405b"),
+            (2432, 1216, 8, 8, 8, 1, 321.4, "v5.0 NVIDIA/results/eos-dfw_n304_ngc25.01_nemo/llama31_405b"),
+            (2560, 1120, 8, 8, 8, 1, 315.6, "v5.0 NVIDIA/results/eos-dfw_n320_ngc25.01_nemo/llama31_405b"),
+            (8192, 1536, 8, 8, 8, 1, 292.5, "v5.0 NVIDIA/results/eos-dfw_n1024_ngc25.01_nemo/llama31_405b"),
+        ),
+    ),
+)
+
+
+def backtest_parallel(preset: network_model.ClusterPreset, hbm_bytes_per_s: float) -> list[dict]:
+    """The 3D step (``parallel_step``) on each series as the DDP and FSDP back-test runs: the
+    compute W fitted to the given (smallest) count, the data-parallel collectives' exposed share
+    fitted on the fit counts (0 where none is fitted), the held-back counts predicted."""
+    out = []
+    for label, model, rows in PARALLEL_SERIES:
+        role = roles([r.layout.gpus for r in rows])
+        base = rows[0]
+        base_step = base.layout.global_batch * base.layout.seq_len / (base.layout.gpus * base.value)
+
+        def predicted(row: ParallelRow, share: float, model=model, base=base, base_step=base_step) -> tuple[float, parallel_step.ParallelStep]:
+            w = parallel_step.fit_token_compute(model, base.layout, preset, base_step, hbm_bytes_per_s, share)
+            step = parallel_step.simulate_parallel_step(model, row.layout, preset, w, hbm_bytes_per_s, share)
+            return parallel_step.tokens_per_s_per_gpu(row.layout, step.step_s), step
+
+        fit_rows = [r for r in rows if role[r.layout.gpus] == "fit"]
+        share = 0.0
+        if fit_rows:
+
+            def misfit(candidate: float, fit_rows=fit_rows, predicted=predicted) -> float:
+                return sum((predicted(r, candidate)[0] / r.value - 1) ** 2 for r in fit_rows)
+
+            share = _golden_minimum(misfit, 0.0, 1.0)
+        for row in rows:
+            value, step = predicted(row, share)
+            out.append(
+                {
+                    "source": label,
+                    "gpus": row.layout.gpus,
+                    "role": role[row.layout.gpus],
+                    "layout": row.layout.describe(),
+                    "published": row.value,
+                    "predicted": value,
+                    "error": value / row.value - 1,
+                    "ideal_error": base.value / row.value - 1,
+                    "share": share,
+                    "step": step,
+                    "where": row.source,
+                }
+            )
+    return out
+
+
+def megatron_layouts(preset: network_model.ClusterPreset, hbm_bytes_per_s: float, references: dict[str, dict]) -> list[str]:
+    """Megatron-LM's GPT-3 175B strong scaling (global batch 1152 of 4096 tokens, 96 and 4608 GPUs):
+    the source states no layout, so each layout that fits both counts (TP 8 within a node, PP a
+    divisor of 96 layers, the global batch splitting into micro-batches of 1) is given the 96-GPU
+    figure and predicts the 4608-GPU one, its data-parallel collectives hidden as the schedule
+    hides them (share 0) and shown whole (share 1)."""
+    small, large = references["megatron-gpt3-175b-h100-96"], references["megatron-gpt3-175b-h100-4608"]
+    seq, batch = small["conditions"]["seq_len"], 1152
+    lines = []
+    for pp in (4, 6, 8, 12):
+        for vp in (1, 2, 4):
+            layouts = [parallel_step.Layout(n, 8, pp, vp, 1, batch, seq) for n in (small["gpus"], large["gpus"])]
+            try:
+                [layout.micro_batches for layout in layouts]
+            except ValueError:
+                continue
+            if 96 % (pp * vp):
+                continue
+            cells = []
+            for share in (0.0, 1.0):
+                base_step = batch * seq / (small["gpus"] * small["value"])
+                w = parallel_step.fit_token_compute(GPT3_175B, layouts[0], preset, base_step, hbm_bytes_per_s, share)
+                step = parallel_step.simulate_parallel_step(GPT3_175B, layouts[1], preset, w, hbm_bytes_per_s, share)
+                value = parallel_step.tokens_per_s_per_gpu(layouts[1], step.step_s)
+                cells.append(f"share {share:g}: {value:,.0f} ({value / large['value'] - 1:+.1%})")
+            lines.append(f"  {layouts[1].describe():<52} {'; '.join(cells)}")
+    return lines
+
+
+def print_parallel_backtest(presets, references: dict[str, dict]) -> None:
+    """The 3D back-test's table (``backtest_parallel``) and Megatron-LM's layouts (``megatron_layouts``)."""
+    preset = presets["dgx_h100"]
+    tbps = gpu_peaks.PEAKS["h100_sxm"].hbm_tbps
+    assert tbps is not None  # the H100 SXM's HBM peak is in the table
+    hbm = tbps * 1e12
+    rows = backtest_parallel(preset, hbm)
+    print("\n3D-parallel back-test (parallel_step): MLPerf Training result logs, tok/s per GPU")
+    print(
+        f"{'series':<34} {'GPUs':>6} {'role':>9} {'published':>9} {'predicted':>9} {'pred/pub-1':>10} {'ideal/pub-1':>11}  layout; bubble, DP exposed of total, ms"
+    )
+    for r in rows:
+        s = r["step"]
+        error = "(given)" if r["role"] == "given" else f"{r['error']:+.1%}"
+        ideal = "" if r["role"] == "given" else f"{r['ideal_error']:+.1%}"
+        print(
+            f"{r['source']:<34} {r['gpus']:>6} {r['role']:>9} {r['published']:>9.1f} {r['predicted']:>9.1f} {error:>10} {ideal:>11}  "
+            f"{r['layout']}; {s.bubble_s * 1e3:.0f}, {s.dp_exposed_s * 1e3:.0f} of {s.dp_total_s * 1e3:.0f} of step {s.step_s * 1e3:.0f}"
+        )
+    print("\nper series: median |e| over held-back rows, model beside ideal scaling; the published fall across the series")
+    for label, _, series_rows in PARALLEL_SERIES:
+        mine = [r for r in rows if r["source"] == label]
+        held = [r for r in mine if r["role"] == "held back"]
+        fall = 1 - min(r.value for r in series_rows) / series_rows[0].value
+        print(
+            f"  {label:<34} held back {', '.join(str(r['gpus']) for r in held)}: model {_median_abs([r['error'] for r in held]):.1%}, "
+            f"ideal {_median_abs([r['ideal_error'] for r in held]):.1%}; fall {fall:.1%}; DP exposed share {mine[0]['share']:.2f} "
+            f"({'fitted on ' + ', '.join(str(r['gpus']) for r in mine if r['role'] == 'fit') if any(r['role'] == 'fit' for r in mine) else 'nothing fitted'})"
+        )
+    print("\nMegatron-LM GPT-3 175B, 96 -> 4608 GPUs, global batch 1152 (no layout stated): the 4608-GPU prediction per layout")
+    for line in megatron_layouts(preset, hbm, references):
+        print(line)
 
 
 # ---- the report ------------------------------------------------------------------------------
@@ -658,12 +873,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bert-batch", type=int, default=1, help="BERT-large CPU probe batch at seq 128 (default 1)")
     parser.add_argument("--batch-curve", type=Path, help="batch_curve.json of ResNet-50 on an H100 (default: the newest kept one)")
     parser.add_argument("--regimes-yaml", action="store_true", help="also print prediction_error_by_regime for config/references.yaml")
+    parser.add_argument("--parallel-3d", action="store_true", help="only the 3D-parallel back-test (MLPerf GPT-3 175B and Llama 3.1 405B)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     document = yaml.safe_load(REFERENCES.read_text())
     references = {entry["id"]: entry for entry in document["references"]}
     presets = network_model.read_clusters(REFERENCES)
+    if args.parallel_3d:
+        print_parallel_backtest(presets, references)
+        return 0
     probes = {
         "resnet50": cpu_profile("resnet50", ModelShape(), args.resnet_batch),
         "bert_base": cpu_profile("bert_base", BERT_LARGE, args.bert_batch),
@@ -707,6 +926,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"straggler spread sigma / t of {s.label}: {spread:.3g}, fitted on its counts "
                 f"{', '.join(str(r['gpus']) for r in rows if r['source'] == s.label and r['role'] == 'fit')}"
+                + (" (one count: a one-point fit)" if sum(r["source"] == s.label and r["role"] == "fit" for r in rows) == 1 else "")
             )
 
     held = [row for row in rows if row["role"] == "held back"]
@@ -742,10 +962,16 @@ def main(argv: list[str] | None = None) -> int:
             for r in bends
         )
     )
-    table = prediction_error.back_tested((r["regime"], f"{r['source']} {r['gpus']}", r["error"]) for r in modelled)
-    print("\nback-tested error by regime (median and largest |pred/pub - 1|, the rows):")
+    table = prediction_error.back_tested(
+        prediction_error.BackTestedRow(r["regime"], f"{r['source']} {r['gpus']}", r["error"], r["comm_share"], r["micro_batches"]) for r in modelled
+    )
+    print("\nback-tested error by regime (median and largest |pred/pub - 1|, communication share of the step, micro-batches a step, the rows):")
     for entry in table:
-        print(f"  {entry.regime.key:<62} median {entry.median:5.1%}  largest {entry.largest:5.1%}  {', '.join(entry.rows)}")
+        print(
+            f"  {entry.regime.key:<62} median {entry.median:5.1%}  largest {entry.largest:5.1%}  "
+            f"comm {entry.comm_share[0]:.2%}-{entry.comm_share[1]:.2%}  micro-batches {entry.micro_batches[0]}-{entry.micro_batches[1]}  "
+            f"{', '.join(entry.rows)}"
+        )
     uncovered = sorted({f"{r['source']} {r['gpus']}" for r in held if r["error"] is None})
     if uncovered:
         print(f"  no back-test (no prediction): {', '.join(uncovered)}")
@@ -770,7 +996,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             yaml.safe_dump(
                 {
-                    "prediction_error_by_regime": prediction_error.to_document(table, COMMAND, protocol),
+                    # the rule of a comparable prediction is references.yaml's, with its reason: carried as it is
+                    "prediction_error_by_regime": prediction_error.to_document(table, COMMAND, protocol, document["prediction_error_by_regime"]["comparable"]),
                     "prediction_error": {
                         "typical": round(statistics.median(errors), 3),
                         "largest": round(max(errors), 3),

@@ -200,6 +200,7 @@ PROGRAMS_OF_DOC = {
 # Flags the docs give to programs this repository does not own: each with its program, which the
 # sentence names beside it.
 FOREIGN_FLAGS = {
+    "--tp-comm-overlap": "Megatron-LM (the 3D step, docs/scaling-model.md)",
     "--trace": "nsys",
     "--capture-range": "nsys",
     "--type": "nsys export",

@@ -116,15 +116,17 @@ def test_a_regime_places_the_batch_against_the_curves_knee():
 def test_a_regimes_error_is_its_own_rows_and_an_uncovered_regime_prints_none():
     one, other = Regime("ddp", "one node", "held", "as given"), Regime("fsdp", "9+ nodes", "held", "as given")
     # |e| 0.02 and 0.04: median 0.03, largest 0.04; the other regime's row does not enter it
-    first, second = prediction_error.back_tested([(one, "a 4", 0.02), (one, "a 8", -0.04), (other, "b 128", 0.10)])
+    rows = [(one, "a 4", 0.02, 0.01, 1), (one, "a 8", -0.04, 0.03, 1), (other, "b 128", 0.10, 0.2, 1)]
+    first, second = prediction_error.back_tested(prediction_error.BackTestedRow(*row) for row in rows)
     assert (first.regime, first.median, first.largest, first.rows) == (one, pytest.approx(0.03), pytest.approx(0.04), ("a 4", "a 8"))
+    assert first.comm_share == (0.01, 0.03) and first.micro_batches == (1, 1)
     assert second.median == pytest.approx(0.10)
-    table = prediction_error.ErrorTable({first.regime.key: first}, "bench")
-    columns = prediction_error.error_columns(one, table)
+    table = prediction_error.ErrorTable({first.regime.key: first}, "bench", prediction_error.Comparable(2.0, "why"))
+    columns = prediction_error.error_columns(one, table, 0.05, 1)
     assert columns["typical_error"] == pytest.approx(0.03) and "2 held-back rows (a 4, a 8)" in columns["error_basis"]
     # fsdp at 9+ nodes is not in this table: no error, never the ddp one's
-    assert prediction_error.error_columns(other, table) == {"regime": other.key, "typical_error": None, "error_basis": prediction_error.NO_BACK_TEST}
-    assert prediction_error.error_columns(one, None)["typical_error"] is None
+    assert prediction_error.error_columns(other, table, 0.05, 1) == {"regime": other.key, "typical_error": None, "error_basis": prediction_error.NO_BACK_TEST}
+    assert prediction_error.error_columns(one, None, 0.05, 1)["typical_error"] is None
 
 
 def test_references_hold_the_back_test_by_regime_and_its_rows():

@@ -133,6 +133,13 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("gap_walk", "start_role"): "new: whether the walk starts from the like-for-like figure or the nearest",
     ("gap_walk", "start_reference"): "new: the walk's first figure (was like_reference)",
     ("gap_walk", "within_spread"): "new: a step within the spread of the runs it compares is no lever's effect",
+    # a regime's error bar only for a row comparable to its back-tested rows (their communication
+    # share of the step, their micro-batches a step), and what each row assumes (issue 67)
+    ("scaling_model", "comm_share"): "new: every all-reduce's time over the predicted step",
+    ("scaling_model", "assumed_inputs"): "new: what a predicted row takes as given rather than measured",
+    ("scaling_model", "typical_error"): "none where the row's communication share is far above its regime's back-tested rows'",
+    ("scaling_model", "error_basis"): "says why a row not comparable to its regime's back-tested rows has no error bar",
+    ("scaling_model", "cluster_note"): "says why a row not comparable to its regime's back-tested rows has no error bar",
 }
 
 # The columns that name a row of each table (unique in every golden); a table not named here, or

@@ -268,7 +268,7 @@ def predict(
                 "exposed_comm_s": prediction.exposed_comm_s,
                 "algorithm": "+".join(algorithms),
                 "assumptions": network.source if gpus > 1 else "one GPU: no all-reduce",
-                **(prediction_error.error_columns(regime, errors) if gpus > 1 else {}),
+                **(prediction_error.error_columns(regime, errors, prediction.allreduce_s / prediction.step_s, accum) if gpus > 1 else {}),
                 "bound": scaling_model.PROPORTIONAL_BOUND if micro != one.micro_batch else None,
             }
         )

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.presentation.formatting import fmt_milliseconds, fmt_percent
+from scalerepro.analysis.tables.prediction_error import NO_BACK_TEST, NO_ERROR_BAR
 from scalerepro.analysis.tables.scaling_model import BOUND_NOTE, beyond_note, derived_note
 from scalerepro.analysis.values import finite_number, plain
 
@@ -97,14 +98,22 @@ def scaling_model_section(model_rows: Sequence[dict[str, Any]], runs: pd.DataFra
             row["network"] = None
         shown_parts = _shown_note_parts(row)
         row["note"] = "; ".join(filter(None, (shown_parts.get(part, part) for part in str(row.get("note") or "").split("; ")))) or None
+        if str(row.get("error_basis") or "").startswith(NO_ERROR_BAR):
+            # a regime's error bar the row is not comparable to: the row says why beside its blank ±
+            row["note"] = "; ".join(filter(None, [row["note"], row["error_basis"]]))
+        row["assumed_note"] = row.get("assumed_inputs")
         shown.append(row)
     regimes: dict[str, dict[str, Any]] = {}
     for row in model_rows:
         if row.get("basis") != "predicted" or not row.get("regime") or finite_number(row.get("efficiency_predicted")) is None:
             continue
-        regime = regimes.setdefault(
-            row["regime"], {"key": row["regime"], "typical_error": finite_number(row.get("typical_error")), "basis": row.get("error_basis"), "rows": 0}
-        )
+        # a regime's error bar, with the rows that carry it; the rows not comparable to its back-test
+        # are counted apart (each row's note says why)
+        regime = regimes.setdefault(row["regime"], {"key": row["regime"], "typical_error": None, "basis": NO_BACK_TEST, "rows": 0, "not_comparable": 0})
+        if str(row.get("error_basis") or "").startswith(NO_ERROR_BAR):
+            regime["not_comparable"] += 1
+            continue
+        regime.update(typical_error=finite_number(row.get("typical_error")), basis=row.get("error_basis"))
         regime["rows"] += 1
     curves = {row.get("batch_curve") for row in shown if row.get("batch_curve")}
     batch_curve = None

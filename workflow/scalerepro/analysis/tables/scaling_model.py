@@ -85,6 +85,7 @@ SCALING_MODEL_COLUMNS = (
     "buckets",
     "gradient_bytes",
     "allreduce_s",
+    "comm_share",
     "exposed_comm_s",
     "step_time_measured_s",
     "step_time_predicted_s",
@@ -108,11 +109,19 @@ SCALING_MODEL_COLUMNS = (
     "straggler_basis",
     "regime",
     "error_basis",
+    "assumed_inputs",
     "bound",
     "derived_from",
     "cluster_note",
 )
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
+# what a predicted row takes as given rather than measured (``assumed_inputs``, "; "-joined)
+ASSUMED_K_NONE = "k = 1, none measured"
+ASSUMED_K_CARRIED = "k carried beyond the counts that measured it"
+ASSUMED_SPREAD_NONE = "straggler spread 0, none measured"
+ASSUMED_SPREAD_CARRIED = "straggler spread carried beyond the counts that measured it"
+ASSUMED_LINK = "link efficiency (references.yaml's links)"
+ASSUMED_EAGER_READY = "bucket ready times of an eager probe, scaled to the compiled step"
 PROPORTIONAL_BOUND = "upper bound: compute taken as proportional to the micro-batch (no batch curve covers it)"
 BOUND_NOTE = f"{PROPORTIONAL_BOUND}: the efficiency is at most this"
 
@@ -226,6 +235,7 @@ class _ModelFit:
     curve: BatchCurve | None
     curve_why: str
     steps_1: dict[tuple[int, int], float]
+    compiled: bool  # the one-GPU run compiled: its bucket probe ran the eager model (training.buckets)
     measured_inflation: list[Inflation] = field(default_factory=list)
 
     @property
@@ -282,6 +292,7 @@ def _model_fit(
         curve,
         curve_why,
         one_gpu_steps(runs[same], statistic_of(study)),
+        bool(one["compile_mode"].dropna().ne("none").any()) if "compile_mode" in one.columns else False,
     )
     fit.measured_inflation = _measured_inflation(runs[runs["model"].eq(model)], fit, statistic_of(study), setting.fits)
     return fit
@@ -414,6 +425,8 @@ def _predict(row: dict[str, Any], target: _Target, fit: _ModelFit, split: tuple[
         )
     prediction = simulate_step(inflated(fit.profile, factor), network, compute_scale, accum)
     step_n = prediction.step_s + straggler_s  # the last bucket waits for the slowest rank's backward
+    if gpus > 1:
+        row["assumed_inputs"] = "; ".join(_assumed(fit, gpus, occupancy, is_measured, own_link)) or None
     # What the loss of efficiency is lost to: ideal is t(1) / N (strong) or t(1) (weak);
     # t(N) - ideal = the all-reduce left exposed + what inflation adds to the compute,
     # (k - 1) t_1(m_N, A_N) + the wait for the slowest rank W(N) + the per-step cost that
@@ -431,11 +444,31 @@ def _predict(row: dict[str, Any], target: _Target, fit: _ModelFit, split: tuple[
         alpha_step_us=network.alpha_step_s * 1e6 if isinstance(network, RingNetwork) else None,
         link_gbps=network.link_bytes_per_s / 1e9 if isinstance(network, RingNetwork) and math.isfinite(network.link_bytes_per_s) else None,
         allreduce_s=prediction.allreduce_s,
+        comm_share=prediction.allreduce_s / step_n,
         exposed_comm_s=prediction.exposed_comm_s,
         step_time_predicted_s=step_n,
         efficiency_predicted=predicted_efficiency(study, fit.reference_step, step_n, gpus),
     )
     return True
+
+
+def _assumed(fit: _ModelFit, gpus: int, occupancy: int, is_measured: bool, own_link: bool) -> list[str]:
+    """What a row of ``gpus`` (``occupancy`` a node) takes as given rather than measured: k and
+    the straggler spread beyond the counts that measured them (none measured: 1 and 0), the
+    link where it is references.yaml's, and the bucket ready times of an eager probe where the
+    step compiled (``step_model.inflation_for``, ``spread_for`` say where each measured one comes from)."""
+    assumed = []
+    if occupancy > 1 and not is_measured:
+        measured_k = any(m.factor is not None and m.occupancy <= occupancy for m in fit.measured_inflation)
+        assumed.append(ASSUMED_K_CARRIED if measured_k else ASSUMED_K_NONE)
+    if not is_measured:
+        measured_spread = any(m.spread is not None for m in fit.measured_inflation)
+        assumed.append(ASSUMED_SPREAD_CARRIED if measured_spread else ASSUMED_SPREAD_NONE)
+    if not own_link:
+        assumed.append(ASSUMED_LINK)
+    if fit.compiled:
+        assumed.append(ASSUMED_EAGER_READY)
+    return assumed
 
 
 def _compare_and_note(row: dict[str, Any], target: _Target, fit: _ModelFit, measured_max: int, source_study: str, setting: _Setting) -> None:
@@ -459,14 +492,14 @@ def _compare_and_note(row: dict[str, Any], target: _Target, fit: _ModelFit, meas
         regime = prediction_error.regime_of(
             "ddp", int(row["nodes"]), micro, fit.micro_1, fit.curve.knee if fit.curve is not None and fit.on_curve(micro) else None
         )
-        row.update(prediction_error.error_columns(regime, setting.errors))
+        row.update(prediction_error.error_columns(regime, setting.errors, row["comm_share"], int(row["grad_accum_steps"])))
         row["cluster"] = cluster.key
         row["cluster_basis"] = "scaling.predict_cluster" if setting.named is not None else setting.own_why
         # its own column: the report says the cluster and its regimes' errors once, above the table
         row["cluster_note"] = f"on {cluster.name}; " + (
             f"the model's typical error in its regime ({regime.key}) is ±{row['typical_error']:.1%}: {row['error_basis']}"
             if row["typical_error"] is not None
-            else f"no typical error: {prediction_error.NO_BACK_TEST} ({regime.key})"
+            else f"no typical error: {row['error_basis']} ({regime.key})"
         )
     elif target.basis == "predicted":
         row["error_basis"] = f"{prediction_error.NO_BACK_TEST}: the back-test ran on NCCL clusters' published series; this row replays the study's own links"
