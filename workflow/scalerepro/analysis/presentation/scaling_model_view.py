@@ -21,6 +21,8 @@ from scalerepro.analysis.tables.scaling_model import BOUND_NOTE, beyond_note, de
 from scalerepro.analysis.values import finite_number, plain
 
 SCALING_STUDIES = ("strong", "weak")
+# a strong row holding a larger global batch (scaling_model.held_global_batch) is against this step
+# accumulated to it, which the row's note says
 REFERENCE_NOTE = "the reference: every efficiency and speed-up is against this measured one-GPU step"
 
 
@@ -98,9 +100,6 @@ def scaling_model_section(model_rows: Sequence[dict[str, Any]], runs: pd.DataFra
             row["network"] = None
         shown_parts = _shown_note_parts(row)
         row["note"] = "; ".join(filter(None, (shown_parts.get(part, part) for part in str(row.get("note") or "").split("; ")))) or None
-        if str(row.get("error_basis") or "").startswith(NO_ERROR_BAR):
-            # a regime's error bar the row is not comparable to: the row says why beside its blank ±
-            row["note"] = "; ".join(filter(None, [row["note"], row["error_basis"]]))
         row["assumed_note"] = row.get("assumed_inputs")
         shown.append(row)
     regimes: dict[str, dict[str, Any]] = {}

@@ -1,13 +1,14 @@
 """What the scaling model (``step_model``) reads from a study's records and tables: the one-GPU
 run's step profile (its gradient buckets and compute phases), the multi-rank runs' steps, the
-one-GPU steps at each micro-batch, and a batch curve kept beside the study. Never imports torch."""
+one-GPU steps at each micro-batch, a batch curve kept beside the study, and from references.yaml
+the largest global batch each model is trained at (``global_batch_caps``). Never imports torch."""
 
 from __future__ import annotations
 
 import json
 import os
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,43 @@ def kept_batch_curve(record_files: Iterable[str], model: str, device_names: Iter
             curve = BatchCurve.from_document(document, where)
             return curve, f"kept: {where}" if curve is not None else f"{where} holds no curve that rises with the batch"
     return None, f"no {BATCH_CURVE_FILE} of {model} on the study's GPU in the study folder or the folder holding it"
+
+
+@dataclass(frozen=True)
+class BatchCap:
+    """The largest global batch a model is trained at, and whose figure it is."""
+
+    global_batch: int
+    name: str  # whose figure, in a few words
+    source: str
+
+
+def global_batch_caps(references: Mapping[str, Any]) -> dict[str, BatchCap]:
+    """Per trainer model, the least of: the largest global batch a published run of it, or of a
+    model standing for it (``stands_for``), uses (gpus x per_gpu_samples_per_step; an expectation
+    is no run), and the bound ``one_gpu_strong_batch.bounds`` gives it (its data set)."""
+    caps: dict[str, BatchCap] = {}
+
+    def offer(model: str, cap: BatchCap) -> None:
+        if model not in caps or cap.global_batch < caps[model].global_batch:
+            caps[model] = cap
+
+    published: dict[str, BatchCap] = {}
+    for entry in references.get("references") or []:
+        per_gpu = (entry.get("conditions") or {}).get("per_gpu_samples_per_step")
+        if per_gpu is None or str(entry.get("kind", "")).startswith("expected"):
+            continue
+        batch = int(entry["gpus"]) * int(per_gpu)
+        stands_for = (entry.get("stands_for") or {}).get("model")
+        for model in filter(None, (entry.get("model"), stands_for)):
+            if model not in published or batch > published[model].global_batch:
+                whose = f"{entry['model']} standing for {model}, " if model == stands_for else ""
+                published[model] = BatchCap(batch, entry["id"], f"the largest a published run uses: {entry['id']} ({whose}{entry['gpus']} GPUs x {per_gpu})")
+    for model, cap in published.items():
+        offer(model, cap)
+    for model, bound in ((references.get("one_gpu_strong_batch") or {}).get("bounds") or {}).items():
+        offer(model, BatchCap(int(bound["global_batch"]), bound["name"], bound["source"]))
+    return caps
 
 
 def _positive(value: Any) -> float | None:

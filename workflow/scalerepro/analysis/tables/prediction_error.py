@@ -132,14 +132,12 @@ class Comparable:
         """Why a prediction is not comparable to ``found``'s rows; None where it is."""
         low, high = found.comm_share
         if comm_share > self.comm_share_factor * high:
-            return (
-                f"communication is {_share(comm_share)} of this step, the back-test's rows of this regime {_share(low)}-{_share(high)} "
-                f"(comparable up to {self.comm_share_factor:g} x their largest)"
-            )
+            # the rule (comm_share_factor x their largest) is said once, above the table
+            return f"communication is {_share(comm_share)} of this step, its regime's back-tested rows {_share(low)}-{_share(high)}"
         fewest, most = found.micro_batches
         if not fewest <= micro_batches <= most:
             span = f"{fewest}" if fewest == most else f"{fewest}-{most}"
-            return f"{micro_batches} micro-batch{'' if micro_batches == 1 else 'es'} a step, the back-test's rows of this regime {span}"
+            return f"{micro_batches} micro-batch{'' if micro_batches == 1 else 'es'} a step, its regime's back-tested rows {span}"
         return None
 
 

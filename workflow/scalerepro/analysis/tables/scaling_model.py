@@ -12,8 +12,13 @@ references.yaml's links; or a cluster preset's hierarchical network, ``network_m
 replayed step with its loss of efficiency split into fixed cost, exposed communication, compute
 inflation and the wait for the slowest rank (they add up to 1 - efficiency).
 
-A study of one GPU is also predicted as weak scaling at its one-GPU per-GPU batch held at every N:
-the question a user with one GPU asks. On a cluster preset (``predict_cluster``, or for a GPU study
+A strong study of one GPU measured no global batch but the one its GPU trains alone; split over N
+GPUs that is a sliver a GPU nobody runs, so its predicted rows hold a global batch of their own
+(``held_global_batch``: the one-GPU batch on every GPU of the largest count predicted, the smaller
+counts accumulating micro-batches of the one-GPU size, at most the model's cap,
+``model_inputs.global_batch_caps``), each against the one-GPU step at that batch; a strong study
+that measured several counts keeps its own. A study of one GPU is also predicted as weak scaling at
+its one-GPU per-GPU batch held at every N: the question a user with one GPU asks. On a cluster preset (``predict_cluster``, or for a GPU study
 that measured no link across nodes the preset of its own GPU, ``network_model.preset_for_gpu``) each
 row carries the back-tested error of its regime (``prediction_error``); a row that replays the
 study's own links is no regime of the back-test (it ran on NCCL clusters) and carries none. A
@@ -27,7 +32,8 @@ measured - 1), efficiency_error (predicted - measured), typical_error (the media
 back-test measured in the row's regime), fixed_step_s (other + o), compute_inflation (k + W(N) /
 t_1(m_N, A_N)), the loss_* shares of t(N), the *_basis columns (where each figure comes from), and
 bound (why the predicted efficiency is an upper bound, where it is one), derived_from (the study
-whose one-GPU step a weak row of a one-GPU study comes from). Never imports torch.
+whose one-GPU step a weak row of a one-GPU study comes from), global_batch_basis (why a predicted
+strong row of a one-GPU study holds its global batch). Never imports torch.
 """
 
 from __future__ import annotations
@@ -42,7 +48,16 @@ from typing import Any
 import pandas as pd
 
 from scalerepro.analysis.tables import prediction_error
-from scalerepro.analysis.tables.model_inputs import kept_batch_curve, median_profile, one_gpu_steps, rank_step, read_profile, within_step
+from scalerepro.analysis.tables.model_inputs import (
+    BatchCap,
+    global_batch_caps,
+    kept_batch_curve,
+    median_profile,
+    one_gpu_steps,
+    rank_step,
+    read_profile,
+    within_step,
+)
 from scalerepro.analysis.tables.network_model import ClusterPreset, Link, clusters_of, links_of, preset, preset_for_gpu
 from scalerepro.analysis.tables.readers import read_comm
 from scalerepro.analysis.tables.step_model import (
@@ -113,6 +128,7 @@ SCALING_MODEL_COLUMNS = (
     "bound",
     "derived_from",
     "cluster_note",
+    "global_batch_basis",
 )
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
 # what a predicted row takes as given rather than measured (``assumed_inputs``, "; "-joined)
@@ -134,6 +150,48 @@ def beyond_note(measured_max: float) -> str:
 def derived_note(micro_batch_1: int, source_study: str) -> str:
     """The note of a weak row derived from a study of one GPU (its ``derived_from``)."""
     return f"weak scaling at the one-GPU run's per-GPU batch ({micro_batch_1}) held at every count, from the {source_study} study's one-GPU step"
+
+
+@dataclass(frozen=True)
+class HeldBatch:
+    """The global batch the predicted strong rows of a one-GPU study hold, the one-GPU step it is
+    against (micro-batch, micro-batches a step), and why that batch (``basis``: the rows'
+    global_batch_basis)."""
+
+    global_batch: int
+    reference_split: tuple[int, int]
+    basis: str
+
+
+def held_global_batch(batch_1: int, micro_1: int, counts: Sequence[int], model: str, cap: BatchCap | None) -> HeldBatch:
+    """G = the one-GPU batch x n for the largest n up to the largest of ``counts`` whose G splits
+    evenly over every count and is within ``cap``: at the largest count each GPU runs the one-GPU
+    batch, fewer GPUs accumulate micro-batches of at most ``micro_1``; where a cap binds, fewer
+    samples a GPU at the largest count. Where no multiple splits (or the one-GPU batch is above the
+    cap) G is the one-GPU batch, as measured."""
+    largest = max(counts)
+    limit = cap.global_batch if cap is not None else math.inf
+    within = cap.source if cap is not None else f"no published run of {model} and no bound in references.yaml caps it"
+    for n in range(largest, 0, -1):
+        global_batch = batch_1 * n
+        if global_batch <= limit and all(global_batch % gpus == 0 for gpus in counts):
+            break
+    else:
+        reason = f"no multiple of {batch_1} up to {largest}x splits evenly over {', '.join(map(str, counts))} GPUs within its cap ({within})"
+        return HeldBatch(batch_1, batch_split.strong_split(batch_1, 1, micro_1), f"the one-GPU global batch {batch_1}: {reason}")
+    reference = batch_split.strong_split(global_batch, 1, micro_1)
+    if n == largest:
+        held = f"at {largest} GPUs each runs the one-GPU batch {batch_1}, fewer GPUs accumulate"
+    elif cap is not None and batch_1 * largest > cap.global_batch:
+        held = f"capped at {cap.global_batch} by {cap.name}"
+    else:
+        held = f"the largest multiple of the one-GPU batch that splits over {', '.join(map(str, counts))} GPUs"
+    return HeldBatch(
+        global_batch,
+        reference,
+        f"global batch {global_batch} = the one-GPU batch {batch_1} x {n} ({held}; {within}), "
+        f"against the one-GPU step at it: {reference[1]} micro-batch{'es' if reference[1] != 1 else ''} of {reference[0]}",
+    )
 
 
 def _row(**values: Any) -> dict[str, Any]:
@@ -165,6 +223,7 @@ class _Setting:
     fit_problems: Mapping[int, str]
     predict_gpus: Sequence[int]
     record_files: Mapping[str, str] = field(default_factory=dict)
+    batch_caps: Mapping[str, BatchCap] = field(default_factory=dict)  # model -> the largest global batch it is trained at
 
     @property
     def measured_across(self) -> bool:
@@ -209,6 +268,7 @@ def _setting(
         fit_problems,
         predict_gpus,
         record_files or {},
+        global_batch_caps(references),
     )
 
 
@@ -381,6 +441,7 @@ class _Target:
     node_size: int
     gpus_per_node: int  # the study's own
     derived: bool  # weak scaling from a study of one GPU
+    reference_split: tuple[int, int] | None = None  # the one-GPU step at a held global batch (``HeldBatch``)
 
 
 def _predict(row: dict[str, Any], target: _Target, fit: _ModelFit, split: tuple[int, int], setting: _Setting) -> bool:
@@ -393,6 +454,8 @@ def _predict(row: dict[str, Any], target: _Target, fit: _ModelFit, split: tuple[
     k, k_basis = inflation_for(fit.measured_inflation, study, gpus, occupancy, is_measured)
     spread, spread_basis = spread_for(fit.measured_inflation, study, gpus, is_measured)
     step_1 = fit.step_1_at(micro, accum)  # t_1(m_N, A_N)
+    # t(1): the one-GPU step at the row's global batch
+    reference_step = fit.step_1_at(*target.reference_split) if target.reference_split is not None else fit.reference_step
     # K: every phase scaled so that the step without communication is k t_1(m_N, A_N)
     factor = k * step_1 / fit.profile_step(micro, accum)
     straggler_s = straggler_wait_s(spread, gpus, k * step_1)  # W(N) = sigma e_N
@@ -431,7 +494,7 @@ def _predict(row: dict[str, Any], target: _Target, fit: _ModelFit, split: tuple[
     # t(N) - ideal = the all-reduce left exposed + what inflation adds to the compute,
     # (k - 1) t_1(m_N, A_N) + the wait for the slowest rank W(N) + the per-step cost that
     # does not shrink with the batch, (other + o)(1 - 1/N) strong, nothing weak
-    ideal = fit.reference_step / gpus if study == "strong" else fit.reference_step
+    ideal = reference_step / gpus if study == "strong" else reference_step
     inflation_s = (k - 1) * step_1
     row.update(
         fixed_step_s=fit.fixed_s,
@@ -447,7 +510,7 @@ def _predict(row: dict[str, Any], target: _Target, fit: _ModelFit, split: tuple[
         comm_share=prediction.allreduce_s / step_n,
         exposed_comm_s=prediction.exposed_comm_s,
         step_time_predicted_s=step_n,
-        efficiency_predicted=predicted_efficiency(study, fit.reference_step, step_n, gpus),
+        efficiency_predicted=predicted_efficiency(study, reference_step, step_n, gpus),
     )
     return True
 
@@ -519,11 +582,16 @@ def _job_rows(runs: pd.DataFrame, scaling: pd.DataFrame, job: tuple[str, str, pd
     if not any(profile is not None for profile, _ in found):
         return [] if derived else _unpredicted_rows(study, model, cells, batches, found)
     fit = _model_fit(runs, one, found, int(batches[1]), study, model, setting)
-    # the strong study's global batch G, the same at every N
+    # the strong study's global batch G, the same at every N; a study of one GPU holds its own
+    # beyond it (``held_global_batch``)
     global_batch = int(first.loc[1, "global_batch"]) if study == "strong" else None
     measured_max = max(cells.index)
     targets = [] if derived else [(g, "measured") for g in cells.index]
     targets += [(g, "predicted") for g in sorted(set(setting.predict_gpus)) if g > measured_max]
+    beyond = [g for g, basis in targets if basis == "predicted"]
+    held = None
+    if global_batch is not None and measured_max == 1 and beyond:
+        held = held_global_batch(global_batch, fit.micro_1, beyond, model, setting.batch_caps.get(model))
     rows = []
     for gpus, basis in targets:
         cell = cells.loc[gpus] if basis == "measured" else None
@@ -533,7 +601,18 @@ def _job_rows(runs: pd.DataFrame, scaling: pd.DataFrame, job: tuple[str, str, pd
             note = f"no prediction beyond the one-GPU node the study ran on: {setting.own_why}; name a preset as scaling.predict_cluster (clusters in config/references.yaml)"
             rows.append(_row(study=study, model=model, gpus=gpus, basis=basis, note=note))
             continue
-        target = _Target(study, gpus, basis, cluster, cluster.gpus_per_node if cluster is not None else gpus_per_node, gpus_per_node, derived)
+        held_here = held if basis == "predicted" else None
+        target = _Target(
+            study,
+            gpus,
+            basis,
+            cluster,
+            cluster.gpus_per_node if cluster is not None else gpus_per_node,
+            gpus_per_node,
+            derived,
+            held_here.reference_split if held_here is not None else None,
+        )
+        row_batch = held_here.global_batch if held_here is not None else global_batch
         row = _row(
             study=study,
             model=model,
@@ -543,7 +622,8 @@ def _job_rows(runs: pd.DataFrame, scaling: pd.DataFrame, job: tuple[str, str, pd
             buckets=len(fit.profile.bucket_bytes),
             gradient_bytes=sum(fit.profile.bucket_bytes),
             profile_run=fit.profile_run,
-            global_batch=global_batch,
+            global_batch=row_batch,
+            global_batch_basis=held_here.basis if held_here is not None else None,
             step_time_measured_s=None if cell is None else cell["step_time_median_s"],
             efficiency_measured=None if cell is None else cell["efficiency"],
             note="",
@@ -551,8 +631,8 @@ def _job_rows(runs: pd.DataFrame, scaling: pd.DataFrame, job: tuple[str, str, pd
         # m_N and A_N: the matrix's where measured; beyond it G / N (strong) or m_1, A_1 (weak)
         if basis == "measured":
             split: tuple[int, int] | str = (int(batches[gpus]), int(accumulation.get(gpus, 1)))
-        elif global_batch is not None:
-            split = strong_split(global_batch, gpus, fit.micro_1)
+        elif row_batch is not None:
+            split = strong_split(row_batch, gpus, fit.micro_1)
         else:
             split = (fit.micro_1, fit.profile.micro_batches)
         if isinstance(split, str):
