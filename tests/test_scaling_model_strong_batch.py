@@ -14,8 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from scalerepro.analysis.tables.model_inputs import BatchCap, global_batch_caps
-from scalerepro.analysis.tables.scaling_model import held_global_batch
+from scalerepro.analysis.tables.model_inputs import BatchCap, global_batch_caps, held_global_batch
 from scalerepro.common.references import load_references
 
 from conftest import REPO

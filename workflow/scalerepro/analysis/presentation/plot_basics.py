@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from scalerepro.analysis import columns
-from scalerepro.analysis.tables import loss_decomposition, scaling_model, table_digests
+from scalerepro.analysis.tables import loss_decomposition, table_digests
 
 Tables = Mapping[str, pd.DataFrame]
 # The tables the figures read, with the columns an absent or empty one gets.
@@ -33,7 +33,7 @@ COLUMNS = {
     "checks": columns.CHECK_COLUMNS,
     "profiling": columns.PROFILING_COLUMNS,
     "profiling_roofline": columns.ROOFLINE_COLUMNS,
-    "scaling_model": scaling_model.SCALING_MODEL_COLUMNS,
+    "scaling_model": columns.SCALING_MODEL_COLUMNS,
     "loss_decomposition": loss_decomposition.LOSS_DECOMPOSITION_COLUMNS,
     "history": columns.HISTORY_COLUMNS,
     "versus_baseline": columns.VERSUS_COLUMNS,

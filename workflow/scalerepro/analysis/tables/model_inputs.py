@@ -6,6 +6,7 @@ the largest global batch each model is trained at (``global_batch_caps``). Never
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,6 +19,7 @@ import pandas as pd
 from scalerepro.analysis.tables import loss_decomposition
 from scalerepro.analysis.tables.step_model import BatchCurve, Statistic, StepProfile
 from scalerepro.analysis.values import finite_number
+from scalerepro.common import batch_split
 from scalerepro.common.cli import CommandError
 from scalerepro.common.gpu_peaks import peaks_key
 from scalerepro.record.read import read
@@ -228,3 +230,45 @@ def one_gpu_steps(model_runs: pd.DataFrame, statistic: Statistic = "median") -> 
             key = (int(run["per_gpu_batch"]), int(run.get("grad_accum_steps", 1) or 1))
             steps.setdefault(key, []).append(step)
     return {key: statistics.median(values) for key, values in steps.items()}
+
+
+@dataclass(frozen=True)
+class HeldBatch:
+    """The global batch the predicted strong rows of a one-GPU study hold, the one-GPU step it is
+    against (micro-batch, micro-batches a step), and why that batch (``basis``: the rows'
+    global_batch_basis)."""
+
+    global_batch: int
+    reference_split: tuple[int, int]
+    basis: str
+
+
+def held_global_batch(batch_1: int, micro_1: int, counts: Sequence[int], model: str, cap: BatchCap | None) -> HeldBatch:
+    """G = the one-GPU batch x n for the largest n up to the largest of ``counts`` whose G splits
+    evenly over every count and is within ``cap``: at the largest count each GPU runs the one-GPU
+    batch, fewer GPUs accumulate micro-batches of at most ``micro_1``; where a cap binds, fewer
+    samples a GPU at the largest count. Where no multiple splits (or the one-GPU batch is above the
+    cap) G is the one-GPU batch, as measured."""
+    largest = max(counts)
+    limit = cap.global_batch if cap is not None else math.inf
+    within = cap.source if cap is not None else f"no published run of {model} and no bound in references.yaml caps it"
+    for n in range(largest, 0, -1):
+        global_batch = batch_1 * n
+        if global_batch <= limit and all(global_batch % gpus == 0 for gpus in counts):
+            break
+    else:
+        reason = f"no multiple of {batch_1} up to {largest}x splits evenly over {', '.join(map(str, counts))} GPUs within its cap ({within})"
+        return HeldBatch(batch_1, batch_split.strong_split(batch_1, 1, micro_1), f"the one-GPU global batch {batch_1}: {reason}")
+    reference = batch_split.strong_split(global_batch, 1, micro_1)
+    if n == largest:
+        held = f"at {largest} GPUs each runs the one-GPU batch {batch_1}, fewer GPUs accumulate"
+    elif cap is not None and batch_1 * largest > cap.global_batch:
+        held = f"capped at {cap.global_batch} by {cap.name}"
+    else:
+        held = f"the largest multiple of the one-GPU batch that splits over {', '.join(map(str, counts))} GPUs"
+    return HeldBatch(
+        global_batch,
+        reference,
+        f"global batch {global_batch} = the one-GPU batch {batch_1} x {n} ({held}; {within}), "
+        f"against the one-GPU step at it: {reference[1]} micro-batch{'es' if reference[1] != 1 else ''} of {reference[0]}",
+    )

@@ -47,10 +47,12 @@ from typing import Any
 
 import pandas as pd
 
+from scalerepro.analysis.columns import SCALING_MODEL_COLUMNS
 from scalerepro.analysis.tables import prediction_error
 from scalerepro.analysis.tables.model_inputs import (
     BatchCap,
     global_batch_caps,
+    held_global_batch,
     kept_batch_curve,
     median_profile,
     one_gpu_steps,
@@ -84,52 +86,6 @@ from scalerepro.analysis.tables.step_model import (
 from scalerepro.common import batch_split
 from scalerepro.common.references import load_optional_references
 
-SCALING_MODEL_COLUMNS = (
-    "study",
-    "model",
-    "gpus",
-    "nodes",
-    "basis",
-    "network",
-    "alpha_step_us",
-    "link_gbps",
-    "global_batch",
-    "per_gpu_batch",
-    "grad_accum_steps",
-    "compute_scale",
-    "buckets",
-    "gradient_bytes",
-    "allreduce_s",
-    "comm_share",
-    "exposed_comm_s",
-    "step_time_measured_s",
-    "step_time_predicted_s",
-    "step_time_error",
-    "efficiency_measured",
-    "efficiency_predicted",
-    "efficiency_error",
-    "cluster",
-    "typical_error",
-    "profile_run",
-    "note",
-    "cluster_basis",
-    "fixed_step_s",
-    "loss_fixed_cost",
-    "loss_exposed_comm",
-    "compute_inflation",
-    "inflation_basis",
-    "loss_compute_inflation",
-    "batch_curve",
-    "loss_straggler",
-    "straggler_basis",
-    "regime",
-    "error_basis",
-    "assumed_inputs",
-    "bound",
-    "derived_from",
-    "cluster_note",
-    "global_batch_basis",
-)
 DEFAULT_PREDICT_GPUS = (8, 16, 64)
 # what a predicted row takes as given rather than measured (``assumed_inputs``, "; "-joined)
 ASSUMED_K_NONE = "k = 1, none measured"
@@ -150,48 +106,6 @@ def beyond_note(measured_max: float) -> str:
 def derived_note(micro_batch_1: int, source_study: str) -> str:
     """The note of a weak row derived from a study of one GPU (its ``derived_from``)."""
     return f"weak scaling at the one-GPU run's per-GPU batch ({micro_batch_1}) held at every count, from the {source_study} study's one-GPU step"
-
-
-@dataclass(frozen=True)
-class HeldBatch:
-    """The global batch the predicted strong rows of a one-GPU study hold, the one-GPU step it is
-    against (micro-batch, micro-batches a step), and why that batch (``basis``: the rows'
-    global_batch_basis)."""
-
-    global_batch: int
-    reference_split: tuple[int, int]
-    basis: str
-
-
-def held_global_batch(batch_1: int, micro_1: int, counts: Sequence[int], model: str, cap: BatchCap | None) -> HeldBatch:
-    """G = the one-GPU batch x n for the largest n up to the largest of ``counts`` whose G splits
-    evenly over every count and is within ``cap``: at the largest count each GPU runs the one-GPU
-    batch, fewer GPUs accumulate micro-batches of at most ``micro_1``; where a cap binds, fewer
-    samples a GPU at the largest count. Where no multiple splits (or the one-GPU batch is above the
-    cap) G is the one-GPU batch, as measured."""
-    largest = max(counts)
-    limit = cap.global_batch if cap is not None else math.inf
-    within = cap.source if cap is not None else f"no published run of {model} and no bound in references.yaml caps it"
-    for n in range(largest, 0, -1):
-        global_batch = batch_1 * n
-        if global_batch <= limit and all(global_batch % gpus == 0 for gpus in counts):
-            break
-    else:
-        reason = f"no multiple of {batch_1} up to {largest}x splits evenly over {', '.join(map(str, counts))} GPUs within its cap ({within})"
-        return HeldBatch(batch_1, batch_split.strong_split(batch_1, 1, micro_1), f"the one-GPU global batch {batch_1}: {reason}")
-    reference = batch_split.strong_split(global_batch, 1, micro_1)
-    if n == largest:
-        held = f"at {largest} GPUs each runs the one-GPU batch {batch_1}, fewer GPUs accumulate"
-    elif cap is not None and batch_1 * largest > cap.global_batch:
-        held = f"capped at {cap.global_batch} by {cap.name}"
-    else:
-        held = f"the largest multiple of the one-GPU batch that splits over {', '.join(map(str, counts))} GPUs"
-    return HeldBatch(
-        global_batch,
-        reference,
-        f"global batch {global_batch} = the one-GPU batch {batch_1} x {n} ({held}; {within}), "
-        f"against the one-GPU step at it: {reference[1]} micro-batch{'es' if reference[1] != 1 else ''} of {reference[0]}",
-    )
 
 
 def _row(**values: Any) -> dict[str, Any]:
