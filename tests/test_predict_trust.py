@@ -181,3 +181,28 @@ def test_predict_study_never_reads_another_studys_records(tmp_path, monkeypatch,
     shutil.copytree(study / "tables", alone / "tables")
     code, err = _predict_study(str(alone / "tables"), tmp_path / "out.csv", capsys)
     assert code == 2 and "\n" not in err and f"counted a record that is not at {alone / 'runs'}/" in err, err
+
+
+def test_predict_study_holds_the_global_batch_the_reports_table_holds(tmp_path, capsys):
+    # the cause: `predict --study` split a one-GPU study's batch over N GPUs (Llama-1B's 8
+    # sequences, one a GPU at 8), where the report's scaling model holds a batch one would run
+    # (the batch is held over the largest count predicted: ask for the counts the report predicts)
+    study = _study_with_tables(tmp_path)
+    report = pd.read_csv(study / "tables" / "scaling_model.csv")
+    counts = sorted({int(g) for g in report.loc[report["basis"].eq("predicted"), "gpus"]})
+    code = predict.main(["--study", str(study / "tables"), "--references", str(REFERENCES), "--gpus", *map(str, counts), "--csv", str(tmp_path / "p.csv")])
+    assert code == 0 and len(counts) > 1
+    out = capsys.readouterr().out
+    mine = pd.read_csv(tmp_path / "p.csv")
+    strong = mine[mine["study"].eq("strong") & mine["gpus"].gt(1)]
+    assert not strong.empty
+    for row in strong.itertuples():
+        theirs = report[report["study"].eq("strong") & report["model"].eq(row.model) & report["gpus"].eq(row.gpus)]
+        assert len(theirs) == 1 and int(theirs["global_batch"].iloc[0]) == row.global_batch, (row.model, row.gpus)
+        assert f"strong {row.model}: global batch {row.global_batch}" in out
+    # at the largest count each GPU runs the batch the study ran on one GPU, not a sliver of it
+    runs = pd.read_csv(study / "tables" / "runs.csv")
+    for row in strong[strong["gpus"].eq(max(counts))].itertuples():
+        one_gpu = runs[runs["study"].eq("strong") & runs["model"].eq(row.model) & runs["gpus"].eq(1)]["per_gpu_batch"].iloc[0]
+        capped = "capped" in row.global_batch_basis or "no multiple" in row.global_batch_basis
+        assert capped or row.per_gpu_batch * row.grad_accum_steps == one_gpu, (row.model, row.per_gpu_batch, one_gpu)

@@ -62,6 +62,8 @@ PREDICT_COLUMNS = (
     "study",
     "model",
     "gpus",
+    "global_batch",
+    "global_batch_basis",
     "nodes",
     "per_gpu_batch",
     "grad_accum_steps",
@@ -96,6 +98,9 @@ class OneGpuInput:
     micro_batch: int  # m_1
     global_batch: int | None  # G (strong)
     device: str | None = None  # the GPU a record's step was measured on (hardware.gpu.name)
+    # a strong study that measured one GPU alone: its predicted rows hold a global batch one would
+    # run (``model_inputs.held_global_batch``), not its one-GPU batch split
+    strong_of_one_gpu: bool = False
 
 
 _GIVE = "give the record of a completed one-GPU run"
@@ -217,7 +222,8 @@ def from_study(tables: Path) -> list[OneGpuInput]:
             continue
         global_batch = int(group["global_batch"].iloc[0]) if study_name == "strong" and "global_batch" in group else None
         profile = model_inputs.within_step(model_inputs.median_profile(profiles))
-        inputs.append(OneGpuInput(study_name, model, profile, int(group["per_gpu_batch"].iloc[0]), global_batch))
+        wider = runs[runs["study"].eq("strong") & runs["model"].eq(model) & runs["gpus"].gt(1) & runs["counts"].astype(bool)]
+        inputs.append(OneGpuInput(study_name, model, profile, int(group["per_gpu_batch"].iloc[0]), global_batch, strong_of_one_gpu=wider.empty))
     if not inputs:
         raise PredictError(f"{runs_path}: no counted one-GPU strong or weak run with a bucket record; run the study's 1-GPU cells first")
     return inputs
@@ -229,19 +235,29 @@ def predict(
     gpu_counts: Sequence[int],
     algorithm: network_model.Algorithm = "auto",
     errors: prediction_error.ErrorTable | None = None,
+    batch_caps: Mapping[str, model_inputs.BatchCap] | None = None,
 ) -> pd.DataFrame:
     """One row per GPU count (PREDICT_COLUMNS); a count the model cannot take has a row that says
-    why. ``errors``: the back-tested error by regime each row carries its own regime's of."""
+    why. ``errors``: the back-tested error by regime each row carries its own regime's of;
+    ``batch_caps``: the largest global batch of each model (``model_inputs.global_batch_caps``),
+    which a strong study of one GPU holds its rows within."""
     profile = one.profile
+    global_batch, basis, step_1 = one.global_batch, "the study's own" if one.global_batch is not None else None, profile.step_s
+    wider = [g for g in gpu_counts if g > 1]
+    if one.study == "strong" and one.strong_of_one_gpu and global_batch is not None and wider:
+        held = model_inputs.held_global_batch(global_batch, one.micro_batch, wider, one.model, (batch_caps or {}).get(one.model))
+        global_batch, basis = held.global_batch, held.basis
+        micro_1, accum_1 = held.reference_split  # E against one GPU's step at the held batch
+        step_1 = step_model.simulate_step(profile, cluster.network(1, algorithm), micro_1 / one.micro_batch, accum_1).step_s
     rows = []
     for gpus in gpu_counts:
-        row = {"study": one.study, "model": one.model, "gpus": gpus}
+        row = {"study": one.study, "model": one.model, "gpus": gpus, "global_batch": global_batch, "global_batch_basis": basis}
         split: tuple[int, int] | str  # (micro-batch, micro-batches per step), or why there is none
         if one.study == "strong":
-            if one.global_batch is None:
+            if global_batch is None:
                 split = "the strong study's global batch is not known"
             else:
-                split = scaling_model.strong_split(one.global_batch, gpus, one.micro_batch)
+                split = scaling_model.strong_split(global_batch, gpus, one.micro_batch)
         else:
             split = (one.micro_batch, profile.micro_batches)
         try:
@@ -264,7 +280,7 @@ def predict(
                 "grad_accum_steps": accum,
                 "step_time_s": prediction.step_s,
                 "samples_per_s": gpus * micro * accum / prediction.step_s,
-                "efficiency": step_model.predicted_efficiency(one.study, profile.step_s, prediction.step_s, gpus),
+                "efficiency": step_model.predicted_efficiency(one.study, step_1, prediction.step_s, gpus),
                 "exposed_comm_s": prediction.exposed_comm_s,
                 "algorithm": "+".join(algorithms),
                 "assumptions": network.source if gpus > 1 else "one GPU: no all-reduce",
@@ -282,6 +298,8 @@ def render(table: pd.DataFrame, cluster: network_model.ClusterPreset, errors: pr
             f"typical error (±, the column): the median |predicted / published - 1| back-tested in each row's regime by "
             f'{errors.command}; "{prediction_error.NO_BACK_TEST}" where none covered it'
         )
+    strong = table[table["study"].eq("strong") & table["global_batch"].notna()].drop_duplicates("model")
+    lines += [f"strong {row.model}: global batch {int(row.global_batch)} at every count ({row.global_batch_basis})" for row in strong.itertuples()]
     header = (
         f"{'study':<7}{'model':<16}{'GPUs':>6}{'nodes':>6}{'batch':>7}{'accum':>6}{'step ms':>10}{'samples/s':>12}{'eff':>7}"
         f"{'exposed ms':>11}{'±':>8}  algorithm"
@@ -363,8 +381,9 @@ def main(argv: list[str]) -> int:
         gpu_counts = list(args.gpus)
     else:
         gpu_counts = [2**k for k in range(int(math.log2(8 * cluster.gpus_per_node)) + 1)]
-    errors = prediction_error.error_table_of(load_optional_references(args.references))
-    table = pd.concat([predict(one, cluster, sorted(set([1, *gpu_counts])), args.algorithm, errors) for one in inputs], ignore_index=True)
+    references = load_optional_references(args.references)
+    errors, caps = prediction_error.error_table_of(references), model_inputs.global_batch_caps(references)
+    table = pd.concat([predict(one, cluster, sorted(set([1, *gpu_counts])), args.algorithm, errors, caps) for one in inputs], ignore_index=True)
     print("\n".join([*notes, render(table, cluster, errors)]))
     if args.csv:
         write_text_atomically(args.csv, table.to_csv(index=False))

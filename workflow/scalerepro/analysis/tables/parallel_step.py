@@ -51,9 +51,33 @@ step's compute C = m t_mb = W B s / N. The terms, each on the critical path of o
 
       dp = exposed + x (v (rs + ag) - exposed)
 
+  Two older schedules, as Megatron-LM's SC21 runs had them (``Layout.dp_schedule``): "overlapped"
+  (PyTorch DDP, ``--DDP-impl torch``: gradients all-reduced in 25 MB buckets as the last micro-
+  batch's backward produces them, the last bucket's showing at least) and "after_backward"
+  (``--DDP-impl local``: one all-reduce of all the stage's gradients after the last backward,
+  nothing hidden). Neither has a fitted share: the source states what overlaps.
 - Optimizer: each GPU's 1 / (t p d) of the parameters at its memory traffic over HBM.
 
     t(step) = C + bubble + m L / p (tp_exposed + cp_exposed) + 2(p-1) p2p + dp + optimizer
+
+With full activation recomputation (``Layout.recompute``) the forward runs twice, so a layer's
+TP collectives are 6, not 4, a micro-batch.
+
+W across models (a weak-scaling series, one model a row: ``token_compute_s``). Per token and
+layer a GPU does its matmuls and moves its activations through HBM:
+
+    W = F / R + kappa x L t c x A(t) / HBM
+
+- F, the matmul FLOPs of a token (Narayanan et al. SC21, section 5.1, the count their Table 1's
+  teraFLOP/s rest on): 72 L h^2 (1 + s / 6h + V / 12 L h) for forward and backward, 96 L h^2
+  (1 + s / 6h + V / 16 L h) with the forward recomputed.
+- A(t), the activation bytes a token leaves a layer on one GPU (Korthikanti et al. 2022, section
+  4.1, fp16: s b h (34 + 5 a s / h) a layer; under TP without sequence parallelism the layer norms'
+  and dropouts' 10 s b h stay whole on each GPU, s b h (10 + 24 / t + 5 a s / (h t)); with it all
+  of it splits t ways), the memory-bound operations' traffic, to first order.
+- R, the matmuls' achieved rate, fitted to the series' given row; kappa, the bytes moved per byte
+  of activation, fitted on its fit rows. The ratio of the two terms is what makes a wider layer
+  more efficient (the matmuls grow with h^2, the traffic with h and a s).
 
 Left out: the embedding and the head outside the stages' layers, the pipeline's uneven first and
 last stages, NVLink SHARP and in-network reductions, and congestion between the data-parallel
@@ -64,10 +88,14 @@ on the analysis side: it never imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from scalerepro.analysis.tables.network_model import ClusterPreset, HierarchicalNetwork
 
 ACTIVATION_BYTES = 2  # bf16 activations: the TP collectives', CP's and the pipeline's sends
+DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb (the "overlapped" schedule)
+
+DpSchedule = Literal["distributed_optimizer", "overlapped", "after_backward"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +110,8 @@ class Transformer:
     grad_bytes: int = 2  # the reduce-scattered gradients' dtype (bf16)
     param_bytes: int = 2  # the all-gathered parameters' dtype (bf16)
     optimizer_bytes_per_parameter: int = 28  # AdamW's traffic (benchmarks/predict_published.py)
+    heads: int = 0  # a: attention heads (only ``token_compute_s`` needs them)
+    vocab: int = 0  # V: the vocabulary (only ``token_compute_s`` needs it)
 
 
 @dataclass(frozen=True)
@@ -98,6 +128,8 @@ class Layout:
     cp: int = 1  # c
     sequence_parallel: bool = True
     tp_overlap: bool = True
+    recompute: bool = False  # full activation recomputation: the forward runs twice
+    dp_schedule: DpSchedule = "distributed_optimizer"
 
     @property
     def dp(self) -> int:
@@ -193,7 +225,7 @@ def simulate_parallel_step(
         network = tp_network(preset, layout)
         # sequence parallelism: a reduce-scatter and an all-gather in place of each all-reduce
         one = network.reduce_scatter_s(activation) + network.all_gather_s(activation) if layout.sequence_parallel else network.allreduce_s(activation)
-        tp_layer = 4 * one
+        tp_layer = (6 if layout.recompute else 4) * one
     tp_exposed = max(0.0, tp_layer - t_layer) if layout.tp_overlap else tp_layer
     cp_layer = 0.0
     if c > 1:
@@ -202,7 +234,7 @@ def simulate_parallel_step(
     cp_exposed = max(0.0, cp_layer - t_layer)
     p2p = 2 * (p - 1) * _p2p_s(preset, activation / t, across_nodes=t * c * d >= g) if p > 1 else 0.0
     dp_total = exposed = 0.0
-    if d > 1:
+    if d > 1 and layout.dp_schedule == "distributed_optimizer":
         network = dp_network(preset, layout)
         chunk = model.parameters / (t * p * v)
         rs = network.reduce_scatter_s(chunk * model.grad_bytes)
@@ -210,10 +242,74 @@ def simulate_parallel_step(
         spacing = p * t_mb * (2 / 3) / v  # p micro-batch-chunk backwards (forward : backward = 1 : 2)
         exposed = queued_exposure(rs, v, spacing) + queued_exposure(ag, v, p * t_mb / 3 / v)
         dp_total = v * (rs + ag)
-    dp_exposed = exposed + dp_exposed_share * (dp_total - exposed)
+        exposed += dp_exposed_share * (dp_total - exposed)
+    elif d > 1:
+        network = dp_network(preset, layout)
+        gradients = model.parameters / (t * p) * model.grad_bytes
+        dp_total = network.allreduce_s(gradients)
+        if layout.dp_schedule == "after_backward":
+            exposed = dp_total
+        else:  # the buckets, each ready as the last micro-batch's backward (2/3 of t_mb) reaches it
+            buckets = max(1, round(gradients / DDP_BUCKET_BYTES))
+            exposed = queued_exposure(network.allreduce_s(gradients / buckets), buckets, t_mb * (2 / 3) / buckets)
+    dp_exposed = exposed
     optimizer = model.parameters / (t * p * d) * model.optimizer_bytes_per_parameter / hbm_bytes_per_s
     per_step = m * layers_per_stage
     return ParallelStep(compute, bubble, per_step * tp_exposed, per_step * cp_exposed, p2p, dp_exposed, dp_total, optimizer)
+
+
+def matmul_flops_per_token(model: Transformer, seq_len: int, recompute: bool) -> float:
+    """F of the module docstring (Narayanan et al. SC21, section 5.1): 72 L h^2 (1 + s / 6h + V /
+    12 L h), or 96 L h^2 (1 + s / 6h + V / 16 L h) with the forward recomputed."""
+    layers, h = model.layers, model.hidden
+    if recompute:
+        return 96 * layers * h**2 * (1 + seq_len / (6 * h) + model.vocab / (16 * layers * h))
+    return 72 * layers * h**2 * (1 + seq_len / (6 * h) + model.vocab / (12 * layers * h))
+
+
+def activation_bytes_per_token(model: Transformer, layout: Layout) -> float:
+    """A(t) of the module docstring, one layer on one GPU (Korthikanti et al. 2022, section 4.1):
+    h (34 + 5 a s / h) / t with sequence parallelism, h (10 + 24 / t) + 5 a s / t without."""
+    if model.heads <= 0:
+        raise ValueError("the model's attention heads are not stated: A(t) needs them")
+    h, t, attention = model.hidden, layout.tp, 5 * model.heads * layout.seq_len
+    if layout.sequence_parallel:
+        return (34 * h + attention) / t
+    return h * (10 + 24 / t) + attention / t
+
+
+@dataclass(frozen=True)
+class ComputeRate:
+    """What W is made of across models: the matmuls' achieved FLOP/s (R), the bytes moved per
+    activation byte (kappa) and the memory's bytes/s."""
+
+    matmul_flops_per_s: float
+    traffic_per_activation_byte: float
+    hbm_bytes_per_s: float
+
+
+def _traffic_s(model: Transformer, layout: Layout, rate: ComputeRate) -> float:
+    """kappa L t c A(t) / HBM: W's memory-bound part."""
+    bytes_moved = rate.traffic_per_activation_byte * model.layers * layout.tp * layout.cp * activation_bytes_per_token(model, layout)
+    return bytes_moved / rate.hbm_bytes_per_s
+
+
+def token_compute_s(model: Transformer, layout: Layout, rate: ComputeRate) -> float:
+    """W = F / R + kappa L t c A(t) / HBM (module docstring): t_mb = W b s / (t c p) at ``layout``."""
+    return matmul_flops_per_token(model, layout.seq_len, layout.recompute) / rate.matmul_flops_per_s + _traffic_s(model, layout, rate)
+
+
+def fit_matmul_rate(
+    model: Transformer, layout: Layout, preset: ClusterPreset, step_s: float, traffic_per_activation_byte: float, hbm_bytes_per_s: float
+) -> ComputeRate:
+    """R such that the step at ``layout`` is ``step_s`` with the given kappa; refused where the
+    traffic alone takes longer than the fitted W."""
+    w = fit_token_compute(model, layout, preset, step_s, hbm_bytes_per_s)
+    rate = ComputeRate(1.0, traffic_per_activation_byte, hbm_bytes_per_s)
+    matmuls = w - _traffic_s(model, layout, rate)
+    if matmuls <= 0:
+        raise ValueError(f"kappa {traffic_per_activation_byte:g}: the memory traffic alone exceeds the step's compute at {layout.describe()}")
+    return replace(rate, matmul_flops_per_s=matmul_flops_per_token(model, layout.seq_len, layout.recompute) / matmuls)
 
 
 def tokens_per_s_per_gpu(layout: Layout, step_s: float) -> float:
