@@ -20,6 +20,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/container.smk"
 include: "workflow/rules/inventory.smk"
+include: "workflow/rules/prescreen.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/profile.smk"
 include: "workflow/rules/analysis.smk"
@@ -37,6 +38,7 @@ rule all:
         rules.study_matrix.output,
         rules.study_config.output,
         rules.system_inventory.output,
+        PRESCREEN_INPUT,
         study_records,
         BUDGET_INPUT,
         COMM_JSONS,

@@ -565,11 +565,16 @@ def write_many_records(root: Path, count: int) -> Path:
 
 def predict_published_benchmark():
     """benchmarks/predict_published.py as a module (it is a script, not part of the package)."""
+    return benchmark_module("predict_published")
+
+
+def benchmark_module(name: str):
+    """benchmarks/<name>.py as a module (a script, not part of the package)."""
     import importlib.util
     import sys
 
-    path = REPO / "benchmarks" / "predict_published.py"
-    spec = importlib.util.spec_from_file_location("predict_published", path)
+    path = REPO / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SNAPSHOTS = REPO / "tests" / "fixtures" / "dryrun"
 # The rules whose command is part of the plan: they start ranks with resolved flags.
-RANK_RULES = {"train", "comm_benchmark", "profile"}
+RANK_RULES = {"train", "comm_benchmark", "profile", "prescreen_node", "prescreen_link"}
 
 
 def planned_jobs(workdir: Path, env: dict[str, str], *args: str, timeout: float = 300) -> list[dict]:
@@ -45,6 +46,11 @@ def planned_jobs(workdir: Path, env: dict[str, str], *args: str, timeout: float 
                 job[key] = ", ".join(part for part in value.split(", ") if not part.startswith("tmpdir="))
         elif line.startswith("Shell command: ") and job["rule"] in RANK_RULES:
             job["command"] = line.removeprefix("Shell command: ")
+    # a local prescreen's node is this host, whose name is the machine's, as tmpdir is
+    host = socket.gethostname()
+    for job in jobs:
+        if job["rule"] == "prescreen_node":
+            job.update({key: job[key].replace(host, "<this host>") for key in ("output", "wildcards", "command") if key in job})
     return sorted(jobs, key=lambda job: (job["rule"], job.get("output", "")))
 
 
@@ -102,7 +108,7 @@ if __name__ == "__main__":
     if "--slurm" in sys.argv:  # needs the test cluster (tests/slurm/cluster.sh start)
         from slurm_cluster import PROFILE_ARGS, STUDY, cluster_env, snakemake_env
 
-        env = snakemake_env(cluster_env())
+        env = cpu_plan_env(snakemake_env(cluster_env()))
         _write(
             "slurm",
             planned_jobs(REPO, env, *PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY), "tests/fixtures/dryrun/slurm_weak.yaml", *SINCE_SNAPSHOT),

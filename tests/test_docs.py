@@ -192,6 +192,7 @@ PROGRAMS_OF_DOC = {
     "docs/slurm.md": [("snakemake",), ("-m", "scalerepro.training.train")],
     "docs/benchmarks.md": [("-m", "scalerepro.training.train"), ("benchmarks/trainer_throughput.py",)],
     "docs/install.md": [],
+    "docs/prescreen.md": [("snakemake",), ("-m", "scalerepro.training.node_check"), ("-m", "scalerepro.planning.node_screen")],
     "docs/scaling-model.md": [("-m", "scalerepro.analysis.predict")],
     "docs/architecture.md": [],
     "config/README.md": [("snakemake",), ("-m", "scalerepro.training.train")],
@@ -201,6 +202,8 @@ PROGRAMS_OF_DOC = {
 # sentence names beside it.
 FOREIGN_FLAGS = {
     "--tp-comm-overlap": "Megatron-LM (the 3D step, docs/scaling-model.md)",
+    "--nodelist": "sbatch (the prescreen's job on its node, docs/prescreen.md)",
+    "--exclude": "sbatch (the scaling runs kept off excluded nodes, docs/prescreen.md)",
     "--trace": "nsys",
     "--capture-range": "nsys",
     "--type": "nsys export",

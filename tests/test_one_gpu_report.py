@@ -48,7 +48,7 @@ def test_a_one_gpu_report_leads_with_its_summary_then_the_published_figures(h100
         assert "One-GPU benchmark" in re.search(r"<h1>(.*?)</h1>", page).group(1)
         order = section_order(page)
         assert order[:3] == ["summary", "comparison", "system"], order
-        assert order[3:] == ["results", "failures", "cost", "reproducibility", "history"], order
+        assert order[3:] == ["prescreen", "results", "failures", "cost", "reproducibility", "history"], order
         # the numbers and the contents follow the order: "Measured vs published" is section 2
         assert '<h2><span class="secno">2</span> Measured vs published</h2>' in page
         contents = re.findall(r'<li><a href="#([a-z-]+)">', page.split("</nav>")[0])

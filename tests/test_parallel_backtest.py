@@ -4,12 +4,10 @@ more than 10 %, the model's median error at most half of ideal scaling's."""
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 
 import pytest
-from tests.analysis_fixtures import REPO
+from tests.analysis_fixtures import REPO, benchmark_module
 
 from scalerepro.analysis.tables import network_model
 from scalerepro.common import gpu_peaks
@@ -17,12 +15,7 @@ from scalerepro.common import gpu_peaks
 
 @pytest.fixture(scope="module")
 def bench():
-    path = REPO / "benchmarks" / "predict_parallel.py"
-    spec = importlib.util.spec_from_file_location("predict_parallel", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("predict_parallel")
 
 
 @pytest.fixture(scope="module")

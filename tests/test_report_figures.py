@@ -22,13 +22,13 @@ def test_section_numbers_come_from_the_one_list():
     assert sorted(used) == sorted(numbers), "every listed section shows its number once, and only listed ones"
     headed = re.findall(r'secno\["([a-z0-9-]+)"\] \}\}</span> \{\{ sectitle\["([a-z0-9-]+)"\] \}\}</h[23]>', "".join(text.values()))
     assert sorted(a for a, _ in headed) == sorted(used) and all(a == b for a, b in headed), "a heading's title is typed"
-    assert numbers["results"] == "3" and numbers["parallelism"] == "3.5" and numbers["profiling"] == "3.11"
-    assert numbers["history-cells"] == "8.2"
+    assert numbers["results"] == "4" and numbers["parallelism"] == "4.5" and numbers["profiling"] == "4.11"
+    assert numbers["history-cells"] == "9.2"
     for anchor, _, _ in report.SECTIONS:  # each top-level section is its own template
         assert f"sections/{anchor}.html.j2" in {f"sections/{p.name}" for p in TEMPLATE_FILES}, anchor
     # inserting a section renumbers those after it, with no template touched
     inserted = report.section_numbers((report.SECTIONS[0], ("new", "New", ()), *report.SECTIONS[1:]))
-    assert (inserted["new"], inserted["system"], inserted["scaling"]) == ("2", "3", "4.1")
+    assert (inserted["new"], inserted["system"], inserted["scaling"]) == ("2", "3", "5.1")
 
 
 def test_every_figure_is_in_the_one_list_drawn_and_shown():

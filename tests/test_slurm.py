@@ -246,6 +246,8 @@ def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env
             "data": "synthetic",
             "repeats": 1,
             "slurm": {"env": {"PATH": "/nonexistent"}},
+            # the prescreen's link job starts its ranks with srun too, and would fail first
+            "prescreen": {"enabled": False},
             "scaling": {"gpu_counts": [1], "max_gpus": 1, "weak": {"enabled": False}},
             "sensitivity": {"enabled": False},
             "ablation": {"enabled": False},
@@ -268,10 +270,11 @@ def test_a_failing_rule_names_its_slurm_job_and_logs(tmp_path_factory, slurm_env
 
 def test_the_slurm_dry_run_plans_the_jobs_of_the_snapshot(slurm_env):
     """As tests/test_dryrun.py, for the profile's submissions (resources, sbatch flags, srun launch)."""
-    from dryrun_jobs import SINCE_SNAPSHOT, planned_jobs, snapshot
+    from dryrun_jobs import SINCE_SNAPSHOT, cpu_plan_env, planned_jobs, snapshot
 
     layers = (str(STUDY), "tests/fixtures/dryrun/slurm_weak.yaml", *SINCE_SNAPSHOT)
-    planned = planned_jobs(REPO, snakemake_env(slurm_env), *PROFILE_ARGS, "--configfile", "config/ci.yaml", *layers)
+    # the prescreen's precision is the plan's (bf16 only where this CPU has it): a CPU without it
+    planned = planned_jobs(REPO, cpu_plan_env(snakemake_env(slurm_env)), *PROFILE_ARGS, "--configfile", "config/ci.yaml", *layers)
     expected = snapshot("slurm")
     assert [job.get("output") for job in planned] == [job.get("output") for job in expected]
     for job, before in zip(planned, expected):
@@ -286,3 +289,97 @@ def test_an_unknown_partition_is_one_clear_error(tmp_path_factory, slurm_env):
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "config error at 'slurm.partition': 'nosuch' is not a partition of this cluster (sinfo lists: gpu)" in output
+
+
+# ---- the prescreen: a slow node found, excluded and named; mended, taken back ------------------
+
+
+def _slurmd_pid(env: dict[str, str], node: str) -> int:
+    run = Path(env["SLURM_CONF"]).parents[1] / "run"
+    return int((run / f"slurmd-{node}.pid").read_text())
+
+
+def _pin(pid: int, cores: set[int]) -> None:
+    """Every thread of ``pid`` to ``cores``: the jobs its slurmd starts from now on inherit them."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cores)
+
+
+def test_a_slow_node_is_excluded_named_and_taken_back_once_mended(tmp_path_factory, slurm_env):
+    """The two test nodes share this host: each slurmd (and so each job it starts) is pinned to
+    its own core, so that they are two machines of one core; a process spinning on node01's core
+    makes node01 the slow node. The study whose largest run needs both nodes stops before its
+    first training job, naming node01 and its figure; the same study up to one node's GPUs runs on
+    node02 (its node records reused: only the rule is applied again); with
+    the spinner gone, the prescreen run again passes node01, and the finished run is not redone."""
+    if len(ALL_CORES) < 2:
+        pytest.skip("two cores are needed: one a node")
+    workdir = _copy(tmp_path_factory, "slurm-prescreen")
+    env = snakemake_env(slurm_env)
+    first, second = sorted(ALL_CORES)[:2]
+    config = _write_config(
+        workdir,
+        "prescreen.yaml",
+        {
+            "data": "synthetic",
+            "repeats": 1,
+            "scaling": {"gpu_counts": [1, 8], "max_gpus": 8, "weak": {"enabled": False}},
+            "sensitivity": {"enabled": False},
+            "ablation": {"enabled": False},
+            "communication": {"enabled": False},
+        },
+    )
+    args = (*PROFILE_ARGS, "--configfile", "config/ci.yaml", str(STUDY), config)
+    # the same study with one node's worth of GPUs at most: the screen it needs passes with one node
+    one_node = _write_config(workdir, "one_node.yaml", {"scaling": {"gpu_counts": [1, 4], "max_gpus": 4}})
+    pids = {node: _slurmd_pid(slurm_env, node) for node in ("node01", "node02")}
+    spinner = None
+    try:
+        _pin(pids["node01"], {first})
+        _pin(pids["node02"], {second})
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {first}))
+        trained_before = {job["JobID"] for job in _sacct(env) if job["Comment"].startswith("rule_train")}
+        stopped = _snakemake(workdir, env, "results/runs/strong_cnn_g8_r1/record.json", *args, timeout=600)
+        assert stopped.returncode != 0
+        said = [line for line in (stopped.stdout + stopped.stderr).splitlines() if line.startswith("scalerepro.planning.node_screen: error: ")]
+        assert len(said) == 1 and "1 of 2 nodes passed the prescreen" in said[0] and "node01: matmul_tflops" in said[0] and "needs 2" in said[0], said
+        assert {job["JobID"] for job in _sacct(env) if job["Comment"].startswith("rule_train")} == trained_before  # none submitted
+        assert sorted(p.name for p in (workdir / "results/prescreen/nodes").glob("*.json")) == ["node01.json", "node02.json"]  # kept
+
+        ran = _snakemake(workdir, env, "results/runs/strong_cnn_g1_r1/record.json", "results/prescreen/screen.json", *args, one_node, timeout=600)
+        assert ran.returncode == 0, ran.stderr[-4000:]
+        screen = json.loads((workdir / "results/prescreen/screen.json").read_text())
+        (slow,) = [node for node in screen["nodes"] if node["excluded_because"]]
+        assert slow["node"] == "node01" and slow["ratios"]["matmul_tflops"] < screen["fraction"]
+        record = load_record(workdir / "results/runs/strong_cnn_g1_r1/record.json")
+        assert record["parallel"]["hostnames"] == ["node02"]
+        (job,) = _sacct(env, str(record["scheduler"]["job_id"]))
+        assert job["NodeList"] == "node02"
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+        for pid in pids.values():
+            _pin(pid, set(ALL_CORES))
+
+    _pin(pids["node01"], {first})
+    _pin(pids["node02"], {second})
+    try:
+        mended = _snakemake(
+            workdir,
+            env,
+            "results/runs/strong_cnn_g1_r1/record.json",
+            "results/prescreen/screen.json",
+            *args,
+            one_node,
+            "--forcerun",
+            "prescreen_node",
+            timeout=600,
+        )
+    finally:
+        for pid in pids.values():
+            _pin(pid, set(ALL_CORES))
+    assert mended.returncode == 0, mended.stderr[-4000:]
+    screen = json.loads((workdir / "results/prescreen/screen.json").read_text())
+    assert [node["node"] for node in screen["nodes"] if not node["excluded_because"]] == ["node01", "node02"], screen
+    assert load_record(workdir / "results/runs/strong_cnn_g1_r1/record.json")["scheduler"]["job_id"] == record["scheduler"]["job_id"]

@@ -329,6 +329,7 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
         for added in store_file.ADDED_RUN_COLUMNS:
             connection.execute(f'ALTER TABLE runs DROP COLUMN "{added}"')
         connection.execute("DROP TABLE imports")
+        connection.execute("DROP TABLE node_checks")  # version 7's
         connection.execute("UPDATE store_meta SET value = '1' WHERE key = 'schema_version'")
         assert {"per_rank_batch", "slurm_job_id"} <= {row[0] for row in connection.execute("DESCRIBE runs").fetchall()}
         old_rows = connection.execute("SELECT * FROM runs ORDER BY run_id").fetchall()
@@ -340,7 +341,7 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
     ]
     receipt = _appended(studies["candidate"], history)  # a writable open migrates
     with duckdb.connect(str(history), read_only=True) as connection:
-        assert store_file.schema_version(connection) == store_file.STORE_SCHEMA_VERSION == 6
+        assert store_file.schema_version(connection) == store_file.STORE_SCHEMA_VERSION == 7
         assert connection.execute("SELECT * FROM studies WHERE study_id = ?", [baseline.study_id]).fetchall() == old_study
         # version 1's rows as they were, each run its own (record_of "", the column version 5 added) and its
         # cell its run id less its repeat (version 6's column)
@@ -348,6 +349,7 @@ def test_a_store_of_schema_version_1_is_migrated_with_its_studies(studies, tmp_p
         assert stored == [(*row, "", re.sub(r"_r[0-9]+$", "", row[1])) for row in old_rows]
         assert {row[-1] for row in stored} == {"strong_cnn_g1", "strong_gpt2_small_g1"}
         assert connection.execute("SELECT count(*) FROM imports").fetchone() == (0,)
+        assert connection.execute("SELECT count(*) FROM node_checks").fetchone() == (0,)
     assert receipt["new_study"] and receipt["studies_in_store"] == 2
 
 

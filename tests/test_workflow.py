@@ -290,6 +290,12 @@ def test_nothing_left_to_do_and_reruns_are_exact(study, tmp_path):
     assert edited(study / "workflow/scalerepro/analysis/presentation/plots.py") == {"plots": 1, "store_plots": 1, "report": 1, "all": 1}
     assert edited(study / "workflow/scalerepro/analysis/history/store.py") == {"store_study": 1, "store_plots": 1, "report": 1, "all": 1}
     assert planned("--forcerun", "aggregate") == {"aggregate": 1, "store_study": 1, "plots": 1, "store_plots": 1, "report": 1, "all": 1}
+    # the prescreen reruns when its code changes, or on request: its screen is an input of the report
+    # and the store, and only an order for the training runs (ancient), which it does not rerun
+    rescreened = {"prescreen_node": 1, "prescreen": 1, "store_study": 1, "store_plots": 1, "report": 1, "all": 1}
+    assert edited(study / "workflow/scalerepro/training/node_check.py") == {**rescreened, "code_fingerprint": 1}
+    assert edited(study / "workflow/scalerepro/planning/node_screen.py") == {key: n for key, n in rescreened.items() if key != "prescreen_node"}
+    assert planned("--forcerun", "prescreen_node") == rescreened
     one_run = {"train": 1, "aggregate": 1, "store_study": 1, "plots": 1, "store_plots": 1, "report": 1, "all": 1}
     # a run of the floor's rounds is one the budget's choice is made from: the checkpoint chooses again
     assert planned("--forcerun", "results/runs/strong_cnn_g1_r1/record.json") == {**one_run, "study_budget": 1, "study_matrix": 1}

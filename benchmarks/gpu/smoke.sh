@@ -6,7 +6,7 @@
 #
 #   env       versions, peak table, NVML energy counter, matmul rate, SDPA kernels, torch.compile,
 #             device loader == CPU loader and its cost, ncu reads every metric asked for (59 s on
-#             an H100, 2026-11-25)
+#             an H100, 2026-11-25), the prescreen's node check (scalerepro.training.node_check)
 #   frontier  one record per model (benchmarks/trainer_throughput.py, optimised preset, bf16,
 #             synthetic): resnet50, gpt2_small, resnet18_cifar, bert_base, vit_b_16, llama_1b;
 #             each record checked for every figure, the goal table (~75 s a model with a cold
@@ -177,6 +177,12 @@ stage_env() {
   for tool in cc gcc ncu nsys git snakemake; do printf '  %-9s %s\n' "$tool" "$(command -v "$tool" || echo MISSING)"; done
   $PY -c 'import sysconfig, os; p = sysconfig.get_paths()["include"]; print("  Python.h", "present" if os.path.exists(p + "/Python.h") else "MISSING (torch.compile needs it)", p)'
   check "environment (peak table$(gpu && echo ', NVML energy counter, matmul rate, SDPA kernels, torch.compile'))" run 60 200 $PY $HERE/env_check.py
+  # the prescreen's check of this node (issue 68): matmul, memory copy, clock and temperature at the
+  # end, beside the kept records' figures; its record kept with the call's outputs
+  mkdir -p "$DIR/prescreen"
+  check "prescreen node check (bf16 matmul, memory copy, the device's state at the end)" \
+    run 20 90 $PY -m scalerepro.training.node_check --out "$DIR/prescreen/node.json" --device "$DEVICE" --precision bf16 --seconds 4
+  if [ -n "${OUT:-}" ] && [ -f "$DIR/prescreen/node.json" ]; then cp "$DIR/prescreen/node.json" "$OUT/prescreen-node.json"; fi
   if gpu; then check "device loader == CPU loader, bit for bit, and its cost per batch" run 30 150 $PY $HERE/loader_check.py "$DIR/fakecifar"
   else check "device loader == CPU loader (CPU rehearsal: CPU against CPU)" run 30 150 $PY $HERE/loader_check.py "$DIR/fakecifar" 2048; fi
   if command -v ncu > /dev/null; then

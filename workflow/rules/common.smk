@@ -19,6 +19,7 @@
 
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -41,6 +42,7 @@ from scalerepro.launching import driver_signals, fork_server
 from scalerepro.planning import budget
 from scalerepro.planning import plan as planning
 from scalerepro.planning import study
+from scalerepro.record import node_check
 from scalerepro.planning.plan import RUN_JOB, RUN_RECORD, job_path, record_path
 from scalerepro.schedulers.base import SchedulerError
 
@@ -70,6 +72,12 @@ try:
     )
     if workflow.is_main_process and not PLAN.local_runs:
         PLAN.check_scheduler()
+    # the nodes the prescreen measures, listed once, on the submitting host (a job needs none)
+    PRESCREEN_NODES = (
+        PLAN.prescreen_nodes()
+        if PLAN.config["prescreen"]["enabled"] and workflow.is_main_process
+        else []
+    )
     PROFILING_PLAN = planning.profiling_plan(PLAN, local_exec=workflow.local_exec)
     # the checks select on the aggregation's columns: refused now, not after the tables are made
     check_definitions.parse_checks(PLAN.config["targets"])
@@ -92,6 +100,16 @@ COMM_GPU_COUNTS = STUDY.comm_gpu_counts
 BASELINE = CONFIG["compare"]["baseline"]
 # the training budget (config `budget`), or None: every planned repeat runs
 BUDGET = PLAN.budget
+# the prescreen (config `prescreen`): the nodes it measures, the study's most common precision
+# (what a matmul of the scaling runs uses), the nodes the largest run needs
+PRESCREEN = CONFIG["prescreen"]["enabled"]
+PRESCREEN_PRECISION = Counter(run.precision for run in RUNS.values()).most_common(1)[0][
+    0
+]
+PRESCREEN_NEED_NODES = max(run.nodes for run in RUNS.values())
+# the node every link is measured to (the first), and the nodes whose link to it is measured
+PRESCREEN_REFERENCE = PRESCREEN_NODES[0] if PRESCREEN_NODES else None
+PRESCREEN_LINK_NODES = PRESCREEN_NODES[1:] if CONFIG["prescreen"]["links"] else []
 
 
 # ---- What parsing changes ---------------------------------------------------------------------
@@ -184,6 +202,15 @@ STUDY_CONFIG_JSON = "results/tables/config.json"
 INVENTORY_JSON = "results/inventory/system.json"
 REFERENCES_YAML = "config/references.yaml"
 COMM_JSONS = expand("results/comm/g{gpus}.json", gpus=COMM_GPU_COUNTS)
+# each node's prescreen record, and the screen over them (the prescreen rule's output)
+PRESCREEN_NODE_JSON = "results/prescreen/nodes/{node}.json"
+# a link's record names its reference in its path: a job (which lists no nodes) knows it from there
+PRESCREEN_LINK_JSON = "results/prescreen/links/{reference}/{node}.json"
+PRESCREEN_JSON = "results/prescreen/screen.json"
+PRESCREEN_INPUT = [PRESCREEN_JSON] if PRESCREEN else []
+# what the jobs that start ranks wait for: the screen as an order, not as content (ancient), so
+# that a screen made again reruns none of them (a checkpoint's pending output would)
+PRESCREEN_ORDER = [ancient(PRESCREEN_JSON)] if PRESCREEN else []
 # the study budget's choice of repeats (the study_budget checkpoint's output), where there is a budget
 BUDGET_JSON = "results/tables/budget.json"
 BUDGET_INPUT = [BUDGET_JSON] if BUDGET else []
@@ -222,6 +249,9 @@ PROGRAMS = {
         "scalerepro.training.train",
     ),
     "inventory": ("scalerepro.telemetry.inventory",),
+    "node_check": ("scalerepro.training.node_check",),
+    "node_link": ("scalerepro.launching.launch", "scalerepro.training.node_link"),
+    "node_screen": ("scalerepro.planning.node_screen",),
     "budget": ("scalerepro.planning.budget",),
     "aggregate": ("scalerepro.analysis.tables.aggregate",),
     "plots": ("scalerepro.analysis.presentation.plots",),
@@ -236,6 +266,8 @@ wildcard_constraints:
     run=r"[A-Za-z0-9_.-]+",
     program="|".join(PROGRAMS),
     gpus=r"\d+",
+    node=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    reference=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
 
 
 def program_sources(program):
@@ -274,9 +306,73 @@ SLURM_GPUS = PLAN.cluster_gpus
 CLUSTER_RESOURCES = PLAN.queue_resources()
 
 
+def off_excluded_nodes(key, resources):
+    """A resource of a job that starts ranks: its slurm_extra keeps it off the nodes the
+    prescreen excluded."""
+    if key != "slurm_extra":
+        return lambda wildcards: resources(wildcards)[key]
+    return lambda wildcards: (
+        " ".join(
+            filter(
+                None, (resources(wildcards)[key], *PLAN.excluding(prescreen_excluded()))
+            )
+        )
+        or None
+    )
+
+
 def run_resources(key):
     """One resource (``key``) of a training or profiling job, from its run's GPU count."""
-    return lambda wildcards: PLAN.train_resources(RUNS[wildcards.run])[key]
+    return off_excluded_nodes(key, lambda wc: PLAN.train_resources(RUNS[wc.run]))
+
+
+def prescreen_excluded():
+    """The nodes the prescreen excluded (none before it ran, or without it)."""
+    if not PRESCREEN or not Path(PRESCREEN_JSON).is_file():
+        return []
+    return node_check.read_screen(PRESCREEN_JSON).excluded
+
+
+PRESCREEN_LINK_RESOURCES = {
+    key: (
+        lambda wildcards, key=key: PLAN.prescreen_link_resources(
+            wildcards.node, wildcards.reference
+        ).get(key)
+    )
+    for key in (
+        "nodes",
+        "gpus",
+        "runtime",
+        "mpi",
+        "tasks_per_gpu",
+        "gres",
+        "slurm_extra",
+        "measured",
+    )
+}
+
+
+def prescreen_link_launch_args(wildcards):
+    return PLAN.launch_args(STUDY.gpus_per_node, 2, f"prescreen_link_{wildcards.node}")
+
+
+PRESCREEN_RESOURCES = {
+    key: (lambda wildcards, key=key: PLAN.prescreen_resources(wildcards.node)[key])
+    for key in (
+        "nodes",
+        "tasks",
+        "gpus",
+        "gpus_per_node",
+        "cpus_per_task",
+        "mem_mb",
+        "runtime",
+        "mpi",
+        "tasks_per_gpu",
+        "gres",
+        "slurm_extra",
+        "measured",
+    )
+}
 
 
 # What a job that runs one run of the matrix (its training, or a profile of it) asks of the
@@ -311,7 +407,7 @@ def run_priority(wildcards):
 
 def comm_resources(key):
     """One resource (``key``) of the all-reduce benchmark over ``wildcards.gpus`` GPUs."""
-    return lambda wildcards: PLAN.comm_resources(int(wildcards.gpus))[key]
+    return off_excluded_nodes(key, lambda wc: PLAN.comm_resources(int(wc.gpus)))
 
 
 # ---- Flags ------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ rule store_study:
         runs="results/tables/runs.csv",
         config=STUDY_CONFIG_JSON,
         inventory=INVENTORY_JSON,
+        prescreen=PRESCREEN_INPUT,
         code=program_sources("store"),
     output:
         receipt="results/tables/store.json",
@@ -26,9 +27,12 @@ rule store_study:
         ENV_ANALYSIS
     params:
         store=CONFIG["store"]["path"],
+        prescreen=lambda wc, input: (
+            ["--prescreen", input.prescreen[0]] if input.prescreen else []
+        ),
     shell:
         "python -m scalerepro.analysis.history.store append --store {params.store:q} --matrix {input.matrix:q}"
-        " --config {input.config:q} --inventory {input.inventory:q}"
+        " --config {input.config:q} --inventory {input.inventory:q} {params.prescreen:q}"
         " --receipt {output.receipt:q} --history {output.history:q} > {log:q} 2>&1"
 
 

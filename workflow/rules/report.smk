@@ -19,6 +19,7 @@ rule report:
         store_plots=STORE_PLOT_FILES,
         versus=VERSUS_BASELINE,
         budget=BUDGET_INPUT,
+        prescreen=PRESCREEN_INPUT,
         code=program_sources("report"),
         # what the report program reads of report/: its stylesheet and the templates beside it
         style="report/style.css",
@@ -45,8 +46,11 @@ rule report:
             ["--versus-baseline", *input.versus] if input.versus else []
         ),
         budget=lambda wc, input: ["--budget", input.budget[0]] if input.budget else [],
+        prescreen=lambda wc, input: (
+            ["--prescreen", input.prescreen[0]] if input.prescreen else []
+        ),
     shell:
         "python -m scalerepro.analysis.presentation.report --tables {params.tables:q} --plots {params.plots:q}"
         " --inventory {input.inventory:q} --config {input.config:q} --references {input.references:q}"
-        " --history {input.history:q} {params.versus:q} {params.budget:q}"
+        " --history {input.history:q} {params.versus:q} {params.budget:q} {params.prescreen:q}"
         " --templates {params.templates:q} --out {output:q} > {log:q} 2>&1"

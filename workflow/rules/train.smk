@@ -24,6 +24,7 @@ rule train:
         data=data_input,
         code=program_fingerprint("train"),
         image=container_inputs(),
+        screen=PRESCREEN_ORDER,
     output:
         record=RUN_RECORD,
         job=RUN_JOB,
@@ -51,6 +52,7 @@ rule comm_benchmark:
     input:
         code=program_fingerprint("comm_benchmark"),
         image=container_inputs(),
+        screen=PRESCREEN_ORDER,
     output:
         "results/comm/g{gpus}.json",
     log:

@@ -375,7 +375,19 @@ def rebuild(results: Path, references: Path, templates: Path, checks_from: Path 
     out = results / "report" / "index.html"
     # the study budget's choice, where the study's config set a budget (its checkpoint wrote it)
     budget = tables_dir / "budget.json" if ((config.get("budget") or {}).get("training_s") is not None) else None
-    html = report.render(tables_dir, results / "plots", inventory, config_path, references, templates, out.parent, budget_path=budget)
+    # the prescreen's screen, where the study ran one (a study from before the prescreen has none)
+    screen = results / "prescreen" / "screen.json"
+    html = report.render(
+        tables_dir,
+        results / "plots",
+        inventory,
+        config_path,
+        references,
+        templates,
+        out.parent,
+        budget_path=budget,
+        prescreen_path=screen if screen.is_file() else None,
+    )
     write_text_atomically(out, html)
     return {"summary": summary, "figures": drawn, "profiled_runs": len(summaries), "report": out, "left_out": left_out}
 

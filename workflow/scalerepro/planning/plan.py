@@ -233,6 +233,52 @@ class Plan:
             **self.submission(run.ranks_per_node, run.nodes, signal=True),
         }
 
+    def prescreen_nodes(self) -> list[str]:
+        """The nodes the prescreen measures (scalerepro.planning.node_screen): prescreen.nodes,
+        else those the jobs may run on (this host; the Slurm partition's)."""
+        listed = self.config["prescreen"]["nodes"]
+        if listed:
+            return list(listed)
+        return submission.for_scheduler(self.scheduler).nodes({} if self.local_runs else self.cluster_settings)
+
+    def prescreen_resources(self, node: str) -> dict[str, Any]:
+        """A node's check: the whole node, as a rank of the study would find it, on ``node``."""
+        per_gpu, cuda, gpus = self.config["resources"], self.device == "cuda", self.study.gpus_per_node
+        asked = self.submission(gpus, 1)
+        on_node = submission.for_scheduler(self.scheduler).on_nodes([node])
+        extra = " ".join(filter(None, (asked.get("slurm_extra"), on_node.get("slurm_extra")))) or None
+        return {
+            "nodes": 1,
+            "tasks": 1,
+            "gpus": gpus if cuda else 0,
+            "gpus_per_node": gpus if cuda else 0,
+            "cpus_per_task": gpus * per_gpu["cpus_per_gpu"],
+            "mem_mb": gpus * per_gpu["mem_mb_per_gpu"],
+            "runtime": per_gpu["runtime_min"],
+            "measured": 1,
+            **asked,
+            **({"slurm_extra": extra} if asked or on_node else {}),
+        }
+
+    def prescreen_link_resources(self, node: str, reference: str) -> dict[str, Any]:
+        """A link's check: every rank of ``reference`` and of ``node``, on those two nodes."""
+        gpus, cuda = self.study.gpus_per_node, self.device == "cuda"
+        asked = self.submission(gpus, 2)
+        pair = submission.for_scheduler(self.scheduler).on_nodes([reference, node])
+        extra = " ".join(filter(None, (asked.get("slurm_extra"), pair.get("slurm_extra")))) or None
+        return {
+            "nodes": 2,
+            "gpus": 2 * gpus if cuda else 0,
+            "runtime": 15,
+            "measured": 1,
+            **asked,
+            **({"slurm_extra": extra} if asked or pair else {}),
+        }
+
+    def excluding(self, nodes: list[str]) -> list[str]:
+        """The submission's words that keep the scaling runs off ``nodes`` (the prescreen's)."""
+        return submission.for_scheduler(self.scheduler).excluding(nodes)
+
     def train_threads(self, run: Run) -> int:
         return run.ranks_per_node * self.config["resources"]["cpus_per_gpu"]
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scalerepro.schedulers.base import Scheduler, SchedulerError
@@ -31,6 +32,18 @@ class Submission:
 
     def check(self, settings: Mapping[str, Any]) -> None:
         """On the submitting host: the system answers and ``settings`` fit it."""
+
+    def nodes(self, settings: Mapping[str, Any]) -> list[str]:
+        """The nodes a study's jobs may run on: this host."""
+        return [socket.gethostname()]
+
+    def on_nodes(self, nodes: Sequence[str]) -> dict[str, Any]:
+        """What a job asks for to run on exactly ``nodes``: nothing, here."""
+        return {}
+
+    def excluding(self, nodes: Sequence[str]) -> list[str]:
+        """The submission's words that keep a job off ``nodes``: none, with one host."""
+        return []
 
 
 class SlurmSubmission(Submission):
@@ -63,6 +76,24 @@ class SlurmSubmission(Submission):
             # (and the schema allows only --name[=value] tokens of shell-inert characters).
             "slurm_extra": shlex.join(extra) or None,
         }
+
+    def on_nodes(self, nodes: Sequence[str]) -> dict[str, Any]:
+        return {"nodes": len(nodes), "slurm_extra": shlex.join([f"--nodelist={','.join(nodes)}"])}
+
+    def excluding(self, nodes: Sequence[str]) -> list[str]:
+        return [f"--exclude={','.join(nodes)}"] if nodes else []
+
+    def nodes(self, settings: Mapping[str, Any]) -> list[str]:
+        """The nodes of the partition the study requests (its default where none is set), as
+        ``sinfo --Node`` lists them."""
+        command = ["sinfo", "--Node", "--noheader", "--format=%N", *(["--partition", settings["partition"]] if settings["partition"] else [])]
+        listed = subprocess.run(command, capture_output=True, text=True)
+        if listed.returncode != 0:
+            said = listed.stderr.strip().splitlines()[-1] if listed.stderr.strip() else "no output"
+            raise SchedulerError(
+                f"the Slurm controller does not list the partition's nodes (sinfo: {said}): check `scontrol ping`, or list them as prescreen.nodes"
+            )
+        return sorted(set(listed.stdout.split()))
 
     def check(self, settings: Mapping[str, Any]) -> None:
         """The controller answers and the configured partition exists."""

@@ -173,9 +173,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    exit_code = main()
-    # Leave without interpreter finalisation: destroying the process group there can deadlock
-    # (see distributed.finish); the result file is already written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(exit_code)
+    distributed.leave(main())

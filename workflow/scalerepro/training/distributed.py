@@ -28,9 +28,10 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypedDict, TypeVar, cast
+from typing import NoReturn, TypedDict, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -264,6 +265,14 @@ def finish(ctx: DistContext, clean: bool) -> None:
     """
     if ctx.distributed and clean:
         dist.barrier()
+
+
+def leave(exit_code: int) -> NoReturn:
+    """End an entry point's process without interpreter finalisation, its files written: that
+    would destroy the process group, which can deadlock (``finish``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 def all_reduce_sum(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:

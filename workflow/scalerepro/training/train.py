@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import sys
 import traceback
 import uuid
@@ -166,9 +165,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    exit_code = main()
-    # Leave without interpreter finalisation (records and checkpoints are written and synced):
-    # it would destroy the process group, which can deadlock (see distributed.finish).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(exit_code)
+    distributed.leave(main())

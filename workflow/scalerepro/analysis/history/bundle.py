@@ -15,7 +15,8 @@ results/tables/store.json, names) and its rows in the store, and writes one zip:
                               wrote as its result); the preview is its human-readable page
     manifest-sha256.txt       sha256 of every other file, in ``sha256sum`` format (in an unpacked
                               bundle, ``sha256sum -c manifest-sha256.txt`` checks it)
-    store/study.json          the study's rows in the store (what import loads)
+    store/study.json          the study's rows in the store (what import loads): its studies and
+                              runs rows; its prescreen's node_checks rows stay in the store
     commands.sh               per run: the trainer's exact command line, from its record, and the
                               command that reruns it in the workflow
     Snakefile, workflow/rules/*.smk                 the workflow (its commit is in the rows)
@@ -390,6 +391,9 @@ def read_bundle(path: str | Path, expect_sha256: str | None = None) -> Bundle:
     if rows.get("schema_version") == 5 and isinstance(rows.get("runs"), list):
         # version 5's rows: each run's cell, as the study named its runs <cell>_r<repeat> (store_file.MIGRATIONS[6])
         rows = {**rows, "schema_version": 6, "runs": [{**run, "cell": _cell_of(run)} if isinstance(run, dict) else run for run in rows["runs"]]}
+    if rows.get("schema_version") == 6:
+        # store_file.MIGRATIONS[7] added the node_checks table, which stays in its store: the same rows
+        rows = {**rows, "schema_version": 7}
     if rows.get("schema_version") != store_file.STORE_SCHEMA_VERSION:
         raise BundleError(
             f"{path} holds rows of store schema version {rows.get('schema_version')}, this scalerepro reads "

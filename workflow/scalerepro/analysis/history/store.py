@@ -4,7 +4,8 @@ commits and clusters (``scalerepro.analysis.history.compare``) and shipped as bu
     python -m scalerepro.analysis.history.store append --store results/history.duckdb \
         --matrix results/tables/matrix.csv --config results/tables/config.json \
         --inventory results/inventory/system.json \
-        --receipt results/tables/store.json --history results/tables/history.csv
+        --receipt results/tables/store.json --history results/tables/history.csv \
+        [--prescreen results/prescreen/screen.json]
     python -m scalerepro.analysis.history.store list --store results/history.duckdb
     python -m scalerepro.analysis.history.store migrate --store results/history.duckdb
 
@@ -48,6 +49,14 @@ runs -- one row per planned run of a study, keyed by (study_id, run_id): the stu
     ``per_gpu_batch`` is the batch the record says the run ran (``batch.micro_batch``; the plan's where
     there is no record or it does not say): a record whose batch, world size, nodes or strategy
     disagrees with its plan is stored as it ran, with ``consistent`` false (and so not ``counts``).
+node_checks -- the prescreen's figures (``record.node_check``; ``append --prescreen``), one row per
+    study, node and device, keyed by (study_id, node, device_index): the check's started_at,
+    device type and precision, the device's matmul TFLOP/s and memory copy GB/s, the node's
+    within-node all-reduce bus bandwidth (null with one rank), its link's to the reference node and
+    which node that was (null: the reference itself, or one node), the clock, temperature and power at
+    the end (null where not reported), why the node was excluded (null: it passed) and the
+    fraction of the median it was judged against. ``node_history`` reads one node across studies.
+    Bundles do not carry it: it stays in the store the study was appended to.
 imports -- one row per import of a bundle (``scalerepro.analysis.history.bundle``): bundle_sha256, study_id, path,
     imported_at.
 
@@ -94,6 +103,8 @@ from scalerepro.analysis.columns import CELL_KEYS, CELL_SHOWN, HISTORY_COLUMNS
 from scalerepro.analysis.history.store_file import (
     DEFAULT_LOCK_TIMEOUT_S,
     LOCK_TIMEOUT_S,
+    NODE_CHECK_COLUMNS,
+    NODE_CHECK_TYPES,
     RUN_TYPES,
     STORE_SCHEMA_VERSION,
     STORED_RUN_COLUMNS,
@@ -107,6 +118,7 @@ from scalerepro.analysis.history.study_rows import StoredStudy, check_rows, dist
 from scalerepro.common.cli import OneLineErrorParser, error_boundary
 from scalerepro.common.files import utc_now, write_text_atomically
 from scalerepro.common.terminal import printable
+from scalerepro.record.node_check import NodeScreen, read_screen
 
 # --------------------------------------------------------------------------------------------
 # Writing and reading studies
@@ -114,7 +126,7 @@ from scalerepro.common.terminal import printable
 
 # DuckDB column type -> the pandas dtype that carries it, nulls included, without loss.
 _PANDAS_DTYPES = {"VARCHAR": "string", "INTEGER": "Int64", "BIGINT": "Int64", "DOUBLE": "Float64", "BOOLEAN": "boolean"}
-_TYPES = {"studies": STUDY_TYPES, "runs": RUN_TYPES}
+_TYPES = {"studies": STUDY_TYPES, "runs": RUN_TYPES, "node_checks": NODE_CHECK_TYPES}
 
 
 def _insert(connection: duckdb.DuckDBPyConnection, table: str, columns: Sequence[str], rows: Sequence[Mapping]) -> None:
@@ -284,6 +296,58 @@ def runs_of(connection: duckdb.DuckDBPyConnection, study_ids: Sequence[str]) -> 
     return pd.DataFrame(_fetch(connection, f"SELECT {names} FROM runs WHERE study_id IN ({marks})", list(study_ids)), columns=columns)
 
 
+def node_check_rows(study_id: str, screen: NodeScreen) -> list[dict[str, Any]]:
+    """The screen as node_checks rows: one per node and device."""
+    rows = []
+    for verdict in screen.nodes:
+        check = verdict.check
+        for device in check.devices:
+            rows.append(
+                {
+                    "study_id": study_id,
+                    "node": verdict.node,
+                    "started_at": check.started_at,
+                    "device_type": check.device_type,
+                    "precision": check.precision,
+                    "device_index": device.index,
+                    "device_name": device.name,
+                    "matmul_tflops": device.matmul_tflops,
+                    "memory_gbps": device.memory_gbps,
+                    "allreduce_busbw_gbps": check.allreduce.busbw_gbps if check.allreduce is not None else None,
+                    "link_busbw_gbps": verdict.link.busbw_gbps if verdict.link is not None else None,
+                    "link_reference": verdict.link.reference if verdict.link is not None else None,
+                    "clock_mhz": device.state.clock_mhz,
+                    "temperature_c": device.state.temperature_c,
+                    "power_w": device.state.power_w,
+                    "excluded_because": verdict.excluded_because,
+                    "fraction": screen.fraction,
+                }
+            )
+    return rows
+
+
+def replace_node_checks(connection: duckdb.DuckDBPyConnection, study_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """The study's node_checks rows become ``rows``: a prescreen rerun since replaces the old screen
+    whole, so no node keeps a row of a screen that no longer holds. Call it inside a transaction."""
+    strangers = sorted({str(row["study_id"]) for row in rows if row["study_id"] != study_id})
+    if strangers:
+        raise StoreError(f"node checks of study {study_id} name another study ({', '.join(strangers[:3])}): nothing stored")
+    connection.execute("DELETE FROM node_checks WHERE study_id = ?", [study_id])
+    _insert(connection, "node_checks", NODE_CHECK_COLUMNS, rows)
+
+
+def node_history(connection: duckdb.DuckDBPyConnection, node: str) -> pd.DataFrame:
+    """Every stored prescreen row of ``node``, oldest check first (then by study and device), so
+    that a node getting slower over weeks reads down the table."""
+    columns = list(NODE_CHECK_COLUMNS)
+    frame = pd.DataFrame(_fetch(connection, "SELECT * FROM node_checks WHERE node = ?", [node]), columns=columns)
+    if frame.empty:
+        return frame
+    # ISO 8601 text with any offset: ordered as instants, not as strings
+    started = pd.to_datetime(frame["started_at"], utc=True, format="ISO8601")
+    return frame.assign(_started=started).sort_values(["_started", "study_id", "device_index"]).drop(columns="_started").reset_index(drop=True)
+
+
 # --------------------------------------------------------------------------------------------
 # Choosing a study: ids, latest, commits, clusters, receipts
 # --------------------------------------------------------------------------------------------
@@ -392,9 +456,11 @@ def history(connection: duckdb.DuckDBPyConnection, study_id: str) -> pd.DataFram
 
 def _append_command(args: argparse.Namespace) -> int:
     study = read_study(args.matrix, args.config, args.inventory)
+    checks = node_check_rows(study.study_id, read_screen(args.prescreen)) if args.prescreen else None
     connection = connect(args.store, lock_timeout_s=args.lock_timeout)
     try:
-        result = append(connection, study)
+        # the screen is part of the append: stored with the study's rows, or neither is
+        result = append(connection, study, before_commit=None if checks is None else lambda c: replace_node_checks(c, study.study_id, checks))
         stored = len(studies(connection))
         past = history(connection, result.study_id) if args.history else None
     finally:
@@ -410,6 +476,8 @@ def _append_command(args: argparse.Namespace) -> int:
         "studies_in_store": stored,
         "repeat_of": result.repeat_of,
         "shares_records_with": result.shares,
+        # node_checks rows stored; None: no screen given (the prescreen off), or the study is a repeat
+        "node_checks": len(checks) if checks is not None and result.repeat_of is None else None,
     }
     if args.receipt:
         write_text_atomically(args.receipt, json.dumps(receipt, indent=2) + "\n")
@@ -482,6 +550,7 @@ def main(argv: list[str]) -> int:
     add.add_argument("--inventory", required=True, type=Path, help="results/inventory/system.json")
     add.add_argument("--receipt", type=Path, help="JSON file saying which study was stored and what changed")
     add.add_argument("--history", type=Path, help="CSV of the study's headline cells across the stored studies")
+    add.add_argument("--prescreen", type=Path, help="results/prescreen/screen.json: store each node's prescreen figures (table node_checks)")
     command("list", "list the stored studies, oldest first")
     command("migrate", "bring the store to this version's schema")
     args = parser.parse_args(argv)

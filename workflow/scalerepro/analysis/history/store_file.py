@@ -24,7 +24,7 @@ import duckdb
 from scalerepro.common.cli import CommandError, bounded_float
 from scalerepro.common.files import current_umask
 
-STORE_SCHEMA_VERSION = 6
+STORE_SCHEMA_VERSION = 7
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 # --lock-timeout: seconds, at most a day (a typo must not wait for ever).
 LOCK_TIMEOUT_S = bounded_float(0, 24 * 3600)
@@ -113,6 +113,30 @@ RUN_TYPES: dict[str, str] = {
 }
 STORED_RUN_COLUMNS = tuple(RUN_TYPES)
 
+# The prescreen's figures (record.node_check), one row per study, node and device: kept so that a
+# node getting slower over weeks shows across studies. A node's all-reduce is the node's, on each
+# of its devices' rows; excluded_because is null where the node passed.
+NODE_CHECK_TYPES: dict[str, str] = {
+    "study_id": "VARCHAR NOT NULL",
+    "node": "VARCHAR NOT NULL",
+    "started_at": "VARCHAR NOT NULL",
+    "device_type": "VARCHAR",
+    "precision": "VARCHAR",
+    "device_index": "INTEGER NOT NULL",
+    "device_name": "VARCHAR",
+    "matmul_tflops": "DOUBLE",
+    "memory_gbps": "DOUBLE",
+    "allreduce_busbw_gbps": "DOUBLE",
+    "link_busbw_gbps": "DOUBLE",
+    "link_reference": "VARCHAR",
+    "clock_mhz": "DOUBLE",
+    "temperature_c": "DOUBLE",
+    "power_w": "DOUBLE",
+    "excluded_because": "VARCHAR",
+    "fraction": "DOUBLE",
+}
+NODE_CHECK_COLUMNS = tuple(NODE_CHECK_TYPES)
+
 
 def _create_table_sql(table: str, types: Mapping[str, str], key: str = "") -> str:
     """The CREATE TABLE statement of ``table`` with ``types``' columns (``key``: a table constraint after them)."""
@@ -153,6 +177,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     5: ("ALTER TABLE runs ADD COLUMN record_of VARCHAR DEFAULT ''",),
     # Each run names its cell, the matrix's; before, a study named its runs <cell>_r<repeat>
     6: ("ALTER TABLE runs ADD COLUMN cell VARCHAR DEFAULT ''", "UPDATE runs SET cell = regexp_replace(run_id, '_r[0-9]+$', '')"),
+    # The prescreen's figures of each node the study screened (store.append_node_checks)
+    7: (_create_table_sql("node_checks", NODE_CHECK_TYPES, ", PRIMARY KEY (study_id, node, device_index)"),),
 }
 assert sorted(MIGRATIONS) == list(range(1, STORE_SCHEMA_VERSION + 1))
 

@@ -18,7 +18,7 @@ autoescape.
         --references config/references.yaml --templates report --out results/report/index.html
 
 Its parts: ``inputs`` reads the tables, documents and figures; ``formatting`` is how a value is
-written (the templates' filters); ``headline``, ``inventory_view``, ``profiling_view`` and
+written (the templates' filters); ``headline``, ``inventory_view``, ``prescreen_view``, ``profiling_view`` and
 ``scaling_model_view`` lay out their sections; this module derives the rest from the tables and
 renders. What the templates read is ``ReportContext``, one declared field per name, rendered under
 Jinja's StrictUndefined: a name or key that nothing set fails the render naming it, so a hole is
@@ -48,6 +48,7 @@ from scalerepro.analysis.presentation.headline import headline_section, mfu_colu
 from scalerepro.analysis.presentation.inputs import Figure, Row, load_figure, read_json, read_table, readable_inventory, require_aggregation, rows
 from scalerepro.analysis.presentation.inventory_view import cards_beside, describe_inventory, hosts_of_runs, study_inventory
 from scalerepro.analysis.presentation.loss_view import loss_rows
+from scalerepro.analysis.presentation.prescreen_view import prescreen_section
 from scalerepro.analysis.presentation.published_view import published_section
 from scalerepro.analysis.presentation.report_facts import (
     comparison_groups,
@@ -89,6 +90,7 @@ TABLES = tuple(name for name in AGGREGATE_TABLES if name not in ("epochs", "loss
 SECTIONS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("summary", "Summary", (("bottlenecks", "What bounds each model"),)),
     ("system", "The system", ()),
+    ("prescreen", "Nodes screened", ()),
     (
         "results",
         "Results",
@@ -256,6 +258,8 @@ class ReportContext:
     inventory_problem: str | None  # why the inventory is not shown as this study's (study_files.inventory_problem); None where it is, or there is none
     hosts: list[dict[str, Any]]  # every host and card the completed runs ran on, as their records say (inventory_view.hosts_of_runs)
     software: Any  # the inventory's "software" entry as recorded; None without an inventory
+    # Nodes screened
+    prescreen: dict[str, Any]  # the prescreen's rule, medians, excluded nodes and a row per node and device; run False without one (prescreen_view)
     # Results
     scaling: dict[str, list[Row]]  # scaling.csv's rows by study ("strong", "weak")
     scaling_unlabelled: list[Row]  # scaling.csv's rows when it has no study column
@@ -332,6 +336,7 @@ def build_context(
     versus_table_path: Path | None = None,
     versus_facts_path: Path | None = None,
     budget_path: Path | None = None,
+    prescreen_path: Path | None = None,
 ) -> ReportContext:
     """Everything the templates show, read and derived once."""
     tables = aggregated_tables(Path(tables_dir))
@@ -383,6 +388,7 @@ def build_context(
         inventory_problem=inventory_problem,
         hosts=hosts_of_runs(runs),
         software=(inventory or {}).get("software") if isinstance(inventory, dict) else None,
+        prescreen=prescreen_section(prescreen_path),
         scaling={study: rows(group, ("model", "gpus")) for study, group in (scaling.groupby("study", sort=True) if "study" in scaling.columns else [])},
         scaling_unlabelled=rows(scaling, ("model", "gpus")) if "study" not in scaling.columns else [],
         loss_view=loss_view,
@@ -438,6 +444,7 @@ def render(
     versus_table_path: str | os.PathLike[str] | None = None,
     versus_facts_path: str | os.PathLike[str] | None = None,
     budget_path: str | os.PathLike[str] | None = None,
+    prescreen_path: str | os.PathLike[str] | None = None,
 ) -> str:
     """The report as one HTML string. ``templates_dir`` holds ``templates/report.html.j2`` (and
     its partials) and ``style.css``. Missing inputs become visible holes, never errors."""
@@ -448,7 +455,7 @@ def render(
         Path(config_path) if config_path is not None else None,
         Path(references_path) if references_path is not None else None,
         Path(report_dir) if report_dir is not None else None,
-        *(Path(p) if p is not None else None for p in (history_path, versus_table_path, versus_facts_path, budget_path)),
+        *(Path(p) if p is not None else None for p in (history_path, versus_table_path, versus_facts_path, budget_path, prescreen_path)),
     )
     return render_context(context, templates_dir)
 
@@ -472,6 +479,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--history", type=Path, help="history.csv of the results store (scalerepro.analysis.history.store)")
     parser.add_argument("--versus-baseline", nargs=2, type=Path, metavar=("CSV", "JSON"), help="the compare rule's table and facts")
     parser.add_argument("--budget", type=Path, help="budget.json: the repeats the study's training budget chose (scalerepro.planning.budget)")
+    parser.add_argument("--prescreen", type=Path, help="screen.json: the prescreen's judgement of the nodes (scalerepro.planning.node_screen)")
     args = parser.parse_args(argv)
     require_aggregation(args.tables)
     if args.budget is not None and not args.budget.is_file():
@@ -489,6 +497,7 @@ def main(argv: list[str]) -> int:
         versus_table,
         versus_facts,
         args.budget,
+        args.prescreen,
     )
     write_text_atomically(args.out, html)
     print(f"report: {args.out} ({len(html.encode('utf-8')) / 1024:.0f} KiB)", file=sys.stderr)
