@@ -7,10 +7,11 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from tests.analysis_fixtures import REPO, benchmark_module
 
 from scalerepro.analysis.tables import network_model
 from scalerepro.common import gpu_peaks
+
+from analysis_fixtures import REPO, benchmark_module
 
 
 @pytest.fixture(scope="module")

@@ -305,6 +305,8 @@ def _pin(pid: int, cores: set[int]) -> None:
         os.sched_setaffinity(int(task.name), cores)
 
 
+# it compares two nodes' figures: no other test may load either node's core beside it
+@pytest.mark.measures
 def test_a_slow_node_is_excluded_named_and_taken_back_once_mended(tmp_path_factory, slurm_env):
     """The two test nodes share this host: each slurmd (and so each job it starts) is pinned to
     its own core, so that they are two machines of one core; a process spinning on node01's core
